@@ -1,0 +1,38 @@
+# Third-party dependencies: Debian packages (yaml-cpp, fmt, cereal, CLI11, nlohmann-json, protobuf,
+# GoogleTest) and libtorch from PyPI's torch wheel (CMAKE_PREFIX_PATH = torch.utils.cmake_prefix_path).
+find_package(yaml-cpp REQUIRED)
+find_package(fmt REQUIRED)
+find_package(CLI11 CONFIG REQUIRED)
+find_package(nlohmann_json REQUIRED)
+find_package(Threads REQUIRED)
+
+# CUDA: compile kernels whenever nvcc is present, so CPU-only machines (CI) still compile and link
+# every kernel. Torch's config looks for the toolkit itself when the libtorch was built with CUDA.
+include(CheckLanguage)
+set(STROBE_WITH_CUDA OFF)
+if(STROBE_CUDA)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    enable_language(CUDA)
+    find_package(CUDAToolkit REQUIRED)
+    set(CMAKE_CUDA_STANDARD 17)
+    set(CMAKE_CUDA_ARCHITECTURES ${STROBE_CUDA_ARCHITECTURES})
+    set(STROBE_WITH_CUDA ON)
+  endif()
+endif()
+
+# PyTorch's Caffe2 config otherwise warns about missing kineto/nvtx; nothing here needs them.
+set(CAFFE2_USE_CUDNN ON CACHE BOOL "")
+find_package(Torch REQUIRED)
+# The wheel's libtorch has CUDA when it ships libtorch_cuda; only then the torch-CUDA glue builds.
+set(STROBE_TORCH_HAS_CUDA OFF)
+if(TARGET torch_cuda OR EXISTS "${TORCH_INSTALL_PREFIX}/lib/libtorch_cuda.so")
+  set(STROBE_TORCH_HAS_CUDA ON)
+endif()
+message(STATUS "Strobe: CUDA kernels ${STROBE_WITH_CUDA}, libtorch with CUDA ${STROBE_TORCH_HAS_CUDA}")
+
+# Locate the python that carries torch, for comparison tests (torchvision, torchmetrics, tensorboard).
+if(NOT STROBE_PYTHON)
+  find_program(STROBE_PYTHON_FOUND NAMES python3)
+  set(STROBE_PYTHON ${STROBE_PYTHON_FOUND})
+endif()

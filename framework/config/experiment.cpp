@@ -1,0 +1,89 @@
+#include "framework/config/experiment.h"
+
+#include <regex>
+#include <sstream>
+
+#include <fmt/format.h>
+
+namespace strobe::config {
+
+std::optional<double> parse_duration(const std::string& text) {
+  static const std::regex re(R"(^[0-9]{1,6}(:[0-9]{1,6}){0,3}$)");
+  if (!std::regex_match(text, re)) return std::nullopt;
+  std::vector<double> f;
+  std::stringstream ss(text);
+  for (std::string p; std::getline(ss, p, ':');) f.push_back(std::stod(p));
+  static const double unit[] = {86400, 3600, 60, 1};
+  double s = 0;
+  for (size_t i = 0; i < f.size(); ++i) s += f[i] * unit[4 - f.size() + i];
+  return s;
+}
+
+Experiment parse_experiment(Document& doc) {
+  Section root = doc.root();
+  Experiment e;
+  e.name = root.get_string("name", "experiment");
+  static const std::regex name_re(R"(^[A-Za-z0-9_.\-]+$)");
+  if (!std::regex_match(e.name, name_re))
+    root.fail("name", fmt::format("expected a run name of letters, digits, '_', '-', '.', got '{}'", e.name));
+  e.seed = root.get_int("seed", 0, 0, (int64_t(1) << 62));
+
+  Section t = root.child("trainer");
+  TrainerConfig& c = e.trainer;
+  c.max_epochs = t.get_int("max_epochs", 1, -1);
+  c.max_steps = t.get_int("max_steps", -1, -1);
+  if (auto mt = t.get_optional_string("max_time")) {
+    c.max_time_s = parse_duration(*mt);
+    if (!c.max_time_s) t.fail("max_time", fmt::format("expected a duration \"DD:HH:MM:SS\", got '{}'", *mt));
+  }
+  c.precision = t.get_choice("precision", "32", {"32", "bf16-mixed", "16-mixed"});
+  c.accumulate_grad_batches = t.get_int("accumulate_grad_batches", 1, 1);
+  c.gradient_clip_val = t.get_double("gradient_clip_val", 0.0, 0.0);
+  c.gradient_clip_algorithm = t.get_choice("gradient_clip_algorithm", "norm", {"norm", "value"});
+  c.val_check_interval = t.get_count_or_fraction("val_check_interval", {false, 0, 1.0});
+  if (!c.val_check_interval.is_count && c.val_check_interval.fraction <= 0.0)
+    t.fail("val_check_interval", "expected a count >= 1 or a fraction in (0, 1]");
+  if (c.val_check_interval.is_count && c.val_check_interval.count < 1)
+    t.fail("val_check_interval", "expected a count >= 1 or a fraction in (0, 1]");
+  c.check_val_every_n_epoch = t.get_int("check_val_every_n_epoch", 1, 1);
+  c.num_sanity_val_steps = t.get_int("num_sanity_val_steps", 2, -1);
+  c.limit_train_batches = t.get_count_or_fraction("limit_train_batches", {false, 0, 1.0});
+  c.limit_val_batches = t.get_count_or_fraction("limit_val_batches", {false, 0, 1.0});
+  c.limit_test_batches = t.get_count_or_fraction("limit_test_batches", {false, 0, 1.0});
+  c.limit_predict_batches = t.get_count_or_fraction("limit_predict_batches", {false, 0, 1.0});
+  c.overfit_batches = t.get_count_or_fraction("overfit_batches", {false, 0, 0.0});
+  if (t.has("fast_dev_run") && !t.is_null("fast_dev_run") && t.node()["fast_dev_run"].IsScalar() &&
+      (t.node()["fast_dev_run"].Scalar() == "true" || t.node()["fast_dev_run"].Scalar() == "false")) {
+    c.fast_dev_run = t.get_bool("fast_dev_run", false) ? 1 : 0;
+  } else {
+    c.fast_dev_run = t.get_int("fast_dev_run", 0, 0);
+  }
+  c.log_every_n_steps = t.get_int("log_every_n_steps", 50, 1);
+  c.device = t.get_string("device", "auto");
+  static const std::regex dev_re(R"(^(auto|cpu|cuda(:[0-9]+)?)$)");
+  if (!std::regex_match(c.device, dev_re))
+    t.fail("device", fmt::format("expected auto, cpu, cuda or cuda:N, got '{}'", c.device));
+  c.deterministic = t.get_bool("deterministic", false);
+  c.default_root_dir = t.get_string("default_root_dir", "runs");
+  c.enable_progress_bar = t.get_bool("enable_progress_bar", true);
+  c.enable_checkpointing = t.get_bool("enable_checkpointing", true);
+  t.finish();
+
+  Section lg = root.child("logger");
+  e.logger.csv = lg.get_bool("csv", true);
+  e.logger.tensorboard = lg.get_bool("tensorboard", false);
+  lg.finish();
+
+  e.task = root.child("task");
+  e.model = root.child("model");
+  e.data = root.child("data");
+  e.optimizer = root.child("optimizer");
+  e.scheduler = root.child("scheduler");
+  e.callbacks = root.list("callbacks");
+  if (!e.model.has("name")) e.model.fail_here("missing required key 'name' (e.g. resnet, vit, decoder_lm, face_detector)");
+  if (!e.data.has("name")) e.data.fail_here("missing required key 'name' (e.g. fashion_mnist, synthetic_images)");
+  root.finish();
+  return e;
+}
+
+}  // namespace strobe::config

@@ -1,0 +1,59 @@
+// The typed experiment: top-level keys and the trainer section are validated here (no torch);
+// component sections (task, model, data, optimizer, scheduler, callbacks) are handed to the
+// registered component factories, which read and finish() them.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "framework/config/config.h"
+
+namespace strobe::config {
+
+struct TrainerConfig {
+  int64_t max_epochs = 1;  // -1: unlimited
+  int64_t max_steps = -1;  // optimizer steps; -1: unlimited
+  std::optional<double> max_time_s;
+  std::string precision = "32";  // 32 | bf16-mixed | 16-mixed
+  int64_t accumulate_grad_batches = 1;
+  double gradient_clip_val = 0.0;
+  std::string gradient_clip_algorithm = "norm";
+  CountOrFraction val_check_interval{false, 0, 1.0};
+  int64_t check_val_every_n_epoch = 1;
+  int64_t num_sanity_val_steps = 2;
+  CountOrFraction limit_train_batches{false, 0, 1.0};
+  CountOrFraction limit_val_batches{false, 0, 1.0};
+  CountOrFraction limit_test_batches{false, 0, 1.0};
+  CountOrFraction limit_predict_batches{false, 0, 1.0};
+  CountOrFraction overfit_batches{false, 0, 0.0};
+  int64_t fast_dev_run = 0;  // n > 0: run n train/val/test batches, no checkpoints or logs
+  int64_t log_every_n_steps = 50;
+  std::string device = "auto";
+  bool deterministic = false;
+  std::string default_root_dir = "runs";
+  bool enable_progress_bar = true;
+  bool enable_checkpointing = true;
+};
+
+struct LoggerConfig {
+  bool csv = true;
+  bool tensorboard = false;
+};
+
+struct Experiment {
+  std::string name = "experiment";
+  int64_t seed = 0;
+  TrainerConfig trainer;
+  LoggerConfig logger;
+  Section task, model, data, optimizer, scheduler;
+  std::vector<Section> callbacks;
+};
+
+// "DD:HH:MM:SS" (or fewer fields, "HH:MM:SS", "MM:SS", "SS") into seconds; nullopt on bad syntax.
+std::optional<double> parse_duration(const std::string& text);
+
+// Validates the top level and the trainer section of `doc`; throws ConfigError.
+Experiment parse_experiment(Document& doc);
+
+}  // namespace strobe::config
