@@ -1,0 +1,93 @@
+// Fused multi-tensor optimizers with a device-side NaN guard.
+//
+// Contract: drop-in torch::optim::Optimizer subclasses taking torch::optim's option types, so an
+// LR scheduler sets lr per param group as usual and Optimizer::save/load write the same archive
+// layout as torch::optim::AdamW/Adam/SGD (a checkpoint of either loads into the other; the step
+// count is saved as an int64 like torch::optim's). On CUDA, step() updates all parameters of a
+// group in one kernel (+ one tiny step-count kernel) without syncing the host; params must be
+// contiguous fp32 (master weights), grads fp32/bf16/fp16. On CPU the same math runs as ATen ops.
+//
+// set_found_nonfinite(flag) arms the guard for the next step() only: when the 0-dim flag (e.g.
+// from strobe::ops::nonfinite_check) is nonzero on the device, weights, moments and step counts
+// stay untouched. set_grad_multiplier(m) likewise multiplies the next step's gradients by a 0-dim
+// device scalar (AMP unscale and/or clip coefficient) inside the same kernel.
+#pragma once
+
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/optimizer.h>
+#include <torch/optim/sgd.h>
+
+namespace strobe::ops {
+
+// Per-parameter state; `step` is a 0-dim fp32 tensor on the parameter's device.
+struct FusedAdamParamState : torch::optim::OptimizerCloneableParamState<FusedAdamParamState> {
+  TORCH_ARG(torch::Tensor, step);
+  TORCH_ARG(torch::Tensor, exp_avg);
+  TORCH_ARG(torch::Tensor, exp_avg_sq);
+  TORCH_ARG(torch::Tensor, max_exp_avg_sq);
+
+ public:
+  void serialize(torch::serialize::InputArchive& archive) override;
+  void serialize(torch::serialize::OutputArchive& archive) const override;
+};
+
+struct FusedSGDParamState : torch::optim::OptimizerCloneableParamState<FusedSGDParamState> {
+  TORCH_ARG(torch::Tensor, step);
+  TORCH_ARG(torch::Tensor, momentum_buffer);
+
+ public:
+  void serialize(torch::serialize::InputArchive& archive) override;
+  void serialize(torch::serialize::OutputArchive& archive) const override;
+};
+
+// Shared guard plumbing (one-shot flag and multiplier).
+class FusedOptimizerBase : public torch::optim::Optimizer {
+ public:
+  using torch::optim::Optimizer::Optimizer;
+  void set_found_nonfinite(torch::Tensor flag) { found_nonfinite_ = std::move(flag); }
+  void set_grad_multiplier(torch::Tensor multiplier) { grad_multiplier_ = std::move(multiplier); }
+
+ protected:
+  // Takes (and clears) the armed flag and multiplier.
+  std::pair<torch::Tensor, torch::Tensor> take_guards();
+
+ private:
+  torch::Tensor found_nonfinite_;
+  torch::Tensor grad_multiplier_;
+};
+
+class FusedAdamW : public FusedOptimizerBase {
+ public:
+  explicit FusedAdamW(const std::vector<torch::optim::OptimizerParamGroup>& param_groups,
+                      torch::optim::AdamWOptions defaults = {});
+  explicit FusedAdamW(std::vector<torch::Tensor> params, torch::optim::AdamWOptions defaults = {})
+      : FusedAdamW({torch::optim::OptimizerParamGroup(std::move(params))}, std::move(defaults)) {}
+  torch::Tensor step(LossClosure closure = nullptr) override;
+  void save(torch::serialize::OutputArchive& archive) const override;
+  void load(torch::serialize::InputArchive& archive) override;
+};
+
+class FusedAdam : public FusedOptimizerBase {
+ public:
+  explicit FusedAdam(const std::vector<torch::optim::OptimizerParamGroup>& param_groups,
+                     torch::optim::AdamOptions defaults = {});
+  explicit FusedAdam(std::vector<torch::Tensor> params, torch::optim::AdamOptions defaults = {})
+      : FusedAdam({torch::optim::OptimizerParamGroup(std::move(params))}, std::move(defaults)) {}
+  torch::Tensor step(LossClosure closure = nullptr) override;
+  void save(torch::serialize::OutputArchive& archive) const override;
+  void load(torch::serialize::InputArchive& archive) override;
+};
+
+class FusedSGD : public FusedOptimizerBase {
+ public:
+  explicit FusedSGD(const std::vector<torch::optim::OptimizerParamGroup>& param_groups,
+                    torch::optim::SGDOptions defaults);
+  explicit FusedSGD(std::vector<torch::Tensor> params, torch::optim::SGDOptions defaults)
+      : FusedSGD({torch::optim::OptimizerParamGroup(std::move(params))}, std::move(defaults)) {}
+  torch::Tensor step(LossClosure closure = nullptr) override;
+  void save(torch::serialize::OutputArchive& archive) const override;
+  void load(torch::serialize::InputArchive& archive) override;
+};
+
+}  // namespace strobe::ops

@@ -1,0 +1,45 @@
+// CUDA kernel of nonfinite_check (launcher in cuda/multi_tensor_kernels.cu): one launch over the
+// whole list (several past kNonfiniteMaxTensors tensors) plus one finalize block.
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include "framework/ops/cuda_glue.h"
+
+namespace strobe::ops {
+namespace detail {
+void nonfinite_check_args(at::TensorList tensors);
+}  // namespace detail
+
+namespace {
+
+std::tuple<at::Tensor, at::Tensor> nonfinite_check_cuda(at::TensorList tensors,
+                                                        bool compute_norm) {
+  detail::nonfinite_check_args(tensors);
+  const c10::cuda::CUDAGuard guard(tensors[0].device());
+  std::vector<at::Tensor> keep;  // contiguous copies of strided inputs, alive until enqueued
+  std::vector<cuda::NonfiniteTensor> meta;
+  meta.reserve(tensors.size());
+  for (const at::Tensor& t : tensors) {
+    const at::Tensor c = t.is_contiguous() ? t : keep.emplace_back(t.contiguous());
+    meta.push_back({c.data_ptr(), c.numel(), detail::kernel_dtype(c, "nonfinite_check", "tensor")});
+  }
+  const auto fopt = tensors[0].options().dtype(at::kFloat);
+  const int64_t parts = cuda::nonfinite_num_partials(meta.data(), static_cast<int>(meta.size()));
+  const at::Tensor partials = at::empty({2 * std::max<int64_t>(parts, 1)}, fopt.dtype(at::kInt));
+  int* partial_found = partials.data_ptr<int>();
+  at::Tensor found = at::empty({}, fopt);
+  at::Tensor norm = compute_norm ? at::empty({}, fopt) : at::Tensor();
+  C10_CUDA_CHECK(cuda::nonfinite_check(
+      meta.data(), static_cast<int>(meta.size()), reinterpret_cast<float*>(partial_found + parts),
+      partial_found, found.data_ptr<float>(), compute_norm ? norm.data_ptr<float>() : nullptr,
+      detail::current_stream()));
+  return {found, norm};
+}
+
+}  // namespace
+}  // namespace strobe::ops
+
+TORCH_LIBRARY_IMPL(strobe, CUDA, m) {
+  m.impl("nonfinite_check", &strobe::ops::nonfinite_check_cuda);
+}

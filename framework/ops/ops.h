@@ -1,0 +1,78 @@
+// Strobe's custom operators (TORCH_LIBRARY namespace `strobe`), callable from C++ through these
+// wrappers or from Python after torch.ops.load_library("libstrobe_ops.so") as torch.ops.strobe.*.
+// Each op has a CPU reference in ATen ops and, when built with CUDA, a CUDA kernel; see docs/OPS.md.
+#pragma once
+
+#include <string_view>
+#include <tuple>
+#include <vector>
+
+#include <torch/types.h>
+
+namespace strobe::ops {
+
+// GIoU loss of predictions against padded targets, both [B, N, 4] as (x1, y1, x2, y2).
+// A box counts when its target's last coordinate is > 0 (zero padding is invalid).
+// The value is the GIoU of bench/pytorch_baselines.py's generalized_box_iou(target, pred) (not
+// 1 - GIoU), so that `mean` equals loss_with_padding(pred, target) of the baseline:
+//   mean: sum over valid boxes / max(#valid, 1) (0 for an all-invalid batch), sum: the sum,
+//   none: per box [B, N], 0 for invalid boxes.
+// pred: fp32, bf16 or fp16 (also fp64 on CPU), read natively; target: any floating type.
+// The result is fp32 (fp64 when pred is fp64). Differentiable in pred; the gradient of invalid
+// boxes is exactly 0. Deterministic (no floating-point atomics).
+torch::Tensor giou_loss(const torch::Tensor& pred, const torch::Tensor& target,
+                        std::string_view reduction = "mean");
+
+// Packed variant: targets [T, 4] of B images back to back, offsets [B + 1] (int64, offsets[0] = 0,
+// non-decreasing, offsets[B] = T) and either
+//   pred [B, N, 4]: image b's j-th target pairs with pred[b, j] (j < its count <= N), other
+//                   prediction rows are ignored (zero gradient; 0 in `none`, shape [B, N]);
+//   pred [T, 4]:    row t pairs with target row t (`none` gives [T]).
+// Every packed target row is valid. Offsets are checked on CPU; on CUDA the kernel guards against
+// out-of-range rows instead of syncing to check them.
+torch::Tensor giou_loss_packed(const torch::Tensor& pred, const torch::Tensor& target,
+                               const torch::Tensor& offsets, std::string_view reduction = "mean");
+
+// One pass over all tensors (any floating dtype, one device): found = 1.0 if any element is NaN or
+// +-Inf else 0.0, a 0-dim fp32 tensor on that device; when compute_norm, also the total L2 norm
+// sqrt(sum of squares over all tensors) as a 0-dim fp32 tensor (undefined otherwise). No host sync.
+std::tuple<torch::Tensor, torch::Tensor> nonfinite_check(torch::TensorList tensors,
+                                                         bool compute_norm = false);
+
+// Functional multi-tensor optimizer steps behind FusedAdamW/FusedAdam/FusedSGD (see
+// fused_optimizers.h for the classes, which manage the state lists). All lists are parallel and on
+// one device; params, state and steps fp32 on CUDA (params any float type on CPU); grads fp32, bf16
+// or fp16. `steps` are 0-dim fp32 per-parameter step counts, incremented on the device unless
+// skipped. When found_nonfinite (0-dim fp32) is given and nonzero, nothing changes. Gradients are
+// multiplied by grad_multiplier (0-dim fp32) when given: unscaling and clipping in the same pass.
+struct AdamArgs {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
+  bool amsgrad = false;
+};
+void fused_adamw_(torch::TensorList params, torch::TensorList grads, torch::TensorList exp_avgs,
+                  torch::TensorList exp_avg_sqs, torch::TensorList max_exp_avg_sqs,
+                  torch::TensorList steps, const AdamArgs& args,
+                  const torch::Tensor& found_nonfinite = {},
+                  const torch::Tensor& grad_multiplier = {});
+// Adam with L2 weight decay (grad += wd * param), as torch::optim::Adam.
+void fused_adam_(torch::TensorList params, torch::TensorList grads, torch::TensorList exp_avgs,
+                 torch::TensorList exp_avg_sqs, torch::TensorList max_exp_avg_sqs,
+                 torch::TensorList steps, const AdamArgs& args,
+                 const torch::Tensor& found_nonfinite = {},
+                 const torch::Tensor& grad_multiplier = {});
+
+struct SgdArgs {
+  double lr = 1e-3, momentum = 0.0, dampening = 0.0, weight_decay = 0.0;
+  bool nesterov = false;
+};
+// momentum_buffers and steps are empty when momentum == 0; a buffer whose step is 0 is initialised
+// with the gradient (torch::optim::SGD's first step).
+void fused_sgd_(torch::TensorList params, torch::TensorList grads,
+                torch::TensorList momentum_buffers, torch::TensorList steps, const SgdArgs& args,
+                const torch::Tensor& found_nonfinite = {},
+                const torch::Tensor& grad_multiplier = {});
+
+// Whether the library was built with its CUDA kernels.
+bool built_with_cuda();
+
+}  // namespace strobe::ops
