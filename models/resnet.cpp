@@ -1,0 +1,128 @@
+#include "models/resnet.h"
+
+#include <torch/torch.h>
+
+#include "framework/config/config.h"
+
+namespace strobe::models {
+namespace {
+
+namespace nn = torch::nn;
+
+nn::Conv2d conv(int64_t in, int64_t out, int64_t k, int64_t stride) {
+  return nn::Conv2d(nn::Conv2dOptions(in, out, k).stride(stride).padding(k / 2).bias(false));
+}
+
+// A residual block; `expansion` 1 is torchvision's BasicBlock (two 3x3), 4 its Bottleneck (1x1, 3x3, 1x1).
+class BlockImpl : public nn::Module {
+ public:
+  BlockImpl(int64_t in, int64_t planes, int64_t stride, int64_t expansion) : expansion_(expansion) {
+    int64_t out = planes * expansion;
+    if (expansion == 1) {
+      conv1_ = register_module("conv1", conv(in, planes, 3, stride));
+      bn1_ = register_module("bn1", nn::BatchNorm2d(planes));
+      conv2_ = register_module("conv2", conv(planes, planes, 3, 1));
+      bn2_ = register_module("bn2", nn::BatchNorm2d(planes));
+    } else {
+      conv1_ = register_module("conv1", conv(in, planes, 1, 1));
+      bn1_ = register_module("bn1", nn::BatchNorm2d(planes));
+      conv2_ = register_module("conv2", conv(planes, planes, 3, stride));
+      bn2_ = register_module("bn2", nn::BatchNorm2d(planes));
+      conv3_ = register_module("conv3", conv(planes, out, 1, 1));
+      bn3_ = register_module("bn3", nn::BatchNorm2d(out));
+    }
+    if (stride != 1 || in != out) {
+      downsample_ = register_module("downsample", nn::Sequential(conv(in, out, 1, stride), nn::BatchNorm2d(out)));
+    }
+  }
+
+  torch::Tensor forward(const torch::Tensor& x) {
+    torch::Tensor y = torch::relu(bn1_(conv1_(x)));
+    y = bn2_(conv2_(y));
+    if (expansion_ != 1) y = bn3_(conv3_(torch::relu(y)));
+    torch::Tensor identity = downsample_ ? downsample_->forward(x) : x;
+    return torch::relu(y + identity);
+  }
+
+ private:
+  int64_t expansion_;
+  nn::Conv2d conv1_{nullptr}, conv2_{nullptr}, conv3_{nullptr};
+  nn::BatchNorm2d bn1_{nullptr}, bn2_{nullptr}, bn3_{nullptr};
+  nn::Sequential downsample_{nullptr};
+};
+TORCH_MODULE(Block);
+
+class ResNet : public Model {
+ public:
+  explicit ResNet(const ResNetOptions& o) : Model("ResNet"), small_stem_(o.stem == "cifar") {
+    const int64_t expansion = o.depth >= 50 ? 4 : 1;
+    std::vector<int64_t> blocks;
+    switch (o.depth) {
+      case 18: blocks = {2, 2, 2, 2}; break;
+      case 34: blocks = {3, 4, 6, 3}; break;
+      case 50: blocks = {3, 4, 6, 3}; break;
+      default: throw std::invalid_argument("resnet: depth must be 18, 34 or 50, got " + std::to_string(o.depth));
+    }
+    int64_t w = o.width;
+    conv1_ = register_module("conv1", small_stem_ ? conv(o.in_channels, w, 3, 1) : conv(o.in_channels, w, 7, 2));
+    bn1_ = register_module("bn1", nn::BatchNorm2d(w));
+    int64_t in = w;
+    for (int64_t s = 0; s < 4; ++s) {
+      nn::Sequential layer;
+      int64_t planes = w << s;
+      for (int64_t b = 0; b < blocks[s]; ++b) {
+        layer->push_back(Block(in, planes, (b == 0 && s > 0) ? 2 : 1, expansion));
+        in = planes * expansion;
+      }
+      layers_.push_back(register_module("layer" + std::to_string(s + 1), layer));
+    }
+    fc_ = register_module("fc", nn::Linear(in, o.num_classes));
+
+    // torchvision's initialization: He (fan_out) for convolutions, BatchNorm at identity.
+    for (auto& m : modules(/*include_self=*/false)) {
+      if (auto* c = m->as<nn::Conv2d>()) {
+        nn::init::kaiming_normal_(c->weight, 0.0, torch::kFanOut, torch::kReLU);
+      } else if (auto* bn = m->as<nn::BatchNorm2d>()) {
+        nn::init::ones_(bn->weight);
+        nn::init::zeros_(bn->bias);
+      }
+    }
+  }
+
+  torch::Tensor forward(const Batch& batch) override {
+    torch::Tensor x = torch::relu(bn1_(conv1_(batch.at("image"))));
+    if (!small_stem_) x = torch::max_pool2d(x, 3, 2, 1);
+    for (auto& layer : layers_) x = layer->forward(x);
+    x = torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1);
+    return fc_(x);
+  }
+
+  std::string default_task() const override { return "classification"; }
+
+ private:
+  bool small_stem_;
+  nn::Conv2d conv1_{nullptr};
+  nn::BatchNorm2d bn1_{nullptr};
+  std::vector<nn::Sequential> layers_;
+  nn::Linear fc_{nullptr};
+};
+
+std::shared_ptr<Model> make_from_config(config::Section& cfg) {
+  ResNetOptions o;
+  o.depth = cfg.get_int("depth", 18);
+  if (o.depth != 18 && o.depth != 34 && o.depth != 50) cfg.fail("depth", "expected 18, 34 or 50");
+  o.num_classes = cfg.get_int("num_classes", 1000, 1);
+  o.in_channels = cfg.get_int("in_channels", 3, 1);
+  o.width = cfg.get_int("width", 64, 1);
+  o.stem = cfg.get_choice("stem", "imagenet", {"imagenet", "cifar"});
+  cfg.finish();
+  return make_resnet(o);
+}
+
+}  // namespace
+
+std::shared_ptr<Model> make_resnet(const ResNetOptions& options) { return std::make_shared<ResNet>(options); }
+
+STROBE_REGISTER(model_registry(), "resnet", make_from_config);
+
+}  // namespace strobe::models
