@@ -5,6 +5,7 @@ find_package(fmt REQUIRED)
 find_package(CLI11 CONFIG REQUIRED)
 find_package(nlohmann_json REQUIRED)
 find_package(Threads REQUIRED)
+find_package(ZLIB REQUIRED)
 
 # CUDA: compile kernels whenever nvcc is present, so CPU-only machines (CI) still compile and link
 # every kernel. Torch's config looks for the toolkit itself when the libtorch was built with CUDA.
@@ -24,6 +25,9 @@ endif()
 # PyTorch's Caffe2 config otherwise warns about missing kineto/nvtx; nothing here needs them.
 set(CAFFE2_USE_CUDNN ON CACHE BOOL "")
 find_package(Torch REQUIRED)
+# Torch's config appends -gencode flags for every architecture of the wheel (compute_50 among them,
+# which nvcc 13 rejects); our kernels are built for STROBE_CUDA_ARCHITECTURES only.
+string(REGEX REPLACE "-gencode[= ]arch=[^ ]+" "" CMAKE_CUDA_FLAGS "${CMAKE_CUDA_FLAGS}")
 # The wheel's libtorch has CUDA when it ships libtorch_cuda; only then the torch-CUDA glue builds.
 set(STROBE_TORCH_HAS_CUDA OFF)
 if(TARGET torch_cuda OR EXISTS "${TORCH_INSTALL_PREFIX}/lib/libtorch_cuda.so")

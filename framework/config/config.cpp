@@ -53,6 +53,11 @@ std::string closest_match(const std::string& word, const std::vector<std::string
     size_t d = edit_distance(word, c);
     if (d < best_d) best_d = d, best = c;
   }
+  if (best.empty() && word.size() >= 2) {
+    // A known name that starts with the word (bf16 -> bf16-mixed) is the likely intent.
+    for (const auto& c : candidates)
+      if (c.rfind(word, 0) == 0) return c;
+  }
   return best;
 }
 

@@ -1,0 +1,139 @@
+// model_checkpoint: last.ckpt, the top-k checkpoints by a monitored metric, and every n steps.
+// Keys: monitor (none: the k most recent), mode (min|max), save_top_k (1; -1 all; 0 none),
+// save_last (true), every_n_steps (0: off), every_n_epochs (1), dirpath (<run>/checkpoints).
+#include <filesystem>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include "framework/core/callback.h"
+#include "framework/core/trainer.h"
+
+namespace strobe {
+namespace {
+
+class ModelCheckpoint : public Callback {
+ public:
+  std::string name() const override { return "model_checkpoint"; }
+  std::string state_key() const override { return fmt::format("model_checkpoint[monitor={},mode={}]", monitor_, mode_); }
+
+  ModelCheckpoint(std::string monitor, std::string mode, int64_t top_k, bool save_last, int64_t every_n_steps,
+                  int64_t every_n_epochs, std::string dirpath)
+      : monitor_(std::move(monitor)), mode_(std::move(mode)), top_k_(top_k), save_last_(save_last),
+        every_n_steps_(every_n_steps), every_n_epochs_(every_n_epochs), dirpath_(std::move(dirpath)) {}
+
+  void on_train_batch_end(Trainer& t, Module&, const torch::Tensor&, const Batch&, int64_t) override {
+    if (!enabled(t) || every_n_steps_ <= 0) return;
+    const auto step = t.state().global_step;
+    if (step == 0 || step % every_n_steps_ != 0 || step == last_step_saved_) return;
+    if (monitor_.empty()) {
+      save_topk(t, static_cast<double>(step), fmt::format("step={}", step));
+    } else if (auto v = value(t)) {
+      save_topk(t, *v, fmt::format("step={}-{}={:.4f}", step, sanitize(monitor_), *v));
+    }
+    save_last(t);
+  }
+
+  void on_validation_end(Trainer& t, Module&) override {
+    if (!enabled(t) || t.sanity_checking() || monitor_.empty() || every_n_steps_ > 0) return;
+    auto v = value(t);
+    if (!v) {
+      std::string known;
+      for (const auto& kv : t.metrics()) known += (known.empty() ? "" : ", ") + kv.first;
+      throw std::runtime_error(fmt::format("model_checkpoint: monitor '{}' was not logged (logged: {})", monitor_, known));
+    }
+    save_topk(t, *v, fmt::format("epoch={}-step={}-{}={:.4f}", t.state().epoch, t.state().global_step, sanitize(monitor_), *v));
+    save_last(t);
+  }
+
+  void on_train_epoch_end(Trainer& t, Module&) override {
+    if (!enabled(t)) return;
+    if (monitor_.empty() && every_n_steps_ <= 0 && (t.state().epoch + 1) % every_n_epochs_ == 0)
+      save_topk(t, static_cast<double>(t.state().global_step), fmt::format("epoch={}-step={}", t.state().epoch, t.state().global_step));
+    save_last(t);
+  }
+
+  void on_train_end(Trainer& t, Module&) override {
+    if (enabled(t)) save_last(t);
+  }
+
+  nlohmann::json state_dict() const override {
+    return {{"best_k", best_k_}, {"best_path", best_path_}, {"last_step_saved", last_step_saved_}};
+  }
+  void load_state_dict(const nlohmann::json& s) override {
+    best_k_ = s.at("best_k").get<std::map<std::string, double>>();
+    best_path_ = s.at("best_path").get<std::string>();
+    last_step_saved_ = s.at("last_step_saved").get<int64_t>();
+  }
+
+ private:
+  static std::string sanitize(std::string s) {
+    for (auto& ch : s)
+      if (ch == '/') ch = '_';
+    return s;
+  }
+  bool enabled(const Trainer& t) const {
+    return !t.run_dir().empty() && t.config().enable_checkpointing && t.config().fast_dev_run == 0;
+  }
+  std::string dir(const Trainer& t) const { return dirpath_.empty() ? t.run_dir() + "/checkpoints" : dirpath_; }
+  std::optional<double> value(const Trainer& t) const {
+    auto it = t.metrics().find(monitor_);
+    if (it == t.metrics().end()) return std::nullopt;
+    return it->second;
+  }
+  bool better(double a, double b) const { return mode_ == "max" ? a > b : a < b; }
+
+  void save_topk(Trainer& t, double score, const std::string& stem) {
+    if (top_k_ == 0) return;
+    if (std::isnan(score)) return;
+    std::string path = fmt::format("{}/{}.ckpt", dir(t), stem);
+    if (top_k_ > 0 && static_cast<int64_t>(best_k_.size()) >= top_k_) {
+      auto worst = best_k_.begin();
+      for (auto it = best_k_.begin(); it != best_k_.end(); ++it)
+        if (better(worst->second, it->second)) worst = it;
+      if (!better(score, worst->second)) return;
+      std::error_code ec;
+      std::filesystem::remove(worst->first, ec);
+      best_k_.erase(worst);
+    }
+    t.save_checkpoint(path);
+    best_k_[path] = score;
+    auto best = best_k_.begin();
+    for (auto it = best_k_.begin(); it != best_k_.end(); ++it)
+      if (better(it->second, best->second)) best = it;
+    best_path_ = best->first;
+  }
+
+  void save_last(Trainer& t) {
+    if (!save_last_ || t.state().global_step == last_step_saved_) return;
+    last_step_saved_ = t.state().global_step;
+    t.save_checkpoint(dir(t) + "/last.ckpt");
+  }
+
+  std::string monitor_, mode_;
+  int64_t top_k_;
+  bool save_last_;
+  int64_t every_n_steps_, every_n_epochs_;
+  std::string dirpath_;
+  std::map<std::string, double> best_k_;
+  std::string best_path_;
+  int64_t last_step_saved_ = -1;
+};
+
+std::shared_ptr<Callback> make_model_checkpoint(config::Section& cfg) {
+  std::string monitor = cfg.get_string("monitor", "");
+  std::string mode = cfg.get_choice("mode", "min", {"min", "max"});
+  int64_t k = cfg.get_int("save_top_k", 1, -1);
+  bool last = cfg.get_bool("save_last", true);
+  int64_t n = cfg.get_int("every_n_steps", 0, 0);
+  int64_t e = cfg.get_int("every_n_epochs", 1, 1);
+  std::string dirpath = cfg.get_string("dirpath", "");
+  cfg.finish();
+  return std::make_shared<ModelCheckpoint>(monitor, mode, k, last, n, e, dirpath);
+}
+
+STROBE_REGISTER(callback_registry(), "model_checkpoint", make_model_checkpoint);
+
+}  // namespace
+}  // namespace strobe

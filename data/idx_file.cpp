@@ -1,0 +1,71 @@
+#include "data/idx_file.h"
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+#include <zlib.h>
+
+namespace strobe::data {
+
+std::string read_maybe_gzipped(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error(fmt::format("{}: cannot open ({})", path, std::strerror(errno)));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string raw = ss.str();
+  if (raw.size() < 2 || static_cast<unsigned char>(raw[0]) != 0x1f || static_cast<unsigned char>(raw[1]) != 0x8b)
+    return raw;
+  z_stream zs{};
+  if (inflateInit2(&zs, 15 + 32) != Z_OK) throw std::runtime_error(fmt::format("{}: zlib init failed", path));
+  zs.next_in = reinterpret_cast<Bytef*>(raw.data());
+  zs.avail_in = static_cast<uInt>(raw.size());
+  std::string out;
+  char buf[1 << 16];
+  int rc;
+  do {
+    zs.next_out = reinterpret_cast<Bytef*>(buf);
+    zs.avail_out = sizeof(buf);
+    rc = inflate(&zs, Z_NO_FLUSH);
+    if (rc != Z_OK && rc != Z_STREAM_END) {
+      inflateEnd(&zs);
+      throw std::runtime_error(fmt::format("{}: corrupt or truncated gzip data", path));
+    }
+    out.append(buf, sizeof(buf) - zs.avail_out);
+  } while (rc != Z_STREAM_END && (zs.avail_in > 0 || zs.avail_out == 0));
+  inflateEnd(&zs);
+  if (rc != Z_STREAM_END) throw std::runtime_error(fmt::format("{}: truncated gzip data", path));
+  return out;
+}
+
+torch::Tensor read_idx_file(const std::string& path) {
+  std::string data = read_maybe_gzipped(path);
+  auto byte = [&](size_t i) { return static_cast<unsigned char>(data[i]); };
+  if (data.size() < 4 || byte(0) != 0 || byte(1) != 0)
+    throw std::runtime_error(fmt::format("{}: not an IDX file (wrong magic number)", path));
+  if (byte(2) != 0x08)
+    throw std::runtime_error(fmt::format("{}: IDX element type 0x{:02x} is not supported (expected unsigned bytes, 0x08)", path, byte(2)));
+  int ndim = byte(3);
+  if (ndim < 1 || ndim > 4) throw std::runtime_error(fmt::format("{}: IDX file with {} dimensions", path, ndim));
+  if (data.size() < 4 + 4 * static_cast<size_t>(ndim)) throw std::runtime_error(fmt::format("{}: truncated IDX header", path));
+  std::vector<int64_t> shape;
+  size_t count = 1;
+  for (int d = 0; d < ndim; ++d) {
+    size_t o = 4 + 4 * d;
+    int64_t n = (int64_t(byte(o)) << 24) | (int64_t(byte(o + 1)) << 16) | (int64_t(byte(o + 2)) << 8) | int64_t(byte(o + 3));
+    shape.push_back(n);
+    count *= static_cast<size_t>(n);
+  }
+  size_t header = 4 + 4 * static_cast<size_t>(ndim);
+  if (data.size() - header < count)
+    throw std::runtime_error(fmt::format("{}: truncated IDX file: header promises {} bytes, file has {}", path, count, data.size() - header));
+  auto t = torch::empty(shape, torch::kUInt8);
+  std::memcpy(t.data_ptr(), data.data() + header, count);
+  return t;
+}
+
+}  // namespace strobe::data

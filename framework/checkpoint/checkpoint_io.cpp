@@ -1,0 +1,195 @@
+#include "framework/checkpoint/checkpoint_io.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <array>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+namespace strobe::checkpoint {
+namespace {
+
+constexpr char kMagic[8] = {'S', 'T', 'R', 'O', 'B', 'E', 'C', 'K'};
+constexpr char kEndMagic[8] = {'E', 'N', 'D', 'S', 'T', 'R', 'O', 'B'};
+std::function<void(size_t)> g_write_observer;
+
+void write_all(int fd, const char* p, size_t n, const std::string& path, size_t& written) {
+  constexpr size_t kChunk = 1 << 20;
+  while (n > 0) {
+    size_t len = std::min(n, kChunk);
+    ssize_t w = ::write(fd, p, len);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      throw CheckpointError(fmt::format("{}: write failed ({})", path, std::strerror(errno)));
+    }
+    p += w, n -= static_cast<size_t>(w), written += static_cast<size_t>(w);
+    if (g_write_observer) g_write_observer(written);
+  }
+}
+
+template <class T>
+void put(std::string& s, T v) {
+  s.append(reinterpret_cast<const char*>(&v), sizeof(T));
+}
+
+torch::Tensor string_to_tensor(const std::string& s) {
+  auto t = torch::empty({static_cast<int64_t>(s.size())}, torch::kUInt8);
+  if (!s.empty()) std::memcpy(t.data_ptr(), s.data(), s.size());
+  return t;
+}
+
+}  // namespace
+
+uint32_t crc32(const void* data, size_t n, uint32_t crc) {
+  static const std::array<uint32_t, 256> table = [] {
+    std::array<uint32_t, 256> t{};
+    for (uint32_t i = 0; i < 256; ++i) {
+      uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+      t[i] = c;
+    }
+    return t;
+  }();
+  const auto* p = static_cast<const unsigned char*>(data);
+  crc = ~crc;
+  for (size_t i = 0; i < n; ++i) crc = table[(crc ^ p[i]) & 0xFF] ^ (crc >> 8);
+  return ~crc;
+}
+
+const std::string& CheckpointData::blob(const std::string& k) const {
+  auto it = blobs.find(k);
+  if (it == blobs.end()) throw CheckpointError(fmt::format("checkpoint lacks '{}'", k));
+  return it->second;
+}
+
+const torch::Tensor& CheckpointData::tensor(const std::string& k) const {
+  auto it = tensors.find(k);
+  if (it == tensors.end()) throw CheckpointError(fmt::format("checkpoint lacks tensor '{}'", k));
+  return it->second;
+}
+
+void set_write_observer_for_testing(std::function<void(size_t)> observer) { g_write_observer = std::move(observer); }
+
+void save_checkpoint_file(const std::string& path, const CheckpointData& data) {
+  torch::serialize::OutputArchive archive;
+  // Keys are stored under prefixes so tensors and blobs cannot collide; the key lists make loading
+  // independent of the archive's own enumeration order.
+  std::string tensor_keys, blob_keys;
+  int64_t i = 0;
+  for (const auto& kv : data.tensors) {
+    archive.write(fmt::format("t{}", i++), kv.second.detach());
+    tensor_keys += kv.first + '\n';
+  }
+  i = 0;
+  for (const auto& kv : data.blobs) {
+    archive.write(fmt::format("b{}", i++), string_to_tensor(kv.second));
+    blob_keys += kv.first + '\n';
+  }
+  archive.write("tensor_keys", string_to_tensor(tensor_keys));
+  archive.write("blob_keys", string_to_tensor(blob_keys));
+  std::ostringstream os;
+  archive.save_to(os);
+  const std::string payload = os.str();
+
+  std::string header(kMagic, 8);
+  put<uint32_t>(header, kFormatVersion);
+  put<uint64_t>(header, payload.size());
+  std::string footer;
+  put<uint32_t>(footer, crc32(payload.data(), payload.size()));
+  footer.append(kEndMagic, 8);
+
+  namespace fs = std::filesystem;
+  fs::path target(path);
+  fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  fs::create_directories(dir);
+  fs::path tmp = dir / fmt::format(".{}.tmp.{}", target.filename().string(), ::getpid());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw CheckpointError(fmt::format("{}: cannot create ({})", tmp.string(), std::strerror(errno)));
+  size_t written = 0;
+  try {
+    write_all(fd, header.data(), header.size(), tmp.string(), written);
+    write_all(fd, payload.data(), payload.size(), tmp.string(), written);
+    write_all(fd, footer.data(), footer.size(), tmp.string(), written);
+    if (::fsync(fd) != 0) throw CheckpointError(fmt::format("{}: fsync failed ({})", tmp.string(), std::strerror(errno)));
+  } catch (...) {
+    ::close(fd);
+    std::error_code ec;
+    fs::remove(tmp, ec);
+    throw;
+  }
+  ::close(fd);
+  if (::rename(tmp.c_str(), target.c_str()) != 0) {
+    std::error_code ec;
+    fs::remove(tmp, ec);
+    throw CheckpointError(fmt::format("{}: rename failed ({})", path, std::strerror(errno)));
+  }
+  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+CheckpointData load_checkpoint_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw CheckpointError(fmt::format("{}: cannot open checkpoint ({})", path, std::strerror(errno)));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string file = ss.str();
+  const size_t head = 8 + 4 + 8, foot = 4 + 8;
+  if (file.size() < head || std::memcmp(file.data(), kMagic, 8) != 0)
+    throw CheckpointError(fmt::format("{}: not a Strobe checkpoint (bad magic)", path));
+  uint32_t version;
+  uint64_t len;
+  std::memcpy(&version, file.data() + 8, 4);
+  std::memcpy(&len, file.data() + 12, 8);
+  if (version != kFormatVersion)
+    throw CheckpointError(fmt::format("{}: checkpoint format version {} (this strobe reads {})", path, version, kFormatVersion));
+  if (file.size() != head + len + foot)
+    throw CheckpointError(fmt::format("{}: truncated or damaged checkpoint ({} bytes, expected {})", path, file.size(),
+                                      head + len + foot));
+  uint32_t stored;
+  std::memcpy(&stored, file.data() + head + len, 4);
+  if (std::memcmp(file.data() + head + len + 4, kEndMagic, 8) != 0 || stored != crc32(file.data() + head, len))
+    throw CheckpointError(fmt::format("{}: corrupted checkpoint (checksum mismatch)", path));
+
+  CheckpointData data;
+  try {
+    torch::serialize::InputArchive archive;
+    std::istringstream is(file.substr(head, len));
+    archive.load_from(is, torch::kCPU);
+    auto read_keys = [&](const char* name) {
+      torch::Tensor t;
+      archive.read(name, t);
+      std::string s(reinterpret_cast<const char*>(t.data_ptr()), static_cast<size_t>(t.numel()));
+      std::vector<std::string> keys;
+      std::stringstream ks(s);
+      for (std::string k; std::getline(ks, k);) keys.push_back(k);
+      return keys;
+    };
+    auto tkeys = read_keys("tensor_keys");
+    for (size_t i = 0; i < tkeys.size(); ++i) {
+      torch::Tensor t;
+      archive.read(fmt::format("t{}", i), t);
+      data.tensors[tkeys[i]] = t;
+    }
+    auto bkeys = read_keys("blob_keys");
+    for (size_t i = 0; i < bkeys.size(); ++i) {
+      torch::Tensor t;
+      archive.read(fmt::format("b{}", i), t);
+      data.blobs[bkeys[i]] = std::string(reinterpret_cast<const char*>(t.data_ptr()), static_cast<size_t>(t.numel()));
+    }
+  } catch (const c10::Error& e) {
+    throw CheckpointError(fmt::format("{}: unreadable checkpoint payload: {}", path, e.what_without_backtrace()));
+  }
+  return data;
+}
+
+}  // namespace strobe::checkpoint

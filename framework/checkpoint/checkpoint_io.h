@@ -1,0 +1,44 @@
+// Checkpoint files: one file holds everything needed to continue a run exactly.
+//
+// Layout: "STROBECK" | u32 format version | u64 payload length | payload | u32 CRC-32 of payload |
+// "ENDSTROB". The payload is a torch serialize archive (tensors keep dtype; CUDA tensors load on CPU).
+// Writes are atomic: temp file in the same directory, fsync, rename, fsync of the directory — a crash
+// or a full disk during a save never destroys the previous checkpoint. Reads verify magic, version,
+// length and checksum before parsing anything: a truncated or corrupted file is refused with a
+// message naming it, never half-loaded.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <string>
+
+#include <torch/types.h>
+
+namespace strobe::checkpoint {
+
+constexpr uint32_t kFormatVersion = 1;
+
+struct CheckpointError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// A flat, ordered map of named tensors and named byte strings (non-tensor state: cereal/JSON text).
+struct CheckpointData {
+  std::map<std::string, torch::Tensor> tensors;
+  std::map<std::string, std::string> blobs;
+
+  bool has_blob(const std::string& k) const { return blobs.count(k) > 0; }
+  const std::string& blob(const std::string& k) const;    // throws CheckpointError naming the key
+  const torch::Tensor& tensor(const std::string& k) const;
+};
+
+void save_checkpoint_file(const std::string& path, const CheckpointData& data);
+CheckpointData load_checkpoint_file(const std::string& path);
+
+// Called with the number of bytes written so far while the temp file is written (tests use it to
+// simulate a crash mid-write by throwing).
+void set_write_observer_for_testing(std::function<void(size_t)> observer);
+
+uint32_t crc32(const void* data, size_t n, uint32_t crc = 0);
+
+}  // namespace strobe::checkpoint

@@ -1,0 +1,81 @@
+// Callback: Lightning's hook set. Every hook is a no-op virtual, so a callback overrides only what it
+// uses. Callbacks see the trainer through its public interface (state, metrics, stop requests,
+// checkpointing) and never its internals. state_dict()/load_state_dict() are saved in every
+// checkpoint under state_key(), which must be unique among a run's callbacks.
+#pragma once
+
+#include <exception>
+#include <memory>
+#include <string>
+
+#include <nlohmann/json_fwd.hpp>
+#include <torch/types.h>
+
+#include "framework/core/batch.h"
+#include "framework/core/datamodule.h"
+#include "framework/core/registry.h"
+
+namespace torch::optim {
+class Optimizer;
+}
+
+namespace strobe {
+
+class Trainer;
+class Module;
+namespace checkpoint {
+struct CheckpointData;
+}
+
+class Callback {
+ public:
+  virtual ~Callback() = default;
+  virtual std::string name() const = 0;
+  virtual std::string state_key() const { return name(); }
+
+  virtual void setup(Trainer&, Module&, Stage) {}
+  virtual void teardown(Trainer&, Module&, Stage) {}
+  virtual void on_fit_start(Trainer&, Module&) {}
+  virtual void on_fit_end(Trainer&, Module&) {}
+  virtual void on_sanity_check_start(Trainer&, Module&) {}
+  virtual void on_sanity_check_end(Trainer&, Module&) {}
+  virtual void on_train_start(Trainer&, Module&) {}
+  virtual void on_train_end(Trainer&, Module&) {}
+  virtual void on_train_epoch_start(Trainer&, Module&) {}
+  virtual void on_train_epoch_end(Trainer&, Module&) {}
+  virtual void on_train_batch_start(Trainer&, Module&, const Batch&, int64_t /*batch_idx*/) {}
+  virtual void on_train_batch_end(Trainer&, Module&, const torch::Tensor& /*loss*/, const Batch&, int64_t /*batch_idx*/) {}
+  virtual void on_validation_start(Trainer&, Module&) {}
+  virtual void on_validation_end(Trainer&, Module&) {}
+  virtual void on_validation_epoch_start(Trainer&, Module&) {}
+  virtual void on_validation_epoch_end(Trainer&, Module&) {}
+  virtual void on_validation_batch_start(Trainer&, Module&, const Batch&, int64_t) {}
+  virtual void on_validation_batch_end(Trainer&, Module&, const Batch&, int64_t) {}
+  virtual void on_test_start(Trainer&, Module&) {}
+  virtual void on_test_end(Trainer&, Module&) {}
+  virtual void on_test_epoch_start(Trainer&, Module&) {}
+  virtual void on_test_epoch_end(Trainer&, Module&) {}
+  virtual void on_test_batch_start(Trainer&, Module&, const Batch&, int64_t) {}
+  virtual void on_test_batch_end(Trainer&, Module&, const Batch&, int64_t) {}
+  virtual void on_predict_start(Trainer&, Module&) {}
+  virtual void on_predict_end(Trainer&, Module&) {}
+  virtual void on_predict_epoch_start(Trainer&, Module&) {}
+  virtual void on_predict_epoch_end(Trainer&, Module&) {}
+  virtual void on_predict_batch_start(Trainer&, Module&, const Batch&, int64_t) {}
+  virtual void on_predict_batch_end(Trainer&, Module&, const torch::Tensor& /*outputs*/, const Batch&, int64_t) {}
+  virtual void on_before_backward(Trainer&, Module&, const torch::Tensor& /*loss*/) {}
+  virtual void on_after_backward(Trainer&, Module&) {}
+  virtual void on_before_optimizer_step(Trainer&, Module&, torch::optim::Optimizer&) {}
+  virtual void on_before_zero_grad(Trainer&, Module&, torch::optim::Optimizer&) {}
+  virtual void on_exception(Trainer&, Module&, const std::exception&) {}
+  virtual void on_save_checkpoint(Trainer&, Module&, checkpoint::CheckpointData&) {}
+  virtual void on_load_checkpoint(Trainer&, Module&, const checkpoint::CheckpointData&) {}
+
+  virtual nlohmann::json state_dict() const;
+  virtual void load_state_dict(const nlohmann::json& state);
+};
+
+using CallbackRegistry = Registry<std::shared_ptr<Callback>>;
+CallbackRegistry& callback_registry();
+
+}  // namespace strobe

@@ -1,0 +1,84 @@
+// Module (LightningModule): what a step computes. Built from `task:` + `model:`; the trainer owns
+// the loops, devices, precision and optimizer stepping; the module returns the loss and logs.
+//
+// Logging: log(name, value) takes a device tensor and never reads it on the host. Training steps log
+// per step by default; validation/test steps log per epoch (a device-side mean weighted by the batch
+// size), as in Lightning.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include "framework/core/batch.h"
+#include "framework/core/datamodule.h"
+#include "framework/core/model.h"
+#include "framework/core/registry.h"
+
+namespace strobe {
+
+class LRScheduler;
+
+struct LogOptions {
+  std::optional<bool> on_step;   // default: true in training, false otherwise
+  std::optional<bool> on_epoch;  // default: false in training, true otherwise
+  bool prog_bar = false;
+};
+
+class LogSink {
+ public:
+  virtual ~LogSink() = default;
+  virtual void log(const std::string& name, const torch::Tensor& value, const LogOptions& options,
+                   int64_t batch_size) = 0;
+};
+
+struct OptimizerSetup {
+  std::shared_ptr<torch::optim::Optimizer> optimizer;
+  std::shared_ptr<LRScheduler> scheduler;  // may be null
+};
+
+class Module {
+ public:
+  virtual ~Module() = default;
+
+  // The trainable network (parameters, buffers, train/eval, device moves, checkpoints).
+  virtual torch::nn::Module& net() = 0;
+
+  virtual torch::Tensor training_step(const Batch& batch, int64_t batch_idx) = 0;
+  virtual void validation_step(const Batch& /*batch*/, int64_t /*batch_idx*/) {}
+  virtual void test_step(const Batch& batch, int64_t batch_idx) { validation_step(batch, batch_idx); }
+  virtual torch::Tensor predict_step(const Batch& batch, int64_t batch_idx);
+
+  // Empty optimizer: the trainer builds one from the `optimizer:`/`scheduler:` config sections.
+  virtual OptimizerSetup configure_optimizers() { return {}; }
+
+  virtual void on_train_epoch_start() {}
+  virtual void on_train_epoch_end() {}
+  virtual void on_validation_epoch_start() {}
+  virtual void on_validation_epoch_end() {}
+  virtual void on_test_epoch_end() {}
+
+  void log(const std::string& name, const torch::Tensor& value, const LogOptions& options = {});
+
+  // Set by the trainer.
+  void attach(LogSink* sink, Stage stage, bool training) { sink_ = sink, stage_ = stage, training_ = training; }
+  void set_current_batch_size(int64_t n) { batch_size_ = n; }
+  bool training() const { return training_; }
+  Stage stage() const { return stage_; }
+
+ private:
+  LogSink* sink_ = nullptr;
+  Stage stage_ = Stage::Fit;
+  bool training_ = false;
+  int64_t batch_size_ = 1;
+};
+
+// A task wraps a model: classification, detection, language_modeling.
+using TaskRegistry = Registry<std::shared_ptr<Module>, std::shared_ptr<Model>>;
+TaskRegistry& task_registry();
+
+}  // namespace strobe

@@ -1,0 +1,47 @@
+#include "framework/core/precision.h"
+
+#include <ATen/autocast_mode.h>
+#include <torch/torch.h>
+
+namespace strobe {
+
+AutocastGuard::AutocastGuard(const torch::Device& device, const std::string& precision) : type_(device.type()) {
+  if (precision == "32") return;
+  active_ = true;
+  prev_enabled_ = at::autocast::is_autocast_enabled(type_);
+  prev_dtype_ = at::autocast::get_autocast_dtype(type_);
+  at::autocast::set_autocast_dtype(type_, precision == "16-mixed" ? at::kHalf : at::kBFloat16);
+  at::autocast::set_autocast_enabled(type_, true);
+  at::autocast::increment_nesting();
+}
+
+AutocastGuard::~AutocastGuard() {
+  if (!active_) return;
+  if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+  at::autocast::set_autocast_enabled(type_, prev_enabled_);
+  at::autocast::set_autocast_dtype(type_, prev_dtype_);
+}
+
+GradScaler::GradScaler(const torch::Device& device, double init_scale, double growth_factor, double backoff_factor,
+                       int64_t growth_interval)
+    : growth_(growth_factor), backoff_(backoff_factor), interval_(growth_interval) {
+  auto f = torch::TensorOptions().dtype(torch::kFloat32).device(device);
+  scale_ = torch::full({}, init_scale, f);
+  growth_tracker_ = torch::zeros({}, f.dtype(torch::kInt32));
+  found_inf_ = torch::zeros({}, f);
+}
+
+void GradScaler::unscale(const std::vector<torch::Tensor>& grads) {
+  found_inf_.zero_();
+  auto inv = scale_.reciprocal();
+  if (!grads.empty()) at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf_, inv);
+}
+
+void GradScaler::update() { at::_amp_update_scale_(scale_, growth_tracker_, found_inf_, growth_, backoff_, interval_); }
+
+void GradScaler::load(const torch::Tensor& scale, const torch::Tensor& growth_tracker) {
+  scale_.copy_(scale);
+  growth_tracker_.copy_(growth_tracker);
+}
+
+}  // namespace strobe

@@ -1,0 +1,145 @@
+// Trainer: the fit / validate / test / predict loops around a Module and a DataModule.
+//
+// Contract:
+// - The step path makes no host-device synchronization of its own: losses and metrics are logged
+//   as device tensors and reach the host through LogCollector's async ring. (16-mixed with
+//   torch::optim must read the overflow flag like PyTorch's GradScaler; the fused optimizers skip
+//   on the device instead.)
+// - All loop state lives in TrainerState and is saved in every checkpoint together with model,
+//   optimizer, scheduler, loss-scaler and callback states, the RNG states and the resolved config;
+//   resuming continues with the same batches, RNG draws and (on CPU) bitwise the same losses.
+// - SIGINT/SIGTERM finish the current optimizer step, write checkpoints/last.ckpt and make fit()
+//   return 130/143; a second signal exits at once.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <torch/types.h>
+
+#include "framework/config/experiment.h"
+#include "framework/core/callback.h"
+#include "framework/core/datamodule.h"
+#include "framework/core/module.h"
+#include "framework/core/optim.h"
+
+namespace strobe {
+
+namespace logging {
+class LogCollector;
+class CsvLogger;
+class MetricConsumer;
+}  // namespace logging
+namespace checkpoint {
+struct CheckpointData;
+}
+class GradScaler;
+
+struct TrainerState {
+  int64_t epoch = 0;             // current (0-based) epoch
+  int64_t global_step = 0;       // optimizer steps taken
+  int64_t batch_in_epoch = 0;    // training batches of this epoch already consumed
+  int64_t batches_seen = 0;      // training batches consumed in the whole run
+  int64_t val_runs = 0;          // validation runs completed
+  bool epoch_done = false;       // the current epoch's batches are all consumed
+  double elapsed_s = 0.0;        // training wall time before this process (max_time)
+};
+
+// Exit status of fit(): CONFIG.md's codes.
+enum ExitCode : int { kExitOk = 0, kExitFailure = 1, kExitUsage = 2, kExitNaN = 3, kExitSigint = 130, kExitSigterm = 143 };
+
+class Trainer {
+ public:
+  Trainer(config::Experiment experiment, std::string resolved_config_yaml, std::shared_ptr<Module> module,
+          std::shared_ptr<DataModule> datamodule, std::vector<std::shared_ptr<Callback>> callbacks, std::string run_dir);
+  ~Trainer();
+
+  int fit(const std::optional<std::string>& ckpt_path = std::nullopt);
+  int validate(const std::optional<std::string>& ckpt_path = std::nullopt);
+  int test(const std::optional<std::string>& ckpt_path = std::nullopt);
+  std::vector<torch::Tensor> predict(const std::optional<std::string>& ckpt_path = std::nullopt);
+
+  // --- the view callbacks and tools use ---
+  const TrainerState& state() const { return state_; }
+  const config::TrainerConfig& config() const { return exp_.trainer; }
+  const config::Experiment& experiment() const { return exp_; }
+  const std::string& run_dir() const { return run_dir_; }
+  const torch::Device& device() const { return device_; }
+  bool should_stop() const { return should_stop_; }
+  void request_stop(int exit_code = kExitOk);
+  bool sanity_checking() const { return sanity_checking_; }
+  bool is_global_zero() const { return rank_ == 0; }
+  // Host values of the latest delivered metrics (never forces a sync).
+  const std::map<std::string, double>& metrics() const;
+  // Waits for every pending metric copy (epoch-end decisions only).
+  void drain_metrics();
+  Module& module() { return *module_; }
+  DataModule& datamodule() { return *datamodule_; }
+  torch::optim::Optimizer* optimizer() { return optimizer_.get(); }
+  LRScheduler* scheduler() { return scheduler_.get(); }
+  int64_t num_training_batches() const { return num_train_batches_; }
+  int64_t estimated_stepping_batches() const;
+  // Device flag (0-d int32 on the training device) that makes the optimizer step a no-op when set;
+  // set by NaN guards, read on the device by the fused optimizers.
+  torch::Tensor& found_nonfinite() { return found_nonfinite_; }
+  void add_metric_consumer(logging::MetricConsumer* consumer);
+  // Host-side values (learning rate, throughput): delivered to the loggers at once.
+  void log_host(const std::vector<std::pair<std::string, double>>& values);
+
+  void set_resolved_config(std::string yaml) { config_yaml_ = std::move(yaml); }
+  void save_checkpoint(const std::string& path);
+  checkpoint::CheckpointData make_checkpoint();
+  void load_checkpoint(const std::string& path, bool restore_training_state);
+  void restore_rng(const checkpoint::CheckpointData& data);
+
+  // Lets an embedding program (tests, replay) run single steps with the full step path.
+  void setup_for_fit();
+  torch::Tensor run_training_batch(Batch host_batch, int64_t batch_idx);
+
+ private:
+  void setup_common(Stage stage);
+  void train_epoch();
+  void run_eval(Stage stage, int64_t limit, bool sanity);
+  bool should_validate_now(int64_t batch_in_epoch, bool epoch_end) const;
+  bool done() const;
+  Batch prepare_batch(Batch batch, int64_t dataloader_idx);
+  void optimizer_step();
+  void clip_gradients();
+  void install_signal_handlers();
+  template <class F>
+  void each(F&& f);
+
+  config::Experiment exp_;
+  std::string config_yaml_;
+  std::shared_ptr<Module> module_;
+  std::shared_ptr<DataModule> datamodule_;
+  std::vector<std::shared_ptr<Callback>> callbacks_;
+  std::string run_dir_;
+  torch::Device device_{torch::kCPU};
+  int64_t rank_ = 0;
+
+  std::shared_ptr<torch::optim::Optimizer> optimizer_;
+  std::shared_ptr<LRScheduler> scheduler_;
+  OptimizerInfo optimizer_info_;
+  std::unique_ptr<GradScaler> scaler_;
+  std::unique_ptr<logging::LogCollector> collector_;
+  std::unique_ptr<logging::CsvLogger> csv_;
+  std::unique_ptr<logging::MetricConsumer> tensorboard_;
+  torch::Tensor found_nonfinite_;
+
+  TrainerState state_;
+  int64_t num_train_batches_ = 0;
+  bool should_stop_ = false;
+  int stop_code_ = kExitOk;
+  bool sanity_checking_ = false;
+  bool fit_setup_done_ = false;
+  int64_t accum_count_ = 0;
+  std::chrono::steady_clock::time_point start_time_;
+  std::shared_ptr<data::DataLoader> train_loader_;
+};
+
+}  // namespace strobe

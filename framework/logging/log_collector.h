@@ -1,0 +1,98 @@
+// LogCollector: the trainer's LogSink. Values logged by a module stay on the device; at each log
+// interval (and at the end of each validation/test epoch) they are stacked into one small tensor and
+// copied asynchronously into a slot of a pinned-memory ring, with an event recorded after the copy.
+// Host consumers (CSV, TensorBoard, progress bar, monitors) see a row only once its event has
+// completed, so the step path never waits for the device. Epoch-level values are device-side means
+// weighted by the batch size (a host number known at collate time: no sync).
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/types.h>
+
+#include "framework/core/module.h"
+
+namespace strobe::logging {
+
+struct MetricRow {
+  int64_t step = 0;
+  int64_t epoch = 0;
+  std::vector<std::pair<std::string, double>> values;
+};
+
+class MetricConsumer {
+ public:
+  virtual ~MetricConsumer() = default;
+  virtual void consume(const MetricRow& row) = 0;
+  virtual void flush() {}
+};
+
+class LogCollector : public LogSink {
+ public:
+  explicit LogCollector(torch::Device device, int64_t ring_slots = 16);
+  ~LogCollector() override;
+
+  void log(const std::string& name, const torch::Tensor& value, const LogOptions& options, int64_t batch_size) override;
+  void set_training(bool training) { training_ = training; }
+
+  // After an optimizer step: when `emit`, this step's on_step values go to the host (async).
+  void end_step(int64_t step, int64_t epoch, bool emit);
+  // End of an epoch of the current stage: queues the epoch means; `wait` delivers them before returning
+  // (epoch-end decisions: early stopping, top-k checkpoints, reduce-on-plateau).
+  void end_epoch(int64_t step, int64_t epoch, bool wait);
+  void poll();   // deliver every row whose copy has completed, in order
+  void drain();  // wait for all pending copies, deliver them, flush consumers
+  void discard_epoch();  // forget on_epoch accumulations (sanity check)
+  // Host values (learning rates, throughput) go to the consumers at once.
+  void emit_host(int64_t step, int64_t epoch, const std::vector<std::pair<std::string, double>>& values);
+
+  void add_consumer(MetricConsumer* c) { consumers_.push_back(c); }
+  const std::map<std::string, double>& latest() const { return latest_; }
+  int64_t rows_delivered() const { return delivered_; }
+
+ private:
+  struct Slot;
+  void enqueue(int64_t step, int64_t epoch, std::vector<std::string> names, std::vector<torch::Tensor> values);
+  void deliver(Slot& s);
+  bool ready(const Slot& s) const;
+
+  torch::Device device_;
+  bool training_ = true;
+  std::map<std::string, torch::Tensor> step_values_;
+  struct EpochAcc {
+    torch::Tensor sum;
+    double count = 0;
+  };
+  std::map<std::string, EpochAcc> epoch_values_;
+  std::vector<std::unique_ptr<Slot>> ring_;
+  std::deque<Slot*> pending_;
+  size_t next_slot_ = 0;
+  std::vector<MetricConsumer*> consumers_;
+  std::map<std::string, double> latest_;
+  int64_t delivered_ = 0;
+};
+
+// metrics.csv: header `step,epoch,<metric>...` (metrics sorted); one row per delivered row. A new
+// metric name rewrites the file with the wider header, as Lightning's CSVLogger does.
+class CsvLogger : public MetricConsumer {
+ public:
+  // With `keep_until_step` >= 0 an existing file's rows up to that step are kept (resume).
+  CsvLogger(std::string path, int64_t keep_until_step = -1);
+  void consume(const MetricRow& row) override;
+  void flush() override;
+
+ private:
+  void rewrite();
+  std::string format_row(const MetricRow& row) const;
+  std::string path_;
+  std::vector<std::string> columns_;
+  std::vector<MetricRow> rows_;
+  size_t written_ = 0;
+};
+
+}  // namespace strobe::logging

@@ -1,0 +1,115 @@
+// classification: logits from the model's forward, labels in batch["label"].
+// loss: cross_entropy, or per_class_bce — the seed's loss: for each class, BCE-with-logits summed
+// over the batch and divided by the number of samples of that class, averaged over classes. It is
+// NaN (0/0) whenever a class is absent from a batch, by design: the NaN-capture workload.
+// Validation and test log <stage>/loss (per-batch mean, weighted by batch size) and the configured
+// metrics (default: acc, f1 — macro over classes, TorchMetrics' convention) from one device-side
+// confusion matrix that is updated every batch and read once at the end of the epoch.
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include "framework/core/module.h"
+#include "framework/metrics/collection.h"
+#include "framework/metrics/registry.h"
+
+namespace strobe {
+namespace {
+
+class ClassificationTask : public Module {
+ public:
+  ClassificationTask(std::shared_ptr<Model> model, std::string loss, double label_smoothing,
+                     std::vector<std::string> metrics, metrics::Average average)
+      : model_(std::move(model)), loss_(std::move(loss)), label_smoothing_(label_smoothing),
+        metric_names_(std::move(metrics)), average_(average) {}
+
+  torch::nn::Module& net() override { return *model_; }
+
+  torch::Tensor loss(const torch::Tensor& logits, const torch::Tensor& y) const {
+    if (loss_ == "cross_entropy") {
+      return torch::nn::functional::cross_entropy(
+          logits, y, torch::nn::functional::CrossEntropyFuncOptions().label_smoothing(label_smoothing_));
+    }
+    const int64_t c = logits.size(-1);
+    auto onehot = torch::one_hot(y, c).to(logits.scalar_type());
+    auto per_class_sum = torch::binary_cross_entropy_with_logits(logits, onehot, {}, {}, at::Reduction::None).sum(0);
+    auto count = onehot.sum(0);
+    return (per_class_sum / count).mean();
+  }
+
+  torch::Tensor training_step(const Batch& batch, int64_t) override {
+    auto logits = model_->forward(batch);
+    auto l = loss(logits, batch.at("label"));
+    log("train/loss", l.detach(), LogOptions{true, std::nullopt, true});
+    return l;
+  }
+
+  void evaluate(const Batch& batch, const std::string& prefix) {
+    auto logits = model_->forward(batch);
+    const auto& y = batch.at("label");
+    log(prefix + "/loss", loss(logits, y).detach());
+    if (!collection_) {
+      // Built on first use: the class count and device come from the logits (host-known shape).
+      metrics::MetricOptions o;
+      o.num_classes = logits.size(-1);
+      o.average = average_;
+      o.device = logits.device();
+      collection_ = std::make_unique<metrics::MetricCollection>();
+      for (const auto& m : metric_names_) collection_->add(short_name(m), metrics::make_metric(m, o));
+    }
+    collection_->update(logits.detach(), y);
+  }
+
+  void log_metrics(const std::string& prefix) {
+    if (!collection_) return;
+    for (auto& [name, value] : collection_->compute()) log(prefix + "/" + name, value, LogOptions{false, true, true});
+    collection_->reset();
+  }
+
+  void validation_step(const Batch& batch, int64_t) override { evaluate(batch, "val"); }
+  void test_step(const Batch& batch, int64_t) override { evaluate(batch, "test"); }
+  void on_validation_epoch_start() override {
+    if (collection_) collection_->reset();
+  }
+  void on_validation_epoch_end() override { log_metrics(stage() == Stage::Test ? "test" : "val"); }
+  void on_test_epoch_end() override { log_metrics("test"); }
+
+  static std::string short_name(const std::string& m) { return m == "accuracy" ? "acc" : m; }
+
+ private:
+  std::shared_ptr<Model> model_;
+  std::string loss_;
+  double label_smoothing_;
+  std::vector<std::string> metric_names_;
+  metrics::Average average_;
+  std::unique_ptr<metrics::MetricCollection> collection_;
+};
+
+std::shared_ptr<Module> make_classification(config::Section& cfg, std::shared_ptr<Model> model) {
+  std::string loss = cfg.get_choice("loss", "cross_entropy", {"cross_entropy", "per_class_bce"});
+  double ls = cfg.get_double("label_smoothing", 0.0, 0.0, 1.0);
+  std::vector<std::string> names;
+  cfg.accept("metrics");
+  auto node = cfg.node()["metrics"];
+  if (!node.IsDefined() || node.IsNull()) {
+    names = {"accuracy", "f1"};
+    YAML::Node seq(YAML::NodeType::Sequence);
+    for (auto& n : names) seq.push_back(n);
+    cfg.node()["metrics"] = seq;
+  } else {
+    if (!node.IsSequence()) cfg.fail("metrics", "expected a list, e.g. [accuracy, precision, recall, f1]");
+    for (const auto& n : node) {
+      std::string m = n.IsScalar() ? n.Scalar() : "";
+      if (m != "accuracy" && m != "precision" && m != "recall" && m != "f1")
+        cfg.fail("metrics", fmt::format("unknown classification metric '{}' (known: accuracy, precision, recall, f1)", m));
+      names.push_back(m);
+    }
+  }
+  std::string avg = cfg.get_choice("average", "macro", {"micro", "macro", "weighted"});
+  cfg.finish();
+  return std::make_shared<ClassificationTask>(std::move(model), loss, ls, names, metrics::parse_average(avg));
+}
+
+STROBE_REGISTER(task_registry(), "classification", make_classification);
+
+}  // namespace
+}  // namespace strobe

@@ -1,0 +1,53 @@
+// language_modeling: next-token cross entropy. The collate already shifted the sequences:
+// batch["targets"] holds token t+1 at position t, -100 at padding (data/collate_tokens.h), so the
+// same code serves padded [B, S] and packed [T] batches and the two give the same loss on the same
+// sequences (mean over real tokens). Logs the loss as a device tensor (no host reads).
+#include <torch/torch.h>
+
+#include "framework/core/module.h"
+
+namespace strobe {
+namespace {
+
+constexpr int64_t kIgnoreIndex = -100;
+
+class LanguageModelingTask : public Module {
+ public:
+  explicit LanguageModelingTask(std::shared_ptr<Model> model) : model_(std::move(model)) {}
+
+  torch::nn::Module& net() override { return *model_; }
+
+  static torch::Tensor loss(const torch::Tensor& logits, const torch::Tensor& targets) {
+    return torch::nn::functional::cross_entropy(
+        logits.reshape({-1, logits.size(-1)}).to(torch::kFloat32), targets.reshape({-1}),
+        torch::nn::functional::CrossEntropyFuncOptions().ignore_index(kIgnoreIndex));
+  }
+
+  torch::Tensor training_step(const Batch& batch, int64_t) override {
+    auto l = loss(model_->forward(batch), batch.at("targets"));
+    log("train/loss", l.detach(), LogOptions{true, std::nullopt, true});
+    return l;
+  }
+
+  void evaluate(const Batch& batch, const std::string& prefix) {
+    auto l = loss(model_->forward(batch), batch.at("targets")).detach();
+    log(prefix + "/loss", l, LogOptions{std::nullopt, std::nullopt, true});
+  }
+
+  void validation_step(const Batch& batch, int64_t) override { evaluate(batch, "val"); }
+  void test_step(const Batch& batch, int64_t) override { evaluate(batch, "test"); }
+
+ private:
+  std::shared_ptr<Model> model_;
+};
+
+std::shared_ptr<Module> make_language_modeling(config::Section& cfg, std::shared_ptr<Model> model) {
+  cfg.get_choice("loss", "cross_entropy", {"cross_entropy"});
+  cfg.finish();
+  return std::make_shared<LanguageModelingTask>(std::move(model));
+}
+
+STROBE_REGISTER(task_registry(), "language_modeling", make_language_modeling);
+
+}  // namespace
+}  // namespace strobe

@@ -1,0 +1,136 @@
+#include "models/decoder_lm.h"
+
+#include <torch/torch.h>
+
+#include "framework/config/config.h"
+
+namespace strobe::models {
+namespace {
+
+namespace nn = torch::nn;
+
+// nn.LayerNorm(dim, bias=False): a learned scale, no shift (libtorch's LayerNorm has no such option).
+class LayerNormNoBiasImpl : public nn::Module {
+ public:
+  explicit LayerNormNoBiasImpl(int64_t dim) : dim_(dim) { weight = register_parameter("weight", torch::ones({dim})); }
+  torch::Tensor forward(const torch::Tensor& x) { return torch::layer_norm(x, {dim_}, weight, {}, 1e-5); }
+  torch::Tensor weight;
+
+ private:
+  int64_t dim_;
+};
+TORCH_MODULE(LayerNormNoBias);
+
+// Where attention gets its structure from: a padded batch (optional key mask) or a packed one.
+struct AttentionInput {
+  std::optional<torch::Tensor> key_padding_mask;
+  torch::Tensor cu_seqlens;  // defined: packed
+  int64_t max_seqlen = 0;
+};
+
+class DecoderBlockImpl : public nn::Module {
+ public:
+  DecoderBlockImpl(int64_t dim, int64_t heads, int64_t hidden, AttentionBackend backend) : heads_(heads), backend_(backend) {
+    norm1 = register_module("norm1", LayerNormNoBias(dim));
+    qkv = register_module("qkv", nn::Linear(dim, 3 * dim));
+    proj = register_module("proj", nn::Linear(dim, dim));
+    norm2 = register_module("norm2", LayerNormNoBias(dim));
+    fc1 = register_module("fc1", nn::Linear(dim, hidden));
+    fc2 = register_module("fc2", nn::Linear(hidden, dim));
+  }
+
+  torch::Tensor forward(torch::Tensor x, const AttentionInput& in) {
+    const int64_t c = x.size(-1), hd = c / heads_;
+    auto qkv_out = qkv(norm1(x));
+    torch::Tensor a;
+    if (in.cu_seqlens.defined()) {  // x: [T, C]
+      auto parts = qkv_out.view({x.size(0), 3, heads_, hd}).unbind(1);
+      a = attention_varlen(parts[0], parts[1], parts[2], in.cu_seqlens, in.max_seqlen, /*causal=*/true, backend_)
+              .reshape({x.size(0), c});
+    } else {  // x: [B, S, C]
+      const int64_t b = x.size(0), s = x.size(1);
+      auto parts = qkv_out.view({b, s, 3, heads_, hd}).permute({2, 0, 3, 1, 4});
+      a = attention(parts[0], parts[1], parts[2], /*causal=*/true, in.key_padding_mask, backend_)
+              .transpose(1, 2)
+              .reshape({b, s, c});
+    }
+    x = x + proj(a);
+    return x + fc2(torch::gelu(fc1(norm2(x))));
+  }
+
+  LayerNormNoBias norm1{nullptr}, norm2{nullptr};
+  nn::Linear qkv{nullptr}, proj{nullptr}, fc1{nullptr}, fc2{nullptr};
+
+ private:
+  int64_t heads_;
+  AttentionBackend backend_;
+};
+TORCH_MODULE(DecoderBlock);
+
+class DecoderLM : public Model {
+ public:
+  explicit DecoderLM(const DecoderLMOptions& o) : Model("DecoderLM"), o_(o) {
+    embedding_ = register_module("embedding", nn::Embedding(o.vocab_size, o.embed_dim));
+    positional_embedding_ = register_module("positional_embedding", nn::Embedding(o.max_seq_len, o.embed_dim));
+    blocks_ = register_module("blocks", nn::ModuleList());
+    const auto hidden = static_cast<int64_t>(o.embed_dim * o.mlp_ratio);
+    for (int64_t i = 0; i < o.depth; ++i) blocks_->push_back(DecoderBlock(o.embed_dim, o.num_heads, hidden, o.attention));
+    output_ = register_module("output", nn::Linear(o.embed_dim, o.vocab_size));
+  }
+
+  torch::Tensor forward(const Batch& batch) override {
+    const auto& tokens = batch.at("tokens");
+    AttentionInput in;
+    torch::Tensor positions;
+    if (tokens.dim() == 1) {
+      TORCH_CHECK(batch.has("cu_seqlens") && batch.has("position_ids") && batch.meta.count("max_seqlen"),
+                  "decoder_lm: packed tokens [T] need cu_seqlens, position_ids and meta max_seqlen (collate: pack)");
+      in.cu_seqlens = batch.at("cu_seqlens");
+      in.max_seqlen = batch.meta.at("max_seqlen");
+      positions = batch.at("position_ids");
+    } else {
+      TORCH_CHECK(tokens.dim() == 2, "decoder_lm: tokens must be [B, S] or packed [T], got ", tokens.sizes());
+      if (batch.has("padding_mask")) in.key_padding_mask = batch.at("padding_mask");
+      positions = batch.has("position_ids") ? batch.at("position_ids")
+                                            : torch::arange(tokens.size(1), tokens.options()).unsqueeze(0);
+    }
+    auto x = embedding_(tokens) + positional_embedding_(positions);
+    for (auto& block : *blocks_) x = block->as<DecoderBlock>()->forward(x, in);
+    return output_(x);
+  }
+
+  std::string default_task() const override { return "language_modeling"; }
+
+ private:
+  DecoderLMOptions o_;
+  nn::Embedding embedding_{nullptr}, positional_embedding_{nullptr};
+  nn::ModuleList blocks_{nullptr};
+  nn::Linear output_{nullptr};
+};
+
+std::shared_ptr<Model> make_from_config(config::Section& cfg) {
+  DecoderLMOptions o;
+  o.vocab_size = cfg.get_int("vocab_size", 1024, 1);
+  o.max_seq_len = cfg.get_int("max_seq_len", 1024, 1);
+  o.embed_dim = cfg.get_int("embed_dim", 1024, 1);
+  o.depth = cfg.get_int("depth", 24, 1);
+  o.num_heads = cfg.get_int("num_heads", 16, 1);
+  if (o.embed_dim % o.num_heads != 0) cfg.fail("num_heads", "must divide embed_dim (" + std::to_string(o.embed_dim) + ")");
+  o.mlp_ratio = cfg.get_double("mlp_ratio", 4.0, 1e-3);
+  std::string attn = cfg.get_choice("attention", "math", {"custom", "sdpa", "math"});
+  try {
+    o.attention = parse_attention_backend(attn);
+  } catch (const std::exception& e) {
+    cfg.fail("attention", e.what());
+  }
+  cfg.finish();
+  return make_decoder_lm(o);
+}
+
+}  // namespace
+
+std::shared_ptr<Model> make_decoder_lm(const DecoderLMOptions& options) { return std::make_shared<DecoderLM>(options); }
+
+STROBE_REGISTER(model_registry(), "decoder_lm", make_from_config);
+
+}  // namespace strobe::models

@@ -1,0 +1,27 @@
+// GPT-style decoder, the seed's (varlen-transformer.txt): token + learned position embeddings,
+// pre-LN blocks with bias-free LayerNorm, fused qkv (with bias), GELU MLP, output head; causal.
+//
+// Input, either layout the token collates produce (data/collate_tokens.h):
+//   padded: batch["tokens"] [B, S] int64, optional "padding_mask" [B, S] bool (true = real token;
+//           padding keys are masked out) and "position_ids" [B, S] (default 0..S-1).
+//   packed: batch["tokens"] [T] int64 with "cu_seqlens" [n + 1] int32, "position_ids" [T], and
+//           batch.meta["max_seqlen"] (host), attention never crossing a sequence boundary.
+// Output: logits [B, S, vocab] or [T, vocab], in the layout of the input.
+#pragma once
+
+#include <memory>
+
+#include "framework/core/model.h"
+#include "models/attention.h"
+
+namespace strobe::models {
+
+struct DecoderLMOptions {
+  int64_t vocab_size = 1024, max_seq_len = 1024, embed_dim = 1024, depth = 24, num_heads = 16;
+  double mlp_ratio = 4.0;
+  AttentionBackend attention = AttentionBackend::Math;
+};
+
+std::shared_ptr<Model> make_decoder_lm(const DecoderLMOptions& options);
+
+}  // namespace strobe::models

@@ -1,0 +1,20 @@
+// The seed's face detector (custom-cuda-giou-kernel.txt): four stages of conv 3x3 'same' + max-pool 2
+// + ReLU (channels 1 -> 4 -> 16 -> 64 -> 256), then lin1 (256 * (image_size/16)^2 -> hidden_dim),
+// ReLU, lin2 (-> max_boxes * 4). Output [B, max_boxes, 4] boxes (x1, y1, x2, y2) in pixels, slot i
+// trained against target i (no assignment, as in the seed).
+// Input: batch["image"] [B, 1, image_size, image_size], uint8 (scaled by 1/255) or float (as is).
+#pragma once
+
+#include <memory>
+
+#include "framework/core/model.h"
+
+namespace strobe::models {
+
+struct FaceDetectorOptions {
+  int64_t image_size = 256, max_boxes = 256, hidden_dim = 256 * 64;
+};
+
+std::shared_ptr<Model> make_face_detector(const FaceDetectorOptions& options);
+
+}  // namespace strobe::models

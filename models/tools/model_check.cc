@@ -1,0 +1,77 @@
+// strobe_model_check MODEL_YAML [REFERENCE.pt]
+// Builds the model described by MODEL_YAML (a `model:` section as YAML text) and prints one JSON line:
+//   {"parameters": N}                                                 without a reference;
+//   {"parameters": N, "max_abs_diff": d, "max_abs_expected": m, ...} with one.
+// The reference is a TorchScript module with attributes `weights` (Dict[str, Tensor], keyed by
+// Strobe's parameter/buffer names), `input` and `expected` (the reference network's eval output).
+// Every parameter and buffer must be present with the same shape, and every weight used: a naming
+// or shape mismatch is an error (exit 1) listing the offending names.
+#include <iostream>
+
+#include <nlohmann/json.hpp>
+#include <torch/script.h>
+#include <torch/torch.h>
+
+#include "framework/config/config.h"
+#include "framework/core/model.h"
+
+int main(int argc, char** argv) {
+  if (argc < 2 || argc > 3) {
+    std::cerr << "usage: strobe_model_check MODEL_YAML [REFERENCE.pt]\n";
+    return 2;
+  }
+  try {
+    auto doc = strobe::config::Document::load_string(argv[1], "model");
+    auto section = doc.root();
+    auto model = strobe::model_registry().create(section, "");
+    nlohmann::json out;
+    int64_t count = 0;
+    for (const auto& p : model->parameters()) count += p.numel();
+    out["parameters"] = count;
+    if (argc == 3) {
+      auto ref = torch::jit::load(argv[2]);
+      auto weights = ref.attr("weights").toGenericDict();
+      std::map<std::string, torch::Tensor> given;
+      for (const auto& kv : weights) given[kv.key().toStringRef()] = kv.value().toTensor();
+      std::vector<std::string> missing, mismatched;
+      torch::NoGradGuard guard;
+      auto assign = [&](const std::string& name, torch::Tensor& t) {
+        auto it = given.find(name);
+        if (it == given.end()) return missing.push_back(name);
+        if (it->second.sizes() != t.sizes()) {
+          mismatched.push_back(name + " " + c10::str(t.sizes()) + " vs " + c10::str(it->second.sizes()));
+        } else {
+          t.copy_(it->second);
+        }
+        given.erase(it);
+      };
+      for (auto& kv : model->named_parameters()) assign(kv.key(), kv.value());
+      for (auto& kv : model->named_buffers()) assign(kv.key(), kv.value());
+      if (!missing.empty() || !mismatched.empty() || !given.empty()) {
+        for (const auto& n : missing) std::cerr << "missing in reference: " << n << "\n";
+        for (const auto& n : mismatched) std::cerr << "shape mismatch: " << n << "\n";
+        for (const auto& kv : given) std::cerr << "unused reference weight: " << kv.first << "\n";
+        return 1;
+      }
+      model->eval();
+      strobe::Batch batch;
+      auto input = ref.attr("input").toTensor();
+      batch.tensors["image"] = input;
+      batch.meta["batch_size"] = input.size(0);
+      auto y = model->forward(batch);
+      auto expected = ref.attr("expected").toTensor();
+      if (y.sizes() != expected.sizes()) {
+        std::cerr << "output shape " << y.sizes() << " vs expected " << expected.sizes() << "\n";
+        return 1;
+      }
+      out["max_abs_diff"] = (y - expected).abs().max().item<double>();
+      out["max_abs_expected"] = expected.abs().max().item<double>();
+      out["output_shape"] = y.sizes().vec();
+    }
+    std::cout << out.dump() << std::endl;
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << e.what() << "\n";
+    return 1;
+  }
+}

@@ -1,0 +1,129 @@
+#include "models/vit.h"
+
+#include <torch/torch.h>
+
+#include "framework/config/config.h"
+
+namespace strobe::models {
+namespace {
+
+namespace nn = torch::nn;
+
+void init_trunc_normal(torch::Tensor& w, double std) {
+  torch::NoGradGuard guard;
+  w.normal_(0.0, std).clamp_(-2 * std, 2 * std);
+}
+
+class EncoderBlockImpl : public nn::Module {
+ public:
+  EncoderBlockImpl(int64_t dim, int64_t heads, int64_t hidden, bool qkv_bias, AttentionBackend backend)
+      : heads_(heads), backend_(backend) {
+    norm1 = register_module("norm1", nn::LayerNorm(nn::LayerNormOptions({dim}).eps(1e-6)));
+    qkv = register_module("qkv", nn::Linear(nn::LinearOptions(dim, 3 * dim).bias(qkv_bias)));
+    proj = register_module("proj", nn::Linear(dim, dim));
+    norm2 = register_module("norm2", nn::LayerNorm(nn::LayerNormOptions({dim}).eps(1e-6)));
+    fc1 = register_module("fc1", nn::Linear(dim, hidden));
+    fc2 = register_module("fc2", nn::Linear(hidden, dim));
+  }
+
+  torch::Tensor forward(torch::Tensor x) {
+    const int64_t b = x.size(0), s = x.size(1), c = x.size(2);
+    auto qkv_out = qkv(norm1(x)).view({b, s, 3, heads_, c / heads_}).permute({2, 0, 3, 1, 4});
+    auto a = attention(qkv_out[0], qkv_out[1], qkv_out[2], /*causal=*/false, std::nullopt, backend_);
+    x = x + proj(a.transpose(1, 2).reshape({b, s, c}));
+    return x + fc2(torch::gelu(fc1(norm2(x))));
+  }
+
+  nn::LayerNorm norm1{nullptr}, norm2{nullptr};
+  nn::Linear qkv{nullptr}, proj{nullptr}, fc1{nullptr}, fc2{nullptr};
+
+ private:
+  int64_t heads_;
+  AttentionBackend backend_;
+};
+TORCH_MODULE(EncoderBlock);
+
+class ViT : public Model {
+ public:
+  explicit ViT(const ViTOptions& o) : Model("ViT"), o_(o) {
+    const int64_t grid = o.img_size / o.patch_size, d = o.embed_dim;
+    patch_embed_ = register_module(
+        "patch_embed", nn::Conv2d(nn::Conv2dOptions(o.in_channels, d, o.patch_size).stride(o.patch_size)));
+    if (o.class_token) cls_token_ = register_parameter("cls_token", torch::zeros({1, 1, d}));
+    pos_embed_ = register_parameter("pos_embed", torch::zeros({1, grid * grid + (o.class_token ? 1 : 0), d}));
+    blocks_ = register_module("blocks", nn::ModuleList());
+    const auto hidden = static_cast<int64_t>(d * o.mlp_ratio);
+    for (int64_t i = 0; i < o.depth; ++i) blocks_->push_back(EncoderBlock(d, o.num_heads, hidden, o.qkv_bias, o.attention));
+    norm_ = register_module("norm", nn::LayerNorm(nn::LayerNormOptions({d}).eps(1e-6)));
+    head_ = register_module("head", nn::Linear(d, o.num_classes));
+
+    // timm's initialization: truncated normal(0.02) for linear weights and positions, zero biases.
+    init_trunc_normal(pos_embed_, 0.02);
+    if (o.class_token) {
+      torch::NoGradGuard guard;
+      cls_token_.normal_(0.0, 1e-6);
+    }
+    for (auto& m : modules(false)) {
+      if (auto* lin = m->as<nn::Linear>()) {
+        init_trunc_normal(lin->weight, 0.02);
+        if (lin->bias.defined()) nn::init::zeros_(lin->bias);
+      }
+    }
+  }
+
+  torch::Tensor forward(const Batch& batch) override {
+    const auto& image = batch.at("image");
+    TORCH_CHECK(image.dim() == 4 && image.size(2) == o_.img_size && image.size(3) == o_.img_size,
+                "vit: expected image [B, ", o_.in_channels, ", ", o_.img_size, ", ", o_.img_size, "], got ", image.sizes());
+    auto x = patch_embed_(image).flatten(2).transpose(1, 2);  // [B, N, D]
+    if (o_.class_token) x = torch::cat({cls_token_.expand({x.size(0), 1, x.size(2)}).to(x.scalar_type()), x}, 1);
+    x = x + pos_embed_;
+    for (auto& block : *blocks_) x = block->as<EncoderBlock>()->forward(x);
+    x = o_.global_pool == "token" ? norm_(x).select(1, 0) : norm_(x.mean(1));
+    return head_(x);
+  }
+
+  std::string default_task() const override { return "classification"; }
+
+ private:
+  ViTOptions o_;
+  nn::Conv2d patch_embed_{nullptr};
+  torch::Tensor cls_token_, pos_embed_;
+  nn::ModuleList blocks_{nullptr};
+  nn::LayerNorm norm_{nullptr};
+  nn::Linear head_{nullptr};
+};
+
+std::shared_ptr<Model> make_from_config(config::Section& cfg) {
+  ViTOptions o;
+  o.img_size = cfg.get_int("img_size", 224, 1);
+  o.patch_size = cfg.get_int("patch_size", 16, 1);
+  if (o.img_size % o.patch_size != 0) cfg.fail("patch_size", "must divide img_size (" + std::to_string(o.img_size) + ")");
+  o.in_channels = cfg.get_int("in_channels", 3, 1);
+  o.num_classes = cfg.get_int("num_classes", 1000, 1);
+  o.embed_dim = cfg.get_int("embed_dim", 768, 1);
+  o.depth = cfg.get_int("depth", 12, 1);
+  o.num_heads = cfg.get_int("num_heads", 12, 1);
+  if (o.embed_dim % o.num_heads != 0) cfg.fail("num_heads", "must divide embed_dim (" + std::to_string(o.embed_dim) + ")");
+  o.mlp_ratio = cfg.get_double("mlp_ratio", 4.0, 1e-3);
+  o.class_token = cfg.get_bool("class_token", true);
+  o.global_pool = cfg.get_choice("global_pool", o.class_token ? "token" : "avg", {"token", "avg"});
+  if (o.global_pool == "token" && !o.class_token) cfg.fail("global_pool", "token pooling needs class_token: true");
+  o.qkv_bias = cfg.get_bool("qkv_bias", true);
+  std::string attn = cfg.get_choice("attention", "math", {"custom", "sdpa", "math"});
+  try {
+    o.attention = parse_attention_backend(attn);
+  } catch (const std::exception& e) {
+    cfg.fail("attention", e.what());
+  }
+  cfg.finish();
+  return make_vit(o);
+}
+
+}  // namespace
+
+std::shared_ptr<Model> make_vit(const ViTOptions& options) { return std::make_shared<ViT>(options); }
+
+STROBE_REGISTER(model_registry(), "vit", make_from_config);
+
+}  // namespace strobe::models

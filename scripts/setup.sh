@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Installs what a fresh Debian 12 machine lacks, then configures and builds Strobe into build/.
+# Idempotent and fast when everything is there: apt runs only for missing packages, pip only when
+# the virtual environment lacks torch 2.11.0 or a comparison package.
+# Env: STROBE_VENV (default ~/.cache/strobe/venv), STROBE_BUILD_DIR (default build), STROBE_JOBS.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+
+SUDO=""
+if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
+apt_pkgs=(build-essential cmake ninja-build ccache pkg-config python3 python3-venv zlib1g-dev
+  libyaml-cpp-dev libfmt-dev libcereal-dev rapidjson-dev libgtest-dev libgmock-dev googletest
+  libcli11-dev nlohmann-json3-dev libprotobuf-dev protobuf-compiler dataset-fashion-mnist fortunes
+  clang libclang-rt-14-dev)
+missing=()
+for p in "${apt_pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+venv=${STROBE_VENV:-$HOME/.cache/strobe/venv}
+py="$venv/bin/python"
+if [ ! -x "$py" ]; then
+  echo "setup: creating virtual environment $venv"
+  python3 -m venv "$venv"
+fi
+if ! "$py" - <<'PY' 2>/dev/null
+import importlib.metadata as m
+assert m.version("torch") == "2.11.0"
+for p in ("torchvision", "torchmetrics", "tensorboard", "numpy"):
+    m.version(p)
+PY
+then
+  echo "setup: installing torch 2.11.0 and the comparison packages into $venv"
+  "$py" -m pip install -q --upgrade pip
+  "$py" -m pip install -q "torch==2.11.0" "torchvision==0.26.0" torchmetrics tensorboard numpy
+fi
+
+build=${STROBE_BUILD_DIR:-build}
+prefix=$("$py" -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null)
+cmake_args=(-S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" -DSTROBE_PYTHON="$py")
+if command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then
+  cmake_args+=(-DCMAKE_CUDA_COMPILER="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")
+fi
+if [ ! -f "$build/build.ninja" ]; then
+  cmake "${cmake_args[@]}" >/dev/null
+fi
+jobs=${STROBE_JOBS:-$(nproc)}
+echo "setup: building ($build, -j$jobs)"
+cmake --build "$build" -j"$jobs"

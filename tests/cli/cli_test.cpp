@@ -1,0 +1,182 @@
+// The strobe executable: exit codes and one-line messages for bad input, SIGTERM/SIGINT handling
+// with exact resume, and the quickstart's first steps.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <thread>
+
+#include "tests/trainer/trainer_test_util.h"
+
+using namespace strobe::testing;
+
+namespace {
+
+struct Result {
+  int code;
+  std::string out, err;
+};
+
+std::string bin() {
+  const char* b = std::getenv("STROBE_BIN");
+  return b ? b : "bin/strobe";
+}
+
+std::string slurp(const std::string& p) {
+  std::ifstream in(p);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+Result strobe_cmd(const std::string& args) {
+  std::string dir = temp_dir("cli");
+  std::string cmd = bin() + " " + args + " > " + dir + "/out 2> " + dir + "/err";
+  int rc = std::system(cmd.c_str());
+  return {WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, slurp(dir + "/out"), slurp(dir + "/err")};
+}
+
+std::string write_config(const std::string& yaml) {
+  std::string p = temp_dir("cfg") + "/exp.yaml";
+  std::ofstream(p) << yaml;
+  return p;
+}
+
+int count_lines(const std::string& s) { return static_cast<int>(std::count(s.begin(), s.end(), '\n')); }
+
+}  // namespace
+
+TEST(Cli, VersionAndHelp) {
+  auto r = strobe_cmd("--version");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_NE(r.out.find("strobe 0.1.0"), std::string::npos) << r.out;
+  r = strobe_cmd("--help");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_NE(r.out.find("fit"), std::string::npos);
+}
+
+TEST(Cli, UnknownKeyExitsTwoWithOneLine) {
+  std::string cfg = write_config(tiny_yaml("  max_stepz: 3\n"));
+  auto r = strobe_cmd("fit -c " + cfg);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(r.err, "strobe: config error: " + cfg + ":9:3: trainer.max_stepz: unknown key; did you mean 'max_steps'?\n");
+}
+
+TEST(Cli, BadInputsExitTwoWithOneLine) {
+  std::string cfg = write_config(tiny_yaml());
+  struct Case {
+    std::string args, expect;
+  } cases[] = {
+      {"fit -c /nonexistent.yaml", "/nonexistent.yaml: cannot open config file"},
+      {"fit -c " + cfg + " --set trainer.max_steps", "--set trainer.max_steps: expected KEY=VALUE"},
+      {"fit -c " + cfg + " --set trainer.max_steps=many", "trainer.max_steps: expected an integer >= -1, got 'many'"},
+      {"fit -c " + cfg + " --set model.name=mpl", "model.name: unknown model 'mpl'; did you mean 'mlp'?"},
+      {"fit -c " + cfg + " --set model.hiden=[3]", "model.hiden: unknown key; did you mean 'hidden'?"},
+      {"fit -c " + cfg + " --set optimizer.lr=-1", "optimizer.lr: expected a number >= 0, got -1"},
+      {"fit -c " + cfg + " --set data.name=fashion_mnist --set data.root=/nonexistent", "data.root: '/nonexistent' is not a directory"},
+      {"fit -c " + cfg + " --ckpt /nonexistent.ckpt", "/nonexistent.ckpt: cannot open checkpoint"},
+      {"fit -c " + cfg + " --bogus", "The following argument was not expected: --bogus"},
+      {"frobnicate", "The following argument was not expected: frobnicate"},
+      {"test -c " + cfg, "--ckpt is required"},
+  };
+  for (const auto& c : cases) {
+    auto r = strobe_cmd(c.args);
+    EXPECT_EQ(r.code, 2) << c.args << "\n" << r.err;
+    EXPECT_NE(r.err.find(c.expect), std::string::npos) << c.args << "\n" << r.err;
+    EXPECT_LE(count_lines(r.err), 2) << r.err;
+    EXPECT_EQ(r.err.find("Exception raised from"), std::string::npos) << r.err;
+  }
+}
+
+TEST(Cli, CorruptedCheckpointIsRefused) {
+  std::string cfg = write_config(tiny_yaml());
+  std::string dir = temp_dir("cli-ckpt");
+  auto r = strobe_cmd("fit -c " + cfg + " --run-dir " + dir + " --set trainer.max_steps=2");
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::string p = dir + "/checkpoints/last.ckpt";
+  std::string s = slurp(p);
+  s[s.size() / 3] ^= 1;
+  std::ofstream(p, std::ios::binary | std::ios::trunc) << s;
+  r = strobe_cmd("fit -c " + cfg + " --ckpt " + p);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(r.err, "strobe: checkpoint error: " + p + ": corrupted checkpoint (checksum mismatch)\n");
+}
+
+namespace {
+// Starts `strobe fit`, waits until it has logged step >= 3, sends `sig`, returns the exit status.
+int fit_and_signal(const std::string& cfg, const std::string& dir, int sig) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    std::string out = dir + "/stdout";
+    freopen(out.c_str(), "w", stdout);
+    freopen((dir + "/stderr").c_str(), "w", stderr);
+    execl(bin().c_str(), bin().c_str(), "fit", "-c", cfg.c_str(), "--run-dir", dir.c_str(), (char*)nullptr);
+    _exit(127);
+  }
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (std::chrono::steady_clock::now() < deadline) {
+    auto rows = read_csv(dir + "/metrics.csv", "train/loss");
+    if (!rows.empty() && rows.rbegin()->first >= 3) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  kill(pid, sig);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
+}
+}  // namespace
+
+TEST(Cli, SigtermSavesACheckpointThatResumesExactly) {
+  // Long enough to be interrupted: 600 steps of the tiny model.
+  std::string yaml = tiny_yaml() + "callbacks:\n  - name: model_checkpoint\n";
+  auto doc = strobe::config::Document::load_string(yaml, "x");
+  doc.apply_override("data.num_samples=4800");
+  doc.apply_override("trainer.max_epochs=1");
+  doc.apply_override("scheduler.max_steps=600");
+  std::string cfg3 = write_config(doc.emit());
+  std::string straight = temp_dir("straight-cli");
+  auto r = strobe_cmd("fit -c " + cfg3 + " --run-dir " + straight);
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::string dir = temp_dir("sigterm");
+  int code = fit_and_signal(cfg3, dir, SIGTERM);
+  ASSERT_EQ(code, 143) << slurp(dir + "/stderr");
+  ASSERT_TRUE(std::filesystem::exists(dir + "/checkpoints/last.ckpt"));
+  auto interrupted = strobe::checkpoint::load_checkpoint_file(dir + "/checkpoints/last.ckpt");
+  EXPECT_NE(slurp(dir + "/stderr").find("SIGTERM received"), std::string::npos);
+
+  r = strobe_cmd("fit -c " + cfg3 + " --ckpt " + dir + "/checkpoints/last.ckpt");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(bitwise_equal(model_tensors(dir + "/checkpoints/last.ckpt"), model_tensors(straight + "/checkpoints/last.ckpt")));
+  EXPECT_EQ(read_csv(dir + "/metrics.csv", "train/loss"), read_csv(straight + "/metrics.csv", "train/loss"));
+}
+
+TEST(Cli, SigintExitsWith130) {
+  auto doc = strobe::config::Document::load_string(tiny_yaml(), "x");
+  doc.apply_override("data.num_samples=4800");
+  doc.apply_override("scheduler.max_steps=1200");
+  std::string cfg = write_config(doc.emit());
+  std::string dir = temp_dir("sigint");
+  EXPECT_EQ(fit_and_signal(cfg, dir, SIGINT), 130);
+  EXPECT_TRUE(std::filesystem::exists(dir + "/checkpoints/last.ckpt"));
+}
+
+TEST(Cli, QuickstartFirstSteps) {
+  if (!std::filesystem::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"))
+    GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  std::string dir = temp_dir("quickstart");
+  std::string src = std::getenv("STROBE_SOURCE_DIR") ? std::getenv("STROBE_SOURCE_DIR") : ".";
+  auto r = strobe_cmd("fit -c " + src + "/configs/quickstart.yaml --run-dir " + dir +
+                      " --set trainer.limit_train_batches=30 --set trainer.limit_val_batches=4 --set trainer.log_every_n_steps=5"
+                      " --set data.val_size=1000");
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto loss = read_csv(dir + "/metrics.csv", "train/loss");
+  ASSERT_FALSE(loss.empty());
+  double first = std::stod(loss.begin()->second["train/loss"]), last = std::stod(loss.rbegin()->second["train/loss"]);
+  EXPECT_LT(last, first) << "the loss did not go down in 30 steps";
+  auto acc = read_csv(dir + "/metrics.csv", "val/acc");
+  ASSERT_FALSE(acc.empty());
+  EXPECT_GT(std::stod(acc.rbegin()->second["val/acc"]), 0.5);
+  r = strobe_cmd("test -c " + src + "/configs/quickstart.yaml --ckpt " + dir + "/checkpoints/last.ckpt --set trainer.limit_test_batches=4");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("test/acc"), std::string::npos) << r.out;
+}

@@ -1,0 +1,30 @@
+// Helpers for data tests: build a registered data module from YAML, make one batch without threads.
+#pragma once
+
+#include <filesystem>
+#include <string>
+
+#include <torch/torch.h>
+
+#include "framework/config/config.h"
+#include "framework/core/datamodule.h"
+
+namespace strobe::testing {
+
+inline std::shared_ptr<DataModule> build_data(const std::string& yaml, uint64_t seed = 7) {
+  auto doc = config::Document::load_string(yaml, "test.yaml");
+  auto section = doc.root();
+  DataContext ctx;
+  ctx.seed = seed;
+  return data_registry().create(section, "", ctx);
+}
+
+// A fresh empty directory under the system temp dir.
+inline std::filesystem::path temp_dir(const std::string& name) {
+  auto dir = std::filesystem::temp_directory_path() / ("strobe_data_test_" + name + "_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+}  // namespace strobe::testing

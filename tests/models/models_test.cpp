@@ -1,0 +1,154 @@
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "data/collate_tokens.h"
+#include "tests/models/model_test_util.h"
+
+namespace strobe {
+namespace {
+
+using testing::build_model;
+using testing::count_parameters;
+using testing::image_batch;
+
+TEST(ResNet, ParameterCountsEqualTorchvision) {
+  EXPECT_EQ(count_parameters(*build_model("{name: resnet, depth: 18, num_classes: 1000}")), 11689512);
+  EXPECT_EQ(count_parameters(*build_model("{name: resnet, depth: 34, num_classes: 1000}")), 21797672);
+  EXPECT_EQ(count_parameters(*build_model("{name: resnet, depth: 50, num_classes: 1000}")), 25557032);
+}
+
+TEST(ResNet, Resnet18ClassifiesOne64x64Image) {
+  torch::manual_seed(0);
+  auto m = build_model("{name: resnet, depth: 18, num_classes: 1000}");
+  m->eval();
+  torch::NoGradGuard guard;
+  auto y = m->forward(image_batch(torch::randn({1, 3, 64, 64})));
+  EXPECT_EQ(y.sizes(), (torch::IntArrayRef{1, 1000}));
+  EXPECT_TRUE(torch::isfinite(y).all().item<bool>());
+}
+
+TEST(ResNet, ThinOneChannelVariantTakesFashionMnistImages) {
+  torch::NoGradGuard guard;
+  for (const char* stem : {"imagenet", "cifar"}) {
+    auto m = build_model(std::string("{name: resnet, depth: 18, num_classes: 10, in_channels: 1, width: 4, stem: ") + stem + "}");
+    m->eval();
+    auto y = m->forward(image_batch(torch::randn({2, 1, 28, 28})));
+    EXPECT_EQ(y.sizes(), (torch::IntArrayRef{2, 10})) << stem;
+  }
+  auto bottleneck = build_model("{name: resnet, depth: 50, num_classes: 10, in_channels: 1, width: 4}");
+  bottleneck->eval();
+  EXPECT_EQ(bottleneck->forward(image_batch(torch::randn({2, 1, 28, 28}))).sizes(), (torch::IntArrayRef{2, 10}));
+}
+
+TEST(ResNet, UnsupportedDepthIsAConfigError) {
+  EXPECT_THROW(build_model("{name: resnet, depth: 20}"), config::ConfigError);
+  EXPECT_THROW(build_model("{name: resnet, dept: 18}"), config::ConfigError);  // unknown key
+}
+
+int64_t vit_formula(int64_t c, int64_t img, int64_t p, int64_t d, int64_t depth, int64_t hidden, int64_t k, bool cls) {
+  const int64_t n = (img / p) * (img / p) + (cls ? 1 : 0);
+  const int64_t block = 2 * 2 * d + (3 * d * d + 3 * d) + (d * d + d) + (d * hidden + hidden) + (hidden * d + d);
+  return (c * p * p * d + d) + (cls ? d : 0) + n * d + depth * block + 2 * d + (d * k + k);
+}
+
+TEST(ViT, ShapesAndParameterCountFollowTheArchitecture) {
+  auto cls = build_model("{name: vit, img_size: 32, patch_size: 8, in_channels: 3, num_classes: 10, embed_dim: 64, depth: 2, num_heads: 4}");
+  EXPECT_EQ(count_parameters(*cls), vit_formula(3, 32, 8, 64, 2, 256, 10, true));
+  EXPECT_EQ(cls->forward(image_batch(torch::randn({2, 3, 32, 32}))).sizes(), (torch::IntArrayRef{2, 10}));
+  auto avg = build_model("{name: vit, img_size: 32, patch_size: 4, in_channels: 1, num_classes: 5, embed_dim: 32, depth: 1, "
+                         "num_heads: 2, class_token: false, global_pool: avg, mlp_ratio: 2}");
+  EXPECT_EQ(count_parameters(*avg), vit_formula(1, 32, 4, 32, 1, 64, 5, false));
+  EXPECT_EQ(avg->forward(image_batch(torch::randn({3, 1, 32, 32}))).sizes(), (torch::IntArrayRef{3, 5}));
+}
+
+TEST(ViT, L16ParameterCountFormulaEqualsTorchvisionsVitL16) {
+  // torchvision.models.vit_l_16(): 304,326,632 (class token, token pooling); the seed's timm model
+  // (no class token, avg pooling) has one embedding row and the token fewer.
+  EXPECT_EQ(vit_formula(3, 224, 16, 1024, 24, 4096, 1000, true), 304326632);
+  EXPECT_EQ(vit_formula(3, 224, 16, 1024, 24, 4096, 1000, false), 304326632 - 2 * 1024);
+}
+
+TEST(ViT, SdpaAndMathBackendsAgree) {
+  torch::manual_seed(1);
+  const std::string base = "{name: vit, img_size: 16, patch_size: 4, num_classes: 7, embed_dim: 32, depth: 2, num_heads: 4, attention: ";
+  auto math = build_model(base + "math}");
+  auto sdpa = build_model(base + "sdpa}");
+  testing::copy_weights(*math, *sdpa);
+  auto x = image_batch(torch::randn({2, 3, 16, 16}));
+  EXPECT_TRUE(torch::allclose(math->forward(x), sdpa->forward(x), 1e-5, 1e-5));
+}
+
+TEST(ViT, CustomAttentionIsAClearErrorUntilTheOpExists) {
+  try {
+    build_model("{name: vit, img_size: 16, patch_size: 4, embed_dim: 32, depth: 1, num_heads: 4, attention: custom}");
+    FAIL() << "expected an error";
+  } catch (const config::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("attention: custom needs the strobe::flash_attention op, which is not built yet"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+std::vector<Sample> token_samples(const std::vector<int64_t>& lengths, int64_t vocab) {
+  std::vector<Sample> out;
+  for (int64_t n : lengths) {
+    auto seq = torch::randint(1, vocab, {n + 1}, torch::kInt64);
+    out.push_back({{"tokens", seq.narrow(0, 0, n)}, {"targets", seq.narrow(0, 1, n)}});
+  }
+  return out;
+}
+
+torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets) {
+  return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}),
+                                              torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100));
+}
+
+TEST(DecoderLM, PaddedWithMaskAndPackedGiveTheSameLoss) {
+  torch::manual_seed(2);
+  for (const char* attn : {"math", "sdpa"}) {
+    auto m = build_model(std::string("{name: decoder_lm, vocab_size: 50, max_seq_len: 16, embed_dim: 32, depth: 2, num_heads: 4, attention: ") +
+                         attn + "}");
+    auto samples = token_samples({3, 7, 1, 12}, 50);
+    auto padded_max = data::collate_tokens_padded(samples, 16);
+    auto padded_longest = data::collate_tokens_padded(samples, 0);
+    auto packed = data::collate_tokens_packed(samples);
+    auto l_max = lm_loss(m->forward(padded_max), padded_max.at("targets"));
+    auto l_longest = lm_loss(m->forward(padded_longest), padded_longest.at("targets"));
+    auto logits_packed = m->forward(packed);
+    EXPECT_EQ(logits_packed.sizes(), (torch::IntArrayRef{23, 50}));
+    auto l_packed = lm_loss(logits_packed, packed.at("targets"));
+    EXPECT_NEAR(l_max.item<double>(), l_packed.item<double>(), 1e-5) << attn;
+    EXPECT_NEAR(l_longest.item<double>(), l_packed.item<double>(), 1e-5) << attn;
+    // Gradients agree too (same weights, same tokens).
+    m->zero_grad();
+    l_max.backward();
+    auto g_padded = m->parameters()[0].grad().clone();
+    m->zero_grad();
+    lm_loss(m->forward(packed), packed.at("targets")).backward();
+    EXPECT_TRUE(torch::allclose(g_padded, m->parameters()[0].grad(), 1e-5, 1e-6)) << attn;
+  }
+}
+
+TEST(DecoderLM, ParameterCountIsTheSeedsArchitecture) {
+  // Per block: 2 bias-free LayerNorms (2D), qkv (3D^2 + 3D), proj (D^2 + D), fc1 (4D^2 + 4D), fc2 (4D^2 + D).
+  const int64_t v = 50, s = 16, d = 32, depth = 2;
+  const int64_t block = 2 * d + 3 * d * d + 3 * d + d * d + d + 4 * d * d + 4 * d + 4 * d * d + d;
+  auto m = build_model("{name: decoder_lm, vocab_size: 50, max_seq_len: 16, embed_dim: 32, depth: 2, num_heads: 4}");
+  EXPECT_EQ(count_parameters(*m), v * d + s * d + depth * block + d * v + v);
+}
+
+TEST(FaceDetector, OutputsMaxBoxesBoxesPerImage) {
+  auto m = build_model("{name: face_detector, image_size: 64, max_boxes: 256, hidden_dim: 32}");
+  auto y = m->forward(image_batch(torch::randint(0, 256, {2, 1, 64, 64}, torch::kUInt8)));
+  EXPECT_EQ(y.sizes(), (torch::IntArrayRef{2, 256, 4}));
+  const int64_t convs = (1 * 4 * 9 + 4) + (4 * 16 * 9 + 16) + (16 * 64 * 9 + 64) + (64 * 256 * 9 + 256);
+  EXPECT_EQ(count_parameters(*m), convs + (256 * 16 * 32 + 32) + (32 * 1024 + 1024));
+  EXPECT_EQ(m->default_task(), "detection");
+}
+
+TEST(FaceDetector, ImageSizeMustBeAMultipleOf16) {
+  EXPECT_THROW(build_model("{name: face_detector, image_size: 40}"), config::ConfigError);
+}
+
+}  // namespace
+}  // namespace strobe

@@ -1,0 +1,101 @@
+// Checkpoint files: atomic writes, refusal of truncated/corrupted files, and a crash mid-write that
+// leaves the previous checkpoint intact.
+#include <gtest/gtest.h>
+
+#include "tests/trainer/trainer_test_util.h"
+
+using namespace strobe;
+using namespace strobe::testing;
+
+namespace {
+checkpoint::CheckpointData sample_data(float v) {
+  checkpoint::CheckpointData d;
+  d.tensors["model/w"] = torch::full({64, 64}, v);
+  d.tensors["rng/cpu"] = torch::arange(10, torch::kUInt8);
+  d.blobs["config"] = "name: x\n";
+  d.blobs["loop"] = std::string("\0\1\2binary", 9);
+  return d;
+}
+
+std::string refusal(const std::string& path) {
+  try {
+    checkpoint::load_checkpoint_file(path);
+  } catch (const checkpoint::CheckpointError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+std::string read_all(const std::string& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+void write_all(const std::string& p, const std::string& s) { std::ofstream(p, std::ios::binary | std::ios::trunc) << s; }
+}  // namespace
+
+TEST(Checkpoint, RoundTripsTensorsAndBlobs) {
+  std::string p = temp_dir("ckpt") + "/a.ckpt";
+  checkpoint::save_checkpoint_file(p, sample_data(1.5f));
+  auto d = checkpoint::load_checkpoint_file(p);
+  EXPECT_TRUE(torch::equal(d.tensor("model/w"), torch::full({64, 64}, 1.5f)));
+  EXPECT_TRUE(torch::equal(d.tensor("rng/cpu"), torch::arange(10, torch::kUInt8)));
+  EXPECT_EQ(d.blob("loop"), std::string("\0\1\2binary", 9));
+  EXPECT_EQ(d.blob("config"), "name: x\n");
+}
+
+TEST(Checkpoint, CrashDuringWriteLeavesThePreviousCheckpointLoadable) {
+  std::string dir = temp_dir("ckpt-crash");
+  std::string p = dir + "/last.ckpt";
+  checkpoint::save_checkpoint_file(p, sample_data(1.0f));
+  std::string before = read_all(p);
+  checkpoint::set_write_observer_for_testing([](size_t written) {
+    if (written > 1000) throw std::runtime_error("simulated crash");
+  });
+  EXPECT_THROW(checkpoint::save_checkpoint_file(p, sample_data(2.0f)), std::runtime_error);
+  checkpoint::set_write_observer_for_testing(nullptr);
+  EXPECT_EQ(read_all(p), before);
+  auto d = checkpoint::load_checkpoint_file(p);
+  EXPECT_TRUE(torch::equal(d.tensor("model/w"), torch::full({64, 64}, 1.0f)));
+  // A process killed mid-write leaves at most a temp file, which nothing reads.
+  write_all(dir + "/.last.ckpt.tmp.12345", before.substr(0, 100));
+  EXPECT_NO_THROW(checkpoint::load_checkpoint_file(p));
+}
+
+TEST(Checkpoint, TruncatedFileIsRefused) {
+  std::string p = temp_dir("ckpt-trunc") + "/a.ckpt";
+  checkpoint::save_checkpoint_file(p, sample_data(1.0f));
+  std::string s = read_all(p);
+  write_all(p, s.substr(0, s.size() / 2));
+  EXPECT_NE(refusal(p).find("truncated or damaged checkpoint"), std::string::npos) << refusal(p);
+  write_all(p, s.substr(0, 10));
+  EXPECT_NE(refusal(p).find("not a Strobe checkpoint"), std::string::npos) << refusal(p);
+}
+
+TEST(Checkpoint, CorruptedByteIsRefused) {
+  std::string p = temp_dir("ckpt-corrupt") + "/a.ckpt";
+  checkpoint::save_checkpoint_file(p, sample_data(1.0f));
+  std::string s = read_all(p);
+  s[s.size() / 2] ^= 0x5a;
+  write_all(p, s);
+  EXPECT_EQ(refusal(p), p + ": corrupted checkpoint (checksum mismatch)");
+}
+
+TEST(Checkpoint, OtherFilesAndMissingFilesAreRefused) {
+  std::string dir = temp_dir("ckpt-other");
+  write_all(dir + "/x.ckpt", "name: not a checkpoint\n");
+  EXPECT_NE(refusal(dir + "/x.ckpt").find("bad magic"), std::string::npos);
+  EXPECT_NE(refusal(dir + "/missing.ckpt").find("cannot open checkpoint"), std::string::npos);
+}
+
+TEST(Checkpoint, TrainerRefusesCheckpointOfAnotherModel) {
+  std::string dir = temp_dir("ckpt-model");
+  auto run = make_run(tiny_yaml(), {"trainer.max_steps=2"}, dir);
+  ASSERT_EQ(run->trainer->fit(), 0);
+  auto other = make_run(tiny_yaml(), {"model.hidden=[8]"}, temp_dir("ckpt-model2"));
+  try {
+    other->trainer->fit(dir + "/checkpoints/last.ckpt");
+    FAIL() << "loaded a checkpoint of another model";
+  } catch (const checkpoint::CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("shape"), std::string::npos) << e.what();
+  }
+}

@@ -1,0 +1,115 @@
+// Helpers for trainer tests: a tiny, fast experiment (an MLP on synthetic images) built through the
+// same path as the CLI, in a fresh temporary run directory.
+#pragma once
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "framework/checkpoint/checkpoint_io.h"
+#include "framework/config/config.h"
+#include "framework/core/experiment_builder.h"
+
+namespace strobe::testing {
+
+inline std::string tiny_yaml(const std::string& extra_trainer = "") {
+  return R"(name: tiny
+seed: 7
+trainer:
+  max_epochs: 2
+  log_every_n_steps: 1
+  num_sanity_val_steps: 1
+  enable_progress_bar: false
+  device: cpu
+)" + extra_trainer + R"(model:
+  name: mlp
+  in_features: 64
+  hidden: [32, 16]
+  num_classes: 4
+  dropout: 0.2
+data:
+  name: synthetic_images
+  image_size: 8
+  channels: 1
+  num_classes: 4
+  num_samples: 96
+  num_val_samples: 16
+  batch_size: 8
+  num_workers: 2
+optimizer:
+  name: adamw
+  lr: 0.01
+scheduler:
+  name: cosine
+  warmup_steps: 3
+  max_steps: 24
+)";
+}
+
+inline std::string temp_dir(const std::string& tag) {
+  auto base = std::filesystem::temp_directory_path() / "strobe-tests";
+  std::filesystem::create_directories(base);
+  std::string tmpl = (base / (tag + "-XXXXXX")).string();
+  std::vector<char> buf(tmpl.begin(), tmpl.end());
+  buf.push_back('\0');
+  return std::string(mkdtemp(buf.data()));
+}
+
+inline std::unique_ptr<Run> make_run(const std::string& yaml, const std::vector<std::string>& sets,
+                                     const std::string& run_dir, std::optional<std::string> ckpt = std::nullopt) {
+  auto doc = config::Document::load_string(yaml, "test.yaml");
+  for (const auto& s : sets) doc.apply_override(s);
+  RunOptions opt;
+  opt.run_dir = run_dir;
+  opt.ckpt = std::move(ckpt);
+  return build_run(doc, opt);
+}
+
+inline std::map<std::string, torch::Tensor> model_tensors(const std::string& ckpt_path) {
+  auto d = checkpoint::load_checkpoint_file(ckpt_path);
+  std::map<std::string, torch::Tensor> out;
+  for (auto& kv : d.tensors)
+    if (kv.first.rfind("model/", 0) == 0) out[kv.first] = kv.second;
+  return out;
+}
+
+inline std::map<std::string, torch::Tensor> params_of(Module& m) {
+  std::map<std::string, torch::Tensor> out;
+  for (auto& p : m.net().named_parameters()) out[p.key()] = p.value().detach().clone();
+  return out;
+}
+
+inline bool bitwise_equal(const std::map<std::string, torch::Tensor>& a, const std::map<std::string, torch::Tensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (auto& kv : a) {
+    auto it = b.find(kv.first);
+    if (it == b.end() || !torch::equal(kv.second, it->second)) return false;
+  }
+  return true;
+}
+
+// metrics.csv rows as {step -> {column -> text}} (text, so equality is bitwise on what was logged).
+inline std::map<int64_t, std::map<std::string, std::string>> read_csv(const std::string& path, const std::string& column) {
+  std::ifstream in(path);
+  std::string header;
+  std::getline(in, header);
+  std::vector<std::string> cols;
+  std::stringstream hs(header);
+  for (std::string c; std::getline(hs, c, ',');) cols.push_back(c);
+  std::map<int64_t, std::map<std::string, std::string>> rows;
+  for (std::string line; std::getline(in, line);) {
+    std::vector<std::string> cells;
+    std::stringstream ls(line + ",");
+    for (std::string c; std::getline(ls, c, ',');) cells.push_back(c);
+    for (size_t i = 2; i < cells.size() && i < cols.size(); ++i)
+      if (cols[i] == column && !cells[i].empty()) rows[std::stoll(cells[0])][column] = cells[i];
+  }
+  return rows;
+}
+
+}  // namespace strobe::testing
