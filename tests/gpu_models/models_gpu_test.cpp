@@ -1,5 +1,6 @@
 // CUDA checks of the models, attention backends and the GIoU reference (skip without a GPU).
 #include <gtest/gtest.h>
+#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
 #include "data/collate_tokens.h"
