@@ -130,8 +130,10 @@ std::tuple<Tensor, Tensor, Tensor> giou_fwd_cpu(const Tensor& pred, const Tensor
   const Tensor p0 = p.select(1, 0), p1 = p.select(1, 1), p2 = p.select(1, 2), p3 = p.select(1, 3);
   const Tensor area1 = (t2 - t0) * (t3 - t1);
   const Tensor pw = p2 - p0, ph = p3 - p1;
-  const Tensor w = at::minimum(t2, p2) - at::maximum(t0, p0);
-  const Tensor h = at::minimum(t3, p3) - at::maximum(t1, p1);
+  // Overlap sides clamped at 0 (standard GIoU, as torchvision.ops.generalized_box_iou).
+  const Tensor w_raw = at::minimum(t2, p2) - at::maximum(t0, p0);
+  const Tensor h_raw = at::minimum(t3, p3) - at::maximum(t1, p1);
+  const Tensor w = at::clamp_min(w_raw, 0.0), h = at::clamp_min(h_raw, 0.0);
   const Tensor inter = w * h;
   const Tensor uni = area1 + pw * ph - inter;
   const Tensor uc = at::clamp_min(uni, kEps);
@@ -157,7 +159,10 @@ std::tuple<Tensor, Tensor, Tensor> giou_fwd_cpu(const Tensor& pred, const Tensor
     const Tensor g_ea = at::where(ea_raw >= kEps, -uni / (ea * ea), zero);
     const Tensor g_uni = 1.0 / ea + at::where(uni >= kEps, -inter / (uc * uc), zero);
     const Tensor g_inter = 1.0 / uc - g_uni;
-    const Tensor g_w = g_inter * h, g_h = g_inter * w, g_ew = g_ea * eh, g_eh = g_ea * ew;
+    // clamp_min(x, 0) passes the gradient where x >= 0 (autograd's convention).
+    const Tensor g_w = at::where(w_raw >= 0.0, g_inter * h, zero);
+    const Tensor g_h = at::where(h_raw >= 0.0, g_inter * w, zero);
+    const Tensor g_ew = g_ea * eh, g_eh = g_ea * ew;
     const Tensor g0 = -g_uni * ph - g_w * win_max(p0, t0) - g_ew * win_min(p0, t0);
     const Tensor g1 = -g_uni * pw - g_h * win_max(p1, t1) - g_eh * win_min(p1, t1);
     const Tensor g2 = g_uni * ph + g_w * win_min(p2, t2) + g_ew * win_max(p2, t2);

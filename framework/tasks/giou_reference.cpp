@@ -17,8 +17,10 @@ torch::Tensor generalized_box_iou_reference(const torch::Tensor& boxes1, const t
   auto area2 = (c(b2, 2) - c(b2, 0)) * (c(b2, 3) - c(b2, 1));
   auto lo1 = b1.index({Ellipsis, Slice(0, 2)}), hi1 = b1.index({Ellipsis, Slice(2, 4)});
   auto lo2 = b2.index({Ellipsis, Slice(0, 2)}), hi2 = b2.index({Ellipsis, Slice(2, 4)});
-  // As the seed: the overlap's width/height are not clamped at 0.
-  auto wh = torch::min(hi1, hi2) - torch::max(lo1, lo2);
+  // Standard GIoU (torchvision.ops.generalized_box_iou): the overlap's width/height are clamped at
+  // 0. The seed's formula does not clamp, so boxes disjoint on both axes get a positive
+  // "intersection", a union below eps and a diverging loss.
+  auto wh = (torch::min(hi1, hi2) - torch::max(lo1, lo2)).clamp_min(0);
   auto inter = c(wh, 0) * c(wh, 1);
   auto uni = area1 + area2 - inter;
   auto iou = inter / uni.clamp_min(kEps);

@@ -1,7 +1,10 @@
 // GIoU on padded boxes in ATen ops: the reference the strobe::giou_loss op is tested against, and
-// the detection task's loss where the op is not used. Same math as bench/pytorch_baselines.py:
-// generalized_box_iou (eps 1e-5) and loss_with_padding (a target row is valid when its last
-// coordinate, y2, is > 0; the mean is over valid rows, 0 when there is none).
+// the detection task's loss where the op is not used. Standard GIoU, as
+// torchvision.ops.generalized_box_iou: the overlap's width/height are clamped at 0 (the seed's
+// generalized_box_iou in bench/pytorch_baselines.py does not clamp and diverges for boxes disjoint
+// on both axes); otherwise as the seed: eps 1e-5 clamps on union and enclosing area, and
+// loss_with_padding (a target row is valid when its last coordinate, y2, is > 0; the mean is over
+// valid rows, 0 when there is none).
 #pragma once
 
 #include <string>

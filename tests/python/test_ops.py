@@ -32,13 +32,18 @@ def rel(a, b):
     return d / n if n else d
 
 
-# generalized_box_iou / loss_with_padding of bench/pytorch_baselines.py, verbatim.
-def generalized_box_iou(boxes1, boxes2):
+# generalized_box_iou / loss_with_padding of bench/pytorch_baselines.py, with the standard clamp of
+# the intersection sides at 0 (torchvision.ops.generalized_box_iou); clamp=False is the seed's
+# formula, which diverges for boxes disjoint on both axes.
+def generalized_box_iou(boxes1, boxes2, clamp=True):
     eps = 1e-5
     area1 = (boxes1[..., 2]-boxes1[..., 0])*(boxes1[..., 3]-boxes1[..., 1])
     area2 = (boxes2[..., 2]-boxes2[..., 0])*(boxes2[..., 3]-boxes2[..., 1])
     lt = torch.max(boxes1[..., :2], boxes2[..., :2]); rb = torch.min(boxes1[..., 2:], boxes2[..., 2:])
-    wh = rb - lt; inter = wh[..., 0] * wh[..., 1]
+    wh = rb - lt
+    if clamp:
+        wh = wh.clamp(min=0)
+    inter = wh[..., 0] * wh[..., 1]
     union = area1 + area2 - inter; iou = inter / union.clamp(eps)
     lti = torch.min(boxes1[..., :2], boxes2[..., :2]); rbi = torch.max(boxes1[..., 2:], boxes2[..., 2:])
     whi = rbi - lti; areai = (whi[..., 0] * whi[..., 1]).clamp(eps)
@@ -70,7 +75,38 @@ def giou_case(device, dtype, B, N, seed, bound):
     tag = f"giou {device} {dtype} B={B} N={N}"
     check(got.dtype == torch.float32, f"{tag}: loss dtype {got.dtype}")
     check(rel(got, ref) < bound, f"{tag}: loss rel err {rel(got, ref):.2e}")
+    # The gradient has pred's dtype: compare with the reference rounded to it (fp16 gradients of a
+    # mean over many boxes are fp16 subnormals or 0).
+    g_ref = ref_p.grad.to(dtype)
+    check(rel(got_p.grad, g_ref) < bound, f"{tag}: grad rel err {rel(got_p.grad, g_ref):.2e}")
+
+
+def giou_disjoint_case(device, dtype):
+    # Predictions disjoint from their targets on both axes (near and far): finite, in [-1, 1] per box,
+    # finite gradients, equal to the clamped float64 autograd reference. The seed's formula gives
+    # ~2e7 on the second box (positive "intersection", union < eps).
+    t = torch.tensor([[[0, 0, 1e-3, 1e-3], [0, 0, 10, 10], [100, 100, 110, 120], [0, 0, 4, 4],
+                       [50, 50, 51, 51]]], dtype=torch.float64)
+    p = torch.tensor([[[2e-3, 2e-3, 3e-3, 3e-3], [20, 30, 25, 31], [0, 0, 90, 95], [4.5, 4.5, 5, 5],
+                       [51.001, 51.001, 51.002, 51.002]]], dtype=torch.float64).to(dtype)
+    tag = f"giou disjoint {device} {dtype}"
+    seed = generalized_box_iou(t, p.double(), clamp=False)
+    check(not bool(((seed >= -1) & (seed <= 1)).all()), f"{tag}: seed formula unexpectedly bounded")
+    ref_p = p.double().requires_grad_()
+    ref = generalized_box_iou(t, ref_p); ref.backward(torch.linspace(-1, 1, ref.numel(), dtype=torch.float64).view_as(ref))
+    got_p = p.to(device).requires_grad_()
+    got = ops.giou_loss(got_p, t.to(device).to(dtype), "none")
+    got.backward(torch.linspace(-1, 1, got.numel(), device=device).view_as(got).to(got.dtype))
+    check(bool(torch.isfinite(got).all()), f"{tag}: non-finite loss {got}")
+    check(bool(((got >= -1) & (got <= 1)).all()), f"{tag}: loss outside [-1, 1]: {got}")
+    check(bool(torch.isfinite(got_p.grad).all()), f"{tag}: non-finite grad {got_p.grad}")
+    bound = 1e-12 if dtype == torch.float64 else 1e-5
+    check(rel(got, ref) < bound, f"{tag}: loss rel err {rel(got, ref):.2e}")
     check(rel(got_p.grad, ref_p.grad) < bound, f"{tag}: grad rel err {rel(got_p.grad, ref_p.grad):.2e}")
+    gm_p = p.to(device).requires_grad_()
+    m = ops.giou_loss(gm_p, t.to(device).to(dtype), "mean"); (1 - m).backward()
+    check(bool(torch.isfinite(m)) and -1 <= float(m) <= 1, f"{tag}: mean {float(m)}")
+    check(bool(torch.isfinite(gm_p.grad).all()), f"{tag}: non-finite grad of the mean {gm_p.grad}")
 
 
 def adamw_case(device, grad_dtype, steps=100):
@@ -112,6 +148,8 @@ def nonfinite_case(device):
 for B, N in [(1, 1), (3, 7), (3, 256), (2, 1000)]:
     giou_case("cpu", torch.float32, B, N, B * N, 1e-5)
 giou_case("cpu", torch.bfloat16, 16, 256, 5, 1e-2)
+giou_disjoint_case("cpu", torch.float64)
+giou_disjoint_case("cpu", torch.float32)
 try:
     ops.giou_loss(torch.rand(2, 3, 4), torch.rand(2, 3, 4), "avg")
     check(False, "giou_loss accepted reduction 'avg'")
@@ -135,13 +173,14 @@ if cuda_ok:
             for B in (1, 3, 1024):
                 seed += 1
                 giou_case("cuda", dtype, B, N, seed, bound)
-    # Against PyTorch's own fp32 baseline on the GPU (same data the benchmarks use).
+    giou_disjoint_case("cuda", torch.float32)
+    # Against the PyTorch fp32 (clamped) reference on the GPU (same data the benchmarks use).
     p, t = make_boxes(1024, 256, 0)
     p, t = p.cuda().requires_grad_(), t.cuda()
     base = loss_with_padding(p, t); base.backward(); g_base = p.grad.clone(); p.grad = None
     ours = ops.giou_loss(p, t); ours.backward()
-    check(rel(ours, base) < 1e-4, f"giou cuda vs PyTorch fp32 baseline: {rel(ours, base):.2e}")
-    check(rel(p.grad, g_base) < 1e-4, f"giou grad cuda vs PyTorch fp32 baseline: {rel(p.grad, g_base):.2e}")
+    check(rel(ours, base) < 1e-4, f"giou cuda vs PyTorch fp32 reference: {rel(ours, base):.2e}")
+    check(rel(p.grad, g_base) < 1e-4, f"giou grad cuda vs PyTorch fp32 reference: {rel(p.grad, g_base):.2e}")
     nonfinite_case("cuda")
     adamw_case("cuda", torch.float32)
     adamw_case("cuda", torch.bfloat16)

@@ -1,10 +1,12 @@
 // GIoU loss forward+gradient (one pass), deterministic reduction, and backward scaling.
 //
-// Math follows generalized_box_iou(targets, pred) of bench/pytorch_baselines.py literally (the
-// loss is the GIoU itself, no "1 -"; intersection sides are not clamped at 0; eps = 1e-5 clamps on
-// union and enclosing area), evaluated in double so fp32 results match a float64 reference to
-// output rounding. The gradient reproduces autograd of that reference: max/min split the gradient
-// in half on ties, clamp(min) passes it when x >= eps.
+// Math: standard GIoU(targets, pred) as torchvision.ops.generalized_box_iou (the loss is the GIoU
+// itself, no "1 -"; intersection sides clamped at 0; eps = 1e-5 clamps on union and enclosing
+// area), evaluated in double so fp32 results match a float64 reference to output rounding. The
+// seed's generalized_box_iou (bench/pytorch_baselines.py) does not clamp the sides, which makes the
+// "intersection" of boxes disjoint on both axes positive and the loss diverge; we clamp. The
+// gradient reproduces autograd of the clamped reference: max/min split the gradient in half on
+// ties, clamp(min) passes it when x >= min (0 for the sides, eps for union and enclosing area).
 //
 // Versions (B=1024, N=256 is memory/launch bound; see docs/OPS.md for measured times):
 //   1. seed: one thread per box, fp32 cast pass, ATen sum + mask sum (5+ launches).
@@ -63,7 +65,8 @@ __device__ __forceinline__ double giou_and_grad(const double t[4], const double 
   const double area2 = pw * ph;
   const double ltx = fmax(t[0], p[0]), lty = fmax(t[1], p[1]);
   const double rbx = fmin(t[2], p[2]), rby = fmin(t[3], p[3]);
-  const double w = rbx - ltx, h = rby - lty;
+  const double w_raw = rbx - ltx, h_raw = rby - lty;
+  const double w = fmax(w_raw, 0.0), h = fmax(h_raw, 0.0);  // clamp(min=0)
   const double inter = w * h;
   const double uni = area1 + area2 - inter;
   const double uc = fmax(uni, kEps);
@@ -79,7 +82,9 @@ __device__ __forceinline__ double giou_and_grad(const double t[4], const double 
   const double g_ea = ea_raw >= kEps ? -uni / (ea * ea) : 0.0;  // d/d ea_raw
   const double g_uni = 1.0 / ea + (uni >= kEps ? -inter / (uc * uc) : 0.0);
   const double g_inter = 1.0 / uc - g_uni;
-  const double g_w = g_inter * h, g_h = g_inter * w;
+  // d clamp_min(x, 0)/dx = 1 where x >= 0 (autograd's convention), else 0.
+  const double g_w = w_raw >= 0.0 ? g_inter * h : 0.0;
+  const double g_h = h_raw >= 0.0 ? g_inter * w : 0.0;
   const double g_ew = g_ea * eh, g_eh = g_ea * ew;
   // area2 = (p2 - p0) * (p3 - p1), with d area2 = g_uni.
   g[0] = -g_uni * ph - g_w * win_max(p[0], t[0]) - g_ew * win_min(p[0], t[0]);
