@@ -5,7 +5,7 @@ find_package(fmt REQUIRED)
 find_package(CLI11 CONFIG REQUIRED)
 find_package(nlohmann_json REQUIRED)
 find_package(Threads REQUIRED)
-find_package(ZLIB REQUIRED)
+find_package(ZLIB)  # optional: without it, gzip'd data files are read through `gzip -dc`
 
 # CUDA: compile kernels whenever nvcc is present, so CPU-only machines (CI) still compile and link
 # every kernel. Torch's config looks for the toolkit itself when the libtorch was built with CUDA.

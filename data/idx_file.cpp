@@ -8,7 +8,11 @@
 
 #include <fmt/format.h>
 #include <torch/torch.h>
+#if STROBE_HAVE_ZLIB
 #include <zlib.h>
+#else
+#include <cstdio>
+#endif
 
 namespace strobe::data {
 
@@ -20,6 +24,7 @@ std::string read_maybe_gzipped(const std::string& path) {
   std::string raw = ss.str();
   if (raw.size() < 2 || static_cast<unsigned char>(raw[0]) != 0x1f || static_cast<unsigned char>(raw[1]) != 0x8b)
     return raw;
+#if STROBE_HAVE_ZLIB
   z_stream zs{};
   if (inflateInit2(&zs, 15 + 32) != Z_OK) throw std::runtime_error(fmt::format("{}: zlib init failed", path));
   zs.next_in = reinterpret_cast<Bytef*>(raw.data());
@@ -40,6 +45,18 @@ std::string read_maybe_gzipped(const std::string& path) {
   inflateEnd(&zs);
   if (rc != Z_STREAM_END) throw std::runtime_error(fmt::format("{}: truncated gzip data", path));
   return out;
+#else
+  std::string quoted = "'";
+  for (char ch : path) quoted += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+  quoted += "'";
+  FILE* pipe = ::popen(("gzip -dc " + quoted + " 2>/dev/null").c_str(), "r");
+  if (!pipe) throw std::runtime_error(fmt::format("{}: cannot run gzip to decompress it", path));
+  std::string out;
+  char buf[1 << 16];
+  for (size_t n; (n = std::fread(buf, 1, sizeof(buf), pipe)) > 0;) out.append(buf, n);
+  if (::pclose(pipe) != 0) throw std::runtime_error(fmt::format("{}: corrupt or truncated gzip data", path));
+  return out;
+#endif
 }
 
 torch::Tensor read_idx_file(const std::string& path) {

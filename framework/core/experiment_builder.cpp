@@ -48,10 +48,18 @@ std::unique_ptr<Run> build_run(config::Document& doc, const RunOptions& options)
   auto model = model_registry().create(exp.model, "");
   run->module = task_registry().create(exp.task, model->default_task(), model);
 
-  bool has_progress = false;
+  bool has_progress = false, has_checkpoint = false;
   for (auto& section : exp.callbacks) {
     run->callbacks.push_back(callback_registry().create(section, ""));
     has_progress |= run->callbacks.back()->name() == "progress_bar";
+    has_checkpoint |= run->callbacks.back()->name() == "model_checkpoint";
+  }
+  // As in Lightning: with checkpointing enabled and none configured, a default model_checkpoint
+  // keeps last.ckpt (and the latest epoch's checkpoint).
+  if (exp.trainer.enable_checkpointing && !has_checkpoint && options.stage == Stage::Fit) {
+    auto mc_doc = config::Document::load_string("name: model_checkpoint\n", "<default model_checkpoint>");
+    auto mc = mc_doc.root();
+    run->callbacks.push_back(callback_registry().create(mc, ""));
   }
   if (exp.trainer.enable_progress_bar && !has_progress && options.stage == Stage::Fit) {
     auto pb_doc = config::Document::load_string("name: progress_bar\n", "<default progress_bar>");

@@ -80,7 +80,7 @@ Trainer::Trainer(config::Experiment experiment, std::string resolved_config_yaml
   }
   torch::manual_seed(static_cast<uint64_t>(exp_.seed));
   module_->net().to(device_);
-  found_nonfinite_ = torch::zeros({}, torch::TensorOptions().dtype(torch::kInt32).device(device_));
+  found_nonfinite_ = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat32).device(device_));
   collector_ = std::make_unique<logging::LogCollector>(device_);
   std::set<std::string> keys;
   for (auto& cb : callbacks_)
@@ -190,7 +190,7 @@ void Trainer::optimizer_step() {
   if (auto* f = dynamic_cast<ops::FusedOptimizerBase*>(optimizer_.get())) {
     fused = true;
     torch::Tensor flag = found_nonfinite_;
-    if (scaler_) flag = flag.ne(0).logical_or(scaler_->found_inf().ne(0)).to(torch::kInt32);
+    if (scaler_) flag = flag + scaler_->found_inf();  // both 0/1 floats: non-zero = skip
     f->set_found_nonfinite(flag);
     optimizer_->step();
   }

@@ -83,7 +83,7 @@ class Trainer {
   LRScheduler* scheduler() { return scheduler_.get(); }
   int64_t num_training_batches() const { return num_train_batches_; }
   int64_t estimated_stepping_batches() const;
-  // Device flag (0-d int32 on the training device) that makes the optimizer step a no-op when set;
+  // Device flag (0-d float32 on the training device, non-zero = skip) that makes the optimizer step a no-op when set;
   // set by NaN guards, read on the device by the fused optimizers.
   torch::Tensor& found_nonfinite() { return found_nonfinite_; }
   void add_metric_consumer(logging::MetricConsumer* consumer);

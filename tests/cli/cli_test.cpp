@@ -73,7 +73,7 @@ TEST(Cli, BadInputsExitTwoWithOneLine) {
       {"fit -c " + cfg + " --set model.name=mpl", "model.name: unknown model 'mpl'; did you mean 'mlp'?"},
       {"fit -c " + cfg + " --set model.hiden=[3]", "model.hiden: unknown key; did you mean 'hidden'?"},
       {"fit -c " + cfg + " --set optimizer.lr=-1", "optimizer.lr: expected a number >= 0, got -1"},
-      {"fit -c " + cfg + " --set data.name=fashion_mnist --set data.root=/nonexistent", "data.root: '/nonexistent' is not a directory"},
+      {"fit -c " + cfg + " --set 'data={name: fashion_mnist, root: /nonexistent}'", "data.root: '/nonexistent' is not a directory"},
       {"fit -c " + cfg + " --ckpt /nonexistent.ckpt", "/nonexistent.ckpt: cannot open checkpoint"},
       {"fit -c " + cfg + " --bogus", "The following argument was not expected: --bogus"},
       {"frobnicate", "The following argument was not expected: frobnicate"},
@@ -164,7 +164,7 @@ TEST(Cli, QuickstartFirstSteps) {
   if (!std::filesystem::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"))
     GTEST_SKIP() << "dataset-fashion-mnist is not installed";
   std::string dir = temp_dir("quickstart");
-  std::string src = std::getenv("STROBE_SOURCE_DIR") ? std::getenv("STROBE_SOURCE_DIR") : ".";
+  std::string src = std::getenv("STROBE_SOURCE_DIR") ? std::getenv("STROBE_SOURCE_DIR") : STROBE_SOURCE_DIR;
   auto r = strobe_cmd("fit -c " + src + "/configs/quickstart.yaml --run-dir " + dir +
                       " --set trainer.limit_train_batches=30 --set trainer.limit_val_batches=4 --set trainer.log_every_n_steps=5"
                       " --set data.val_size=1000");

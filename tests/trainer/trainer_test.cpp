@@ -82,7 +82,7 @@ TEST(Trainer, HooksRunInLightningOrder) {
 
 TEST(Trainer, GradientAccumulationEqualsTheLargeBatchStep) {
   const std::vector<std::string> common = {"model.dropout=0.0",   "data.shuffle=false",     "optimizer.name=sgd",
-                                           "optimizer.lr=0.5",    "scheduler.name=none",    "trainer.max_steps=1",
+                                           "optimizer.lr=0.5",    "scheduler={name: none}",    "trainer.max_steps=1",
                                            "trainer.limit_val_batches=0", "trainer.enable_checkpointing=false"};
   auto with = [&](std::vector<std::string> extra) {
     extra.insert(extra.end(), common.begin(), common.end());
@@ -105,7 +105,7 @@ namespace {
 // Parameters after one SGD step with lr 1, and the change relative to the initial parameters.
 std::pair<double, double> step_change(const std::vector<std::string>& clip) {
   std::vector<std::string> sets = {"model.dropout=0.0", "optimizer.name=sgd",       "optimizer.lr=1.0",
-                                   "optimizer.weight_decay=0.0", "scheduler.name=none", "trainer.max_steps=1",
+                                   "optimizer.weight_decay=0.0", "scheduler={name: none}", "trainer.max_steps=1",
                                    "trainer.limit_val_batches=0", "trainer.enable_checkpointing=false"};
   sets.insert(sets.end(), clip.begin(), clip.end());
   auto run = make_run(tiny_yaml(), sets, temp_dir("clip"));
