@@ -1,0 +1,150 @@
+// The trainer on CUDA: every precision trains (fused and torch::optim optimizers), whole training
+// steps with metrics, CSV + TensorBoard loggers and the progress bar make no host sync (sync-debug
+// mode "error" for 60 consecutive steps spanning several log intervals), and a CUDA checkpoint
+// resumes on CPU.
+#include <gtest/gtest.h>
+
+#ifdef STROBE_TORCH_HAS_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
+#include "framework/core/callback.h"
+#include "tests/trainer/trainer_test_util.h"
+
+using namespace strobe;
+using namespace strobe::testing;
+
+#define SKIP_WITHOUT_CUDA() \
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device visible: CUDA trainer tests skipped"
+
+namespace {
+
+std::string cuda_yaml() {
+  std::string y = tiny_yaml();
+  y.replace(y.find("device: cpu"), 11, "device: cuda");
+  return y;
+}
+
+#ifdef STROBE_TORCH_HAS_CUDA
+// Turns sync-debug mode to "error" from the third training batch on, and off for validation (whose
+// epoch end may wait once, by design). Counts the training batches run under "error".
+int64_t g_guarded_steps = 0;
+class SyncGuard : public Callback {
+ public:
+  std::string name() const override { return "sync_guard"; }
+  void on_train_batch_start(Trainer&, Module&, const Batch&, int64_t batch_idx) override {
+    if (batch_idx >= 2) set(c10::cuda::SyncDebugMode::L_ERROR);
+  }
+  void on_train_batch_end(Trainer&, Module&, const torch::Tensor&, const Batch&, int64_t batch_idx) override {
+    if (batch_idx >= 2) ++g_guarded_steps;
+  }
+  void on_validation_start(Trainer&, Module&) override { set(c10::cuda::SyncDebugMode::L_DISABLED); }
+  void on_train_end(Trainer&, Module&) override { set(c10::cuda::SyncDebugMode::L_DISABLED); }
+  void on_exception(Trainer&, Module&, const std::exception&) override { set(c10::cuda::SyncDebugMode::L_DISABLED); }
+
+ private:
+  static void set(c10::cuda::SyncDebugMode m) { c10::cuda::warning_state().set_sync_debug_mode(m); }
+};
+std::shared_ptr<Callback> make_sync_guard(config::Section& cfg) {
+  cfg.finish();
+  return std::make_shared<SyncGuard>();
+}
+STROBE_REGISTER(callback_registry(), "sync_guard", make_sync_guard);
+#endif
+
+}  // namespace
+
+TEST(TrainerCuda, EveryPrecisionTrainsWithFusedAndTorchOptimizers) {
+  SKIP_WITHOUT_CUDA();
+  for (const char* precision : {"32", "bf16-mixed", "16-mixed"}) {
+    for (const char* fused : {"true", "false"}) {
+      std::string dir = temp_dir("cuda-precision");
+      auto run = make_run(cuda_yaml(), {std::string("trainer.precision=") + precision, std::string("optimizer.fused=") + fused,
+                                        "model.dropout=0.0", "trainer.max_epochs=3", "scheduler.max_steps=36"},
+                          dir);
+      ASSERT_EQ(run->trainer->fit(), 0) << precision << " fused=" << fused;
+      EXPECT_EQ(run->trainer->state().global_step, 36);
+      auto loss = read_csv(dir + "/metrics.csv", "train/loss");
+      ASSERT_GE(loss.size(), 2u);
+      double first = std::stod(loss.begin()->second["train/loss"]), last = std::stod(loss.rbegin()->second["train/loss"]);
+      EXPECT_TRUE(std::isfinite(last)) << precision;
+      EXPECT_LT(last, first) << precision << " fused=" << fused;
+      EXPECT_GT(run->trainer->metrics().at("val/acc"), 0.5) << precision << " fused=" << fused;
+    }
+  }
+}
+
+TEST(TrainerCuda, TrainingStepsWithMetricsAndLoggersNeverSync) {
+  SKIP_WITHOUT_CUDA();
+#ifdef STROBE_TORCH_HAS_CUDA
+  g_guarded_steps = 0;
+  std::string yaml = R"(name: nosync
+seed: 3
+trainer:
+  max_epochs: 1
+  limit_train_batches: 64
+  limit_val_batches: 2
+  log_every_n_steps: 20
+  precision: bf16-mixed
+  gradient_clip_val: 1.0
+  device: cuda
+logger:
+  csv: true
+  tensorboard: true
+model:
+  name: resnet
+  depth: 18
+  num_classes: 100
+  in_channels: 3
+  width: 16
+  stem: cifar
+task:
+  name: classification
+  metrics: [accuracy, precision, recall, f1]
+data:
+  name: synthetic_images
+  image_size: 32
+  channels: 3
+  num_classes: 100
+  num_samples: 4096
+  num_val_samples: 128
+  batch_size: 64
+  num_workers: 2
+optimizer:
+  name: adamw
+  lr: 1.0e-3
+scheduler:
+  name: cosine
+  warmup_steps: 5
+callbacks:
+  - name: sync_guard
+  - name: progress_bar
+    mode: plain
+  - name: lr_monitor
+  - name: model_checkpoint
+    monitor: val/acc
+    mode: max
+)";
+  std::string dir = temp_dir("nosync");
+  auto run = make_run(yaml, {}, dir);
+  ASSERT_EQ(run->trainer->fit(), 0);
+  EXPECT_EQ(g_guarded_steps, 62);
+  auto loss = read_csv(dir + "/metrics.csv", "train/loss");
+  EXPECT_TRUE(loss.count(20) && loss.count(40) && loss.count(60)) << "log intervals inside the guarded window were not written";
+  EXPECT_FALSE(read_csv(dir + "/metrics.csv", "val/f1").empty());
+  bool tb = false;
+  for (auto& e : std::filesystem::directory_iterator(dir)) tb |= e.path().filename().string().rfind("events.out.tfevents", 0) == 0;
+  EXPECT_TRUE(tb);
+#endif
+}
+
+TEST(TrainerCuda, CudaCheckpointResumesOnCpu) {
+  SKIP_WITHOUT_CUDA();
+  std::string dir = temp_dir("cuda-ckpt");
+  auto run = make_run(cuda_yaml(), {"trainer.max_steps=6"}, dir);
+  ASSERT_EQ(run->trainer->fit(), 0);
+  std::string cpu_dir = temp_dir("cpu-resume");
+  auto cpu = make_run(tiny_yaml(), {}, cpu_dir, dir + "/checkpoints/last.ckpt");
+  ASSERT_EQ(cpu->trainer->fit(dir + "/checkpoints/last.ckpt"), 0);
+  EXPECT_EQ(cpu->trainer->state().global_step, 24);
+}
