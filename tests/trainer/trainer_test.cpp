@@ -229,3 +229,43 @@ TEST(Scheduler, CosineWithoutRunLengthIsAConfigError) {
   auto sec = doc.root();
   EXPECT_THROW(build_scheduler(sec, opt, -1), config::ConfigError);
 }
+
+TEST(Trainer, BfloatMixedPrecisionTrainsOnCpu) {
+  std::string dir = temp_dir("bf16");
+  auto run = make_run(tiny_yaml(), {"trainer.precision=bf16-mixed", "model.dropout=0.0", "trainer.max_epochs=3",
+                                    "scheduler.max_steps=36"},
+                      dir);
+  ASSERT_EQ(run->trainer->fit(), 0);
+  auto loss = read_csv(dir + "/metrics.csv", "train/loss");
+  double first = std::stod(loss.begin()->second["train/loss"]), last = std::stod(loss.rbegin()->second["train/loss"]);
+  EXPECT_TRUE(std::isfinite(last));
+  EXPECT_LT(last, first);
+}
+
+TEST(ModelCheckpoint, KeepsTheTopKByTheMonitoredMetricAndLast) {
+  std::string dir = temp_dir("topk");
+  auto run = make_run(tiny_yaml() + "callbacks:\n  - name: model_checkpoint\n    monitor: val/loss\n    mode: min\n    save_top_k: 2\n",
+                      {"trainer.val_check_interval=4"}, dir);
+  ASSERT_EQ(run->trainer->fit(), 0);
+  std::vector<double> kept;
+  bool last = false;
+  for (auto& e : std::filesystem::directory_iterator(dir + "/checkpoints")) {
+    std::string f = e.path().filename().string();
+    if (f == "last.ckpt") {
+      last = true;
+      continue;
+    }
+    auto pos = f.find("val_loss=");
+    ASSERT_NE(pos, std::string::npos) << f;
+    kept.push_back(std::stod(f.substr(pos + 9)));
+  }
+  EXPECT_TRUE(last);
+  ASSERT_EQ(kept.size(), 2u);
+  std::vector<double> all;
+  for (auto& kv : read_csv(dir + "/metrics.csv", "val/loss")) all.push_back(std::stod(kv.second["val/loss"]));
+  ASSERT_EQ(all.size(), 6u);  // 24 batches, validation every 4
+  std::sort(all.begin(), all.end());
+  std::sort(kept.begin(), kept.end());
+  EXPECT_NEAR(kept[0], all[0], 1e-4);
+  EXPECT_NEAR(kept[1], all[1], 1e-4);
+}
