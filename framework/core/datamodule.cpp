@@ -29,25 +29,23 @@ std::shared_ptr<data::DataLoader> DatasetDataModule::train_loader() {
   return train_loader_;
 }
 
+namespace {
+// Evaluation sees every sample once, in order.
+std::shared_ptr<data::DataLoader> eval_loader(std::shared_ptr<const data::Dataset> dataset, const data::CollateFn& collate,
+                                              data::LoaderOptions o) {
+  o.shuffle = false;
+  o.drop_last = false;
+  return std::make_shared<data::DataLoader>(std::move(dataset), collate, o);
+}
+}  // namespace
+
 std::shared_ptr<data::DataLoader> DatasetDataModule::val_loader() {
-  if (!val_) return nullptr;
-  if (!val_loader_) {
-    data::LoaderOptions o = opt_;
-    o.shuffle = false;
-    o.drop_last = false;
-    val_loader_ = std::make_shared<data::DataLoader>(val_, collate_, o);
-  }
+  if (val_ && !val_loader_) val_loader_ = eval_loader(val_, collate_, opt_);
   return val_loader_;
 }
 
 std::shared_ptr<data::DataLoader> DatasetDataModule::test_loader() {
-  if (!test_) return nullptr;
-  if (!test_loader_) {
-    data::LoaderOptions o = opt_;
-    o.shuffle = false;
-    o.drop_last = false;
-    test_loader_ = std::make_shared<data::DataLoader>(test_, collate_, o);
-  }
+  if (test_ && !test_loader_) test_loader_ = eval_loader(test_, collate_, opt_);
   return test_loader_;
 }
 

@@ -27,6 +27,15 @@ std::string next_version_dir(const std::string& root, const std::string& name) {
   return (base / fmt::format("version_{}", next)).string();
 }
 
+namespace {
+// A callback with all its defaults, as if the config had listed `- name: <name>`.
+std::shared_ptr<Callback> default_callback(const std::string& name) {
+  auto doc = config::Document::load_string("name: " + name + "\n", "<default " + name + ">");
+  auto section = doc.root();
+  return callback_registry().create(section, "");
+}
+}  // namespace
+
 std::unique_ptr<Run> build_run(config::Document& doc, const RunOptions& options) {
   auto run = std::make_unique<Run>();
   run->experiment = config::parse_experiment(doc);
@@ -56,16 +65,10 @@ std::unique_ptr<Run> build_run(config::Document& doc, const RunOptions& options)
   }
   // As in Lightning: with checkpointing enabled and none configured, a default model_checkpoint
   // keeps last.ckpt (and the latest epoch's checkpoint).
-  if (exp.trainer.enable_checkpointing && !has_checkpoint && options.stage == Stage::Fit) {
-    auto mc_doc = config::Document::load_string("name: model_checkpoint\n", "<default model_checkpoint>");
-    auto mc = mc_doc.root();
-    run->callbacks.push_back(callback_registry().create(mc, ""));
-  }
-  if (exp.trainer.enable_progress_bar && !has_progress && options.stage == Stage::Fit) {
-    auto pb_doc = config::Document::load_string("name: progress_bar\n", "<default progress_bar>");
-    auto pb = pb_doc.root();
-    run->callbacks.push_back(callback_registry().create(pb, ""));
-  }
+  if (exp.trainer.enable_checkpointing && !has_checkpoint && options.stage == Stage::Fit)
+    run->callbacks.push_back(default_callback("model_checkpoint"));
+  if (exp.trainer.enable_progress_bar && !has_progress && options.stage == Stage::Fit)
+    run->callbacks.push_back(default_callback("progress_bar"));
 
   if (options.create_run_dir) {
     if (options.run_dir) {

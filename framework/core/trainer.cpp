@@ -159,13 +159,9 @@ Batch Trainer::prepare_batch(Batch batch, int64_t idx) {
   return datamodule_->on_after_batch_transfer(std::move(batch), idx);
 }
 
-void Trainer::clip_gradients() {
+void Trainer::clip_gradients(const std::vector<torch::Tensor>& grads) {
   const auto& c = exp_.trainer;
-  if (c.gradient_clip_val <= 0) return;
-  std::vector<torch::Tensor> grads;
-  for (auto& p : module_->net().parameters())
-    if (p.grad().defined()) grads.push_back(p.grad());
-  if (grads.empty()) return;
+  if (c.gradient_clip_val <= 0 || grads.empty()) return;
   torch::NoGradGuard ng;
   if (c.gradient_clip_algorithm == "value") {
     for (auto& g : grads) g.clamp_(-c.gradient_clip_val, c.gradient_clip_val);
@@ -183,7 +179,7 @@ void Trainer::optimizer_step() {
   for (auto& p : module_->net().parameters())
     if (p.grad().defined()) grads.push_back(p.grad());
   if (scaler_) scaler_->unscale(grads);
-  clip_gradients();
+  clip_gradients(grads);
   each([&](Callback& cb) { cb.on_before_optimizer_step(*this, *module_, *optimizer_); });
   bool fused = false;
 #if STROBE_HAS_OPS
@@ -271,12 +267,13 @@ void Trainer::train_epoch() {
   }
   while (auto b = train_loader_->next()) {
     const int64_t idx = state_.batch_in_epoch;
+    const Batch host_batch = *b;  // tensor handles only: the hooks after the step see the batch
     torch::Tensor loss = run_training_batch(std::move(*b), idx);
     ++state_.batch_in_epoch;
     ++state_.batches_seen;
     const bool last = state_.batch_in_epoch >= num_train_batches_;
     if (last) state_.epoch_done = true;
-    each([&](Callback& cb) { cb.on_train_batch_end(*this, *module_, loss, Batch{}, idx); });
+    each([&](Callback& cb) { cb.on_train_batch_end(*this, *module_, loss, host_batch, idx); });
     if (should_validate_now(state_.batch_in_epoch, last)) {
       run_eval(Stage::Validate, -1, false);
       module_->net().train();

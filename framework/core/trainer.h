@@ -108,7 +108,7 @@ class Trainer {
   bool done() const;
   Batch prepare_batch(Batch batch, int64_t dataloader_idx);
   void optimizer_step();
-  void clip_gradients();
+  void clip_gradients(const std::vector<torch::Tensor>& grads);
   void install_signal_handlers();
   template <class F>
   void each(F&& f);

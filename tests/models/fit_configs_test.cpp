@@ -15,7 +15,7 @@ struct FitResult {
   std::string log;
 };
 
-// Skips (returns nullopt) while the strobe executable is missing or is the build skeleton's stub.
+// Skips (returns nullopt) when STROBE_BIN does not name a working strobe executable (a test binary run by hand).
 std::optional<std::string> strobe_bin() {
   const char* bin = std::getenv("STROBE_BIN");
   if (!bin || !fs::exists(bin)) return std::nullopt;
