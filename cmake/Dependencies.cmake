@@ -40,3 +40,13 @@ if(NOT STROBE_PYTHON)
   find_program(STROBE_PYTHON_FOUND NAMES python3)
   set(STROBE_PYTHON ${STROBE_PYTHON_FOUND})
 endif()
+
+# Executables that reuse strobe_core's precompiled header. CMAKE_POSITION_INDEPENDENT_CODE gives
+# executables -fPIE and libraries -fPIC, and GCC rejects a PCH built with the other setting
+# ("created and used with different settings of -fpie") and silently compiles <torch/torch.h>
+# again in every TU. Compiling the executable with -fPIC (still linked as a PIE) lets it reuse it.
+function(strobe_reuse_core_pch target)
+  set_target_properties(${target} PROPERTIES POSITION_INDEPENDENT_CODE OFF)
+  target_compile_options(${target} PRIVATE -fPIC)
+  target_precompile_headers(${target} REUSE_FROM strobe_core)
+endfunction()
