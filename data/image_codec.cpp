@@ -63,14 +63,13 @@ std::pair<int, int> jpeg_header(const std::string& bytes, const std::string& pat
   return {w, h};
 }
 
-Image decode_jpeg(const std::string& bytes, const std::string& path, int channels, double min_scale) {
+void decode_jpeg(const std::string& bytes, const std::string& path, int channels, double min_scale, Image& img) {
   int cs = 0;
   auto [w, h] = jpeg_header(bytes, path, &cs);
   if (cs == TJCS_CMYK || cs == TJCS_YCCK) fail(path, "CMYK/YCCK JPEGs are not supported (convert it to RGB)");
   // Strongest power-of-two reduction that keeps the scale >= min_scale.
   int denom = 1;
   while (denom < 8 && 1.0 / (denom * 2) >= min_scale) denom *= 2;
-  Image img;
   img.full_width = w;
   img.full_height = h;
   img.channels = channels;
@@ -82,7 +81,6 @@ Image decode_jpeg(const std::string& bytes, const std::string& path, int channel
   if (tjDecompress2(decompressor(), reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size(), img.pixels.data(),
                     img.width, 0, img.height, channels == 1 ? TJPF_GRAY : TJPF_RGB, 0) != 0)
     fail_jpeg(path, tjGetErrorStr2(decompressor()));
-  return img;
 }
 
 // ---- PNG (libpng's classic API: its transforms reproduce PIL's convert; errors longjmp back here)
@@ -142,8 +140,7 @@ bool png_decode_raw(const std::string& bytes, int channels, std::vector<uint8_t>
   return true;
 }
 
-Image decode_png(const std::string& bytes, const std::string& path, int channels) {
-  Image img;
+void decode_png(const std::string& bytes, const std::string& path, int channels, Image& img) {
   std::vector<png_bytep> rows;
   PngError err{};
   int w = 0, h = 0;
@@ -151,7 +148,6 @@ Image decode_png(const std::string& bytes, const std::string& path, int channels
   img.width = img.full_width = w;
   img.height = img.full_height = h;
   img.channels = channels;
-  return img;
 }
 
 void png_write_mem(png_structp png, png_bytep data, png_size_t n) {
@@ -194,12 +190,18 @@ std::pair<int, int> image_size(const std::string& bytes, const std::string& path
   fail(path, "not a JPEG or PNG image (unrecognised content)");
 }
 
-Image decode_image(const std::string& bytes, const std::string& path, int channels, double min_scale) {
+void decode_image_into(const std::string& bytes, const std::string& path, int channels, double min_scale, Image& out) {
   if (channels != 1 && channels != 3) fail(path, fmt::format("cannot decode to {} channels (1 or 3)", channels));
-  if (is_jpeg(bytes)) return decode_jpeg(bytes, path, channels, min_scale);
-  if (is_png(bytes)) return decode_png(bytes, path, channels);
+  if (is_jpeg(bytes)) return decode_jpeg(bytes, path, channels, min_scale, out);
+  if (is_png(bytes)) return decode_png(bytes, path, channels, out);
   if (bytes.empty()) fail(path, "empty file (not a JPEG or PNG image)");
   fail(path, "not a JPEG or PNG image (unrecognised content)");
+}
+
+Image decode_image(const std::string& bytes, const std::string& path, int channels, double min_scale) {
+  Image img;
+  decode_image_into(bytes, path, channels, min_scale, img);
+  return img;
 }
 
 std::string encode_jpeg(const uint8_t* pixels, int width, int height, int channels, int quality, bool subsample_420) {

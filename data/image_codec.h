@@ -35,6 +35,8 @@ std::pair<int, int> image_size(const std::string& bytes, const std::string& path
 // scaled IDCTs): the strongest reduction whose factor is still >= min_scale, so the result is never
 // smaller than the caller needs. PNGs always decode at full size.
 Image decode_image(const std::string& bytes, const std::string& path, int channels, double min_scale = 1.0);
+// The same into `out`, reusing its buffer (a loader thread keeps one: no allocation, no page faults).
+void decode_image_into(const std::string& bytes, const std::string& path, int channels, double min_scale, Image& out);
 
 // Encoders (the tests' and the benchmark's fixtures). quality 1..100; subsample_420 for colour JPEGs.
 std::string encode_jpeg(const uint8_t* pixels, int width, int height, int channels, int quality, bool subsample_420 = true);

@@ -1,5 +1,6 @@
 // image_folder: see image_folder.h for the listing and docs/DATA.md for the transforms. A sample is
-// "image" float [channels, image_size, image_size] (normalized) and "label" int64. Train: the
+// "image" uint8 [channels, image_size, image_size] and "label" int64; the data module normalizes
+// the batch to float on the device, after the host-to-device copy (on_after_batch_transfer). Train: the
 // configured train_transform (+ horizontal flip); val/test: resize + center crop. Each file is read,
 // its header parsed, the crop box drawn from the per-sample generator, then decoded (downscaled in
 // the DCT domain when the box is at least twice the output size) and resampled in one pass.
@@ -104,6 +105,7 @@ class ImageFolderDataset : public Dataset {
 
   Sample get(int64_t index, at::Generator& gen) const override {
     const auto& [path, label] = listing_.samples.at(index);
+    thread_local Image img;  // each loader thread decodes into its own reused buffer
     try {
       const std::string bytes = read_file_bytes(path);
       const auto [w, h] = image_size(bytes, path);
@@ -113,9 +115,9 @@ class ImageFolderDataset : public Dataset {
                     : t_.crop == Crop::ResizeCenter ? resize_center_crop_box(w, h, t_.resize, t_.size)
                                                     : whole_image_box(w, h);
       const bool flip = t_.hflip && rng.uniform() < 0.5;
-      Image img = decode_image(bytes, path, t_.channels, t_.dct_scaling ? min_decode_scale(box, t_.size, t_.size) : 1.0);
-      auto image = torch::empty({t_.channels, t_.size, t_.size}, torch::kFloat32);
-      resample_to_float(img, box, t_.size, t_.size, flip, t_.mean, t_.std, image.data_ptr<float>());
+      decode_image_into(bytes, path, t_.channels, t_.dct_scaling ? min_decode_scale(box, t_.size, t_.size) : 1.0, img);
+      auto image = torch::empty({t_.channels, t_.size, t_.size}, torch::kUInt8);
+      resample_to_u8(img, box, t_.size, t_.size, image.data_ptr<uint8_t>(), flip);
       return {{"image", image}, {"label", torch::scalar_tensor(label, torch::kInt64)}};
     } catch (const DataError& e) {
       log_->bad(path, e.what());  // rethrows under on_bad_sample: error
@@ -127,6 +129,35 @@ class ImageFolderDataset : public Dataset {
   ImageFolderListing listing_;
   ImageTransform t_;
   std::shared_ptr<const BadSampleLog> log_;
+};
+
+// Batches leave the loader as uint8 (a quarter of float's bytes through pinned memory and the
+// host-to-device copy) and are normalized on the device after the transfer.
+class ImageFolderDataModule : public DatasetDataModule {
+ public:
+  ImageFolderDataModule(std::shared_ptr<const Dataset> train, std::shared_ptr<const Dataset> val, std::shared_ptr<const Dataset> test,
+                        LoaderOptions opt, const ImageTransform& t)
+      : DatasetDataModule(std::move(train), std::move(val), std::move(test), stack_collate, opt) {
+    std::vector<float> scale, shift;
+    for (int c = 0; c < t.channels; ++c) {
+      scale.push_back(1.f / (255.f * t.std[c]));
+      shift.push_back(-t.mean[c] / t.std[c]);
+    }
+    scale_ = torch::tensor(scale).view({1, t.channels, 1, 1});
+    shift_ = torch::tensor(shift).view({1, t.channels, 1, 1});
+  }
+  Batch on_after_batch_transfer(Batch batch, int64_t) override {
+    auto it = batch.tensors.find("image");
+    if (it != batch.tensors.end() && it->second.scalar_type() == torch::kUInt8) {
+      const auto dev = it->second.device();
+      if (scale_.device() != dev) scale_ = scale_.to(dev), shift_ = shift_.to(dev);
+      it->second = torch::addcmul(shift_, it->second.to(torch::kFloat32), scale_);  // (v / 255 - mean) / std
+    }
+    return batch;
+  }
+
+ private:
+  torch::Tensor scale_, shift_;
 };
 
 std::shared_ptr<DataModule> make_image_folder(config::Section& cfg, const DataContext& ctx) {
@@ -172,7 +203,7 @@ std::shared_ptr<DataModule> make_image_folder(config::Section& cfg, const DataCo
   if (!val_root.empty()) val = make(val_root, eval, "val");
   if (!test_root.empty()) test = make(test_root, eval, "test");
   else test = val;
-  return std::make_shared<DatasetDataModule>(train_ds, val, test, stack_collate, opt);
+  return std::make_shared<ImageFolderDataModule>(train_ds, val, test, opt, train);
 }
 
 STROBE_REGISTER(data_registry(), "image_folder", make_image_folder);

@@ -62,7 +62,9 @@ void resample(const Image& img, const CropBox& box, int out_w, int out_h, Emit e
   for (int i = 0; i < out_h; ++i) row1 = std::max(row1, ty.first[i] + ty.count[i]);
   // Only the rows the vertical pass reads.
   const int rw = out_w * C;
-  std::vector<float> tmp(static_cast<size_t>(row1 - row0) * rw);
+  thread_local std::vector<float> tmp, acc;  // reused by each loader thread (never shrinks)
+  if (tmp.size() < static_cast<size_t>(row1 - row0) * rw) tmp.resize(static_cast<size_t>(row1 - row0) * rw);
+  if (acc.size() < static_cast<size_t>(rw)) acc.resize(rw);
   for (int y = row0; y < row1; ++y) {
     const uint8_t* src = img.pixels.data() + static_cast<size_t>(y) * img.width * C;
     float* dst = tmp.data() + static_cast<size_t>(y - row0) * rw;
@@ -89,17 +91,18 @@ void resample(const Image& img, const CropBox& box, int out_w, int out_h, Emit e
       }
     }
   }
-  std::vector<float> acc(rw);
+  float* a = acc.data();
+  const float* tm = tmp.data();
   for (int y = 0; y < out_h; ++y) {
-    std::fill(acc.begin(), acc.end(), 0.f);
+    std::fill(a, a + rw, 0.f);
     const float* w = &ty.w[static_cast<size_t>(y) * ty.stride];
     for (int k = 0; k < ty.count[y]; ++k) {
-      const float* r = tmp.data() + static_cast<size_t>(ty.first[y] + k - row0) * rw;
+      const float* r = tm + static_cast<size_t>(ty.first[y] + k - row0) * rw;
       const float wk = w[k];
-      for (int i = 0; i < rw; ++i) acc[i] += wk * r[i];
+      for (int i = 0; i < rw; ++i) a[i] += wk * r[i];
     }
     for (int x = 0; x < out_w; ++x)
-      for (int ch = 0; ch < C; ++ch) emit(ch, y, x, acc[x * C + ch]);
+      for (int ch = 0; ch < C; ++ch) emit(ch, y, x, a[x * C + ch]);
   }
 }
 
@@ -169,10 +172,11 @@ void resample_to_float(const Image& img, const CropBox& box, int out_w, int out_
   });
 }
 
-void resample_to_u8(const Image& img, const CropBox& box, int out_w, int out_h, uint8_t* out) {
+void resample_to_u8(const Image& img, const CropBox& box, int out_w, int out_h, uint8_t* out, bool flip) {
   const size_t plane = static_cast<size_t>(out_w) * out_h;
   resample(img, box, out_w, out_h, [&](int c, int y, int x, float v) {
-    out[c * plane + static_cast<size_t>(y) * out_w + x] = static_cast<uint8_t>(std::clamp(std::lround(v), 0L, 255L));
+    const int xo = flip ? out_w - 1 - x : x;
+    out[c * plane + static_cast<size_t>(y) * out_w + xo] = static_cast<uint8_t>(std::clamp(v + 0.5f, 0.f, 255.f));
   });
 }
 

@@ -32,7 +32,7 @@ double min_decode_scale(const CropBox& box, int out_w, int out_h);
 // to_float: out[c][y][x] = (v / 255 - mean[c]) / std[c], mirrored horizontally when flip.
 void resample_to_float(const Image& img, const CropBox& box, int out_w, int out_h, bool flip, const float* mean, const float* std,
                        float* out);
-// to_u8: out[c][y][x], rounded.
-void resample_to_u8(const Image& img, const CropBox& box, int out_w, int out_h, uint8_t* out);
+// to_u8: out[c][y][x], rounded (what PIL's resize returns), mirrored when flip.
+void resample_to_u8(const Image& img, const CropBox& box, int out_w, int out_h, uint8_t* out, bool flip = false);
 
 }  // namespace strobe::data

@@ -5,8 +5,8 @@
 //                                  cycle through grey JPEG, grey PNG, colour JPEG (three images as R,
 //                                  G, B, 4:2:0), colour PNG, and a 4x-upscaled colour JPEG (112x112).
 //   photo-folder OUT N CLASSES SEED  ImageNet-like JPEGs for the benchmark: sizes around 500x375
-//                                  (each side uniform in [0.7, 1.3] x), smooth colour fields with
-//                                  upscaled Fashion-MNIST shapes and grain, quality 90, 4:2:0.
+//                                  (each side uniform in [0.7, 1.3] x), colour gradients, ellipses,
+//                                  a wave and grain, quality 90, 4:2:0 (no dataset needed).
 //   list ROOT                      "class<TAB>index<TAB>name" lines, then "sample<TAB>label<TAB>path".
 //   decode CHANNELS MIN_SCALE OUT_DIR FILE...  each file's raw height x width x channels bytes to
 //                                  OUT_DIR/<k>.raw (k = its position); prints "W H C" per file.
@@ -79,9 +79,8 @@ int fashion_folder(const fs::path& out, int per_class) {
 }
 
 int photo_folder(const fs::path& out, int n, int classes, uint64_t seed) {
-  torch::Tensor labels;
-  auto images = fashion_images(&labels);
-  const auto* px = images.data_ptr<uint8_t>();
+  // Procedural (no dataset needed, so the GPU machine makes the same files): a colour gradient, a
+  // few soft-edged ellipses, a diagonal wave and Gaussian grain, which JPEG-compresses like a photo.
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<double> u(0.0, 1.0);
   std::normal_distribution<double> grain(0.0, 6.0);
@@ -90,21 +89,26 @@ int photo_folder(const fs::path& out, int n, int classes, uint64_t seed) {
     const int w = static_cast<int>(500 * (0.7 + 0.6 * u(rng))), h = static_cast<int>(375 * (0.7 + 0.6 * u(rng)));
     double base[3], gx[3], gy[3];
     for (int ch = 0; ch < 3; ++ch) base[ch] = 40 + 150 * u(rng), gx[ch] = (u(rng) - 0.5) * 120 / w, gy[ch] = (u(rng) - 0.5) * 120 / h;
-    const uint8_t* shape = px + static_cast<int64_t>(u(rng) * 59999) * 784;
-    const double tint[3] = {u(rng), u(rng), u(rng)};
-    const double sc = std::min(w, h) / 28.0;
+    struct Blob {
+      double cx, cy, rx, ry, col[3];
+    };
+    std::vector<Blob> blobs(3 + static_cast<int>(u(rng) * 4));
+    for (auto& b : blobs) b = {u(rng) * w, u(rng) * h, 20 + u(rng) * w / 3, 20 + u(rng) * h / 3, {u(rng) * 255, u(rng) * 255, u(rng) * 255}};
     std::vector<uint8_t> img(static_cast<size_t>(w) * h * 3);
     for (int y = 0; y < h; ++y)
       for (int x = 0; x < w; ++x) {
-        const int sy = std::min(27, static_cast<int>(y / sc)), sx = std::min(27, static_cast<int>((x - (w - 28 * sc) / 2) / sc));
-        const double s = (sx >= 0 && sx < 28) ? shape[sy * 28 + sx] : 0.0;
+        double v[3];
         const double wave = 12 * std::sin(x * 0.05 + y * 0.03 + i);
-        for (int ch = 0; ch < 3; ++ch) {
-          double v = base[ch] + gx[ch] * x + gy[ch] * y + wave + s * tint[ch] * 0.8 + grain(rng);
-          img[(static_cast<size_t>(y) * w + x) * 3 + ch] = static_cast<uint8_t>(std::clamp(v, 0.0, 255.0));
+        for (int ch = 0; ch < 3; ++ch) v[ch] = base[ch] + gx[ch] * x + gy[ch] * y + wave;
+        for (const auto& b : blobs) {
+          const double dx = (x - b.cx) / b.rx, dy = (y - b.cy) / b.ry, d = dx * dx + dy * dy;
+          const double a = std::clamp((1.2 - d) * 3, 0.0, 1.0);
+          if (a > 0)
+            for (int ch = 0; ch < 3; ++ch) v[ch] = v[ch] * (1 - a) + b.col[ch] * a;
         }
+        for (int ch = 0; ch < 3; ++ch) img[(static_cast<size_t>(y) * w + x) * 3 + ch] = static_cast<uint8_t>(std::clamp(v[ch] + grain(rng), 0.0, 255.0));
       }
-    write(out / fmt::format("n{:08d}", i % classes) / fmt::format("img_{:06d}.JPEG", i), encode_jpeg(img.data(), w, h, 3, 90, true));
+    write(out / fmt::format("n{:08d}", i % classes) / fmt::format("img_{:06d}_{}.JPEG", i, seed), encode_jpeg(img.data(), w, h, 3, 90, true));
   }
   return 0;
 }

@@ -186,6 +186,10 @@ TEST(ImageFolder, SamplesArePureFunctionsOfSeedEpochAndIndex) {
   EXPECT_EQ(s1.at("image").sizes(), (std::vector<int64_t>{1, 28, 28}));
   // Eval: resize + center crop of a 28x28 image to 28 is the image itself, normalized.
   auto val = dm->val_loader()->make_batch(0, 0);
+  // Batches leave the loader as uint8; the data module normalizes them after the device transfer.
+  EXPECT_EQ(val.at("image").scalar_type(), torch::kUInt8);
+  val = dm->on_after_batch_transfer(dm->transfer_batch_to_device(val, torch::kCPU, 0), 0);
+  EXPECT_EQ(val.at("image").scalar_type(), torch::kFloat32);
   const auto listing = data::list_image_folder(root.string(), *std::make_shared<BadSampleLog>("t", OnBadSample::Error));
   const auto& [path0, label0] = listing.samples[0];
   auto img = data::decode_image(data::read_file_bytes(path0), path0, 1);
