@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include "data/data_error.h"
 #include "framework/checkpoint/checkpoint_io.h"
 #include "framework/config/config.h"
 #include "framework/core/capture.h"
@@ -141,6 +142,9 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const strobe::checkpoint::CheckpointError& e) {
     fmt::print(stderr, "strobe: checkpoint error: {}\n", e.what());
+    return 2;
+  } catch (const strobe::data::DataError& e) {
+    fmt::print(stderr, "strobe: data error: {}\n", e.what());
     return 2;
   } catch (const c10::Error& e) {
     fmt::print(stderr, "strobe: error: {}\n", e.what_without_backtrace());

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include "data/data_error.h"
 #include "data/dataset.h"
 #include "data/synthetic_rng.h"
 #include "framework/core/datamodule.h"
@@ -30,17 +31,17 @@ Split read_batches(const std::vector<fs::path>& files) {
   std::vector<torch::Tensor> images, labels;
   for (const auto& f : files) {
     std::ifstream in(f, std::ios::binary | std::ios::ate);
-    if (!in) throw std::runtime_error(fmt::format("{}: missing or unreadable (CIFAR-10 binary batch)", f.string()));
+    if (!in) throw DataError(fmt::format("{}: missing or unreadable (CIFAR-10 binary batch)", f.string()));
     const int64_t size = in.tellg();
     if (size == 0 || size % kRecord != 0)
-      throw std::runtime_error(fmt::format("{}: {} bytes is not a whole number of {}-byte CIFAR-10 records (truncated or not CIFAR-10 binary)",
+      throw DataError(fmt::format("{}: {} bytes is not a whole number of {}-byte CIFAR-10 records (truncated or not CIFAR-10 binary)",
                                            f.string(), size, kRecord));
     in.seekg(0);
     auto raw = torch::empty({size / kRecord, kRecord}, torch::kUInt8);
     if (!in.read(reinterpret_cast<char*>(raw.data_ptr<uint8_t>()), size))
-      throw std::runtime_error(fmt::format("{}: read failed", f.string()));
+      throw DataError(fmt::format("{}: read failed", f.string()));
     auto lbl = raw.select(1, 0).to(torch::kInt64);
-    if (lbl.max().item<int64_t>() > 9) throw std::runtime_error(fmt::format("{}: label above 9 (not CIFAR-10 binary)", f.string()));
+    if (lbl.max().item<int64_t>() > 9) throw DataError(fmt::format("{}: label above 9 (not CIFAR-10 binary)", f.string()));
     labels.push_back(lbl);
     images.push_back(raw.narrow(1, 1, kRecord - 1).reshape({-1, 3, 32, 32}));
   }

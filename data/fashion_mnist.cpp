@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include "data/data_error.h"
 #include "data/dataset.h"
 #include "data/idx_file.h"
 #include "framework/core/datamodule.h"
@@ -37,7 +38,7 @@ std::string find_file(const std::filesystem::path& root, const std::string& stem
     auto p = root / (stem + ext);
     if (std::filesystem::exists(p)) return p.string();
   }
-  throw std::runtime_error(fmt::format("{}: missing (looked for {}.gz and {} in {})", (root / stem).string(), stem, stem,
+  throw DataError(fmt::format("{}: missing (looked for {}.gz and {} in {})", (root / stem).string(), stem, stem,
                                        root.string()));
 }
 
@@ -46,10 +47,10 @@ std::pair<torch::Tensor, torch::Tensor> load_split(const std::filesystem::path& 
   std::string lbl_path = find_file(root, prefix + "-labels-idx1-ubyte");
   auto images = read_idx_file(img_path);
   auto labels = read_idx_file(lbl_path);
-  if (images.dim() != 3) throw std::runtime_error(fmt::format("{}: expected [N, rows, cols] images", img_path));
+  if (images.dim() != 3) throw DataError(fmt::format("{}: expected [N, rows, cols] images", img_path));
   if (labels.dim() != 1 || labels.size(0) != images.size(0))
-    throw std::runtime_error(fmt::format("{}: {} labels for {} images in {}", lbl_path, labels.size(0), images.size(0), img_path));
-  if (labels.max().item<int64_t>() > 9) throw std::runtime_error(fmt::format("{}: label above 9", lbl_path));
+    throw DataError(fmt::format("{}: {} labels for {} images in {}", lbl_path, labels.size(0), images.size(0), img_path));
+  if (labels.max().item<int64_t>() > 9) throw DataError(fmt::format("{}: label above 9", lbl_path));
   return {images, labels};
 }
 

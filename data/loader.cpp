@@ -2,7 +2,10 @@
 
 #include <stdexcept>
 
+#include <fmt/format.h>
 #include <torch/torch.h>
+
+#include "data/data_error.h"
 
 namespace strobe::data {
 
@@ -40,8 +43,13 @@ Batch DataLoader::make_batch(int64_t epoch, int64_t batch_index) const {
   samples.reserve(end - begin);
   for (int64_t k = begin; k < end; ++k) {
     at::Generator gen = sample_generator(opt_.seed, epoch, order[k]);
-    samples.push_back(dataset_->get(order[k], gen));
+    Sample s = dataset_->get(order[k], gen);
+    // An empty sample is one a dataset skipped as bad (on_bad_sample: skip; it logged it): the batch
+    // is one smaller. Which samples are bad depends only on the files, so batches stay exact.
+    if (!s.empty()) samples.push_back(std::move(s));
   }
+  if (samples.empty())
+    throw DataError(fmt::format("batch {} of epoch {}: every one of its {} samples was bad and skipped", batch_index, epoch, end - begin));
   Batch b = collate_(samples);
   if (!b.meta.count("batch_size")) b.meta["batch_size"] = end - begin;
   b.meta["batch_index"] = batch_index;

@@ -1,0 +1,184 @@
+// token_file: nanoGPT-style token files (a flat array of little-endian uint16 or uint32 token ids,
+// e.g. train.bin / val.bin), memory-mapped, so a file of any size costs no RAM up front.
+//   mode: documents  the stream is cut after every eot_token (the token ends its document, as
+//                    nanoGPT's prepare scripts append it); each document into pieces of at most
+//                    max_seq_len + 1 tokens; a piece of n tokens is a sample of n - 1 (tokens =
+//                    piece[0, n-1), targets = piece[1, n)) for the pad / pack collates. Pieces
+//                    under two tokens are dropped (a lone end-of-text).
+//   mode: windows    sample i = the fixed window starting at i * max_seq_len (max_seq_len + 1
+//                    tokens, so targets reach one past), the last partial window dropped.
+// Validation: val_path, or else the last val_fraction of the samples. With vocab_size > 0 every token
+// is checked (one pass at setup). Bad data (DataError naming the file): missing or unreadable file,
+// an empty file, a size that is not a multiple of the token width, a token >= vocab_size.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include "data/collate_tokens.h"
+#include "data/data_error.h"
+#include "data/dataset.h"
+#include "framework/core/datamodule.h"
+
+namespace strobe::data {
+namespace {
+
+class MappedTokens {
+ public:
+  MappedTokens(const std::string& path, int width) : path_(path), width_(width) {
+    int fd = ::open(path.c_str(), O_RDONLY);
+    if (fd < 0) throw DataError(fmt::format("{}: cannot open ({})", path, std::strerror(errno)));
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+      ::close(fd);
+      throw DataError(fmt::format("{}: not a regular file", path));
+    }
+    const auto bytes = static_cast<uint64_t>(st.st_size);
+    if (bytes == 0) {
+      ::close(fd);
+      throw DataError(fmt::format("{}: empty token file", path));
+    }
+    if (bytes % width != 0) {
+      ::close(fd);
+      throw DataError(fmt::format("{}: {} bytes is not a multiple of the {}-byte token width (dtype uint{}); truncated, or the wrong dtype",
+                                  path, bytes, width, width * 8));
+    }
+    void* p = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0);
+    ::close(fd);
+    if (p == MAP_FAILED) throw DataError(fmt::format("{}: mmap failed ({})", path, std::strerror(errno)));
+    ::madvise(p, bytes, MADV_RANDOM);
+    data_ = p;
+    bytes_ = bytes;
+  }
+  ~MappedTokens() { ::munmap(data_, bytes_); }
+  MappedTokens(const MappedTokens&) = delete;
+  MappedTokens& operator=(const MappedTokens&) = delete;
+
+  int64_t size() const { return static_cast<int64_t>(bytes_ / width_); }
+  uint32_t at(int64_t i) const {
+    if (width_ == 2) {
+      uint16_t v;
+      std::memcpy(&v, static_cast<const char*>(data_) + 2 * i, 2);
+      return v;
+    }
+    uint32_t v;
+    std::memcpy(&v, static_cast<const char*>(data_) + 4 * i, 4);
+    return v;
+  }
+  torch::Tensor slice(int64_t begin, int64_t n) const {
+    auto t = torch::empty({n}, torch::kInt64);
+    auto* o = t.data_ptr<int64_t>();
+    for (int64_t i = 0; i < n; ++i) o[i] = at(begin + i);
+    return t;
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  int width_;
+  void* data_ = nullptr;
+  uint64_t bytes_ = 0;
+};
+
+struct Layout {
+  bool documents = true;
+  int64_t max_len = 1024;
+  int64_t eot = 50256;
+};
+
+// Sample ranges [begin, end) of a token stream (documents mode), or the window count.
+std::vector<std::pair<int64_t, int64_t>> cut_documents(const MappedTokens& m, const Layout& l, int64_t vocab) {
+  std::vector<std::pair<int64_t, int64_t>> pieces;
+  const int64_t n = m.size(), piece = l.max_len + 1;
+  auto add = [&](int64_t b, int64_t e) {
+    for (int64_t s = b; s < e; s += piece)
+      if (std::min(e, s + piece) - s >= 2) pieces.emplace_back(s, std::min(e, s + piece));
+  };
+  int64_t begin = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t t = m.at(i);
+    if (vocab > 0 && t >= vocab) throw DataError(fmt::format("{}: token {} at position {} is not below vocab_size {}", m.path(), t, i, vocab));
+    if (l.documents && t == l.eot) {
+      add(begin, i + 1);
+      begin = i + 1;
+    }
+  }
+  if (l.documents) add(begin, n);
+  return pieces;
+}
+
+class TokenSamples : public Dataset {
+ public:
+  // documents: explicit pieces; windows: `count` windows starting at window `first`.
+  TokenSamples(std::shared_ptr<const MappedTokens> m, std::vector<std::pair<int64_t, int64_t>> pieces)
+      : m_(std::move(m)), pieces_(std::move(pieces)), count_(static_cast<int64_t>(pieces_.size())) {}
+  TokenSamples(std::shared_ptr<const MappedTokens> m, int64_t max_len, int64_t first, int64_t count)
+      : m_(std::move(m)), windows_(true), max_len_(max_len), first_(first), count_(count) {}
+  int64_t size() const override { return count_; }
+  Sample get(int64_t index, at::Generator&) const override {
+    int64_t b, e;
+    if (windows_) {
+      b = (first_ + index) * max_len_;
+      e = b + max_len_ + 1;
+    } else {
+      std::tie(b, e) = pieces_.at(index);
+    }
+    auto seq = m_->slice(b, e - b);
+    return {{"tokens", seq.narrow(0, 0, e - b - 1)}, {"targets", seq.narrow(0, 1, e - b - 1)}};
+  }
+
+ private:
+  std::shared_ptr<const MappedTokens> m_;
+  std::vector<std::pair<int64_t, int64_t>> pieces_;
+  bool windows_ = false;
+  int64_t max_len_ = 0, first_ = 0, count_ = 0;
+};
+
+std::shared_ptr<DataModule> make_token_file(config::Section& cfg, const DataContext& ctx) {
+  const std::string path = cfg.require_string("path");
+  const std::string val_path = cfg.get_string("val_path", "");
+  const std::string dtype = cfg.get_choice("dtype", "uint16", {"uint16", "uint32"});
+  Layout l;
+  l.documents = cfg.get_choice("mode", "documents", {"documents", "windows"}) == "documents";
+  l.max_len = cfg.get_int("max_seq_len", 1024, 1);
+  l.eot = cfg.get_int("eot_token", 50256, 0, UINT32_MAX);
+  const int64_t vocab = cfg.get_int("vocab_size", 0, 0, int64_t(UINT32_MAX) + 1);
+  const double val_fraction = cfg.get_double("val_fraction", val_path.empty() ? 0.05 : 0.0, 0.0, 0.5);
+  if (!val_path.empty() && val_fraction > 0) cfg.fail("val_fraction", "give either val_path or val_fraction, not both");
+  const std::string collate = cfg.get_choice("collate", l.documents ? "pad_to_longest" : "pad_to_max", token_collate_names());
+  LoaderOptions opt = read_loader_options(cfg, ctx, 32);
+  cfg.finish();
+  const int width = dtype == "uint16" ? 2 : 4;
+
+  auto split = [&](const std::string& p, double fraction) -> std::pair<std::shared_ptr<Dataset>, std::shared_ptr<Dataset>> {
+    auto m = std::make_shared<const MappedTokens>(p, width);
+    if (l.documents) {
+      auto pieces = cut_documents(*m, l, vocab);
+      if (pieces.empty()) throw DataError(fmt::format("{}: no document of two tokens or more", p));
+      const auto n_val = static_cast<int64_t>(static_cast<double>(pieces.size()) * fraction);
+      std::vector<std::pair<int64_t, int64_t>> a(pieces.begin(), pieces.end() - n_val), b(pieces.end() - n_val, pieces.end());
+      return {std::make_shared<TokenSamples>(m, std::move(a)), n_val ? std::make_shared<TokenSamples>(m, std::move(b)) : nullptr};
+    }
+    if (vocab > 0) cut_documents(*m, Layout{false, l.max_len, l.eot}, vocab);  // the vocab check only
+    const int64_t windows = (m->size() - 1) / l.max_len;
+    if (windows < 1) throw DataError(fmt::format("{}: {} tokens is less than one window of max_seq_len + 1 = {}", p, m->size(), l.max_len + 1));
+    const auto n_val = static_cast<int64_t>(static_cast<double>(windows) * fraction);
+    return {std::make_shared<TokenSamples>(m, l.max_len, 0, windows - n_val),
+            n_val ? std::make_shared<TokenSamples>(m, l.max_len, windows - n_val, n_val) : nullptr};
+  };
+  auto [train, val] = split(path, val_fraction);
+  if (train->size() == 0) throw DataError(fmt::format("{}: val_fraction leaves no training sample", path));
+  if (!val_path.empty()) val = split(val_path, 0.0).first;
+  return std::make_shared<DatasetDataModule>(train, val, val, make_token_collate(collate, l.max_len), opt);
+}
+
+STROBE_REGISTER(data_registry(), "token_file", make_token_file);
+
+}  // namespace
+}  // namespace strobe::data
