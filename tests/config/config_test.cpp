@@ -2,7 +2,12 @@
 // input (unknown key with did-you-mean, wrong type, out of range, missing file, bad --set syntax).
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
+#include <map>
+#include <regex>
+
+#include <fmt/format.h>
 
 #include "framework/config/experiment.h"
 
@@ -156,4 +161,147 @@ TEST(Config, CountOrFractionResolve) {
   strobe::config::CountOrFraction c{true, 5, 0};
   EXPECT_EQ(c.resolve(3), 3);
   EXPECT_EQ(c.resolve(10), 5);
+}
+
+namespace {
+
+// The type a YAML reader gives a scalar (core schema; a quoted scalar is a string).
+std::string yaml_type(const YAML::Node& n) {
+  if (n.IsNull()) return "null";
+  if (n.IsMap()) return "map";
+  if (n.IsSequence()) return "seq";
+  if (n.Tag() == "!") return "str";
+  const std::string& s = n.Scalar();
+  static const std::regex int_re(R"(^[-+]?[0-9]+$)"), float_re(R"(^[-+]?(\.[0-9]+|[0-9]+\.[0-9]*)([eE][-+]?[0-9]+)?$|^[-+]?[0-9]+[eE][-+]?[0-9]+$)"),
+      bool_re(R"(^(true|false|True|False|TRUE|FALSE)$)");
+  if (std::regex_match(s, int_re)) return "int";
+  if (std::regex_match(s, float_re)) return "float";
+  if (std::regex_match(s, bool_re)) return "bool";
+  return "str";
+}
+
+// Every scalar of a document as {path -> "type:value"} (floats compared by value, not spelling).
+void flatten(const YAML::Node& n, const std::string& path, std::map<std::string, std::string>& out) {
+  if (n.IsMap()) {
+    for (auto it = n.begin(); it != n.end(); ++it) flatten(it->second, path + "." + it->first.Scalar(), out);
+  } else if (n.IsSequence()) {
+    for (size_t i = 0; i < n.size(); ++i) flatten(n[i], path + "[" + std::to_string(i) + "]", out);
+  } else {
+    std::string t = yaml_type(n);
+    std::string v = n.IsNull() ? "" : n.Scalar();
+    if (t == "float") v = fmt::format("{}", std::strtod(v.c_str(), nullptr));
+    out[path] = t + ":" + v;
+  }
+}
+
+std::map<std::string, std::string> flat(const std::string& yaml) {
+  std::map<std::string, std::string> out;
+  flatten(YAML::Load(yaml), "", out);
+  return out;
+}
+
+}  // namespace
+
+TEST(ConfigResolved, DefaultsKeepTheirTypeWhenWrittenAndReadAgain) {
+  auto doc = Document::load_string(kBase, "exp.yaml");
+  auto e = parse_experiment(doc);
+  const std::string resolved = doc.emit();
+  auto f = flat(resolved);
+  // 1.0 written as "1" would read back as the count 1: every batch instead of every epoch.
+  EXPECT_EQ(f[".trainer.val_check_interval"], "float:1") << resolved;
+  EXPECT_EQ(f[".trainer.limit_train_batches"], "float:1") << resolved;
+  EXPECT_EQ(f[".trainer.precision"], "str:32") << resolved;
+  EXPECT_EQ(f[".trainer.gradient_clip_val"], "float:0") << resolved;
+  auto again = Document::load_string(resolved, "config.yaml");
+  auto e2 = parse_experiment(again);
+  EXPECT_FALSE(e2.trainer.val_check_interval.is_count);
+  EXPECT_DOUBLE_EQ(e2.trainer.val_check_interval.fraction, 1.0);
+  EXPECT_FALSE(e2.trainer.limit_train_batches.is_count);
+  EXPECT_EQ(e2.trainer.precision, "32");
+  EXPECT_EQ(flat(again.emit()), f);
+}
+
+TEST(ConfigResolved, UserValuesKeepTypeAndSpelling) {
+  auto doc = Document::load_string(std::string(kBase) +
+                                       "trainer:\n  precision: \"32\"\n  val_check_interval: 1.0\n  limit_val_batches: 1\n"
+                                       "  max_time: \"10\"\n  default_root_dir: \"yes\"\n",
+                                   "exp.yaml");
+  parse_experiment(doc);
+  auto f = flat(doc.emit());
+  EXPECT_EQ(f[".trainer.precision"], "str:32");
+  EXPECT_EQ(f[".trainer.val_check_interval"], "float:1");
+  EXPECT_EQ(f[".trainer.limit_val_batches"], "int:1");
+  EXPECT_EQ(f[".trainer.max_time"], "str:10");
+  EXPECT_EQ(f[".trainer.default_root_dir"], "str:yes");
+}
+
+TEST(ConfigResolved, DoubleDefaultsAreFloatsForPyYamlToo) {
+  auto doc = Document::load_string(kBase, "exp.yaml");
+  auto s = doc.root().child("model");
+  s.get_double("eps", 1e-8);
+  s.get_double("lr", 3.0);
+  s.get_double("tiny", 0.1);
+  const std::string out = doc.emit();
+  // PyYAML reads 1e-08 (no dot) as a string.
+  EXPECT_NE(out.find("eps: 1.0e-08"), std::string::npos) << out;
+  EXPECT_NE(out.find("lr: 3.0"), std::string::npos) << out;
+  EXPECT_NE(out.find("tiny: 0.1\n"), std::string::npos) << out;
+}
+
+TEST(Config, DuplicateKeyNamesBothLines) {
+  EXPECT_EQ(error_of(std::string(kBase) + "trainer:\n  max_steps: 3\n  precision: bf16-mixed\n  max_steps: 5\n"),
+            "exp.yaml:9:3: trainer.max_steps: duplicate key (first defined at line 7)");
+  EXPECT_EQ(error_of(std::string(kBase) + "name: again\n"), "exp.yaml:6:1: name: duplicate key (first defined at line 1)");
+  EXPECT_EQ(error_of(kBase, {"data={name: x, name: y}"}), "--set data={name: x, name: y}: data.name: duplicate key (first defined at line 1)");
+}
+
+TEST(Config, EmptySetValueIsAnError) {
+  EXPECT_EQ(error_of(kBase, {"trainer.max_steps="}),
+            "--set trainer.max_steps=: empty value (to reset a key to its default write trainer.max_steps=null)");
+  EXPECT_EQ(error_of(kBase, {"trainer.max_steps=null"}), "");
+}
+
+TEST(Config, UnknownKeyMadeBySetBlamesTheSet) {
+  EXPECT_EQ(error_of(kBase, {"foo.bar=3"}), "--set foo.bar=3: foo: unknown key (known keys: callbacks, data, logger, model, "
+                                            "name, optimizer, scheduler, seed, task, trainer)");
+  EXPECT_EQ(error_of(kBase, {"trainer.bogus.x=3"}), "--set trainer.bogus.x=3: trainer.bogus: unknown key (known keys: "
+                                                    "accumulate_grad_batches, check_val_every_n_epoch, default_root_dir, "
+                                                    "deterministic, device, enable_checkpointing, enable_progress_bar, "
+                                                    "fast_dev_run, gradient_clip_algorithm, gradient_clip_val, "
+                                                    "limit_predict_batches, limit_test_batches, limit_train_batches, "
+                                                    "limit_val_batches, log_every_n_steps, max_epochs, max_steps, max_time, "
+                                                    "num_sanity_val_steps, overfit_batches, precision, val_check_interval)");
+}
+
+TEST(Config, BadListElementValueFromSetNamesTheSet) {
+  auto doc = Document::load_string(std::string(kBase) + "callbacks:\n  - name: early_stopping\n", "exp.yaml");
+  doc.apply_override("callbacks.0.patience=abc");
+  auto e = parse_experiment(doc);
+  try {
+    e.callbacks[0].get_int("patience", 3, 0);
+    FAIL() << "no error";
+  } catch (const ConfigError& err) {
+    EXPECT_EQ(std::string(err.what()), "--set callbacks.0.patience=abc: callbacks[0].patience: expected an integer >= 0, got 'abc'");
+  }
+}
+
+TEST(Config, DirectoryOrEmptyFileSaysSo) {
+  const std::string dir = ::testing::TempDir() + "/strobe-config-dir";
+  std::filesystem::create_directories(dir);
+  try {
+    Document::load_file(dir);
+    FAIL() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()), dir + ": is a directory, not a config file");
+  }
+  for (const char* text : {"", "\n# only a comment\n"}) {
+    const std::string empty = dir + "/empty.yaml";
+    std::ofstream(empty) << text;
+    try {
+      Document::load_file(empty);
+      FAIL() << "no error for '" << text << "'";
+    } catch (const ConfigError& e) {
+      EXPECT_EQ(std::string(e.what()), empty + ": the config is empty (expected a mapping with at least 'model' and 'data')");
+    }
+  }
 }
