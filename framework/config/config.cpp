@@ -40,7 +40,7 @@ bool is_null_node(const YAML::Node& n) { return !n.IsDefined() || n.IsNull(); }
 // read again: a double always has a '.' (yaml-cpp writes 1.0 as "1", which reads back as the
 // integer count 1), with the ".0e" form PyYAML needs for exponents; a string is tagged as a string
 // so that "32" stays a string.
-YAML::Node double_node(double x) {
+std::string float_text(double x) {
   std::string s = fmt::format("{}", x);
   auto e = s.find_first_of("eE");
   if (s.find('.') == std::string::npos) {
@@ -49,9 +49,10 @@ YAML::Node double_node(double x) {
     else
       s.insert(e, ".0");
   }
-  YAML::Node n(s);
-  return n;
+  return s;
 }
+
+YAML::Node double_node(double x) { return YAML::Node(float_text(x)); }
 
 YAML::Node string_node(const std::string& v) {
   YAML::Node n(v);
@@ -459,10 +460,15 @@ bool plain_reads_as_non_string(const std::string& s) {
   return s.empty() || std::regex_match(s, re);
 }
 
+const std::regex& long_float_re() {
+  static const std::regex re(R"(^[-+]?[0-9]*\.[0-9]{15,}$)");
+  return re;
+}
+
 void emit_node(YAML::Emitter& out, const YAML::Node& n) {
   switch (n.Type()) {
     case YAML::NodeType::Map:
-      if (n.Style() == YAML::EmitterStyle::Flow) out << YAML::Flow;
+      if (n.Style() == YAML::EmitterStyle::Flow || n.size() == 0) out << YAML::Flow;
       out << YAML::BeginMap;
       for (auto it = n.begin(); it != n.end(); ++it) {
         out << YAML::Key;
@@ -473,7 +479,7 @@ void emit_node(YAML::Emitter& out, const YAML::Node& n) {
       out << YAML::EndMap;
       break;
     case YAML::NodeType::Sequence:
-      if (n.Style() == YAML::EmitterStyle::Flow) out << YAML::Flow;
+      if (n.Style() == YAML::EmitterStyle::Flow || n.size() == 0) out << YAML::Flow;
       out << YAML::BeginSeq;
       for (const auto& e : n) emit_node(out, e);
       out << YAML::EndSeq;
@@ -483,6 +489,10 @@ void emit_node(YAML::Emitter& out, const YAML::Node& n) {
       // text would otherwise read as a number, a boolean or null ("32", "1.0", "yes").
       if (n.Tag() == "!" && plain_reads_as_non_string(n.Scalar()))
         out << YAML::DoubleQuoted << n.Scalar();
+      else if (n.Tag().empty() && std::regex_match(n.Scalar(), long_float_re()))
+        // A double a component stored with yaml-cpp's 17 digits (0.90000000000000002): the shortest
+        // text that reads back as the same double.
+        out << float_text(std::strtod(n.Scalar().c_str(), nullptr));
       else
         out << n.Scalar();
       break;

@@ -10,6 +10,8 @@
 #include <fmt/format.h>
 
 #include "framework/config/experiment.h"
+#include "framework/config/resume_check.h"
+#include "tests/config/yaml_types.h"
 
 using strobe::config::ConfigError;
 using strobe::config::Document;
@@ -163,44 +165,7 @@ TEST(Config, CountOrFractionResolve) {
   EXPECT_EQ(c.resolve(10), 5);
 }
 
-namespace {
-
-// The type a YAML reader gives a scalar (core schema; a quoted scalar is a string).
-std::string yaml_type(const YAML::Node& n) {
-  if (n.IsNull()) return "null";
-  if (n.IsMap()) return "map";
-  if (n.IsSequence()) return "seq";
-  if (n.Tag() == "!") return "str";
-  const std::string& s = n.Scalar();
-  static const std::regex int_re(R"(^[-+]?[0-9]+$)"), float_re(R"(^[-+]?(\.[0-9]+|[0-9]+\.[0-9]*)([eE][-+]?[0-9]+)?$|^[-+]?[0-9]+[eE][-+]?[0-9]+$)"),
-      bool_re(R"(^(true|false|True|False|TRUE|FALSE)$)");
-  if (std::regex_match(s, int_re)) return "int";
-  if (std::regex_match(s, float_re)) return "float";
-  if (std::regex_match(s, bool_re)) return "bool";
-  return "str";
-}
-
-// Every scalar of a document as {path -> "type:value"} (floats compared by value, not spelling).
-void flatten(const YAML::Node& n, const std::string& path, std::map<std::string, std::string>& out) {
-  if (n.IsMap()) {
-    for (auto it = n.begin(); it != n.end(); ++it) flatten(it->second, path + "." + it->first.Scalar(), out);
-  } else if (n.IsSequence()) {
-    for (size_t i = 0; i < n.size(); ++i) flatten(n[i], path + "[" + std::to_string(i) + "]", out);
-  } else {
-    std::string t = yaml_type(n);
-    std::string v = n.IsNull() ? "" : n.Scalar();
-    if (t == "float") v = fmt::format("{}", std::strtod(v.c_str(), nullptr));
-    out[path] = t + ":" + v;
-  }
-}
-
-std::map<std::string, std::string> flat(const std::string& yaml) {
-  std::map<std::string, std::string> out;
-  flatten(YAML::Load(yaml), "", out);
-  return out;
-}
-
-}  // namespace
+using strobe::testing::flat;
 
 TEST(ConfigResolved, DefaultsKeepTheirTypeWhenWrittenAndReadAgain) {
   auto doc = Document::load_string(kBase, "exp.yaml");
@@ -304,4 +269,45 @@ TEST(Config, DirectoryOrEmptyFileSaysSo) {
       EXPECT_EQ(std::string(e.what()), empty + ": the config is empty (expected a mapping with at least 'model' and 'data')");
     }
   }
+}
+
+TEST(ResumeCheck, SortsChangesIntoIncompatibleModelAndAllowed) {
+  using strobe::config::compare_for_resume;
+  const std::string saved =
+      "name: t\ntrainer:\n  max_steps: 24\n  precision: \"32\"\nmodel:\n  name: mlp\n  hidden: [32, 16]\n  dropout: 0.2\n"
+      "optimizer:\n  name: adamw\n  lr: 0.01\ncallbacks:\n  - name: model_checkpoint\n    every_n_steps: 6\n";
+  // Nothing changed: nothing to say.
+  auto same = compare_for_resume(saved, saved);
+  EXPECT_TRUE(same.incompatible.empty() && same.model_changes.empty() && same.allowed.empty());
+
+  const std::string now =
+      "name: t\ntrainer:\n  max_steps: 48\n  precision: bf16-mixed\n  log_every_n_steps: 5\nmodel:\n  name: mlp\n"
+      "  hidden: [8]\n  dropout: 0.2\noptimizer:\n  name: sgd\n  lr: 0.005\ncallbacks:\n  - name: model_checkpoint\n"
+      "    every_n_steps: 3\n";
+  auto r = compare_for_resume(saved, now);
+  ASSERT_EQ(r.incompatible.size(), 2u);
+  EXPECT_EQ(r.incompatible[0].text(), "optimizer.name: adamw -> sgd");
+  EXPECT_NE(r.incompatible[0].why.find("optimizer state"), std::string::npos);
+  EXPECT_EQ(r.incompatible[1].text(), "trainer.precision: 32 -> bf16-mixed");
+  ASSERT_EQ(r.model_changes.size(), 1u);
+  EXPECT_EQ(r.model_changes[0].text(), "model.hidden: [32, 16] -> [8]");
+  EXPECT_EQ(strobe::config::join_changes(r.allowed),
+            "callbacks[0].every_n_steps: 6 -> 3, optimizer.lr: 0.01 -> 0.005, trainer.log_every_n_steps: (absent) -> 5, "
+            "trainer.max_steps: 24 -> 48");
+}
+
+TEST(ConfigResolved, EmptyListsAndComponentDoublesReadBackTheSame) {
+  auto doc = Document::load_string(kBase, "exp.yaml");
+  parse_experiment(doc);
+  // What components do: a list of doubles written with yaml-cpp's 17 digits.
+  YAML::Node betas(YAML::NodeType::Sequence);
+  betas.push_back(0.9);
+  betas.push_back(0.999);
+  doc.root().child("optimizer").node()["betas"] = betas;
+  const std::string once = doc.emit();
+  EXPECT_NE(once.find("callbacks: []\n"), std::string::npos) << once;
+  EXPECT_NE(once.find("    - 0.9\n    - 0.999\n"), std::string::npos) << once;
+  auto again = Document::load_string(once, "config.yaml");
+  EXPECT_EQ(again.emit(), once);
+  EXPECT_EQ(again.root().child("optimizer").node()["betas"][0].as<double>(), 0.9);
 }
