@@ -18,6 +18,7 @@
 #include "framework/checkpoint/checkpoint_io.h"
 #include "framework/config/config.h"
 #include "framework/core/experiment_builder.h"
+#include "framework/core/signals.h"
 
 namespace {
 
@@ -130,6 +131,7 @@ int run_command(const std::string& command, const Common& c, Progress& progress)
 }  // namespace
 
 int main(int argc, char** argv) {
+  strobe::signals::install();
   CLI::App app{"Strobe: Lightning-style training in C++ on libtorch"};
   app.require_subcommand(0, 1);
   app.set_version_flag("--version", [] { return version_string(); });
@@ -158,6 +160,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string command = app.get_subcommands().front()->get_name();
+  if (command == "fit" && strobe::signals::sigint_inherited_ignored())
+    fmt::print(stderr, "strobe fit: SIGINT is ignored (inherited from the parent process); stop the run with SIGTERM\n");
   const Common& c = command == "fit" ? fit_c : command == "validate" ? val_c : test_c;
   Progress progress;
   // Out of memory: one line naming what to lower. Exit 1: the input was accepted, the run started and
