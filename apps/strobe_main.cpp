@@ -1,10 +1,16 @@
 // strobe: the command line (CONFIG.md). Exit status: 0 success; 2 bad usage, config, checkpoint,
-// capture or data argument (one message on stderr); 3 stopped by a NaN capture; 130/143 interrupted
-// by SIGINT/SIGTERM after saving last.ckpt; 1 any other failure.
+// capture or data argument or run directory, or data that cannot fit the model or the memory, all
+// found before training starts (one message on stderr); 3 stopped by a NaN capture; 130/143
+// interrupted by SIGINT/SIGTERM after saving last.ckpt; 1 any other failure, running out of memory
+// during the run included (one line naming the setting to lower).
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <new>
+
+#include <nlohmann/json.hpp>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -15,6 +21,7 @@
 #include "framework/config/config.h"
 #include "framework/core/capture.h"
 #include "framework/core/experiment_builder.h"
+#include "framework/core/signals.h"
 
 namespace {
 
@@ -38,7 +45,56 @@ void add_common(CLI::App* cmd, Common& c, bool ckpt_required) {
   if (ckpt_required) ck->required();
 }
 
-int run_command(const std::string& command, const Common& c) {
+// Where the command is, for the out-of-memory advice (copies: the run is gone when the error lands).
+struct Progress {
+  bool built = false;
+  std::string device, batch_size;
+};
+
+std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+// The texts of libtorch's CPU allocator ("DefaultCPUAllocator: can't allocate memory ... Error code
+// 12", older "not enough memory") and of CUDA's caching allocator ("CUDA out of memory").
+bool is_allocation_failure(const std::string& what) {
+  for (const char* p : {"can't allocate memory", "not enough memory", "out of memory", "Cannot allocate memory"})
+    if (what.find(p) != std::string::npos) return true;
+  return false;
+}
+
+// Final metrics, the best checkpoint of every monitoring model_checkpoint, last.ckpt, the run directory.
+void print_fit_summary(const strobe::Run& run, int rc, double seconds) {
+  auto& t = *run.trainer;
+  t.drain_metrics();
+  const auto& s = t.state();
+  std::string how = rc == strobe::kExitOk       ? "finished"
+                    : rc == strobe::kExitNaN    ? "stopped by the NaN capture"
+                    : rc == strobe::kExitSigint ? "stopped by SIGINT"
+                    : rc == strobe::kExitSigterm ? "stopped by SIGTERM"
+                                                 : fmt::format("stopped (exit {})", rc);
+  fmt::print("strobe fit: {} at step {}, epoch {} in {:.1f} s\n", how, s.global_step, s.epoch, seconds);
+  std::string metrics;
+  for (const auto& kv : t.metrics()) metrics += fmt::format(" {}={:.6g}", kv.first, kv.second);
+  if (!metrics.empty()) fmt::print("  final metrics:{}\n", metrics);
+  for (const auto& cb : run.callbacks) {
+    if (cb->name() != "model_checkpoint") continue;
+    auto st = cb->state_dict();
+    const std::string best = st.value("best_path", "");
+    const std::string monitor = st.value("monitor", "");
+    if (best.empty() || !std::filesystem::exists(best)) continue;
+    if (monitor.empty()) {
+      fmt::print("  latest checkpoint: {}\n", best);
+    } else {
+      double score = st["best_k"].value(best, 0.0);
+      fmt::print("  best checkpoint: {} ({}={:.6g})\n", best, monitor, score);
+    }
+  }
+  if (std::filesystem::exists(run.run_dir + "/checkpoints/last.ckpt"))
+    fmt::print("  last checkpoint: {}/checkpoints/last.ckpt\n", run.run_dir);
+  fmt::print("  run directory: {}\n", run.run_dir);
+  std::fflush(stdout);
+}
+
+int run_command(const std::string& command, const Common& c, Progress& progress) {
   auto doc = strobe::config::Document::load_file(c.config);
   for (const auto& s : c.sets) doc.apply_override(s);
   strobe::RunOptions opt;
@@ -51,15 +107,24 @@ int run_command(const std::string& command, const Common& c) {
     strobe::checkpoint::load_checkpoint_file(c.ckpt);
   }
   auto run = strobe::build_run(doc, opt);
+  progress.built = true;
+  progress.device = run->trainer->device().str();
+  const YAML::Node bs = run->experiment.data.node()["batch_size"];
+  progress.batch_size = bs.IsScalar() ? bs.Scalar() : "?";
   std::optional<std::string> ckpt;
   if (!c.ckpt.empty()) ckpt = c.ckpt;
   if (command == "fit") {
     fmt::print("strobe fit: run directory {} (device {})\n", run->run_dir, run->trainer->device().str());
     std::fflush(stdout);
-    return run->trainer->fit(ckpt);
+    const auto t0 = std::chrono::steady_clock::now();
+    const int rc = run->trainer->fit(ckpt);
+    print_fit_summary(*run, rc, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    return rc;
   }
   int rc = command == "validate" ? run->trainer->validate(ckpt) : run->trainer->test(ckpt);
   run->trainer->drain_metrics();
+  fmt::print("strobe {}: checkpoint {} (step {}, epoch {})\n", command, c.ckpt, run->trainer->state().global_step,
+             run->trainer->state().epoch);
   const std::string prefix = command == "validate" ? "val/" : "test/";
   for (const auto& kv : run->trainer->metrics())
     if (kv.first.rfind(prefix, 0) == 0) fmt::print("{:<24} {:.6f}\n", kv.first, kv.second);
@@ -100,6 +165,7 @@ int run_replay(const ReplayArgs& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  strobe::signals::install();
   CLI::App app{"Strobe: Lightning-style training in C++ on libtorch"};
   app.require_subcommand(0, 1);
   app.set_version_flag("--version", [] { return version_string(); });
@@ -133,10 +199,33 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string command = app.get_subcommands().front()->get_name();
+  if (command == "fit" && strobe::signals::sigint_inherited_ignored())
+    fmt::print(stderr, "strobe fit: SIGINT is ignored (inherited from the parent process); stop the run with SIGTERM\n");
   const Common& c = command == "fit" ? fit_c : command == "validate" ? val_c : test_c;
+  Progress progress;
+  // Out of memory: one line naming what to lower. Exit 1: the input was accepted, the run started and
+  // this machine could not hold it (a batch that cannot fit at all is refused at setup with exit 2).
+  auto out_of_memory = [&](const std::string& what) {
+    if (!progress.built) {
+      fmt::print(stderr, "strobe: out of memory while building the model and data ({}); use a smaller model (model.*) or dataset\n",
+                 first_line(what));
+    } else {
+      fmt::print(stderr, "strobe: out of memory on {} ({}); lower data.batch_size (now {}), or keep the effective batch "
+                 "with trainer.accumulate_grad_batches, or use trainer.precision: bf16-mixed\n",
+                 progress.device, first_line(what), progress.batch_size);
+    }
+    return 1;
+  };
   try {
     if (command == "replay") return run_replay(replay_a);
-    return run_command(command, c);
+    return run_command(command, c, progress);
+  } catch (const strobe::RunDirError& e) {
+    fmt::print(stderr, "strobe: run directory error: {}\n", e.what());
+    return 2;
+  } catch (const c10::OutOfMemoryError& e) {
+    return out_of_memory(e.what_without_backtrace());
+  } catch (const std::bad_alloc& e) {
+    return out_of_memory(e.what());
   } catch (const strobe::config::ConfigError& e) {
     fmt::print(stderr, "strobe: config error: {}\n", e.what());
     return 2;
@@ -147,10 +236,15 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "strobe: data error: {}\n", e.what());
     return 2;
   } catch (const c10::Error& e) {
-    fmt::print(stderr, "strobe: error: {}\n", e.what_without_backtrace());
+    const std::string what = e.what_without_backtrace();
+    // libtorch's CPU allocator reports a failed allocation as a plain c10::Error.
+    if (is_allocation_failure(what)) return out_of_memory(what);
+    fmt::print(stderr, "strobe: error: {}\n", what);
     return 1;
   } catch (const std::exception& e) {
-    fmt::print(stderr, "strobe: error: {}\n", e.what());
+    const std::string what = e.what();
+    if (is_allocation_failure(what)) return out_of_memory(what);
+    fmt::print(stderr, "strobe: error: {}\n", what);
     return 1;
   }
 }

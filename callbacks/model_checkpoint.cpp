@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include "framework/checkpoint/checkpoint_io.h"
 #include "framework/core/callback.h"
 #include "framework/core/trainer.h"
 
@@ -22,6 +23,13 @@ class ModelCheckpoint : public Callback {
                   int64_t every_n_epochs, std::string dirpath)
       : monitor_(std::move(monitor)), mode_(std::move(mode)), top_k_(top_k), save_last_(save_last),
         every_n_steps_(every_n_steps), every_n_epochs_(every_n_epochs), dirpath_(std::move(dirpath)) {}
+
+  void on_fit_start(Trainer& t, Module&) override {
+    if (!enabled(t)) return;
+    auto stale = checkpoint::remove_stale_temp_files(dir(t));
+    if (!stale.empty())
+      fmt::print(stderr, "strobe: removed {} partial checkpoint(s) a killed writer left in {}\n", stale.size(), dir(t));
+  }
 
   void on_train_batch_end(Trainer& t, Module&, const torch::Tensor&, const Batch&, int64_t) override {
     if (!enabled(t) || every_n_steps_ <= 0) return;
@@ -59,7 +67,7 @@ class ModelCheckpoint : public Callback {
   }
 
   nlohmann::json state_dict() const override {
-    return {{"best_k", best_k_}, {"best_path", best_path_}, {"last_step_saved", last_step_saved_}};
+    return {{"best_k", best_k_}, {"best_path", best_path_}, {"last_step_saved", last_step_saved_}, {"monitor", monitor_}};
   }
   void load_state_dict(const nlohmann::json& s) override {
     best_k_ = s.at("best_k").get<std::map<std::string, double>>();
@@ -97,7 +105,7 @@ class ModelCheckpoint : public Callback {
       std::filesystem::remove(worst->first, ec);
       best_k_.erase(worst);
     }
-    t.save_checkpoint(path);
+    save(t, path);
     best_k_[path] = score;
     auto best = best_k_.begin();
     for (auto it = best_k_.begin(); it != best_k_.end(); ++it)
@@ -108,7 +116,14 @@ class ModelCheckpoint : public Callback {
   void save_last(Trainer& t) {
     if (!save_last_ || t.state().global_step == last_step_saved_) return;
     last_step_saved_ = t.state().global_step;
-    t.save_checkpoint(dir(t) + "/last.ckpt");
+    save(t, dir(t) + "/last.ckpt");
+  }
+
+  // Every logged row up to this step reaches metrics.csv and the TensorBoard file before the
+  // checkpoint exists: after a crash, the logs cover at least everything the checkpoint resumes from.
+  static void save(Trainer& t, const std::string& path) {
+    t.drain_metrics();
+    t.save_checkpoint(path);
   }
 
   std::string monitor_, mode_;

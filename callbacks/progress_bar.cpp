@@ -1,9 +1,16 @@
 // progress_bar: epoch, batch, it/s, ETA and the latest loss. On a terminal one line redrawn in place
-// (at most 10 times a second); otherwise one plain line per log interval. Values come from the
-// trainer's delivered metrics, so drawing never waits for the device.
+// (at most 10 times a second), fitted to the terminal's width (a line that wraps cannot be redrawn
+// and floods the screen): the bar shrinks, then the least useful fields go. Otherwise one plain line
+// per log interval. Epochs are 0-based everywhere (bar, validation line, metrics.csv, checkpoint
+// names), as in Lightning: "Epoch 0/1" is the first of two. Values come from the trainer's delivered
+// metrics, so drawing never waits for the device.
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
+
+#include <vector>
 
 #include <fmt/format.h>
 #include <torch/torch.h>
@@ -13,6 +20,17 @@
 
 namespace strobe {
 namespace {
+
+// Columns of the terminal on stdout; $COLUMNS when stdout is not one (or reports 0); else 80.
+int terminal_width() {
+  struct winsize ws {};
+  if (::ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0) return ws.ws_col;
+  if (const char* c = std::getenv("COLUMNS")) {
+    const int n = std::atoi(c);
+    if (n > 0) return n;
+  }
+  return 80;
+}
 
 std::string hms(double s) {
   if (!std::isfinite(s) || s < 0) return "--:--";
@@ -72,18 +90,41 @@ class ProgressBar : public Callback {
         break;
       }
     }
-    std::string epochs = t.config().max_epochs >= 0 ? fmt::format("{}/{}", s.epoch + 1, t.config().max_epochs)
-                                                    : fmt::format("{}", s.epoch + 1);
+    std::string epochs = t.config().max_epochs >= 0 ? fmt::format("{}/{}", s.epoch, t.config().max_epochs - 1)
+                                                    : fmt::format("{}", s.epoch);
     if (tty_) {
-      const int width = 24;
-      int filled = n > 0 ? static_cast<int>(width * s.batch_in_epoch / n) : 0;
-      fmt::print("\rEpoch {} [{}{}] {}/{} step {} {:.2f}it/s ETA {}{}\x1b[K", epochs, std::string(filled, '='),
-                 std::string(width - filled, ' '), s.batch_in_epoch, n, s.global_step, rate, hms(eta), loss);
+      fmt::print("\r{}\x1b[K", fit_line(epochs, s.batch_in_epoch, n, s.global_step, rate, hms(eta), loss, terminal_width()));
     } else {
       fmt::print("epoch {} batch {}/{} step {} {:.2f}it/s ETA {}{}\n", epochs, s.batch_in_epoch, n, s.global_step, rate,
                  hms(eta), loss);
     }
     std::fflush(stdout);
+  }
+
+  // The redrawn line in at most width - 1 columns (the last column would wrap on some terminals).
+  static std::string fit_line(const std::string& epochs, int64_t batch, int64_t n, int64_t step, double rate,
+                              const std::string& eta, const std::string& loss, int width) {
+    const size_t room = static_cast<size_t>(std::max(width - 1, 10));
+    // Fields by importance; the bar takes what is left, 24 columns at most, none under 6.
+    std::vector<std::string> fields = {fmt::format("Epoch {}", epochs), fmt::format("{}/{}", batch, n), loss.empty() ? "" : loss.substr(1),
+                                       fmt::format("ETA {}", eta), fmt::format("{:.2f}it/s", rate),
+                                       fmt::format("step {}", step)};
+    auto join = [&](size_t count, int bar) {
+      std::string out = fields[0];
+      if (bar > 0) {
+        const int filled = n > 0 ? static_cast<int>(bar * batch / n) : 0;
+        out += " [" + std::string(filled, '=') + std::string(bar - filled, ' ') + "]";
+      }
+      for (size_t i = 1; i < count; ++i)
+        if (!fields[i].empty()) out += " " + fields[i];
+      return out;
+    };
+    for (size_t count = fields.size(); count >= 1; --count) {
+      const size_t bare = join(count, 0).size();
+      if (bare + 3 + 6 <= room) return join(count, static_cast<int>(std::min<size_t>(24, room - bare - 3)));
+      if (bare <= room && count <= 3) return join(count, 0);
+    }
+    return join(1, 0).substr(0, room);
   }
 
   bool tty_;

@@ -70,7 +70,9 @@ std::shared_ptr<DataModule> make_fashion_mnist(config::Section& cfg, const DataC
   if (val_size > 0)
     val = std::make_shared<IdxImageDataset>(train_img.narrow(0, n_train, val_size), train_lbl.narrow(0, n_train, val_size), false);
   auto test = std::make_shared<IdxImageDataset>(test_img, test_lbl, false);
-  return std::make_shared<DatasetDataModule>(train, val, test, stack_collate, opt);
+  auto dm = std::make_shared<DatasetDataModule>(train, val, test, stack_collate, opt);
+  dm->set_info({10, "", 1, "", train_img.size(1), ""});
+  return dm;
 }
 
 STROBE_REGISTER(data_registry(), "fashion_mnist", make_fashion_mnist);

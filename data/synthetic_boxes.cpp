@@ -79,7 +79,12 @@ std::shared_ptr<DataModule> make_synthetic_boxes(config::Section& cfg, const Dat
   std::shared_ptr<Dataset> val;
   if (num_val > 0) val = std::make_shared<SyntheticBoxes>(num_val, image_size, max_boxes, 1);
   auto test = std::make_shared<SyntheticBoxes>(std::max<int64_t>(num_val, 1), image_size, max_boxes, 2);
-  return std::make_shared<DatasetDataModule>(train, val, test, stack_collate, opt);
+  auto dm = std::make_shared<DatasetDataModule>(train, val, test, stack_collate, opt);
+  DataInfo info;
+  info.channels = 1;
+  info.image_size = image_size, info.image_size_key = "image_size";
+  dm->set_info(info);
+  return dm;
 }
 
 STROBE_REGISTER(data_registry(), "synthetic_boxes", make_synthetic_boxes);

@@ -44,7 +44,12 @@ std::shared_ptr<DataModule> make_synthetic_tokens(config::Section& cfg, const Da
   std::shared_ptr<Dataset> val;
   if (num_val > 0) val = std::make_shared<SyntheticTokens>(num_val, vocab, max_len, 1);
   auto test = std::make_shared<SyntheticTokens>(std::max<int64_t>(num_val, 1), vocab, max_len, 2);
-  return std::make_shared<DatasetDataModule>(train, val, test, make_token_collate(collate, max_len), opt);
+  auto dm = std::make_shared<DatasetDataModule>(train, val, test, make_token_collate(collate, max_len), opt);
+  DataInfo info;
+  info.vocab_size = vocab, info.vocab_size_key = "vocab_size";
+  info.max_seq_len = max_len, info.max_seq_len_key = "max_seq_len";
+  dm->set_info(info);
+  return dm;
 }
 
 STROBE_REGISTER(data_registry(), "synthetic_tokens", make_synthetic_tokens);

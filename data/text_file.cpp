@@ -119,7 +119,12 @@ std::shared_ptr<DataModule> make_text_file(config::Section& cfg, const DataConte
   std::shared_ptr<Dataset> val;
   if (n_val > 0) val = std::make_shared<TextPieces>(bytes, val_pieces);
   auto test = std::make_shared<TextPieces>(bytes, n_val > 0 ? val_pieces : std::vector<std::pair<int64_t, int64_t>>{pieces.back()});
-  return std::make_shared<DatasetDataModule>(train, val, test, make_token_collate(collate, max_len), opt);
+  auto dm = std::make_shared<DatasetDataModule>(train, val, test, make_token_collate(collate, max_len), opt);
+  DataInfo info;
+  info.vocab_size = 256;  // byte-level tokens
+  info.max_seq_len = max_len, info.max_seq_len_key = "max_seq_len";
+  dm->set_info(info);
+  return dm;
 }
 
 STROBE_REGISTER(data_registry(), "text_file", make_text_file);

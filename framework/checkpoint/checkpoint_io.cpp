@@ -1,6 +1,7 @@
 #include "framework/checkpoint/checkpoint_io.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <array>
@@ -8,6 +9,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
+#include <regex>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -75,6 +78,44 @@ const torch::Tensor& CheckpointData::tensor(const std::string& k) const {
   return it->second;
 }
 
+namespace {
+
+void write_parts_atomic(const std::string& path, std::initializer_list<const std::string*> parts) {
+  namespace fs = std::filesystem;
+  fs::path target(path);
+  fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  std::error_code mk;
+  fs::create_directories(dir, mk);
+  if (mk) throw CheckpointError(fmt::format("{}: cannot create directory ({})", dir.string(), mk.message()));
+  fs::path tmp = dir / fmt::format(".{}.tmp.{}", target.filename().string(), ::getpid());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw CheckpointError(fmt::format("{}: cannot create ({})", tmp.string(), std::strerror(errno)));
+  size_t written = 0;
+  try {
+    for (const std::string* p : parts) write_all(fd, p->data(), p->size(), tmp.string(), written);
+    if (::fsync(fd) != 0) throw CheckpointError(fmt::format("{}: fsync failed ({})", tmp.string(), std::strerror(errno)));
+  } catch (...) {
+    ::close(fd);
+    std::error_code ec;
+    fs::remove(tmp, ec);
+    throw;
+  }
+  ::close(fd);
+  if (::rename(tmp.c_str(), target.c_str()) != 0) {
+    const int err = errno;
+    std::error_code ec;
+    fs::remove(tmp, ec);
+    throw CheckpointError(fmt::format("{}: rename failed ({})", path, std::strerror(err)));
+  }
+  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+}  // namespace
+
 void set_write_observer_for_testing(std::function<void(size_t)> observer) { g_write_observer = std::move(observer); }
 
 void save_checkpoint_file(const std::string& path, const CheckpointData& data) {
@@ -105,36 +146,27 @@ void save_checkpoint_file(const std::string& path, const CheckpointData& data) {
   put<uint32_t>(footer, crc32(payload.data(), payload.size()));
   footer.append(kEndMagic, 8);
 
+  write_parts_atomic(path, {&header, &payload, &footer});
+}
+
+void write_file_atomic(const std::string& path, const std::string& bytes) { write_parts_atomic(path, {&bytes}); }
+
+std::vector<std::string> remove_stale_temp_files(const std::string& dir) {
   namespace fs = std::filesystem;
-  fs::path target(path);
-  fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
-  fs::create_directories(dir);
-  fs::path tmp = dir / fmt::format(".{}.tmp.{}", target.filename().string(), ::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw CheckpointError(fmt::format("{}: cannot create ({})", tmp.string(), std::strerror(errno)));
-  size_t written = 0;
-  try {
-    write_all(fd, header.data(), header.size(), tmp.string(), written);
-    write_all(fd, payload.data(), payload.size(), tmp.string(), written);
-    write_all(fd, footer.data(), footer.size(), tmp.string(), written);
-    if (::fsync(fd) != 0) throw CheckpointError(fmt::format("{}: fsync failed ({})", tmp.string(), std::strerror(errno)));
-  } catch (...) {
-    ::close(fd);
-    std::error_code ec;
-    fs::remove(tmp, ec);
-    throw;
+  static const std::regex tmp_re(R"(^\..+\.tmp\.([0-9]+)$)");
+  std::vector<std::string> removed;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return removed;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    std::smatch m;
+    if (!std::regex_match(name, m, tmp_re) || !e.is_regular_file(ec)) continue;
+    const long pid = std::strtol(m[1].str().c_str(), nullptr, 10);
+    // A live writer other than this process may still rename its temp file into place.
+    if (pid != ::getpid() && pid > 0 && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM)) continue;
+    if (fs::remove(e.path(), ec)) removed.push_back(name);
   }
-  ::close(fd);
-  if (::rename(tmp.c_str(), target.c_str()) != 0) {
-    std::error_code ec;
-    fs::remove(tmp, ec);
-    throw CheckpointError(fmt::format("{}: rename failed ({})", path, std::strerror(errno)));
-  }
-  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
+  return removed;
 }
 
 CheckpointData load_checkpoint_file(const std::string& path) {

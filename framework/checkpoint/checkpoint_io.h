@@ -11,6 +11,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <vector>
 
 #include <torch/types.h>
 
@@ -33,6 +34,14 @@ struct CheckpointData {
 };
 
 void save_checkpoint_file(const std::string& path, const CheckpointData& data);
+
+// The same atomic write for any run file (config.yaml, metrics.csv): temp file ".<name>.tmp.<pid>"
+// beside `path`, fsync, rename, fsync of the directory. Throws CheckpointError naming the file.
+void write_file_atomic(const std::string& path, const std::string& bytes);
+
+// Removes the temp files (".<name>.tmp.<pid>") that a writer killed mid-write left in `dir`, skipping
+// those of a process that is still running; returns the names removed. Missing `dir`: nothing.
+std::vector<std::string> remove_stale_temp_files(const std::string& dir);
 CheckpointData load_checkpoint_file(const std::string& path);
 
 // Called with the number of bytes written so far while the temp file is written (tests use it to

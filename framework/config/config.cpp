@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <regex>
 #include <sstream>
@@ -34,6 +35,68 @@ std::string join(const std::vector<std::string>& v) {
 }
 
 bool is_null_node(const YAML::Node& n) { return !n.IsDefined() || n.IsNull(); }
+
+// A default written back into the document keeps its type when the resolved config is emitted and
+// read again: a double always has a '.' (yaml-cpp writes 1.0 as "1", which reads back as the
+// integer count 1), with the ".0e" form PyYAML needs for exponents; a string is tagged as a string
+// so that "32" stays a string.
+std::string float_text(double x) {
+  std::string s = fmt::format("{}", x);
+  auto e = s.find_first_of("eE");
+  if (s.find('.') == std::string::npos) {
+    if (e == std::string::npos)
+      s += ".0";
+    else
+      s.insert(e, ".0");
+  }
+  return s;
+}
+
+YAML::Node double_node(double x) { return YAML::Node(float_text(x)); }
+
+YAML::Node string_node(const std::string& v) {
+  YAML::Node n(v);
+  n.SetTag("!");
+  return n;
+}
+
+std::string parent_path(const std::string& p) {
+  auto cut = p.find_last_of(".[");
+  return cut == std::string::npos ? std::string() : p.substr(0, cut);
+}
+
+// "callbacks.0.patience" -> "callbacks[0].patience", the form Section paths use.
+std::string section_path(const std::vector<std::string>& parts) {
+  std::string out;
+  for (const auto& p : parts) {
+    if (!p.empty() && std::isdigit(static_cast<unsigned char>(p[0])))
+      out += "[" + p + "]";
+    else
+      out += (out.empty() ? "" : ".") + p;
+  }
+  return out;
+}
+
+// yaml-cpp keeps every entry of a mapping that repeats a key and lookups return the first, so a
+// repeated key would be silently ignored: refuse it, naming both lines.
+void check_duplicate_keys(const YAML::Node& n, const std::string& path, const std::string& source) {
+  if (n.IsMap()) {
+    std::map<std::string, YAML::Mark> seen;
+    for (auto it = n.begin(); it != n.end(); ++it) {
+      const std::string key = it->first.IsScalar() ? it->first.Scalar() : std::string();
+      const std::string kp = path.empty() ? key : path + "." + key;
+      auto [prev, fresh] = seen.emplace(key, it->first.Mark());
+      if (!fresh) {
+        const YAML::Mark m = it->first.Mark();
+        throw ConfigError(fmt::format("{}:{}:{}: {}: duplicate key (first defined at line {})", source, m.line + 1,
+                                      m.column + 1, kp, prev->second.line + 1));
+      }
+      check_duplicate_keys(it->second, kp, source);
+    }
+  } else if (n.IsSequence()) {
+    for (size_t i = 0; i < n.size(); ++i) check_duplicate_keys(n[i], fmt::format("{}[{}]", path, i), source);
+  }
+}
 
 const std::regex& int_re() {
   static const std::regex re(R"(^[-+]?(0|[1-9][0-9]*)$)");
@@ -78,21 +141,25 @@ std::string Section::key_path(const std::string& key) const {
 std::string Section::location(const std::string& key) const {
   std::string kp = key_path(key);
   // An override of this key or of any enclosing key explains the value.
-  for (std::string p = kp;;) {
+  for (std::string p = kp; !p.empty(); p = parent_path(p)) {
     auto it = source_->overrides.find(p);
     if (it != source_->overrides.end()) return it->second;
-    auto dot = p.rfind('.');
-    if (dot == std::string::npos) break;
-    p = p.substr(0, dot);
   }
   YAML::Mark mark = YAML::Mark::null_mark();
+  bool key_found = false;
   if (!key.empty() && node_.IsMap()) {
     for (auto it = node_.begin(); it != node_.end(); ++it) {
       if (it->first.Scalar() == key) {
         mark = it->first.Mark();
+        key_found = true;
         break;
       }
     }
+  }
+  if (key_found && mark.is_null()) {
+    // A key the file does not have was made by a --set of a key below it (--set foo.bar=3 makes foo).
+    for (const auto& [path, text] : source_->overrides)
+      if (path.rfind(kp + ".", 0) == 0 || path.rfind(kp + "[", 0) == 0) return text;
   }
   if (mark.is_null() && node_.IsDefined()) mark = node_.Mark();
   if (mark.is_null() || mark.line < 0) return source_->file;
@@ -159,7 +226,7 @@ int64_t Section::get_int(const std::string& key, int64_t def, int64_t min, int64
 double Section::get_double(const std::string& key, double def, double min, double max) {
   known_.insert(key);
   if (is_null(key)) {
-    node_[key] = def;
+    node_[key] = double_node(def);
     return def;
   }
   YAML::Node v = scalar(key, "a number");
@@ -176,7 +243,7 @@ double Section::get_double(const std::string& key, double def, double min, doubl
 std::string Section::get_string(const std::string& key, const std::string& def) {
   known_.insert(key);
   if (is_null(key)) {
-    node_[key] = def;
+    node_[key] = string_node(def);
     return def;
   }
   return scalar(key, "a string").Scalar();
@@ -231,7 +298,7 @@ CountOrFraction Section::get_count_or_fraction(const std::string& key, CountOrFr
     if (def.is_count)
       node_[key] = def.count;
     else
-      node_[key] = def.fraction;
+      node_[key] = double_node(def.fraction);
     return def;
   }
   const std::string& s = scalar(key, "an integer count or a fraction").Scalar();
@@ -298,16 +365,22 @@ Document Document::load_string(const std::string& text, const std::string& sourc
   } catch (const YAML::Exception& e) {
     throw ConfigError(fmt::format("{}:{}:{}: invalid YAML: {}", source_name, e.mark.line + 1, e.mark.column + 1, e.msg));
   }
-  if (d.root_.IsNull() || !d.root_.IsDefined()) d.root_ = YAML::Node(YAML::NodeType::Map);
+  if (d.root_.IsNull() || !d.root_.IsDefined())
+    throw ConfigError(fmt::format("{}: the config is empty (expected a mapping with at least 'model' and 'data')", source_name));
   if (!d.root_.IsMap()) throw ConfigError(fmt::format("{}:1:1: expected a mapping at the top level", source_name));
+  check_duplicate_keys(d.root_, "", source_name);
   return d;
 }
 
 Document Document::load_file(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw ConfigError(fmt::format("{}: is a directory, not a config file", path));
   std::ifstream in(path, std::ios::binary);
   if (!in) throw ConfigError(fmt::format("{}: cannot open config file ({})", path, std::strerror(errno)));
   std::stringstream ss;
   ss << in.rdbuf();
+  if (in.bad()) throw ConfigError(fmt::format("{}: cannot read config file ({})", path, std::strerror(errno)));
   return load_string(ss.str(), path);
 }
 
@@ -317,6 +390,9 @@ void Document::apply_override(const std::string& assignment) {
   if (eq == std::string::npos || eq == 0)
     throw ConfigError(fmt::format("{}: expected KEY=VALUE with a dotted key, e.g. trainer.max_steps=100", text));
   std::string key = assignment.substr(0, eq), value = assignment.substr(eq + 1);
+  // An empty value would parse as null, i.e. silently mean the default.
+  if (value.find_first_not_of(" \t") == std::string::npos)
+    throw ConfigError(fmt::format("{}: empty value (to reset a key to its default write {}=null)", text, key));
   static const std::regex key_re(R"(^[A-Za-z_][A-Za-z0-9_]*(\.([A-Za-z_][A-Za-z0-9_]*|[0-9]+))*$)");
   if (!std::regex_match(key, key_re))
     throw ConfigError(fmt::format("{}: '{}' is not a dotted key (expected e.g. trainer.max_steps)", text, key));
@@ -325,6 +401,13 @@ void Document::apply_override(const std::string& assignment) {
     parsed = YAML::Load(value);
   } catch (const YAML::Exception& e) {
     throw ConfigError(fmt::format("{}: value is not valid YAML: {}", text, e.msg));
+  }
+  try {
+    check_duplicate_keys(parsed, key, text);
+  } catch (const ConfigError& e) {
+    // The value's own positions mean nothing on a command line: name the --set only.
+    std::string what = e.what();
+    throw ConfigError(text + what.substr(what.find(": ", text.size() + 1)));
   }
   std::vector<std::string> parts;
   std::stringstream ks(key);
@@ -359,14 +442,70 @@ void Document::apply_override(const std::string& assignment) {
   } else {
     parent[parts.back()] = parsed;
   }
-  source_->overrides[key] = text;
+  source_->overrides[section_path(parts)] = text;
 }
 
 Section Document::root() { return Section(root_, "", source_); }
 
+namespace {
+
+// YAML 1.1 and 1.2 core-schema resolution of a plain scalar: what a reader (yaml-cpp, PyYAML,
+// ruamel) would take it for if it were written without quotes.
+bool plain_reads_as_non_string(const std::string& s) {
+  static const std::regex re(
+      R"(^(~|null|Null|NULL|y|Y|yes|Yes|YES|n|N|no|No|NO|true|True|TRUE|false|False|FALSE|on|On|ON|off|Off|OFF)$|)"
+      R"(^[-+]?(0|[1-9][0-9_]*|0[0-7]+|0o[0-7]+|0x[0-9a-fA-F]+|0b[01]+)$|)"
+      R"(^[-+]?(\.[0-9]+|[0-9][0-9_]*(\.[0-9_]*)?)([eE][-+]?[0-9]+)?$|)"
+      R"(^[-+]?\.(inf|Inf|INF)$|^\.(nan|NaN|NAN)$|^[0-9][0-9_]*(:[0-5]?[0-9])+(\.[0-9_]*)?$)");
+  return s.empty() || std::regex_match(s, re);
+}
+
+const std::regex& long_float_re() {
+  static const std::regex re(R"(^[-+]?[0-9]*\.[0-9]{15,}$)");
+  return re;
+}
+
+void emit_node(YAML::Emitter& out, const YAML::Node& n) {
+  switch (n.Type()) {
+    case YAML::NodeType::Map:
+      if (n.Style() == YAML::EmitterStyle::Flow || n.size() == 0) out << YAML::Flow;
+      out << YAML::BeginMap;
+      for (auto it = n.begin(); it != n.end(); ++it) {
+        out << YAML::Key;
+        emit_node(out, it->first);
+        out << YAML::Value;
+        emit_node(out, it->second);
+      }
+      out << YAML::EndMap;
+      break;
+    case YAML::NodeType::Sequence:
+      if (n.Style() == YAML::EmitterStyle::Flow || n.size() == 0) out << YAML::Flow;
+      out << YAML::BeginSeq;
+      for (const auto& e : n) emit_node(out, e);
+      out << YAML::EndSeq;
+      break;
+    case YAML::NodeType::Scalar:
+      // A quoted scalar in the file (tag "!") or a string default stays a string: quoted when its
+      // text would otherwise read as a number, a boolean or null ("32", "1.0", "yes").
+      if (n.Tag() == "!" && plain_reads_as_non_string(n.Scalar()))
+        out << YAML::DoubleQuoted << n.Scalar();
+      else if (n.Tag().empty() && std::regex_match(n.Scalar(), long_float_re()))
+        // A double a component stored with yaml-cpp's 17 digits (0.90000000000000002): the shortest
+        // text that reads back as the same double.
+        out << float_text(std::strtod(n.Scalar().c_str(), nullptr));
+      else
+        out << n.Scalar();
+      break;
+    default:
+      out << YAML::Null;
+  }
+}
+
+}  // namespace
+
 std::string Document::emit() const {
   YAML::Emitter out;
-  out << root_;
+  emit_node(out, root_);
   return std::string(out.c_str()) + "\n";
 }
 

@@ -26,9 +26,28 @@ struct DataContext {
   bool pin_memory = false;  // true when training on CUDA
 };
 
+// What a data module knows about its samples, checked against the model's keys at setup so that a
+// mismatch is a config error naming both keys instead of an index error in the first step.
+// 0 = not known / not applicable. `*_key` names the data key that sets the value ("" when the
+// dataset fixes it, as Fashion-MNIST fixes 10 classes of 1-channel 28x28 images).
+struct DataInfo {
+  int64_t num_classes = 0;  // labels lie in [0, num_classes)
+  std::string num_classes_key;
+  int64_t channels = 0;  // images are [channels, image_size, image_size]
+  std::string channels_key;
+  int64_t image_size = 0;
+  std::string image_size_key;
+  int64_t vocab_size = 0;  // token ids lie in [0, vocab_size)
+  std::string vocab_size_key;
+  int64_t max_seq_len = 0;  // sequences are at most this long
+  std::string max_seq_len_key;
+};
+
 class DataModule {
  public:
   virtual ~DataModule() = default;
+  virtual DataInfo info() const { return info_; }
+  void set_info(DataInfo info) { info_ = std::move(info); }
   virtual void setup(Stage /*stage*/) {}
   virtual std::shared_ptr<data::DataLoader> train_loader() { return nullptr; }
   virtual std::shared_ptr<data::DataLoader> val_loader() { return nullptr; }
@@ -44,6 +63,7 @@ class DataModule {
 
  private:
   std::optional<Batch> injected_;
+  DataInfo info_;
 };
 
 // The usual case: one dataset per stage, one collate function, one set of loader options.

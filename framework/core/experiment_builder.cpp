@@ -1,10 +1,17 @@
 #include "framework/core/experiment_builder.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 
 #include <fmt/format.h>
 #include <torch/torch.h>
+
+#include "framework/checkpoint/checkpoint_io.h"
 
 namespace strobe {
 
@@ -13,8 +20,9 @@ namespace fs = std::filesystem;
 std::string next_version_dir(const std::string& root, const std::string& name) {
   fs::path base = fs::path(root) / name;
   int64_t next = 0;
-  if (fs::is_directory(base)) {
-    for (const auto& e : fs::directory_iterator(base)) {
+  std::error_code ec;
+  if (fs::is_directory(base, ec)) {
+    for (const auto& e : fs::directory_iterator(base, ec)) {
       std::string n = e.path().filename().string();
       if (n.rfind("version_", 0) == 0) {
         try {
@@ -28,18 +36,197 @@ std::string next_version_dir(const std::string& root, const std::string& name) {
 }
 
 namespace {
+
+std::string human_bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  int u = 0;
+  while (b >= 1024.0 && u < 5) b /= 1024.0, ++u;
+  return fmt::format("{:.1f} {}", b, units[u]);
+}
+
 // A callback with all its defaults, as if the config had listed `- name: <name>`.
 std::shared_ptr<Callback> default_callback(const std::string& name) {
   auto doc = config::Document::load_string("name: " + name + "\n", "<default " + name + ">");
   auto section = doc.root();
   return callback_registry().create(section, "");
 }
+
+// The run directory must be creatable and writable; checked by creating it and a probe file, then
+// removing what the check created, so that a run refused later leaves no empty version directory.
+void check_run_dir(const std::string& dir, const std::string& origin) {
+  std::error_code ec;
+  const fs::path p(dir);
+  if (fs::exists(p, ec) && !fs::is_directory(p, ec))
+    throw RunDirError(fmt::format("{} {}: exists and is not a directory", origin, dir));
+  fs::path top;  // the outermost directory this check creates
+  for (fs::path q = fs::absolute(p, ec); !q.empty() && !fs::exists(q, ec); q = q.parent_path()) {
+    top = q;
+    if (q == q.parent_path()) break;
+  }
+  fs::create_directories(p, ec);
+  if (ec) throw RunDirError(fmt::format("{} {}: cannot create the run directory ({})", origin, dir, ec.message()));
+  const fs::path probe = p / fmt::format(".write-probe.tmp.{}", ::getpid());
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const int err = errno;
+  if (fd >= 0) {
+    ::close(fd);
+    ::unlink(probe.c_str());
+  }
+  if (!top.empty()) fs::remove_all(top, ec);
+  if (fd < 0) throw RunDirError(fmt::format("{} {}: the run directory is not writable ({})", origin, dir, std::strerror(err)));
+}
+
+// save_config: writes the resolved config to <run_dir>/config.yaml when fit starts — after a
+// checkpoint to resume from has loaded, so a refused resume leaves the run's files as they were —
+// atomically (a crash never leaves half a config), as LightningCLI's SaveConfigCallback does. It
+// also removes temp files that a writer killed mid-write left in the run directory.
+class SaveConfig : public Callback {
+ public:
+  // `yaml` is filled in once every component has read its keys (after the trainer's setup).
+  explicit SaveConfig(std::shared_ptr<const std::string> yaml) : yaml_(std::move(yaml)) {}
+  std::string name() const override { return "save_config"; }
+  void on_fit_start(Trainer& t, Module&) override {
+    if (t.run_dir().empty()) return;
+    std::error_code ec;
+    fs::create_directories(t.run_dir(), ec);
+    if (ec) throw RunDirError(fmt::format("{}: cannot create the run directory ({})", t.run_dir(), ec.message()));
+    auto stale = checkpoint::remove_stale_temp_files(t.run_dir());
+    if (!stale.empty())
+      fmt::print(stderr, "strobe: removed {} temp file(s) a killed writer left in {}\n", stale.size(), t.run_dir());
+    try {
+      checkpoint::write_file_atomic(t.run_dir() + "/config.yaml", *yaml_);
+    } catch (const checkpoint::CheckpointError& e) {
+      throw RunDirError(e.what());
+    }
+  }
+
+ private:
+  std::shared_ptr<const std::string> yaml_;
+};
+
+std::optional<int64_t> model_int(config::Section& model, const std::string& key) {
+  if (!model.has(key) || model.is_null(key)) return std::nullopt;
+  const YAML::Node n = model.node()[key];
+  if (!n.IsScalar()) return std::nullopt;
+  static const std::regex int_re(R"(^[0-9]+$)");
+  if (!std::regex_match(n.Scalar(), int_re)) return std::nullopt;
+  return std::stoll(n.Scalar());
+}
+
+// "data.num_classes is 10" or "data 'fashion_mnist' has 10 classes".
+std::string data_says(const std::string& data_name, const std::string& key, int64_t value, const std::string& noun) {
+  if (!key.empty()) return fmt::format("data.{} is {}", key, value);
+  return fmt::format("data '{}' has {} {}", data_name, value, noun);
+}
+
+// The estimated bytes of one training batch (from the first sample) times the batches the loader
+// holds at once, against the memory left: a batch that cannot fit is refused before any allocation,
+// instead of the kernel's OOM killer ending the process without a word.
+void check_batch_memory(config::Section& data_cfg, DataModule& dm, uint64_t seed) {
+  auto loader = dm.train_loader();
+  if (!loader || loader->dataset().size() == 0) return;
+  const auto& o = loader->options();
+  at::Generator gen = data::sample_generator(seed, 0, 0);
+  Sample s = loader->dataset().get(0, gen);
+  double sample_bytes = 0;
+  for (const auto& kv : s) sample_bytes += static_cast<double>(kv.second.nbytes());
+  const int64_t per_batch = std::min(o.batch_size, loader->dataset().size());
+  const double batch_bytes = sample_bytes * static_cast<double>(per_batch);
+  // Batches queued by the workers, the one being collated (its samples and the stacked batch) and
+  // the one in use.
+  const int64_t held = std::max<int64_t>(1, o.num_workers * o.prefetch_factor) + 3;
+  const double need = batch_bytes * static_cast<double>(held);
+  const double avail = static_cast<double>(available_memory_bytes());
+  if (need > avail)
+    data_cfg.fail("batch_size",
+                  fmt::format("{} samples of {} make a {} batch and the loader holds about {} of them ({} in all), "
+                              "but only {} of memory is available; lower data.batch_size (or data.num_workers, "
+                              "data.prefetch_factor)",
+                              o.batch_size, human_bytes(sample_bytes), human_bytes(batch_bytes), held, human_bytes(need),
+                              human_bytes(avail)));
+}
+
 }  // namespace
+
+uint64_t available_memory_bytes() {
+  uint64_t avail = UINT64_MAX;
+  {
+    std::ifstream in("/proc/meminfo");
+    for (std::string key; in >> key;) {
+      uint64_t kb = 0;
+      in >> kb;
+      if (key == "MemAvailable:") {
+        avail = kb * 1024;
+        break;
+      }
+      in.ignore(256, '\n');
+    }
+  }
+  // cgroup v2: the limit of this process's group minus what the group already uses.
+  std::ifstream cg("/proc/self/cgroup");
+  std::string line, rel;
+  while (std::getline(cg, line))
+    if (line.rfind("0::", 0) == 0) rel = line.substr(3);
+  if (!rel.empty()) {
+    const fs::path dir = fs::path("/sys/fs/cgroup") / fs::path(rel).relative_path();
+    std::ifstream max_in(dir / "memory.max"), cur_in(dir / "memory.current");
+    std::string max_s;
+    uint64_t cur = 0;
+    if (max_in >> max_s && max_s != "max" && cur_in >> cur) {
+      const uint64_t lim = std::stoull(max_s);
+      avail = std::min(avail, lim > cur ? lim - cur : 0);
+    }
+  }
+  return avail;
+}
+
+void check_data_fits_model(config::Section& model, const std::string& data_name, const DataInfo& d) {
+  if (auto nc = model_int(model, "num_classes"); nc && d.num_classes > 0 && *nc < d.num_classes)
+    model.fail("num_classes", fmt::format("{} classes, but {} (labels up to {} would be out of range)", *nc,
+                                          data_says(data_name, d.num_classes_key, d.num_classes, "classes"),
+                                          d.num_classes - 1));
+  if (auto ch = model_int(model, "in_channels"); ch && d.channels > 0 && *ch != d.channels)
+    model.fail("in_channels", fmt::format("{} input channels, but {}", *ch,
+                                          data_says(data_name, d.channels_key, d.channels, "image channels")));
+  for (const char* key : {"image_size", "img_size"})
+    if (auto sz = model_int(model, key); sz && d.image_size > 0 && *sz != d.image_size)
+      model.fail(key, fmt::format("{} pixels, but {}", *sz,
+                                  data_says(data_name, d.image_size_key, d.image_size, "pixels per side")));
+  if (auto f = model_int(model, "in_features"); f && d.channels > 0 && d.image_size > 0) {
+    const int64_t n = d.channels * d.image_size * d.image_size;
+    if (*f != n)
+      model.fail("in_features",
+                 fmt::format("{}, but the data's images flatten to {} x {} x {} = {} ({}, {})", *f, d.channels, d.image_size,
+                             d.image_size, n, data_says(data_name, d.channels_key, d.channels, "channels"),
+                             data_says(data_name, d.image_size_key, d.image_size, "pixels per side")));
+  }
+  if (auto v = model_int(model, "vocab_size"); v && d.vocab_size > 0 && *v < d.vocab_size)
+    model.fail("vocab_size", fmt::format("{} tokens, but {} (token ids up to {} would be out of range)", *v,
+                                         data_says(data_name, d.vocab_size_key, d.vocab_size, "token ids"),
+                                         d.vocab_size - 1));
+  if (auto l = model_int(model, "max_seq_len"); l && d.max_seq_len > 0 && *l < d.max_seq_len)
+    model.fail("max_seq_len", fmt::format("{} positions, but {} (longer sequences have no position embedding)", *l,
+                                          data_says(data_name, d.max_seq_len_key, d.max_seq_len, "positions")));
+}
 
 std::unique_ptr<Run> build_run(config::Document& doc, const RunOptions& options) {
   auto run = std::make_unique<Run>();
   run->experiment = config::parse_experiment(doc);
   auto& exp = run->experiment;
+
+  if (options.create_run_dir) {
+    std::string origin;
+    if (options.run_dir) {
+      run->run_dir = *options.run_dir, origin = "--run-dir";
+    } else if (options.ckpt && options.stage == Stage::Fit) {
+      fs::path ck = fs::absolute(*options.ckpt);
+      if (ck.parent_path().filename() == "checkpoints" && fs::exists(ck.parent_path().parent_path() / "config.yaml"))
+        run->run_dir = ck.parent_path().parent_path().string(), origin = "the run directory of --ckpt,";
+    }
+    if (run->run_dir.empty())
+      run->run_dir = next_version_dir(exp.trainer.default_root_dir, exp.name), origin = "trainer.default_root_dir:";
+    check_run_dir(run->run_dir, origin);
+  }
 
   DataContext ctx;
   ctx.seed = static_cast<uint64_t>(exp.seed);
@@ -54,7 +241,9 @@ std::unique_ptr<Run> build_run(config::Document& doc, const RunOptions& options)
   // run's initialization depends only on `seed`.
   torch::manual_seed(static_cast<uint64_t>(exp.seed));
   run->datamodule = data_registry().create(exp.data, "", ctx);
+  if (options.stage == Stage::Fit) check_batch_memory(exp.data, *run->datamodule, ctx.seed);
   auto model = model_registry().create(exp.model, "");
+  check_data_fits_model(exp.model, exp.data.node()["name"].Scalar(), run->datamodule->info());
   run->module = task_registry().create(exp.task, model->default_task(), model);
 
   bool has_progress = false, has_checkpoint = false;
@@ -70,25 +259,14 @@ std::unique_ptr<Run> build_run(config::Document& doc, const RunOptions& options)
   if (exp.trainer.enable_progress_bar && !has_progress && options.stage == Stage::Fit)
     run->callbacks.push_back(default_callback("progress_bar"));
 
-  if (options.create_run_dir) {
-    if (options.run_dir) {
-      run->run_dir = *options.run_dir;
-    } else if (options.ckpt && options.stage == Stage::Fit) {
-      fs::path ck = fs::absolute(*options.ckpt);
-      if (ck.parent_path().filename() == "checkpoints" && fs::exists(ck.parent_path().parent_path() / "config.yaml"))
-        run->run_dir = ck.parent_path().parent_path().string();
-    }
-    if (run->run_dir.empty()) run->run_dir = next_version_dir(exp.trainer.default_root_dir, exp.name);
-  }
+  auto resolved = std::make_shared<std::string>();
+  if (!run->run_dir.empty()) run->callbacks.push_back(std::make_shared<SaveConfig>(resolved));
 
   run->trainer = std::make_unique<Trainer>(exp, "", run->module, run->datamodule, run->callbacks, run->run_dir);
   if (options.stage == Stage::Fit) run->trainer->setup_for_fit();  // reads optimizer/scheduler keys
   run->resolved_yaml = doc.emit();
+  *resolved = run->resolved_yaml;
   run->trainer->set_resolved_config(run->resolved_yaml);
-  if (!run->run_dir.empty()) {
-    fs::create_directories(run->run_dir);
-    std::ofstream(fs::path(run->run_dir) / "config.yaml") << run->resolved_yaml;
-  }
   return run;
 }
 

@@ -12,6 +12,12 @@
 
 namespace strobe {
 
+// The run directory cannot be created or written (read-only file system, a path through a file):
+// a usage error, reported before any work starts.
+struct RunDirError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 struct Run {
   config::Experiment experiment;
   std::shared_ptr<Module> module;
@@ -29,8 +35,19 @@ struct RunOptions {
   bool create_run_dir = true;           // false: no files at all (tests, validate/test)
 };
 
-// Throws config::ConfigError for any bad key; writes <run_dir>/config.yaml when it creates the run dir.
+// Throws config::ConfigError for any bad key and for data that does not fit the model (classes,
+// channels, image size, vocabulary, sequence length: both keys named) or a batch that cannot fit in
+// the memory available; RunDirError when the run directory cannot be written. Nothing is written
+// here: fit writes <run_dir>/config.yaml (atomically) once the run starts, i.e. after a checkpoint
+// to resume from has loaded, and removes temp files a killed writer left in the run directory.
 std::unique_ptr<Run> build_run(config::Document& doc, const RunOptions& options);
+
+// Checks the model's resolved keys (num_classes, in_channels, image_size/img_size, in_features,
+// vocab_size, max_seq_len) against what the data provides; throws config::ConfigError.
+void check_data_fits_model(config::Section& model, const std::string& data_name, const DataInfo& data);
+
+// Bytes of memory this process can still allocate: MemAvailable, bounded by the cgroup's limit.
+uint64_t available_memory_bytes();
 
 // <default_root_dir>/<name>/version_<n> with the next free n.
 std::string next_version_dir(const std::string& root, const std::string& name);

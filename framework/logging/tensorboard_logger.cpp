@@ -18,12 +18,14 @@ void flatten(const YAML::Node& n, const std::string& prefix, std::vector<std::pa
 }
 }  // namespace
 
-TensorBoardLogger::TensorBoardLogger(const std::string& log_dir, const std::string& yaml)
+TensorBoardLogger::TensorBoardLogger(const std::string& log_dir, const std::string& yaml, int64_t resumed_from_step)
     : writer_(std::make_unique<tensorboard::EventFileWriter>(log_dir)) {
+  if (resumed_from_step >= 0) writer_->add_session_start(resumed_from_step + 1);
   std::vector<std::pair<std::string, std::string>> hp;
   if (!yaml.empty()) flatten(YAML::Load(yaml), "", hp);
   writer_->add_hparams(hp);
   writer_->flush();
+  writer_->set_flush_interval(kFlushSeconds);
 }
 
 TensorBoardLogger::~TensorBoardLogger() {

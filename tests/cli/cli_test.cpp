@@ -8,43 +8,9 @@
 #include <chrono>
 #include <thread>
 
-#include "tests/trainer/trainer_test_util.h"
+#include "tests/cli/cli_test_util.h"
 
 using namespace strobe::testing;
-
-namespace {
-
-struct Result {
-  int code;
-  std::string out, err;
-};
-
-std::string bin() {
-  const char* b = std::getenv("STROBE_BIN");
-  return b ? b : "bin/strobe";
-}
-
-std::string slurp(const std::string& p) {
-  std::ifstream in(p);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-Result strobe_cmd(const std::string& args) {
-  std::string dir = temp_dir("cli");
-  std::string cmd = bin() + " " + args + " > " + dir + "/out 2> " + dir + "/err";
-  int rc = std::system(cmd.c_str());
-  return {WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, slurp(dir + "/out"), slurp(dir + "/err")};
-}
-
-std::string write_config(const std::string& yaml) {
-  std::string p = temp_dir("cfg") + "/exp.yaml";
-  std::ofstream(p) << yaml;
-  return p;
-}
-
-int count_lines(const std::string& s) { return static_cast<int>(std::count(s.begin(), s.end(), '\n')); }
-
-}  // namespace
 
 TEST(Cli, VersionAndHelp) {
   auto r = strobe_cmd("--version");

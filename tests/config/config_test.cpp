@@ -2,9 +2,16 @@
 // input (unknown key with did-you-mean, wrong type, out of range, missing file, bad --set syntax).
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
+#include <map>
+#include <regex>
+
+#include <fmt/format.h>
 
 #include "framework/config/experiment.h"
+#include "framework/config/resume_check.h"
+#include "tests/config/yaml_types.h"
 
 using strobe::config::ConfigError;
 using strobe::config::Document;
@@ -156,4 +163,151 @@ TEST(Config, CountOrFractionResolve) {
   strobe::config::CountOrFraction c{true, 5, 0};
   EXPECT_EQ(c.resolve(3), 3);
   EXPECT_EQ(c.resolve(10), 5);
+}
+
+using strobe::testing::flat;
+
+TEST(ConfigResolved, DefaultsKeepTheirTypeWhenWrittenAndReadAgain) {
+  auto doc = Document::load_string(kBase, "exp.yaml");
+  auto e = parse_experiment(doc);
+  const std::string resolved = doc.emit();
+  auto f = flat(resolved);
+  // 1.0 written as "1" would read back as the count 1: every batch instead of every epoch.
+  EXPECT_EQ(f[".trainer.val_check_interval"], "float:1") << resolved;
+  EXPECT_EQ(f[".trainer.limit_train_batches"], "float:1") << resolved;
+  EXPECT_EQ(f[".trainer.precision"], "str:32") << resolved;
+  EXPECT_EQ(f[".trainer.gradient_clip_val"], "float:0") << resolved;
+  auto again = Document::load_string(resolved, "config.yaml");
+  auto e2 = parse_experiment(again);
+  EXPECT_FALSE(e2.trainer.val_check_interval.is_count);
+  EXPECT_DOUBLE_EQ(e2.trainer.val_check_interval.fraction, 1.0);
+  EXPECT_FALSE(e2.trainer.limit_train_batches.is_count);
+  EXPECT_EQ(e2.trainer.precision, "32");
+  EXPECT_EQ(flat(again.emit()), f);
+}
+
+TEST(ConfigResolved, UserValuesKeepTypeAndSpelling) {
+  auto doc = Document::load_string(std::string(kBase) +
+                                       "trainer:\n  precision: \"32\"\n  val_check_interval: 1.0\n  limit_val_batches: 1\n"
+                                       "  max_time: \"10\"\n  default_root_dir: \"yes\"\n",
+                                   "exp.yaml");
+  parse_experiment(doc);
+  auto f = flat(doc.emit());
+  EXPECT_EQ(f[".trainer.precision"], "str:32");
+  EXPECT_EQ(f[".trainer.val_check_interval"], "float:1");
+  EXPECT_EQ(f[".trainer.limit_val_batches"], "int:1");
+  EXPECT_EQ(f[".trainer.max_time"], "str:10");
+  EXPECT_EQ(f[".trainer.default_root_dir"], "str:yes");
+}
+
+TEST(ConfigResolved, DoubleDefaultsAreFloatsForPyYamlToo) {
+  auto doc = Document::load_string(kBase, "exp.yaml");
+  auto s = doc.root().child("model");
+  s.get_double("eps", 1e-8);
+  s.get_double("lr", 3.0);
+  s.get_double("tiny", 0.1);
+  const std::string out = doc.emit();
+  // PyYAML reads 1e-08 (no dot) as a string.
+  EXPECT_NE(out.find("eps: 1.0e-08"), std::string::npos) << out;
+  EXPECT_NE(out.find("lr: 3.0"), std::string::npos) << out;
+  EXPECT_NE(out.find("tiny: 0.1\n"), std::string::npos) << out;
+}
+
+TEST(Config, DuplicateKeyNamesBothLines) {
+  EXPECT_EQ(error_of(std::string(kBase) + "trainer:\n  max_steps: 3\n  precision: bf16-mixed\n  max_steps: 5\n"),
+            "exp.yaml:9:3: trainer.max_steps: duplicate key (first defined at line 7)");
+  EXPECT_EQ(error_of(std::string(kBase) + "name: again\n"), "exp.yaml:6:1: name: duplicate key (first defined at line 1)");
+  EXPECT_EQ(error_of(kBase, {"data={name: x, name: y}"}), "--set data={name: x, name: y}: data.name: duplicate key (first defined at line 1)");
+}
+
+TEST(Config, EmptySetValueIsAnError) {
+  EXPECT_EQ(error_of(kBase, {"trainer.max_steps="}),
+            "--set trainer.max_steps=: empty value (to reset a key to its default write trainer.max_steps=null)");
+  EXPECT_EQ(error_of(kBase, {"trainer.max_steps=null"}), "");
+}
+
+TEST(Config, UnknownKeyMadeBySetBlamesTheSet) {
+  EXPECT_EQ(error_of(kBase, {"foo.bar=3"}), "--set foo.bar=3: foo: unknown key (known keys: callbacks, data, logger, model, "
+                                            "name, optimizer, scheduler, seed, task, trainer)");
+  EXPECT_EQ(error_of(kBase, {"trainer.bogus.x=3"}), "--set trainer.bogus.x=3: trainer.bogus: unknown key (known keys: "
+                                                    "accumulate_grad_batches, check_val_every_n_epoch, default_root_dir, "
+                                                    "deterministic, device, enable_checkpointing, enable_progress_bar, "
+                                                    "fast_dev_run, gradient_clip_algorithm, gradient_clip_val, "
+                                                    "limit_predict_batches, limit_test_batches, limit_train_batches, "
+                                                    "limit_val_batches, log_every_n_steps, max_epochs, max_steps, max_time, "
+                                                    "num_sanity_val_steps, overfit_batches, precision, val_check_interval)");
+}
+
+TEST(Config, BadListElementValueFromSetNamesTheSet) {
+  auto doc = Document::load_string(std::string(kBase) + "callbacks:\n  - name: early_stopping\n", "exp.yaml");
+  doc.apply_override("callbacks.0.patience=abc");
+  auto e = parse_experiment(doc);
+  try {
+    e.callbacks[0].get_int("patience", 3, 0);
+    FAIL() << "no error";
+  } catch (const ConfigError& err) {
+    EXPECT_EQ(std::string(err.what()), "--set callbacks.0.patience=abc: callbacks[0].patience: expected an integer >= 0, got 'abc'");
+  }
+}
+
+TEST(Config, DirectoryOrEmptyFileSaysSo) {
+  const std::string dir = ::testing::TempDir() + "/strobe-config-dir";
+  std::filesystem::create_directories(dir);
+  try {
+    Document::load_file(dir);
+    FAIL() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()), dir + ": is a directory, not a config file");
+  }
+  for (const char* text : {"", "\n# only a comment\n"}) {
+    const std::string empty = dir + "/empty.yaml";
+    std::ofstream(empty) << text;
+    try {
+      Document::load_file(empty);
+      FAIL() << "no error for '" << text << "'";
+    } catch (const ConfigError& e) {
+      EXPECT_EQ(std::string(e.what()), empty + ": the config is empty (expected a mapping with at least 'model' and 'data')");
+    }
+  }
+}
+
+TEST(ResumeCheck, SortsChangesIntoIncompatibleModelAndAllowed) {
+  using strobe::config::compare_for_resume;
+  const std::string saved =
+      "name: t\ntrainer:\n  max_steps: 24\n  precision: \"32\"\nmodel:\n  name: mlp\n  hidden: [32, 16]\n  dropout: 0.2\n"
+      "optimizer:\n  name: adamw\n  lr: 0.01\ncallbacks:\n  - name: model_checkpoint\n    every_n_steps: 6\n";
+  // Nothing changed: nothing to say.
+  auto same = compare_for_resume(saved, saved);
+  EXPECT_TRUE(same.incompatible.empty() && same.model_changes.empty() && same.allowed.empty());
+
+  const std::string now =
+      "name: t\ntrainer:\n  max_steps: 48\n  precision: bf16-mixed\n  log_every_n_steps: 5\nmodel:\n  name: mlp\n"
+      "  hidden: [8]\n  dropout: 0.2\noptimizer:\n  name: sgd\n  lr: 0.005\ncallbacks:\n  - name: model_checkpoint\n"
+      "    every_n_steps: 3\n";
+  auto r = compare_for_resume(saved, now);
+  ASSERT_EQ(r.incompatible.size(), 2u);
+  EXPECT_EQ(r.incompatible[0].text(), "optimizer.name: adamw -> sgd");
+  EXPECT_NE(r.incompatible[0].why.find("optimizer state"), std::string::npos);
+  EXPECT_EQ(r.incompatible[1].text(), "trainer.precision: 32 -> bf16-mixed");
+  ASSERT_EQ(r.model_changes.size(), 1u);
+  EXPECT_EQ(r.model_changes[0].text(), "model.hidden: [32, 16] -> [8]");
+  EXPECT_EQ(strobe::config::join_changes(r.allowed),
+            "callbacks[0].every_n_steps: 6 -> 3, optimizer.lr: 0.01 -> 0.005, trainer.log_every_n_steps: (absent) -> 5, "
+            "trainer.max_steps: 24 -> 48");
+}
+
+TEST(ConfigResolved, EmptyListsAndComponentDoublesReadBackTheSame) {
+  auto doc = Document::load_string(kBase, "exp.yaml");
+  parse_experiment(doc);
+  // What components do: a list of doubles written with yaml-cpp's 17 digits.
+  YAML::Node betas(YAML::NodeType::Sequence);
+  betas.push_back(0.9);
+  betas.push_back(0.999);
+  doc.root().child("optimizer").node()["betas"] = betas;
+  const std::string once = doc.emit();
+  EXPECT_NE(once.find("callbacks: []\n"), std::string::npos) << once;
+  EXPECT_NE(once.find("    - 0.9\n    - 0.999\n"), std::string::npos) << once;
+  auto again = Document::load_string(once, "config.yaml");
+  EXPECT_EQ(again.emit(), once);
+  EXPECT_EQ(again.root().child("optimizer").node()["betas"][0].as<double>(), 0.9);
 }

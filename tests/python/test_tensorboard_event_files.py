@@ -81,6 +81,28 @@ def main():
         hp = ea.Tensors("hparams")[0].tensor_proto.string_val[0].decode()
         assert "| lr | 0.1 |" in hp and "| optimizer | adamw |" in hp and "| name | a\\|b |" in hp, hp
     print(f"OK: {len(records)} records, byte-identical to protobuf, loaded by EventAccumulator")
+    check_restart_marker(tool)
+
+
+def check_restart_marker(tool):
+    """A resumed run's SessionLog START at step 50 hides the steps >= 50 that the crashed run logged
+    after its checkpoint; the resumed values replace them and nothing is shown twice."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = subprocess.run([tool, tmp, "restart"], check=True, capture_output=True, text=True).stdout.strip()
+        files = sorted(f for f in os.listdir(tmp) if f.startswith("events.out.tfevents."))
+        assert len(files) == 2 and os.path.basename(path) == files[-1], (files, path)
+        records = read_records(path)
+        events = [event_pb2.Event.FromString(r) for r in records]
+        for raw, ev in zip(records, events):
+            assert ev.SerializeToString() == raw, f"not byte-identical to protobuf:\n{ev}\n{raw!r}"
+        start = [e for e in events if e.HasField("session_log")]
+        assert len(start) == 1 and start[0].session_log.status == event_pb2.SessionLog.START and start[0].step == 50, start
+        ea = EventAccumulator(tmp, size_guidance={"scalars": 0})
+        ea.Reload()
+        loss = ea.Scalars("train/loss")
+        assert [e.step for e in loss] == list(range(80)), [e.step for e in loss]
+        assert [e.value for e in loss] == [float(s) for s in range(50)] + [float(1000 + s) for s in range(50, 80)]
+    print("OK: the restart marker purges the crashed run's steps >= 50 in EventAccumulator")
 
 
 if __name__ == "__main__":

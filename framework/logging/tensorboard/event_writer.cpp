@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <stdexcept>
 
 namespace strobe::logging::tensorboard {
@@ -16,7 +17,11 @@ namespace {
 // Field numbers of tensorflow/core/util/event.proto, framework/summary.proto, tensor.proto,
 // tensor_shape.proto (the subset we write).
 namespace event {
-constexpr uint32_t kWallTime = 1, kStep = 2, kFileVersion = 3, kSummary = 5;
+constexpr uint32_t kWallTime = 1, kStep = 2, kFileVersion = 3, kSummary = 5, kSessionLog = 7;
+}
+namespace session_log {
+constexpr uint32_t kStatus = 1, kCheckpointPath = 2;
+constexpr uint64_t kStart = 1;  // SessionLog.SessionStatus.START
 }
 namespace summary {
 constexpr uint32_t kValue = 1;
@@ -62,6 +67,17 @@ std::string encode_file_version_event(double wall_time, const std::string& versi
   ProtoWriter e;
   if (wall_time != 0.0) e.double_field(event::kWallTime, wall_time);
   e.bytes_field(event::kFileVersion, version);
+  return e.take();
+}
+
+std::string encode_session_start_event(int64_t step, double wall_time, const std::string& checkpoint_path) {
+  ProtoWriter sl;
+  sl.varint_field(session_log::kStatus, session_log::kStart);
+  if (!checkpoint_path.empty()) sl.bytes_field(session_log::kCheckpointPath, checkpoint_path);
+  ProtoWriter e;
+  if (wall_time != 0.0) e.double_field(event::kWallTime, wall_time);
+  if (step != 0) e.int64_field(event::kStep, step);
+  e.bytes_field(event::kSessionLog, sl.bytes());
   return e.take();
 }
 
@@ -131,9 +147,20 @@ EventFileWriter::EventFileWriter(const std::filesystem::path& log_dir, const std
   char host[256] = "localhost";
   gethostname(host, sizeof host - 1);
   const double now = wall_time_now();
+  // TensorBoard reads a directory's event files in name order: a file continuing a run (a resume
+  // within the same second as the crashed writer started, say) must sort after the files already there.
+  long long stamp = static_cast<long long>(now);
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(log_dir, ec)) {
+    const std::string n = e.path().filename().string();
+    const std::string prefix = "events.out.tfevents.";
+    if (n.rfind(prefix, 0) != 0) continue;
+    const long long t = std::strtoll(n.c_str() + prefix.size(), nullptr, 10);
+    if (t >= stamp) stamp = t + 1;
+  }
   char name[512];
-  std::snprintf(name, sizeof name, "events.out.tfevents.%010lld.%s.%d.%d%s", static_cast<long long>(now), host,
-                static_cast<int>(getpid()), g_file_counter.fetch_add(1), filename_suffix.c_str());
+  std::snprintf(name, sizeof name, "events.out.tfevents.%010lld.%s.%d.%d%s", stamp, host, static_cast<int>(getpid()),
+                g_file_counter.fetch_add(1), filename_suffix.c_str());
   path_ = log_dir / name;
   out_.open(path_, std::ios::binary | std::ios::trunc);
   if (!out_) throw std::runtime_error("TensorBoard: cannot open event file " + path_.string() + " for writing");
@@ -147,6 +174,30 @@ void EventFileWriter::write_event(const std::string& event) {
   const std::string record = frame_record(event);
   out_.write(record.data(), static_cast<std::streamsize>(record.size()));
   if (!out_) throw std::runtime_error("TensorBoard: write to " + path_.string() + " failed (disk full?)");
+  dirty_ = true;
+}
+
+void EventFileWriter::set_flush_interval(double seconds) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (flusher_.joinable() || seconds <= 0) return;
+    flush_interval_s_ = seconds;
+  }
+  flusher_ = std::thread([this] {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (!closing_) {
+      flusher_cv_.wait_for(lock, std::chrono::duration<double>(flush_interval_s_));
+      if (dirty_ && out_.is_open()) {
+        out_.flush();
+        dirty_ = false;
+      }
+    }
+  });
+}
+
+void EventFileWriter::add_session_start(int64_t step, const std::string& checkpoint_path) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  write_event(encode_session_start_event(step, wall_time_now(), checkpoint_path));
 }
 
 void EventFileWriter::add_scalar(const std::string& tag, double v, int64_t step, double wall_time) {
@@ -166,9 +217,16 @@ void EventFileWriter::add_hparams(const std::vector<std::pair<std::string, std::
 void EventFileWriter::flush() {
   std::lock_guard<std::mutex> lock(mutex_);
   if (out_.is_open()) out_.flush();
+  dirty_ = false;
 }
 
 void EventFileWriter::close() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    closing_ = true;
+  }
+  flusher_cv_.notify_all();
+  if (flusher_.joinable() && flusher_.get_id() != std::this_thread::get_id()) flusher_.join();
   std::lock_guard<std::mutex> lock(mutex_);
   if (out_.is_open()) out_.close();
 }

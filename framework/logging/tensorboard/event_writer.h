@@ -6,14 +6,18 @@
 // every record with tensorboard's generated classes and compares).
 //
 // Contract: the first record is the file version ("brain.Event:2"); records are appended in call
-// order and reach the disk on flush()/close() (and when the stream buffer fills); one writer per
-// file, calls from several threads are serialized by a mutex. Host values only: the caller reads
-// device metrics through the pinned-memory ring first.
+// order and reach the operating system on flush()/close(), when the stream buffer fills, and — after
+// set_flush_interval(s) — within s seconds of being written (a background thread, like TensorFlow's
+// and torch.utils.tensorboard's flush_secs), so a process killed with SIGKILL loses at most the last
+// s seconds. One writer per file, calls from several threads are serialized by a mutex. Host values
+// only: the caller reads device metrics through the pinned-memory ring first.
+#include <condition_variable>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -23,6 +27,10 @@ namespace strobe::logging::tensorboard {
 std::string encode_file_version_event(double wall_time, const std::string& version = "brain.Event:2");
 std::string encode_scalar_event(const std::string& tag, float value, int64_t step, double wall_time);
 std::string encode_text_event(const std::string& tag, const std::string& text, int64_t step, double wall_time);
+// SessionLog{status: START} at `step`: TensorBoard drops every event with a step >= `step` read
+// before it (EventAccumulator's purge of orphaned data), as torch's SummaryWriter(purge_step=) and
+// TensorFlow's supervisors write it on restart.
+std::string encode_session_start_event(int64_t step, double wall_time, const std::string& checkpoint_path = "");
 // TFRecord framing: u64 length, masked CRC32C of the length, data, masked CRC32C of the data.
 std::string frame_record(const std::string& data);
 
@@ -42,6 +50,10 @@ class EventFileWriter {
   void add_text(const std::string& tag, const std::string& text, int64_t step, double wall_time = -1.0);
   // Written as text under the tag "hparams" at step 0.
   void add_hparams(const std::vector<std::pair<std::string, std::string>>& hparams);
+  // A restart marker: the steps >= `step` that an earlier, crashed writer logged are not shown.
+  void add_session_start(int64_t step, const std::string& checkpoint_path = "");
+  // Starts the background flush every `seconds` (once; <= 0: off).
+  void set_flush_interval(double seconds);
   void flush();
   void close();
 
@@ -53,6 +65,10 @@ class EventFileWriter {
   std::filesystem::path path_;
   std::ofstream out_;
   std::mutex mutex_;
+  bool dirty_ = false, closing_ = false;
+  double flush_interval_s_ = 0;
+  std::condition_variable flusher_cv_;
+  std::thread flusher_;
 };
 
 double wall_time_now();

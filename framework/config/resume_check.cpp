@@ -1,0 +1,104 @@
+#include "framework/config/resume_check.h"
+
+#include <algorithm>
+#include <map>
+
+#include <fmt/format.h>
+#include <yaml-cpp/yaml.h>
+
+#include "framework/config/config.h"
+
+namespace strobe::config {
+namespace {
+
+constexpr const char* kAbsent = "(absent)";
+
+std::string scalar_text(const YAML::Node& n) {
+  if (!n.IsDefined() || n.IsNull()) return "null";
+  if (n.IsScalar()) return n.Scalar();
+  YAML::Emitter out;
+  out << YAML::Flow << n;
+  return out.c_str();
+}
+
+// Leaves as {path -> text}; a list of scalars is one leaf ("[32, 16]"), a list of mappings is indexed.
+void flatten(const YAML::Node& n, const std::string& path, std::map<std::string, std::string>& out) {
+  if (n.IsMap()) {
+    for (auto it = n.begin(); it != n.end(); ++it)
+      flatten(it->second, path.empty() ? it->first.Scalar() : path + "." + it->first.Scalar(), out);
+    return;
+  }
+  if (n.IsSequence()) {
+    bool scalars = true;
+    for (const auto& e : n) scalars &= !e.IsMap() && !e.IsSequence();
+    if (!scalars) {
+      for (size_t i = 0; i < n.size(); ++i) flatten(n[i], fmt::format("{}[{}]", path, i), out);
+      return;
+    }
+  }
+  out[path] = scalar_text(n);
+}
+
+std::map<std::string, std::string> leaves(const std::string& yaml, const char* what) {
+  std::map<std::string, std::string> out;
+  try {
+    flatten(YAML::Load(yaml), "", out);
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(fmt::format("{}: not a YAML config ({})", what, e.msg));
+  }
+  return out;
+}
+
+// Keys whose change invalidates saved state, and why.
+const char* incompatible_reason(const std::string& key) {
+  static const std::map<std::string, const char*> reasons = {
+      {"optimizer.name", "the optimizer state (moments, step counts) belongs to the other optimizer"},
+      {"scheduler.name", "the scheduler state belongs to the other scheduler"},
+      {"trainer.precision", "the saved loss-scaler state and weights were trained under the other precision"},
+      {"model.name", "the weights belong to the other model"},
+      {"task.name", "the saved state belongs to the other task"},
+  };
+  auto it = reasons.find(key);
+  return it == reasons.end() ? nullptr : it->second;
+}
+
+}  // namespace
+
+std::string ConfigChange::text() const { return fmt::format("{}: {} -> {}", key, before, after); }
+
+std::string join_changes(const std::vector<ConfigChange>& changes, size_t max) {
+  std::string out;
+  for (size_t i = 0; i < changes.size() && i < max; ++i) out += (i ? ", " : "") + changes[i].text();
+  if (changes.size() > max) out += fmt::format(" and {} more", changes.size() - max);
+  return out;
+}
+
+ResumeCheck compare_for_resume(const std::string& checkpoint_yaml, const std::string& current_yaml) {
+  const auto before = leaves(checkpoint_yaml, "the checkpoint's config");
+  const auto after = leaves(current_yaml, "the current config");
+  std::vector<ConfigChange> changes;
+  for (const auto& [k, v] : before) {
+    auto it = after.find(k);
+    if (it == after.end())
+      changes.push_back({k, v, kAbsent, ""});
+    else if (it->second != v)
+      changes.push_back({k, v, it->second, ""});
+  }
+  for (const auto& [k, v] : after)
+    if (!before.count(k)) changes.push_back({k, kAbsent, v, ""});
+  std::sort(changes.begin(), changes.end(), [](const ConfigChange& a, const ConfigChange& b) { return a.key < b.key; });
+  ResumeCheck r;
+  for (auto& c : changes) {
+    if (const char* why = incompatible_reason(c.key)) {
+      c.why = why;
+      r.incompatible.push_back(c);
+    } else if (c.key.rfind("model.", 0) == 0) {
+      r.model_changes.push_back(c);
+    } else {
+      r.allowed.push_back(c);
+    }
+  }
+  return r;
+}
+
+}  // namespace strobe::config

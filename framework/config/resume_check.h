@@ -1,0 +1,34 @@
+// Resume compatibility: the resolved config saved in a checkpoint against the config of the run
+// that wants to continue from it. Changes that make the saved state meaningless for the new run
+// (another optimizer or scheduler, another precision, another model or task) are refused before any
+// state is loaded; the rest (max_steps, lr, logging, callbacks, ...) are allowed and listed. Changes
+// of other model keys are allowed only while every parameter keeps its shape: the caller, which has
+// the tensors, decides (model_changes below). No torch here.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace strobe::config {
+
+struct ConfigChange {
+  std::string key;     // dotted path, list elements as [i]: "optimizer.name", "callbacks[0].monitor"
+  std::string before;  // the checkpoint's value ("(absent)" when the key is new)
+  std::string after;   // the current value ("(absent)" when the key was dropped)
+  std::string why;     // incompatible changes: what cannot carry over
+  std::string text() const;  // "optimizer.name: adamw -> sgd"
+};
+
+struct ResumeCheck {
+  std::vector<ConfigChange> incompatible;
+  std::vector<ConfigChange> model_changes;  // model.* other than model.name: fine unless a shape changed
+  std::vector<ConfigChange> allowed;
+};
+
+// Throws ConfigError when either text is not YAML.
+ResumeCheck compare_for_resume(const std::string& checkpoint_yaml, const std::string& current_yaml);
+
+// "a -> b, c -> d" (at most `max` entries, then "and N more").
+std::string join_changes(const std::vector<ConfigChange>& changes, size_t max = 8);
+
+}  // namespace strobe::config

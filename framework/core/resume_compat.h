@@ -1,0 +1,22 @@
+// Resume compatibility (DESIGN: "loading checks the saved config against the current one"): before
+// any state of a checkpoint is restored for training, its resolved config is compared with the
+// current one. Another optimizer, scheduler, precision, model or task, or model keys that change a
+// parameter's shape, are refused with a CheckpointError naming each change and why (exit 2 in the
+// CLI, instead of an assertion deep in torch's optimizer loading); other changes (max_steps, lr,
+// logging, callbacks, ...) are allowed and returned for the caller to list.
+#pragma once
+
+#include <string>
+
+#include <torch/nn/module.h>
+
+#include "framework/checkpoint/checkpoint_io.h"
+
+namespace strobe {
+
+// Returns the allowed changes as one text ("" when there are none). `current_yaml` empty (a program
+// that set no resolved config) or a checkpoint without a config: only the shapes are checked.
+std::string check_resume_compatible(const std::string& ckpt_path, const checkpoint::CheckpointData& data,
+                                    const std::string& current_yaml, torch::nn::Module& net);
+
+}  // namespace strobe

@@ -1,0 +1,305 @@
+// Issue 10 through the real executable: every bad input exits 2 with one line, the run directory's
+// files mean what they say (config.yaml, metrics.csv), and the console (progress bar, epochs, the
+// end-of-fit summary) tells the truth.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <regex>
+
+#include "tests/cli/cli_test_util.h"
+
+using namespace strobe::testing;
+
+namespace {
+
+// A tiny experiment that also logs the learning rate and validates twice per epoch.
+std::string logged_yaml() {
+  return tiny_yaml("  val_check_interval: 0.5\n") + "callbacks:\n  - name: model_checkpoint\n    monitor: val/acc\n    mode: max\n  - name: lr_monitor\n";
+}
+
+}  // namespace
+
+// --- bad input: exit 2, one line -------------------------------------------------------------
+
+TEST(CliBadInput, SetErrorsNameTheSet) {
+  const std::string cfg = write_config(tiny_yaml());
+  struct Case {
+    std::string args, expect;
+  } cases[] = {
+      {"fit -c " + cfg + " --set trainer.max_steps=",
+       "strobe: config error: --set trainer.max_steps=: empty value (to reset a key to its default write trainer.max_steps=null)\n"},
+      {"fit -c " + cfg + " --set foo.bar=3", "strobe: config error: --set foo.bar=3: foo: unknown key"},
+      {"fit -c " + cfg + " --set trainer.bogus.x=1", "strobe: config error: --set trainer.bogus.x=1: trainer.bogus: unknown key"},
+  };
+  for (const auto& c : cases) {
+    auto r = strobe_cmd(c.args);
+    EXPECT_EQ(r.code, 2) << c.args << "\n" << r.err;
+    EXPECT_EQ(r.err.rfind(c.expect, 0), 0u) << c.args << "\n" << r.err;
+    EXPECT_EQ(count_lines(r.err), 1) << r.err;
+  }
+}
+
+TEST(CliBadInput, DirectoryEmptyFileAndDuplicateKeysSaySo) {
+  const std::string dir = temp_dir("cfgdir");
+  auto r = strobe_cmd("fit -c " + dir);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(r.err, "strobe: config error: " + dir + ": is a directory, not a config file\n");
+  const std::string empty = dir + "/empty.yaml";
+  std::ofstream(empty) << "# nothing yet\n";
+  r = strobe_cmd("fit -c " + empty);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(r.err, "strobe: config error: " + empty + ": the config is empty (expected a mapping with at least 'model' and 'data')\n");
+  const std::string dup = write_config(tiny_yaml("  max_steps: 3\n  max_steps: 5\n"));
+  r = strobe_cmd("fit -c " + dup);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(r.err, "strobe: config error: " + dup + ":10:3: trainer.max_steps: duplicate key (first defined at line 9)\n");
+}
+
+TEST(CliBadInput, UnusableRunDirectoryExitsTwoWithOneLine) {
+  const std::string cfg = write_config(tiny_yaml());
+  const std::string file = temp_dir("rundir") + "/a-file";
+  std::ofstream(file) << "x";
+  struct Case {
+    std::string run_dir, expect;
+  } cases[] = {
+      {"/proc/strobe-run", "strobe: run directory error: --run-dir /proc/strobe-run: cannot create the run directory ("},
+      {file + "/run", "strobe: run directory error: --run-dir " + file + "/run: cannot create the run directory ("},
+      {file, "strobe: run directory error: --run-dir " + file + ": exists and is not a directory\n"},
+  };
+  for (const auto& c : cases) {
+    auto r = strobe_cmd("fit -c " + cfg + " --run-dir " + c.run_dir);
+    EXPECT_EQ(r.code, 2) << c.run_dir << "\n" << r.err;
+    EXPECT_EQ(r.err.rfind(c.expect, 0), 0u) << r.err;
+    EXPECT_EQ(count_lines(r.err), 1) << r.err;
+  }
+  // The default location under a read-only root (trainer.default_root_dir names where it came from).
+  if (::geteuid() != 0) {
+    const std::string ro = temp_dir("ro");
+    ::chmod(ro.c_str(), 0555);
+    auto r = strobe_cmd("fit -c " + cfg + " --set trainer.default_root_dir=" + ro);
+    EXPECT_EQ(r.code, 2) << r.err;
+    EXPECT_NE(r.err.find("trainer.default_root_dir: " + ro + "/tiny/version_0: cannot create the run directory"), std::string::npos)
+        << r.err;
+  }
+  auto r = strobe_cmd("fit -c " + cfg + " --set trainer.default_root_dir=" + file);
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_EQ(r.err.rfind("strobe: run directory error: trainer.default_root_dir: " + file + "/tiny/version_0: cannot create", 0), 0u)
+      << r.err;
+}
+
+TEST(CliBadInput, DataThatDoesNotFitTheModelIsRefusedAtSetup) {
+  const std::string cfg = write_config(tiny_yaml());
+  struct Case {
+    std::string sets, expect;
+  } cases[] = {
+      {"--set model.num_classes=3",
+       "--set model.num_classes=3: model.num_classes: 3 classes, but data.num_classes is 4 (labels up to 3 would be out of range)\n"},
+      {"--set model.in_features=32",
+       "--set model.in_features=32: model.in_features: 32, but the data's images flatten to 1 x 8 x 8 = 64 (data.channels is 1, "
+       "data.image_size is 8)\n"},
+      {"--set 'model={name: resnet, depth: 18, width: 8, num_classes: 4, in_channels: 3}'",
+       "model.in_channels: 3 input channels, but data.channels is 1\n"},
+      {"--set 'model={name: vit, img_size: 16, patch_size: 4, in_channels: 1, num_classes: 4, embed_dim: 32, depth: 1, num_heads: 2}'",
+       "model.img_size: 16 pixels, but data.image_size is 8\n"},
+  };
+  for (const auto& c : cases) {
+    auto r = strobe_cmd("fit -c " + cfg + " --run-dir " + temp_dir("mismatch") + " " + c.sets);
+    EXPECT_EQ(r.code, 2) << c.sets << "\n" << r.err;
+    EXPECT_NE(r.err.find(c.expect), std::string::npos) << c.sets << "\n" << r.err;
+    EXPECT_EQ(r.err.rfind("strobe: config error: ", 0), 0u) << r.err;
+    EXPECT_EQ(count_lines(r.err), 1) << r.err;
+  }
+  // The token models: vocabulary and positions.
+  const std::string lm = write_config(
+      "name: lm\ntrainer:\n  device: cpu\n  enable_progress_bar: false\nmodel:\n  name: decoder_lm\n  vocab_size: 64\n"
+      "  max_seq_len: 32\n  embed_dim: 16\n  depth: 1\n  num_heads: 2\ndata:\n  name: synthetic_tokens\n  vocab_size: 100\n"
+      "  max_seq_len: 32\n  num_samples: 8\n");
+  auto r = strobe_cmd("fit -c " + lm + " --run-dir " + temp_dir("lm"));
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find(lm + ":7:3: model.vocab_size: 64 tokens, but data.vocab_size is 100"), std::string::npos) << r.err;
+  r = strobe_cmd("fit -c " + lm + " --run-dir " + temp_dir("lm") + " --set model.vocab_size=100 --set data.max_seq_len=64");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("model.max_seq_len: 32 positions, but data.max_seq_len is 64"), std::string::npos) << r.err;
+}
+
+TEST(CliBadInput, ABatchThatCannotFitInMemoryIsRefusedAtSetup) {
+  const std::string cfg = write_config(tiny_yaml());
+  const std::string dir = temp_dir("huge-batch");
+  auto r = strobe_cmd("fit -c " + cfg + " --run-dir " + dir +
+                      " --set data.image_size=256 --set data.channels=3 --set model.in_features=196608"
+                      " --set data.num_samples=100000000 --set data.batch_size=50000000");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("--set data.batch_size=50000000: data.batch_size: 50000000 samples of 768.0 KiB make a"), std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("lower data.batch_size"), std::string::npos) << r.err;
+  EXPECT_EQ(count_lines(r.err), 1) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(dir + "/config.yaml"));
+}
+
+TEST(CliBadInput, RunningOutOfMemoryDuringTheRunNamesTheBatchSize) {
+  // Under an address-space limit the first activation of a wide layer fails to allocate for real
+  // (libtorch's CPU allocator): 8192 x 262144 floats = 8 GiB, while the batch itself (8192 x 64
+  // floats) passes the setup estimate. The same command with a batch of 8 runs under the same limit.
+  const std::string cfg = write_config(tiny_yaml());
+  const std::string limit = "ulimit -v 6000000; MALLOC_ARENA_MAX=2 ";
+  const std::string sets = " --set model.hidden=[262144] --set data.num_samples=16384 --set data.num_workers=1"
+                           " --set data.prefetch_factor=1 --set trainer.max_steps=2";
+  auto ok = shell_cmd(limit, "fit -c " + cfg + " --run-dir " + temp_dir("oom-ok") + sets + " --set data.batch_size=8");
+  ASSERT_EQ(ok.code, 0) << "control run under the same limit failed:\n" << ok.err;
+  auto r = shell_cmd(limit, "fit -c " + cfg + " --run-dir " + temp_dir("oom") + sets + " --set data.batch_size=8192");
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_EQ(r.err.rfind("strobe: out of memory on cpu (", 0), 0u) << r.err;
+  EXPECT_NE(r.err.find("lower data.batch_size (now 8192)"), std::string::npos) << r.err;
+  EXPECT_EQ(count_lines(r.err), 1) << r.err;
+}
+
+// --- the resolved config --------------------------------------------------------------------
+
+TEST(CliRunFiles, RefusedResumeLeavesConfigYamlAsItWas) {
+  const std::string cfg = write_config(tiny_yaml());
+  const std::string dir = temp_dir("refused-resume");
+  auto r = strobe_cmd("fit -c " + cfg + " --run-dir " + dir + " --set trainer.max_steps=2");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string before = slurp(dir + "/config.yaml");
+  ASSERT_NE(before.find("hidden: [32, 16]"), std::string::npos) << before;
+  // Another model shape: the checkpoint is refused, and the run's files stay as they were.
+  r = strobe_cmd("fit -c " + cfg + " --ckpt " + dir + "/checkpoints/last.ckpt --set model.hidden=[8]");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_EQ(slurp(dir + "/config.yaml"), before);
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << e.path();
+  // A resume that starts rewrites it with the continuation's settings.
+  r = strobe_cmd("fit -c " + cfg + " --ckpt " + dir + "/checkpoints/last.ckpt --set trainer.max_steps=3");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(slurp(dir + "/config.yaml").find("max_steps: 3"), std::string::npos);
+}
+
+TEST(CliRunFiles, ResolvedConfigReusedAsTheConfigGivesTheSameExperiment) {
+  // val_check_interval 0.5 and the defaults 1.0 must stay fractions; precision "32" a string.
+  const std::string cfg = write_config(tiny_yaml("  precision: \"32\"\n  val_check_interval: 1.0\n"));
+  const std::string a = temp_dir("resolved-a");
+  auto r = strobe_cmd("fit -c " + cfg + " --run-dir " + a);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string resolved = slurp(a + "/config.yaml");
+  EXPECT_NE(resolved.find("precision: \"32\""), std::string::npos) << resolved;
+  EXPECT_NE(resolved.find("limit_train_batches: 1.0"), std::string::npos) << resolved;
+  const std::string b = temp_dir("resolved-b");
+  r = strobe_cmd("fit -c " + a + "/config.yaml --run-dir " + b);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(slurp(b + "/config.yaml"), resolved);
+  // The same batches and validations: the same metrics, row for row.
+  EXPECT_EQ(slurp(b + "/metrics.csv"), slurp(a + "/metrics.csv"));
+}
+
+TEST(CliRunFiles, StaleTempFilesOfAKilledWriterAreRemovedAtStart) {
+  const std::string cfg = write_config(tiny_yaml());
+  const std::string dir = temp_dir("stale-tmp");
+  auto r = strobe_cmd("fit -c " + cfg + " --run-dir " + dir + " --set trainer.max_steps=2");
+  ASSERT_EQ(r.code, 0) << r.err;
+  // pid 2^31 - 1 is above any pid_max: that writer is surely dead. This test process is alive.
+  const std::string dead = dir + "/checkpoints/.last.ckpt.tmp.2147483647";
+  const std::string dead_cfg = dir + "/.config.yaml.tmp.2147483647";
+  const std::string live = dir + "/checkpoints/.step=9.ckpt.tmp." + std::to_string(::getpid());
+  for (const auto& p : {dead, dead_cfg, live}) std::ofstream(p) << "partial";
+  r = strobe_cmd("fit -c " + cfg + " --ckpt " + dir + "/checkpoints/last.ckpt --set trainer.max_steps=3");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(dead));
+  EXPECT_FALSE(std::filesystem::exists(dead_cfg));
+  EXPECT_TRUE(std::filesystem::exists(live)) << "a live writer's temp file was removed";
+  EXPECT_NE(r.err.find("strobe: removed 1 partial checkpoint(s) a killed writer left in " + dir + "/checkpoints"), std::string::npos)
+      << r.err;
+}
+
+TEST(CliRunFiles, MetricsCsvHasOneRowPerStep) {
+  const std::string cfg = write_config(logged_yaml());
+  const std::string dir = temp_dir("csv-rows");
+  auto r = strobe_cmd("fit -c " + cfg + " --run-dir " + dir);
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::ifstream in(dir + "/metrics.csv");
+  std::string header;
+  std::getline(in, header);
+  EXPECT_EQ(header.rfind("step,epoch,", 0), 0u) << header;
+  std::vector<int64_t> steps;
+  for (std::string line; std::getline(in, line);) steps.push_back(std::stoll(line.substr(0, line.find(','))));
+  ASSERT_EQ(steps.size(), 24u);  // 2 epochs x 12 batches, every step logged
+  for (size_t i = 0; i < steps.size(); ++i) EXPECT_EQ(steps[i], static_cast<int64_t>(i + 1)) << "row " << i;
+  // The validation after step 6 (half an epoch) shares the row of step 6 with the loss and lr.
+  auto loss = read_csv(dir + "/metrics.csv", "train/loss"), lr = read_csv(dir + "/metrics.csv", "lr"),
+       val = read_csv(dir + "/metrics.csv", "val/acc");
+  EXPECT_EQ(loss.size(), 24u);
+  EXPECT_EQ(lr.size(), 24u);
+  EXPECT_EQ(val.size(), 4u);
+  EXPECT_TRUE(val.count(6) && val.count(12) && val.count(18) && val.count(24));
+}
+
+// --- the console ----------------------------------------------------------------------------
+
+TEST(CliConsole, ProgressBarFitsANarrowTerminal) {
+  const std::string cfg = write_config(tiny_yaml() + "callbacks:\n  - name: progress_bar\n    mode: tty\n");
+  const std::string dir = temp_dir("narrow");
+  auto r = shell_cmd("COLUMNS=50 ", "fit -c " + cfg + " --run-dir " + dir + " --set trainer.enable_progress_bar=true");
+  ASSERT_EQ(r.code, 0) << r.err;
+  int redraws = 0;
+  for (const std::string& piece : split_any(r.out, "\r\n")) {
+    std::string visible = std::regex_replace(piece, std::regex("\x1b\\[K"), "");
+    if (visible.rfind("Epoch ", 0) != 0) continue;
+    ++redraws;
+    EXPECT_LT(visible.size(), 50u) << "'" << visible << "'";
+    EXPECT_NE(visible.find("/12"), std::string::npos) << visible;  // the batch count always stays
+  }
+  EXPECT_GE(redraws, 2) << r.out;
+}
+
+TEST(CliConsole, EpochsAreZeroBasedInBarValidationLineAndCsv) {
+  const std::string cfg = write_config(logged_yaml() + "  - name: progress_bar\n    mode: plain\n");
+  const std::string dir = temp_dir("epochs");
+  auto r = strobe_cmd("fit -c " + cfg + " --run-dir " + dir + " --set trainer.enable_progress_bar=true");
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::map<int64_t, int64_t> csv_epoch;  // step -> epoch
+  {
+    std::ifstream in(dir + "/metrics.csv");
+    std::string line;
+    std::getline(in, line);
+    while (std::getline(in, line)) {
+      auto c1 = line.find(','), c2 = line.find(',', c1 + 1);
+      csv_epoch[std::stoll(line.substr(0, c1))] = std::stoll(line.substr(c1 + 1, c2 - c1 - 1));
+    }
+  }
+  std::smatch m;
+  int bar = 0, val = 0;
+  for (const std::string& line : split_any(r.out, "\n")) {
+    if (std::regex_search(line, m, std::regex(R"(^epoch (\d+)/1 batch \d+/12 step (\d+) )"))) {
+      EXPECT_EQ(std::stoll(m[1]), csv_epoch.at(std::stoll(m[2]))) << line;
+      ++bar;
+    } else if (std::regex_search(line, m, std::regex(R"(^validation at epoch (\d+) step (\d+):)"))) {
+      EXPECT_EQ(std::stoll(m[1]), csv_epoch.at(std::stoll(m[2]))) << line;
+      ++val;
+    }
+  }
+  EXPECT_EQ(bar, 24) << r.out;
+  EXPECT_EQ(val, 4) << r.out;
+  EXPECT_EQ(csv_epoch.at(1), 0);
+  EXPECT_EQ(csv_epoch.at(24), 1);
+}
+
+TEST(CliConsole, FitEndsWithASummary) {
+  const std::string cfg = write_config(logged_yaml());
+  const std::string dir = temp_dir("summary");
+  auto r = strobe_cmd("fit -c " + cfg + " --run-dir " + dir);
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.out, m, std::regex(R"(strobe fit: finished at step 24, epoch 1 in [0-9.]+ s\n)"))) << r.out;
+  ASSERT_TRUE(std::regex_search(r.out, m, std::regex(R"(  final metrics:.* train/loss=([-0-9.e]+).* val/acc=([-0-9.e]+))"))) << r.out;
+  const auto loss = read_csv(dir + "/metrics.csv", "train/loss");
+  EXPECT_NEAR(std::stod(m[1]), std::stod(loss.rbegin()->second.at("train/loss")), 1e-5);
+  ASSERT_TRUE(std::regex_search(r.out, m, std::regex(R"(  best checkpoint: (\S+) \(val/acc=([-0-9.e]+)\))"))) << r.out;
+  EXPECT_TRUE(std::filesystem::exists(m[1].str())) << m[1];
+  EXPECT_NE(m[1].str().find(dir + "/checkpoints/epoch="), std::string::npos) << m[1];
+  double best = 0;
+  for (const auto& kv : read_csv(dir + "/metrics.csv", "val/acc")) best = std::max(best, std::stod(kv.second.at("val/acc")));
+  EXPECT_NEAR(std::stod(m[2]), best, 1e-4);
+  EXPECT_NE(r.out.find("  last checkpoint: " + dir + "/checkpoints/last.ckpt\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("  run directory: " + dir + "\n"), std::string::npos) << r.out;
+}
