@@ -1,5 +1,6 @@
 #include "models/attention.h"
 
+#include <limits>
 #include <stdexcept>
 
 #include <torch/torch.h>
@@ -56,7 +57,10 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
       auto mask = allowed_mask(q.size(1), k.size(1), causal, *key_padding_mask);
       const auto dt = q.scalar_type();
       auto f = [](const torch::Tensor& x) { return x.transpose(1, 2).to(torch::kFloat32); };
-      auto out = std::get<0>(at::_scaled_dot_product_attention_math(f(q), f(k), f(v), mask));
+      // The math kernel adds its mask: a boolean mask becomes 0 / -inf first (as sdpa() does).
+      auto additive = torch::zeros(mask.sizes(), q.options().dtype(torch::kFloat32))
+                          .masked_fill(mask.logical_not(), -std::numeric_limits<float>::infinity());
+      auto out = std::get<0>(at::_scaled_dot_product_attention_math(f(q), f(k), f(v), additive));
       return out.transpose(1, 2).to(dt);
     }
     case AttentionBackend::Sdpa: {

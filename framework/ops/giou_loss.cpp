@@ -172,7 +172,10 @@ std::tuple<Tensor, Tensor, Tensor> giou_fwd_cpu(const Tensor& pred, const Tensor
   }
   // grad_box and scale in the loss dtype, as the CUDA kernels (and the Meta kernel) return them.
   if (grad_box.defined()) grad_box = grad_box.to(loss_dtype(pred));
-  return {loss, grad_box, at::scalar_tensor(scale, dopt.dtype(loss_dtype(pred)))};
+  // `none` has no scale (the backward multiplies grad_out per box), as on CUDA.
+  Tensor scale_t;
+  if (reduction != kNone) scale_t = at::scalar_tensor(scale, dopt.dtype(loss_dtype(pred)));
+  return {loss, grad_box, scale_t};
 }
 
 Tensor giou_bwd_cpu(const Tensor& grad_out, const Tensor& grad_box, const Tensor& scale,

@@ -34,7 +34,8 @@ std::tuple<Tensor, Tensor, Tensor> giou_fwd_meta(const Tensor& pred, const Tenso
                     ? at::empty_symint(pred.sym_sizes().slice(0, pred.dim() - 1), opt)
                     : at::empty({}, opt);
   Tensor grad_box = with_grad ? at::empty_symint({rows, c10::SymInt(4)}, opt) : Tensor();
-  return {loss, grad_box, at::empty({}, opt)};
+  // `none` has no scale (the backward multiplies grad_out per box), as the real kernels.
+  return {loss, grad_box, reduction == detail::kNone ? Tensor() : at::empty({}, opt)};
 }
 
 Tensor giou_bwd_meta(const Tensor& grad_out, const Tensor& grad_box, const Tensor& scale,
@@ -83,4 +84,10 @@ TORCH_LIBRARY_IMPL(strobe, Meta, m) {
   m.impl("fused_adamw_", &strobe::ops::adam_meta);
   m.impl("fused_adam_", &strobe::ops::adam_meta);
   m.impl("fused_sgd_", &strobe::ops::sgd_meta);
+}
+
+// nonfinite_check's outputs are flags, not functions of the inputs to differentiate: autograd
+// passes through (no "autograd kernel was not registered" warning when its inputs require grad).
+TORCH_LIBRARY_IMPL(strobe, Autograd, m) {
+  m.impl("nonfinite_check", torch::CppFunction::makeFallthrough());
 }

@@ -134,7 +134,8 @@ TEST(DecoderLM, PackedCustomMatchesMathOnCpu) {
   auto math = build_model(base + "math}");
   auto custom = build_model(base + "custom}");
   testing::copy_weights(*math, *custom);
-  auto packed = data::collate_tokens_packed(token_samples({3, 7, 1, 12}, 50));
+  auto samples = token_samples({3, 7, 1, 12}, 50);
+  auto packed = data::collate_tokens_packed(samples);
   auto l_math = lm_loss(math->forward(packed), packed.at("targets"));
   auto l_custom = lm_loss(custom->forward(packed), packed.at("targets"));
   EXPECT_NEAR(l_math.item<double>(), l_custom.item<double>(), 1e-5);

@@ -154,7 +154,7 @@ def gloss_case(device, dtype):
     p, t = make_boxes(4, 33, 7)
     t = t + torch.tensor([0, 0, 1.0, 1.0])  # every pair counts here: no zero (padding) rows
     for red in ("none", "mean", "sum"):
-        ref_p = p.detach().double().requires_grad_()
+        ref_p = p.detach().to(dtype).double().requires_grad_()  # the same (rounded) boxes
         ref = tv_loss(ref_p, t.double(), reduction=red) if tv_loss else {
             "none": lambda x: x, "mean": torch.mean, "sum": torch.sum}[red](1 - generalized_box_iou(t.double(), ref_p))
         (ref.sum()).backward()
