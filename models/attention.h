@@ -1,12 +1,15 @@
 // Attention backends shared by vit and decoder_lm, chosen by the `attention:` model key.
-//   math   the reference: softmax(q k^T / sqrt(d) + mask) v in ATen ops, on every device and dtype.
+//   math   the reference strobe::ops::flash_attention_reference (ATen ops, fp32 softmax, any device
+//          and dtype); with a key-padding mask, PyTorch's own math SDPA.
 //   sdpa   at::scaled_dot_product_attention (flash / memory-efficient / cuDNN / math, chosen by
 //          PyTorch); packed sequences on CUDA in fp16/bf16 go to at::_flash_attention_forward with
-//          cu_seqlens (the varlen kernel), elsewhere they are unpacked and masked.
-//   custom strobe::flash_attention (our kernel); until that op is built, choosing it is an error.
+//          cu_seqlens (the varlen kernel), elsewhere to the reference.
+//   custom strobe::flash_attention (our kernel on CUDA: bf16/fp16, head_dim 64/128; the reference
+//          on CPU). It takes no key-padding mask: pack the batch (varlen) instead.
 //
-// Layouts: padded q, k, v are [B, H, S, D]; packed ones are [T, H, D] with cu_seqlens (int32
-// [n + 1], on the tensors' device) and max_seqlen given on the host, so no call reads the device.
+// Layouts: padded q, k, v are [B, S, H, D] (a view of the fused qkv projection; no permute copy);
+// packed ones are [T, H, D] with cu_seqlens (int32 [n + 1], on the tensors' device) and max_seqlen
+// given on the host, so no call reads the device. Outputs have the same layout as q.
 #pragma once
 
 #include <optional>
@@ -18,12 +21,12 @@ namespace strobe::models {
 
 enum class AttentionBackend { Math, Sdpa, Custom };
 
-// "math" | "sdpa" | "custom"; throws std::invalid_argument on anything else. `custom` throws
-// std::runtime_error while no strobe::flash_attention op exists, so a config fails at build time.
+// "math" | "sdpa" | "custom"; throws std::invalid_argument on anything else.
 AttentionBackend parse_attention_backend(const std::string& name);
 const char* attention_backend_name(AttentionBackend backend);
 
-// key_padding_mask: optional [B, S] bool, true for real tokens (keys that may be attended to).
+// q [B, Sq, H, D], k/v [B, Sk, H, D] -> [B, Sq, H, D]. key_padding_mask: optional [B, Sk] bool,
+// true for real tokens (keys that may be attended to); not with `custom`.
 torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, bool causal,
                         const std::optional<torch::Tensor>& key_padding_mask, AttentionBackend backend);
 

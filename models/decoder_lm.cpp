@@ -49,10 +49,8 @@ class DecoderBlockImpl : public nn::Module {
               .reshape({x.size(0), c});
     } else {  // x: [B, S, C]
       const int64_t b = x.size(0), s = x.size(1);
-      auto parts = qkv_out.view({b, s, 3, heads_, hd}).permute({2, 0, 3, 1, 4});
-      a = attention(parts[0], parts[1], parts[2], /*causal=*/true, in.key_padding_mask, backend_)
-              .transpose(1, 2)
-              .reshape({b, s, c});
+      auto parts = qkv_out.view({b, s, 3, heads_, hd}).unbind(2);  // [B, S, H, D] views
+      a = attention(parts[0], parts[1], parts[2], /*causal=*/true, in.key_padding_mask, backend_).reshape({b, s, c});
     }
     x = x + proj(a);
     return x + fc2(torch::gelu(fc1(norm2(x))));

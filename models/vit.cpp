@@ -28,9 +28,10 @@ class EncoderBlockImpl : public nn::Module {
 
   torch::Tensor forward(torch::Tensor x) {
     const int64_t b = x.size(0), s = x.size(1), c = x.size(2);
-    auto qkv_out = qkv(norm1(x)).view({b, s, 3, heads_, c / heads_}).permute({2, 0, 3, 1, 4});
+    // q, k, v are [B, S, H, D] views of the fused projection: no permute copy around attention.
+    auto qkv_out = qkv(norm1(x)).view({b, s, 3, heads_, c / heads_}).unbind(2);
     auto a = attention(qkv_out[0], qkv_out[1], qkv_out[2], /*causal=*/false, std::nullopt, backend_);
-    x = x + proj(a.transpose(1, 2).reshape({b, s, c}));
+    x = x + proj(a.reshape({b, s, c}));
     return x + fc2(torch::gelu(fc1(norm2(x))));
   }
 

@@ -1,4 +1,4 @@
-// giou_loss / giou_loss_packed: argument checks, autograd, and the CPU reference (ATen ops in
+// giou / giou_packed / generalized_box_iou_loss: argument checks, autograd, and the CPU reference (ATen ops in
 // double, the same formula and gradient as framework/ops/cuda/giou_kernels.cu).
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -170,7 +170,12 @@ std::tuple<Tensor, Tensor, Tensor> giou_fwd_cpu(const Tensor& pred, const Tensor
     grad_box = at::where(valid.unsqueeze(1), at::stack({g0, g1, g2, g3}, 1),
                          at::zeros({rows, 4}, dopt));
   }
-  return {loss, grad_box, at::scalar_tensor(scale, dopt)};
+  // grad_box and scale in the loss dtype, as the CUDA kernels (and the Meta kernel) return them.
+  if (grad_box.defined()) grad_box = grad_box.to(loss_dtype(pred));
+  // `none` has no scale (the backward multiplies grad_out per box), as on CUDA.
+  Tensor scale_t;
+  if (reduction != kNone) scale_t = at::scalar_tensor(scale, dopt.dtype(loss_dtype(pred)));
+  return {loss, grad_box, scale_t};
 }
 
 Tensor giou_bwd_cpu(const Tensor& grad_out, const Tensor& grad_box, const Tensor& scale,
@@ -203,13 +208,14 @@ fwd_op() {
   return op;
 }
 
+// pred_shape is SymInt[] so torch.compile's dynamic shapes pass through the autograd function.
 const c10::TypedOperatorHandle<Tensor(const Tensor&, const Tensor&, const Tensor&, int64_t,
-                                      at::ScalarType, at::IntArrayRef)>&
+                                      at::ScalarType, c10::SymIntArrayRef)>&
 bwd_op() {
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("strobe::giou_loss_bwd", "")
                              .typed<Tensor(const Tensor&, const Tensor&, const Tensor&, int64_t,
-                                           at::ScalarType, at::IntArrayRef)>();
+                                           at::ScalarType, c10::SymIntArrayRef)>();
   return op;
 }
 
@@ -224,7 +230,7 @@ class GiouLossFunction : public torch::autograd::Function<GiouLossFunction> {
     ctx->save_for_backward({grad_box, scale});
     ctx->saved_data["reduction"] = reduction;
     ctx->saved_data["pred_dtype"] = static_cast<int64_t>(pred.scalar_type());
-    ctx->saved_data["pred_shape"] = pred.sizes().vec();
+    ctx->saved_data["pred_shape"] = pred.sym_sizes().vec();
     return loss;
   }
 
@@ -232,7 +238,7 @@ class GiouLossFunction : public torch::autograd::Function<GiouLossFunction> {
                                                  torch::autograd::variable_list grad_outputs) {
     const auto saved = ctx->get_saved_variables();
     const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["pred_dtype"].toInt());
-    const auto shape = ctx->saved_data["pred_shape"].toIntVector();
+    const auto shape = ctx->saved_data["pred_shape"].toSymIntVector();
     Tensor grad_out = grad_outputs[0];
     if (!grad_out.defined()) return {Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
     const Tensor grad_pred = bwd_op().call(grad_out.contiguous(), saved[0], saved[1],
@@ -273,21 +279,56 @@ Tensor giou_loss_packed_nograd(const Tensor& pred, const Tensor& target, const T
 
 }  // namespace
 
-Tensor giou_loss(const Tensor& pred, const Tensor& target, std::string_view reduction) {
+Tensor giou(const Tensor& pred, const Tensor& target, std::string_view reduction) {
   static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("strobe::giou_loss", "")
+                             .findSchemaOrThrow("strobe::giou", "")
                              .typed<Tensor(const Tensor&, const Tensor&, std::string_view)>();
   return op.call(pred, target, reduction);
 }
 
-Tensor giou_loss_packed(const Tensor& pred, const Tensor& target, const Tensor& offsets,
-                        std::string_view reduction) {
+Tensor giou_packed(const Tensor& pred, const Tensor& target, const Tensor& offsets,
+                   std::string_view reduction) {
   static const auto op =
       c10::Dispatcher::singleton()
-          .findSchemaOrThrow("strobe::giou_loss_packed", "")
+          .findSchemaOrThrow("strobe::giou_packed", "")
           .typed<Tensor(const Tensor&, const Tensor&, const Tensor&, std::string_view)>();
   return op.call(pred, target, offsets, reduction);
 }
+
+Tensor generalized_box_iou_loss(const Tensor& pred, const Tensor& target,
+                                std::string_view reduction) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("strobe::generalized_box_iou_loss", "")
+                             .typed<Tensor(const Tensor&, const Tensor&, std::string_view)>();
+  return op.call(pred, target, reduction);
+}
+
+namespace {
+// 1 - GIoU over every pair of [..., 4] boxes: the packed GIoU kernels with one image holding all
+// pairs (every packed row is valid), composed in ATen ops so autograd, Meta and torch.compile
+// come from giou_packed's own kernels (CompositeImplicitAutograd).
+Tensor generalized_box_iou_loss_composite(const Tensor& pred, const Tensor& target,
+                                          std::string_view reduction) {
+  const int64_t r = detail::parse_reduction(reduction);
+  TORCH_CHECK(pred.dim() >= 1 && pred.size(-1) == 4,
+              "generalized_box_iou_loss: pred must be [..., 4], got ", pred.sizes());
+  TORCH_CHECK(pred.sym_sizes() == target.sym_sizes(), "generalized_box_iou_loss: pred ", pred.sizes(),
+              " and target ", target.sizes(), " must have the same shape");
+  const Tensor p = pred.reshape({-1, 4}), t = target.reshape({-1, 4});
+  // offsets [0, rows] built on the device (no host-to-device copy); sizes stay symbolic under
+  // torch.compile (sym_size, no host ints).
+  const Tensor offsets =
+      at::mul(at::arange(2, pred.options().dtype(at::kLong)), c10::Scalar(p.sym_size(0)));
+  const Tensor rows = offsets.select(0, 1).to(loss_dtype(pred));
+  if (r == kNone) {
+    return at::rsub(giou_packed(p, t, offsets, "none"), 1.0)
+        .reshape_symint(pred.sym_sizes().slice(0, pred.dim() - 1));
+  }
+  if (r == kSum) return rows - giou_packed(p, t, offsets, "sum");
+  // mean = 1 - mean GIoU; over zero pairs 0 (torchvision gives NaN there).
+  return at::rsub(giou_packed(p, t, offsets, "mean"), 1.0) * rows.gt(0).to(rows.scalar_type());
+}
+}  // namespace
 
 namespace detail {
 // Used by the CUDA glue for the checks both devices share.
@@ -300,18 +341,22 @@ void giou_check_inputs(const Tensor& pred, const Tensor& target,
 }  // namespace strobe::ops
 
 TORCH_LIBRARY_IMPL(strobe, Autograd, m) {
-  m.impl("giou_loss", &strobe::ops::giou_loss_autograd);
-  m.impl("giou_loss_packed", &strobe::ops::giou_loss_packed_autograd);
+  m.impl("giou", &strobe::ops::giou_loss_autograd);
+  m.impl("giou_packed", &strobe::ops::giou_loss_packed_autograd);
+}
+
+TORCH_LIBRARY_IMPL(strobe, CompositeImplicitAutograd, m) {
+  m.impl("generalized_box_iou_loss", &strobe::ops::generalized_box_iou_loss_composite);
 }
 
 TORCH_LIBRARY_IMPL(strobe, CPU, m) {
-  m.impl("giou_loss", &strobe::ops::giou_loss_nograd);
-  m.impl("giou_loss_packed", &strobe::ops::giou_loss_packed_nograd);
+  m.impl("giou", &strobe::ops::giou_loss_nograd);
+  m.impl("giou_packed", &strobe::ops::giou_loss_packed_nograd);
   m.impl("giou_loss_fwd", &strobe::ops::giou_fwd_cpu);
   m.impl("giou_loss_bwd", &strobe::ops::giou_bwd_cpu);
 }
 
 TORCH_LIBRARY_IMPL(strobe, CUDA, m) {
-  m.impl("giou_loss", &strobe::ops::giou_loss_nograd);
-  m.impl("giou_loss_packed", &strobe::ops::giou_loss_packed_nograd);
+  m.impl("giou", &strobe::ops::giou_loss_nograd);
+  m.impl("giou_packed", &strobe::ops::giou_loss_packed_nograd);
 }

@@ -3,6 +3,7 @@
 // Each op has a CPU reference in ATen ops and, when built with CUDA, a CUDA kernel; see docs/OPS.md.
 #pragma once
 
+#include <optional>
 #include <string_view>
 #include <tuple>
 #include <vector>
@@ -11,27 +12,47 @@
 
 namespace strobe::ops {
 
-// GIoU loss of predictions against padded targets, both [B, N, 4] as (x1, y1, x2, y2).
+// GIoU of predictions against padded targets, both [B, N, 4] as (x1, y1, x2, y2) (op strobe::giou).
+// The value is GIoU itself, higher is better, NOT a loss to minimise (generalized_box_iou_loss
+// below is): the GIoU of bench/pytorch_baselines.py's generalized_box_iou(target, pred), so that
+// `mean` equals the seed's loss_with_padding(pred, target) one to one.
 // A box counts when its target's last coordinate is > 0 (zero padding is invalid).
-// The value is the GIoU of bench/pytorch_baselines.py's generalized_box_iou(target, pred) (not
-// 1 - GIoU), so that `mean` equals loss_with_padding(pred, target) of the baseline:
 //   mean: sum over valid boxes / max(#valid, 1) (0 for an all-invalid batch), sum: the sum,
 //   none: per box [B, N], 0 for invalid boxes.
 // pred: fp32, bf16 or fp16 (also fp64 on CPU), read natively; target: any floating type.
 // The result is fp32 (fp64 when pred is fp64). Differentiable in pred; the gradient of invalid
 // boxes is exactly 0. Deterministic (no floating-point atomics).
-torch::Tensor giou_loss(const torch::Tensor& pred, const torch::Tensor& target,
-                        std::string_view reduction = "mean");
+torch::Tensor giou(const torch::Tensor& pred, const torch::Tensor& target,
+                   std::string_view reduction = "mean");
 
-// Packed variant: targets [T, 4] of B images back to back, offsets [B + 1] (int64, offsets[0] = 0,
-// non-decreasing, offsets[B] = T) and either
+// Packed variant (op strobe::giou_packed): targets [T, 4] of B images back to back, offsets [B + 1]
+// (int64, offsets[0] = 0, non-decreasing, offsets[B] = T) and either
 //   pred [B, N, 4]: image b's j-th target pairs with pred[b, j] (j < its count <= N), other
 //                   prediction rows are ignored (zero gradient; 0 in `none`, shape [B, N]);
 //   pred [T, 4]:    row t pairs with target row t (`none` gives [T]).
 // Every packed target row is valid. Offsets are checked on CPU; on CUDA the kernel guards against
 // out-of-range rows instead of syncing to check them.
-torch::Tensor giou_loss_packed(const torch::Tensor& pred, const torch::Tensor& target,
-                               const torch::Tensor& offsets, std::string_view reduction = "mean");
+torch::Tensor giou_packed(const torch::Tensor& pred, const torch::Tensor& target,
+                          const torch::Tensor& offsets, std::string_view reduction = "mean");
+
+// Deprecated names of giou / giou_packed (they return GIoU, not a loss); kept only until
+// framework/tasks/detection.cpp moves to giou().
+inline torch::Tensor giou_loss(const torch::Tensor& pred, const torch::Tensor& target,
+                               std::string_view reduction = "mean") {
+  return giou(pred, target, reduction);
+}
+inline torch::Tensor giou_loss_packed(const torch::Tensor& pred, const torch::Tensor& target,
+                                      const torch::Tensor& offsets,
+                                      std::string_view reduction = "mean") {
+  return giou_packed(pred, target, offsets, reduction);
+}
+
+// torchvision.ops.generalized_box_iou_loss (op strobe::generalized_box_iou_loss): 1 - GIoU for
+// every pair of boxes pred[..., 4] / target[..., 4] (no padding rule: every pair counts);
+// reduction "none" (shape [...]), "mean" (0 for zero pairs; torchvision: NaN) or "sum". fp32
+// result (fp64 for fp64 pred); differentiable in pred; the GIoU kernels of giou_packed underneath.
+torch::Tensor generalized_box_iou_loss(const torch::Tensor& pred, const torch::Tensor& target,
+                                       std::string_view reduction = "none");
 
 // One pass over all tensors (any floating dtype, one device): found = 1.0 if any element is NaN or
 // +-Inf else 0.0, a 0-dim fp32 tensor on that device; when compute_norm, also the total L2 norm
@@ -71,6 +92,37 @@ void fused_sgd_(torch::TensorList params, torch::TensorList grads,
                 torch::TensorList momentum_buffers, torch::TensorList steps, const SgdArgs& args,
                 const torch::Tensor& found_nonfinite = {},
                 const torch::Tensor& grad_multiplier = {});
+
+// Flash attention (FlashAttention-2 style on tensor cores; docs/OPS.md). q [B, Sq, H, D],
+// k/v [B, Sk, H, D]; only the last dimension must be contiguous (views of a fused qkv projection
+// need no copy). causal is bottom-right aligned (row r sees key c <= r + Sk - Sq); a row that sees
+// no key gives 0 and LSE = +inf. softmax_scale defaults to 1/sqrt(D). Returns (out [B, Sq, H, D],
+// lse [B, H, Sq] fp32, natural log). Differentiable in q, k, v (not lse).
+// CUDA: bf16/fp16, head_dim 64 or 128, batch*heads <= 65535; anything else is an error. The
+// backward is deterministic whatever `deterministic` says (no atomics; the flag is kept for API
+// parity with FlashAttention). CPU (and Meta): flash_attention_reference.
+std::tuple<torch::Tensor, torch::Tensor> flash_attention(const torch::Tensor& q,
+                                                         const torch::Tensor& k,
+                                                         const torch::Tensor& v,
+                                                         bool causal = false,
+                                                         std::optional<double> softmax_scale = {},
+                                                         bool deterministic = false);
+// Packed (varlen): q [Tq, H, D], k/v [Tk, H, D]; sequence b is rows cu_seqlens[b] .. [b+1]
+// (int32 [B + 1] on q's device, checked on CPU, trusted on CUDA so nothing syncs); max_seqlen_q/k
+// are host ints >= every length. lse is [H, Tq]; rows past cu_seqlens[-1] give 0 / +inf.
+std::tuple<torch::Tensor, torch::Tensor> flash_attention_varlen(
+    const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+    const torch::Tensor& cu_seqlens_q, const torch::Tensor& cu_seqlens_k, int64_t max_seqlen_q,
+    int64_t max_seqlen_k, bool causal = false, std::optional<double> softmax_scale = {},
+    bool deterministic = false);
+// The reference: the op's signature (without `deterministic`) in ATen ops on any device and
+// dtype, computed in fp32 (fp64 for fp64 inputs), differentiable by autograd. It is the op's CPU
+// kernel and the models' `attention: math` backend; lse is fp32 (fp64 for fp64 inputs).
+std::tuple<torch::Tensor, torch::Tensor> flash_attention_reference(
+    const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+    const std::optional<torch::Tensor>& cu_seqlens_q, const std::optional<torch::Tensor>& cu_seqlens_k,
+    int64_t max_seqlen_q, int64_t max_seqlen_k, bool causal,
+    std::optional<double> softmax_scale = {});
 
 // Whether the library was built with its CUDA kernels.
 bool built_with_cuda();

@@ -3,18 +3,24 @@
 #include <torch/library.h>
 
 TORCH_LIBRARY(strobe, m) {
-  m.def("giou_loss(Tensor pred, Tensor target, str reduction=\"mean\") -> Tensor");
+  // GIoU itself (higher is better; the seed's value), reduced over valid boxes. Not a loss to
+  // minimise: generalized_box_iou_loss is (torchvision's 1 - GIoU).
+  m.def("giou(Tensor pred, Tensor target, str reduction=\"mean\") -> Tensor");
   m.def(
-      "giou_loss_packed(Tensor pred, Tensor target, Tensor offsets, str reduction=\"mean\") -> "
+      "giou_packed(Tensor pred, Tensor target, Tensor offsets, str reduction=\"mean\") -> "
       "Tensor");
-  // Internal halves of giou_loss: the forward also returns d giou / d pred per box (when
+  // torchvision.ops.generalized_box_iou_loss: 1 - GIoU per box pair over [..., 4], every pair
+  // counted; reduction none (default, shape [...]), mean or sum.
+  m.def(
+      "generalized_box_iou_loss(Tensor pred, Tensor target, str reduction=\"none\") -> Tensor");
+  // Internal halves of giou: the forward also returns d giou / d pred per box (when
   // with_grad) and the scale d loss / d giou, which the backward multiplies in.
   m.def(
       "giou_loss_fwd(Tensor pred, Tensor target, Tensor? offsets, int layout, int reduction, "
       "bool with_grad) -> (Tensor loss, Tensor grad_box, Tensor scale)");
   m.def(
       "giou_loss_bwd(Tensor grad_out, Tensor grad_box, Tensor scale, int reduction, "
-      "ScalarType pred_dtype, int[] pred_shape) -> Tensor");
+      "ScalarType pred_dtype, SymInt[] pred_shape) -> Tensor");
   m.def("nonfinite_check(Tensor[] tensors, bool compute_norm=False) -> (Tensor found, Tensor norm)");
   m.def(
       "fused_adamw_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, "
@@ -31,4 +37,20 @@ TORCH_LIBRARY(strobe, m) {
       "Tensor(c!)[] steps, *, float lr, float momentum=0., float dampening=0., "
       "float weight_decay=0., bool nesterov=False, Tensor? found_nonfinite=None, "
       "Tensor? grad_multiplier=None) -> ()");
+  // Attention over [B, S, H, D] (or packed [T, H, D] with int32 cu_seqlens_q/k [B + 1] and host
+  // max_seqlen_q/k); returns the output and the logsumexp (fp32, [B, H, Sq] or [H, Tq]).
+  m.def(
+      "flash_attention(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q=None, "
+      "Tensor? cu_seqlens_k=None, int max_seqlen_q=0, int max_seqlen_k=0, bool causal=False, "
+      "float? softmax_scale=None, bool deterministic=False) -> (Tensor out, Tensor lse)");
+  // Internal halves of flash_attention (the softmax scale resolved).
+  m.def(
+      "flash_attention_fwd(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, "
+      "Tensor? cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, bool causal, "
+      "float softmax_scale) -> (Tensor out, Tensor lse)");
+  m.def(
+      "flash_attention_bwd(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, "
+      "Tensor lse, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, "
+      "int max_seqlen_k, bool causal, float softmax_scale, bool deterministic) -> "
+      "(Tensor dq, Tensor dk, Tensor dv)");
 }

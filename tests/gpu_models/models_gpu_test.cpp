@@ -20,7 +20,7 @@ TEST(GpuAttention, SdpaMatchesMathInBf16PaddedAndPacked) {
   REQUIRE_CUDA();
   torch::manual_seed(0);
   auto opts = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
-  auto q = torch::randn({4, 16, 197, 64}, opts), k = torch::randn({4, 16, 197, 64}, opts), v = torch::randn({4, 16, 197, 64}, opts);
+  auto q = torch::randn({4, 197, 16, 64}, opts), k = torch::randn({4, 197, 16, 64}, opts), v = torch::randn({4, 197, 16, 64}, opts);
   for (bool causal : {false, true}) {
     auto a = models::attention(q, k, v, causal, std::nullopt, AttentionBackend::Math).to(torch::kFloat32);
     auto b = models::attention(q, k, v, causal, std::nullopt, AttentionBackend::Sdpa).to(torch::kFloat32);

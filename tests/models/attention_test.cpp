@@ -8,7 +8,7 @@ namespace {
 
 TEST(Attention, SdpaMatchesMathWithCausalAndKeyPadding) {
   torch::manual_seed(0);
-  auto q = torch::randn({2, 3, 6, 8}), k = torch::randn({2, 3, 6, 8}), v = torch::randn({2, 3, 6, 8});
+  auto q = torch::randn({2, 6, 3, 8}), k = torch::randn({2, 6, 3, 8}), v = torch::randn({2, 6, 3, 8});
   auto keep = torch::tensor({1, 1, 1, 1, 0, 0, 1, 1, 1, 1, 1, 1}, torch::kBool).view({2, 6});
   for (bool causal : {false, true}) {
     for (bool masked : {false, true}) {
@@ -22,8 +22,9 @@ TEST(Attention, SdpaMatchesMathWithCausalAndKeyPadding) {
 }
 
 TEST(Attention, MathIsSoftmaxOfScaledScores) {
-  auto q = torch::randn({1, 1, 3, 4}), k = torch::randn({1, 1, 3, 4}), v = torch::randn({1, 1, 3, 4});
-  auto expected = torch::matmul(torch::softmax(torch::matmul(q, k.transpose(-2, -1)) / 2.0, -1), v);
+  auto q = torch::randn({1, 3, 1, 4}), k = torch::randn({1, 3, 1, 4}), v = torch::randn({1, 3, 1, 4});
+  auto t = [](const torch::Tensor& x) { return x.transpose(1, 2); };  // [B, H, S, D] for matmul
+  auto expected = t(torch::matmul(torch::softmax(torch::matmul(t(q), t(k).transpose(-2, -1)) / 2.0, -1), t(v)));
   EXPECT_TRUE(torch::allclose(attention(q, k, v, false, std::nullopt, AttentionBackend::Math), expected, 1e-6, 1e-6));
 }
 
@@ -33,14 +34,14 @@ TEST(Attention, VarlenEqualsAttentionOfEachSequenceAlone) {
   const int64_t total = 10, h = 2, d = 4;
   auto q = torch::randn({total, h, d}, torch::requires_grad()), k = torch::randn({total, h, d}), v = torch::randn({total, h, d});
   auto cu = torch::tensor({0, 3, 4, 10}, torch::kInt32);
-  for (auto backend : {AttentionBackend::Math, AttentionBackend::Sdpa}) {
+  for (auto backend : {AttentionBackend::Math, AttentionBackend::Sdpa, AttentionBackend::Custom}) {
     for (bool causal : {false, true}) {
       auto out = attention_varlen(q, k, v, cu, 6, causal, backend);
       ASSERT_EQ(out.sizes(), q.sizes());
       int64_t start = 0;
       for (int64_t n : lengths) {
-        auto one = [&](const torch::Tensor& x) { return x.narrow(0, start, n).transpose(0, 1).unsqueeze(0); };
-        auto ref = attention(one(q), one(k), one(v), causal, std::nullopt, AttentionBackend::Math)[0].transpose(0, 1);
+        auto one = [&](const torch::Tensor& x) { return x.narrow(0, start, n).unsqueeze(0); };
+        auto ref = attention(one(q), one(k), one(v), causal, std::nullopt, AttentionBackend::Math)[0];
         EXPECT_TRUE(torch::allclose(out.narrow(0, start, n), ref, 1e-5, 1e-5))
             << attention_backend_name(backend) << " causal=" << causal << " seq at " << start;
         start += n;
@@ -52,15 +53,37 @@ TEST(Attention, VarlenEqualsAttentionOfEachSequenceAlone) {
   }
 }
 
-TEST(Attention, BackendNamesParseAndCustomNamesTheMissingOp) {
+TEST(Attention, BackendNamesParse) {
   EXPECT_EQ(parse_attention_backend("math"), AttentionBackend::Math);
   EXPECT_EQ(parse_attention_backend("sdpa"), AttentionBackend::Sdpa);
+  EXPECT_EQ(parse_attention_backend("custom"), AttentionBackend::Custom);
   EXPECT_THROW(parse_attention_backend("flash"), std::invalid_argument);
+}
+
+// On CPU `custom` runs strobe::flash_attention's CPU kernel (the reference) through the op's
+// autograd: same values and gradients as math, causal and not.
+TEST(Attention, CustomOnCpuMatchesMathWithGradients) {
+  torch::manual_seed(3);
+  for (bool causal : {false, true}) {
+    auto q = torch::randn({2, 5, 3, 8}, torch::requires_grad()), k = torch::randn({2, 7, 3, 8}, torch::requires_grad()),
+         v = torch::randn({2, 7, 3, 8}, torch::requires_grad());
+    auto a = attention(q, k, v, causal, std::nullopt, AttentionBackend::Custom);
+    auto seed = torch::randn_like(a);
+    auto ga = torch::autograd::grad({a}, {q, k, v}, {seed});
+    auto b = attention(q, k, v, causal, std::nullopt, AttentionBackend::Math);
+    auto gb = torch::autograd::grad({b}, {q, k, v}, {seed});
+    EXPECT_TRUE(torch::allclose(a, b, 1e-5, 1e-5)) << "causal=" << causal;
+    for (int i = 0; i < 3; ++i) EXPECT_TRUE(torch::allclose(ga[i], gb[i], 1e-4, 1e-5)) << "grad " << i << " causal=" << causal;
+  }
+}
+
+TEST(Attention, CustomRejectsAKeyPaddingMask) {
+  auto q = torch::randn({1, 4, 2, 8});
   try {
-    parse_attention_backend("custom");
-    FAIL() << "custom should not parse before the op exists";
+    attention(q, q, q, true, torch::ones({1, 4}, torch::kBool), AttentionBackend::Custom);
+    FAIL() << "expected an error";
   } catch (const std::runtime_error& e) {
-    EXPECT_STREQ(e.what(), "attention: custom needs the strobe::flash_attention op, which is not built yet");
+    EXPECT_NE(std::string(e.what()).find("custom takes no key padding mask"), std::string::npos) << e.what();
   }
 }
 

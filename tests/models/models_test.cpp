@@ -78,15 +78,14 @@ TEST(ViT, SdpaAndMathBackendsAgree) {
   EXPECT_TRUE(torch::allclose(math->forward(x), sdpa->forward(x), 1e-5, 1e-5));
 }
 
-TEST(ViT, CustomAttentionIsAClearErrorUntilTheOpExists) {
-  try {
-    build_model("{name: vit, img_size: 16, patch_size: 4, embed_dim: 32, depth: 1, num_heads: 4, attention: custom}");
-    FAIL() << "expected an error";
-  } catch (const config::ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("attention: custom needs the strobe::flash_attention op, which is not built yet"),
-              std::string::npos)
-        << e.what();
-  }
+TEST(ViT, CustomAndMathBackendsAgreeOnCpu) {
+  torch::manual_seed(1);
+  const std::string base = "{name: vit, img_size: 16, patch_size: 4, num_classes: 7, embed_dim: 32, depth: 2, num_heads: 4, attention: ";
+  auto math = build_model(base + "math}");
+  auto custom = build_model(base + "custom}");
+  testing::copy_weights(*math, *custom);
+  auto x = image_batch(torch::randn({2, 3, 16, 16}));
+  EXPECT_TRUE(torch::allclose(math->forward(x), custom->forward(x), 1e-5, 1e-5));
 }
 
 std::vector<Sample> token_samples(const std::vector<int64_t>& lengths, int64_t vocab) {
@@ -127,6 +126,22 @@ TEST(DecoderLM, PaddedWithMaskAndPackedGiveTheSameLoss) {
     lm_loss(m->forward(packed), packed.at("targets")).backward();
     EXPECT_TRUE(torch::allclose(g_padded, m->parameters()[0].grad(), 1e-5, 1e-6)) << attn;
   }
+}
+
+TEST(DecoderLM, PackedCustomMatchesMathOnCpu) {
+  torch::manual_seed(4);
+  const std::string base = "{name: decoder_lm, vocab_size: 50, max_seq_len: 16, embed_dim: 32, depth: 2, num_heads: 4, attention: ";
+  auto math = build_model(base + "math}");
+  auto custom = build_model(base + "custom}");
+  testing::copy_weights(*math, *custom);
+  auto samples = token_samples({3, 7, 1, 12}, 50);
+  auto packed = data::collate_tokens_packed(samples);
+  auto l_math = lm_loss(math->forward(packed), packed.at("targets"));
+  auto l_custom = lm_loss(custom->forward(packed), packed.at("targets"));
+  EXPECT_NEAR(l_math.item<double>(), l_custom.item<double>(), 1e-5);
+  l_math.backward();
+  l_custom.backward();
+  EXPECT_TRUE(torch::allclose(math->parameters()[0].grad(), custom->parameters()[0].grad(), 1e-4, 1e-6));
 }
 
 TEST(DecoderLM, ParameterCountIsTheSeedsArchitecture) {

@@ -71,7 +71,7 @@ def giou_case(device, dtype, B, N, seed, bound):
     ref_p = p.double().requires_grad_()
     ref = loss_with_padding(ref_p, t.double()); ref.backward()
     got_p = p.to(device).requires_grad_()
-    got = ops.giou_loss(got_p, t.to(device), "mean"); got.backward()
+    got = ops.giou(got_p, t.to(device), "mean"); got.backward()
     tag = f"giou {device} {dtype} B={B} N={N}"
     check(got.dtype == torch.float32, f"{tag}: loss dtype {got.dtype}")
     check(rel(got, ref) < bound, f"{tag}: loss rel err {rel(got, ref):.2e}")
@@ -95,7 +95,7 @@ def giou_disjoint_case(device, dtype):
     ref_p = p.double().requires_grad_()
     ref = generalized_box_iou(t, ref_p); ref.backward(torch.linspace(-1, 1, ref.numel(), dtype=torch.float64).view_as(ref))
     got_p = p.to(device).requires_grad_()
-    got = ops.giou_loss(got_p, t.to(device).to(dtype), "none")
+    got = ops.giou(got_p, t.to(device).to(dtype), "none")
     got.backward(torch.linspace(-1, 1, got.numel(), device=device).view_as(got).to(got.dtype))
     check(bool(torch.isfinite(got).all()), f"{tag}: non-finite loss {got}")
     check(bool(((got >= -1) & (got <= 1)).all()), f"{tag}: loss outside [-1, 1]: {got}")
@@ -104,7 +104,7 @@ def giou_disjoint_case(device, dtype):
     check(rel(got, ref) < bound, f"{tag}: loss rel err {rel(got, ref):.2e}")
     check(rel(got_p.grad, ref_p.grad) < bound, f"{tag}: grad rel err {rel(got_p.grad, ref_p.grad):.2e}")
     gm_p = p.to(device).requires_grad_()
-    m = ops.giou_loss(gm_p, t.to(device).to(dtype), "mean"); (1 - m).backward()
+    m = ops.giou(gm_p, t.to(device).to(dtype), "mean"); (1 - m).backward()
     check(bool(torch.isfinite(m)) and -1 <= float(m) <= 1, f"{tag}: mean {float(m)}")
     check(bool(torch.isfinite(gm_p.grad).all()), f"{tag}: non-finite grad of the mean {gm_p.grad}")
 
@@ -144,14 +144,44 @@ def nonfinite_case(device):
     check(float(found) == 1.0 and norm is None, f"nonfinite_check {device}: NaN not flagged")
 
 
+def gloss_case(device, dtype):
+    """generalized_box_iou_loss against torchvision.ops.generalized_box_iou_loss (1 - GIoU)."""
+    try:
+        from torchvision.ops import generalized_box_iou_loss as tv_loss
+    except ImportError:
+        print("generalized_box_iou_loss: torchvision missing, compared with 1 - generalized_box_iou")
+        tv_loss = None
+    p, t = make_boxes(4, 33, 7)
+    t = t + torch.tensor([0, 0, 1.0, 1.0])  # every pair counts here: no zero (padding) rows
+    for red in ("none", "mean", "sum"):
+        ref_p = p.detach().to(dtype).double().requires_grad_()  # the same (rounded) boxes
+        ref = tv_loss(ref_p, t.double(), reduction=red) if tv_loss else {
+            "none": lambda x: x, "mean": torch.mean, "sum": torch.sum}[red](1 - generalized_box_iou(t.double(), ref_p))
+        (ref.sum()).backward()
+        got_p = p.detach().to(device, dtype).clone().requires_grad_()
+        got = ops.generalized_box_iou_loss(got_p, t.to(device), red)
+        got.sum().backward()
+        tag = f"generalized_box_iou_loss {device} {dtype} {red}"
+        check(got.shape == ref.shape, f"{tag}: shape {tuple(got.shape)} vs {tuple(ref.shape)}")
+        bound = 1e-6 if dtype == torch.float32 else 1e-2
+        check(rel(got, ref) < bound, f"{tag}: rel err {rel(got, ref):.2e}")
+        check(rel(got_p.grad, ref_p.grad) < (1e-5 if dtype == torch.float32 else 2e-2), f"{tag}: grad rel err {rel(got_p.grad, ref_p.grad):.2e}")
+        # The seed-compatible value is GIoU itself: loss = 1 - giou per pair.
+        if red == "none":
+            g = ops.giou_packed(p.reshape(-1, 4).to(device, dtype), t.reshape(-1, 4).to(device),
+                                torch.tensor([0, p.numel() // 4], device=device), "none")
+            check(rel(got.reshape(-1), 1 - g) < 1e-6, f"{tag}: not 1 - giou")
+
+
 # ---- CPU ----
+gloss_case("cpu", torch.float32)
 for B, N in [(1, 1), (3, 7), (3, 256), (2, 1000)]:
     giou_case("cpu", torch.float32, B, N, B * N, 1e-5)
 giou_case("cpu", torch.bfloat16, 16, 256, 5, 1e-2)
 giou_disjoint_case("cpu", torch.float64)
 giou_disjoint_case("cpu", torch.float32)
 try:
-    ops.giou_loss(torch.rand(2, 3, 4), torch.rand(2, 3, 4), "avg")
+    ops.giou(torch.rand(2, 3, 4), torch.rand(2, 3, 4), "avg")
     check(False, "giou_loss accepted reduction 'avg'")
 except RuntimeError:
     pass
@@ -162,7 +192,7 @@ adamw_case("cpu", torch.float32)
 cuda_ok = torch.cuda.is_available()
 if cuda_ok:
     try:
-        ops.giou_loss(torch.rand(1, 1, 4, device="cuda"), torch.rand(1, 1, 4, device="cuda"))
+        ops.giou(torch.rand(1, 1, 4, device="cuda"), torch.rand(1, 1, 4, device="cuda"))
     except (RuntimeError, NotImplementedError) as ex:
         print("CUDA checks skipped: library built without CUDA kernels:", str(ex).splitlines()[0])
         cuda_ok = False
@@ -174,11 +204,13 @@ if cuda_ok:
                 seed += 1
                 giou_case("cuda", dtype, B, N, seed, bound)
     giou_disjoint_case("cuda", torch.float32)
+    gloss_case("cuda", torch.float32)
+    gloss_case("cuda", torch.bfloat16)
     # Against the PyTorch fp32 (clamped) reference on the GPU (same data the benchmarks use).
     p, t = make_boxes(1024, 256, 0)
     p, t = p.cuda().requires_grad_(), t.cuda()
     base = loss_with_padding(p, t); base.backward(); g_base = p.grad.clone(); p.grad = None
-    ours = ops.giou_loss(p, t); ours.backward()
+    ours = ops.giou(p, t); ours.backward()
     check(rel(ours, base) < 1e-4, f"giou cuda vs PyTorch fp32 reference: {rel(ours, base):.2e}")
     check(rel(p.grad, g_base) < 1e-4, f"giou grad cuda vs PyTorch fp32 reference: {rel(p.grad, g_base):.2e}")
     nonfinite_case("cuda")
