@@ -106,7 +106,7 @@ TEST(DDP, ParametersAfterStepsEqualOneProcessOnTheUnionBatch) {
     torch::save(torch::tensor(calls_in_backward), dir + "/calls" + std::to_string(rank) + ".pt");
     strategy->shutdown();
     return 0;
-  }, dir);
+  }, dir, std::chrono::seconds(120), st::install_store_backend);
   for (auto& r : rs) ASSERT_EQ(r.exit_code, 0) << describe(rs);
 
   // One process, the same initial weights as rank 0, the union batch.
@@ -196,7 +196,7 @@ TEST(DDP, FlagsHostDecisionsBuffersAndMetricsAgreeAcrossRanks) {
     out.close();
     strategy->shutdown();
     return 0;
-  }, dir);
+  }, dir, std::chrono::seconds(120), st::install_store_backend);
   for (auto& r : rs) ASSERT_EQ(r.exit_code, 0) << describe(rs);
   for (int r = 0; r < kWorld; ++r) {
     std::ifstream in(dir + "/result" + std::to_string(r) + ".txt");
@@ -228,7 +228,7 @@ TEST(DDP, KilledRankEndsTheOtherWithOneClearLineWithinTheTimeout) {
     loss.backward();
     strategy->shutdown();
     return 0;
-  }, dir, std::chrono::seconds(60));
+  }, dir, std::chrono::seconds(60), st::install_store_backend);
   EXPECT_EQ(rs[1].exit_code, 128 + SIGKILL);
   EXPECT_EQ(rs[0].exit_code, 1) << describe(rs);
   EXPECT_EQ(count_lines_with(rs[0].stderr_text, "strobe: rank 0 of 2: distributed job failed: rank 1 stopped responding"), 1)
@@ -244,7 +244,7 @@ TEST(DDP, DeadStoreHostEndsTheOtherRanks) {
     if (rank == 0) std::raise(SIGKILL);
     strategy->barrier("never reached by rank 0");
     return 0;
-  }, dir, std::chrono::seconds(60));
+  }, dir, std::chrono::seconds(60), st::install_store_backend);
   EXPECT_EQ(rs[1].exit_code, 1) << describe(rs);
   EXPECT_EQ(count_lines_with(rs[1].stderr_text, "strobe: rank 1 of 2: distributed job failed: lost the rendezvous store at 127.0.0.1"), 1)
       << describe(rs);
@@ -261,7 +261,7 @@ TEST(DDP, FailingRankAbortsTheOthersWithItsReason) {
     }
     strategy->barrier("rank 1 never arrives");
     return 0;
-  }, dir, std::chrono::seconds(60));
+  }, dir, std::chrono::seconds(60), st::install_store_backend);
   EXPECT_EQ(rs[0].exit_code, 1) << describe(rs);
   EXPECT_EQ(count_lines_with(rs[0].stderr_text, "distributed job failed: rank 1 failed: CUDA out of memory (simulated)"), 1)
       << describe(rs);
@@ -282,7 +282,7 @@ TEST(DDP, RendezvousThatNeverCompletesFailsWithinTheTimeout) {
         return 7;
       }
       return 0;
-    }, dir, std::chrono::seconds(60));
+    }, dir, std::chrono::seconds(60), st::install_store_backend);
     EXPECT_EQ(rs[0].exit_code, 7) << describe(rs);
     EXPECT_EQ(count_lines_with(rs[0].stderr_text, "rank " + std::to_string(alone) +
                                                       " of 2 (env launch): the rendezvous at 127.0.0.1:"),
