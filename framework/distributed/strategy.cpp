@@ -184,6 +184,7 @@ class SingleDeviceStrategy final : public Strategy {
   torch::Tensor reduce_max(torch::Tensor flag) override { return flag; }
   bool any(bool flag) override { return flag; }
   std::string broadcast_string(const std::string& v) override { return v; }
+  std::vector<std::string> gather_strings(const std::string& mine) override { return {mine}; }
   void barrier(const std::string&) override {}
   void sync_metrics(metrics::MetricCollection&) override {}
   void sync_metric(metrics::Metric&) override {}
@@ -292,6 +293,20 @@ class DDPStrategy final : public Strategy {
       }
       auto got = collectives_->broadcastRecv(key, options_.timeout);
       return std::string(got.begin(), got.end());
+    });
+  }
+
+  std::vector<std::string> gather_strings(const std::string& mine) override {
+    return checked("gather", [&] {
+      auto key = next_key("gather");
+      std::vector<uint8_t> bytes(mine.begin(), mine.end());
+      std::vector<std::string> all;
+      if (rank() != 0) {
+        collectives_->gatherSend(key, bytes, options_.timeout);
+        return all;
+      }
+      for (auto& b : collectives_->gatherRecv(key, bytes, options_.timeout)) all.emplace_back(b.begin(), b.end());
+      return all;
     });
   }
 

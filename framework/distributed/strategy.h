@@ -34,6 +34,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <c10/util/intrusive_ptr.h>
 #include <torch/types.h>
@@ -86,6 +87,9 @@ class Strategy {
   virtual torch::Tensor reduce_max(torch::Tensor device_flag) = 0;
   virtual bool any(bool host_flag) = 0;
   virtual std::string broadcast_string(const std::string& value_on_rank0) = 0;
+  // Every rank's `mine`, in rank order, on rank 0 (empty elsewhere): per-rank RNG states into
+  // rank 0's checkpoint.
+  virtual std::vector<std::string> gather_strings(const std::string& mine) = 0;
   virtual void barrier(const std::string& what) = 0;
 
   virtual void sync_metrics(metrics::MetricCollection& metrics) = 0;

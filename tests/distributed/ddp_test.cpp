@@ -166,6 +166,10 @@ TEST(DDP, FlagsHostDecisionsBuffersAndMetricsAgreeAcrossRanks) {
     out << "max=" << flag.item<float>() << "\n";
     out << "any_rank1=" << strategy->any(rank == 1) << " any_none=" << strategy->any(false) << "\n";
     out << "bcast=" << strategy->broadcast_string(rank == 0 ? "runs/x/version_3" : "wrong") << "\n";
+    auto gathered = strategy->gather_strings(std::string("rng of rank ") + std::to_string(rank));
+    out << "gather=";
+    for (auto& g : gathered) out << "[" << g << "]";
+    out << "\n";
     strategy->barrier("test");
     // Metric states all-reduced: the mean of both ranks' values.
     strobe::metrics::MeanMetric mean;
@@ -203,7 +207,8 @@ TEST(DDP, FlagsHostDecisionsBuffersAndMetricsAgreeAcrossRanks) {
     std::stringstream ss;
     ss << in.rdbuf();
     EXPECT_EQ(ss.str(), "rank=" + std::to_string(r) + " world=2 local=" + std::to_string(r) + " zero=" + (r == 0 ? "1" : "0") +
-                            "\nmax=1\nany_rank1=1 any_none=0\nbcast=runs/x/version_3\nmean=6.5\nacc=0.5\n");
+                            "\nmax=1\nany_rank1=1 any_none=0\nbcast=runs/x/version_3\n" +
+                            (r == 0 ? "gather=[rng of rank 0][rng of rank 1]\n" : "gather=\n") + "mean=6.5\nacc=0.5\n");
   }
   std::vector<torch::Tensor> b0, b1;
   torch::load(b0, dir + "/bn0.pt");
