@@ -5,7 +5,10 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <ATen/CPUGeneratorImpl.h>
+
 #include <csignal>
+#include <mutex>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -53,9 +56,17 @@ sd::StrategyOptions cpu_options(milliseconds timeout = milliseconds(60000)) {
   return o;
 }
 
+// Seeds the CPU generator only: torch::manual_seed also initializes CUDA where a GPU is visible,
+// and a process that forks ranks after that hands them a broken CUDA state.
+void seed_cpu(uint64_t seed) {
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_current_seed(seed);
+}
+
 // ~2 MiB of parameters: more than the 1 MiB first bucket, so the rebuilt buckets are several.
 torch::nn::Sequential make_mlp(uint64_t seed) {
-  torch::manual_seed(seed);
+  seed_cpu(seed);
   return torch::nn::Sequential(torch::nn::Linear(256, 1024), torch::nn::Tanh(), torch::nn::Linear(1024, 256),
                                torch::nn::Tanh(), torch::nn::Linear(256, 4));
 }
@@ -64,7 +75,7 @@ constexpr int kWorld = 2, kSteps = 4, kAccum = 2, kPerRank = 8;
 
 // The global micro-batch (union of the ranks' shares) of optimizer step `step`, micro-batch `m`.
 std::pair<torch::Tensor, torch::Tensor> global_batch(int step, int m) {
-  torch::manual_seed(1000 + 10 * step + m);
+  seed_cpu(1000 + 10 * step + m);
   return {torch::randn({kWorld * kPerRank, 256}), torch::randn({kWorld * kPerRank, 4})};
 }
 
@@ -187,7 +198,7 @@ TEST(DDP, FlagsHostDecisionsBuffersAndMetricsAgreeAcrossRanks) {
     strategy->sync_metrics(coll);
     out << "acc=" << coll.compute()[0].second.item<float>() << "\n";
     // BatchNorm statistics: rank 0's win on a synced step; gradients are averaged.
-    torch::manual_seed(7 + rank);
+    seed_cpu(7 + rank);
     torch::nn::Sequential net(torch::nn::Linear(4, 4), torch::nn::BatchNorm1d(4));
     strategy->setup_model(*net);
     auto x = torch::randn({6, 4}) * (1 + rank) + rank;

@@ -3,7 +3,7 @@ GpuDDP.ScalingBenchmark). Launch: torchrun --nproc-per-node=N ddp_bench.py MODEL
 MODEL: resnet50 (torchvision) | vit_l16 (timm VisionTransformer, no class token, avg pool, as the
 seed configures it). b128 per GPU, bf16 autocast, SGD momentum 0.9, eager; 1 process = no DDP
 wrapper (as Strobe's single-device strategy), N > 1 = DistributedDataParallel with its defaults.
-Timing as Strobe's: 10 warm-up steps, a barrier, then 30 steps between two CUDA events."""
+Timing as Strobe's: 5 warm-up steps, a barrier, then 15 steps between two CUDA events."""
 import json
 import os
 import sys
@@ -43,12 +43,12 @@ def main():
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    for _ in range(10):
+    for _ in range(5):
         step()
     if world > 1:
         dist.barrier()
     torch.cuda.synchronize()
-    n = 30
+    n = 15
     start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(n):

@@ -2,7 +2,7 @@
 // rendezvous through a TCPStore as under torchrun. Skips (with the reason) without 2 visible GPUs.
 // The parent never touches CUDA (its children could not initialize it after a fork).
 // STROBE_DDP_BENCH=<json file> adds the scaling benchmark of docs/PERFORMANCE.md (resnet50 and
-// vit_l16, b128 per GPU, bf16-mixed, 1 vs 2 GPUs).
+// vit_l16, b128 per GPU, bf16-mixed, 1 vs 2 GPUs; 5 warm-up steps, 15 timed).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -11,7 +11,10 @@
 #include <c10/cuda/CUDAFunctions.h>
 #endif
 
+#include <ATen/CPUGeneratorImpl.h>
+
 #include <csignal>
+#include <mutex>
 #include <fstream>
 
 #include "framework/core/precision.h"
@@ -64,8 +67,16 @@ sd::StrategyOptions gpu_options(milliseconds timeout = milliseconds(120000)) {
   return o;
 }
 
+// Seeds the CPU generator only: torch::manual_seed would also seed (and so initialize) CUDA in the
+// parent, after which its forked children cannot use CUDA.
+void seed_cpu(uint64_t seed) {
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_current_seed(seed);
+}
+
 torch::nn::Sequential make_mlp(uint64_t seed) {
-  torch::manual_seed(seed);
+  seed_cpu(seed);
   return torch::nn::Sequential(torch::nn::Linear(256, 1024), torch::nn::Tanh(), torch::nn::Linear(1024, 256),
                                torch::nn::Tanh(), torch::nn::Linear(256, 4));
 }
@@ -73,7 +84,7 @@ torch::nn::Sequential make_mlp(uint64_t seed) {
 constexpr int kWorld = 2, kSteps = 4, kAccum = 2, kPerRank = 16;
 
 std::pair<torch::Tensor, torch::Tensor> global_batch(int step, int m) {
-  torch::manual_seed(2000 + 10 * step + m);
+  seed_cpu(2000 + 10 * step + m);
   return {torch::randn({kWorld * kPerRank, 256}), torch::randn({kWorld * kPerRank, 4})};
 }
 
@@ -280,10 +291,10 @@ TEST(GpuDDP, ScalingBenchmark) {
           opt.step();
           opt.zero_grad(true);
         };
-        for (int i = 0; i < 10; ++i) step();
+        for (int i = 0; i < 5; ++i) step();
         strategy->barrier("bench warm");
         torch::cuda::synchronize();
-        const int n = 30;
+        const int n = 15;
         at::cuda::CUDAEvent start(cudaEventDefault), stop(cudaEventDefault);
         start.record();
         for (int i = 0; i < n; ++i) step();
