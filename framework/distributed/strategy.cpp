@@ -220,6 +220,7 @@ class DDPStrategy final : public Strategy {
     torch::NoGradGuard ng;
     std::vector<torch::Tensor> params, state;
     std::unordered_map<size_t, std::string> names;
+    buffers_.clear();
     for (auto& p : net.named_parameters()) {
       state.push_back(p.value());
       if (!p.value().requires_grad()) continue;
