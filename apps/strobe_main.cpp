@@ -1,7 +1,9 @@
-// strobe: the command line (CONFIG.md). Exit status: 0 success; 2 bad usage, config, checkpoint or
-// data argument (one message on stderr); 3 stopped by a NaN capture; 130/143 interrupted by
-// SIGINT/SIGTERM after saving last.ckpt; 1 any other failure.
+// strobe: the command line (CONFIG.md). Exit status: 0 success; 2 bad usage, config, checkpoint,
+// capture or data argument (one message on stderr); 3 stopped by a NaN capture; 130/143 interrupted
+// by SIGINT/SIGTERM after saving last.ckpt; 1 any other failure.
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
 
 #include <CLI/CLI.hpp>
@@ -10,6 +12,7 @@
 
 #include "framework/checkpoint/checkpoint_io.h"
 #include "framework/config/config.h"
+#include "framework/core/capture.h"
 #include "framework/core/experiment_builder.h"
 
 namespace {
@@ -62,6 +65,37 @@ int run_command(const std::string& command, const Common& c) {
   return rc;
 }
 
+struct ReplayArgs {
+  std::string capture;
+  std::string device;
+  std::string report;
+};
+
+int run_replay(const ReplayArgs& a) {
+  strobe::capture::ReplayOptions opt;
+  if (!a.device.empty()) {
+    if (a.device != "cpu" && a.device.rfind("cuda", 0) != 0)
+      throw strobe::config::ConfigError(fmt::format("--device: expected cpu, cuda or cuda:<index>, got '{}'", a.device));
+    if (a.device.rfind("cuda", 0) == 0 && !torch::cuda::is_available())
+      throw strobe::config::ConfigError(fmt::format("--device {}: no CUDA device is visible", a.device));
+    opt.device = a.device;
+  }
+  auto report = strobe::capture::replay_capture(a.capture, opt);
+  fmt::print("{}", strobe::capture::format_replay_report(report));
+  if (!a.report.empty()) {
+    namespace fs = std::filesystem;
+    const std::string tmp = a.report + ".tmp";
+    {
+      std::ofstream out(tmp, std::ios::trunc);
+      if (!out) throw strobe::config::ConfigError(fmt::format("--report: cannot write '{}'", a.report));
+      out << report.dump(2) << "\n";
+    }
+    fs::rename(tmp, a.report);
+    fmt::print("report written to {}\n", a.report);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -76,6 +110,11 @@ int main(int argc, char** argv) {
   add_common(val, val_c, true);
   auto* tst = app.add_subcommand("test", "run the test set with a checkpoint");
   add_common(tst, test_c, true);
+  ReplayArgs replay_a;
+  auto* rep = app.add_subcommand("replay", "re-run the failing step of a NaN capture and name the first non-finite operation");
+  rep->add_option("capture", replay_a.capture, "capture directory: <run_dir>/nan (the latest capture) or nan/step_<N>")->required();
+  rep->add_option("--device", replay_a.device, "cpu | cuda | cuda:<i> (default: the device it was captured on)");
+  rep->add_option("--report", replay_a.report, "also write the report as JSON to this file");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -89,12 +128,13 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (app.get_subcommands().empty()) {
-    fmt::print(stderr, "strobe: a command is required (fit, validate, test)\nRun 'strobe --help' for usage.\n");
+    fmt::print(stderr, "strobe: a command is required (fit, validate, test, replay)\nRun 'strobe --help' for usage.\n");
     return 2;
   }
   const std::string command = app.get_subcommands().front()->get_name();
   const Common& c = command == "fit" ? fit_c : command == "validate" ? val_c : test_c;
   try {
+    if (command == "replay") return run_replay(replay_a);
     return run_command(command, c);
   } catch (const strobe::config::ConfigError& e) {
     fmt::print(stderr, "strobe: config error: {}\n", e.what());

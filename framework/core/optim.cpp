@@ -17,15 +17,22 @@ std::shared_ptr<torch::optim::Optimizer> build_optimizer(config::Section& cfg, s
   std::string name = cfg.get_choice("name", "adamw", {"sgd", "adam", "adamw"});
   double lr = cfg.get_double("lr", 1e-3, 0.0);
   double wd = cfg.get_double("weight_decay", name == "adamw" ? 0.01 : 0.0, 0.0);
-  bool fused = cfg.get_bool("fused", true);
-  bool use_fused = false;
+  // fused: auto (our multi-tensor CUDA step whenever it applies, torch::optim otherwise), true (the
+  // fused step or an error saying why it cannot be had), false (torch::optim).
+  const std::string fused = cfg.get_choice("fused", "auto", {"auto", "true", "false"});
+  std::string why_not;
 #if STROBE_HAS_OPS
-  use_fused = fused && device.is_cuda();
-  // The fused step keeps fp32 master weights in contiguous storage; anything else uses torch::optim.
-  for (const auto& p : params) use_fused = use_fused && p.scalar_type() == torch::kFloat32 && p.is_contiguous();
+  if (!device.is_cuda()) why_not = fmt::format("the device is {}, and the fused step runs on CUDA", device.str());
+  for (const auto& p : params)
+    if (why_not.empty() && (p.scalar_type() != torch::kFloat32 || !p.is_contiguous()))
+      why_not = fmt::format("it needs contiguous fp32 parameters (found {}{})", c10::toString(p.scalar_type()),
+                            p.is_contiguous() ? "" : ", non-contiguous");
 #else
-  (void)device;
+  why_not = "this build has no custom operators";
 #endif
+  if (fused == "true" && !why_not.empty())
+    cfg.fail("fused", fmt::format("the fused optimizer step is not available: {} (use fused: auto or false)", why_not));
+  const bool use_fused = fused != "false" && why_not.empty();
   std::shared_ptr<torch::optim::Optimizer> opt;
   if (name == "sgd") {
     double momentum = cfg.get_double("momentum", 0.0, 0.0, 1.0);

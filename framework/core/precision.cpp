@@ -28,16 +28,11 @@ GradScaler::GradScaler(const torch::Device& device, double init_scale, double gr
   auto f = torch::TensorOptions().dtype(torch::kFloat32).device(device);
   scale_ = torch::full({}, init_scale, f);
   growth_tracker_ = torch::zeros({}, f.dtype(torch::kInt32));
-  found_inf_ = torch::zeros({}, f);
 }
 
-void GradScaler::unscale(const std::vector<torch::Tensor>& grads) {
-  found_inf_.zero_();
-  auto inv = scale_.reciprocal();
-  if (!grads.empty()) at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf_, inv);
+void GradScaler::update(const torch::Tensor& found_inf) {
+  at::_amp_update_scale_(scale_, growth_tracker_, found_inf, growth_, backoff_, interval_);
 }
-
-void GradScaler::update() { at::_amp_update_scale_(scale_, growth_tracker_, found_inf_, growth_, backoff_, interval_); }
 
 void GradScaler::load(const torch::Tensor& scale, const torch::Tensor& growth_tracker) {
   scale_.copy_(scale);

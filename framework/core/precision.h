@@ -31,16 +31,16 @@ class GradScaler {
   explicit GradScaler(const torch::Device& device, double init_scale = 65536.0, double growth_factor = 2.0,
                       double backoff_factor = 0.5, int64_t growth_interval = 2000);
   torch::Tensor scale(const torch::Tensor& loss) const { return loss * scale_; }
-  // Divides the grads by the scale and sets found_inf (float 0/1 on the device).
-  void unscale(const std::vector<torch::Tensor>& grads);
-  void update();
-  const torch::Tensor& found_inf() const { return found_inf_; }
+  // After a step: `found_inf` (0-d float 0/1 on the device, from the step pipeline's gradient check)
+  // backs the scale off, otherwise it grows every growth_interval steps. The gradients are never
+  // unscaled in place: the step pipeline hands 1/scale to the optimizer as its gradient multiplier.
+  void update(const torch::Tensor& found_inf);
   const torch::Tensor& scale_tensor() const { return scale_; }
   const torch::Tensor& growth_tracker() const { return growth_tracker_; }
   void load(const torch::Tensor& scale, const torch::Tensor& growth_tracker);
 
  private:
-  torch::Tensor scale_, growth_tracker_, found_inf_;
+  torch::Tensor scale_, growth_tracker_;
   double growth_, backoff_;
   int64_t interval_;
 };

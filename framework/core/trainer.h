@@ -1,13 +1,18 @@
 // Trainer: the fit / validate / test / predict loops around a Module and a DataModule.
 //
+// The implementation is split by job: trainer.cpp (construction, the fit/validate/test/predict entry
+// points, signals), trainer_loops.cpp (epoch and evaluation loops), trainer_step.cpp (one training
+// batch and the optimizer step, through StepPipeline), trainer_state.cpp (the state connector:
+// checkpoints, resume, RNG).
+//
 // Contract:
 // - The step path makes no host-device synchronization of its own: losses and metrics are logged
-//   as device tensors and reach the host through LogCollector's async ring. (16-mixed with
-//   torch::optim must read the overflow flag like PyTorch's GradScaler; the fused optimizers skip
-//   on the device instead.)
-// - All loop state lives in TrainerState and is saved in every checkpoint together with model,
-//   optimizer, scheduler, loss-scaler and callback states, the RNG states and the resolved config;
-//   resuming continues with the same batches, RNG draws and (on CPU) bitwise the same losses.
+//   as device tensors and reach the host through LogCollector's async ring; the optimizer step is
+//   StepPipeline's (see step_pipeline.h for the one documented host read of the torch::optim path).
+// - All loop state lives in TrainerState and, with every other piece of state (model, optimizer,
+//   scheduler, loss scaler, accumulation, logger accumulators, step-guard flag, stop state, RNG,
+//   callbacks, resolved config), is registered with the StateConnector; resuming continues with the
+//   same batches, RNG draws and (on CPU) bitwise the same losses.
 // - SIGINT/SIGTERM finish the current optimizer step, write checkpoints/last.ckpt and make fit()
 //   return 130/143; a second signal exits at once.
 #pragma once
@@ -26,6 +31,8 @@
 #include "framework/core/datamodule.h"
 #include "framework/core/module.h"
 #include "framework/core/optim.h"
+#include "framework/core/state_connector.h"
+#include "framework/core/step_pipeline.h"
 
 namespace strobe {
 
@@ -48,6 +55,13 @@ struct TrainerState {
   bool epoch_done = false;       // the current epoch's batches are all consumed
   double elapsed_s = 0.0;        // training wall time before this process (max_time)
 };
+
+// TrainerState as the checkpoint's "loop" blob (portable binary), and back.
+std::string serialize_loop_state(const TrainerState& state);
+TrainerState parse_loop_state(const std::string& blob);
+
+// The SIGINT/SIGTERM received since fit() installed its handlers (0: none).
+int received_stop_signal();
 
 // Exit status of fit(): CONFIG.md's codes.
 enum ExitCode : int { kExitOk = 0, kExitFailure = 1, kExitUsage = 2, kExitNaN = 3, kExitSigint = 130, kExitSigterm = 143 };
@@ -83,9 +97,15 @@ class Trainer {
   LRScheduler* scheduler() { return scheduler_.get(); }
   int64_t num_training_batches() const { return num_train_batches_; }
   int64_t estimated_stepping_batches() const;
-  // Device flag (0-d float32 on the training device, non-zero = skip) that makes the optimizer step a no-op when set;
-  // set by NaN guards, read on the device by the fused optimizers.
-  torch::Tensor& found_nonfinite() { return found_nonfinite_; }
+  // The step pipeline (after setup_for_fit). Callbacks arm its guard with arm_step_guard(), which
+  // also works before the pipeline exists.
+  StepPipeline& step_pipeline();
+  void arm_step_guard(const StepGuard& guard);
+  // Micro-batches already run in the current optimizer step (0 at a step boundary).
+  int64_t accumulated_batches() const { return accum_count_; }
+  StateConnector& state_connector() { return connector_; }
+  // Adds a callback after construction (replay's observer); its hooks run after the others'.
+  void add_callback(std::shared_ptr<Callback> callback);
   void add_metric_consumer(logging::MetricConsumer* consumer);
   // Host-side values (learning rate, throughput): delivered to the loggers at once.
   void log_host(const std::vector<std::pair<std::string, double>>& values);
@@ -94,6 +114,8 @@ class Trainer {
   void save_checkpoint(const std::string& path);
   checkpoint::CheckpointData make_checkpoint();
   void load_checkpoint(const std::string& path, bool restore_training_state);
+  // `source` names the data in error messages (a file, a capture).
+  void load_checkpoint_data(const checkpoint::CheckpointData& data, bool restore_training_state, const std::string& source);
   void restore_rng(const checkpoint::CheckpointData& data);
 
   // Lets an embedding program (tests, replay) run single steps with the full step path.
@@ -108,10 +130,12 @@ class Trainer {
   bool done() const;
   Batch prepare_batch(Batch batch, int64_t dataloader_idx);
   void optimizer_step();
-  void clip_gradients(const std::vector<torch::Tensor>& grads);
   void install_signal_handlers();
+  void register_state();
   template <class F>
-  void each(F&& f);
+  void each(F&& f) {
+    for (auto& cb : callbacks_) f(*cb);
+  }
 
   config::Experiment exp_;
   std::string config_yaml_;
@@ -129,7 +153,9 @@ class Trainer {
   std::unique_ptr<logging::LogCollector> collector_;
   std::unique_ptr<logging::CsvLogger> csv_;
   std::unique_ptr<logging::MetricConsumer> tensorboard_;
-  torch::Tensor found_nonfinite_;
+  std::unique_ptr<StepPipeline> pipeline_;
+  StepGuard pending_guard_;
+  StateConnector connector_;
 
   TrainerState state_;
   int64_t num_train_batches_ = 0;

@@ -1,5 +1,7 @@
 #include "framework/logging/log_collector.h"
 
+#include "framework/checkpoint/checkpoint_io.h"
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -9,6 +11,7 @@
 #include <c10/core/Event.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 namespace strobe::logging {
@@ -35,7 +38,11 @@ void LogCollector::log(const std::string& name, const torch::Tensor& value, cons
   v = v.reshape({}).to(torch::kFloat32);
   std::string step_name = on_step && on_epoch ? name + "_step" : name;
   std::string epoch_name = on_step && on_epoch ? name + "_epoch" : name;
-  if (on_step) step_values_[step_name] = v;
+  if (on_step) {
+    auto& acc = step_values_[step_name];
+    acc.sum = acc.n == 0 ? v : acc.sum + v;
+    ++acc.n;
+  }
   if (on_epoch) {
     auto& acc = epoch_values_[epoch_name];
     auto weighted = v * static_cast<double>(batch_size);
@@ -92,7 +99,8 @@ void LogCollector::end_step(int64_t step, int64_t epoch, bool emit) {
   if (emit && !step_values_.empty()) {
     std::vector<std::string> names;
     std::vector<torch::Tensor> values;
-    for (auto& kv : step_values_) names.push_back(kv.first), values.push_back(kv.second);
+    for (auto& kv : step_values_)
+      names.push_back(kv.first), values.push_back(kv.second.n == 1 ? kv.second.sum : kv.second.sum / static_cast<double>(kv.second.n));
     enqueue(step, epoch, std::move(names), std::move(values));
   }
   step_values_.clear();
@@ -117,6 +125,30 @@ void LogCollector::end_epoch(int64_t step, int64_t epoch, bool wait) {
 void LogCollector::discard_epoch() {
   epoch_values_.clear();
   step_values_.clear();
+}
+
+void LogCollector::save_state(checkpoint::CheckpointData& out) const {
+  nlohmann::json counts = nlohmann::json::object(), steps = nlohmann::json::object();
+  for (const auto& [name, acc] : epoch_values_) {
+    out.tensors["logger/epoch/" + name] = acc.sum;
+    counts[name] = acc.count;
+  }
+  for (const auto& [name, acc] : step_values_) {
+    out.tensors["logger/step/" + name] = acc.sum;
+    steps[name] = acc.n;
+  }
+  out.blobs["logger"] = nlohmann::json{{"epoch_counts", counts}, {"step_counts", steps}}.dump();
+}
+
+void LogCollector::load_state(const checkpoint::CheckpointData& in) {
+  epoch_values_.clear();
+  step_values_.clear();
+  if (!in.has_blob("logger")) return;  // a checkpoint of an older build: epoch means restart
+  auto j = nlohmann::json::parse(in.blob("logger"));
+  for (const auto& [name, count] : j.at("epoch_counts").items())
+    epoch_values_[name] = EpochAcc{in.tensor("logger/epoch/" + name).to(device_), count.get<double>()};
+  for (const auto& [name, n] : j.at("step_counts").items())
+    step_values_[name] = StepAcc{in.tensor("logger/step/" + name).to(device_), n.get<int64_t>()};
 }
 
 void LogCollector::emit_host(int64_t step, int64_t epoch, const std::vector<std::pair<std::string, double>>& values) {

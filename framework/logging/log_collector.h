@@ -17,6 +17,10 @@
 
 #include "framework/core/module.h"
 
+namespace strobe::checkpoint {
+struct CheckpointData;
+}
+
 namespace strobe::logging {
 
 struct MetricRow {
@@ -53,6 +57,10 @@ class LogCollector : public LogSink {
 
   void add_consumer(MetricConsumer* c) { consumers_.push_back(c); }
   const std::map<std::string, double>& latest() const { return latest_; }
+  // The state connector's entry: epoch accumulators and a step's partial (micro-batch) values, so a
+  // checkpoint taken mid-epoch resumes with the same epoch means.
+  void save_state(checkpoint::CheckpointData& out) const;
+  void load_state(const checkpoint::CheckpointData& in);
   int64_t rows_delivered() const { return delivered_; }
 
  private:
@@ -63,7 +71,12 @@ class LogCollector : public LogSink {
 
   torch::Device device_;
   bool training_ = true;
-  std::map<std::string, torch::Tensor> step_values_;
+  // Under gradient accumulation every micro-batch's value counts: a step logs their mean.
+  struct StepAcc {
+    torch::Tensor sum;
+    int64_t n = 0;
+  };
+  std::map<std::string, StepAcc> step_values_;
   struct EpochAcc {
     torch::Tensor sum;
     double count = 0;

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include "framework/core/forensics.h"
 #include "framework/core/module.h"
 #include "framework/metrics/collection.h"
 #include "framework/metrics/registry.h"
@@ -25,6 +26,7 @@ class ClassificationTask : public Module {
   torch::nn::Module& net() override { return *model_; }
 
   torch::Tensor loss(const torch::Tensor& logits, const torch::Tensor& y) const {
+    ModuleScope scope("task.loss");
     if (loss_ == "cross_entropy") {
       return torch::nn::functional::cross_entropy(
           logits, y, torch::nn::functional::CrossEntropyFuncOptions().label_smoothing(label_smoothing_));

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include "framework/core/forensics.h"
 #include "framework/core/module.h"
 #include "framework/tasks/giou_reference.h"
 #ifdef STROBE_HAS_OPS
@@ -22,6 +23,7 @@ class DetectionTask : public Module {
 
   // Mean GIoU of valid rows (the op's and the seed's loss_with_padding value).
   torch::Tensor mean_giou(const torch::Tensor& pred, const torch::Tensor& target) const {
+    ModuleScope scope("task.loss");
 #ifdef STROBE_HAS_OPS
     if (impl_ == "op" || (impl_ == "auto" && pred.is_cuda())) return ops::giou_loss(pred, target, "mean");
 #endif

@@ -4,6 +4,7 @@
 // sequences (mean over real tokens). Logs the loss as a device tensor (no host reads).
 #include <torch/torch.h>
 
+#include "framework/core/forensics.h"
 #include "framework/core/module.h"
 
 namespace strobe {
@@ -18,6 +19,7 @@ class LanguageModelingTask : public Module {
   torch::nn::Module& net() override { return *model_; }
 
   static torch::Tensor loss(const torch::Tensor& logits, const torch::Tensor& targets) {
+    ModuleScope scope("task.loss");
     return torch::nn::functional::cross_entropy(
         logits.reshape({-1, logits.size(-1)}).to(torch::kFloat32), targets.reshape({-1}),
         torch::nn::functional::CrossEntropyFuncOptions().ignore_index(kIgnoreIndex));

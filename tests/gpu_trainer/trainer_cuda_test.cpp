@@ -1,14 +1,20 @@
 // The trainer on CUDA: every precision trains (fused and torch::optim optimizers), whole training
 // steps with metrics, CSV + TensorBoard loggers and the progress bar make no host sync (sync-debug
-// mode "error" for 60 consecutive steps spanning several log intervals), and a CUDA checkpoint
-// resumes on CPU.
+// mode "error" for 60 consecutive steps spanning several log intervals), so do steps with NaN capture
+// on for every precision, with gradient accumulation and clipping, a NaN on CUDA is captured and
+// replays exactly (on CUDA, and on the CPU), and a CUDA checkpoint resumes on CPU with the losses of
+// an uninterrupted run.
 #include <gtest/gtest.h>
 
 #ifdef STROBE_TORCH_HAS_CUDA
 #include <c10/cuda/CUDAFunctions.h>
 #endif
 
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
 #include "framework/core/callback.h"
+#include "framework/core/capture.h"
 #include "tests/trainer/trainer_test_util.h"
 
 using namespace strobe;
@@ -138,13 +144,115 @@ callbacks:
 #endif
 }
 
-TEST(TrainerCuda, CudaCheckpointResumesOnCpu) {
+TEST(TrainerCuda, CudaCheckpointResumesOnCpuWithTheLossesOfAnUninterruptedRun) {
   SKIP_WITHOUT_CUDA();
+  // No dropout: CUDA and CPU generators draw different masks; everything else must agree.
+  std::string whole_dir = temp_dir("cuda-whole");
+  auto whole = make_run(cuda_yaml(), {"model.dropout=0.0"}, whole_dir);
+  ASSERT_EQ(whole->trainer->fit(), 0);
   std::string dir = temp_dir("cuda-ckpt");
-  auto run = make_run(cuda_yaml(), {"trainer.max_steps=6"}, dir);
+  auto run = make_run(cuda_yaml(), {"trainer.max_steps=6", "model.dropout=0.0"}, dir);
   ASSERT_EQ(run->trainer->fit(), 0);
   std::string cpu_dir = temp_dir("cpu-resume");
-  auto cpu = make_run(tiny_yaml(), {}, cpu_dir, dir + "/checkpoints/last.ckpt");
+  auto cpu = make_run(tiny_yaml(), {"model.dropout=0.0"}, cpu_dir, dir + "/checkpoints/last.ckpt");
   ASSERT_EQ(cpu->trainer->fit(dir + "/checkpoints/last.ckpt"), 0);
   EXPECT_EQ(cpu->trainer->state().global_step, 24);
+  auto a = read_csv(whole_dir + "/metrics.csv", "train/loss");
+  auto b = read_csv(cpu_dir + "/metrics.csv", "train/loss");
+  int compared = 0;
+  for (int64_t step = 7; step <= 24; ++step) {
+    ASSERT_TRUE(a.count(step) && b.count(step)) << "step " << step;
+    double x = std::stod(a[step]["train/loss"]), y = std::stod(b[step]["train/loss"]);
+    EXPECT_NEAR(x, y, 1e-3 * std::max(1.0, std::abs(x))) << "step " << step;
+    ++compared;
+  }
+  EXPECT_EQ(compared, 18);
+}
+
+#ifdef STROBE_TORCH_HAS_CUDA
+std::string resnet_yaml(const std::string& callbacks, const std::string& loss = "cross_entropy", int64_t classes = 100) {
+  return fmt::format(R"(name: nan_cuda
+seed: 3
+trainer:
+  max_epochs: 1
+  limit_train_batches: 24
+  limit_val_batches: 0
+  num_sanity_val_steps: 0
+  log_every_n_steps: 5
+  device: cuda
+model:
+  name: resnet
+  depth: 18
+  num_classes: {0}
+  in_channels: 3
+  width: 16
+  stem: cifar
+task:
+  name: classification
+  loss: {1}
+data:
+  name: synthetic_images
+  image_size: 32
+  channels: 3
+  num_classes: {0}
+  num_samples: 4096
+  num_val_samples: 128
+  batch_size: {2}
+  num_workers: 2
+optimizer:
+  name: adamw
+  lr: 1.0e-3
+scheduler:
+  name: none
+callbacks: {3}
+)",
+                     classes, loss, classes == 100 ? 64 : 8, callbacks);
+}
+#endif
+
+TEST(TrainerCuda, NanCaptureStepsNeverSyncInEveryPrecisionWithAccumulationAndClipping) {
+  SKIP_WITHOUT_CUDA();
+#ifdef STROBE_TORCH_HAS_CUDA
+  for (const char* precision : {"32", "bf16-mixed", "16-mixed"}) {
+    for (const char* accumulate : {"1", "2"}) {
+      for (const char* clip : {"0.0", "1.0"}) {
+        g_guarded_steps = 0;
+        std::string dir = temp_dir("nan-nosync");
+        auto run = make_run(resnet_yaml("[{name: sync_guard}, {name: nan_capture}]"),
+                            {std::string("trainer.precision=") + precision,
+                             std::string("trainer.accumulate_grad_batches=") + accumulate,
+                             std::string("trainer.gradient_clip_val=") + clip},
+                            dir);
+        ASSERT_EQ(run->trainer->fit(), 0) << precision << " accumulate " << accumulate << " clip " << clip;
+        EXPECT_EQ(g_guarded_steps, 22);
+        auto loss = read_csv(dir + "/metrics.csv", "train/loss");
+        ASSERT_FALSE(loss.empty());
+        for (auto& [step, row] : loss) EXPECT_TRUE(std::isfinite(std::stod(row["train/loss"]))) << step;
+        EXPECT_FALSE(std::filesystem::exists(dir + "/nan"));
+      }
+    }
+  }
+#endif
+}
+
+TEST(TrainerCuda, NanOnCudaIsCapturedAndReplaysExactlyOnCudaAndRunsOnCpu) {
+  SKIP_WITHOUT_CUDA();
+#ifdef STROBE_TORCH_HAS_CUDA
+  for (const char* precision : {"32", "bf16-mixed"}) {
+    std::string dir = temp_dir("nan-cuda");
+    auto run = make_run(resnet_yaml("[{name: nan_capture}]", "per_class_bce", 4), {std::string("trainer.precision=") + precision}, dir);
+    ASSERT_EQ(run->trainer->fit(), 3) << precision;
+    auto report = capture::replay_capture(dir + "/nan", {});
+    EXPECT_TRUE(report["exact"].get<bool>()) << report.dump(2);
+    ASSERT_FALSE(report["first_nonfinite"].is_null()) << report.dump(2);
+    EXPECT_EQ(report["first_nonfinite"]["op"], "aten::div") << report.dump(2);
+    EXPECT_EQ(report["first_nonfinite"]["module"], "task.loss");
+    capture::ReplayOptions on_cpu;
+    on_cpu.device = "cpu";
+    auto cpu = capture::replay_capture(dir + "/nan", on_cpu);
+    EXPECT_EQ(cpu["replayed_on"], "cpu");
+    ASSERT_FALSE(cpu["first_nonfinite"].is_null()) << cpu.dump(2);
+    EXPECT_EQ(cpu["first_nonfinite"]["module"], "task.loss");
+  }
+#endif
 }

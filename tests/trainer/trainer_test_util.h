@@ -65,7 +65,10 @@ inline std::unique_ptr<Run> make_run(const std::string& yaml, const std::vector<
   auto doc = config::Document::load_string(yaml, "test.yaml");
   for (const auto& s : sets) doc.apply_override(s);
   RunOptions opt;
-  opt.run_dir = run_dir;
+  if (run_dir.empty())
+    opt.create_run_dir = false;  // no files at all
+  else
+    opt.run_dir = run_dir;
   opt.ckpt = std::move(ckpt);
   return build_run(doc, opt);
 }

@@ -1,0 +1,287 @@
+// nan_capture: catches the first non-finite training step and keeps everything that reproduces it
+// (DESIGN.md "NaNCapture"; seed: shared/seeds/nan-capture-callback.txt).
+//
+// - Per step, with no host sync and no deep copy: a ring of the last `keep_last` steps holds the
+//   micro-batches as the loader produced them (references to immutable host tensors), the CPU and
+//   CUDA generator states, the loop counters, and the step pipeline's record (the device-side
+//   verdict, per-gradient norms, the losses, the buffers from before the step).
+// - The step pipeline is armed with the configured checks. With `action: stop` the skip flag is
+//   sticky: from the failing step on no update is applied, so when the host learns of it (through an
+//   asynchronous copy of the verdict into pinned memory, at most keep_last - 1 steps later; it waits
+//   for the device only when the ring is full) the weights and optimizer state are still those from
+//   before the failing step. It writes <run_dir>/nan/step_<N>/ and stops training with exit status 3.
+// - `action: skip_step` drops each non-finite step on the device (buffers restored too), logs it
+//   (`train/skipped_steps`, a console line) and trains on; after `max_skips` skips (0: no limit)
+//   the next non-finite step is captured and stops the run like `stop`.
+// - Under 16-mixed an overflowing gradient is the loss scaler's normal business (skip, back off),
+//   so there only a non-finite loss counts.
+#include <deque>
+#include <filesystem>
+#include <fstream>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
+#include <c10/core/Event.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include "framework/checkpoint/checkpoint_io.h"
+#include "framework/core/callback.h"
+#include "framework/core/capture.h"
+#include "framework/core/trainer.h"
+
+namespace strobe {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct RingEntry {
+  TrainerState loop;  // at the start of the step
+  std::vector<Batch> batches;
+  std::vector<int64_t> batch_indices;
+  torch::Tensor rng_cpu;
+  std::vector<std::pair<int, torch::Tensor>> rng_cuda;
+  StepRecord record;
+  bool stepped = false;
+  torch::Tensor host_flags;  // [3]: verdict, loss flag, grad flag (pinned on CUDA)
+  std::unique_ptr<c10::Event> event;
+};
+
+class NaNCapture : public Callback {
+ public:
+  NaNCapture(bool check_grads, bool check_loss, bool stop, int64_t max_skips, int64_t keep_last, std::string dirpath)
+      : check_grads_(check_grads), check_loss_(check_loss), stop_(stop), max_skips_(max_skips), keep_last_(keep_last),
+        dirpath_(std::move(dirpath)) {}
+
+  std::string name() const override { return "nan_capture"; }
+
+  void setup(Trainer& t, Module&, Stage stage) override {
+    if (stage != Stage::Fit) return;
+    if (dirpath_.empty() && !t.run_dir().empty()) dirpath_ = (fs::path(t.run_dir()) / "nan").string();
+    StepGuard g;
+    // 16-mixed: a non-finite gradient is an overflow the loss scaler handles; only the loss counts.
+    g.check_grads = check_grads_ && t.config().precision != "16-mixed";
+    g.check_loss = check_loss_ || (check_grads_ && t.config().precision == "16-mixed");
+    g.sticky = stop_ || (max_skips_ > 0 && skips_ >= max_skips_);
+    g.restore_buffers = !g.sticky;
+    g.snapshot_buffers = true;
+    t.arm_step_guard(g);
+  }
+
+  void on_train_batch_start(Trainer& t, Module&, const Batch& batch, int64_t batch_idx) override {
+    if (t.accumulated_batches() == 0) {
+      RingEntry e;
+      e.loop = t.state();
+      {
+        at::Generator cpu = at::detail::getDefaultCPUGenerator();
+        std::lock_guard<std::mutex> lock(cpu.mutex());
+        e.rng_cpu = cpu.get_state();
+      }
+      if (t.device().is_cuda()) {
+        for (size_t i = 0; i < torch::cuda::device_count(); ++i) {
+          at::Generator gen = at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(i)));
+          std::lock_guard<std::mutex> lock(gen.mutex());
+          e.rng_cuda.emplace_back(static_cast<int>(i), gen.get_state());
+        }
+      }
+      ring_.push_back(std::move(e));
+    }
+    ring_.back().batches.push_back(batch);
+    ring_.back().batch_indices.push_back(batch_idx);
+  }
+
+  // After StepPipeline::step(): the record of this step is complete.
+  void on_before_zero_grad(Trainer& t, Module&, torch::optim::Optimizer&) override {
+    if (ring_.empty()) return;
+    RingEntry& e = ring_.back();
+    e.record = t.step_pipeline().last();
+    e.stepped = true;
+    const auto& r = e.record;
+    auto zero = [&] { return torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat32).device(t.device())); };
+    auto flags = torch::stack({r.nonfinite.defined() ? r.nonfinite : zero(), r.loss_nonfinite.defined() ? r.loss_nonfinite : zero(),
+                               r.grad_nonfinite.defined() ? r.grad_nonfinite : zero()});
+    if (t.device().is_cuda()) {
+      e.host_flags = torch::empty({3}, torch::TensorOptions().dtype(torch::kFloat32).pinned_memory(true));
+      e.host_flags.copy_(flags, /*non_blocking=*/true);
+      e.event = std::make_unique<c10::Event>(c10::DeviceType::CUDA);
+      e.event->record(c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(t.device()));
+    } else {
+      e.host_flags = flags;
+    }
+    resolve(t, /*drain=*/false);
+  }
+
+  void on_train_end(Trainer& t, Module&) override { resolve(t, /*drain=*/true); }
+
+  nlohmann::json state_dict() const override {
+    return {{"skips", skips_}, {"skipped_steps", skipped_steps_}, {"captures", captures_}};
+  }
+  void load_state_dict(const nlohmann::json& s) override {
+    skips_ = s.value("skips", int64_t{0});
+    skipped_steps_ = s.value("skipped_steps", std::vector<int64_t>{});
+    captures_ = s.value("captures", std::vector<std::string>{});
+  }
+
+ private:
+  // Reads the verdicts of finished steps, oldest first; waits for the oldest only when the ring is
+  // full (or at the end of training) — the bound on how late the host learns of a bad step.
+  void resolve(Trainer& t, bool drain) {
+    while (!ring_.empty() && !stopped_) {
+      RingEntry& e = ring_.front();
+      if (!e.stepped) break;
+      const bool must = drain || static_cast<int64_t>(ring_.size()) > keep_last_;
+      if (e.event && !e.event->query()) {
+        if (!must) break;
+        e.event->synchronize();
+      }
+      const float* f = e.host_flags.data_ptr<float>();
+      if (f[0] != 0.f) on_nonfinite(t, e, f[1] != 0.f, f[2] != 0.f);
+      if (stopped_) break;
+      ring_.pop_front();
+    }
+    // Entries beyond the ring depth that are still unresolved are kept until their copy lands.
+  }
+
+  std::vector<std::string> nonfinite_grads(const RingEntry& e) const {
+    std::vector<std::string> names;
+    if (!e.record.grad_norms.defined() || !e.record.grad_names) return names;
+    auto norms = e.record.grad_norms.to(torch::kCPU);
+    const float* p = norms.data_ptr<float>();
+    for (int64_t i = 0; i < norms.numel(); ++i)
+      if (!std::isfinite(p[i])) names.push_back((*e.record.grad_names)[static_cast<size_t>(i)]);
+    return names;
+  }
+
+  void on_nonfinite(Trainer& t, RingEntry& e, bool loss_bad, bool grads_bad) {
+    const std::string what = loss_bad && grads_bad ? "loss and gradients" : loss_bad ? "loss" : "gradients";
+    const int64_t step = e.loop.global_step;
+    const bool capture = stop_ || (max_skips_ > 0 && skips_ >= max_skips_);
+    if (!capture) {
+      ++skips_;
+      skipped_steps_.push_back(step);
+      if (skipped_steps_.size() > 1000) skipped_steps_.erase(skipped_steps_.begin());
+      auto grads = nonfinite_grads(e);
+      fmt::print(stderr, "nan_capture: non-finite {} at step {} (epoch {}, batch {}): step skipped ({} so far){}\n", what,
+                 step, e.loop.epoch, e.loop.batch_in_epoch, skips_,
+                 grads.empty() ? "" : fmt::format("; first non-finite gradient: {}", grads.front()));
+      t.log_host({{"train/skipped_steps", static_cast<double>(skips_)}});
+      if (max_skips_ > 0 && skips_ >= max_skips_) {
+        // The budget is spent: from now on a bad step is kept (sticky) and captured exactly.
+        StepGuard g;
+        g.sticky = true;
+        t.arm_step_guard(g);
+        fmt::print(stderr, "nan_capture: max_skips ({}) reached: the next non-finite step stops the run with a capture\n",
+                   max_skips_);
+      }
+      return;
+    }
+    const std::string dir = write_capture(t, e, loss_bad, grads_bad);
+    captures_.push_back(dir);
+    fmt::print(stderr,
+               "nan_capture: non-finite {} at step {} (epoch {}, batch {}); the update was not applied.\n"
+               "nan_capture: capture written to {}\nnan_capture: replay it with: strobe replay {}\n",
+               what, step, e.loop.epoch, e.loop.batch_in_epoch, dir, dir);
+    stopped_ = true;
+    t.request_stop(kExitNaN);
+  }
+
+  std::string write_capture(Trainer& t, const RingEntry& e, bool loss_bad, bool grads_bad) {
+    if (dirpath_.empty())
+      throw std::runtime_error("nan_capture: no run directory to write the capture to (set the callback's dirpath)");
+    auto d = t.make_checkpoint();
+    // The state of the failing step's start, where it differs from now: loop counters, buffers
+    // (later forwards may have moved BatchNorm statistics), RNG, scheduler position, no partial
+    // accumulation, no sticky flag.
+    d.blobs["loop"] = serialize_loop_state(e.loop);
+    auto& pipe = t.step_pipeline();
+    if (!e.record.buffers_before.empty()) {
+      auto bufs = pipe.unflatten_buffers(e.record.buffers_before);
+      for (size_t i = 0; i < bufs.size(); ++i)
+        if (bufs[i].defined()) d.tensors["model/" + pipe.buffer_names()[i]] = bufs[i];
+    }
+    d.tensors["rng/cpu"] = e.rng_cpu;
+    for (const auto& [i, s] : e.rng_cuda) d.tensors[fmt::format("rng/cuda/{}", i)] = s;
+    if (d.has_blob("scheduler")) {
+      auto s = nlohmann::json::parse(d.blob("scheduler"));
+      s["step"] = e.loop.global_step;
+      d.blobs["scheduler"] = s.dump();
+    }
+    d.blobs["accumulation"] = nlohmann::json{{"micro_batches", 0}}.dump();
+    for (auto it = d.tensors.begin(); it != d.tensors.end();)
+      it = it->first.rfind("accumulation/grad/", 0) == 0 ? d.tensors.erase(it) : std::next(it);
+    if (d.tensors.count("step/sticky")) d.tensors["step/sticky"] = torch::zeros_like(d.tensors["step/sticky"]);
+    capture::put_batches(d, e.batches);
+
+    nlohmann::json losses = nlohmann::json::array();
+    for (const auto& l : e.record.losses) {
+      auto host = l.to(torch::kCPU);
+      losses.push_back({{"value", fmt::format("{:.9g}", host.to(torch::kDouble).item<double>())}, {"bits", capture::tensor_bits(host)},
+                        {"dtype", std::string(c10::toString(host.scalar_type()))}});
+    }
+    const auto grads = nonfinite_grads(e);
+    nlohmann::json info = {{"global_step", e.loop.global_step},
+                           {"epoch", e.loop.epoch},
+                           {"batch_in_epoch", e.loop.batch_in_epoch},
+                           {"batch_indices", e.batch_indices},
+                           {"micro_batches", e.batches.size()},
+                           {"device", t.device().str()},
+                           {"precision", t.config().precision},
+                           {"loss_nonfinite", loss_bad},
+                           {"grads_nonfinite", grads_bad},
+                           {"grads_checked", e.record.grad_norms.defined()},
+                           {"nonfinite_grads", grads},
+                           {"losses", losses},
+                           {"action", stop_ ? "stop" : "skip_step"}};
+    d.blobs["capture"] = info.dump(2);
+
+    const fs::path final_dir = fs::path(dirpath_) / fmt::format("step_{}", e.loop.global_step);
+    const fs::path tmp = fs::path(dirpath_) / fmt::format(".step_{}.tmp", e.loop.global_step);
+    fs::remove_all(tmp);
+    fs::create_directories(tmp);
+    checkpoint::save_checkpoint_file((tmp / capture::kCheckpointFile).string(), d);
+    std::ofstream(tmp / "config.yaml") << d.blob("config");
+    {
+      std::ofstream s(tmp / "summary.txt");
+      s << fmt::format("Non-finite {} at step {} (epoch {}, batch {} of the epoch), {} micro-batch(es), device {}, precision {}.\n",
+                       loss_bad && grads_bad ? "loss and gradients" : loss_bad ? "loss" : "gradients", e.loop.global_step,
+                       e.loop.epoch, e.loop.batch_in_epoch, e.batches.size(), t.device().str(), t.config().precision);
+      for (size_t i = 0; i < losses.size(); ++i) s << fmt::format("loss of micro-batch {}: {}\n", i, losses[i]["value"].get<std::string>());
+      if (!grads.empty()) {
+        s << fmt::format("{} non-finite gradient(s):", grads.size());
+        for (size_t i = 0; i < grads.size() && i < 20; ++i) s << ' ' << grads[i];
+        s << (grads.size() > 20 ? " ...\n" : "\n");
+      }
+      s << "The weights, buffers and optimizer state are from before this step (its update was skipped on the device).\n"
+        << fmt::format("Replay: strobe replay {}\n", final_dir.string());
+    }
+    fs::remove_all(final_dir);
+    fs::rename(tmp, final_dir);
+    return final_dir.string();
+  }
+
+  bool check_grads_, check_loss_, stop_;
+  int64_t max_skips_, keep_last_;
+  std::string dirpath_;
+  std::deque<RingEntry> ring_;
+  int64_t skips_ = 0;
+  std::vector<int64_t> skipped_steps_;
+  std::vector<std::string> captures_;
+  bool stopped_ = false;
+};
+
+std::shared_ptr<Callback> make_nan_capture(config::Section& cfg) {
+  std::string check = cfg.get_choice("check", "both", {"both", "grads", "loss"});
+  std::string action = cfg.get_choice("action", "stop", {"stop", "skip_step"});
+  int64_t max_skips = cfg.get_int("max_skips", 0, 0);
+  int64_t keep_last = cfg.get_int("keep_last", 4, 1, 1024);
+  std::string dirpath = cfg.get_string("dirpath", "");
+  cfg.finish();
+  return std::make_shared<NaNCapture>(check != "loss", check != "grads", action == "stop", max_skips, keep_last, dirpath);
+}
+
+STROBE_REGISTER(callback_registry(), "nan_capture", make_nan_capture);
+
+}  // namespace
+}  // namespace strobe

@@ -1,0 +1,220 @@
+#include "framework/core/capture.h"
+
+#include <algorithm>
+#include <filesystem>
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include "framework/checkpoint/checkpoint_io.h"
+#include "framework/config/config.h"
+#include "framework/core/experiment_builder.h"
+#include "framework/core/forensics.h"
+
+namespace strobe::capture {
+
+namespace fs = std::filesystem;
+
+void put_batches(checkpoint::CheckpointData& out, const std::vector<Batch>& batches) {
+  nlohmann::json metas = nlohmann::json::array();
+  for (size_t i = 0; i < batches.size(); ++i) {
+    for (const auto& [key, t] : batches[i].tensors) out.tensors[fmt::format("capture/batch/{}/{}", i, key)] = t;
+    metas.push_back(batches[i].meta);
+  }
+  out.blobs["capture_batches"] = metas.dump();
+}
+
+std::vector<Batch> get_batches(const checkpoint::CheckpointData& in) {
+  auto metas = nlohmann::json::parse(in.blob("capture_batches"));
+  std::vector<Batch> out(metas.size());
+  for (size_t i = 0; i < out.size(); ++i) out[i].meta = metas[i].get<std::map<std::string, int64_t>>();
+  for (const auto& [name, t] : in.tensors) {
+    if (name.rfind("capture/batch/", 0) != 0) continue;
+    auto rest = name.substr(14);
+    auto slash = rest.find('/');
+    size_t i = std::stoul(rest.substr(0, slash));
+    if (i >= out.size()) throw checkpoint::CheckpointError(fmt::format("capture batch tensor '{}' has no batch record", name));
+    out[i].tensors[rest.substr(slash + 1)] = t;
+  }
+  return out;
+}
+
+std::string resolve_capture_dir(const std::string& path) {
+  fs::path p(path);
+  if (!fs::exists(p)) throw checkpoint::CheckpointError(fmt::format("{}: no such capture directory", path));
+  if (!fs::is_directory(p))
+    throw checkpoint::CheckpointError(fmt::format("{}: not a capture directory (give <run_dir>/nan or nan/step_<N>)", path));
+  if (fs::exists(p / kCheckpointFile)) return p.string();
+  fs::path best;
+  int64_t best_step = -1;
+  for (const auto& e : fs::directory_iterator(p)) {
+    const auto n = e.path().filename().string();
+    if (!e.is_directory() || n.rfind("step_", 0) != 0 || !fs::exists(e.path() / kCheckpointFile)) continue;
+    try {
+      int64_t s = std::stoll(n.substr(5));
+      if (s > best_step) best_step = s, best = e.path();
+    } catch (const std::exception&) {
+    }
+  }
+  if (best_step < 0)
+    throw checkpoint::CheckpointError(
+        fmt::format("{}: not a NaN capture (no {} here and no step_<N> capture inside)", path, kCheckpointFile));
+  return best.string();
+}
+
+std::string tensor_bits(const torch::Tensor& t) {
+  auto c = t.to(torch::kCPU).contiguous();
+  const auto* p = static_cast<const unsigned char*>(c.data_ptr());
+  std::string out;
+  for (int64_t i = 0; i < c.nbytes(); ++i) out += fmt::format("{:02x}", p[i]);
+  return out;
+}
+
+namespace {
+
+// Observes the replayed step just before the optimizer: which gradients are non-finite.
+class GradientObserver : public Callback {
+ public:
+  std::string name() const override { return "replay_observer"; }
+  void on_before_optimizer_step(Trainer&, Module& m, torch::optim::Optimizer&) override {
+    seen = true;
+    for (const auto& p : m.net().named_parameters()) {
+      const auto& g = p.value().grad();
+      if (g.defined() && !torch::isfinite(g).all().item<bool>()) nonfinite.push_back(p.key());
+    }
+  }
+  bool seen = false;
+  std::vector<std::string> nonfinite;
+};
+
+std::vector<std::string> sorted(std::vector<std::string> v) {
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+}  // namespace
+
+nlohmann::json replay_capture(const std::string& path, const ReplayOptions& options) {
+  const std::string dir = resolve_capture_dir(path);
+  const std::string file = (fs::path(dir) / kCheckpointFile).string();
+  auto d = checkpoint::load_checkpoint_file(file);
+  if (!d.has_blob("capture") || !d.has_blob("capture_batches") || !d.has_blob("config"))
+    throw checkpoint::CheckpointError(fmt::format("{}: a checkpoint but not a NaN capture (no capture record)", file));
+  nlohmann::json info;
+  try {
+    info = nlohmann::json::parse(d.blob("capture"));
+  } catch (const std::exception& e) {
+    throw checkpoint::CheckpointError(fmt::format("{}: the capture record is not valid JSON: {}", file, e.what()));
+  }
+  const std::string captured_device = info.value("device", "cpu");
+  const std::string device = options.device.value_or(torch::Device(captured_device).is_cuda() && !torch::cuda::is_available()
+                                                         ? std::string("cpu")
+                                                         : captured_device);
+
+  auto doc = config::Document::load_string(d.blob("config"), file + " (resolved config)");
+  // The step alone: no callbacks, files, progress bar or loggers; the captured device unless asked.
+  doc.apply_override("callbacks=[]");
+  doc.apply_override("trainer.enable_checkpointing=false");
+  doc.apply_override("trainer.enable_progress_bar=false");
+  doc.apply_override("trainer.device=" + device);
+  RunOptions ro;
+  ro.stage = Stage::Fit;
+  ro.create_run_dir = false;
+  auto run = build_run(doc, ro);
+  auto observer = std::make_shared<GradientObserver>();
+  run->trainer->add_callback(observer);
+  run->trainer->load_checkpoint_data(d, /*restore_training_state=*/true, file);
+  const auto batches = get_batches(d);
+  const auto indices = info.value("batch_indices", std::vector<int64_t>{});
+
+  nlohmann::json notes = nlohmann::json::array();
+  if (device != captured_device)
+    notes.push_back(fmt::format("captured on {}, replayed on {}: bits may differ across devices", captured_device, device));
+  for (const auto& p : run->module->net().named_parameters())
+    if (!torch::isfinite(p.value()).all().item<bool>())
+      notes.push_back(fmt::format("parameter {} was already non-finite before the step", p.key()));
+  for (size_t i = 0; i < batches.size(); ++i)
+    for (const auto& [k, t] : batches[i].tensors)
+      if (at::isFloatingType(t.scalar_type()) && !torch::isfinite(t).all().item<bool>())
+        notes.push_back(fmt::format("batch {} tensor '{}' holds non-finite values", i, k));
+
+  std::vector<torch::Tensor> losses;
+  std::optional<NonFiniteEvent> first;
+  int64_t traced = 0;
+  {
+    NonFiniteTracer tracer(run->module->net());
+    for (size_t i = 0; i < batches.size(); ++i)
+      losses.push_back(run->trainer->run_training_batch(batches[i], i < indices.size() ? indices[i] : 0));
+    first = tracer.first();
+    traced = tracer.ops_observed();
+  }
+
+  nlohmann::json cap_losses = info.value("losses", nlohmann::json::array());
+  nlohmann::json rep_losses = nlohmann::json::array();
+  bool bits_equal = losses.size() == cap_losses.size();
+  for (size_t i = 0; i < losses.size(); ++i) {
+    auto host = losses[i].defined() ? losses[i].to(torch::kCPU) : torch::full({}, NAN);
+    const auto bits = tensor_bits(host);
+    rep_losses.push_back({{"value", fmt::format("{:.9g}", host.to(torch::kDouble).item<double>())}, {"bits", bits}});
+    if (i >= cap_losses.size() || cap_losses[i].value("bits", "") != bits) bits_equal = false;
+  }
+  const bool grads_checked = info.value("grads_checked", false);
+  auto cap_grads = sorted(info.value("nonfinite_grads", std::vector<std::string>{}));
+  auto rep_grads = sorted(observer->nonfinite);
+  const bool grads_equal = !grads_checked || cap_grads == rep_grads;
+  if (!grads_checked) notes.push_back("the gradients were not checked during training: only the loss bits are compared");
+
+  nlohmann::json report = {{"capture", dir},
+                           {"global_step", info.value("global_step", int64_t{-1})},
+                           {"epoch", info.value("epoch", int64_t{-1})},
+                           {"batch_in_epoch", info.value("batch_in_epoch", int64_t{-1})},
+                           {"batch_indices", indices},
+                           {"captured_on", captured_device},
+                           {"replayed_on", device},
+                           {"precision", info.value("precision", "")},
+                           {"exact", bits_equal && grads_equal},
+                           {"loss", {{"captured", cap_losses}, {"replayed", rep_losses}, {"bits_equal", bits_equal}}},
+                           {"nonfinite_grads",
+                            {{"captured", cap_grads}, {"replayed", rep_grads}, {"equal", grads_equal}, {"checked", grads_checked}}},
+                           {"ops_traced", traced},
+                           {"first_nonfinite", first ? first->to_json() : nlohmann::json(nullptr)},
+                           {"notes", notes}};
+  return report;
+}
+
+std::string format_replay_report(const nlohmann::json& r) {
+  std::string out = fmt::format("Replay of {}\n  step {} (epoch {}, batch {} of the epoch), captured on {}, replayed on {}, precision {}\n",
+                                r["capture"].get<std::string>(), r["global_step"].get<int64_t>(), r["epoch"].get<int64_t>(),
+                                r["batch_in_epoch"].get<int64_t>(), r["captured_on"].get<std::string>(),
+                                r["replayed_on"].get<std::string>(), r["precision"].get<std::string>());
+  const auto& loss = r["loss"];
+  for (size_t i = 0; i < loss["replayed"].size(); ++i) {
+    const auto& rep = loss["replayed"][i];
+    std::string cap = i < loss["captured"].size() ? loss["captured"][i].value("value", "?") : "?";
+    out += fmt::format("  loss (micro-batch {}): captured {}, replayed {}\n", i, cap, rep.value("value", "?"));
+  }
+  const auto& g = r["nonfinite_grads"];
+  if (g["checked"].get<bool>())
+    out += fmt::format("  non-finite gradients: captured {}, replayed {}\n", g["captured"].size(), g["replayed"].size());
+  out += fmt::format("  reproduction: {}\n", r["exact"].get<bool>() ? "EXACT (same loss bits, same non-finite gradients)"
+                                                                     : "NOT exact (see the comparison above)");
+  const auto& f = r["first_nonfinite"];
+  if (f.is_null()) {
+    out += "  no operation produced a non-finite value in the replayed step\n";
+  } else {
+    out += fmt::format("  first non-finite value: {} in {} ({}), {}\n", f["op"].get<std::string>(), f["module"].get<std::string>(),
+                       f["phase"].get<std::string>(), f["note"].get<std::string>());
+    auto line = [](const nlohmann::json& s) {
+      return fmt::format("    {:<28} shape {} {}: min {:.6g} max {:.6g} mean|x| {:.6g} nan {} +inf {} -inf {}\n",
+                         s["name"].get<std::string>(), s["shape"].dump(), s["dtype"].get<std::string>(), s["min"].get<double>(),
+                         s["max"].get<double>(), s["mean_abs"].get<double>(), s["nan"].get<int64_t>(), s["pos_inf"].get<int64_t>(),
+                         s["neg_inf"].get<int64_t>());
+    };
+    for (const auto& s : f["inputs"]) out += line(s);
+    out += line(f["output"]);
+  }
+  for (const auto& n : r["notes"]) out += fmt::format("  note: {}\n", n.get<std::string>());
+  return out;
+}
+
+}  // namespace strobe::capture

@@ -1,0 +1,113 @@
+// StepPipeline: the device-side sequence of one optimizer step (DESIGN.md, "the step pipeline").
+//
+//   begin_step()          first micro-batch of a step: snapshot buffers when a guard wants them
+//   prepare_backward(l)   per micro-batch: l / accumulate * loss scale; the loss check (device flag)
+//   -- backward(), on_after_backward, on_before_optimizer_step (callbacks may still edit grads) --
+//   step()                one pass over the gradient list (per-parameter L2 norms) gives the
+//                         non-finite flag and the clipping norm; unscale x clip coefficient become
+//                         the optimizer's gradient multiplier; one combined skip flag decides the
+//                         update; the loss scaler is updated; a skipped step restores buffers.
+//
+// Contract:
+// - No host read anywhere on the fused path (our multi-tensor optimizers take the skip flag and the
+//   multiplier as device scalars). torch::optim (CPU, `fused: false`, non-fp32 parameters) cannot
+//   skip on the device: when a skip is possible (loss scaling, an armed guard) step() reads the skip
+//   flag on the host — one sync per step, documented in docs/ARCHITECTURE.md.
+// - Nothing is computed that nobody asked for: without clipping, loss scaling or an armed guard,
+//   step() is exactly optimizer.step().
+// - Sticky guard (NaN capture, action stop): once a step is non-finite, every later update is
+//   skipped too until reset_sticky(), so the weights and optimizer state a capture writes a few steps
+//   later are still those from before the failing step.
+// - Host-side counters (global step, scheduler) advance on a skipped step, as PyTorch and Lightning do
+//   when the loss scaler skips: the host learns of a skip only later. A NaN capture saves the loop
+//   state of the failing step itself.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/types.h>
+
+#include "framework/config/experiment.h"
+
+namespace torch::nn {
+class Module;
+}
+namespace torch::optim {
+class Optimizer;
+}
+
+namespace strobe {
+
+class GradScaler;
+
+// What a callback (NaN capture) asks of the step; arm() ORs requests together.
+struct StepGuard {
+  bool check_grads = false;       // non-finite gradients make the step non-finite
+  bool check_loss = false;        // a non-finite loss of any micro-batch makes the step non-finite
+  bool sticky = false;            // a non-finite step skips every later update until reset_sticky()
+  bool restore_buffers = false;   // a skipped step leaves buffers (BN statistics) as before it
+  bool snapshot_buffers = false;  // keep a copy of the buffers from before each step in the record
+};
+
+// The device-side outcome of the latest step; tensors are fresh each step, so a holder can keep
+// them (a reference, no copy) after the next step has begun.
+struct StepRecord {
+  torch::Tensor nonfinite;       // 0-d float32: this step's verdict under the armed checks (1 = bad)
+  torch::Tensor loss_nonfinite;  // 0-d float32, defined when the loss is checked
+  torch::Tensor grad_nonfinite;  // 0-d float32, defined when the gradients were checked
+  torch::Tensor skipped;         // 0-d float32: the update was not applied (undefined: it was)
+  torch::Tensor grad_norms;      // [n] per-gradient L2 norms (fp32), aligned with grad_names
+  std::shared_ptr<const std::vector<std::string>> grad_names;
+  std::vector<torch::Tensor> losses;          // each micro-batch's loss, detached
+  std::vector<torch::Tensor> buffers_before;  // with snapshot_buffers: one flat tensor per dtype
+};
+
+class StepPipeline {
+ public:
+  // The optimizer must hold `net`'s parameters; our fused optimizers are detected and skip on the device.
+  StepPipeline(const config::TrainerConfig& cfg, torch::nn::Module& net, torch::optim::Optimizer& optimizer,
+               GradScaler* scaler);
+  ~StepPipeline();
+
+  void arm(const StepGuard& guard);
+  const StepGuard& guard() const { return guard_; }
+
+  void begin_step();
+  torch::Tensor prepare_backward(const torch::Tensor& loss);
+  void step();
+
+  const StepRecord& last() const { return last_; }
+  // 0-d float32 device flag (1 = every update is skipped) of the sticky guard.
+  const torch::Tensor& sticky_flag() const { return sticky_; }
+  void reset_sticky();
+  void set_sticky(const torch::Tensor& value);
+
+  // The buffers in snapshot order, and a snapshot unflattened into tensors of their shapes.
+  const std::vector<torch::Tensor>& buffers() const { return buffers_; }
+  const std::vector<std::string>& buffer_names() const { return buffer_names_; }
+  std::vector<torch::Tensor> unflatten_buffers(const std::vector<torch::Tensor>& flat) const;
+  bool fused() const { return fused_; }
+
+ private:
+  std::vector<torch::Tensor> snapshot_buffers() const;
+  void restore_buffers(const std::vector<torch::Tensor>& flat, const torch::Tensor& skip);
+
+  const config::TrainerConfig& cfg_;
+  torch::optim::Optimizer& optimizer_;
+  GradScaler* scaler_;
+  bool fused_;
+  StepGuard guard_;
+  std::vector<torch::Tensor> params_;
+  std::vector<std::string> param_names_;
+  std::vector<torch::Tensor> buffers_;
+  std::vector<std::string> buffer_names_;
+  std::vector<std::vector<size_t>> buffer_groups_;  // indices of buffers per dtype, in snapshot order
+  torch::Tensor sticky_;
+  torch::Tensor loss_flag_;
+  StepRecord current_, last_;
+  std::shared_ptr<const std::vector<std::string>> grad_names_;
+};
+
+}  // namespace strobe

@@ -1,0 +1,230 @@
+// Trainer, the state: every piece of state a checkpoint holds is registered with the StateConnector
+// here, once; make_checkpoint / load_checkpoint (resume, validate/test), the NaN capture and replay
+// all go through it.
+#include <sstream>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
+#include <cereal/archives/portable_binary.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include "framework/checkpoint/checkpoint_io.h"
+#include "framework/core/precision.h"
+#include "framework/core/trainer.h"
+#include "framework/logging/log_collector.h"
+
+namespace strobe {
+
+template <class Archive>
+void serialize(Archive& ar, TrainerState& s) {
+  ar(s.epoch, s.global_step, s.batch_in_epoch, s.batches_seen, s.val_runs, s.epoch_done, s.elapsed_s);
+}
+
+namespace {
+
+std::string archive_to_string(torch::serialize::OutputArchive& a) {
+  std::ostringstream os;
+  a.save_to(os);
+  return os.str();
+}
+
+}  // namespace
+
+std::string serialize_loop_state(const TrainerState& state) {
+  std::ostringstream os;
+  {
+    cereal::PortableBinaryOutputArchive ar(os);
+    ar(state);
+  }
+  return os.str();
+}
+
+TrainerState parse_loop_state(const std::string& blob) {
+  TrainerState s;
+  std::istringstream is(blob);
+  cereal::PortableBinaryInputArchive ar(is);
+  ar(s);
+  return s;
+}
+
+void Trainer::register_state() {
+  using Kind = StateConnector::Kind;
+  using checkpoint::CheckpointData;
+  connector_.add(
+      "model",
+      [this](CheckpointData& d) {
+        for (const auto& p : module_->net().named_parameters()) d.tensors["model/" + p.key()] = p.value().detach();
+        for (const auto& b : module_->net().named_buffers()) d.tensors["model/" + b.key()] = b.value();
+      },
+      [this](const CheckpointData& d) {
+        torch::NoGradGuard ng;
+        auto load_into = [&](const std::string& key, torch::Tensor target) {
+          auto it = d.tensors.find("model/" + key);
+          if (it == d.tensors.end())
+            throw checkpoint::CheckpointError(fmt::format("has no weights for '{}' (a checkpoint of a different model?)", key));
+          if (it->second.sizes() != target.sizes())
+            throw checkpoint::CheckpointError(fmt::format("'{}' has shape {} in the checkpoint but {} in the model", key,
+                                                          c10::str(it->second.sizes()), c10::str(target.sizes())));
+          target.copy_(it->second);
+        };
+        for (auto& p : module_->net().named_parameters()) load_into(p.key(), p.value());
+        for (auto& b : module_->net().named_buffers()) load_into(b.key(), b.value());
+      },
+      Kind::Always);
+  connector_.add(
+      "optimizer",
+      [this](CheckpointData& d) {
+        if (!optimizer_) return;
+        torch::serialize::OutputArchive a;
+        optimizer_->save(a);
+        d.blobs["optimizer"] = archive_to_string(a);
+      },
+      [this](const CheckpointData& d) {
+        if (!optimizer_ || !d.has_blob("optimizer")) return;
+        torch::serialize::InputArchive a;
+        std::istringstream is(d.blob("optimizer"));
+        a.load_from(is, device_);
+        optimizer_->load(a);
+      });
+  connector_.add(
+      "scheduler",
+      [this](CheckpointData& d) {
+        if (scheduler_) d.blobs["scheduler"] = scheduler_->state_dict().dump();
+      },
+      [this](const CheckpointData& d) {
+        if (scheduler_ && d.has_blob("scheduler")) scheduler_->load_state_dict(nlohmann::json::parse(d.blob("scheduler")));
+      });
+  connector_.add(
+      "scaler",
+      [this](CheckpointData& d) {
+        if (!scaler_) return;
+        d.tensors["scaler/scale"] = scaler_->scale_tensor();
+        d.tensors["scaler/growth_tracker"] = scaler_->growth_tracker();
+      },
+      [this](const CheckpointData& d) {
+        if (scaler_ && d.tensors.count("scaler/scale")) scaler_->load(d.tensor("scaler/scale"), d.tensor("scaler/growth_tracker"));
+      });
+  // Loop counters are restored for evaluation too, so that its logged step and epoch match.
+  connector_.add(
+      "loop",
+      [this](CheckpointData& d) {
+        TrainerState s = state_;
+        if (start_time_.time_since_epoch().count() != 0)
+          s.elapsed_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time_).count();
+        d.blobs["loop"] = serialize_loop_state(s);
+      },
+      [this](const CheckpointData& d) { state_ = parse_loop_state(d.blob("loop")); },
+      Kind::Always);
+  // Partial gradients of an unfinished accumulation window.
+  connector_.add(
+      "accumulation",
+      [this](CheckpointData& d) {
+        d.blobs["accumulation"] = nlohmann::json{{"micro_batches", accum_count_}}.dump();
+        if (accum_count_ == 0) return;
+        for (const auto& p : module_->net().named_parameters())
+          if (p.value().grad().defined()) d.tensors["accumulation/grad/" + p.key()] = p.value().grad();
+      },
+      [this](const CheckpointData& d) {
+        accum_count_ = d.has_blob("accumulation") ? nlohmann::json::parse(d.blob("accumulation")).at("micro_batches").get<int64_t>() : 0;
+        for (auto& p : module_->net().named_parameters()) {
+          auto it = d.tensors.find("accumulation/grad/" + p.key());
+          if (accum_count_ > 0 && it != d.tensors.end())
+            p.value().mutable_grad() = it->second.to(p.value().device()).clone();
+          else
+            p.value().mutable_grad() = torch::Tensor();
+        }
+      });
+  connector_.add(
+      "logger", [this](CheckpointData& d) { collector_->save_state(d); },
+      [this](const CheckpointData& d) { collector_->load_state(d); });
+  // The sticky skip flag is saved for diagnosis (a checkpoint written after a NaN was detected shows
+  // 1) but never restored: a resumed run starts with a clear guard, from the pre-corruption weights.
+  connector_.add(
+      "step_guard",
+      [this](CheckpointData& d) {
+        if (pipeline_ && pipeline_->sticky_flag().defined()) d.tensors["step/sticky"] = pipeline_->sticky_flag();
+      },
+      nullptr);
+  connector_.add(
+      "rng",
+      [](CheckpointData& d) {
+        {
+          at::Generator cpu = at::detail::getDefaultCPUGenerator();
+          std::lock_guard<std::mutex> lock(cpu.mutex());
+          d.tensors["rng/cpu"] = cpu.get_state();
+        }
+        if (torch::cuda::is_available()) {
+          for (size_t i = 0; i < torch::cuda::device_count(); ++i) {
+            at::Generator gen = at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(i)));
+            std::lock_guard<std::mutex> lock(gen.mutex());
+            d.tensors[fmt::format("rng/cuda/{}", i)] = gen.get_state();
+          }
+        }
+      },
+      [this](const CheckpointData& d) { restore_rng(d); });
+  connector_.add(
+      "callbacks",
+      [this](CheckpointData& d) {
+        nlohmann::json cbs = nlohmann::json::object();
+        for (auto& cb : callbacks_) cbs[cb->state_key()] = cb->state_dict();
+        d.blobs["callbacks"] = cbs.dump();
+      },
+      [this](const CheckpointData& d) {
+        auto cbs = nlohmann::json::parse(d.blob("callbacks"));
+        for (auto& cb : callbacks_)
+          if (cbs.contains(cb->state_key())) cb->load_state_dict(cbs.at(cb->state_key()));
+      });
+  connector_.add(
+      "config", [this](CheckpointData& d) { d.blobs["config"] = config_yaml_; }, nullptr, Kind::Always);
+  connector_.add(
+      "meta",
+      [this](CheckpointData& d) {
+        nlohmann::json meta = {{"format_version", checkpoint::kFormatVersion},
+                               {"strobe_version", STROBE_VERSION},
+                               {"device", device_.str()},
+                               {"precision", exp_.trainer.precision},
+                               {"global_step", state_.global_step},
+                               {"epoch", state_.epoch}};
+        d.blobs["meta"] = meta.dump();
+      },
+      nullptr, Kind::Always);
+}
+
+checkpoint::CheckpointData Trainer::make_checkpoint() {
+  checkpoint::CheckpointData d;
+  connector_.save(d);
+  each([&](Callback& cb) { cb.on_save_checkpoint(*this, *module_, d); });
+  return d;
+}
+
+void Trainer::save_checkpoint(const std::string& path) { checkpoint::save_checkpoint_file(path, make_checkpoint()); }
+
+void Trainer::restore_rng(const checkpoint::CheckpointData& d) {
+  {
+    at::Generator cpu = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(cpu.mutex());
+    cpu.set_state(d.tensor("rng/cpu"));
+  }
+  if (torch::cuda::is_available()) {
+    for (size_t i = 0; i < torch::cuda::device_count(); ++i) {
+      auto it = d.tensors.find(fmt::format("rng/cuda/{}", i));
+      if (it == d.tensors.end()) continue;
+      at::Generator gen = at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(i)));
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      gen.set_state(it->second);
+    }
+  }
+}
+
+void Trainer::load_checkpoint(const std::string& path, bool restore_training_state) {
+  load_checkpoint_data(checkpoint::load_checkpoint_file(path), restore_training_state, path);
+}
+
+void Trainer::load_checkpoint_data(const checkpoint::CheckpointData& d, bool restore_training_state, const std::string& source) {
+  connector_.load(d, restore_training_state, source);
+  if (restore_training_state) each([&](Callback& cb) { cb.on_load_checkpoint(*this, *module_, d); });
+}
+
+}  // namespace strobe

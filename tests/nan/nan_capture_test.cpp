@@ -1,0 +1,412 @@
+// NaN capture and replay on CPU: the capture holds the pre-corruption state, replay reproduces the
+// step bit for bit (dropout included, through the restored RNG) and names the op and module, and
+// `action: skip_step` drops exactly the bad steps.
+//
+// The probe model injects a fault whose trigger depends on the batch alone (its mean input value
+// above a threshold), so a test knows on the host which steps must go bad.
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include "framework/checkpoint/checkpoint_io.h"
+#include "framework/config/config.h"
+#include "framework/core/capture.h"
+#include "framework/core/experiment_builder.h"
+#include "framework/core/forensics.h"
+#include "framework/core/model.h"
+
+namespace strobe {
+namespace {
+
+namespace fs = std::filesystem;
+
+// fc1 -> relu -> dropout -> batchnorm -> faulty (proj + fault) -> head.
+// fault "forward": y + 0 * log(threshold - mean(x)): NaN from aten::log once mean(x) > threshold.
+// fault "backward": y + 0 * sqrt(a) with a = 0 * (mean(h) - 1) once mean(x) > threshold: finite
+// forward, NaN parameter gradients (0 * inf in sqrt's backward).
+struct FaultyImpl : torch::nn::Module {
+  FaultyImpl(int64_t width, std::string fault, double threshold)
+      : proj(register_module("proj", torch::nn::Linear(width, width))), fault(std::move(fault)), threshold(threshold) {}
+  torch::Tensor forward(const torch::Tensor& h, const torch::Tensor& x_mean) {
+    ModuleScope scope("faulty");
+    auto y = proj->forward(h);
+    if (fault == "forward") return y + 0 * torch::log(threshold - x_mean);
+    if (fault == "backward") {
+      // The NaN must reach parameter gradients: `a` depends on h (fc1, bn) through a zero factor.
+      auto hm = h.mean();
+      auto a = torch::where(x_mean > threshold, (hm - 1) * 0, torch::ones_like(hm) + 0 * hm);
+      return y + 0 * torch::sqrt(a);
+    }
+    return y;
+  }
+  torch::nn::Linear proj;
+  std::string fault;
+  double threshold;
+};
+TORCH_MODULE(Faulty);
+
+class NanProbe : public Model {
+ public:
+  NanProbe(int64_t in, int64_t width, int64_t classes, double dropout, std::string fault, double threshold)
+      : Model("NanProbe"),
+        fc1(register_module("fc1", torch::nn::Linear(in, width))),
+        drop(register_module("drop", torch::nn::Dropout(dropout))),
+        bn(register_module("bn", torch::nn::BatchNorm1d(width))),
+        faulty(register_module("faulty", Faulty(width, std::move(fault), threshold))),
+        head(register_module("head", torch::nn::Linear(width, classes))) {}
+  torch::Tensor forward(const Batch& batch) override {
+    auto x = batch.at("image").flatten(1);
+    auto h = bn->forward(drop->forward(torch::relu(fc1->forward(x))));
+    return head->forward(torch::relu(faulty->forward(h, x.mean())));
+  }
+  std::string default_task() const override { return "classification"; }
+  torch::nn::Linear fc1;
+  torch::nn::Dropout drop;
+  torch::nn::BatchNorm1d bn;
+  Faulty faulty;
+  torch::nn::Linear head;
+};
+
+std::shared_ptr<Model> make_probe(config::Section& cfg) {
+  auto in = cfg.get_int("in_features", 16, 1);
+  auto width = cfg.get_int("width", 16, 1);
+  auto classes = cfg.get_int("num_classes", 4, 1);
+  auto dropout = cfg.get_double("dropout", 0.3, 0.0, 0.99);
+  auto fault = cfg.get_choice("fault", "none", {"none", "forward", "backward"});
+  auto threshold = cfg.get_double("threshold", 1e9);
+  cfg.finish();
+  return std::make_shared<NanProbe>(in, width, classes, dropout, fault, threshold);
+}
+STROBE_REGISTER(model_registry(), "nan_probe", make_probe);
+
+std::string probe_yaml(const std::string& fault, double threshold, const std::string& callbacks, int64_t max_steps = 12) {
+  return fmt::format(R"(name: nan_probe
+seed: 3
+trainer:
+  max_epochs: 1
+  max_steps: {}
+  log_every_n_steps: 1
+  num_sanity_val_steps: 0
+  enable_progress_bar: false
+  device: cpu
+model:
+  name: nan_probe
+  in_features: 16
+  width: 16
+  num_classes: 4
+  dropout: 0.3
+  fault: {}
+  threshold: {:.17g}
+data:
+  name: synthetic_images
+  image_size: 4
+  channels: 1
+  num_classes: 4
+  num_samples: 256
+  num_val_samples: 16
+  batch_size: 8
+  num_workers: 1
+optimizer:
+  name: adamw
+  lr: 0.01
+scheduler:
+  name: none
+callbacks: {}
+)",
+                     max_steps, fault, threshold, callbacks);
+}
+
+std::unique_ptr<Run> make_run(const std::string& yaml, const std::string& run_dir) {
+  auto doc = config::Document::load_string(yaml, "nan_probe.yaml");
+  RunOptions opt;
+  if (run_dir.empty())
+    opt.create_run_dir = false;
+  else
+    opt.run_dir = run_dir;
+  return build_run(doc, opt);
+}
+
+std::string temp_dir(const std::string& tag) {
+  auto base = fs::temp_directory_path() / "strobe-tests";
+  fs::create_directories(base);
+  std::string tmpl = (base / (tag + "-XXXXXX")).string();
+  std::vector<char> buf(tmpl.begin(), tmpl.end());
+  buf.push_back('\0');
+  return std::string(mkdtemp(buf.data()));
+}
+
+// Mean input value of the first n training batches, in the order training sees them.
+std::vector<double> batch_means(int64_t n) {
+  auto run = make_run(probe_yaml("none", 1e9, "[]"), "");
+  run->datamodule->setup(Stage::Fit);
+  auto loader = run->datamodule->train_loader();
+  loader->start(0, 0);
+  std::vector<double> out;
+  for (int64_t i = 0; i < n; ++i) {
+    auto b = loader->next();
+    if (!b) break;
+    out.push_back(b->at("image").flatten(1).mean().item<double>());
+  }
+  loader->stop();
+  return out;
+}
+
+// A threshold that the batch at `first_bad` is the first to exceed (and `extra` later ones).
+double threshold_first_bad_at(const std::vector<double>& means, size_t first_bad, size_t* bad_count = nullptr) {
+  double earlier_max = -1e9;
+  for (size_t i = 0; i < first_bad; ++i) earlier_max = std::max(earlier_max, means[i]);
+  EXPECT_GT(means[first_bad], earlier_max) << "pick another first_bad: the data decides";
+  const double thr = (earlier_max + means[first_bad]) / 2;
+  if (bad_count) {
+    *bad_count = 0;
+    for (double m : means) *bad_count += m > thr;
+  }
+  return thr;
+}
+
+size_t first_exceeding(const std::vector<double>& means, size_t from) {
+  // The first index >= from whose mean exceeds all earlier ones (a usable first bad step).
+  double mx = -1e9;
+  for (size_t i = 0; i < means.size(); ++i) {
+    if (i >= from && means[i] > mx) return i;
+    mx = std::max(mx, means[i]);
+  }
+  return means.size();
+}
+
+std::map<std::string, torch::Tensor> model_state(Module& m) {
+  std::map<std::string, torch::Tensor> out;
+  for (auto& p : m.net().named_parameters()) out["model/" + p.key()] = p.value().detach().clone();
+  for (auto& b : m.net().named_buffers()) out["model/" + b.key()] = b.value().clone();
+  return out;
+}
+
+void expect_bitwise_equal(const std::map<std::string, torch::Tensor>& a, const std::map<std::string, torch::Tensor>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& [k, t] : a) {
+    auto it = b.find(k);
+    ASSERT_NE(it, b.end()) << k;
+    EXPECT_TRUE(torch::equal(t, it->second)) << k << " differs";
+  }
+}
+
+// AdamW state per parameter, in parameter order (the archive's bytes depend on pointer order).
+std::vector<torch::Tensor> adamw_state(torch::optim::Optimizer& opt) {
+  std::vector<torch::Tensor> out;
+  for (auto& group : opt.param_groups())
+    for (auto& p : group.params()) {
+      auto it = opt.state().find(p.unsafeGetTensorImpl());
+      if (it == opt.state().end()) {
+        out.push_back(torch::full({1}, -1.0));
+        continue;
+      }
+      auto& s = static_cast<torch::optim::AdamWParamState&>(*it->second);
+      out.push_back(torch::full({1}, static_cast<double>(s.step())));
+      out.push_back(s.exp_avg().clone());
+      out.push_back(s.exp_avg_sq().clone());
+    }
+  return out;
+}
+
+void expect_same_optimizer_state(torch::optim::Optimizer& a, torch::optim::Optimizer& b) {
+  auto x = adamw_state(a), y = adamw_state(b);
+  ASSERT_EQ(x.size(), y.size());
+  for (size_t i = 0; i < x.size(); ++i) EXPECT_TRUE(torch::equal(x[i], y[i])) << "optimizer state entry " << i;
+}
+
+TEST(NanCapture, ForwardNaNStopsWithExit3AndCapturesPreCorruptionState) {
+  auto means = batch_means(12);
+  const size_t bad = first_exceeding(means, 4);
+  ASSERT_LT(bad, means.size());
+  const double thr = threshold_first_bad_at(means, bad);
+  const auto dir = temp_dir("nan-forward");
+  {
+    auto run = make_run(probe_yaml("forward", thr, "[{name: nan_capture}]"), dir);
+    EXPECT_EQ(run->trainer->fit(), 3);
+  }
+  const fs::path cap = fs::path(dir) / "nan" / fmt::format("step_{}", bad);
+  ASSERT_TRUE(fs::exists(cap / capture::kCheckpointFile)) << cap;
+  auto d = checkpoint::load_checkpoint_file((cap / capture::kCheckpointFile).string());
+  auto info = nlohmann::json::parse(d.blob("capture"));
+  EXPECT_EQ(info["global_step"], bad);
+  EXPECT_TRUE(info["loss_nonfinite"].get<bool>());
+  EXPECT_EQ(capture::get_batches(d).size(), 1u);
+
+  // The weights and buffers equal those of a run stopped right before the failing step.
+  auto ref = make_run(probe_yaml("forward", thr, "[]", static_cast<int64_t>(bad)), temp_dir("nan-forward-ref"));
+  EXPECT_EQ(ref->trainer->fit(), 0);
+  std::map<std::string, torch::Tensor> captured;
+  for (const auto& [k, t] : d.tensors)
+    if (k.rfind("model/", 0) == 0) captured[k] = t;
+  expect_bitwise_equal(model_state(*ref->module), captured);
+  // Optimizer state too: the capture loaded into a fresh run holds the reference run's moments and steps.
+  auto loaded = make_run(probe_yaml("forward", thr, "[]"), "");
+  loaded->trainer->load_checkpoint_data(d, true, "capture");
+  expect_same_optimizer_state(*ref->trainer->optimizer(), *loaded->trainer->optimizer());
+
+  auto report = capture::replay_capture(dir + "/nan", {});
+  EXPECT_TRUE(report["exact"].get<bool>()) << report.dump(2);
+  ASSERT_FALSE(report["first_nonfinite"].is_null()) << report.dump(2);
+  EXPECT_EQ(report["first_nonfinite"]["op"], "aten::log") << report.dump(2);
+  EXPECT_EQ(report["first_nonfinite"]["module"], "faulty") << report.dump(2);
+  EXPECT_EQ(report["first_nonfinite"]["phase"], "forward");
+  EXPECT_TRUE(report["first_nonfinite"]["inputs_finite"].get<bool>());
+  EXPECT_GT(report["first_nonfinite"]["output"]["nan"].get<int64_t>(), 0);
+  EXPECT_NE(capture::format_replay_report(report).find("EXACT"), std::string::npos);
+}
+
+TEST(NanCapture, DropoutReplaysExactlyOnlyWithTheCapturedRngState) {
+  auto means = batch_means(12);
+  const size_t bad = first_exceeding(means, 3);
+  ASSERT_LT(bad, means.size());
+  const auto dir = temp_dir("nan-rng");
+  {
+    // Backward fault: the failing step's loss is finite, so its bits depend on the dropout mask.
+    auto run = make_run(probe_yaml("backward", threshold_first_bad_at(means, bad), "[{name: nan_capture}]"), dir);
+    ASSERT_EQ(run->trainer->fit(), 3);
+  }
+  const std::string cap = capture::resolve_capture_dir(dir + "/nan");
+  auto exact = capture::replay_capture(cap, {});
+  EXPECT_TRUE(exact["exact"].get<bool>()) << exact.dump(2);
+  EXPECT_NE(exact["loss"]["replayed"][0]["value"].get<std::string>(), "nan");
+  // Negative control: the same capture with another CPU generator state draws other dropout masks.
+  auto d = checkpoint::load_checkpoint_file(cap + "/" + capture::kCheckpointFile);
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(12345);
+  d.tensors["rng/cpu"] = gen.get_state();
+  checkpoint::save_checkpoint_file(cap + "/" + capture::kCheckpointFile, d);
+  auto report = capture::replay_capture(cap, {});
+  EXPECT_FALSE(report["exact"].get<bool>()) << report.dump(2);
+  EXPECT_FALSE(report["loss"]["bits_equal"].get<bool>());
+}
+
+TEST(NanCapture, FiniteLossWithNaNGradientsIsCaughtByTheGradientCheck) {
+  auto means = batch_means(12);
+  const size_t bad = first_exceeding(means, 2);
+  ASSERT_LT(bad, means.size());
+  const double thr = threshold_first_bad_at(means, bad);
+  const auto dir = temp_dir("nan-backward");
+  {
+    auto run = make_run(probe_yaml("backward", thr, "[{name: nan_capture, check: grads}]"), dir);
+    EXPECT_EQ(run->trainer->fit(), 3);
+  }
+  auto d = checkpoint::load_checkpoint_file(capture::resolve_capture_dir(dir + "/nan") + "/" + capture::kCheckpointFile);
+  auto info = nlohmann::json::parse(d.blob("capture"));
+  EXPECT_EQ(info["global_step"], bad);
+  EXPECT_FALSE(info["loss_nonfinite"].get<bool>());
+  EXPECT_TRUE(info["grads_nonfinite"].get<bool>());
+  EXPECT_FALSE(info["nonfinite_grads"].empty());
+  auto report = capture::replay_capture(dir + "/nan", {});
+  EXPECT_TRUE(report["exact"].get<bool>()) << report.dump(2);
+  ASSERT_FALSE(report["first_nonfinite"].is_null());
+  EXPECT_EQ(report["first_nonfinite"]["phase"], "backward") << report.dump(2);
+
+  // With only the loss checked, the NaN gradients are applied: the next step's loss is what goes
+  // non-finite, and the capture (one step late) holds corrupted weights, which replay points out.
+  const auto late = temp_dir("nan-backward-loss");
+  auto run = make_run(probe_yaml("backward", thr, "[{name: nan_capture, check: loss}]"), late);
+  EXPECT_EQ(run->trainer->fit(), 3);
+  auto late_report = capture::replay_capture(late + "/nan", {});
+  EXPECT_EQ(late_report["global_step"].get<int64_t>(), static_cast<int64_t>(bad) + 1);
+  EXPECT_NE(late_report["notes"].dump().find("already non-finite before the step"), std::string::npos) << late_report.dump(2);
+}
+
+// Records the whole training state around every optimizer step.
+class StateRecorder : public Callback {
+ public:
+  std::string name() const override { return "state_recorder"; }
+  void on_train_batch_start(Trainer& t, Module& m, const Batch& b, int64_t) override {
+    before = model_state(m);
+    opt_before = t.make_checkpoint().blob("optimizer");
+    bad_batch = b.at("image").flatten(1).mean().item<double>() > threshold;
+  }
+  void on_train_batch_end(Trainer& t, Module& m, const torch::Tensor&, const Batch&, int64_t) override {
+    auto after = model_state(m);
+    bool same = true;
+    for (const auto& [k, v] : before) same = same && torch::equal(v, after.at(k));
+    const bool opt_same = t.make_checkpoint().blob("optimizer") == opt_before;
+    if (bad_batch) {
+      ++bad_steps;
+      unchanged_on_bad += same && opt_same;
+    } else {
+      changed_on_good += !same && !opt_same;
+      ++good_steps;
+    }
+  }
+  double threshold = 0;
+  std::map<std::string, torch::Tensor> before;
+  std::string opt_before;
+  bool bad_batch = false;
+  int bad_steps = 0, good_steps = 0, unchanged_on_bad = 0, changed_on_good = 0;
+};
+
+TEST(NanCapture, SkipStepDropsExactlyTheBadStepsBitwise) {
+  auto means = batch_means(24);
+  const size_t first = first_exceeding(means, 1);
+  size_t bad_count = 0;
+  const double thr = threshold_first_bad_at(means, first, &bad_count);
+  ASSERT_GE(bad_count, 1u);
+  const auto dir = temp_dir("nan-skip");
+  auto run = make_run(probe_yaml("forward", thr, "[{name: nan_capture, action: skip_step}]", 24), dir);
+  auto rec = std::make_shared<StateRecorder>();
+  rec->threshold = thr;
+  run->trainer->add_callback(rec);
+  EXPECT_EQ(run->trainer->fit(), 0);
+  EXPECT_EQ(run->trainer->state().global_step, 24);
+  EXPECT_EQ(rec->bad_steps, static_cast<int>(bad_count));
+  EXPECT_EQ(rec->unchanged_on_bad, rec->bad_steps);  // weights, buffers and optimizer state untouched
+  EXPECT_EQ(rec->changed_on_good, rec->good_steps);  // every good step trained
+  EXPECT_GT(rec->good_steps, 0);
+  run->trainer->drain_metrics();
+  ASSERT_TRUE(run->trainer->metrics().count("train/skipped_steps"));
+  EXPECT_EQ(run->trainer->metrics().at("train/skipped_steps"), static_cast<double>(bad_count));
+  for (auto& p : run->module->net().parameters()) EXPECT_TRUE(torch::isfinite(p).all().item<bool>());
+  EXPECT_FALSE(fs::exists(fs::path(dir) / "nan"));
+}
+
+TEST(NanCapture, SkipStepStopsWithACaptureOnceMaxSkipsIsSpent) {
+  auto means = batch_means(48);
+  const size_t first = first_exceeding(means, 1);
+  size_t bad_count = 0;
+  const double thr = threshold_first_bad_at(means, first, &bad_count);
+  ASSERT_GE(bad_count, 2u) << "the data should give two bad batches in 48";
+  const auto dir = temp_dir("nan-maxskips");
+  auto run = make_run(probe_yaml("forward", thr, "[{name: nan_capture, action: skip_step, max_skips: 1}]", 48), dir);
+  EXPECT_EQ(run->trainer->fit(), 3);
+  auto report = capture::replay_capture(dir + "/nan", {});
+  EXPECT_TRUE(report["exact"].get<bool>()) << report.dump(2);
+  EXPECT_GT(report["global_step"].get<int64_t>(), static_cast<int64_t>(first));
+}
+
+TEST(NanCapture, ReplayRefusesWhatIsNotACapture) {
+  const auto dir = temp_dir("nan-bad");
+  EXPECT_THROW(capture::replay_capture(dir, {}), checkpoint::CheckpointError);
+  EXPECT_THROW(capture::replay_capture(dir + "/missing", {}), checkpoint::CheckpointError);
+  fs::create_directories(fs::path(dir) / "step_3");
+  std::ofstream(fs::path(dir) / "step_3" / capture::kCheckpointFile) << "truncated";
+  EXPECT_THROW(capture::replay_capture(dir, {}), checkpoint::CheckpointError);
+}
+
+TEST(NanCapture, TracerCostsNothingWhenNotInstalledAndNamesParameterModules) {
+  torch::nn::Sequential net(torch::nn::Linear(4, 4), torch::nn::Linear(4, 2));
+  auto x = torch::randn({3, 4});
+  {
+    torch::NoGradGuard ng;
+    net->named_parameters()["1.weight"].fill_(std::numeric_limits<float>::infinity());
+  }
+  {
+    NonFiniteTracer tracer(*net);
+    net->forward(x);
+    auto first = tracer.first();
+    ASSERT_TRUE(first.has_value());
+    EXPECT_EQ(first->module, "1");
+    EXPECT_FALSE(first->inputs_finite);  // the parameter was already non-finite: said so
+    EXPECT_GT(tracer.ops_observed(), 0);
+  }
+  EXPECT_FALSE(at::hasGlobalCallbacks());
+}
+
+}  // namespace
+}  // namespace strobe

@@ -1,0 +1,96 @@
+// The seed's NaN workload end to end through the real executable (configs/cpu/resnet50_nan.yaml:
+// per-class BCE divided by each class's count, +Inf when a class is missing from a batch):
+// `strobe fit` stops with exit 3 and writes nan/; `strobe replay` reproduces the step exactly and
+// names the division in the loss; the captured weights equal those of a run stopped one step
+// before the failure.
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include "framework/checkpoint/checkpoint_io.h"
+#include "framework/core/capture.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Result {
+  int status = -1;
+  std::string log;
+};
+
+Result sh(const std::string& cmd, const fs::path& log) {
+  int raw = std::system((cmd + " > " + log.string() + " 2>&1").c_str());
+  Result r;
+  r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
+  std::ifstream in(log);
+  r.log.assign(std::istreambuf_iterator<char>(in), {});
+  return r;
+}
+
+std::string strobe_bin() {
+  const char* bin = std::getenv("STROBE_BIN");
+  return bin ? bin : "";
+}
+
+TEST(NanCaptureCli, ResNet50PerClassBCEStopsWithACaptureThatReplaysExactlyAndNamesTheDivision) {
+  const std::string bin = strobe_bin();
+  ASSERT_TRUE(!bin.empty() && fs::exists(bin)) << "STROBE_BIN must name the strobe executable (set by ctest)";
+  const fs::path base = fs::temp_directory_path() / ("strobe_r50nan_" + std::to_string(::getpid()));
+  fs::remove_all(base);
+  fs::create_directories(base);
+  const std::string config = std::string(STROBE_SOURCE_DIR) + "/configs/cpu/resnet50_nan.yaml";
+
+  auto fit = sh(bin + " fit -c " + config + " --run-dir " + (base / "run").string() + " --set trainer.enable_progress_bar=false",
+                base / "fit.log");
+  ASSERT_EQ(fit.status, 3) << fit.log;
+  EXPECT_NE(fit.log.find("strobe replay"), std::string::npos) << fit.log;
+  const std::string cap = strobe::capture::resolve_capture_dir((base / "run" / "nan").string());
+  EXPECT_TRUE(fs::exists(fs::path(cap) / "summary.txt"));
+  EXPECT_TRUE(fs::exists(fs::path(cap) / "config.yaml"));
+  auto d = strobe::checkpoint::load_checkpoint_file(cap + "/" + strobe::capture::kCheckpointFile);
+  auto info = nlohmann::json::parse(d.blob("capture"));
+  const int64_t step = info["global_step"].get<int64_t>();
+  EXPECT_TRUE(info["loss_nonfinite"].get<bool>()) << info.dump(2);
+
+  auto replay = sh(bin + " replay " + (base / "run" / "nan").string() + " --report " + (base / "report.json").string(),
+                   base / "replay.log");
+  ASSERT_EQ(replay.status, 0) << replay.log;
+  EXPECT_NE(replay.log.find("EXACT"), std::string::npos) << replay.log;
+  nlohmann::json report;
+  std::ifstream(base / "report.json") >> report;
+  EXPECT_TRUE(report["exact"].get<bool>()) << report.dump(2);
+  ASSERT_FALSE(report["first_nonfinite"].is_null()) << report.dump(2);
+  EXPECT_EQ(report["first_nonfinite"]["op"], "aten::div") << report.dump(2);
+  EXPECT_EQ(report["first_nonfinite"]["module"], "task.loss") << report.dump(2);
+  EXPECT_EQ(report["first_nonfinite"]["phase"], "forward");
+  EXPECT_EQ(report["global_step"].get<int64_t>(), step);
+
+  // A run stopped one step before the failure holds the same weights and BatchNorm statistics.
+  auto ref = sh(bin + " fit -c " + config + " --run-dir " + (base / "ref").string() +
+                    " --set trainer.enable_progress_bar=false --set callbacks=[] --set trainer.max_steps=" + std::to_string(step),
+                base / "ref.log");
+  ASSERT_EQ(ref.status, 0) << ref.log;
+  auto r = strobe::checkpoint::load_checkpoint_file((base / "ref" / "checkpoints" / "last.ckpt").string());
+  int compared = 0;
+  for (const auto& [k, t] : r.tensors) {
+    if (k.rfind("model/", 0) != 0) continue;
+    ASSERT_TRUE(d.tensors.count(k)) << k;
+    EXPECT_TRUE(torch::equal(t, d.tensors.at(k))) << k << " differs from the run stopped at step " << step;
+    ++compared;
+  }
+  EXPECT_GT(compared, 100);
+
+  // Bad input: one line, exit 2.
+  auto bad = sh(bin + " replay " + (base / "ref").string(), base / "bad.log");
+  EXPECT_EQ(bad.status, 2) << bad.log;
+  EXPECT_NE(bad.log.find("not a NaN capture"), std::string::npos) << bad.log;
+  auto bad_dev = sh(bin + " replay " + (base / "run" / "nan").string() + " --device tpu", base / "bad_dev.log");
+  EXPECT_EQ(bad_dev.status, 2) << bad_dev.log;
+}
+
+}  // namespace

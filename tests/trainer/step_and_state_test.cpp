@@ -1,0 +1,105 @@
+// The state connector: one registry of everything a checkpoint holds. A checkpoint taken in the middle
+// of a gradient-accumulation window (partial gradients, the micro-batch count, the step's partial
+// logged values, the RNG) continues bit for bit like an uninterrupted run.
+#include <gtest/gtest.h>
+
+#include "framework/checkpoint/checkpoint_io.h"
+#include "tests/trainer/trainer_test_util.h"
+
+using namespace strobe;
+using namespace strobe::testing;
+
+namespace {
+
+std::vector<Batch> first_batches(Run& run, int n) {
+  auto loader = run.datamodule->train_loader();
+  loader->start(0, 0);
+  std::vector<Batch> out;
+  for (int i = 0; i < n; ++i) out.push_back(*loader->next());
+  loader->stop();
+  return out;
+}
+
+TEST(StateConnector, RegistersEveryPieceOfStateOnce) {
+  auto run = make_run(tiny_yaml(), {}, "");
+  auto names = run->trainer->state_connector().names();
+  for (const char* n : {"model", "optimizer", "scheduler", "scaler", "loop", "accumulation", "logger", "step_guard", "rng",
+                        "callbacks", "config", "meta"})
+    EXPECT_NE(std::find(names.begin(), names.end(), n), names.end()) << n;
+  EXPECT_THROW(run->trainer->state_connector().add("model", nullptr, nullptr), std::logic_error);
+}
+
+TEST(StateConnector, CheckpointMidAccumulationWindowContinuesBitwise) {
+  const std::vector<std::string> sets = {"trainer.accumulate_grad_batches=2"};
+  std::vector<Batch> batches;
+  std::map<std::string, torch::Tensor> whole;
+  std::vector<torch::Tensor> whole_losses;
+  {
+    auto a = make_run(tiny_yaml(), sets, "");
+    batches = first_batches(*a, 4);
+    for (int i = 0; i < 4; ++i) whole_losses.push_back(a->trainer->run_training_batch(batches[i], i));
+    EXPECT_EQ(a->trainer->state().global_step, 2);
+    whole = params_of(*a->module);
+  }
+  checkpoint::CheckpointData mid;
+  {
+    auto b = make_run(tiny_yaml(), sets, "");
+    b->trainer->run_training_batch(batches[0], 0);
+    EXPECT_EQ(b->trainer->accumulated_batches(), 1);
+    mid = b->trainer->make_checkpoint();
+  }
+  int partial = 0;
+  for (const auto& kv : mid.tensors) partial += kv.first.rfind("accumulation/grad/", 0) == 0;
+  EXPECT_GT(partial, 0) << "the partial gradients of the window are not in the checkpoint";
+  auto c = make_run(tiny_yaml(), sets, "");
+  c->trainer->load_checkpoint_data(mid, true, "mid-window checkpoint");
+  EXPECT_EQ(c->trainer->accumulated_batches(), 1);
+  for (int i = 1; i < 4; ++i) {
+    auto l = c->trainer->run_training_batch(batches[i], i);
+    EXPECT_TRUE(torch::equal(l, whole_losses[i])) << "micro-batch " << i;
+  }
+  EXPECT_EQ(c->trainer->state().global_step, 2);
+  EXPECT_TRUE(bitwise_equal(params_of(*c->module), whole));
+}
+
+TEST(StateConnector, StepLogsTheMeanOfItsMicroBatches) {
+  std::string dir = temp_dir("accum-log");
+  auto run = make_run(tiny_yaml(), {"trainer.accumulate_grad_batches=2", "trainer.max_steps=3", "model.dropout=0.0"}, dir);
+  std::vector<double> micro;
+  struct Recorder : Callback {
+    std::vector<double>* out;
+    std::string name() const override { return "recorder"; }
+    void on_train_batch_end(Trainer&, Module&, const torch::Tensor& loss, const Batch&, int64_t) override {
+      out->push_back(loss.item<double>());
+    }
+  };
+  auto rec = std::make_shared<Recorder>();
+  rec->out = &micro;
+  run->trainer->add_callback(rec);
+  ASSERT_EQ(run->trainer->fit(), 0);
+  auto rows = read_csv(dir + "/metrics.csv", "train/loss");
+  ASSERT_GE(micro.size(), 6u);
+  ASSERT_TRUE(rows.count(1) && rows.count(2));
+  for (int64_t step = 1; step <= 2; ++step) {
+    const double expect = (micro[2 * (step - 1)] + micro[2 * (step - 1) + 1]) / 2;
+    EXPECT_NEAR(std::stod(rows[step]["train/loss"]), expect, 1e-6 * std::abs(expect)) << "step " << step;
+  }
+}
+
+}  // namespace
+
+namespace {
+
+TEST(StepPipeline, FusedTrueThatCannotBeHadIsAConfigErrorNotASilentFallback) {
+  try {
+    make_run(tiny_yaml(), {"optimizer.fused=true"}, "");
+    FAIL() << "optimizer.fused=true on the CPU was accepted";
+  } catch (const config::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("fused"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("cpu"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(make_run(tiny_yaml(), {"optimizer.fused=auto"}, ""));
+  EXPECT_NO_THROW(make_run(tiny_yaml(), {"optimizer.fused=false"}, ""));
+}
+
+}  // namespace
