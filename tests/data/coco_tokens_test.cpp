@@ -245,3 +245,34 @@ TEST(BadDataFiles, CorruptIdxAndCifarFilesExitTwoNamingTheFile) {
 
 }  // namespace
 }  // namespace strobe
+
+namespace strobe {
+namespace {
+
+TEST(ExampleConfigs, FaceDetectorCocoAndDecoderLmTokenFileRun) {
+  const std::string src = std::getenv("STROBE_SOURCE_DIR") ? std::getenv("STROBE_SOURCE_DIR") : STROBE_SOURCE_DIR;
+  auto dir = coco_fixture("ex_coco");
+  const std::string ann = (dir / "ann.json").string();
+  auto r = run_cmd(strobe_bin() + " fit -c " + src + "/configs/face_detector_coco.yaml --run-dir " + fresh_dir("ex_coco_run").string() +
+                   " --set data.annotations=" + ann + " --set data.images=" + dir.string() + " --set data.val_annotations=" + ann +
+                   " --set data.val_images=" + dir.string() +
+                   " --set data.image_size=64 --set model.image_size=64 --set data.max_boxes=4 --set model.max_boxes=4"
+                   " --set model.hidden_dim=32 --set data.batch_size=3 --set data.num_workers=1 --set trainer.max_steps=2"
+                   " --set trainer.device=cpu --set trainer.precision=32");
+  EXPECT_EQ(r.code, 0) << r.err;
+  if (!fs::exists("/usr/share/games/fortunes/fortunes")) GTEST_SKIP() << "fortunes is not installed";
+  std::vector<std::string> docs;
+  auto tdir = fresh_dir("ex_tok");
+  write_file(tdir / "t.bin", as_bytes<uint16_t>(fortune_tokens(0, 256, &docs)));
+  const std::string bin = (tdir / "t.bin").string();
+  r = run_cmd(strobe_bin() + " fit -c " + src + "/configs/decoder_lm_token_file.yaml --run-dir " + fresh_dir("ex_tok_run").string() +
+              " --set data.path=" + bin + " --set data.val_path=" + bin +
+              " --set data.eot_token=256 --set data.vocab_size=320 --set model.vocab_size=320 --set data.max_seq_len=64"
+              " --set model.max_seq_len=64 --set model.embed_dim=32 --set model.depth=1 --set model.num_heads=2 --set model.attention=math"
+              " --set data.batch_size=4 --set data.num_workers=1 --set trainer.max_steps=2 --set trainer.limit_val_batches=1"
+              " --set trainer.device=cpu --set trainer.precision=32 --set scheduler.warmup_steps=1");
+  EXPECT_EQ(r.code, 0) << r.err;
+}
+
+}  // namespace
+}  // namespace strobe
