@@ -276,3 +276,43 @@ TEST(ExampleConfigs, FaceDetectorCocoAndDecoderLmTokenFileRun) {
 
 }  // namespace
 }  // namespace strobe
+
+namespace strobe {
+namespace {
+
+TEST(CocoBoxes, HorizontalFlipMirrorsImageAndBoxesTogether) {
+  auto dir = coco_fixture("coco_flip");
+  auto plain = build_data(coco_yaml(dir));
+  auto flipping = build_data(coco_yaml(dir, "hflip: true\n"));
+  auto p = plain->train_loader()->make_batch(0, 0);
+  int flipped = 0, kept = 0;
+  for (int64_t epoch = 0; epoch < 8; ++epoch) {
+    auto f = flipping->train_loader()->make_batch(epoch, 0);
+    const auto c = f.at("boxes")[2], c0 = p.at("boxes")[2];
+    if (torch::equal(f.at("image")[2], p.at("image")[2])) {
+      EXPECT_TRUE(torch::equal(c, c0));
+      ++kept;
+      continue;
+    }
+    ++flipped;
+    EXPECT_TRUE(torch::equal(f.at("image")[2], p.at("image")[2].flip({2})));
+    // Mirrored boxes: x1' = S - x2, x2' = S - x1, then sorted again by (y1, x1).
+    auto m = c0.clone();
+    m.select(1, 0).copy_(64 - c0.select(1, 2));
+    m.select(1, 2).copy_(64 - c0.select(1, 0));
+    auto key = [](const torch::Tensor& b) {
+      std::vector<std::array<float, 4>> rows;
+      for (int i = 0; i < b.size(0); ++i) rows.push_back({b[i][0].item<float>(), b[i][1].item<float>(), b[i][2].item<float>(), b[i][3].item<float>()});
+      std::sort(rows.begin(), rows.end(), [](auto& a, auto& b) { return std::tie(a[1], a[0]) < std::tie(b[1], b[0]); });
+      return rows;
+    };
+    auto got = key(c), want = key(m);
+    for (size_t i = 0; i < got.size(); ++i)
+      for (int k = 0; k < 4; ++k) EXPECT_NEAR(got[i][k], want[i][k], 1e-4);
+  }
+  EXPECT_GT(flipped, 0);
+  EXPECT_GT(kept, 0);
+}
+
+}  // namespace
+}  // namespace strobe
