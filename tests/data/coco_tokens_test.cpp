@@ -245,3 +245,74 @@ TEST(BadDataFiles, CorruptIdxAndCifarFilesExitTwoNamingTheFile) {
 
 }  // namespace
 }  // namespace strobe
+
+namespace strobe {
+namespace {
+
+TEST(ExampleConfigs, FaceDetectorCocoAndDecoderLmTokenFileRun) {
+  const std::string src = std::getenv("STROBE_SOURCE_DIR") ? std::getenv("STROBE_SOURCE_DIR") : STROBE_SOURCE_DIR;
+  auto dir = coco_fixture("ex_coco");
+  const std::string ann = (dir / "ann.json").string();
+  auto r = run_cmd(strobe_bin() + " fit -c " + src + "/configs/face_detector_coco.yaml --run-dir " + fresh_dir("ex_coco_run").string() +
+                   " --set data.annotations=" + ann + " --set data.images=" + dir.string() + " --set data.val_annotations=" + ann +
+                   " --set data.val_images=" + dir.string() +
+                   " --set data.image_size=64 --set model.image_size=64 --set data.max_boxes=4 --set model.max_boxes=4"
+                   " --set model.hidden_dim=32 --set data.batch_size=3 --set data.num_workers=1 --set trainer.max_steps=2"
+                   " --set trainer.device=cpu --set trainer.precision=32");
+  EXPECT_EQ(r.code, 0) << r.err;
+  if (!fs::exists("/usr/share/games/fortunes/fortunes")) GTEST_SKIP() << "fortunes is not installed";
+  std::vector<std::string> docs;
+  auto tdir = fresh_dir("ex_tok");
+  write_file(tdir / "t.bin", as_bytes<uint16_t>(fortune_tokens(0, 256, &docs)));
+  const std::string bin = (tdir / "t.bin").string();
+  r = run_cmd(strobe_bin() + " fit -c " + src + "/configs/decoder_lm_token_file.yaml --run-dir " + fresh_dir("ex_tok_run").string() +
+              " --set data.path=" + bin + " --set data.val_path=" + bin +
+              " --set data.eot_token=256 --set data.vocab_size=320 --set model.vocab_size=320 --set data.max_seq_len=64"
+              " --set model.max_seq_len=64 --set model.embed_dim=32 --set model.depth=1 --set model.num_heads=2 --set model.attention=math"
+              " --set data.batch_size=4 --set data.num_workers=1 --set trainer.max_steps=2 --set trainer.limit_val_batches=1"
+              " --set trainer.device=cpu --set trainer.precision=32 --set scheduler.warmup_steps=1");
+  EXPECT_EQ(r.code, 0) << r.err;
+}
+
+}  // namespace
+}  // namespace strobe
+
+namespace strobe {
+namespace {
+
+TEST(CocoBoxes, HorizontalFlipMirrorsImageAndBoxesTogether) {
+  auto dir = coco_fixture("coco_flip");
+  auto plain = build_data(coco_yaml(dir));
+  auto flipping = build_data(coco_yaml(dir, "hflip: true\n"));
+  auto p = plain->train_loader()->make_batch(0, 0);
+  int flipped = 0, kept = 0;
+  for (int64_t epoch = 0; epoch < 8; ++epoch) {
+    auto f = flipping->train_loader()->make_batch(epoch, 0);
+    const auto c = f.at("boxes")[2], c0 = p.at("boxes")[2];
+    if (torch::equal(f.at("image")[2], p.at("image")[2])) {
+      EXPECT_TRUE(torch::equal(c, c0));
+      ++kept;
+      continue;
+    }
+    ++flipped;
+    EXPECT_TRUE(torch::equal(f.at("image")[2], p.at("image")[2].flip({2})));
+    // Mirrored boxes: x1' = S - x2, x2' = S - x1, then sorted again by (y1, x1).
+    auto m = c0.clone();
+    m.select(1, 0).copy_(64 - c0.select(1, 2));
+    m.select(1, 2).copy_(64 - c0.select(1, 0));
+    auto key = [](const torch::Tensor& b) {
+      std::vector<std::array<float, 4>> rows;
+      for (int i = 0; i < b.size(0); ++i) rows.push_back({b[i][0].item<float>(), b[i][1].item<float>(), b[i][2].item<float>(), b[i][3].item<float>()});
+      std::sort(rows.begin(), rows.end(), [](auto& a, auto& b) { return std::tie(a[1], a[0]) < std::tie(b[1], b[0]); });
+      return rows;
+    };
+    auto got = key(c), want = key(m);
+    for (size_t i = 0; i < got.size(); ++i)
+      for (int k = 0; k < 4; ++k) EXPECT_NEAR(got[i][k], want[i][k], 1e-4);
+  }
+  EXPECT_GT(flipped, 0);
+  EXPECT_GT(kept, 0);
+}
+
+}  // namespace
+}  // namespace strobe

@@ -295,3 +295,22 @@ TEST(ImageFolder, EveryBadSampleInABatchIsAnErrorEvenWhenSkipping) {
 
 }  // namespace
 }  // namespace strobe
+
+namespace strobe {
+namespace {
+
+// The example config trains as written, only shrunk and pointed at a fixture.
+TEST(ExampleConfigs, Resnet50ImageFolderRuns) {
+  if (!have_fashion_mnist()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  auto root = fashion_folder("ex_rn50", 2);
+  const std::string src = std::getenv("STROBE_SOURCE_DIR") ? std::getenv("STROBE_SOURCE_DIR") : STROBE_SOURCE_DIR;
+  auto r = run_cmd(strobe_bin() + " fit -c " + src + "/configs/resnet50_image_folder.yaml --run-dir " + fresh_dir("ex_rn50_run").string() +
+                   " --set data.root=" + root.string() + " --set data.val_root=" + root.string() +
+                   " --set model.width=4 --set model.num_classes=10 --set data.image_size=32 --set data.resize_size=36"
+                   " --set data.batch_size=8 --set data.num_workers=2 --set trainer.max_steps=2 --set trainer.limit_val_batches=1"
+                   " --set trainer.device=cpu --set trainer.precision=32 --set scheduler.warmup_steps=1");
+  EXPECT_EQ(r.code, 0) << r.err;
+}
+
+}  // namespace
+}  // namespace strobe
