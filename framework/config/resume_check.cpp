@@ -16,9 +16,9 @@ constexpr const char* kAbsent = "(absent)";
 std::string scalar_text(const YAML::Node& n) {
   if (!n.IsDefined() || n.IsNull()) return "null";
   if (n.IsScalar()) return n.Scalar();
-  YAML::Emitter out;
-  out << YAML::Flow << n;
-  return out.c_str();
+  std::string out = "[";  // a list of scalars
+  for (size_t i = 0; i < n.size(); ++i) out += (i ? ", " : "") + scalar_text(n[i]);
+  return out + "]";
 }
 
 // Leaves as {path -> text}; a list of scalars is one leaf ("[32, 16]"), a list of mappings is indexed.
@@ -87,8 +87,16 @@ ResumeCheck compare_for_resume(const std::string& checkpoint_yaml, const std::st
   for (const auto& [k, v] : after)
     if (!before.count(k)) changes.push_back({k, kAbsent, v, ""});
   std::sort(changes.begin(), changes.end(), [](const ConfigChange& a, const ConfigChange& b) { return a.key < b.key; });
+  // Another optimizer (scheduler, model, task) brings its own keys: those follow from the name.
+  std::vector<std::string> renamed;
+  for (const auto& c : changes)
+    if (incompatible_reason(c.key) && c.key.size() > 5 && c.key.compare(c.key.size() - 5, 5, ".name") == 0)
+      renamed.push_back(c.key.substr(0, c.key.size() - 4));  // "optimizer."
   ResumeCheck r;
   for (auto& c : changes) {
+    bool implied = false;
+    for (const auto& section : renamed) implied |= c.key.rfind(section, 0) == 0 && !incompatible_reason(c.key);
+    if (implied) continue;
     if (const char* why = incompatible_reason(c.key)) {
       c.why = why;
       r.incompatible.push_back(c);

@@ -12,6 +12,7 @@ namespace {
 
 std::atomic<int> g_received{0};
 std::atomic<int64_t> g_step{0};
+std::atomic<int64_t> g_announced{-1};
 enum Phase : int { kBefore = 0, kLoop = 1, kAfter = 2 };
 std::atomic<int> g_phase{kBefore};
 bool g_installed = false;
@@ -61,10 +62,13 @@ extern "C" void on_signal(int sig) {
   }
   int expected = 0;
   if (g_received.compare_exchange_strong(expected, sig)) {
+    // The loop honours what is announced here: it finishes this step, or stops before the next one.
+    const int64_t step = g_step.load();
+    g_announced.store(step);
     put(p, end, "\nstrobe fit: ");
     put(p, end, name_of(sig));
     put(p, end, " received: finishing step ");
-    put_int(p, end, g_step.load());
+    put_int(p, end, step);
     put(p, end, ", then saving ");
     put(p, end, g_save_target);
     put(p, end, " (a second signal stops at once without saving)\n");
@@ -73,9 +77,7 @@ extern "C" void on_signal(int sig) {
   }
   put(p, end, "\nstrobe fit: second signal (");
   put(p, end, name_of(sig));
-  put(p, end, "): stopping now; nothing was saved (step ");
-  put_int(p, end, g_step.load());
-  put(p, end, " is lost; the last checkpoint written before it stays as it was)\n");
+  put(p, end, "): stopping now; nothing was saved (the last checkpoint written before stays as it was)\n");
   say(buf, static_cast<size_t>(p - buf));
   _exit(128 + sig);
 }
@@ -121,6 +123,12 @@ void set_current_step(int64_t step) { g_step.store(step, std::memory_order_relax
 
 int received() { return g_received.load(); }
 
-void reset() { g_received.store(0); }
+int64_t announced_step() { return g_announced.load(); }
+
+void reset() {
+  g_received.store(0);
+  g_announced.store(-1);
+  g_phase.store(kBefore);
+}
 
 }  // namespace strobe::signals

@@ -26,7 +26,10 @@ void leave_training_loop();
 void set_current_step(int64_t step);
 // The first signal received inside the loop, or 0.
 int received();
-// Forgets a recorded signal (a new fit in the same process).
+// The step the first signal's message named (-1: none). The loop sets the current step before it
+// starts a step and then checks: a signal that named the step before stops the loop right there.
+int64_t announced_step();
+// Forgets a recorded signal and goes back to the start-up mode (a new fit in the same process).
 void reset();
 
 }  // namespace strobe::signals

@@ -13,18 +13,13 @@
 #include <unistd.h>
 
 #include "framework/core/precision.h"
+#include "framework/core/signals.h"
 #include "framework/logging/log_collector.h"
 #include "framework/logging/tensorboard_logger.h"
 
 namespace strobe {
 
 namespace {
-
-std::atomic<int> g_signal{0};
-
-extern "C" void on_stop_signal(int sig) {
-  if (g_signal.exchange(sig) != 0) _exit(128 + sig);  // second signal: abort at once
-}
 
 torch::Device resolve_device(const std::string& spec) {
   if (spec == "auto") return torch::cuda::is_available() ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
@@ -43,7 +38,7 @@ torch::Device resolve_device(const std::string& spec) {
 
 }  // namespace
 
-int received_stop_signal() { return g_signal.load(); }
+int received_stop_signal() { return signals::received(); }
 
 Trainer::Trainer(config::Experiment experiment, std::string resolved_config_yaml, std::shared_ptr<Module> module,
                  std::shared_ptr<DataModule> datamodule, std::vector<std::shared_ptr<Callback>> callbacks, std::string run_dir)
@@ -141,18 +136,18 @@ void Trainer::setup_for_fit() {
 }
 
 void Trainer::install_signal_handlers() {
-  g_signal.store(0);
-  struct sigaction sa {};
-  sa.sa_handler = on_stop_signal;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
+  signals::install();  // main has; a program embedding the trainer may not
+  signals::reset();
 }
 
 int Trainer::fit(const std::optional<std::string>& ckpt_path) {
   setup_for_fit();
   const auto& c = exp_.trainer;
-  if (ckpt_path) load_checkpoint(*ckpt_path, true);
+  if (ckpt_path) {
+    load_checkpoint(*ckpt_path, true);
+    if (!resume_changes_.empty())
+      fmt::print("strobe fit: resuming from {} (step {}) with changes: {}\n", *ckpt_path, state_.global_step, resume_changes_);
+  }
   if (!run_dir_.empty() && c.fast_dev_run == 0 && exp_.logger.csv) {
     // On resume, the rows logged up to the checkpoint are kept and anything a crashed continuation
     // wrote after it is dropped.
@@ -160,7 +155,8 @@ int Trainer::fit(const std::optional<std::string>& ckpt_path) {
     collector_->add_consumer(csv_.get());
   }
   if (!run_dir_.empty() && c.fast_dev_run == 0 && exp_.logger.tensorboard) {
-    tensorboard_ = std::make_unique<logging::TensorBoardLogger>(run_dir_, config_yaml_);
+    // On resume, TensorBoard's restart marker hides what a crashed continuation logged after the checkpoint.
+    tensorboard_ = std::make_unique<logging::TensorBoardLogger>(run_dir_, config_yaml_, ckpt_path ? state_.global_step : -1);
     collector_->add_consumer(tensorboard_.get());
   }
   install_signal_handlers();
@@ -175,6 +171,9 @@ int Trainer::fit(const std::optional<std::string>& ckpt_path) {
       sanity_checking_ = false;
     }
     each([&](Callback& cb) { cb.on_train_start(*this, *module_); });
+    // From here a first signal finishes the step in progress and saves (before: it exits at once).
+    signals::set_current_step(state_.global_step);
+    signals::enter_training_loop(run_dir_.empty() ? "nothing (no run directory)" : run_dir_ + "/checkpoints/last.ckpt");
     while (!done()) {
       if (state_.epoch_done) {
         ++state_.epoch;
@@ -184,7 +183,7 @@ int Trainer::fit(const std::optional<std::string>& ckpt_path) {
       train_epoch();
     }
     collector_->drain();
-    int sig = g_signal.load();
+    int sig = signals::received();
     if (sig != 0) {
       stop_code_ = 128 + sig;
       if (!run_dir_.empty()) {
@@ -198,11 +197,11 @@ int Trainer::fit(const std::optional<std::string>& ckpt_path) {
     each([&](Callback& cb) { cb.on_fit_end(*this, *module_); });
     each([&](Callback& cb) { cb.teardown(*this, *module_, Stage::Fit); });
   } catch (const std::exception& e) {
+    signals::leave_training_loop();
     each([&](Callback& cb) { cb.on_exception(*this, *module_, e); });
     throw;
   }
-  std::signal(SIGINT, SIG_DFL);
-  std::signal(SIGTERM, SIG_DFL);
+  signals::leave_training_loop();
   return stop_code_;
 }
 

@@ -13,8 +13,11 @@
 //   scheduler, loss scaler, accumulation, logger accumulators, step-guard flag, stop state, RNG,
 //   callbacks, resolved config), is registered with the StateConnector; resuming continues with the
 //   same batches, RNG draws and (on CPU) bitwise the same losses.
-// - SIGINT/SIGTERM finish the current optimizer step, write checkpoints/last.ckpt and make fit()
-//   return 130/143; a second signal exits at once.
+// - SIGINT/SIGTERM in the training loop finish the current optimizer step (said at once on stderr),
+//   write checkpoints/last.ckpt and make fit() return 130/143; a second signal exits at once saying
+//   nothing was saved; outside the loop a signal exits at once with one line (signals.h).
+// - Resuming compares the checkpoint's resolved config with this one before restoring anything
+//   (resume_compat.h): incompatible changes are a CheckpointError, allowed ones are listed.
 #pragma once
 
 #include <chrono>
@@ -139,6 +142,7 @@ class Trainer {
 
   config::Experiment exp_;
   std::string config_yaml_;
+  std::string resume_changes_;  // the allowed config changes of the last resume, listed by fit()
   std::shared_ptr<Module> module_;
   std::shared_ptr<DataModule> datamodule_;
   std::vector<std::shared_ptr<Callback>> callbacks_;

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include "framework/core/precision.h"
+#include "framework/core/signals.h"
 #include "framework/core/trainer.h"
 #include "framework/logging/log_collector.h"
 
@@ -50,6 +51,10 @@ void Trainer::train_epoch() {
   }
   while (auto b = train_loader_->next()) {
     const int64_t idx = state_.batch_in_epoch;
+    signals::set_current_step(state_.global_step + 1);  // the step a stop signal's message names
+    // A signal answered with "finishing step <global_step>" (the step before this one) stops here:
+    // the batch is not consumed, so a resume starts with it.
+    if (accum_count_ == 0 && signals::received() != 0 && signals::announced_step() <= state_.global_step) break;
     const Batch host_batch = *b;  // tensor handles only: the hooks after the step see the batch
     torch::Tensor loss = run_training_batch(std::move(*b), idx);
     ++state_.batch_in_epoch;

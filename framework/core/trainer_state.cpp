@@ -12,6 +12,7 @@
 
 #include "framework/checkpoint/checkpoint_io.h"
 #include "framework/core/precision.h"
+#include "framework/core/resume_compat.h"
 #include "framework/core/trainer.h"
 #include "framework/logging/log_collector.h"
 
@@ -223,6 +224,10 @@ void Trainer::load_checkpoint(const std::string& path, bool restore_training_sta
 }
 
 void Trainer::load_checkpoint_data(const checkpoint::CheckpointData& d, bool restore_training_state, const std::string& source) {
+  // Before any state is restored for training: the saved config against the current one (another
+  // optimizer, precision or model shape is refused naming the change; the rest is listed by fit).
+  resume_changes_.clear();
+  if (restore_training_state) resume_changes_ = check_resume_compatible(source, d, config_yaml_, module_->net());
   connector_.load(d, restore_training_state, source);
   if (restore_training_state) each([&](Callback& cb) { cb.on_load_checkpoint(*this, *module_, d); });
 }

@@ -303,3 +303,42 @@ TEST(CliConsole, FitEndsWithASummary) {
   EXPECT_NE(r.out.find("  last checkpoint: " + dir + "/checkpoints/last.ckpt\n"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("  run directory: " + dir + "\n"), std::string::npos) << r.out;
 }
+
+// --- resume compatibility -------------------------------------------------------------------
+
+TEST(CliResume, IncompatibleChangesAreRefusedNamingEach) {
+  const std::string cfg = write_config(tiny_yaml());
+  const std::string dir = temp_dir("resume-compat");
+  auto r = strobe_cmd("fit -c " + cfg + " --run-dir " + dir + " --set trainer.max_steps=2");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string ckpt = dir + "/checkpoints/last.ckpt";
+  struct Case {
+    std::string sets, expect;
+  } cases[] = {
+      {"--set optimizer.name=sgd",
+       ": cannot resume with this config: optimizer.name: adamw -> sgd (the optimizer state (moments, step counts) belongs to "
+       "the other optimizer)"},
+      {"--set trainer.precision=bf16-mixed", ": cannot resume with this config: trainer.precision: 32 -> bf16-mixed ("},
+      {"--set model.hidden=[8]",
+       ": cannot resume with this config: model.hidden: [32, 16] -> [8] changes the model's parameter shapes: '"},
+      {"--set optimizer.name=sgd --set trainer.max_steps=5",
+       "(the optimizer state (moments, step counts) belongs to the other optimizer) (allowed changes: "},
+  };
+  for (const auto& c : cases) {
+    r = strobe_cmd("fit -c " + cfg + " --ckpt " + ckpt + " " + c.sets);
+    EXPECT_EQ(r.code, 2) << c.sets << "\n" << r.err;
+    EXPECT_EQ(r.err.rfind("strobe: checkpoint error: " + ckpt + ": cannot resume with this config: ", 0), 0u) << r.err;
+    EXPECT_NE(r.err.find(c.expect), std::string::npos) << c.sets << "\n" << r.err;
+    EXPECT_EQ(count_lines(r.err), 1) << r.err;
+    EXPECT_EQ(r.err.find("INTERNAL ASSERT"), std::string::npos) << r.err;
+  }
+  // max_steps, lr and logging may change: listed, and the run continues.
+  r = strobe_cmd("fit -c " + cfg + " --ckpt " + ckpt +
+                 " --set trainer.max_steps=4 --set optimizer.lr=0.005 --set trainer.log_every_n_steps=2");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("strobe fit: resuming from " + ckpt + " (step 2) with changes: optimizer.lr: 0.01 -> 0.005, "
+                       "trainer.log_every_n_steps: 1 -> 2, trainer.max_steps: 2 -> 4\n"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("strobe fit: finished at step 4"), std::string::npos) << r.out;
+}

@@ -82,3 +82,78 @@ TEST(CliSignals, ASignalBeforeTheLoopExitsWithAMessage) {
   EXPECT_FALSE(std::filesystem::exists(dir + "/run/checkpoints"));
 }
 
+namespace {
+// Steps of about a second on two cores (a 4096-wide layer at batch 512), so that signals land
+// inside a step; a checkpoint every 2 steps.
+std::string slow_yaml() {
+  return tiny_yaml() + "callbacks:\n  - name: model_checkpoint\n    every_n_steps: 2\n    save_top_k: 0\n";
+}
+std::vector<std::string> slow_args(const std::string& cfg, const std::string& run) {
+  return {"fit", "-c", cfg, "--run-dir", run, "--set", "model.hidden=[4096, 4096]", "--set", "data.batch_size=512",
+          "--set", "data.num_samples=20480", "--set", "trainer.num_sanity_val_steps=0"};
+}
+int64_t logged_steps(const std::string& run) {
+  auto rows = read_csv(run + "/metrics.csv", "train/loss");
+  return rows.empty() ? 0 : rows.rbegin()->first;
+}
+}  // namespace
+
+TEST(CliSignals, FirstSignalSaysAtOnceWhichStepFinishesThenSaves) {
+  const std::string cfg = write_config(slow_yaml());
+  const std::string dir = temp_dir("sig-first");
+  Child c = start(slow_args(cfg, dir + "/run"), dir);
+  ASSERT_TRUE(wait_until([&] { return logged_steps(dir + "/run") >= 3; })) << c.err();
+  kill(c.pid, SIGTERM);
+  // The answer comes at once, before the step in progress has finished.
+  ASSERT_TRUE(wait_until([&] { return c.err().find("finishing step") != std::string::npos; }, 5)) << c.err();
+  std::smatch m;
+  const std::string first = c.err();
+  ASSERT_TRUE(std::regex_search(first, m, std::regex(R"(strobe fit: SIGTERM received: finishing step (\d+), then saving (\S+)/checkpoints/last.ckpt \(a second signal stops at once without saving\)\n)")))
+      << first;
+  const int64_t step = std::stoll(m[1]);
+  EXPECT_EQ(m[2].str(), dir + "/run");
+  EXPECT_EQ(wait_for(c), 143) << c.err();
+  auto ckpt = strobe::checkpoint::load_checkpoint_file(dir + "/run/checkpoints/last.ckpt");
+  EXPECT_NE(ckpt.blob("meta").find("\"global_step\":" + std::to_string(step) + ","), std::string::npos)
+      << "announced step " << step << ", saved " << ckpt.blob("meta");
+  EXPECT_NE(c.err().find("saved " + dir + "/run/checkpoints/last.ckpt at step " + std::to_string(step)), std::string::npos) << c.err();
+}
+
+TEST(CliSignals, SecondSignalSaysNothingWasSaved) {
+  const std::string cfg = write_config(slow_yaml());
+  const std::string dir = temp_dir("sig-second");
+  Child c = start(slow_args(cfg, dir + "/run"), dir);
+  ASSERT_TRUE(wait_until([&] { return std::filesystem::exists(dir + "/run/checkpoints/last.ckpt"); })) << c.err();
+  kill(c.pid, SIGINT);
+  ASSERT_TRUE(wait_until([&] { return c.err().find("finishing step") != std::string::npos; }, 5)) << c.err();
+  kill(c.pid, SIGINT);
+  EXPECT_EQ(wait_for(c), 130);
+  const std::string err = c.err();
+  const std::string second =
+      "\nstrobe fit: second signal (SIGINT): stopping now; nothing was saved (the last checkpoint written before stays as it was)\n";
+  ASSERT_GE(err.size(), second.size()) << err;
+  EXPECT_EQ(err.substr(err.size() - second.size()), second) << err;
+  EXPECT_EQ(err.find("saved " + dir), std::string::npos) << err;
+  // last.ckpt is one from before the signals (a checkpoint every 2 steps), intact.
+  EXPECT_NO_THROW(strobe::checkpoint::load_checkpoint_file(dir + "/run/checkpoints/last.ckpt"));
+}
+
+TEST(CliSignals, InheritedIgnoredSigintStaysIgnoredAndSigtermStillStops) {
+  const std::string cfg = write_config(slow_yaml());
+  const std::string dir = temp_dir("sig-ignored");
+  Child c = start(slow_args(cfg, dir + "/run"), dir, /*ignore_sigint=*/true);
+  // Early (during start-up) and during training: both ignored, consistently.
+  ASSERT_TRUE(wait_until([&] { return catches(c.pid, SIGTERM); }));
+  kill(c.pid, SIGINT);
+  ASSERT_TRUE(wait_until([&] { return logged_steps(dir + "/run") >= 2; })) << c.err();
+  kill(c.pid, SIGINT);
+  const int64_t at = logged_steps(dir + "/run");
+  ASSERT_TRUE(wait_until([&] { return logged_steps(dir + "/run") >= at + 2; })) << "SIGINT stopped the run\n" << c.err();
+  EXPECT_EQ(c.err().find("received"), std::string::npos) << c.err();
+  EXPECT_NE(c.err().find("strobe fit: SIGINT is ignored (inherited from the parent process); stop the run with SIGTERM\n"),
+            std::string::npos)
+      << c.err();
+  kill(c.pid, SIGTERM);
+  EXPECT_EQ(wait_for(c), 143) << c.err();
+  EXPECT_TRUE(std::filesystem::exists(dir + "/run/checkpoints/last.ckpt"));
+}

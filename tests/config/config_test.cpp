@@ -291,9 +291,9 @@ TEST(ResumeCheck, SortsChangesIntoIncompatibleModelAndAllowed) {
   EXPECT_EQ(r.incompatible[1].text(), "trainer.precision: 32 -> bf16-mixed");
   ASSERT_EQ(r.model_changes.size(), 1u);
   EXPECT_EQ(r.model_changes[0].text(), "model.hidden: [32, 16] -> [8]");
+  // optimizer.lr follows from the other optimizer: not listed on its own.
   EXPECT_EQ(strobe::config::join_changes(r.allowed),
-            "callbacks[0].every_n_steps: 6 -> 3, optimizer.lr: 0.01 -> 0.005, trainer.log_every_n_steps: (absent) -> 5, "
-            "trainer.max_steps: 24 -> 48");
+            "callbacks[0].every_n_steps: 6 -> 3, trainer.log_every_n_steps: (absent) -> 5, trainer.max_steps: 24 -> 48");
 }
 
 TEST(ConfigResolved, EmptyListsAndComponentDoublesReadBackTheSame) {
@@ -310,4 +310,16 @@ TEST(ConfigResolved, EmptyListsAndComponentDoublesReadBackTheSame) {
   auto again = Document::load_string(once, "config.yaml");
   EXPECT_EQ(again.emit(), once);
   EXPECT_EQ(again.root().child("optimizer").node()["betas"][0].as<double>(), 0.9);
+}
+
+TEST(ResumeCheck, AnotherOptimizerHidesTheKeysThatComeWithIt) {
+  auto r = strobe::config::compare_for_resume(
+      "optimizer:\n  name: adamw\n  lr: 0.01\n  betas: [0.9, 0.999]\n  weight_decay: 0.01\ntrainer:\n  max_steps: 2\n",
+      "optimizer:\n  name: sgd\n  lr: 0.01\n  momentum: 0.0\n  weight_decay: 0.0\ntrainer:\n  max_steps: 5\n");
+  ASSERT_EQ(r.incompatible.size(), 1u);
+  EXPECT_EQ(r.incompatible[0].text(), "optimizer.name: adamw -> sgd");
+  EXPECT_EQ(strobe::config::join_changes(r.allowed), "trainer.max_steps: 2 -> 5");
+  auto lists = strobe::config::compare_for_resume("model:\n  hidden:\n    - 32\n    - 16\n", "model:\n  hidden: [8]\n");
+  ASSERT_EQ(lists.model_changes.size(), 1u);
+  EXPECT_EQ(lists.model_changes[0].text(), "model.hidden: [32, 16] -> [8]");
 }
