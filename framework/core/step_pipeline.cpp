@@ -51,13 +51,7 @@ StepPipeline::StepPipeline(const config::TrainerConfig& cfg, torch::nn::Module& 
 
 StepPipeline::~StepPipeline() = default;
 
-void StepPipeline::arm(const StepGuard& g) {
-  guard_.check_grads |= g.check_grads;
-  guard_.check_loss |= g.check_loss;
-  guard_.sticky |= g.sticky;
-  guard_.restore_buffers |= g.restore_buffers;
-  guard_.snapshot_buffers |= g.snapshot_buffers;
-}
+void StepPipeline::arm(const StepGuard& g) { guard_ |= g; }
 
 void StepPipeline::reset_sticky() {
   if (sticky_.defined()) sticky_.zero_();

@@ -49,6 +49,11 @@ struct StepGuard {
   bool sticky = false;            // a non-finite step skips every later update until reset_sticky()
   bool restore_buffers = false;   // a skipped step leaves buffers (BN statistics) as before it
   bool snapshot_buffers = false;  // keep a copy of the buffers from before each step in the record
+  StepGuard& operator|=(const StepGuard& o) {
+    check_grads |= o.check_grads, check_loss |= o.check_loss, sticky |= o.sticky;
+    restore_buffers |= o.restore_buffers, snapshot_buffers |= o.snapshot_buffers;
+    return *this;
+  }
 };
 
 // The device-side outcome of the latest step; tensors are fresh each step, so a holder can keep

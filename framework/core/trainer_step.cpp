@@ -18,11 +18,7 @@ StepPipeline& Trainer::step_pipeline() {
 }
 
 void Trainer::arm_step_guard(const StepGuard& guard) {
-  pending_guard_.check_grads |= guard.check_grads;
-  pending_guard_.check_loss |= guard.check_loss;
-  pending_guard_.sticky |= guard.sticky;
-  pending_guard_.restore_buffers |= guard.restore_buffers;
-  pending_guard_.snapshot_buffers |= guard.snapshot_buffers;
+  pending_guard_ |= guard;
   if (pipeline_) pipeline_->arm(pending_guard_);
 }
 

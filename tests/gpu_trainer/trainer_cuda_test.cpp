@@ -179,6 +179,7 @@ trainer:
   limit_val_batches: 0
   num_sanity_val_steps: 0
   log_every_n_steps: 5
+  enable_checkpointing: false   # a checkpoint write is a deliberate sync; this test is about the steps
   device: cuda
 model:
   name: resnet
