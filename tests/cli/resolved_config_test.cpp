@@ -54,7 +54,7 @@ void expect_same_trainer(const config::TrainerConfig& a, const config::TrainerCo
 
 TEST(ResolvedConfig, EveryShippedConfigRoundTripsWithTypesAndValues) {
   const std::string src = std::getenv("STROBE_SOURCE_DIR") ? std::getenv("STROBE_SOURCE_DIR") : STROBE_SOURCE_DIR;
-  int checked = 0;
+  int checked = 0, external = 0;
   for (const char* sub : {"configs", "configs/cpu"}) {
     for (const auto& e : std::filesystem::directory_iterator(src + "/" + sub)) {
       if (e.path().extension() != ".yaml") continue;
@@ -66,9 +66,13 @@ TEST(ResolvedConfig, EveryShippedConfigRoundTripsWithTypesAndValues) {
         ADD_FAILURE() << "dataset-fashion-mnist is not installed (scripts/setup.sh installs it)";
         continue;
       }
+      // The real-data examples (image_folder, coco_boxes, token_file) point at datasets under /data
+      // that no test machine has; tests/data trains each of them on generated fixtures.
+      if (yaml.find(": /data/") != std::string::npos) {
+        ++external;
+        continue;
+      }
       auto sets = cheap_sizes(yaml);
-      if (yaml.find("name: nan_capture") != std::string::npos && !callback_registry().contains("nan_capture"))
-        sets.push_back("callbacks=[]");  // not in this build yet
       const std::string r1 = resolve(yaml, path, sets);
       const std::string r2 = resolve(r1, "config.yaml", {});
       EXPECT_EQ(r2, r1) << "resolving the resolved config changed it";
@@ -94,4 +98,5 @@ TEST(ResolvedConfig, EveryShippedConfigRoundTripsWithTypesAndValues) {
     }
   }
   EXPECT_GE(checked, 14);
+  EXPECT_LE(external, 3) << "more real-data configs than the three examples: give them fixtures here";
 }
