@@ -5,6 +5,10 @@
 // replays exactly (on CUDA, and on the CPU), and a CUDA checkpoint resumes on CPU with the losses of
 // an uninterrupted run.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <fstream>
 
 #ifdef STROBE_TORCH_HAS_CUDA
 #include <c10/cuda/CUDAFunctions.h>
@@ -256,4 +260,43 @@ TEST(TrainerCuda, NanOnCudaIsCapturedAndReplaysExactlyOnCudaAndRunsOnCpu) {
     EXPECT_EQ(cpu["first_nonfinite"]["module"], "task.loss");
   }
 #endif
+}
+
+// A CUDA allocation failure in the middle of a run: one line naming the setting to lower, exit 1
+// (the CPU twin of this test, under a ulimit, is tests/cli/hardening_test.cpp).
+TEST(TrainerCuda, RunningOutOfCudaMemoryNamesTheBatchSize) {
+  SKIP_WITHOUT_CUDA();
+  const char* bin = std::getenv("STROBE_BIN");
+  ASSERT_TRUE(bin != nullptr) << "STROBE_BIN must name the strobe executable (set by ctest)";
+  std::string dir = temp_dir("cuda-oom");
+  std::ofstream(dir + "/oom.yaml") << R"(name: oom
+trainer:
+  max_steps: 2
+  num_sanity_val_steps: 0
+  enable_progress_bar: false
+  device: cuda
+model:
+  name: resnet
+  depth: 18
+  num_classes: 10
+  in_channels: 3
+data:
+  name: synthetic_images
+  image_size: 2048
+  channels: 3
+  num_classes: 10
+  num_samples: 256
+  num_val_samples: 8
+  batch_size: 128
+  num_workers: 8
+)";
+  const std::string log = dir + "/oom.log";
+  int raw = std::system((std::string(bin) + " fit -c " + dir + "/oom.yaml --run-dir " + dir + "/run > " + log + " 2>&1").c_str());
+  std::ifstream in(log);
+  std::string out((std::istreambuf_iterator<char>(in)), {});
+  ASSERT_TRUE(WIFEXITED(raw)) << out;
+  EXPECT_EQ(WEXITSTATUS(raw), 1) << out;
+  EXPECT_NE(out.find("strobe: out of memory on cuda"), std::string::npos) << out;
+  EXPECT_NE(out.find("lower data.batch_size (now 128)"), std::string::npos) << out;
+  EXPECT_EQ(out.find("Exception raised from"), std::string::npos) << out;
 }
