@@ -238,7 +238,7 @@ class NaNCapture : public Callback {
 
     const fs::path final_dir = fs::path(dirpath_) / fmt::format("step_{}", e.loop.global_step);
     const fs::path tmp = fs::path(dirpath_) / fmt::format(".step_{}.tmp", e.loop.global_step);
-    fs::remove_all(tmp);
+    checkpoint::remove_tree(tmp.string());
     fs::create_directories(tmp);
     checkpoint::save_checkpoint_file((tmp / capture::kCheckpointFile).string(), d);
     std::ofstream(tmp / "config.yaml") << d.blob("config");
@@ -256,7 +256,7 @@ class NaNCapture : public Callback {
       s << "The weights, buffers and optimizer state are from before this step (its update was skipped on the device).\n"
         << fmt::format("Replay: strobe replay {}\n", final_dir.string());
     }
-    fs::remove_all(final_dir);
+    checkpoint::remove_tree(final_dir.string());
     fs::rename(tmp, final_dir);
     return final_dir.string();
   }

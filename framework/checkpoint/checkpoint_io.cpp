@@ -1,6 +1,7 @@
 #include "framework/checkpoint/checkpoint_io.h"
 
 #include <fcntl.h>
+#include <ftw.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -222,6 +223,11 @@ CheckpointData load_checkpoint_file(const std::string& path) {
     throw CheckpointError(fmt::format("{}: unreadable checkpoint payload: {}", path, e.what_without_backtrace()));
   }
   return data;
+}
+
+void remove_tree(const std::string& path) {
+  auto remove_entry = [](const char* p, const struct stat*, int, struct FTW*) { return ::remove(p) == 0 ? 0 : (errno == ENOENT ? 0 : -1); };
+  ::nftw(path.c_str(), remove_entry, 16, FTW_DEPTH | FTW_PHYS);
 }
 
 }  // namespace strobe::checkpoint

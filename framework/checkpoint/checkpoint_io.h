@@ -42,6 +42,11 @@ void write_file_atomic(const std::string& path, const std::string& bytes);
 // Removes the temp files (".<name>.tmp.<pid>") that a writer killed mid-write left in `dir`, skipping
 // those of a process that is still running; returns the names removed. Missing `dir`: nothing.
 std::vector<std::string> remove_stale_temp_files(const std::string& dir);
+
+// Removes `path` and everything below it (no error if it does not exist). Use this, never
+// std::filesystem::remove_all: the torch wheel's libtorch.so exports its own copy of the
+// std::filesystem functions, and its remove_all jumped to a null pointer in our binaries.
+void remove_tree(const std::string& path);
 CheckpointData load_checkpoint_file(const std::string& path);
 
 // Called with the number of bytes written so far while the temp file is written (tests use it to

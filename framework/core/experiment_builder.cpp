@@ -72,7 +72,7 @@ void check_run_dir(const std::string& dir, const std::string& origin) {
     ::close(fd);
     ::unlink(probe.c_str());
   }
-  if (!top.empty()) fs::remove_all(top, ec);
+  if (!top.empty()) checkpoint::remove_tree(top.string());
   if (fd < 0) throw RunDirError(fmt::format("{} {}: the run directory is not writable ({})", origin, dir, std::strerror(err)));
 }
 
