@@ -17,6 +17,7 @@
 #include "framework/core/experiment_builder.h"
 #include "framework/core/forensics.h"
 #include "framework/core/model.h"
+#include "tests/trainer/trainer_test_util.h"
 
 namespace strobe {
 namespace {
@@ -119,24 +120,11 @@ callbacks: {}
                      max_steps, fault, threshold, callbacks);
 }
 
+// The trainer tests' helpers (tests/trainer/trainer_test_util.h): an empty run_dir means no files.
 std::unique_ptr<Run> make_run(const std::string& yaml, const std::string& run_dir) {
-  auto doc = config::Document::load_string(yaml, "nan_probe.yaml");
-  RunOptions opt;
-  if (run_dir.empty())
-    opt.create_run_dir = false;
-  else
-    opt.run_dir = run_dir;
-  return build_run(doc, opt);
+  return strobe::testing::make_run(yaml, {}, run_dir);
 }
-
-std::string temp_dir(const std::string& tag) {
-  auto base = fs::temp_directory_path() / "strobe-tests";
-  fs::create_directories(base);
-  std::string tmpl = (base / (tag + "-XXXXXX")).string();
-  std::vector<char> buf(tmpl.begin(), tmpl.end());
-  buf.push_back('\0');
-  return std::string(mkdtemp(buf.data()));
-}
+using strobe::testing::temp_dir;
 
 // Mean input value of the first n training batches, in the order training sees them.
 std::vector<double> batch_means(int64_t n) {
