@@ -53,7 +53,7 @@ Batch collate_tokens_padded(std::vector<Sample>& samples, int64_t pad_len) {
   Batch batch;
   batch.tensors = {{"tokens", tokens}, {"targets", targets}, {"padding_mask", mask}, {"position_ids", positions},
                    {"lengths", torch::tensor(lengths, torch::kInt64)}};
-  batch.meta = {{"batch_size", b}, {"max_seqlen", longest}, {"num_tokens", total}, {"seq_len", s}};
+  batch.meta = {{"batch_size", b}, {"max_seqlen", longest}, {"num_tokens", total}, {"seq_len", s}, {"right_padded", 1}};
   return batch;
 }
 

@@ -88,7 +88,14 @@ class DecoderLM : public Model {
       positions = batch.at("position_ids");
     } else {
       TORCH_CHECK(tokens.dim() == 2, "decoder_lm: tokens must be [B, S] or packed [T], got ", tokens.sizes());
-      if (batch.has("padding_mask")) in.key_padding_mask = batch.at("padding_mask");
+      // Causal attention over right-padded sequences needs no mask: a real token at position t only
+      // sees keys 0..t, all real. Only the outputs at padding positions change (they attend to padding
+      // keys), and those are ignored by the loss (targets -100). Without the mask every backend runs
+      // its plain causal kernel (SDPA's flash/cuDNN, or strobe::flash_attention) instead of a masked
+      // fallback. A batch that does not declare right padding keeps the mask.
+      const auto rp = batch.meta.find("right_padded");
+      const bool right_padded = rp != batch.meta.end() && rp->second == 1;
+      if (batch.has("padding_mask") && !right_padded) in.key_padding_mask = batch.at("padding_mask");
       positions = batch.has("position_ids") ? batch.at("position_ids")
                                             : torch::arange(tokens.size(1), tokens.options()).unsqueeze(0);
     }

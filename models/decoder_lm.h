@@ -3,7 +3,9 @@
 //
 // Input, either layout the token collates produce (data/collate_tokens.h):
 //   padded: batch["tokens"] [B, S] int64, optional "padding_mask" [B, S] bool (true = real token;
-//           padding keys are masked out) and "position_ids" [B, S] (default 0..S-1).
+//           padding keys are masked out) and "position_ids" [B, S] (default 0..S-1). When
+//           batch.meta["right_padded"] == 1 (the padded token collates set it) the mask is not
+//           needed and not used: causal attention alone keeps real tokens away from the padding.
 //   packed: batch["tokens"] [T] int64 with "cu_seqlens" [n + 1] int32, "position_ids" [T], and
 //           batch.meta["max_seqlen"] (host), attention never crossing a sequence boundary.
 // Output: logits [B, S, vocab] or [T, vocab], in the layout of the input.

@@ -29,7 +29,7 @@ class FaceDetector : public Model {
     auto x = batch.at("image");
     TORCH_CHECK(x.dim() == 4 && x.size(1) == 1 && x.size(2) == o_.image_size && x.size(3) == o_.image_size,
                 "face_detector: expected image [B, 1, ", o_.image_size, ", ", o_.image_size, "], got ", x.sizes());
-    x = x.is_floating_point() ? x : x.to(torch::kFloat32).div(255.0);
+    x = input(x.is_floating_point() ? x : x.to(torch::kFloat32).div(255.0));
     x = conv_layers_->forward(x).flatten(1);
     return lin2_(torch::relu(lin1_(x))).view({-1, o_.max_boxes, 4});
   }

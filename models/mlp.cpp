@@ -23,7 +23,7 @@ class Mlp : public Model {
   }
 
   torch::Tensor forward(const Batch& batch) override {
-    auto x = batch.at("image").flatten(1);
+    auto x = input(batch.at("image")).flatten(1);
     TORCH_CHECK(x.size(1) == in_features_, "mlp: model.in_features is ", in_features_, " but the input has ", x.size(1),
                 " features per sample");
     for (auto& l : layers_) {

@@ -54,7 +54,8 @@ TORCH_MODULE(Block);
 
 class ResNet : public Model {
  public:
-  explicit ResNet(const ResNetOptions& o) : Model("ResNet"), small_stem_(o.stem == "cifar") {
+  explicit ResNet(const ResNetOptions& o)
+      : Model("ResNet"), small_stem_(o.stem == "cifar"), memory_format_(o.memory_format) {
     const int64_t expansion = o.depth >= 50 ? 4 : 1;
     std::vector<int64_t> blocks;
     switch (o.depth) {
@@ -89,8 +90,20 @@ class ResNet : public Model {
     }
   }
 
+  void on_device(const torch::Device& device, const std::string& precision) override {
+    // auto: NHWC where cuDNN's tensor-core kernels want it (bf16/fp16 on CUDA); fp32 stays NCHW.
+    channels_last_ = memory_format_ == "channels_last" || (memory_format_ == "auto" && device.is_cuda() && precision != "32");
+    if (!channels_last_) return;
+    torch::NoGradGuard no_grad;
+    // In place (set_data): the same parameter objects, now NHWC; the optimizer is built after this.
+    for (auto& p : parameters())
+      if (p.dim() == 4) p.set_data(p.contiguous(at::MemoryFormat::ChannelsLast));
+  }
+
   torch::Tensor forward(const Batch& batch) override {
-    torch::Tensor x = torch::relu(bn1_(conv1_(batch.at("image"))));
+    torch::Tensor x = input(batch.at("image"));
+    if (channels_last_ && x.dim() == 4) x = x.contiguous(at::MemoryFormat::ChannelsLast);
+    x = torch::relu(bn1_(conv1_(x)));
     if (!small_stem_) x = torch::max_pool2d(x, 3, 2, 1);
     for (auto& layer : layers_) x = layer->forward(x);
     x = torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1);
@@ -101,6 +114,8 @@ class ResNet : public Model {
 
  private:
   bool small_stem_;
+  std::string memory_format_;
+  bool channels_last_ = false;
   nn::Conv2d conv1_{nullptr};
   nn::BatchNorm2d bn1_{nullptr};
   std::vector<nn::Sequential> layers_;
@@ -115,6 +130,7 @@ std::shared_ptr<Model> make_from_config(config::Section& cfg) {
   o.in_channels = cfg.get_int("in_channels", 3, 1);
   o.width = cfg.get_int("width", 64, 1);
   o.stem = cfg.get_choice("stem", "imagenet", {"imagenet", "cifar"});
+  o.memory_format = cfg.get_choice("memory_format", "auto", {"auto", "channels_last", "contiguous"});
   cfg.finish();
   return make_resnet(o);
 }

@@ -5,6 +5,11 @@
 // Extensions (defaults reproduce torchvision): `in_channels` (1 for Fashion-MNIST), `width` (channels
 // of the first stage; the stages use width, 2w, 4w, 8w — e.g. 16 for a thin CPU variant) and
 // `stem: cifar` (3x3 stride-1 conv, no max-pool: keeps resolution on 28x28/32x32 inputs).
+// `memory_format`: channels_last keeps the convolution weights and activations NHWC (cuDNN's fast
+// layout for bf16/fp16 on tensor cores: ResNet-50 b128 bf16 on an H200 trains in 29 instead of 54 ms
+// per step in PyTorch eager); auto = channels_last on CUDA under bf16/fp16 precisions, contiguous
+// elsewhere (fp32 NHWC convolutions are slower in cuDNN). Values and
+// state-dict names do not change with the layout.
 // Input: batch["image"], float [B, C, H, W] of any H, W >= 1 (global average pooling at the end).
 #pragma once
 
@@ -21,6 +26,7 @@ struct ResNetOptions {
   int64_t in_channels = 3;
   int64_t width = 64;
   std::string stem = "imagenet";  // imagenet | cifar
+  std::string memory_format = "auto";  // auto | channels_last | contiguous
 };
 
 std::shared_ptr<Model> make_resnet(const ResNetOptions& options);

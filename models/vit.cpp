@@ -76,7 +76,7 @@ class ViT : public Model {
     const auto& image = batch.at("image");
     TORCH_CHECK(image.dim() == 4 && image.size(2) == o_.img_size && image.size(3) == o_.img_size,
                 "vit: expected image [B, ", o_.in_channels, ", ", o_.img_size, ", ", o_.img_size, "], got ", image.sizes());
-    auto x = patch_embed_(image).flatten(2).transpose(1, 2);  // [B, N, D]
+    auto x = patch_embed_(input(image)).flatten(2).transpose(1, 2);  // [B, N, D]
     if (o_.class_token) x = torch::cat({cls_token_.expand({x.size(0), 1, x.size(2)}).to(x.scalar_type()), x}, 1);
     x = x + pos_embed_;
     for (auto& block : *blocks_) x = block->as<EncoderBlock>()->forward(x);

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <memory>
+#include <optional>
+#include <string>
 
 #include <torch/nn/module.h>
 
@@ -17,6 +19,19 @@ class Model : public torch::nn::Module {
   virtual torch::Tensor forward(const Batch& batch) = 0;
   // The task a model trains with when `task:` names none (e.g. resnet -> classification).
   virtual std::string default_task() const = 0;
+  // Called once the trainer has moved the model to its device, before the optimizer sees the
+  // parameters (and before bf16-master converts them): a model may change their memory layout there
+  // (resnet: channels_last on CUDA under a reduced precision). `precision` is trainer.precision.
+  virtual void on_device(const torch::Device& /*device*/, const std::string& /*precision*/) {}
+  // precision bf16-master: floating inputs are cast to the weights' dtype at the model's entry
+  // (models call input() on what they read from the batch). Unset: inputs are used as given.
+  void set_input_dtype(std::optional<c10::ScalarType> dtype) { input_dtype_ = dtype; }
+  torch::Tensor input(const torch::Tensor& x) const {
+    return input_dtype_ && x.is_floating_point() && x.scalar_type() != *input_dtype_ ? x.to(*input_dtype_) : x;
+  }
+
+ private:
+  std::optional<c10::ScalarType> input_dtype_;
 };
 
 using ModelRegistry = Registry<std::shared_ptr<Model>>;

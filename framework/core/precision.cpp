@@ -6,7 +6,7 @@
 namespace strobe {
 
 AutocastGuard::AutocastGuard(const torch::Device& device, const std::string& precision) : type_(device.type()) {
-  if (precision == "32") return;
+  if (precision == "32" || precision == "bf16-master") return;  // bf16-master: bf16 weights, no autocast
   active_ = true;
   prev_enabled_ = at::autocast::is_autocast_enabled(type_);
   prev_dtype_ = at::autocast::get_autocast_dtype(type_);

@@ -4,6 +4,7 @@
 
 #include <torch/torch.h>
 
+#include "framework/core/master_weights.h"
 #include "framework/core/precision.h"
 
 #if STROBE_HAS_OPS
@@ -23,8 +24,8 @@ torch::Tensor max_defined(const torch::Tensor& a, const torch::Tensor& b) {
 }  // namespace
 
 StepPipeline::StepPipeline(const config::TrainerConfig& cfg, torch::nn::Module& net, torch::optim::Optimizer& optimizer,
-                           GradScaler* scaler)
-    : cfg_(cfg), optimizer_(optimizer), scaler_(scaler) {
+                           GradScaler* scaler, MasterWeights* masters)
+    : cfg_(cfg), optimizer_(optimizer), scaler_(scaler), masters_(masters) {
   fused_ = false;
 #if STROBE_HAS_OPS
   fused_ = dynamic_cast<ops::FusedOptimizerBase*>(&optimizer) != nullptr;
@@ -187,14 +188,20 @@ void StepPipeline::step() {
   if (auto* f = dynamic_cast<ops::FusedOptimizerBase*>(&optimizer_)) {
     if (skip.defined()) f->set_found_nonfinite(skip);
     if (multiplier.defined()) f->set_grad_multiplier(multiplier);
+    if (masters_) masters_->attach_grads(/*fp32_copies=*/false);  // the kernels read bf16 gradients
     optimizer_.step();
+    if (masters_) masters_->copy_to_model();
     applied = false;
   }
 #endif
   if (applied) {
     if (multiplier.defined() && !grads.empty()) at::_foreach_mul_(grads, multiplier);
     // torch::optim cannot skip on the device: the documented host read of this path.
-    if (!skip.defined() || skip.item<float>() == 0.0f) optimizer_.step();
+    if (!skip.defined() || skip.item<float>() == 0.0f) {
+      if (masters_) masters_->attach_grads(/*fp32_copies=*/true);
+      optimizer_.step();
+      if (masters_) masters_->copy_to_model();
+    }
   }
   if (scaler_) scaler_->update(grad_flag.defined() ? grad_flag : torch::zeros({}, scaler_->scale_tensor().options()));
   if (guard_.restore_buffers && skip.defined() && !rec.buffers_before.empty()) restore_buffers(rec.buffers_before, skip);

@@ -41,6 +41,7 @@ class Optimizer;
 namespace strobe {
 
 class GradScaler;
+class MasterWeights;
 
 // What a callback (NaN capture) asks of the step; arm() ORs requests together.
 struct StepGuard {
@@ -72,8 +73,9 @@ struct StepRecord {
 class StepPipeline {
  public:
   // The optimizer must hold `net`'s parameters; our fused optimizers are detected and skip on the device.
+  // `masters` (precision bf16-master): the optimizer holds fp32 masters of net's bf16 parameters.
   StepPipeline(const config::TrainerConfig& cfg, torch::nn::Module& net, torch::optim::Optimizer& optimizer,
-               GradScaler* scaler);
+               GradScaler* scaler, MasterWeights* masters = nullptr);
   ~StepPipeline();
 
   void arm(const StepGuard& guard);
@@ -102,6 +104,7 @@ class StepPipeline {
   const config::TrainerConfig& cfg_;
   torch::optim::Optimizer& optimizer_;
   GradScaler* scaler_;
+  MasterWeights* masters_;
   bool fused_;
   StepGuard guard_;
   std::vector<torch::Tensor> params_;

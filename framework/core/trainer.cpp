@@ -59,6 +59,12 @@ Trainer::Trainer(config::Experiment experiment, std::string resolved_config_yaml
   }
   torch::manual_seed(static_cast<uint64_t>(exp_.seed));
   module_->net().to(device_);
+  auto* model = dynamic_cast<Model*>(&module_->net());
+  if (model) model->on_device(device_, exp_.trainer.precision);
+  if (exp_.trainer.precision == "bf16-master") {
+    masters_ = std::make_unique<MasterWeights>(module_->net());
+    if (model) model->set_input_dtype(torch::kBFloat16);
+  }
   collector_ = std::make_unique<logging::LogCollector>(device_);
   std::set<std::string> keys;
   for (auto& cb : callbacks_)
@@ -123,15 +129,20 @@ void Trainer::setup_for_fit() {
   auto setup = module_->configure_optimizers();
   optimizer_ = setup.optimizer;
   scheduler_ = setup.scheduler;
+  if (optimizer_ && masters_)
+    throw config::ConfigError(
+        "trainer.precision: bf16-master needs the optimizer built from the optimizer: section (this task's "
+        "configure_optimizers returns its own, which would update the bf16 weights directly)");
   if (!optimizer_) {
     std::vector<torch::Tensor> params;
     for (auto& p : module_->net().parameters())
       if (p.requires_grad()) params.push_back(p);
+    if (masters_) params = masters_->optimizer_params(params);
     optimizer_ = build_optimizer(exp_.optimizer, params, device_, &optimizer_info_);
   }
   if (!scheduler_) scheduler_ = build_scheduler(exp_.scheduler, *optimizer_, estimated_stepping_batches());
   if (c.precision == "16-mixed") scaler_ = std::make_unique<GradScaler>(device_);
-  pipeline_ = std::make_unique<StepPipeline>(exp_.trainer, module_->net(), *optimizer_, scaler_.get());
+  pipeline_ = std::make_unique<StepPipeline>(exp_.trainer, module_->net(), *optimizer_, scaler_.get(), masters_.get());
   pipeline_->arm(pending_guard_);
 }
 

@@ -32,6 +32,8 @@
 #include "framework/config/experiment.h"
 #include "framework/core/callback.h"
 #include "framework/core/datamodule.h"
+#include "framework/core/device_transfer.h"
+#include "framework/core/master_weights.h"
 #include "framework/core/module.h"
 #include "framework/core/optim.h"
 #include "framework/core/state_connector.h"
@@ -154,6 +156,7 @@ class Trainer {
   std::shared_ptr<LRScheduler> scheduler_;
   OptimizerInfo optimizer_info_;
   std::unique_ptr<GradScaler> scaler_;
+  std::unique_ptr<MasterWeights> masters_;  // precision bf16-master
   std::unique_ptr<logging::LogCollector> collector_;
   std::unique_ptr<logging::CsvLogger> csv_;
   std::unique_ptr<logging::MetricConsumer> tensorboard_;
@@ -170,6 +173,7 @@ class Trainer {
   int64_t accum_count_ = 0;
   std::chrono::steady_clock::time_point start_time_;
   std::shared_ptr<data::DataLoader> train_loader_;
+  BatchTransfer transfer_;  // host-to-device copies on a copy stream (CUDA)
 };
 
 }  // namespace strobe

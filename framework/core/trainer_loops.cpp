@@ -12,7 +12,7 @@ namespace strobe {
 Batch Trainer::prepare_batch(Batch batch, int64_t idx) {
   if (datamodule_->injected_batch() && module_->stage() == Stage::Fit && module_->training()) batch = *datamodule_->injected_batch();
   batch = datamodule_->on_before_batch_transfer(std::move(batch), idx);
-  batch = datamodule_->transfer_batch_to_device(batch, device_, idx);
+  batch = transfer_(device_, [&] { return datamodule_->transfer_batch_to_device(batch, device_, idx); });
   return datamodule_->on_after_batch_transfer(std::move(batch), idx);
 }
 

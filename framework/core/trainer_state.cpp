@@ -56,7 +56,9 @@ void Trainer::register_state() {
   connector_.add(
       "model",
       [this](CheckpointData& d) {
-        for (const auto& p : module_->net().named_parameters()) d.tensors["model/" + p.key()] = p.value().detach();
+        // bf16-master: the fp32 masters, under the parameters' names.
+        for (const auto& p : module_->net().named_parameters())
+          d.tensors["model/" + p.key()] = (masters_ ? masters_->master_of(p.value()) : p.value()).detach();
         for (const auto& b : module_->net().named_buffers()) d.tensors["model/" + b.key()] = b.value();
       },
       [this](const CheckpointData& d) {
@@ -70,8 +72,10 @@ void Trainer::register_state() {
                                                           c10::str(it->second.sizes()), c10::str(target.sizes())));
           target.copy_(it->second);
         };
-        for (auto& p : module_->net().named_parameters()) load_into(p.key(), p.value());
+        for (auto& p : module_->net().named_parameters())
+          load_into(p.key(), masters_ ? masters_->master_of(p.value()) : p.value());
         for (auto& b : module_->net().named_buffers()) load_into(b.key(), b.value());
+        if (masters_) masters_->copy_to_model();
       },
       Kind::Always);
   connector_.add(

@@ -27,6 +27,10 @@ void Trainer::optimizer_step() {
   pipeline_->step();
   each([&](Callback& cb) { cb.on_before_zero_grad(*this, *module_, *optimizer_); });
   optimizer_->zero_grad(true);
+  if (masters_) {  // the optimizer holds the masters: the bf16 parameters' gradients are cleared here
+    masters_->release_grads();
+    module_->net().zero_grad(true);
+  }
   accum_count_ = 0;
   ++state_.global_step;
   if (scheduler_) scheduler_->step(state_.global_step);

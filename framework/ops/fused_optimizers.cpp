@@ -316,17 +316,24 @@ std::pair<Tensor, Tensor> FusedOptimizerBase::take_guards() {
 
 namespace {
 
-// State tensors live beside their parameter; a loaded checkpoint may hold them on the CPU.
+// State tensors live beside their parameter, laid out like it (the CUDA kernel walks both flat; a
+// channels_last parameter has channels_last moments); a loaded checkpoint may hold them on the CPU
+// or in another layout.
 Tensor on_device_of(const Tensor& state, const Tensor& p, at::ScalarType dtype) {
   if (!state.defined()) return state;
-  if (state.device() == p.device() && state.scalar_type() == dtype && state.is_contiguous()) {
+  if (state.device() == p.device() && state.scalar_type() == dtype && state.strides() == p.strides() &&
+      state.is_non_overlapping_and_dense()) {
     return state;
   }
-  return state.to(p.device(), dtype).contiguous();
+  return at::empty_like(p, p.options().dtype(dtype)).copy_(state);
 }
 
-Tensor zeros_for(const Tensor& p) {
-  return at::zeros(p.sizes(), p.options().memory_format(at::MemoryFormat::Contiguous));
+Tensor zeros_for(const Tensor& p) { return at::zeros_like(p, p.options(), at::MemoryFormat::Preserve); }
+
+// The 0-dim fp32 step count beside its parameter.
+Tensor step_on_device_of(const Tensor& step, const Tensor& p) {
+  if (!step.defined() || (step.device() == p.device() && step.scalar_type() == at::kFloat)) return step;
+  return step.to(p.device(), at::kFloat);
 }
 
 Tensor to_device(const Tensor& t, const at::Device& d) {
@@ -384,7 +391,7 @@ void adam_family_step(torch::optim::Optimizer& self, bool decoupled, const Tenso
         slot = std::move(s);
       }
       auto& s = static_cast<FusedAdamParamState&>(*slot);
-      s.step(on_device_of(s.step(), p, at::kFloat));
+      s.step(step_on_device_of(s.step(), p));
       s.exp_avg(on_device_of(s.exp_avg(), p, dtype));
       s.exp_avg_sq(on_device_of(s.exp_avg_sq(), p, dtype));
       if (o.amsgrad()) {
@@ -501,7 +508,7 @@ Tensor FusedSGD::step(LossClosure closure) {
         s.momentum_buffer(zeros_for(p));
         s.step(at::zeros({}, p.options().dtype(at::kFloat)));
       }
-      s.step(on_device_of(s.step(), p, at::kFloat));
+      s.step(step_on_device_of(s.step(), p));
       s.momentum_buffer(on_device_of(s.momentum_buffer(), p, p.scalar_type()));
       l.a.push_back(s.momentum_buffer());
       l.steps.push_back(s.step());

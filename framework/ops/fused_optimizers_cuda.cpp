@@ -26,13 +26,22 @@ namespace {
 using at::Tensor;
 using at::TensorList;
 
-// Written in place by the kernel: must be contiguous fp32 (no silent copies that would drop the
-// update).
-float* inplace_fp32(const Tensor& t, const char* op, const char* what, size_t i) {
-  TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous(), op, ": ", what, "[", i,
-              "] must be a contiguous float32 tensor on CUDA (fp32 master weights), got ",
-              t.scalar_type(), t.is_contiguous() ? "" : " (non-contiguous)");
+// Written in place by the kernel, which walks memory flat: must be dense fp32 (no silent copies that
+// would drop the update), and laid out like the parameter (channels_last parameters are dense but
+// not contiguous; their state and gradients then share their strides).
+float* inplace_fp32(const Tensor& t, const Tensor& param, const char* op, const char* what, size_t i) {
+  const bool dense = t.is_non_overlapping_and_dense() && t.strides() == param.strides();
+  TORCH_CHECK(t.scalar_type() == at::kFloat && dense, op, ": ", what, "[", i,
+              "] must be a dense float32 tensor on CUDA laid out like params[", i, "] (fp32 master weights), got ",
+              t.scalar_type(), dense ? "" : " with other strides");
   return t.data_ptr<float>();
+}
+
+// The gradient in the parameter's memory order: as it is when the strides agree (what autograd
+// produces), else a copy laid out like the parameter.
+const Tensor& grad_like_param(const Tensor& g, const Tensor& p, std::vector<Tensor>& keep) {
+  if (g.strides() == p.strides() && g.is_non_overlapping_and_dense()) return g;
+  return keep.emplace_back(at::empty_like(p, g.options()).copy_(g));
 }
 
 const float* scalar_ptr(const std::optional<Tensor>& t) {
@@ -51,14 +60,14 @@ void adam_cuda(const char* op, bool decoupled, TensorList params, TensorList gra
   std::vector<Tensor> keep;
   std::vector<cuda::AdamTensor> meta(params.size());
   for (size_t i = 0; i < params.size(); ++i) {
-    const Tensor& g = grads[i].is_contiguous() ? grads[i] : keep.emplace_back(grads[i].contiguous());
+    const Tensor& g = grad_like_param(grads[i], params[i], keep);
     cuda::AdamTensor& m = meta[i];
-    m.param = inplace_fp32(params[i], op, "params", i);
+    m.param = inplace_fp32(params[i], params[i], op, "params", i);
     m.grad = g.data_ptr();
     m.grad_dtype = detail::kernel_dtype(g, op, "grads");
-    m.exp_avg = inplace_fp32(exp_avgs[i], op, "exp_avgs", i);
-    m.exp_avg_sq = inplace_fp32(exp_avg_sqs[i], op, "exp_avg_sqs", i);
-    m.max_exp_avg_sq = amsgrad ? inplace_fp32(max_exp_avg_sqs[i], op, "max_exp_avg_sqs", i)
+    m.exp_avg = inplace_fp32(exp_avgs[i], params[i], op, "exp_avgs", i);
+    m.exp_avg_sq = inplace_fp32(exp_avg_sqs[i], params[i], op, "exp_avg_sqs", i);
+    m.max_exp_avg_sq = amsgrad ? inplace_fp32(max_exp_avg_sqs[i], params[i], op, "max_exp_avg_sqs", i)
                                : nullptr;
     m.step = steps[i].data_ptr<float>();
     m.numel = params[i].numel();
@@ -100,13 +109,13 @@ void fused_sgd_cuda(TensorList params, TensorList grads, TensorList momentum_buf
   std::vector<Tensor> keep;
   std::vector<cuda::SgdTensor> meta(params.size());
   for (size_t i = 0; i < params.size(); ++i) {
-    const Tensor& g = grads[i].is_contiguous() ? grads[i] : keep.emplace_back(grads[i].contiguous());
+    const Tensor& g = grad_like_param(grads[i], params[i], keep);
     cuda::SgdTensor& m = meta[i];
-    m.param = inplace_fp32(params[i], op, "params", i);
+    m.param = inplace_fp32(params[i], params[i], op, "params", i);
     m.grad = g.data_ptr();
     m.grad_dtype = detail::kernel_dtype(g, op, "grads");
     m.momentum_buffer =
-        with_momentum ? inplace_fp32(momentum_buffers[i], op, "momentum_buffers", i) : nullptr;
+        with_momentum ? inplace_fp32(momentum_buffers[i], params[i], op, "momentum_buffers", i) : nullptr;
     m.step = with_momentum ? steps[i].data_ptr<float>() : nullptr;
     m.numel = params[i].numel();
   }

@@ -17,11 +17,13 @@ std::tuple<at::Tensor, at::Tensor> nonfinite_check_cuda(at::TensorList tensors,
                                                         bool compute_norm) {
   detail::nonfinite_check_args(tensors);
   const c10::cuda::CUDAGuard guard(tensors[0].device());
-  std::vector<at::Tensor> keep;  // contiguous copies of strided inputs, alive until enqueued
+  // A flag and a sum of squares do not care about element order: dense tensors (channels_last
+  // included) are read in place; only strided views are copied (alive until enqueued).
+  std::vector<at::Tensor> keep;
   std::vector<cuda::NonfiniteTensor> meta;
   meta.reserve(tensors.size());
   for (const at::Tensor& t : tensors) {
-    const at::Tensor c = t.is_contiguous() ? t : keep.emplace_back(t.contiguous());
+    const at::Tensor c = t.is_non_overlapping_and_dense() ? t : keep.emplace_back(t.contiguous());
     meta.push_back({c.data_ptr(), c.numel(), detail::kernel_dtype(c, "nonfinite_check", "tensor")});
   }
   const auto fopt = tensors[0].options().dtype(at::kFloat);

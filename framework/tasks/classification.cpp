@@ -25,8 +25,10 @@ class ClassificationTask : public Module {
 
   torch::nn::Module& net() override { return *model_; }
 
-  torch::Tensor loss(const torch::Tensor& logits, const torch::Tensor& y) const {
+  // In fp32 whatever the logits' dtype (what autocast does for these ops; bf16-master logits are bf16).
+  torch::Tensor loss(const torch::Tensor& logits_in, const torch::Tensor& y) const {
     ModuleScope scope("task.loss");
+    const torch::Tensor logits = logits_in.to(torch::kFloat32);
     if (loss_ == "cross_entropy") {
       return torch::nn::functional::cross_entropy(
           logits, y, torch::nn::functional::CrossEntropyFuncOptions().label_smoothing(label_smoothing_));

@@ -303,6 +303,46 @@ TEST(FusedOptimizersCuda, AdamAndSgdMatchTorchOptimOver100Steps) {
   compare_on_cuda<torch::optim::SGD, strobe::ops::FusedSGD>(torch::optim::SGDOptions(1e-2), torch::kFloat, 20);
 }
 
+// channels_last parameters (resnet on CUDA) are dense but not contiguous: the fused step updates
+// them in place with moments laid out like them, from channels_last or contiguous gradients, and
+// matches torch::optim on the same values; the non-finite check reads them without copies.
+TEST(FusedOptimizersCuda, ChannelsLastParametersAreUpdatedInPlace) {
+  SKIP_WITHOUT_CUDA();
+  const auto cl = at::MemoryFormat::ChannelsLast;
+  for (bool sgd : {true, false}) {
+    std::vector<Tensor> pr, pf;
+    for (auto shape : {std::vector<int64_t>{64, 32, 3, 3}, std::vector<int64_t>{16, 3, 7, 7}, std::vector<int64_t>{256, 64, 1, 1}}) {
+      Tensor w = torch::randn(shape, torch::TensorOptions(kCuda));
+      pr.push_back(w.clone().requires_grad_(true));
+      pf.push_back(w.contiguous(cl).requires_grad_(true));
+    }
+    const void* before = pf[0].data_ptr();
+    std::unique_ptr<torch::optim::Optimizer> ref, fused;
+    if (sgd) {
+      ref = std::make_unique<torch::optim::SGD>(pr, torch::optim::SGDOptions(1e-2).momentum(0.9));
+      fused = std::make_unique<strobe::ops::FusedSGD>(pf, torch::optim::SGDOptions(1e-2).momentum(0.9));
+    } else {
+      ref = std::make_unique<torch::optim::AdamW>(pr, torch::optim::AdamWOptions(1e-2));
+      fused = std::make_unique<strobe::ops::FusedAdamW>(pf, torch::optim::AdamWOptions(1e-2));
+    }
+    for (int s = 0; s < 30; ++s) {
+      for (size_t i = 0; i < pr.size(); ++i) {
+        const Tensor g = torch::randn(pr[i].sizes(), torch::TensorOptions(kCuda));
+        pr[i].mutable_grad() = g;
+        // Even steps: channels_last grads (what autograd gives); odd: contiguous ones.
+        pf[i].mutable_grad() = s % 2 == 0 ? g.contiguous(cl) : g.clone();
+      }
+      ref->step();
+      fused->step();
+    }
+    EXPECT_LT(max_rel_diff(pf, pr), 2e-5) << (sgd ? "sgd" : "adamw");
+    EXPECT_EQ(pf[0].data_ptr(), before) << "the parameter was replaced, not updated in place";
+    EXPECT_TRUE(pf[0].is_contiguous(cl));
+    auto [found, norm] = strobe::ops::nonfinite_check(std::vector<Tensor>{pf[0].grad(), pf[1].grad()}, true);
+    EXPECT_EQ(found.item<float>(), 0.f);
+  }
+}
+
 TEST(FusedOptimizersCuda, MisalignedViewsAndGradMultiplierAreHandled) {
   SKIP_WITHOUT_CUDA();
   // Parameters that are views at odd offsets of one flat buffer (no 16-byte alignment).

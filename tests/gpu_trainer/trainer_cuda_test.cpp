@@ -66,7 +66,7 @@ STROBE_REGISTER(callback_registry(), "sync_guard", make_sync_guard);
 
 TEST(TrainerCuda, EveryPrecisionTrainsWithFusedAndTorchOptimizers) {
   SKIP_WITHOUT_CUDA();
-  for (const char* precision : {"32", "bf16-mixed", "16-mixed"}) {
+  for (const char* precision : {"32", "bf16-mixed", "16-mixed", "bf16-master"}) {
     for (const char* fused : {"true", "false"}) {
       std::string dir = temp_dir("cuda-precision");
       auto run = make_run(cuda_yaml(), {std::string("trainer.precision=") + precision, std::string("optimizer.fused=") + fused,
@@ -218,7 +218,7 @@ callbacks: {3}
 TEST(TrainerCuda, NanCaptureStepsNeverSyncInEveryPrecisionWithAccumulationAndClipping) {
   SKIP_WITHOUT_CUDA();
 #ifdef STROBE_TORCH_HAS_CUDA
-  for (const char* precision : {"32", "bf16-mixed", "16-mixed"}) {
+  for (const char* precision : {"32", "bf16-mixed", "16-mixed", "bf16-master"}) {
     for (const char* accumulate : {"1", "2"}) {
       for (const char* clip : {"0.0", "1.0"}) {
         g_guarded_steps = 0;

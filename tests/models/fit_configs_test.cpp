@@ -104,12 +104,20 @@ TEST(FitCpuConfigs, ViTTrains) {
 
 TEST(FitCpuConfigs, DecoderLMTrainsWithEveryCollate) {
   REQUIRE_STROBE_BIN(bin);
-  // The config's attention (custom) takes packed batches; the pad collates run with math.
+  // The config's attention (custom) takes every collate: the padded ones are right-padded, so the
+  // model runs plain causal attention without a mask.
   for (const char* c : {"pad_to_max", "pad_to_longest", "pack"}) {
-    const std::string attn = std::string(c) == "pack" ? "" : " --set model.attention=math";
     expect_trained(fit(bin, "decoder_lm_varlen.yaml", std::string("lm_") + c,
-                       std::string("--set data.collate=") + c + " --set trainer.max_steps=8" + attn));
+                       std::string("--set data.collate=") + c + " --set trainer.max_steps=8"));
   }
+}
+
+// precision bf16-master (what the GPU vit_l16 and decoder_lm_varlen configs use) through the CLI.
+TEST(FitCpuConfigs, Bf16MasterTrainsTheTransformers) {
+  REQUIRE_STROBE_BIN(bin);
+  expect_trained(fit(bin, "vit_l16.yaml", "vit_bf16_master", "--set trainer.precision=bf16-master"));
+  expect_trained(fit(bin, "decoder_lm_varlen.yaml", "lm_bf16_master",
+                     "--set trainer.precision=bf16-master --set data.collate=pack --set trainer.max_steps=8"));
 }
 
 }  // namespace

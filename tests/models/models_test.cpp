@@ -40,6 +40,44 @@ TEST(ResNet, ThinOneChannelVariantTakesFashionMnistImages) {
   EXPECT_EQ(bottleneck->forward(image_batch(torch::randn({2, 1, 28, 28}))).sizes(), (torch::IntArrayRef{2, 10}));
 }
 
+// memory_format: channels_last (what auto picks on CUDA) changes the layout of the conv weights and
+// activations, not the values: same outputs and gradients as the contiguous model, parameters NHWC,
+// the same state-dict names; auto leaves a CPU model contiguous.
+TEST(ResNet, ChannelsLastGivesTheSameOutputsAndGradients) {
+  torch::manual_seed(3);
+  const std::string base = "{name: resnet, depth: 18, num_classes: 10, in_channels: 3, width: 8, memory_format: ";
+  auto plain = build_model(base + "contiguous}");
+  auto nhwc = build_model(base + "channels_last}");
+  auto autofmt = build_model(base + "auto}");
+  testing::copy_weights(*plain, *nhwc);
+  plain->on_device(torch::kCPU, "32");
+  nhwc->on_device(torch::kCPU, "32");
+  autofmt->on_device(torch::kCUDA, "32");  // auto: fp32 stays NCHW even on CUDA (nothing is moved here)
+  const auto cl = at::MemoryFormat::ChannelsLast;
+  int64_t converted = 0;
+  for (const auto& p : nhwc->parameters())
+    if (p.dim() == 4) {
+      EXPECT_TRUE(p.is_contiguous(cl));
+      converted += !p.is_contiguous();  // 1x1 kernels are both NCHW- and NHWC-contiguous
+    }
+  EXPECT_GT(converted, 10);
+  for (const auto& p : autofmt->parameters()) EXPECT_TRUE(p.is_contiguous());
+  EXPECT_EQ(plain->named_parameters().keys(), nhwc->named_parameters().keys());
+  auto x = torch::randn({2, 3, 40, 40});
+  auto y_plain = plain->forward(image_batch(x));
+  auto y_nhwc = nhwc->forward(image_batch(x));
+  EXPECT_TRUE(torch::allclose(y_plain, y_nhwc, 1e-4, 1e-5));
+  y_plain.square().sum().backward();
+  y_nhwc.square().sum().backward();
+  auto gp = plain->named_parameters(), gn = nhwc->named_parameters();
+  for (const auto& kv : gp) {
+    // Relative to the gradient's largest element: the NHWC kernels sum in another order.
+    const auto& g = kv.value().grad();
+    const double err = (g - gn[kv.key()].grad()).abs().max().item<double>() / g.abs().max().item<double>();
+    EXPECT_LT(err, 1e-4) << kv.key();
+  }
+}
+
 TEST(ResNet, UnsupportedDepthIsAConfigError) {
   EXPECT_THROW(build_model("{name: resnet, depth: 20}"), config::ConfigError);
   EXPECT_THROW(build_model("{name: resnet, dept: 18}"), config::ConfigError);  // unknown key
@@ -104,7 +142,7 @@ torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets)
 
 TEST(DecoderLM, PaddedWithMaskAndPackedGiveTheSameLoss) {
   torch::manual_seed(2);
-  for (const char* attn : {"math", "sdpa"}) {
+  for (const char* attn : {"math", "sdpa", "custom"}) {
     auto m = build_model(std::string("{name: decoder_lm, vocab_size: 50, max_seq_len: 16, embed_dim: 32, depth: 2, num_heads: 4, attention: ") +
                          attn + "}");
     auto samples = token_samples({3, 7, 1, 12}, 50);
@@ -125,6 +163,30 @@ TEST(DecoderLM, PaddedWithMaskAndPackedGiveTheSameLoss) {
     m->zero_grad();
     lm_loss(m->forward(packed), packed.at("targets")).backward();
     EXPECT_TRUE(torch::allclose(g_padded, m->parameters()[0].grad(), 1e-5, 1e-6)) << attn;
+  }
+}
+
+// The padded collates declare right padding, and the model then drops the key-padding mask (plain
+// causal attention). Real positions must be unchanged; padding positions must differ from the masked
+// path (proof that the mask really was dropped); a batch without the declaration keeps the mask.
+TEST(DecoderLM, RightPaddedBatchesRunWithoutTheMask) {
+  torch::manual_seed(5);
+  for (const char* attn : {"math", "sdpa"}) {
+    auto m = build_model(std::string("{name: decoder_lm, vocab_size: 50, max_seq_len: 16, embed_dim: 32, depth: 2, num_heads: 4, attention: ") +
+                         attn + "}");
+    auto samples = token_samples({3, 7, 1, 12}, 50);
+    auto declared = data::collate_tokens_padded(samples, 16);
+    ASSERT_EQ(declared.meta.at("right_padded"), 1);
+    auto undeclared = declared;
+    undeclared.meta.erase("right_padded");
+    auto no_mask = m->forward(declared);
+    auto masked = m->forward(undeclared);
+    auto real = declared.at("padding_mask");
+    EXPECT_TRUE(torch::allclose(no_mask.index({real}), masked.index({real}), 1e-5, 1e-6)) << attn;
+    auto pad = real.logical_not();
+    EXPECT_FALSE(torch::allclose(no_mask.index({pad}), masked.index({pad}), 1e-3, 1e-3)) << attn;
+    EXPECT_NEAR(lm_loss(no_mask, declared.at("targets")).item<double>(),
+                lm_loss(masked, declared.at("targets")).item<double>(), 1e-5) << attn;
   }
 }
 

@@ -1,0 +1,57 @@
+// The copy stream behind the trainer's host-to-device batch copies (framework/core/device_transfer.h):
+// the copies run on a side stream, and the compute stream may only read the batch after them.
+#include <gtest/gtest.h>
+
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+#include <torch/torch.h>
+
+#include "framework/core/device_transfer.h"
+
+using namespace strobe;
+
+#define SKIP_WITHOUT_CUDA() \
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device visible: copy-stream tests skipped"
+
+TEST(BatchTransferCuda, CopiesOnASideStreamAndTheComputeStreamWaitsForThem) {
+  SKIP_WITHOUT_CUDA();
+  const torch::Device cuda(torch::kCUDA, 0);
+  c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
+  BatchTransfer transfer;
+  // 256 MB of a known pattern in pinned memory; its exact sum is known on the host.
+  auto host = torch::arange(64 * 1024 * 1024, torch::kInt32).remainder(1009).pin_memory();
+  const int64_t expected = host.sum(torch::kInt64).item<int64_t>();
+  auto copy = [&] {
+    Batch b;
+    b.tensors["x"] = host.to(cuda, /*non_blocking=*/true);
+    return b;
+  };
+  Batch first = transfer(cuda, copy);
+  ASSERT_TRUE(transfer.stream().has_value());
+  EXPECT_NE(transfer.stream()->id(), impl.getStream(cuda).id()) << "the copy ran on the compute stream";
+  EXPECT_EQ(first.at("x").sum(torch::kInt64).item<int64_t>(), expected);
+  for (int round = 0; round < 3; ++round) {
+    torch::cuda::synchronize();
+    // Keep the copy stream busy so that its copy finishes long after this thread moves on: if the
+    // compute stream did not wait for it, the sum below would read memory not yet written.
+    auto a = torch::randn({4096, 4096}, torch::TensorOptions(cuda));
+    {
+      c10::StreamGuard busy(*transfer.stream());
+      for (int i = 0; i < 20; ++i) a = torch::mm(a, a).clamp_(-1, 1);
+    }
+    Batch b = transfer(cuda, copy);
+    EXPECT_TRUE(b.at("x").is_cuda());
+    EXPECT_EQ(b.at("x").sum(torch::kInt64).item<int64_t>(), expected) << "round " << round;
+  }
+}
+
+TEST(BatchTransfer, CpuDevicesTransferInPlace) {
+  BatchTransfer transfer;
+  Batch b = transfer(torch::kCPU, [] {
+    Batch x;
+    x.tensors["x"] = torch::ones({3});
+    return x;
+  });
+  EXPECT_FALSE(transfer.stream().has_value());
+  EXPECT_EQ(b.at("x").sum().item<float>(), 3.f);
+}
