@@ -142,7 +142,7 @@ void write_json_atomic(const std::string& path, const nlohmann::json& j) {
   std::error_code ec;
   fs::rename(tmp, p, ec);
   if (ec) {
-    fs::remove(tmp, ec);
+    ::unlink(tmp.c_str());  // not fs::remove: see checkpoint::remove_tree on the wheel's std::filesystem
     throw BenchUsageError(fmt::format("--json: cannot write '{}' ({})", path, ec.message()));
   }
 }
