@@ -70,6 +70,8 @@ struct SuiteOptions {
 // "step_ms"|"ms": Stats, ...}]}. Throws BenchUsageError for bad options, other errors otherwise.
 using SuiteFn = nlohmann::json (*)(const SuiteOptions&);
 nlohmann::json step_suite(const SuiteOptions& o);
+// Throws BenchUsageError for an unknown --workload or --workload with --config.
+void check_step_options(const SuiteOptions& o);
 nlohmann::json giou_suite(const SuiteOptions& o);
 nlohmann::json attention_suite(const SuiteOptions& o);
 nlohmann::json optimizer_suite(const SuiteOptions& o);

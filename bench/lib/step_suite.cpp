@@ -128,7 +128,7 @@ nlohmann::json run_workload(const Workload& w, const SuiteOptions& o, int64_t wa
 
 }  // namespace
 
-nlohmann::json step_suite(const SuiteOptions& o) {
+void check_step_options(const SuiteOptions& o) {
   for (const auto& name : o.workloads) {
     std::string known;
     bool found = false;
@@ -139,6 +139,9 @@ nlohmann::json step_suite(const SuiteOptions& o) {
     if (!found) throw BenchUsageError(fmt::format("--workload: unknown workload '{}' (workloads: {})", name, known));
   }
   if (!o.workloads.empty() && !o.config.empty()) throw BenchUsageError("--workload and --config exclude each other");
+}
+
+nlohmann::json step_suite(const SuiteOptions& o) {
   const int64_t warmup = o.warmup >= 0 ? o.warmup : o.cuda ? 30 : 3;
   const int64_t steps = o.steps > 0 ? o.steps : o.cuda ? 50 : 10;
   std::vector<Workload> ws;

@@ -207,6 +207,11 @@ int run_bench(const std::vector<std::string>& names, const std::string& json_pat
   if (chosen.empty()) chosen = suites();
   if (!opt.config.empty() && !(chosen.size() == 1 && chosen[0].first == "step"))
     throw BenchUsageError("--config applies to the step suite only: strobe bench step --config FILE");
+  if (!opt.workloads.empty() && std::none_of(chosen.begin(), chosen.end(), [](const auto& s) { return s.first == "step"; }))
+    throw BenchUsageError("--workload applies to the step suite only: strobe bench step --workload NAME");
+  SuiteOptions checked = opt;
+  checked.cuda = torch::cuda::is_available();
+  check_step_options(checked);
   // Refuse an unwritable --json before minutes of benchmarking.
   if (!json_path.empty()) write_json_atomic(json_path, nlohmann::json{{"status", "running"}});
   SuiteOptions o = opt;

@@ -87,6 +87,7 @@ TEST(BenchCli, CudaSuitesAreSkippedOnTheCpu) {
 }
 
 TEST(BenchCli, BadUsageExitsTwoWithOneLine) {
+  const std::string out = temp_dir("bench-bad") + "/never.json";
   struct Case {
     std::string args, expect;
   } cases[] = {
@@ -96,15 +97,17 @@ TEST(BenchCli, BadUsageExitsTwoWithOneLine) {
       {"bench step --config /nonexistent.yaml", "/nonexistent.yaml: cannot open config file"},
       {"bench step --config " + src("configs/cpu/vit_l16.yaml") + " --set model.depthh=2", "model.depthh: unknown key"},
       {"bench step --steps 0", "--steps"},
+      {"bench step --workload vit --json " + out, "--workload: unknown workload 'vit' (workloads: vit_l16, face_detector_giou, resnet50, lm_pack"},
+      {"bench giou --workload vit_l16", "--workload applies to the step suite only"},
   };
   for (const auto& c : cases) {
     auto r = strobe_cmd(c.args);
     EXPECT_EQ(r.code, 2) << c.args << "\n" << r.err;
     EXPECT_NE(r.err.find(c.expect), std::string::npos) << c.args << "\n" << r.err;
-    EXPECT_LE(count_lines(r.err), c.args.find("stepz") != std::string::npos || c.args.find("json") != std::string::npos ? 1 : 2)
-        << r.err;
+    EXPECT_LE(count_lines(r.err), c.args.find("--steps") != std::string::npos ? 2 : 1) << r.err;
     EXPECT_EQ(r.err.find("Exception raised from"), std::string::npos) << r.err;
   }
+  EXPECT_FALSE(std::filesystem::exists(out));  // refused before anything ran or was written
   auto h = strobe_cmd("--help");
   EXPECT_EQ(h.code, 0);
   EXPECT_NE(h.out.find("bench"), std::string::npos) << h.out;
