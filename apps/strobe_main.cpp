@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include "bench/lib/bench.h"
 #include "data/data_error.h"
 #include "framework/checkpoint/checkpoint_io.h"
 #include "framework/config/config.h"
@@ -36,6 +37,7 @@ struct Common {
   std::vector<std::string> sets;
   std::string ckpt;
   std::string run_dir;
+  bool profile = false;
 };
 
 void add_common(CLI::App* cmd, Common& c, bool ckpt_required) {
@@ -97,6 +99,17 @@ void print_fit_summary(const strobe::Run& run, int rc, double seconds) {
 int run_command(const std::string& command, const Common& c, Progress& progress) {
   auto doc = strobe::config::Document::load_file(c.config);
   for (const auto& s : c.sets) doc.apply_override(s);
+  if (c.profile) {
+    // --profile: trainer.profiler with its defaults, unless the config already sets it up.
+    const YAML::Node root = doc.root().node();
+    const YAML::Node t = root["trainer"];
+    bool configured = false;
+    if (t.IsDefined() && t.IsMap()) {
+      const YAML::Node p = t["profiler"];
+      configured = p.IsDefined() && p.IsMap();
+    }
+    if (!configured) doc.apply_override("trainer.profiler={}");
+  }
   strobe::RunOptions opt;
   opt.stage = command == "fit" ? strobe::Stage::Fit : command == "validate" ? strobe::Stage::Validate : strobe::Stage::Test;
   if (!c.run_dir.empty()) opt.run_dir = c.run_dir;
@@ -130,6 +143,12 @@ int run_command(const std::string& command, const Common& c, Progress& progress)
     if (kv.first.rfind(prefix, 0) == 0) fmt::print("{:<24} {:.6f}\n", kv.first, kv.second);
   return rc;
 }
+
+struct BenchArgs {
+  std::vector<std::string> suites;
+  std::string json;
+  strobe::bench::SuiteOptions options;
+};
 
 struct ReplayArgs {
   std::string capture;
@@ -173,6 +192,8 @@ int main(int argc, char** argv) {
   auto* fit = app.add_subcommand("fit", "train (and validate) a model; resumes with --ckpt");
   add_common(fit, fit_c, false);
   fit->add_option("--run-dir", fit_c.run_dir, "run directory (default <default_root_dir>/<name>/version_<n>)");
+  fit->add_flag("--profile", fit_c.profile,
+                "write a Chrome/TensorBoard trace of steps 20-25 to <run_dir>/profiler (trainer.profiler)");
   auto* val = app.add_subcommand("validate", "run the validation set with a checkpoint");
   add_common(val, val_c, true);
   auto* tst = app.add_subcommand("test", "run the test set with a checkpoint");
@@ -182,6 +203,23 @@ int main(int argc, char** argv) {
   rep->add_option("capture", replay_a.capture, "capture directory: <run_dir>/nan (the latest capture) or nan/step_<N>")->required();
   rep->add_option("--device", replay_a.device, "cpu | cuda | cuda:<i> (default: the device it was captured on)");
   rep->add_option("--report", replay_a.report, "also write the report as JSON to this file");
+  BenchArgs bench_a;
+  auto* bench = app.add_subcommand(
+      "bench", "time training steps and kernels: suites step, giou, attention, optimizer, metrics, nan_capture (default: all)");
+  bench->add_option("suites", bench_a.suites, "suites to run (default: all)");
+  bench->add_option("--json", bench_a.json, "also write the results as JSON to this file");
+  bench->add_option("-c,--config", bench_a.options.config, "step suite: time this config instead of the seed workloads");
+  bench->add_option("--workload", bench_a.options.workloads,
+                    "step suite: only these seed workloads (vit_l16, face_detector_giou, resnet50, lm_pack, lm_pad_to_max, "
+                    "lm_pad_to_longest; repeatable)")
+      ->allow_extra_args(false);
+  bench->add_option("--set", bench_a.options.sets, "step suite: override a key of every workload (repeatable)")
+      ->take_all()
+      ->allow_extra_args(false);
+  bench->add_option("--warmup", bench_a.options.warmup, "warm-up steps/calls (default: per suite; step: 30 on CUDA, 3 on CPU)")
+      ->check(CLI::NonNegativeNumber);
+  bench->add_option("--steps", bench_a.options.steps, "timed steps/calls (default: per suite; step: 50 on CUDA, 10 on CPU)")
+      ->check(CLI::PositiveNumber);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -195,7 +233,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (app.get_subcommands().empty()) {
-    fmt::print(stderr, "strobe: a command is required (fit, validate, test, replay)\nRun 'strobe --help' for usage.\n");
+    fmt::print(stderr, "strobe: a command is required (fit, validate, test, replay, bench)\nRun 'strobe --help' for usage.\n");
     return 2;
   }
   const std::string command = app.get_subcommands().front()->get_name();
@@ -218,7 +256,11 @@ int main(int argc, char** argv) {
   };
   try {
     if (command == "replay") return run_replay(replay_a);
+    if (command == "bench") return strobe::bench::run_bench(bench_a.suites, bench_a.json, bench_a.options);
     return run_command(command, c, progress);
+  } catch (const strobe::bench::BenchUsageError& e) {
+    fmt::print(stderr, "strobe bench: {}\n", e.what());
+    return 2;
   } catch (const strobe::RunDirError& e) {
     fmt::print(stderr, "strobe: run directory error: {}\n", e.what());
     return 2;

@@ -13,7 +13,7 @@ step() { echo "== $*"; "$@" || { echo "!! exit $?: $*"; rc=1; }; }
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   step python3 bench/ops/bench_ops.py giou optim nonfinite
   step python3 "$baselines" giou
-  cmake --build build-gpu --target bench_ops >/dev/null 2>&1 && step build-gpu/bin/bench_ops 20
+  step build-gpu/bin/strobe bench giou optimizer --json "$out/strobe_bench_ops.json"
   step build-gpu/bin/strobe_bench_metrics --python python3 --json "$out/bench_metrics.json"
   echo "== quickstart on CUDA"
   t0=$(date +%s.%N)

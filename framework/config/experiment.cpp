@@ -19,6 +19,34 @@ std::optional<double> parse_duration(const std::string& text) {
   return s;
 }
 
+namespace {
+
+// trainer.profiler: absent, null or false = off; true or a mapping {steps, path, record_shapes} = on.
+void parse_profiler(Section& t, ProfilerConfig& p) {
+  t.accept("profiler");
+  if (!t.has("profiler") || t.is_null("profiler")) return;
+  if (t.node()["profiler"].IsScalar()) {
+    p.enabled = t.get_bool("profiler", false);
+    if (!p.enabled) return;
+    t.node()["profiler"] = YAML::Node(YAML::NodeType::Map);  // resolved below with its defaults
+  }
+  if (!t.node()["profiler"].IsMap()) t.fail("profiler", "expected a mapping {steps: [first, last], path: DIR} or true/false");
+  Section s = t.child("profiler");
+  p.enabled = true;
+  const std::vector<int64_t> steps = s.get_int_list("steps", {p.first_step, p.last_step});
+  if (steps.size() != 2 || steps[0] < 1 || steps[0] > steps[1])
+    s.fail("steps", fmt::format("expected two step numbers [first, last] with 1 <= first <= last (optimizer steps, "
+                                "counted from 1 as in metrics.csv), got {} value(s){}",
+                                steps.size(), steps.size() == 2 ? fmt::format(" [{}, {}]", steps[0], steps[1]) : ""));
+  p.first_step = steps[0];
+  p.last_step = steps[1];
+  p.path = s.get_string("path", "");
+  p.record_shapes = s.get_bool("record_shapes", false);
+  s.finish();
+}
+
+}  // namespace
+
 Experiment parse_experiment(Document& doc) {
   Section root = doc.root();
   Experiment e;
@@ -67,6 +95,7 @@ Experiment parse_experiment(Document& doc) {
   c.default_root_dir = t.get_string("default_root_dir", "runs");
   c.enable_progress_bar = t.get_bool("enable_progress_bar", true);
   c.enable_checkpointing = t.get_bool("enable_checkpointing", true);
+  parse_profiler(t, c.profiler);
   t.finish();
 
   Section lg = root.child("logger");

@@ -11,6 +11,15 @@
 
 namespace strobe::config {
 
+// trainer.profiler: a Chrome/TensorBoard trace of training steps first..last (1-based optimizer
+// steps, the numbering of metrics.csv), written by the profiler callback (callbacks/profiler.h).
+struct ProfilerConfig {
+  bool enabled = false;
+  int64_t first_step = 20, last_step = 25;
+  std::string path;  // "" = <run_dir>/profiler
+  bool record_shapes = false;
+};
+
 struct TrainerConfig {
   int64_t max_epochs = 1;  // -1: unlimited
   int64_t max_steps = -1;  // optimizer steps; -1: unlimited
@@ -34,6 +43,7 @@ struct TrainerConfig {
   std::string default_root_dir = "runs";
   bool enable_progress_bar = true;
   bool enable_checkpointing = true;
+  ProfilerConfig profiler;
 };
 
 struct LoggerConfig {

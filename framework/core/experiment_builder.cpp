@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include "callbacks/profiler.h"
 #include "framework/checkpoint/checkpoint_io.h"
 
 namespace strobe {
@@ -258,6 +259,12 @@ std::unique_ptr<Run> build_run(config::Document& doc, const RunOptions& options)
     run->callbacks.push_back(default_callback("model_checkpoint"));
   if (exp.trainer.enable_progress_bar && !has_progress && options.stage == Stage::Fit)
     run->callbacks.push_back(default_callback("progress_bar"));
+
+  if (exp.trainer.profiler.enabled && options.stage == Stage::Fit) {
+    const auto& p = exp.trainer.profiler;
+    const std::string dir = !p.path.empty() ? p.path : run->run_dir.empty() ? "profiler" : run->run_dir + "/profiler";
+    run->callbacks.push_back(make_profiler_callback(p, dir));
+  }
 
   auto resolved = std::make_shared<std::string>();
   if (!run->run_dir.empty()) run->callbacks.push_back(std::make_shared<SaveConfig>(resolved));

@@ -106,6 +106,9 @@ class Trainer {
   // also works before the pipeline exists.
   StepPipeline& step_pipeline();
   void arm_step_guard(const StepGuard& guard);
+  // Host seconds the training loop spent waiting for the loader's current batch (strobe bench's
+  // input-wait; read in on_train_batch_start).
+  double last_input_wait_s() const { return last_input_wait_s_; }
   // Micro-batches already run in the current optimizer step (0 at a step boundary).
   int64_t accumulated_batches() const { return accum_count_; }
   StateConnector& state_connector() { return connector_; }
@@ -171,6 +174,7 @@ class Trainer {
   bool sanity_checking_ = false;
   bool fit_setup_done_ = false;
   int64_t accum_count_ = 0;
+  double last_input_wait_s_ = 0.0;
   std::chrono::steady_clock::time_point start_time_;
   std::shared_ptr<data::DataLoader> train_loader_;
   BatchTransfer transfer_;  // host-to-device copies on a copy stream (CUDA)

@@ -49,7 +49,11 @@ void Trainer::train_epoch() {
     module_->on_train_epoch_start();
     each([&](Callback& cb) { cb.on_train_epoch_start(*this, *module_); });
   }
-  while (auto b = train_loader_->next()) {
+  for (;;) {
+    const auto wait_start = std::chrono::steady_clock::now();
+    auto b = train_loader_->next();
+    last_input_wait_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - wait_start).count();
+    if (!b) break;
     const int64_t idx = state_.batch_in_epoch;
     signals::set_current_step(state_.global_step + 1);  // the step a stop signal's message names
     // A signal answered with "finishing step <global_step>" (the step before this one) stops here:

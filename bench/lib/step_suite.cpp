@@ -1,0 +1,160 @@
+// The step suite: full training steps of the seed workloads, run by the real Trainer built the way
+// `strobe fit` builds a run (config::Document + --set overrides -> build_run -> Trainer::fit), with
+// a timing callback. A step's time is the interval between the marks at the start of consecutive
+// optimizer steps on the device timeline (CUDA events on the compute stream; steady clock on the
+// CPU), so loader stalls that idle the device count. Input-wait is the host time the training loop
+// spent blocked on the loader's next batch inside that interval (Trainer::last_input_wait_s());
+// compute is step minus input-wait.
+#include <algorithm>
+#include <filesystem>
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include "bench/lib/bench.h"
+#include "framework/config/config.h"
+#include "framework/core/callback.h"
+#include "framework/core/experiment_builder.h"
+#include "framework/core/trainer.h"
+
+namespace strobe::bench {
+namespace {
+
+struct Workload {
+  std::string name, config;
+  std::vector<std::string> sets;
+};
+
+// The seed's GPU-sized workloads (issue 14's table) and their CPU twins under configs/cpu/.
+std::vector<Workload> default_workloads(bool cuda) {
+  const std::string dir = cuda ? "configs/" : "configs/cpu/";
+  return {
+      {"vit_l16", dir + "vit_l16.yaml", {}},
+      {"face_detector_giou", dir + "face_detector_giou.yaml", {}},
+      {"resnet50", dir + "resnet50_nan.yaml", {"task.loss=cross_entropy", "callbacks=[]"}},
+      {"lm_pack", dir + "decoder_lm_varlen.yaml", {"data.collate=pack"}},
+      {"lm_pad_to_max", dir + "decoder_lm_varlen.yaml", {"data.collate=pad_to_max"}},
+      {"lm_pad_to_longest", dir + "decoder_lm_varlen.yaml", {"data.collate=pad_to_longest"}},
+  };
+}
+
+std::string find_config(const std::string& path, std::string source_dir) {
+  namespace fs = std::filesystem;
+  if (source_dir.empty()) source_dir = STROBE_BENCH_SOURCE_DIR;
+  std::error_code ec;
+  if (fs::exists(path, ec) || source_dir.empty() || fs::path(path).is_absolute()) return path;
+  const fs::path alt = fs::path(source_dir) / path;
+  return fs::exists(alt, ec) ? alt.string() : path;
+}
+
+// Marks the start of every optimizer step and the end of the last one; sums the loader waits.
+class StepTimer : public Callback {
+ public:
+  StepTimer(torch::Device device, int64_t last_step) : marks_(device), last_step_(last_step) {}
+  std::string name() const override { return "bench_step_timer"; }
+  void on_train_batch_start(Trainer& t, Module&, const Batch&, int64_t) override {
+    wait_s_ += t.last_input_wait_s();
+    if (t.accumulated_batches() != 0) return;
+    marks_.record();
+    wait_at_mark_.push_back(wait_s_);
+    if (batch_size_ == 0) batch_size_ = t.datamodule().train_loader() ? t.datamodule().train_loader()->options().batch_size : 0;
+  }
+  void on_train_batch_end(Trainer& t, Module&, const torch::Tensor&, const Batch&, int64_t) override {
+    if (t.accumulated_batches() == 0 && t.state().global_step == last_step_) {
+      marks_.record();
+      wait_at_mark_.push_back(wait_s_);
+    }
+  }
+  Marks marks_;
+  std::vector<double> wait_at_mark_;
+  int64_t last_step_, batch_size_ = 0;
+  double wait_s_ = 0;
+};
+
+nlohmann::json run_workload(const Workload& w, const SuiteOptions& o, int64_t warmup, int64_t steps) {
+  const std::string path = find_config(w.config, o.source_dir);
+  auto doc = config::Document::load_file(path);
+  // No validation, checkpoints, logs or progress bar: only training steps are timed. The caller's
+  // --set come last and win.
+  std::vector<std::string> sets = {fmt::format("trainer.max_steps={}", warmup + steps),
+                                   "trainer.max_epochs=-1",
+                                   "trainer.num_sanity_val_steps=0",
+                                   "trainer.limit_val_batches=0",
+                                   "trainer.enable_progress_bar=false",
+                                   "trainer.enable_checkpointing=false",
+                                   "logger.csv=false",
+                                   "logger.tensorboard=false"};
+  sets.insert(sets.end(), w.sets.begin(), w.sets.end());
+  sets.insert(sets.end(), o.sets.begin(), o.sets.end());
+  for (const auto& s : sets) doc.apply_override(s);
+  RunOptions ro;
+  ro.stage = Stage::Fit;
+  ro.create_run_dir = false;
+  auto run = build_run(doc, ro);
+  const int64_t total = run->experiment.trainer.max_steps;
+  auto timer = std::make_shared<StepTimer>(run->trainer->device(), total);
+  run->trainer->add_callback(timer);
+  fmt::print(stderr, "strobe bench: step {}: {} warm-up + {} timed steps on {}\n", w.name, warmup, steps,
+             run->trainer->device().str());
+  const int rc = run->trainer->fit();
+  if (rc != 0) throw std::runtime_error(fmt::format("step suite: {} stopped with exit status {}", w.name, rc));
+  const std::vector<double> ms = timer->marks_.intervals_ms();
+  const auto& wait = timer->wait_at_mark_;
+  // Interval i runs from the mark of step i+1 to the next mark; the first `warmup` are dropped.
+  std::vector<double> step_ms, wait_ms, compute_ms;
+  for (size_t i = static_cast<size_t>(std::max<int64_t>(warmup, 0)); i < ms.size(); ++i) {
+    const double wi = (wait[i + 1] - wait[i]) * 1e3;
+    step_ms.push_back(ms[i]);
+    wait_ms.push_back(wi);
+    compute_ms.push_back(std::max(0.0, ms[i] - wi));
+  }
+  const Stats s = summarize(step_ms);
+  nlohmann::json j = {{"name", w.name},
+                      {"config", w.config},
+                      {"overrides", w.sets},
+                      {"device", run->trainer->device().str()},
+                      {"precision", run->experiment.trainer.precision},
+                      {"batch_size", timer->batch_size_},
+                      {"warmup_steps", warmup},
+                      {"steps", static_cast<int64_t>(step_ms.size())},
+                      {"ms", to_json(s)},
+                      {"input_wait_ms", to_json(summarize(wait_ms))},
+                      {"compute_ms", to_json(summarize(compute_ms))},
+                      {"step_ms_all", step_ms},
+                      {"input_wait_ms_all", wait_ms}};
+  if (timer->batch_size_ > 0 && s.median > 0) j["samples_per_s"] = static_cast<double>(timer->batch_size_) * 1e3 / s.median;
+  return j;
+}
+
+}  // namespace
+
+void check_step_options(const SuiteOptions& o) {
+  for (const auto& name : o.workloads) {
+    std::string known;
+    bool found = false;
+    for (const auto& w : default_workloads(o.cuda)) {
+      known += (known.empty() ? "" : ", ") + w.name;
+      found |= w.name == name;
+    }
+    if (!found) throw BenchUsageError(fmt::format("--workload: unknown workload '{}' (workloads: {})", name, known));
+  }
+  if (!o.workloads.empty() && !o.config.empty()) throw BenchUsageError("--workload and --config exclude each other");
+}
+
+nlohmann::json step_suite(const SuiteOptions& o) {
+  const int64_t warmup = o.warmup >= 0 ? o.warmup : o.cuda ? 30 : 3;
+  const int64_t steps = o.steps > 0 ? o.steps : o.cuda ? 50 : 10;
+  std::vector<Workload> ws;
+  if (!o.config.empty()) {
+    ws.push_back({std::filesystem::path(o.config).stem().string(), o.config, {}});
+  } else {
+    for (auto& w : default_workloads(o.cuda))
+      if (o.workloads.empty() || std::find(o.workloads.begin(), o.workloads.end(), w.name) != o.workloads.end())
+        ws.push_back(w);
+  }
+  nlohmann::json out = {{"status", "ok"}, {"workloads", nlohmann::json::array()}};
+  for (const auto& w : ws) out["workloads"].push_back(run_workload(w, o, warmup, steps));
+  return out;
+}
+
+}  // namespace strobe::bench

@@ -1,0 +1,114 @@
+// `strobe bench`: the step suite through the real trainer on a CPU twin config (JSON shape, step
+// counts, statistics that hold together), CUDA-only suites skipped on the CPU, bad usage refused.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include "tests/cli/cli_test_util.h"
+
+using namespace strobe::testing;
+using nlohmann::json;
+
+namespace {
+
+std::string src(const std::string& rel) {
+  const char* s = std::getenv("STROBE_SOURCE_DIR");
+  return std::string(s ? s : STROBE_SOURCE_DIR) + "/" + rel;
+}
+
+void expect_stats(const json& s, const std::string& what, int64_t n) {
+  EXPECT_EQ(s.at("n").get<int64_t>(), n) << what;
+  const double med = s.at("median"), mn = s.at("min"), mx = s.at("max"), p10 = s.at("p10"), p90 = s.at("p90");
+  EXPECT_LE(mn, p10) << what;
+  EXPECT_LE(p10, med) << what;
+  EXPECT_LE(med, p90) << what;
+  EXPECT_LE(p90, mx) << what;
+}
+
+}  // namespace
+
+TEST(BenchCli, StepSuiteOnACpuTwinConfig) {
+  const std::string out = temp_dir("bench") + "/bench.json";
+  auto r = strobe_cmd("bench step --config " + src("configs/cpu/vit_l16.yaml") +
+                      " --warmup 2 --steps 5 --set trainer.device=cpu --json " + out);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json j = json::parse(slurp(out));
+  EXPECT_EQ(j.at("device"), torch::cuda::is_available() ? j.at("device").get<std::string>() : "cpu");
+  const json& s = j.at("suites").at("step");
+  EXPECT_EQ(s.at("status"), "ok");
+  ASSERT_EQ(s.at("workloads").size(), 1u);
+  const json& w = s.at("workloads")[0];
+  EXPECT_EQ(w.at("name"), "vit_l16");
+  EXPECT_EQ(w.at("steps").get<int64_t>(), 5);
+  EXPECT_EQ(w.at("warmup_steps").get<int64_t>(), 2);
+  EXPECT_EQ(w.at("batch_size").get<int64_t>(), 32);
+  expect_stats(w.at("ms"), "step", 5);
+  expect_stats(w.at("input_wait_ms"), "input wait", 5);
+  expect_stats(w.at("compute_ms"), "compute", 5);
+  EXPECT_GT(w.at("ms").at("min").get<double>(), 0.0);
+  EXPECT_GE(w.at("input_wait_ms").at("min").get<double>(), 0.0);
+  const auto steps = w.at("step_ms_all").get<std::vector<double>>();
+  const auto waits = w.at("input_wait_ms_all").get<std::vector<double>>();
+  ASSERT_EQ(steps.size(), 5u);
+  ASSERT_EQ(waits.size(), 5u);
+  for (size_t i = 0; i < steps.size(); ++i) {
+    EXPECT_GT(steps[i], 0.0);
+    EXPECT_LE(waits[i], steps[i]) << "step " << i;  // the wait lies inside the step's interval
+  }
+  EXPECT_GT(w.at("samples_per_s").get<double>(), 0.0);
+  // The table names the workload with its median.
+  EXPECT_NE(r.out.find("vit_l16"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(fmt::format("{:.3f}", w.at("ms").at("median").get<double>())), std::string::npos) << r.out;
+  // The JSON was written atomically: no temp file is left beside it.
+  std::vector<std::string> beside;
+  for (const auto& e : std::filesystem::directory_iterator(std::filesystem::path(out).parent_path()))
+    beside.push_back(e.path().filename().string());
+  EXPECT_EQ(beside, std::vector<std::string>{"bench.json"});
+  // No run directory, checkpoint or log is written by a benchmark.
+  EXPECT_FALSE(std::filesystem::exists("runs/vit_l16_cpu"));
+}
+
+TEST(BenchCli, CudaSuitesAreSkippedOnTheCpu) {
+  if (torch::cuda::is_available()) GTEST_SKIP() << "a CUDA device is visible: the suite runs instead";
+  const std::string out = temp_dir("bench") + "/skip.json";
+  auto r = strobe_cmd("bench giou attention optimizer metrics nan_capture --json " + out);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json j = json::parse(slurp(out));
+  for (const char* s : {"giou", "attention", "optimizer", "metrics", "nan_capture"}) {
+    EXPECT_EQ(j.at("suites").at(s).at("status"), "skipped") << s;
+    EXPECT_NE(j.at("suites").at(s).at("reason").get<std::string>().find("needs a CUDA device"), std::string::npos);
+    EXPECT_NE(r.err.find(std::string("strobe bench: ") + s + " skipped: needs a CUDA device"), std::string::npos) << r.err;
+    EXPECT_NE(r.out.find(std::string(s) + " "), std::string::npos) << r.out;
+  }
+}
+
+TEST(BenchCli, BadUsageExitsTwoWithOneLine) {
+  const std::string out = temp_dir("bench-bad") + "/never.json";
+  struct Case {
+    std::string args, expect;
+  } cases[] = {
+      {"bench stepz", "strobe bench: unknown suite 'stepz' (suites: step, giou, attention, optimizer, metrics, nan_capture)"},
+      {"bench step --json /nonexistent/dir/out.json", "strobe bench: --json: cannot write '/nonexistent/dir/out.json'"},
+      {"bench giou --config x.yaml", "--config applies to the step suite only"},
+      {"bench step --config /nonexistent.yaml", "/nonexistent.yaml: cannot open config file"},
+      {"bench step --config " + src("configs/cpu/vit_l16.yaml") + " --set model.depthh=2", "model.depthh: unknown key"},
+      {"bench step --steps 0", "--steps"},
+      {"bench step --workload vit --json " + out, "--workload: unknown workload 'vit' (workloads: vit_l16, face_detector_giou, resnet50, lm_pack"},
+      {"bench giou --workload vit_l16", "--workload applies to the step suite only"},
+  };
+  for (const auto& c : cases) {
+    auto r = strobe_cmd(c.args);
+    EXPECT_EQ(r.code, 2) << c.args << "\n" << r.err;
+    EXPECT_NE(r.err.find(c.expect), std::string::npos) << c.args << "\n" << r.err;
+    EXPECT_LE(count_lines(r.err), c.args.find("--steps") != std::string::npos ? 2 : 1) << r.err;
+    EXPECT_EQ(r.err.find("Exception raised from"), std::string::npos) << r.err;
+  }
+  EXPECT_FALSE(std::filesystem::exists(out));  // refused before anything ran or was written
+  auto h = strobe_cmd("--help");
+  EXPECT_EQ(h.code, 0);
+  EXPECT_NE(h.out.find("bench"), std::string::npos) << h.out;
+}

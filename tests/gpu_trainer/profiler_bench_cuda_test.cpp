@@ -1,0 +1,56 @@
+// trainer.profiler and `strobe bench step` on CUDA: the trace holds the GPU kernels of exactly the
+// requested steps (ProfilerStep#N on the CPU and GPU timelines), and the step suite times CUDA steps
+// with events (JSON names the CUDA device; statistics hold together).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/cli/cli_test_util.h"
+
+using namespace strobe::testing;
+namespace fs = std::filesystem;
+
+TEST(ProfilerCuda, TraceHoldsTheKernelsOfTheRequestedSteps) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device visible: CUDA profiler test skipped";
+  std::string y = tiny_yaml();
+  y.replace(y.find("device: cpu"), 11, "device: cuda");
+  const std::string cfg = write_config(y), dir = temp_dir("prof-cuda");
+  auto r = strobe_cmd("fit -c " + cfg + " --run-dir " + dir + " --set trainer.max_steps=6 --set 'trainer.profiler={steps: [2, 3]}'");
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::vector<std::string> files;
+  for (const auto& e : fs::directory_iterator(dir + "/profiler")) files.push_back(e.path().string());
+  ASSERT_EQ(files.size(), 1u);
+  const auto j = nlohmann::json::parse(slurp(files[0]));
+  std::set<std::string> cpu_steps, gpu_steps;
+  int64_t kernels = 0, aten = 0;
+  for (const auto& e : j.at("traceEvents")) {
+    const std::string name = e.value("name", ""), cat = e.value("cat", "");
+    if (name.rfind("ProfilerStep#", 0) == 0) (cat == "gpu_user_annotation" ? gpu_steps : cpu_steps).insert(name);
+    kernels += cat == "kernel";
+    aten += cat == "cpu_op" && name.rfind("aten::", 0) == 0;
+  }
+  EXPECT_EQ(cpu_steps, (std::set<std::string>{"ProfilerStep#2", "ProfilerStep#3"}));
+  EXPECT_EQ(gpu_steps, (std::set<std::string>{"ProfilerStep#2", "ProfilerStep#3"}));
+  EXPECT_GT(kernels, 10);
+  EXPECT_GT(aten, 20);
+}
+
+TEST(BenchCuda, StepSuiteTimesCudaStepsWithEvents) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device visible: CUDA bench test skipped";
+  const char* src = std::getenv("STROBE_SOURCE_DIR");
+  const std::string out = temp_dir("bench-cuda") + "/b.json";
+  auto r = strobe_cmd(std::string("bench step --config ") + (src ? src : STROBE_SOURCE_DIR) +
+                      "/configs/cpu/vit_l16.yaml --set trainer.device=cuda --warmup 3 --steps 6 --json " + out);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(slurp(out));
+  EXPECT_EQ(j.at("device").get<std::string>().rfind("cuda: ", 0), 0u) << j.at("device");
+  const auto& w = j.at("suites").at("step").at("workloads").at(0);
+  EXPECT_EQ(w.at("device"), "cuda:0");
+  EXPECT_EQ(w.at("steps").get<int64_t>(), 6);
+  const auto& s = w.at("ms");
+  EXPECT_GT(s.at("min").get<double>(), 0.0);
+  EXPECT_LE(s.at("min").get<double>(), s.at("median").get<double>());
+  EXPECT_LE(s.at("median").get<double>(), s.at("max").get<double>());
+}
