@@ -53,12 +53,14 @@ class FaceDetector : public Model {
     if (use_fused(x) && o_.fused_conv_stages > 0) {
       const auto dev = x.device().type();
       std::optional<at::ScalarType> out;
-      // Under autocast the fused stages emit the autocast dtype (what the convolutions would).
+      // The dtype the convolutions would emit: the autocast dtype under autocast, else the
+      // weights' (fp32, or bf16 when the parameters themselves are bf16).
       if (at::autocast::is_autocast_enabled(dev)) out = at::autocast::get_autocast_dtype(dev);
       double scale = x.is_floating_point() ? 1.0 : 1.0 / 255.0;
       for (; first < o_.fused_conv_stages; ++first) {
         const auto& conv = convs_[static_cast<size_t>(first)];
-        x = ops::conv3x3_maxpool_relu(x, conv->weight, conv->bias, scale, out);
+        x = ops::conv3x3_maxpool_relu(x, conv->weight, conv->bias, scale,
+                                      out.value_or(conv->weight.scalar_type()));
         scale = 1.0;
       }
     }

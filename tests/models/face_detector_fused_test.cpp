@@ -40,6 +40,16 @@ TEST(FaceDetectorFused, SameOutputsGradientsAndParameterNamesAsAten) {
   }
 }
 
+TEST(FaceDetectorFused, Bf16ParametersGiveBf16Activations) {
+  // With bf16 parameters (no autocast) the fused stages emit bf16, so the ATen stages after them
+  // see the dtype their weights have (uint8 images would otherwise leave the op as fp32).
+  auto m = build_model("{name: face_detector, image_size: 32, max_boxes: 4, hidden_dim: 16, fused_conv: true}");
+  m->to(torch::kBFloat16);
+  const torch::Tensor y = m->forward(image_batch(torch::randint(0, 256, {2, 1, 32, 32}, torch::kUInt8)));
+  EXPECT_EQ(y.scalar_type(), torch::kBFloat16);
+  EXPECT_TRUE(torch::isfinite(y).all().item<bool>());
+}
+
 TEST(FaceDetectorFused, BadKeysAreConfigErrors) {
   EXPECT_THROW(build_model("{name: face_detector, image_size: 32, fused_conv: maybe}"),
                config::ConfigError);
