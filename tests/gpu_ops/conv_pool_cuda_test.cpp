@@ -59,6 +59,11 @@ struct Case {
   torch::ScalarType dtype;
 };
 
+// Readable, deterministic test names (the default printer dumps the struct's padding bytes).
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.n << "x" << c.cin << "to" << c.cout << "_" << c.h << "x" << c.w << "_" << c10::toString(c.dtype);
+}
+
 class ConvPoolCuda : public ::testing::TestWithParam<Case> {};
 
 TEST_P(ConvPoolCuda, MatchesFloat64Reference) {

@@ -37,6 +37,10 @@ struct Shape {
   int64_t n, cin, cout, h, w;
 };
 
+void PrintTo(const Shape& s, std::ostream* os) {
+  *os << s.n << "x" << s.cin << "to" << s.cout << "_" << s.h << "x" << s.w;
+}
+
 class ConvPoolCpu : public ::testing::TestWithParam<Shape> {};
 
 TEST_P(ConvPoolCpu, MatchesAtenAutogradInDouble) {
