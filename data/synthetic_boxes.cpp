@@ -8,6 +8,7 @@
 // in pixels, zero-padded; "num_boxes" int64.
 #include <algorithm>
 #include <array>
+#include <cstring>
 
 #include <fmt/format.h>
 #include <torch/torch.h>
@@ -40,9 +41,19 @@ class SyntheticBoxes : public Dataset {
 
     auto image = torch::empty({1, s_, s_}, torch::kUInt8);
     uint8_t* px = image.data_ptr<uint8_t>();
-    for (int64_t i = 0; i < s_ * s_; i += 8) {
-      uint64_t r = rng.next();
-      for (int64_t j = 0; j < 8 && i + j < s_ * s_; ++j) px[i + j] = static_cast<uint8_t>((r >> (8 * j)) & 63);
+    // Noise: byte j of each 64-bit draw (low byte first) masked to [0, 64), eight pixels per draw;
+    // whole words go in with one masked 8-byte store (little-endian: the same bytes as the scalar
+    // tail loop, which the last partial word still takes).
+    static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the word-wide noise store assumes little-endian");
+    const int64_t total = s_ * s_;
+    int64_t i = 0;
+    for (; i + 8 <= total; i += 8) {
+      const uint64_t r = rng.next() & 0x3F3F3F3F3F3F3F3Full;
+      std::memcpy(px + i, &r, sizeof(r));
+    }
+    if (i < total) {
+      const uint64_t r = rng.next();
+      for (int64_t j = 0; i + j < total; ++j) px[i + j] = static_cast<uint8_t>((r >> (8 * j)) & 63);
     }
     for (const auto& b : boxes) {
       const int64_t x1 = b[0], y1 = b[1], x2 = b[2], y2 = b[3];

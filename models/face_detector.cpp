@@ -1,8 +1,10 @@
 #include "models/face_detector.h"
 
+#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
 #include "framework/config/config.h"
+#include "framework/ops/ops.h"
 
 namespace strobe::models {
 namespace {
@@ -15,7 +17,9 @@ class FaceDetector : public Model {
     conv_layers_ = register_module("conv_layers", nn::Sequential());
     int64_t in = 1;
     for (int i = 0; i < 4; ++i) {
-      conv_layers_->push_back(nn::Conv2d(nn::Conv2dOptions(in, in * 4, 3).padding(torch::kSame)));
+      nn::Conv2d conv(nn::Conv2dOptions(in, in * 4, 3).padding(torch::kSame));
+      convs_.push_back(conv);
+      conv_layers_->push_back(conv);
       conv_layers_->push_back(nn::MaxPool2d(nn::MaxPool2dOptions(2).stride(2)));
       conv_layers_->push_back(nn::ReLU());
       in *= 4;
@@ -29,14 +33,45 @@ class FaceDetector : public Model {
     auto x = batch.at("image");
     TORCH_CHECK(x.dim() == 4 && x.size(1) == 1 && x.size(2) == o_.image_size && x.size(3) == o_.image_size,
                 "face_detector: expected image [B, 1, ", o_.image_size, ", ", o_.image_size, "], got ", x.sizes());
-    x = input(x.is_floating_point() ? x : x.to(torch::kFloat32).div(255.0));
-    x = conv_layers_->forward(x).flatten(1);
+    x = conv_stack(input(x)).flatten(1);  // input(): bf16-master casts floating images (uint8 stays)
     return lin2_(torch::relu(lin1_(x))).view({-1, o_.max_boxes, 4});
   }
 
   std::string default_task() const override { return "detection"; }
 
  private:
+  bool use_fused(const torch::Tensor& x) const {
+    if (o_.fused_conv == FusedConv::kOn) return true;
+    return o_.fused_conv == FusedConv::kAuto && x.is_cuda() && ops::built_with_cuda();
+  }
+
+  // The first fused_conv_stages stages through strobe::conv3x3_maxpool_relu (same parameters, so
+  // checkpoints are interchangeable), the rest through the ATen modules. uint8 images go to the
+  // fused op as they are (scaled by 1/255 inside the kernel).
+  torch::Tensor conv_stack(torch::Tensor x) {
+    int64_t first = 0;
+    if (use_fused(x) && o_.fused_conv_stages > 0) {
+      const auto dev = x.device().type();
+      std::optional<at::ScalarType> out;
+      // The dtype the convolutions would emit: the autocast dtype under autocast, else the
+      // weights' (fp32, or bf16 when the parameters themselves are bf16).
+      if (at::autocast::is_autocast_enabled(dev)) out = at::autocast::get_autocast_dtype(dev);
+      double scale = x.is_floating_point() ? 1.0 : 1.0 / 255.0;
+      for (; first < o_.fused_conv_stages; ++first) {
+        const auto& conv = convs_[static_cast<size_t>(first)];
+        x = ops::conv3x3_maxpool_relu(x, conv->weight, conv->bias, scale,
+                                      out.value_or(conv->weight.scalar_type()));
+        scale = 1.0;
+      }
+    }
+    if (!x.is_floating_point()) x = input(x.to(torch::kFloat32).div(255.0));
+    for (size_t i = static_cast<size_t>(first); i < convs_.size(); ++i) {
+      x = torch::relu(torch::max_pool2d(convs_[i]->forward(x), 2, 2));  // = conv_layers_[3i..3i+2]
+    }
+    return x;
+  }
+
+  std::vector<nn::Conv2d> convs_;
   FaceDetectorOptions o_;
   nn::Sequential conv_layers_{nullptr};
   nn::Linear lin1_{nullptr}, lin2_{nullptr};
@@ -48,6 +83,9 @@ std::shared_ptr<Model> make_from_config(config::Section& cfg) {
   if (o.image_size % 16 != 0) cfg.fail("image_size", "must be a multiple of 16 (four 2x2 max-pools)");
   o.max_boxes = cfg.get_int("max_boxes", 256, 1);
   o.hidden_dim = cfg.get_int("hidden_dim", 256 * 64, 1);
+  const std::string fused = cfg.get_choice("fused_conv", "auto", {"auto", "true", "false"});
+  o.fused_conv = fused == "true" ? FusedConv::kOn : fused == "false" ? FusedConv::kOff : FusedConv::kAuto;
+  o.fused_conv_stages = cfg.get_int("fused_conv_stages", 2, 0, 4);
   cfg.finish();
   return make_face_detector(o);
 }

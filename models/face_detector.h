@@ -11,8 +11,15 @@
 
 namespace strobe::models {
 
+// fused_conv: the first fused_conv_stages conv stages through the fused op
+// strobe::conv3x3_maxpool_relu (kAuto: when the input is on CUDA and the ops were built with CUDA;
+// kOn: on any device, the op's CPU kernel on CPU; kOff: ATen's conv2d / max_pool2d / relu).
+enum class FusedConv { kAuto, kOn, kOff };
+
 struct FaceDetectorOptions {
   int64_t image_size = 256, max_boxes = 256, hidden_dim = 256 * 64;
+  FusedConv fused_conv = FusedConv::kAuto;
+  int64_t fused_conv_stages = 2;
 };
 
 std::shared_ptr<Model> make_face_detector(const FaceDetectorOptions& options);

@@ -124,6 +124,22 @@ std::tuple<torch::Tensor, torch::Tensor> flash_attention_reference(
     int64_t max_seqlen_q, int64_t max_seqlen_k, bool causal,
     std::optional<double> softmax_scale = {});
 
+// Fused conv3x3 (padding 1) + max-pool 2x2 (stride 2, floor) + ReLU (op strobe::conv3x3_maxpool_relu):
+// y = relu(max_pool2d(conv2d(x * input_scale, weight, bias, padding=1), 2)), computed in fp32
+// (fp64 on CPU for fp64 inputs). x [N, C, H, W] float32/bf16/fp16 or uint8 (any float type on CPU),
+// weight [C_out, C, 3, 3], bias [C_out]; y [N, C_out, H/2, W/2] in out_dtype (default: x's dtype,
+// fp32 for uint8 x). Differentiable in x (floating only), weight and bias; the max-pool gradient goes
+// to the first maximum of each window (PyTorch's rule). CUDA: direct convolution kernels for thin
+// channel counts (C <= 64, N <= 65535); CPU and Meta: ATen. docs/OPS.md.
+torch::Tensor conv3x3_maxpool_relu(const torch::Tensor& x, const torch::Tensor& weight,
+                                   const torch::Tensor& bias, double input_scale = 1.0,
+                                   std::optional<at::ScalarType> out_dtype = {});
+// The same function in plain ATen ops (conv2d, max_pool2d, relu), differentiable by autograd; the
+// tests' reference.
+torch::Tensor conv3x3_maxpool_relu_reference(const torch::Tensor& x, const torch::Tensor& weight,
+                                             const torch::Tensor& bias, double input_scale = 1.0,
+                                             std::optional<at::ScalarType> out_dtype = {});
+
 // Whether the library was built with its CUDA kernels.
 bool built_with_cuda();
 

@@ -21,6 +21,19 @@ TORCH_LIBRARY(strobe, m) {
   m.def(
       "giou_loss_bwd(Tensor grad_out, Tensor grad_box, Tensor scale, int reduction, "
       "ScalarType pred_dtype, SymInt[] pred_shape) -> Tensor");
+  // y = relu(max_pool2d(conv2d(x * input_scale, weight, bias, padding=1), 2)) fused (docs/OPS.md);
+  // x float or uint8 [N, C, H, W], weight [C_out, C, 3, 3]; out_dtype defaults to x's (fp32 for uint8).
+  m.def(
+      "conv3x3_maxpool_relu(Tensor x, Tensor weight, Tensor bias, float input_scale=1., "
+      "ScalarType? out_dtype=None) -> Tensor");
+  // Internal halves: the forward also returns the uint8 mask (argmax of each 2x2 window | ReLU
+  // bit) that the backward reads instead of recomputing the convolution.
+  m.def(
+      "conv3x3_maxpool_relu_fwd(Tensor x, Tensor weight, Tensor bias, float input_scale, "
+      "ScalarType out_dtype) -> (Tensor y, Tensor mask)");
+  m.def(
+      "conv3x3_maxpool_relu_bwd(Tensor grad_y, Tensor x, Tensor weight, Tensor mask, "
+      "float input_scale, bool input_grad) -> (Tensor grad_x, Tensor grad_weight, Tensor grad_bias)");
   m.def("nonfinite_check(Tensor[] tensors, bool compute_norm=False) -> (Tensor found, Tensor norm)");
   m.def(
       "fused_adamw_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, "

@@ -78,6 +78,17 @@ def run(device):
     qp, kp, vp = [torch.randn(40, 2, 64, device=device, dtype=dt, requires_grad=True) for _ in range(3)]
     opcheck(ops.flash_attention.default, (qp, kp, vp, cu, cu, 35, 35), {"causal": True}, tag=f"flash_attention varlen {device}")
 
+    # --- fused conv3x3 + max-pool + ReLU: float input (all gradients), uint8 input to bf16
+    x = torch.randn(2, 4, 10, 12, device=device, requires_grad=True)
+    w = torch.randn(16, 4, 3, 3, device=device, requires_grad=True)
+    b = torch.randn(16, device=device, requires_grad=True)
+    opcheck(ops.conv3x3_maxpool_relu.default, (x, w, b), tag=f"conv3x3_maxpool_relu {device}")
+    img = torch.randint(0, 256, (2, 1, 10, 12), dtype=torch.uint8, device=device)
+    w1 = torch.randn(4, 1, 3, 3, device=device, requires_grad=True)
+    b1 = torch.randn(4, device=device, requires_grad=True)
+    opcheck(ops.conv3x3_maxpool_relu.default, (img, w1, b1, 1 / 255, torch.bfloat16),
+            tag=f"conv3x3_maxpool_relu uint8 {device}")
+
     # --- torch.compile(fullgraph=True) through every op, forward and backward
     torch._dynamo.reset()
 
