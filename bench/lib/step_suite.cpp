@@ -31,7 +31,9 @@ std::vector<Workload> default_workloads(bool cuda) {
   return {
       {"vit_l16", dir + "vit_l16.yaml", {}},
       {"face_detector_giou", dir + "face_detector_giou.yaml", {}},
-      {"resnet50", dir + "resnet50_nan.yaml", {"task.loss=cross_entropy", "callbacks=[]"}},
+      // issue 14's row: cross-entropy, no callbacks, SGD + momentum (as pytorch_baselines.py resnet50)
+      {"resnet50", dir + "resnet50_nan.yaml",
+       {"task.loss=cross_entropy", "callbacks=[]", "optimizer.name=sgd", "optimizer.lr=0.001", "optimizer.momentum=0.9"}},
       {"lm_pack", dir + "decoder_lm_varlen.yaml", {"data.collate=pack"}},
       {"lm_pad_to_max", dir + "decoder_lm_varlen.yaml", {"data.collate=pad_to_max"}},
       {"lm_pad_to_longest", dir + "decoder_lm_varlen.yaml", {"data.collate=pad_to_longest"}},
