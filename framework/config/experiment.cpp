@@ -67,6 +67,7 @@ Experiment parse_experiment(Document& doc) {
   c.default_root_dir = t.get_string("default_root_dir", "runs");
   c.enable_progress_bar = t.get_bool("enable_progress_bar", true);
   c.enable_checkpointing = t.get_bool("enable_checkpointing", true);
+  c.dist_timeout_s = t.get_double("dist_timeout", 600.0, 1.0, 604800.0);  // seconds, 1 s .. 7 days
   t.finish();
 
   Section lg = root.child("logger");

@@ -34,6 +34,9 @@ struct TrainerConfig {
   std::string default_root_dir = "runs";
   bool enable_progress_bar = true;
   bool enable_checkpointing = true;
+  // Multi-process runs: the longest a rendezvous, a host decision or a collective may wait for a
+  // peer before every process ends with one line (docs/DISTRIBUTED.md). Seconds.
+  double dist_timeout_s = 600.0;
 };
 
 struct LoggerConfig {
