@@ -55,17 +55,18 @@ Trainer::Trainer(config::Experiment experiment, std::string resolved_config_yaml
   torch::manual_seed(static_cast<uint64_t>(exp_.seed));
   module_->net().to(device_);
   collector_ = std::make_unique<logging::LogCollector>(device_);
-  if (world_size_ > 1) {
-    // Every rank starts from rank 0's weights; the Reducer's hooks go on the parameters on their device.
-    strategy_->setup_model(module_->net());
-    collector_->set_epoch_reducer([s = strategy_.get()](torch::Tensor& t) { s->reduce_sum(t); }, rank_ == 0);
-    module_->set_metric_sync([s = strategy_.get()](metrics::MetricCollection& c) { s->sync_metrics(c); });
-  }
   std::set<std::string> keys;
   for (auto& cb : callbacks_)
     if (!keys.insert(cb->state_key()).second)
       throw config::ConfigError(fmt::format("callbacks: two callbacks share the state key '{}'", cb->state_key()));
   register_state();
+  if (world_size_ > 1) {
+    // Last in the constructor, once the parameters are final (device, layout, dtype): every rank
+    // starts from rank 0's weights and the Reducer's hooks go on the parameters the optimizer steps.
+    strategy_->setup_model(module_->net());
+    collector_->set_epoch_reducer([s = strategy_.get()](torch::Tensor& t) { s->reduce_sum(t); }, rank_ == 0);
+    module_->set_metric_sync([s = strategy_.get()](metrics::MetricCollection& c) { s->sync_metrics(c); });
+  }
 }
 
 void Trainer::add_callback(std::shared_ptr<Callback> callback) {
