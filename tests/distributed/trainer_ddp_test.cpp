@@ -19,6 +19,7 @@
 #include "framework/core/capture.h"
 #include "framework/core/experiment_builder.h"
 #include "framework/core/model.h"
+#include "tests/cli/cli_test_util.h"
 #include "tests/distributed/multiprocess.h"
 #include "tests/distributed/store_backend.h"
 #include "tests/distributed/write_watch.h"
@@ -403,6 +404,32 @@ TEST(TrainerDDP, KilledRankEndsTheOtherWithinTheTimeout) {
   EXPECT_EQ(count_lines_with(rs[0].stderr_text, "strobe: rank 0 of 2: distributed job failed: rank 1 stopped responding"), 1)
       << rs[0].stderr_text;
   EXPECT_LT(rs[0].seconds - rs[1].seconds, 4.0 + 2.0) << describe(rs);
+  checkpoint::remove_tree(job.dir);
+}
+
+// The CLI: a bad trainer.dist_timeout, a malformed launch variable and multi-process on CPU (no CPU
+// process group in the product) are each refused with exit 2 and one line, before any socket opens.
+TEST(TrainerDDP, CliRefusesBadDistTimeoutAndLaunchWithOneLine) {
+  Job job = new_job("cli");
+  const std::string cfg = job.dir + "/ddp.yaml";
+  std::ofstream(cfg) << yaml(job.root);
+  const std::string env2 = "WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 ";
+  struct Case {
+    std::string prefix, args, expect;
+  } cases[] = {
+      {"", "--set trainer.dist_timeout=0", "trainer.dist_timeout: expected a number in [1, 604800], got 0"},
+      {"", "--set trainer.dist_timeout=soon", "trainer.dist_timeout: expected a number, got 'soon'"},
+      {env2 + "RANK=one ", "", "RANK"},
+      {env2 + "RANK=0 ", "", "multi-process training runs on CUDA (NCCL)"},
+  };
+  for (const auto& c : cases) {
+    // The product's binary has no test model: an MLP of the same shape.
+    auto r = st::shell_cmd(c.prefix, "fit -c " + cfg + " --set 'model={name: mlp, in_features: 64, hidden: [32], num_classes: 4}' " + c.args);
+    EXPECT_EQ(r.code, 2) << c.prefix << c.args << "\n" << r.err;
+    EXPECT_NE(r.err.find(c.expect), std::string::npos) << c.prefix << c.args << "\n" << r.err;
+    EXPECT_EQ(st::count_lines(r.err), 1) << r.err;
+  }
+  EXPECT_FALSE(fs::exists(job.root + "/ddp")) << "nothing may be written for a refused run";
   checkpoint::remove_tree(job.dir);
 }
 
