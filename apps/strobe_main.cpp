@@ -126,16 +126,21 @@ int run_command(const std::string& command, const Common& c, Progress& progress)
   progress.batch_size = bs.IsScalar() ? bs.Scalar() : "?";
   std::optional<std::string> ckpt;
   if (!c.ckpt.empty()) ckpt = c.ckpt;
+  // Data parallel: console output is rank 0's (docs/DISTRIBUTED.md).
+  const bool speaks = run->trainer->is_global_zero();
   if (command == "fit") {
-    fmt::print("strobe fit: run directory {} (device {})\n", run->run_dir, run->trainer->device().str());
+    if (speaks)
+      fmt::print("strobe fit: run directory {} (device {}{})\n", run->run_dir, run->trainer->device().str(),
+                 run->trainer->world_size() > 1 ? fmt::format(", {} processes", run->trainer->world_size()) : "");
     std::fflush(stdout);
     const auto t0 = std::chrono::steady_clock::now();
     const int rc = run->trainer->fit(ckpt);
-    print_fit_summary(*run, rc, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    if (speaks) print_fit_summary(*run, rc, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     return rc;
   }
   int rc = command == "validate" ? run->trainer->validate(ckpt) : run->trainer->test(ckpt);
   run->trainer->drain_metrics();
+  if (!speaks) return rc;
   fmt::print("strobe {}: checkpoint {} (step {}, epoch {})\n", command, c.ckpt, run->trainer->state().global_step,
              run->trainer->state().epoch);
   const std::string prefix = command == "validate" ? "val/" : "test/";

@@ -42,7 +42,7 @@ class EarlyStopping : public Callback {
     }
     if (!why.empty()) {
       stopped_step_ = t.state().global_step;
-      fmt::print(stderr, "early_stopping: {}; stopping at step {}\n", why, stopped_step_);
+      if (t.is_global_zero()) fmt::print(stderr, "early_stopping: {}; stopping at step {}\n", why, stopped_step_);
       t.request_stop();
     }
   }

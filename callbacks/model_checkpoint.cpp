@@ -25,7 +25,7 @@ class ModelCheckpoint : public Callback {
         every_n_steps_(every_n_steps), every_n_epochs_(every_n_epochs), dirpath_(std::move(dirpath)) {}
 
   void on_fit_start(Trainer& t, Module&) override {
-    if (!enabled(t)) return;
+    if (!enabled(t) || !t.is_global_zero()) return;  // rank 0 alone writes checkpoints
     auto stale = checkpoint::remove_stale_temp_files(dir(t));
     if (!stale.empty())
       fmt::print(stderr, "strobe: removed {} partial checkpoint(s) a killed writer left in {}\n", stale.size(), dir(t));
@@ -37,7 +37,7 @@ class ModelCheckpoint : public Callback {
     if (step == 0 || step % every_n_steps_ != 0 || step == last_step_saved_) return;
     if (monitor_.empty()) {
       save_topk(t, static_cast<double>(step), fmt::format("step={}", step));
-    } else if (auto v = value(t)) {
+    } else if (auto v = t.rank0_value(value(t))) {  // data parallel: rank 0's reading decides (step values are per rank)
       save_topk(t, *v, fmt::format("step={}-{}={:.4f}", step, sanitize(monitor_), *v));
     }
     save_last(t);
@@ -102,7 +102,7 @@ class ModelCheckpoint : public Callback {
         if (better(worst->second, it->second)) worst = it;
       if (!better(score, worst->second)) return;
       std::error_code ec;
-      std::filesystem::remove(worst->first, ec);
+      if (t.is_global_zero()) std::filesystem::remove(worst->first, ec);
       best_k_.erase(worst);
     }
     save(t, path);

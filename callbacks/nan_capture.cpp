@@ -132,6 +132,10 @@ class NaNCapture : public Callback {
       RingEntry& e = ring_.front();
       if (!e.stepped) break;
       const bool must = drain || static_cast<int64_t>(ring_.size()) > keep_last_;
+      // Data parallel: the verdict is the same on every rank, but when a copy lands is not, so every
+      // rank reads it at the same step (when the ring is full): the capture and the stop then happen
+      // at the same point everywhere.
+      if (e.event && t.world_size() > 1 && !must) break;
       if (e.event && !e.event->query()) {
         if (!must) break;
         e.event->synchronize();
@@ -163,26 +167,33 @@ class NaNCapture : public Callback {
       skipped_steps_.push_back(step);
       if (skipped_steps_.size() > 1000) skipped_steps_.erase(skipped_steps_.begin());
       auto grads = nonfinite_grads(e);
-      fmt::print(stderr, "nan_capture: non-finite {} at step {} (epoch {}, batch {}): step skipped ({} so far){}\n", what,
-                 step, e.loop.epoch, e.loop.batch_in_epoch, skips_,
-                 grads.empty() ? "" : fmt::format("; first non-finite gradient: {}", grads.front()));
+      if (t.is_global_zero())
+        fmt::print(stderr, "nan_capture: non-finite {} at step {} (epoch {}, batch {}): step skipped ({} so far){}\n", what,
+                   step, e.loop.epoch, e.loop.batch_in_epoch, skips_,
+                   grads.empty() ? "" : fmt::format("; first non-finite gradient: {}", grads.front()));
       t.log_host({{"train/skipped_steps", static_cast<double>(skips_)}});
       if (max_skips_ > 0 && skips_ >= max_skips_) {
         // The budget is spent: from now on a bad step is kept (sticky) and captured exactly.
         StepGuard g;
         g.sticky = true;
         t.arm_step_guard(g);
-        fmt::print(stderr, "nan_capture: max_skips ({}) reached: the next non-finite step stops the run with a capture\n",
-                   max_skips_);
+        if (t.is_global_zero())
+          fmt::print(stderr, "nan_capture: max_skips ({}) reached: the next non-finite step stops the run with a capture\n",
+                     max_skips_);
       }
       return;
     }
     const std::string dir = write_capture(t, e, loss_bad, grads_bad);
     captures_.push_back(dir);
-    fmt::print(stderr,
-               "nan_capture: non-finite {} at step {} (epoch {}, batch {}); the update was not applied.\n"
-               "nan_capture: capture written to {}\nnan_capture: replay it with: strobe replay {}\n",
-               what, step, e.loop.epoch, e.loop.batch_in_epoch, dir, dir);
+    if (t.is_global_zero())
+      fmt::print(stderr,
+                 "nan_capture: non-finite {} at step {} (epoch {}, batch {}); the update was not applied.\n"
+                 "nan_capture: capture written to {}\nnan_capture: replay it with: strobe replay {}\n{}",
+                 what, step, e.loop.epoch, e.loop.batch_in_epoch, dir, dir,
+                 t.world_size() > 1 ? fmt::format("nan_capture: each of the {} ranks wrote its own capture of its micro-batches "
+                                                  "(rank r > 0: {}/rank<r>/step_{})\n",
+                                                  t.world_size(), dirpath_, step)
+                                    : std::string());
     stopped_ = true;
     t.request_stop(kExitNaN);
   }
@@ -201,6 +212,9 @@ class NaNCapture : public Callback {
       for (size_t i = 0; i < bufs.size(); ++i)
         if (bufs[i].defined()) d.tensors["model/" + pipe.buffer_names()[i]] = bufs[i];
     }
+    // This rank's generators at the step's start (not the gathered states of a data-parallel checkpoint).
+    for (auto it = d.tensors.begin(); it != d.tensors.end();)
+      it = it->first.rfind("rng/", 0) == 0 ? d.tensors.erase(it) : std::next(it);
     d.tensors["rng/cpu"] = e.rng_cpu;
     for (const auto& [i, s] : e.rng_cuda) d.tensors[fmt::format("rng/cuda/{}", i)] = s;
     if (d.has_blob("scheduler")) {
@@ -236,8 +250,11 @@ class NaNCapture : public Callback {
                            {"action", stop_ ? "stop" : "skip_step"}};
     d.blobs["capture"] = info.dump(2);
 
-    const fs::path final_dir = fs::path(dirpath_) / fmt::format("step_{}", e.loop.global_step);
-    const fs::path tmp = fs::path(dirpath_) / fmt::format(".step_{}.tmp", e.loop.global_step);
+    // Data parallel: every rank writes its own capture (its micro-batches and RNG, the weights every
+    // rank shares): rank 0 to <dir>/step_<N>, rank r to <dir>/rank<r>/step_<N>.
+    const fs::path base = t.is_global_zero() ? fs::path(dirpath_) : fs::path(dirpath_) / fmt::format("rank{}", t.rank());
+    const fs::path final_dir = base / fmt::format("step_{}", e.loop.global_step);
+    const fs::path tmp = base / fmt::format(".step_{}.tmp", e.loop.global_step);
     checkpoint::remove_tree(tmp.string());
     fs::create_directories(tmp);
     checkpoint::save_checkpoint_file((tmp / capture::kCheckpointFile).string(), d);

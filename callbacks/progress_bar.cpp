@@ -46,7 +46,9 @@ class ProgressBar : public Callback {
   void on_train_epoch_start(Trainer&, Module&) override { epoch_start_ = Clock::now(), batches_ = 0; }
   void on_train_start(Trainer&, Module&) override { epoch_start_ = Clock::now(), batches_ = 0; }
 
+  // Console output is rank 0's (data parallel: the other ranks stay quiet).
   void on_train_batch_end(Trainer& t, Module&, const torch::Tensor&, const Batch&, int64_t) override {
+    if (!t.is_global_zero()) return;
     ++batches_;
     auto now = Clock::now();
     const auto step = t.state().global_step;
@@ -60,7 +62,7 @@ class ProgressBar : public Callback {
   }
 
   void on_validation_end(Trainer& t, Module&) override {
-    if (t.sanity_checking()) return;
+    if (t.sanity_checking() || !t.is_global_zero()) return;
     std::string vals;
     for (const auto& kv : t.metrics())
       if (kv.first.rfind("val/", 0) == 0) vals += fmt::format(" {}={:.4f}", kv.first, kv.second);
@@ -69,8 +71,8 @@ class ProgressBar : public Callback {
     std::fflush(stdout);
   }
 
-  void on_train_end(Trainer&, Module&) override {
-    if (tty_) fmt::print("\n");
+  void on_train_end(Trainer& t, Module&) override {
+    if (tty_ && t.is_global_zero()) fmt::print("\n");
     std::fflush(stdout);
   }
 

@@ -44,6 +44,9 @@ struct TrainerConfig {
   bool enable_progress_bar = true;
   bool enable_checkpointing = true;
   ProfilerConfig profiler;
+  // Multi-process runs: the longest a rendezvous, a host decision or a collective may wait for a
+  // peer before every process ends with one line (docs/DISTRIBUTED.md). Seconds.
+  double dist_timeout_s = 600.0;
 };
 
 struct LoggerConfig {

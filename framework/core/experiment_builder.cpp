@@ -13,6 +13,7 @@
 
 #include "callbacks/profiler.h"
 #include "framework/checkpoint/checkpoint_io.h"
+#include "framework/distributed/strategy.h"
 
 namespace strobe {
 
@@ -87,7 +88,7 @@ class SaveConfig : public Callback {
   explicit SaveConfig(std::shared_ptr<const std::string> yaml) : yaml_(std::move(yaml)) {}
   std::string name() const override { return "save_config"; }
   void on_fit_start(Trainer& t, Module&) override {
-    if (t.run_dir().empty()) return;
+    if (t.run_dir().empty() || !t.is_global_zero()) return;  // rank 0 alone writes run files
     std::error_code ec;
     fs::create_directories(t.run_dir(), ec);
     if (ec) throw RunDirError(fmt::format("{}: cannot create the run directory ({})", t.run_dir(), ec.message()));
@@ -215,27 +216,12 @@ std::unique_ptr<Run> build_run(config::Document& doc, const RunOptions& options)
   run->experiment = config::parse_experiment(doc);
   auto& exp = run->experiment;
 
-  if (options.create_run_dir) {
-    std::string origin;
-    if (options.run_dir) {
-      run->run_dir = *options.run_dir, origin = "--run-dir";
-    } else if (options.ckpt && options.stage == Stage::Fit) {
-      fs::path ck = fs::absolute(*options.ckpt);
-      if (ck.parent_path().filename() == "checkpoints" && fs::exists(ck.parent_path().parent_path() / "config.yaml"))
-        run->run_dir = ck.parent_path().parent_path().string(), origin = "the run directory of --ckpt,";
-    }
-    if (run->run_dir.empty())
-      run->run_dir = next_version_dir(exp.trainer.default_root_dir, exp.name), origin = "trainer.default_root_dir:";
-    check_run_dir(run->run_dir, origin);
-  }
-
   DataContext ctx;
   ctx.seed = static_cast<uint64_t>(exp.seed);
-  if (const char* r = std::getenv("RANK")) ctx.rank = std::atoll(r);
-  if (const char* w = std::getenv("WORLD_SIZE")) ctx.world_size = std::max<int64_t>(1, std::atoll(w));
-  if (ctx.world_size > 1)
-    throw config::ConfigError(fmt::format(
-        "WORLD_SIZE={}: multi-process training is not part of this build yet (run one process per job)", ctx.world_size));
+  // The distributed sampler: rank r takes its stride of every epoch's permutation.
+  const distributed::LaunchEnv env = options.launch_env ? *options.launch_env : distributed::launch_env_from_process();
+  ctx.rank = env.rank;
+  ctx.world_size = env.world_size;
   ctx.pin_memory = false;  // the trainer turns pinning on when it trains on CUDA
 
   // Models draw their initial weights from the global generator: seed it before building them so a
@@ -260,6 +246,49 @@ std::unique_ptr<Run> build_run(config::Document& doc, const RunOptions& options)
   if (exp.trainer.enable_progress_bar && !has_progress && options.stage == Stage::Fit)
     run->callbacks.push_back(default_callback("progress_bar"));
 
+  // The strategy once every component is built (a config or data error is then refused on every
+  // rank before any rendezvous, exit 2 without a word from the others): under torchrun / Slurm it is
+  // the rendezvous of every process of the job (bad device: ConfigError, exit 2; a rendezvous that
+  // does not complete within trainer.dist_timeout: DistributedError naming the rank, exit 1).
+  distributed::StrategyOptions so;
+  so.device = exp.trainer.device;
+  so.timeout = std::chrono::milliseconds(static_cast<int64_t>(exp.trainer.dist_timeout_s * 1000.0));
+  run->strategy = distributed::make_strategy(so, env);
+  auto& strategy = *run->strategy;
+
+  if (options.create_run_dir) {
+    // Rank 0 alone picks (next_version_dir would race between ranks) and checks the run directory,
+    // then tells the others its name, or its error: every rank then ends with the same exit 2.
+    std::string error;
+    if (strategy.is_global_zero()) {
+      try {
+        std::string origin;
+        if (options.run_dir) {
+          run->run_dir = *options.run_dir, origin = "--run-dir";
+        } else if (options.ckpt && options.stage == Stage::Fit) {
+          fs::path ck = fs::absolute(*options.ckpt);
+          if (ck.parent_path().filename() == "checkpoints" && fs::exists(ck.parent_path().parent_path() / "config.yaml"))
+            run->run_dir = ck.parent_path().parent_path().string(), origin = "the run directory of --ckpt,";
+        }
+        if (run->run_dir.empty())
+          run->run_dir = next_version_dir(exp.trainer.default_root_dir, exp.name), origin = "trainer.default_root_dir:";
+        check_run_dir(run->run_dir, origin);
+      } catch (const RunDirError& e) {
+        if (strategy.world_size() == 1) throw;
+        error = e.what();
+      }
+    }
+    if (strategy.world_size() > 1) {
+      const std::string got = strategy.broadcast_string(error.empty() ? run->run_dir : "\x01" + error);
+      if (!got.empty() && got[0] == '\x01') {
+        strategy.shutdown();
+        throw RunDirError(got.substr(1));
+      }
+      run->run_dir = got;
+    }
+  }
+
+  // Per process: every rank of a multi-process run writes its own trace (<host>_<pid> names).
   if (exp.trainer.profiler.enabled && options.stage == Stage::Fit) {
     const auto& p = exp.trainer.profiler;
     const std::string dir = !p.path.empty() ? p.path : run->run_dir.empty() ? "profiler" : run->run_dir + "/profiler";
@@ -269,7 +298,8 @@ std::unique_ptr<Run> build_run(config::Document& doc, const RunOptions& options)
   auto resolved = std::make_shared<std::string>();
   if (!run->run_dir.empty()) run->callbacks.push_back(std::make_shared<SaveConfig>(resolved));
 
-  run->trainer = std::make_unique<Trainer>(exp, "", run->module, run->datamodule, run->callbacks, run->run_dir);
+  run->trainer =
+      std::make_unique<Trainer>(exp, "", run->module, run->datamodule, run->callbacks, run->run_dir, run->strategy);
   if (options.stage == Stage::Fit) run->trainer->setup_for_fit();  // reads optimizer/scheduler keys
   run->resolved_yaml = doc.emit();
   *resolved = run->resolved_yaml;

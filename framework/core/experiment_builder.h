@@ -18,8 +18,14 @@ struct RunDirError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+namespace distributed {
+class Strategy;
+struct LaunchEnv;
+}  // namespace distributed
+
 struct Run {
   config::Experiment experiment;
+  std::shared_ptr<distributed::Strategy> strategy;  // one process, or this rank of a data-parallel job
   std::shared_ptr<Module> module;
   std::shared_ptr<DataModule> datamodule;
   std::vector<std::shared_ptr<Callback>> callbacks;
@@ -33,6 +39,8 @@ struct RunOptions {
   std::optional<std::string> run_dir;   // --run-dir
   std::optional<std::string> ckpt;      // --ckpt (fit resumes in the checkpoint's run directory)
   bool create_run_dir = true;           // false: no files at all (tests, validate/test)
+  // Who this process is; unset: the launcher's environment (torchrun, Slurm, or one process).
+  std::shared_ptr<const distributed::LaunchEnv> launch_env;
 };
 
 // Throws config::ConfigError for any bad key and for data that does not fit the model (classes,

@@ -21,6 +21,10 @@
 
 namespace strobe {
 
+namespace metrics {
+class MetricCollection;
+}
+
 class LRScheduler;
 
 struct LogOptions {
@@ -67,6 +71,13 @@ class Module {
   // Set by the trainer.
   void attach(LogSink* sink, Stage stage, bool training) { sink_ = sink, stage_ = stage, training_ = training; }
   void set_current_batch_size(int64_t n) { batch_size_ = n; }
+  // Call before a metric collection's compute(): under data parallel it all-reduces the states of
+  // every rank (set by the trainer from its strategy), so the value is the one of the whole data;
+  // with one process it does nothing.
+  void sync_metrics(metrics::MetricCollection& collection) {
+    if (metric_sync_) metric_sync_(collection);
+  }
+  void set_metric_sync(std::function<void(metrics::MetricCollection&)> sync) { metric_sync_ = std::move(sync); }
   bool training() const { return training_; }
   Stage stage() const { return stage_; }
 
@@ -75,6 +86,7 @@ class Module {
   Stage stage_ = Stage::Fit;
   bool training_ = false;
   int64_t batch_size_ = 1;
+  std::function<void(metrics::MetricCollection&)> metric_sync_;
 };
 
 // A task wraps a model: classification, detection, language_modeling.

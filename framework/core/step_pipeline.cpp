@@ -155,9 +155,15 @@ void StepPipeline::step() {
   }
   if (guard_.check_grads) rec.grad_nonfinite = grad_flag;
   if (guard_.check_loss) rec.loss_nonfinite = loss_flag_;
+  torch::Tensor loss_verdict = loss_flag_;
+  if (guard_.check_loss && reduce_flag_) {
+    // Every rank joins the reduction, also one whose micro-batches logged no loss.
+    loss_verdict = loss_flag_.defined() ? loss_flag_.clone() : torch::zeros({}, sticky_.options());
+    reduce_flag_(loss_verdict);
+  }
   torch::Tensor verdict;
   if (guard_.check_grads) verdict = max_defined(verdict, grad_flag);
-  if (guard_.check_loss) verdict = max_defined(verdict, loss_flag_);
+  if (guard_.check_loss) verdict = max_defined(verdict, loss_verdict);
   rec.nonfinite = verdict;
 
   torch::Tensor skip = verdict;

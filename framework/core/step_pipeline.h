@@ -23,6 +23,7 @@
 //   state of the failing step itself.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -80,6 +81,10 @@ class StepPipeline {
 
   void arm(const StepGuard& guard);
   const StepGuard& guard() const { return guard_; }
+  // Data parallel: merges a flag computed from rank-local values (the loss check) across ranks,
+  // in place on the device (Strategy::reduce_max), so every rank takes the same skip decision.
+  // Gradient flags need none: the gradients are already reduced. The record keeps the local flag.
+  void set_flag_reducer(std::function<void(torch::Tensor&)> reducer) { reduce_flag_ = std::move(reducer); }
 
   void begin_step();
   torch::Tensor prepare_backward(const torch::Tensor& loss);
@@ -116,6 +121,7 @@ class StepPipeline {
   torch::Tensor loss_flag_;
   StepRecord current_, last_;
   std::shared_ptr<const std::vector<std::string>> grad_names_;
+  std::function<void(torch::Tensor&)> reduce_flag_;
 };
 
 }  // namespace strobe

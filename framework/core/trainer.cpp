@@ -12,43 +12,38 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <nlohmann/json.hpp>
+
+#include "framework/checkpoint/checkpoint_io.h"
 #include "framework/core/precision.h"
 #include "framework/core/signals.h"
+#include "framework/distributed/strategy.h"
 #include "framework/logging/log_collector.h"
 #include "framework/logging/tensorboard_logger.h"
 
 namespace strobe {
 
-namespace {
-
-torch::Device resolve_device(const std::string& spec) {
-  if (spec == "auto") return torch::cuda::is_available() ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
-  torch::Device d(spec);
-  if (d.is_cuda()) {
-    if (!torch::cuda::is_available())
-      throw config::ConfigError(fmt::format("trainer.device: '{}' requested but no CUDA device is visible", spec));
-    int64_t idx = d.has_index() ? d.index() : 0;
-    if (idx >= static_cast<int64_t>(torch::cuda::device_count()))
-      throw config::ConfigError(fmt::format("trainer.device: '{}' requested but only {} CUDA device(s) are visible", spec,
-                                            torch::cuda::device_count()));
-    return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(idx));
-  }
-  return d;
-}
-
-}  // namespace
 
 int received_stop_signal() { return signals::received(); }
 
 Trainer::Trainer(config::Experiment experiment, std::string resolved_config_yaml, std::shared_ptr<Module> module,
-                 std::shared_ptr<DataModule> datamodule, std::vector<std::shared_ptr<Callback>> callbacks, std::string run_dir)
+                 std::shared_ptr<DataModule> datamodule, std::vector<std::shared_ptr<Callback>> callbacks, std::string run_dir,
+                 std::shared_ptr<distributed::Strategy> strategy)
     : exp_(std::move(experiment)),
       config_yaml_(std::move(resolved_config_yaml)),
       module_(std::move(module)),
       datamodule_(std::move(datamodule)),
       callbacks_(std::move(callbacks)),
-      run_dir_(std::move(run_dir)) {
-  device_ = resolve_device(exp_.trainer.device);
+      run_dir_(std::move(run_dir)),
+      strategy_(std::move(strategy)) {
+  if (!strategy_) {
+    distributed::StrategyOptions o;
+    o.device = exp_.trainer.device;
+    strategy_ = distributed::make_strategy(o, distributed::LaunchEnv{});  // one process
+  }
+  device_ = strategy_->device();
+  rank_ = strategy_->rank();
+  world_size_ = strategy_->world_size();
   if (exp_.trainer.precision == "16-mixed" && !device_.is_cuda())
     throw config::ConfigError("trainer.precision: 16-mixed needs a CUDA device (use bf16-mixed on CPU)");
   if (exp_.trainer.deterministic) {
@@ -71,6 +66,13 @@ Trainer::Trainer(config::Experiment experiment, std::string resolved_config_yaml
     if (!keys.insert(cb->state_key()).second)
       throw config::ConfigError(fmt::format("callbacks: two callbacks share the state key '{}'", cb->state_key()));
   register_state();
+  if (world_size_ > 1) {
+    // Last in the constructor, once the parameters are final (device, layout, dtype): every rank
+    // starts from rank 0's weights and the Reducer's hooks go on the parameters the optimizer steps.
+    strategy_->setup_model(module_->net());
+    collector_->set_epoch_reducer([s = strategy_.get()](torch::Tensor& t) { s->reduce_sum(t); }, rank_ == 0);
+    module_->set_metric_sync([s = strategy_.get()](metrics::MetricCollection& c) { s->sync_metrics(c); });
+  }
 }
 
 void Trainer::add_callback(std::shared_ptr<Callback> callback) {
@@ -143,6 +145,7 @@ void Trainer::setup_for_fit() {
   if (!scheduler_) scheduler_ = build_scheduler(exp_.scheduler, *optimizer_, estimated_stepping_batches());
   if (c.precision == "16-mixed") scaler_ = std::make_unique<GradScaler>(device_);
   pipeline_ = std::make_unique<StepPipeline>(exp_.trainer, module_->net(), *optimizer_, scaler_.get(), masters_.get());
+  if (world_size_ > 1) pipeline_->set_flag_reducer([s = strategy_.get()](torch::Tensor& f) { s->reduce_max(f); });
   pipeline_->arm(pending_guard_);
 }
 
@@ -155,17 +158,20 @@ int Trainer::fit(const std::optional<std::string>& ckpt_path) {
   setup_for_fit();
   const auto& c = exp_.trainer;
   if (ckpt_path) {
-    load_checkpoint(*ckpt_path, true);
-    if (!resume_changes_.empty())
+    auto data = checkpoint::load_checkpoint_file(*ckpt_path);
+    check_resume_world_size(*ckpt_path, data);
+    load_checkpoint_data(data, true, *ckpt_path);
+    if (!resume_changes_.empty() && rank_ == 0)
       fmt::print("strobe fit: resuming from {} (step {}) with changes: {}\n", *ckpt_path, state_.global_step, resume_changes_);
   }
-  if (!run_dir_.empty() && c.fast_dev_run == 0 && exp_.logger.csv) {
+  // Rank 0 alone writes the run's logs.
+  if (!run_dir_.empty() && c.fast_dev_run == 0 && exp_.logger.csv && rank_ == 0) {
     // On resume, the rows logged up to the checkpoint are kept and anything a crashed continuation
     // wrote after it is dropped.
     csv_ = std::make_unique<logging::CsvLogger>(run_dir_ + "/metrics.csv", ckpt_path ? state_.global_step : -1);
     collector_->add_consumer(csv_.get());
   }
-  if (!run_dir_.empty() && c.fast_dev_run == 0 && exp_.logger.tensorboard) {
+  if (!run_dir_.empty() && c.fast_dev_run == 0 && exp_.logger.tensorboard && rank_ == 0) {
     // On resume, TensorBoard's restart marker hides what a crashed continuation logged after the checkpoint.
     tensorboard_ = std::make_unique<logging::TensorBoardLogger>(run_dir_, config_yaml_, ckpt_path ? state_.global_step : -1);
     collector_->add_consumer(tensorboard_.get());
@@ -194,13 +200,16 @@ int Trainer::fit(const std::optional<std::string>& ckpt_path) {
       train_epoch();
     }
     collector_->drain();
-    int sig = signals::received();
+    // Data parallel: the agreed code (a signal on any rank stops every rank, with its exit status).
+    if (world_size_ > 1 && agreed_stop_ > 1) stop_code_ = agreed_stop_;
+    int sig = world_size_ > 1 ? (agreed_stop_ >= 128 ? agreed_stop_ - 128 : 0) : signals::received();
     if (sig != 0) {
       stop_code_ = 128 + sig;
       if (!run_dir_.empty()) {
         save_checkpoint(run_dir_ + "/checkpoints/last.ckpt");
-        fmt::print(stderr, "\nstrobe: {} received; saved {}/checkpoints/last.ckpt at step {}\n",
-                   sig == SIGINT ? "SIGINT" : "SIGTERM", run_dir_, state_.global_step);
+        if (rank_ == 0)
+          fmt::print(stderr, "\nstrobe: {} received; saved {}/checkpoints/last.ckpt at step {}\n",
+                     sig == SIGINT ? "SIGINT" : "SIGTERM", run_dir_, state_.global_step);
       }
     }
     each([&](Callback& cb) { cb.on_train_end(*this, *module_); });
@@ -213,7 +222,32 @@ int Trainer::fit(const std::optional<std::string>& ckpt_path) {
     throw;
   }
   signals::leave_training_loop();
+  strategy_->shutdown();  // every rank finished: nobody's exit is a failure any more
   return stop_code_;
+}
+
+void Trainer::check_resume_world_size(const std::string& source, const checkpoint::CheckpointData& d) const {
+  int64_t saved = 1;
+  if (d.has_blob("meta")) {
+    auto meta = nlohmann::json::parse(d.blob("meta"), nullptr, false);
+    if (meta.is_object() && meta.contains("world_size") && meta["world_size"].is_number_integer())
+      saved = meta["world_size"].get<int64_t>();
+  }
+  if (saved == world_size_) return;
+  // Every rank reads the same file and takes this branch: end in order, then the same exit 2 everywhere.
+  strategy_->shutdown();
+  throw checkpoint::CheckpointError(fmt::format(
+      "{}: written by {} process(es), but this run has {}: a resume continues the data order, RNG and "
+      "accumulation of each rank, so it needs the same number of processes (the weights alone load with "
+      "strobe validate/test on any number)",
+      source, saved, world_size_));
+}
+
+std::optional<double> Trainer::rank0_value(std::optional<double> value) {
+  if (world_size_ == 1) return value;
+  auto s = strategy_->broadcast_string(value ? fmt::format("{:.17g}", *value) : std::string());
+  if (s.empty()) return std::nullopt;
+  return std::stod(s);
 }
 
 int Trainer::validate(const std::optional<std::string>& ckpt_path) {
@@ -221,6 +255,7 @@ int Trainer::validate(const std::optional<std::string>& ckpt_path) {
   if (ckpt_path) load_checkpoint(*ckpt_path, false);
   run_eval(Stage::Validate, -1, false);
   each([&](Callback& cb) { cb.teardown(*this, *module_, Stage::Validate); });
+  strategy_->shutdown();
   return kExitOk;
 }
 
@@ -229,6 +264,7 @@ int Trainer::test(const std::optional<std::string>& ckpt_path) {
   if (ckpt_path) load_checkpoint(*ckpt_path, false);
   run_eval(Stage::Test, -1, false);
   each([&](Callback& cb) { cb.teardown(*this, *module_, Stage::Test); });
+  strategy_->shutdown();
   return kExitOk;
 }
 

@@ -16,11 +16,19 @@
 // - SIGINT/SIGTERM in the training loop finish the current optimizer step (said at once on stderr),
 //   write checkpoints/last.ckpt and make fit() return 130/143; a second signal exits at once saying
 //   nothing was saved; outside the loop a signal exits at once with one line (signals.h).
+// - Data parallel (docs/DISTRIBUTED.md): the strategy owns the device and the ranks. Gradients are
+//   all-reduced on the last micro-batch of each optimizer step only, before the step pipeline's
+//   check and clipping; loss-only non-finite verdicts are merged across ranks on the device; epoch
+//   means and metric collections are synced before callbacks read them; stop requests, signals and
+//   max_time are agreed across ranks (the same step on every rank); rank 0 alone writes console
+//   output, metrics.csv, TensorBoard, checkpoints and config.yaml; a checkpoint holds every rank's
+//   RNG and the world size, and resumes exactly on the same number of ranks.
 // - Resuming compares the checkpoint's resolved config with this one before restoring anything
 //   (resume_compat.h): incompatible changes are a CheckpointError, allowed ones are listed.
 #pragma once
 
 #include <chrono>
+#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
@@ -49,6 +57,9 @@ class MetricConsumer;
 namespace checkpoint {
 struct CheckpointData;
 }
+namespace distributed {
+class Strategy;
+}
 class GradScaler;
 
 struct TrainerState {
@@ -74,7 +85,8 @@ enum ExitCode : int { kExitOk = 0, kExitFailure = 1, kExitUsage = 2, kExitNaN = 
 class Trainer {
  public:
   Trainer(config::Experiment experiment, std::string resolved_config_yaml, std::shared_ptr<Module> module,
-          std::shared_ptr<DataModule> datamodule, std::vector<std::shared_ptr<Callback>> callbacks, std::string run_dir);
+          std::shared_ptr<DataModule> datamodule, std::vector<std::shared_ptr<Callback>> callbacks, std::string run_dir,
+          std::shared_ptr<distributed::Strategy> strategy = nullptr);  // null: one process on trainer.device
   ~Trainer();
 
   int fit(const std::optional<std::string>& ckpt_path = std::nullopt);
@@ -92,6 +104,12 @@ class Trainer {
   void request_stop(int exit_code = kExitOk);
   bool sanity_checking() const { return sanity_checking_; }
   bool is_global_zero() const { return rank_ == 0; }
+  int64_t world_size() const { return world_size_; }
+  int64_t rank() const { return rank_; }
+  distributed::Strategy& strategy() { return *strategy_; }
+  // Data parallel: rank 0's value on every rank (a decision read from rank-local values); a
+  // collective: every rank calls it at the same point. Identity with one process.
+  std::optional<double> rank0_value(std::optional<double> value);
   // Host values of the latest delivered metrics (never forces a sync).
   const std::map<std::string, double>& metrics() const;
   // Waits for every pending metric copy (epoch-end decisions only).
@@ -138,7 +156,16 @@ class Trainer {
   bool done() const;
   Batch prepare_batch(Batch batch, int64_t dataloader_idx);
   void optimizer_step();
+  // Data parallel stop agreement: this rank's stop code (0 none, 1 stop, 3 NaN, 128+signal) is
+  // max-reduced on the device after every optimizer step and read kStopLag steps later (the event
+  // is long done: no stall), so every rank stops after the same step; at epoch ends it is agreed
+  // at once (blocking).
+  int local_stop_code() const;
+  void share_stop_code(bool blocking);
+  bool time_is_up() const;
   void install_signal_handlers();
+  // A resume needs the checkpoint's number of processes; else CheckpointError (exit 2) on every rank.
+  void check_resume_world_size(const std::string& source, const checkpoint::CheckpointData& data) const;
   void register_state();
   template <class F>
   void each(F&& f) {
@@ -154,6 +181,14 @@ class Trainer {
   std::string run_dir_;
   torch::Device device_{torch::kCPU};
   int64_t rank_ = 0;
+  int64_t world_size_ = 1;
+  std::shared_ptr<distributed::Strategy> strategy_;
+  struct PendingStop {
+    torch::Tensor host;  // 0-d int32 (pinned on CUDA)
+    std::shared_ptr<void> event;  // c10::Event recorded after the copy (CUDA)
+  };
+  std::deque<PendingStop> pending_stops_;
+  int agreed_stop_ = 0;  // the max over ranks of the stop codes read so far
 
   std::shared_ptr<torch::optim::Optimizer> optimizer_;
   std::shared_ptr<LRScheduler> scheduler_;

@@ -1,10 +1,13 @@
 // Trainer, the loops: epochs of training batches with periodic validation, and evaluation runs.
+#include <c10/core/Event.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <fmt/format.h>
 #include <torch/torch.h>
 
 #include "framework/core/precision.h"
 #include "framework/core/signals.h"
 #include "framework/core/trainer.h"
+#include "framework/distributed/strategy.h"
 #include "framework/logging/log_collector.h"
 
 namespace strobe {
@@ -28,17 +31,59 @@ bool Trainer::should_validate_now(int64_t batch_in_epoch, bool epoch_end) const 
   return batch_in_epoch % every == 0 || epoch_end;
 }
 
+bool Trainer::time_is_up() const {
+  const auto& c = exp_.trainer;
+  if (!c.max_time_s) return false;
+  double elapsed = state_.elapsed_s + std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time_).count();
+  return elapsed >= *c.max_time_s;
+}
+
 bool Trainer::done() const {
   const auto& c = exp_.trainer;
-  if (should_stop_ || received_stop_signal() != 0) return true;
+  if (world_size_ > 1) {
+    // Rank-local reasons (a signal, a callback's request, the clock) count once every rank knows
+    // them: the agreed code, the same at the same step everywhere.
+    if (agreed_stop_ != 0) return true;
+  } else {
+    if (should_stop_ || received_stop_signal() != 0) return true;
+    if (time_is_up()) return true;
+  }
   if (c.max_steps >= 0 && state_.global_step >= c.max_steps) return true;
   if (c.fast_dev_run > 0 && state_.epoch_done) return true;
   if (c.max_epochs >= 0 && state_.epoch_done && state_.epoch + 1 >= c.max_epochs) return true;
-  if (c.max_time_s) {
-    double elapsed = state_.elapsed_s + std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time_).count();
-    if (elapsed >= *c.max_time_s) return true;
-  }
   return false;
+}
+
+int Trainer::local_stop_code() const {
+  if (int sig = received_stop_signal()) return 128 + sig;
+  if (should_stop_) return stop_code_ != kExitOk ? stop_code_ : 1;
+  return time_is_up() ? 1 : 0;
+}
+
+void Trainer::share_stop_code(bool blocking) {
+  if (world_size_ == 1) return;
+  constexpr size_t kStopLag = 2;
+  torch::NoGradGuard ng;
+  auto flag = torch::full({}, local_stop_code(), torch::TensorOptions().dtype(torch::kInt32).device(device_));
+  strategy_->reduce_max(flag);
+  PendingStop p;
+  if (device_.is_cuda()) {
+    p.host = torch::empty({}, torch::TensorOptions().dtype(torch::kInt32).pinned_memory(true));
+    p.host.copy_(flag, /*non_blocking=*/true);
+    auto ev = std::make_shared<c10::Event>(c10::DeviceType::CUDA);
+    ev->record(c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(device_));
+    p.event = ev;
+  } else {
+    p.host = flag;
+  }
+  pending_stops_.push_back(std::move(p));
+  // The lag is counted in calls, which happen at the same points on every rank.
+  while (!pending_stops_.empty() && (blocking || pending_stops_.size() > kStopLag)) {
+    auto& front = pending_stops_.front();
+    if (front.event) static_cast<c10::Event*>(front.event.get())->synchronize();
+    agreed_stop_ = std::max(agreed_stop_, front.host.item<int>());
+    pending_stops_.pop_front();
+  }
 }
 
 void Trainer::train_epoch() {
@@ -57,8 +102,9 @@ void Trainer::train_epoch() {
     const int64_t idx = state_.batch_in_epoch;
     signals::set_current_step(state_.global_step + 1);  // the step a stop signal's message names
     // A signal answered with "finishing step <global_step>" (the step before this one) stops here:
-    // the batch is not consumed, so a resume starts with it.
-    if (accum_count_ == 0 && signals::received() != 0 && signals::announced_step() <= state_.global_step) break;
+    // the batch is not consumed, so a resume starts with it. (Data parallel: done() below, agreed.)
+    if (world_size_ == 1 && accum_count_ == 0 && signals::received() != 0 && signals::announced_step() <= state_.global_step)
+      break;
     const Batch host_batch = *b;  // tensor handles only: the hooks after the step see the batch
     torch::Tensor loss = run_training_batch(std::move(*b), idx);
     ++state_.batch_in_epoch;
@@ -80,6 +126,7 @@ void Trainer::train_epoch() {
     collector_->end_epoch(state_.global_step, state_.epoch, false);
     each([&](Callback& cb) { cb.on_train_epoch_end(*this, *module_); });
   }
+  share_stop_code(/*blocking=*/true);  // every rank leaves the epoch here: agree on stopping now
 }
 
 void Trainer::run_eval(Stage stage, int64_t limit, bool sanity) {

@@ -14,6 +14,7 @@
 #include "framework/core/precision.h"
 #include "framework/core/resume_compat.h"
 #include "framework/core/trainer.h"
+#include "framework/distributed/strategy.h"
 #include "framework/logging/log_collector.h"
 
 namespace strobe {
@@ -152,14 +153,41 @@ void Trainer::register_state() {
         if (pipeline_ && pipeline_->sticky_flag().defined()) d.tensors["step/sticky"] = pipeline_->sticky_flag();
       },
       nullptr);
+  // RNG: this process's generators as rng/cpu, rng/cuda/<i>. Data parallel: every rank's states,
+  // gathered to rank 0 (a collective: every rank builds each checkpoint), as rng/rank<r>/cpu and
+  // rng/rank<r>/cuda; each rank restores its own (and only its own GPU's generator is touched).
   connector_.add(
       "rng",
-      [](CheckpointData& d) {
+      [this](CheckpointData& d) {
+        std::map<std::string, torch::Tensor> mine;
         {
           at::Generator cpu = at::detail::getDefaultCPUGenerator();
           std::lock_guard<std::mutex> lock(cpu.mutex());
-          d.tensors["rng/cpu"] = cpu.get_state();
+          mine["cpu"] = cpu.get_state();
         }
+        if (world_size_ > 1) {
+          if (device_.is_cuda()) {
+            at::Generator gen = at::globalContext().defaultGenerator(device_);
+            std::lock_guard<std::mutex> lock(gen.mutex());
+            mine["cuda"] = gen.get_state();
+          }
+          torch::serialize::OutputArchive a;
+          for (auto& [k, t] : mine) a.write(k, t);
+          auto all = strategy_->gather_strings(archive_to_string(a));
+          for (size_t r = 0; r < all.size(); ++r) {
+            torch::serialize::InputArchive in;
+            std::istringstream is(all[r]);
+            in.load_from(is);
+            for (const char* k : {"cpu", "cuda"}) {
+              torch::Tensor t;
+              if (in.try_read(k, t)) d.tensors[fmt::format("rng/rank{}/{}", r, k)] = t;
+            }
+          }
+          d.tensors["rng/cpu"] = mine["cpu"];
+          if (mine.count("cuda")) d.tensors[fmt::format("rng/cuda/{}", device_.index())] = mine["cuda"];
+          return;
+        }
+        d.tensors["rng/cpu"] = mine["cpu"];
         if (torch::cuda::is_available()) {
           for (size_t i = 0; i < torch::cuda::device_count(); ++i) {
             at::Generator gen = at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(i)));
@@ -191,6 +219,7 @@ void Trainer::register_state() {
                                {"device", device_.str()},
                                {"precision", exp_.trainer.precision},
                                {"global_step", state_.global_step},
+                               {"world_size", world_size_},
                                {"epoch", state_.epoch}};
         d.blobs["meta"] = meta.dump();
       },
@@ -204,9 +233,26 @@ checkpoint::CheckpointData Trainer::make_checkpoint() {
   return d;
 }
 
-void Trainer::save_checkpoint(const std::string& path) { checkpoint::save_checkpoint_file(path, make_checkpoint()); }
+void Trainer::save_checkpoint(const std::string& path) {
+  auto d = make_checkpoint();  // every rank: the RNG gather and the logger sums are collectives
+  if (rank_ == 0) checkpoint::save_checkpoint_file(path, d);
+}
 
 void Trainer::restore_rng(const checkpoint::CheckpointData& d) {
+  const std::string own = fmt::format("rng/rank{}/", rank_);
+  if (world_size_ > 1 && d.tensors.count(own + "cpu")) {
+    {
+      at::Generator cpu = at::detail::getDefaultCPUGenerator();
+      std::lock_guard<std::mutex> lock(cpu.mutex());
+      cpu.set_state(d.tensor(own + "cpu"));
+    }
+    if (device_.is_cuda() && d.tensors.count(own + "cuda")) {
+      at::Generator gen = at::globalContext().defaultGenerator(device_);
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      gen.set_state(d.tensor(own + "cuda"));
+    }
+    return;
+  }
   {
     at::Generator cpu = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(cpu.mutex());
@@ -214,6 +260,8 @@ void Trainer::restore_rng(const checkpoint::CheckpointData& d) {
   }
   if (torch::cuda::is_available()) {
     for (size_t i = 0; i < torch::cuda::device_count(); ++i) {
+      // Data parallel (a checkpoint without per-rank states): only this rank's own GPU.
+      if (world_size_ > 1 && static_cast<c10::DeviceIndex>(i) != device_.index()) continue;
       auto it = d.tensors.find(fmt::format("rng/cuda/{}", i));
       if (it == d.tensors.end()) continue;
       at::Generator gen = at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(i)));

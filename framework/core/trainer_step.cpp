@@ -8,6 +8,7 @@
 
 #include "framework/core/precision.h"
 #include "framework/core/trainer.h"
+#include "framework/distributed/strategy.h"
 #include "framework/logging/log_collector.h"
 
 namespace strobe {
@@ -23,6 +24,9 @@ void Trainer::arm_step_guard(const StepGuard& guard) {
 }
 
 void Trainer::optimizer_step() {
+  // Data parallel: the gradients are the mean over ranks from here on (the all-reduces ran inside
+  // the last backward); callbacks, the non-finite check and clipping see the reduced ones.
+  strategy_->finish_grad_sync();
   each([&](Callback& cb) { cb.on_before_optimizer_step(*this, *module_, *optimizer_); });
   pipeline_->step();
   each([&](Callback& cb) { cb.on_before_zero_grad(*this, *module_, *optimizer_); });
@@ -36,6 +40,7 @@ void Trainer::optimizer_step() {
   if (scheduler_) scheduler_->step(state_.global_step);
   bool emit = state_.global_step % exp_.trainer.log_every_n_steps == 0 || state_.global_step == 1;
   collector_->end_step(state_.global_step, state_.epoch, emit);
+  share_stop_code(/*blocking=*/false);
 }
 
 torch::Tensor Trainer::run_training_batch(Batch host_batch, int64_t batch_idx) {
@@ -44,6 +49,10 @@ torch::Tensor Trainer::run_training_batch(Batch host_batch, int64_t batch_idx) {
   collector_->set_training(true);
   each([&](Callback& cb) { cb.on_train_batch_start(*this, *module_, host_batch, batch_idx); });
   if (accum_count_ == 0) pipeline_->begin_step();
+  const bool last_of_epoch = batch_idx + 1 >= num_train_batches_;
+  const bool steps_now = accum_count_ + 1 >= exp_.trainer.accumulate_grad_batches || last_of_epoch;
+  // Accumulation micro-batches all-reduce nothing; the step's last one carries the sum.
+  strategy_->set_grad_sync(steps_now);
   Batch batch = prepare_batch(std::move(host_batch), 0);
   module_->set_current_batch_size(batch.batch_size());
   torch::Tensor loss;
@@ -54,12 +63,12 @@ torch::Tensor Trainer::run_training_batch(Batch host_batch, int64_t batch_idx) {
   if (loss.defined()) {
     auto to_backward = pipeline_->prepare_backward(loss);
     each([&](Callback& cb) { cb.on_before_backward(*this, *module_, loss); });
+    strategy_->pre_backward();
     to_backward.backward();
     each([&](Callback& cb) { cb.on_after_backward(*this, *module_); });
   }
   ++accum_count_;
-  bool last_of_epoch = batch_idx + 1 >= num_train_batches_;
-  if (accum_count_ >= exp_.trainer.accumulate_grad_batches || last_of_epoch) optimizer_step();
+  if (steps_now) optimizer_step();
   return loss.defined() ? loss.detach() : loss;
 }
 

@@ -182,6 +182,7 @@ class SingleDeviceStrategy final : public Strategy {
   void pre_backward() override {}
   void finish_grad_sync() override {}
   torch::Tensor reduce_max(torch::Tensor flag) override { return flag; }
+  torch::Tensor reduce_sum(torch::Tensor values) override { return values; }
   bool any(bool flag) override { return flag; }
   std::string broadcast_string(const std::string& v) override { return v; }
   std::vector<std::string> gather_strings(const std::string& mine) override { return {mine}; }
@@ -279,6 +280,14 @@ class DDPStrategy final : public Strategy {
     o.reduceOp = c10d::ReduceOp::MAX;
     pg_->allreduce(t, o)->wait();
     return flag;
+  }
+
+  torch::Tensor reduce_sum(torch::Tensor values) override {
+    std::vector<torch::Tensor> t{values};
+    c10d::AllreduceOptions o;
+    o.reduceOp = c10d::ReduceOp::SUM;
+    pg_->allreduce(t, o)->wait();
+    return values;
   }
 
   bool any(bool flag) override {

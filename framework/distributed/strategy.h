@@ -85,6 +85,8 @@ class Strategy {
   virtual void finish_grad_sync() = 0;
 
   virtual torch::Tensor reduce_max(torch::Tensor device_flag) = 0;
+  // In-place SUM over ranks of a device tensor (epoch-mean accumulators); no host synchronization.
+  virtual torch::Tensor reduce_sum(torch::Tensor values) = 0;
   virtual bool any(bool host_flag) = 0;
   virtual std::string broadcast_string(const std::string& value_on_rank0) = 0;
   // Every rank's `mine`, in rank order, on rank 0 (empty elsewhere): per-rank RNG states into

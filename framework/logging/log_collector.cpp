@@ -112,12 +112,42 @@ void LogCollector::end_step(int64_t step, int64_t epoch, bool emit) {
   poll();
 }
 
+std::pair<std::vector<torch::Tensor>, torch::Tensor> LogCollector::reduced_epoch_values() const {
+  // One all-reduce for all names: [sum_0 .. sum_n-1, count_0 .. count_n-1] in float64 (the counts
+  // are host numbers; on the device they cost no synchronization).
+  std::vector<torch::Tensor> sums;
+  std::vector<double> counts;
+  for (const auto& kv : epoch_values_) {
+    sums.push_back(kv.second.sum.to(torch::kFloat64).reshape({1}));
+    counts.push_back(kv.second.count);
+  }
+  const auto opts = torch::TensorOptions().dtype(torch::kFloat64).device(device_);
+  auto count_t = torch::tensor(counts, torch::TensorOptions().dtype(torch::kFloat64)).to(device_);
+  auto packed = sums.empty() ? torch::zeros({0}, opts) : torch::cat({torch::cat(sums), count_t});
+  reduce_sum_(packed);
+  const int64_t n = static_cast<int64_t>(sums.size());
+  std::vector<torch::Tensor> out;
+  size_t i = 0;
+  for (const auto& kv : epoch_values_) out.push_back(packed[static_cast<int64_t>(i++)].to(kv.second.sum.scalar_type()));
+  return {out, packed.narrow(0, n, n)};
+}
+
 void LogCollector::end_epoch(int64_t step, int64_t epoch, bool wait) {
   std::vector<std::string> names;
   std::vector<torch::Tensor> values;
-  for (auto& kv : epoch_values_) {
-    names.push_back(kv.first);
-    values.push_back(kv.second.sum / kv.second.count);
+  if (reduce_sum_) {
+    auto [sums, counts] = reduced_epoch_values();
+    size_t i = 0;
+    for (auto& kv : epoch_values_) {
+      names.push_back(kv.first);
+      values.push_back(sums[i] / counts[static_cast<int64_t>(i)].to(sums[i].scalar_type()));
+      ++i;
+    }
+  } else {
+    for (auto& kv : epoch_values_) {
+      names.push_back(kv.first);
+      values.push_back(kv.second.sum / kv.second.count);
+    }
   }
   epoch_values_.clear();
   enqueue(step, epoch, std::move(names), std::move(values));
@@ -134,9 +164,21 @@ void LogCollector::discard_epoch() {
 
 void LogCollector::save_state(checkpoint::CheckpointData& out) const {
   nlohmann::json counts = nlohmann::json::object(), steps = nlohmann::json::object();
-  for (const auto& [name, acc] : epoch_values_) {
-    out.tensors["logger/epoch/" + name] = acc.sum;
-    counts[name] = acc.count;
+  if (reduce_sum_) {
+    // Every rank's share (a checkpoint is written by rank 0; the host read is the checkpoint's own).
+    auto [sums, count_t] = reduced_epoch_values();
+    auto host_counts = count_t.to(torch::kCPU);
+    size_t i = 0;
+    for (const auto& [name, acc] : epoch_values_) {
+      out.tensors["logger/epoch/" + name] = sums[i];
+      counts[name] = host_counts[static_cast<int64_t>(i)].item<double>();
+      ++i;
+    }
+  } else {
+    for (const auto& [name, acc] : epoch_values_) {
+      out.tensors["logger/epoch/" + name] = acc.sum;
+      counts[name] = acc.count;
+    }
   }
   for (const auto& [name, acc] : step_values_) {
     out.tensors["logger/step/" + name] = acc.sum;
@@ -150,8 +192,14 @@ void LogCollector::load_state(const checkpoint::CheckpointData& in) {
   step_values_.clear();
   if (!in.has_blob("logger")) return;  // a checkpoint of an older build: epoch means restart
   auto j = nlohmann::json::parse(in.blob("logger"));
-  for (const auto& [name, count] : j.at("epoch_counts").items())
-    epoch_values_[name] = EpochAcc{in.tensor("logger/epoch/" + name).to(device_), count.get<double>()};
+  for (const auto& [name, count] : j.at("epoch_counts").items()) {
+    auto sum = in.tensor("logger/epoch/" + name).to(device_);
+    // Data parallel: the saved sums are every rank's; rank 0 carries them on, the others add theirs.
+    if (reduce_sum_ && !primary_)
+      epoch_values_[name] = EpochAcc{torch::zeros_like(sum), 0.0};
+    else
+      epoch_values_[name] = EpochAcc{sum, count.get<double>()};
+  }
   for (const auto& [name, n] : j.at("step_counts").items())
     step_values_[name] = StepAcc{in.tensor("logger/step/" + name).to(device_), n.get<int64_t>()};
 }

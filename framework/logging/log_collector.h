@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -56,6 +57,14 @@ class LogCollector : public LogSink {
   void emit_host(int64_t step, int64_t epoch, const std::vector<std::pair<std::string, double>>& values);
 
   void add_consumer(MetricConsumer* c) { consumers_.push_back(c); }
+  // Data parallel: `sum` all-reduces a device tensor in place (Strategy::reduce_sum). Epoch means
+  // become means over every rank's values (weighted by batch size), identical on every rank; a
+  // checkpoint holds the summed accumulators, which only the `primary` rank (0) restores (the others
+  // restart theirs at zero) so the next epoch mean counts every value once. Every rank must log the
+  // same names in an epoch.
+  void set_epoch_reducer(std::function<void(torch::Tensor&)> sum, bool primary) {
+    reduce_sum_ = std::move(sum), primary_ = primary;
+  }
   const std::map<std::string, double>& latest() const { return latest_; }
   // The state connector's entry: epoch accumulators and a step's partial (micro-batch) values, so a
   // checkpoint taken mid-epoch resumes with the same epoch means.
@@ -82,6 +91,10 @@ class LogCollector : public LogSink {
     double count = 0;
   };
   std::map<std::string, EpochAcc> epoch_values_;
+  // Sums and counts of every rank (data parallel); the accumulators themselves stay local.
+  std::pair<std::vector<torch::Tensor>, torch::Tensor> reduced_epoch_values() const;
+  std::function<void(torch::Tensor&)> reduce_sum_;
+  bool primary_ = true;
   std::vector<std::unique_ptr<Slot>> ring_;
   std::deque<Slot*> pending_;
   size_t next_slot_ = 0;

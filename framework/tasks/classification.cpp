@@ -65,6 +65,7 @@ class ClassificationTask : public Module {
 
   void log_metrics(const std::string& prefix) {
     if (!collection_) return;
+    sync_metrics(*collection_);  // data parallel: the states of every rank (reset below drops them)
     for (auto& [name, value] : collection_->compute()) log(prefix + "/" + name, value, LogOptions{false, true, true});
     collection_->reset();
   }

@@ -305,7 +305,9 @@ TEST(DDP, RendezvousThatNeverCompletesFailsWithinTheTimeout) {
               1)
         << describe(rs);
     EXPECT_EQ(count_lines_with(rs[0].stderr_text, "did not complete within trainer.dist_timeout (2 s)"), 1) << describe(rs);
-    EXPECT_LT(rs[0].seconds, 2.0 + 3.0) << describe(rs);
+    // A client that finds no store retries once after c10d's randomized backoff (up to about the
+    // timeout again): the bound is twice the timeout, plus slack for a loaded CI machine.
+    EXPECT_LT(rs[0].seconds, 2 * 2.0 + 3.0) << describe(rs);
   }
 }
 

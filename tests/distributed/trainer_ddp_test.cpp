@@ -1,0 +1,437 @@
+// The Trainer data-parallel end to end on CPU: every test forks real ranks on 127.0.0.1 (torchrun's
+// variables), each building its run exactly as `strobe fit` does (build_run, Trainer::fit) with the
+// labelled store-backed test double as the c10d CPU backend (store_backend.h). Single-process
+// references run in a forked process too (WORLD_SIZE=1), so the test process itself never starts
+// torch's thread pools before a fork.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+#include "framework/checkpoint/checkpoint_io.h"
+#include "framework/config/config.h"
+#include "framework/core/capture.h"
+#include "framework/core/experiment_builder.h"
+#include "framework/core/model.h"
+#include "tests/cli/cli_test_util.h"
+#include "tests/distributed/multiprocess.h"
+#include "tests/distributed/store_backend.h"
+#include "tests/distributed/write_watch.h"
+
+namespace strobe {
+namespace {
+
+namespace fs = std::filesystem;
+namespace st = strobe::testing;
+
+// An MLP with test faults on one rank, at the n-th training forward of that process:
+// nan (the output becomes NaN, so the loss), kill (SIGKILL), term (SIGTERM). With rng_extra each
+// training forward draws rank + 1 extra numbers from the CPU generator, so the ranks' generator
+// states differ (as they do in real runs with per-rank augmentation): a resume that restored
+// another rank's RNG would change the dropout masks.
+class DdpProbe : public Model {
+ public:
+  DdpProbe(int64_t in, int64_t hidden, int64_t classes, double dropout, std::string fault, int64_t fault_rank,
+           int64_t fault_call, bool rng_extra)
+      : Model("DdpProbe"),
+        fc1(register_module("fc1", torch::nn::Linear(in, hidden))),
+        drop(register_module("drop", torch::nn::Dropout(dropout))),
+        fc2(register_module("fc2", torch::nn::Linear(hidden, classes))),
+        fault_(std::move(fault)),
+        fault_rank_(fault_rank),
+        fault_call_(fault_call),
+        rng_extra_(rng_extra) {
+    const char* r = std::getenv("RANK");
+    rank_ = r ? std::atoll(r) : 0;
+  }
+  torch::Tensor forward(const Batch& batch) override {
+    auto x = batch.at("image").flatten(1);
+    bool poison = false;
+    if (is_training()) {
+      ++calls_;
+      if (rank_ == fault_rank_ && calls_ == fault_call_) {
+        if (fault_ == "kill") std::raise(SIGKILL);
+        if (fault_ == "term") std::raise(SIGTERM);
+        poison = fault_ == "nan";
+      }
+      if (rng_extra_) (void)torch::rand({rank_ + 1});
+    }
+    auto y = fc2->forward(drop->forward(torch::relu(fc1->forward(x))));
+    return poison ? y + std::numeric_limits<float>::quiet_NaN() : y;
+  }
+  std::string default_task() const override { return "classification"; }
+  torch::nn::Linear fc1;
+  torch::nn::Dropout drop;
+  torch::nn::Linear fc2;
+
+ private:
+  std::string fault_;
+  int64_t fault_rank_, fault_call_;
+  bool rng_extra_;
+  int64_t rank_ = 0, calls_ = 0;
+};
+
+std::shared_ptr<Model> make_ddp_probe(config::Section& cfg) {
+  auto in = cfg.get_int("in_features", 64, 1);
+  auto hidden = cfg.get_int("hidden", 32, 1);
+  auto classes = cfg.get_int("num_classes", 4, 1);
+  auto dropout = cfg.get_double("dropout", 0.0, 0.0, 0.99);
+  auto fault = cfg.get_choice("fault", "none", {"none", "nan", "kill", "term"});
+  auto fault_rank = cfg.get_int("fault_rank", 1, 0);
+  auto fault_call = cfg.get_int("fault_call", 1, 1);
+  auto rng_extra = cfg.get_bool("rng_extra", false);
+  cfg.finish();
+  return std::make_shared<DdpProbe>(in, hidden, classes, dropout, fault, fault_rank, fault_call, rng_extra);
+}
+STROBE_REGISTER(model_registry(), "ddp_probe", make_ddp_probe);
+
+// 64 samples: 2 ranks x batch 4 (or 1 process x batch 8) = 8 batches per epoch, 4 optimizer steps
+// with 2 accumulation micro-batches; validation on 16 samples at every epoch end.
+std::string yaml(const std::string& root) {
+  return fmt::format(R"(name: ddp
+seed: 5
+trainer:
+  max_epochs: 3
+  max_steps: 6
+  accumulate_grad_batches: 2
+  gradient_clip_val: 0.05
+  log_every_n_steps: 1
+  num_sanity_val_steps: 0
+  enable_progress_bar: true
+  device: cpu
+  dist_timeout: 30
+  default_root_dir: {}
+model:
+  name: ddp_probe
+  in_features: 64
+  hidden: 32
+  num_classes: 4
+data:
+  name: synthetic_images
+  image_size: 8
+  channels: 1
+  num_classes: 4
+  num_samples: 64
+  num_val_samples: 16
+  noise: 4.0
+  batch_size: 4
+  num_workers: 0
+optimizer:
+  name: adamw
+  lr: 0.01
+scheduler:
+  name: none
+)",
+                     root);
+}
+
+struct Job {
+  std::string dir;   // per-job files: rank<r>.stderr/.stdout/.json, params<r>.pt
+  std::string root;  // trainer.default_root_dir (the only place run files may go)
+};
+
+Job new_job(const std::string& name) {
+  Job j;
+  j.dir = (fs::temp_directory_path() / fmt::format("strobe_ddp_trainer_{}_{}", name, ::getpid())).string();
+  checkpoint::remove_tree(j.dir);
+  fs::create_directories(j.dir);
+  j.root = j.dir + "/root";
+  return j;
+}
+
+// What a rank reports after fit (or after a refused resume).
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return nlohmann::json();
+  return nlohmann::json::parse(in, nullptr, false);
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Runs `world` ranks of `strobe fit` (one process each), the config = yaml(root) + `sets`.
+std::vector<st::RankResult> fit(int world, const Job& job, const std::vector<std::string>& sets,
+                                std::optional<std::string> ckpt = std::nullopt, int deadline_s = 120) {
+  const std::string dir = job.dir, root = job.root;
+  auto body = [&](int rank) {
+    torch::set_num_threads(1);
+    st::watch_writes_under(root + "/");
+    nlohmann::json out = {{"rank", rank}};
+    int rc = 1;
+    try {
+      auto doc = config::Document::load_string(yaml(root), "ddp.yaml");
+      for (const auto& s : sets) doc.apply_override(s);
+      RunOptions opt;
+      opt.ckpt = ckpt;
+      auto run = build_run(doc, opt);
+      rc = run->trainer->fit(ckpt);
+      auto& t = *run->trainer;
+      out["global_step"] = t.state().global_step;
+      out["run_dir"] = run->run_dir;
+      out["metrics"] = t.metrics();
+      std::vector<torch::Tensor> params;
+      for (auto& p : t.module().net().parameters()) params.push_back(p.detach().clone());
+      torch::save(params, fmt::format("{}/params{}.pt", dir, rank));
+    } catch (const checkpoint::CheckpointError& e) {
+      std::fprintf(stderr, "checkpoint error: %s\n", e.what());
+      rc = 2;
+    }
+    out["rc"] = rc;
+    out["writes"] = st::watched_writes();
+    std::ofstream(fmt::format("{}/rank{}.json", dir, rank)) << out.dump(1);
+    return rc;
+  };
+  auto setup = [dir] {
+    st::install_store_backend();
+    const char* r = std::getenv("RANK");
+    if (!std::freopen(fmt::format("{}/rank{}.stdout", dir, r ? r : "0").c_str(), "w", stdout)) std::_Exit(98);
+  };
+  return st::run_ranks(world, body, dir, std::chrono::seconds(deadline_s), setup);
+}
+
+std::string describe(const std::vector<st::RankResult>& rs) {
+  std::ostringstream os;
+  for (size_t r = 0; r < rs.size(); ++r)
+    os << "rank " << r << ": exit " << rs[r].exit_code << " after " << rs[r].seconds << " s, stderr:\n" << rs[r].stderr_text;
+  return os.str();
+}
+
+std::vector<torch::Tensor> load_params(const std::string& path) {
+  std::vector<torch::Tensor> v;
+  torch::load(v, path);
+  return v;
+}
+
+std::map<std::string, torch::Tensor> model_tensors(const std::string& ckpt) {
+  std::map<std::string, torch::Tensor> out;
+  for (auto& [k, v] : checkpoint::load_checkpoint_file(ckpt).tensors)
+    if (k.rfind("model/", 0) == 0) out[k] = v;
+  return out;
+}
+
+double max_abs_diff(const std::map<std::string, torch::Tensor>& a, const std::map<std::string, torch::Tensor>& b) {
+  double m = 0;
+  for (auto& [k, v] : a) {
+    auto it = b.find(k);
+    if (it == b.end()) return std::numeric_limits<double>::infinity();
+    m = std::max(m, (v - it->second).abs().max().item<double>());
+  }
+  return m;
+}
+
+int count_lines_with(const std::string& text, const std::string& needle) {
+  std::istringstream in(text);
+  int n = 0;
+  for (std::string line; std::getline(in, line);)
+    if (line.find(needle) != std::string::npos) ++n;
+  return n;
+}
+
+// After 6 optimizer steps (2 micro-batches each, clipped) over an epoch boundary, 2 ranks with batch 4
+// hold the parameters of one process with batch 8 (the union); validation means and the macro F1 of
+// the synced metric collection equal the single process's on both ranks; rank 0 alone picked the
+// run directory and wrote run files and console output.
+TEST(TrainerDDP, TwoRanksEqualOneProcessOnTheUnionBatchAndOnlyRankZeroWrites) {
+  Job two = new_job("equiv2"), one = new_job("equiv1");
+  auto rs = fit(2, two, {});
+  for (auto& r : rs) ASSERT_EQ(r.exit_code, 0) << describe(rs);
+  auto r1 = fit(1, one, {"data.batch_size=8"});
+  ASSERT_EQ(r1[0].exit_code, 0) << describe(r1);
+
+  auto j0 = read_json(two.dir + "/rank0.json"), j1 = read_json(two.dir + "/rank1.json"), js = read_json(one.dir + "/rank0.json");
+  ASSERT_EQ(j0["global_step"], 6);
+  ASSERT_EQ(j1["global_step"], 6);
+  const std::string run_dir = j0["run_dir"];
+  EXPECT_EQ(j1["run_dir"], run_dir) << "every rank uses rank 0's run directory";
+  EXPECT_EQ(fs::path(run_dir).filename(), "version_0");
+  EXPECT_EQ(std::distance(fs::directory_iterator(two.root + "/ddp"), fs::directory_iterator{}), 1) << "one version directory";
+
+  // Parameters: rank 1 == rank 0 exactly; both == the single process on the union batch.
+  auto p0 = load_params(two.dir + "/params0.pt"), p1 = load_params(two.dir + "/params1.pt"),
+       ps = load_params(one.dir + "/params0.pt");
+  ASSERT_EQ(p0.size(), ps.size());
+  for (size_t i = 0; i < p0.size(); ++i) {
+    EXPECT_TRUE(torch::equal(p0[i], p1[i])) << "parameter " << i << " differs between ranks";
+    EXPECT_TRUE(torch::allclose(p0[i], ps[i], 1e-4, 1e-5))
+        << "parameter " << i << ": max |ddp - single| = " << (p0[i] - ps[i]).abs().max().item<double>();
+  }
+  // The checkpoint rank 0 wrote holds the same weights as the single process's.
+  EXPECT_LT(max_abs_diff(model_tensors(run_dir + "/checkpoints/last.ckpt"), model_tensors(js["run_dir"].get<std::string>() + "/checkpoints/last.ckpt")), 1e-4);
+
+  // Validation means (loss: batch-weighted; acc and macro F1 from the synced collection).
+  for (const char* key : {"val/loss", "val/acc", "val/f1"}) {
+    ASSERT_TRUE(j0["metrics"].contains(key)) << key << " in " << j0["metrics"].dump();
+    const double a = j0["metrics"][key], b = j1["metrics"][key], s = js["metrics"][key];
+    EXPECT_EQ(a, b) << key << " differs between ranks";
+    EXPECT_NEAR(a, s, 1e-5) << key << " differs from the single process";
+  }
+
+  // Rank 0 wrote the run files; rank 1 opened nothing for writing under the root, printed nothing.
+  EXPECT_FALSE(j0["writes"].empty());
+  bool wrote_csv = false, wrote_ckpt = false, wrote_config = false;
+  for (const auto& w : j0["writes"]) {
+    const std::string p = w;
+    wrote_csv |= p.find("metrics.csv") != std::string::npos;
+    wrote_ckpt |= p.find("last.ckpt") != std::string::npos;
+    wrote_config |= p.find("config.yaml") != std::string::npos;
+  }
+  EXPECT_TRUE(wrote_csv && wrote_ckpt && wrote_config) << j0["writes"].dump();
+  EXPECT_TRUE(j1["writes"].empty()) << "rank 1 wrote: " << j1["writes"].dump();
+  EXPECT_NE(slurp(two.dir + "/rank0.stdout").find("validation at epoch 0"), std::string::npos);
+  EXPECT_EQ(slurp(two.dir + "/rank1.stdout"), "");
+  // metrics.csv has each step once, with rank 0's and the synced values.
+  const std::string csv = slurp(run_dir + "/metrics.csv");
+  int rows6 = 0;
+  std::istringstream lines(csv);
+  for (std::string line; std::getline(lines, line);) rows6 += line.rfind("6,", 0) == 0;
+  EXPECT_EQ(rows6, 1) << csv;
+  checkpoint::remove_tree(two.dir);
+  checkpoint::remove_tree(one.dir);
+}
+
+// A NaN loss on rank 1 only (the loss check alone: rank 0's own loss is finite) stops both ranks with
+// exit 3 at the same step; each rank writes its capture; the weights stay finite.
+TEST(TrainerDDP, NaNOnOneRankStopsBothWithExit3) {
+  Job job = new_job("nan");
+  auto rs = fit(2, job,
+                {"model.fault=nan", "model.fault_rank=1", "model.fault_call=5",
+                 "callbacks=[{name: nan_capture, check: loss, keep_last: 2}]"});
+  ASSERT_EQ(rs[0].exit_code, 3) << describe(rs);
+  ASSERT_EQ(rs[1].exit_code, 3) << describe(rs);
+  auto j0 = read_json(job.dir + "/rank0.json"), j1 = read_json(job.dir + "/rank1.json");
+  EXPECT_EQ(j0["global_step"], j1["global_step"]);
+  EXPECT_LT(j0["global_step"].get<int64_t>(), 6);
+  const std::string run_dir = j0["run_dir"];
+  // Micro-batch 5 belongs to optimizer step 3: the capture names global step 2 (its start).
+  auto info = [&](const std::string& d) {
+    auto data = checkpoint::load_checkpoint_file(d + "/" + capture::kCheckpointFile);
+    return nlohmann::json::parse(data.blob("capture"));
+  };
+  ASSERT_TRUE(fs::exists(run_dir + "/nan/step_2")) << describe(rs);
+  ASSERT_TRUE(fs::exists(run_dir + "/nan/rank1/step_2")) << describe(rs);
+  EXPECT_FALSE(info(run_dir + "/nan/step_2")["loss_nonfinite"].get<bool>());
+  EXPECT_TRUE(info(run_dir + "/nan/rank1/step_2")["loss_nonfinite"].get<bool>());
+  for (auto& [k, v] : model_tensors(run_dir + "/checkpoints/last.ckpt"))
+    EXPECT_TRUE(torch::isfinite(v).all().item<bool>()) << k << " is not finite in last.ckpt";
+  EXPECT_EQ(count_lines_with(rs[0].stderr_text, "nan_capture: capture written to"), 1) << rs[0].stderr_text;
+  EXPECT_EQ(count_lines_with(rs[1].stderr_text, "nan_capture:"), 0) << "console output is rank 0's";
+  checkpoint::remove_tree(job.dir);
+}
+
+// A 2-rank checkpoint resumes on 2 ranks exactly (per-rank RNG: the ranks' generators differ), and a
+// different number of processes is refused with exit 2 naming both counts.
+TEST(TrainerDDP, TwoRankCheckpointResumesExactlyOnTwoRanks) {
+  const std::vector<std::string> sets = {"model.dropout=0.3", "model.rng_extra=true"};
+  Job full = new_job("full"), part = new_job("part");
+  auto ra = fit(2, full, sets);
+  for (auto& r : ra) ASSERT_EQ(r.exit_code, 0) << describe(ra);
+  auto partial_sets = sets;
+  partial_sets.push_back("trainer.max_steps=3");
+  auto rb = fit(2, part, partial_sets);
+  for (auto& r : rb) ASSERT_EQ(r.exit_code, 0) << describe(rb);
+  const std::string part_dir = read_json(part.dir + "/rank0.json")["run_dir"];
+  const std::string ckpt = part_dir + "/checkpoints/last.ckpt";
+  {
+    auto d = checkpoint::load_checkpoint_file(ckpt);
+    EXPECT_EQ(nlohmann::json::parse(d.blob("meta"))["world_size"], 2);
+    ASSERT_TRUE(d.tensors.count("rng/rank0/cpu") && d.tensors.count("rng/rank1/cpu"));
+    EXPECT_FALSE(torch::equal(d.tensor("rng/rank0/cpu"), d.tensor("rng/rank1/cpu"))) << "the ranks' generators should differ";
+  }
+  // Resume (into the same run directory) up to step 6.
+  Job resumed = part;
+  resumed.dir = part.dir + "/resume";
+  fs::create_directories(resumed.dir);
+  auto rc = fit(2, resumed, sets, ckpt);
+  for (auto& r : rc) ASSERT_EQ(r.exit_code, 0) << describe(rc);
+  auto pa = load_params(full.dir + "/params0.pt"), pc0 = load_params(resumed.dir + "/params0.pt"),
+       pc1 = load_params(resumed.dir + "/params1.pt");
+  ASSERT_EQ(pa.size(), pc0.size());
+  for (size_t i = 0; i < pa.size(); ++i) {
+    EXPECT_TRUE(torch::equal(pa[i], pc0[i])) << "parameter " << i << ": max |resumed - uninterrupted| = "
+                                             << (pa[i] - pc0[i]).abs().max().item<double>();
+    EXPECT_TRUE(torch::equal(pc0[i], pc1[i]));
+  }
+  auto ja = read_json(full.dir + "/rank0.json"), jc = read_json(resumed.dir + "/rank0.json");
+  EXPECT_EQ(ja["metrics"]["val/loss"], jc["metrics"]["val/loss"]);
+
+  // One process cannot continue a 2-process run.
+  Job single = part;
+  single.dir = part.dir + "/single";
+  fs::create_directories(single.dir);
+  auto rs = fit(1, single, sets, ckpt);
+  EXPECT_EQ(rs[0].exit_code, 2) << describe(rs);
+  EXPECT_EQ(count_lines_with(rs[0].stderr_text, "written by 2 process(es), but this run has 1"), 1) << rs[0].stderr_text;
+  checkpoint::remove_tree(full.dir);
+  checkpoint::remove_tree(part.dir);
+}
+
+// SIGTERM reaching rank 1 alone stops both ranks after the same step, with exit 143, and rank 0 saves
+// last.ckpt at that step.
+TEST(TrainerDDP, SigtermOnOneRankStopsEveryRankAtTheSameStep) {
+  Job job = new_job("term");
+  auto rs = fit(2, job, {"model.fault=term", "model.fault_rank=1", "model.fault_call=3", "trainer.max_steps=20"});
+  ASSERT_EQ(rs[0].exit_code, 143) << describe(rs);
+  ASSERT_EQ(rs[1].exit_code, 143) << describe(rs);
+  auto j0 = read_json(job.dir + "/rank0.json"), j1 = read_json(job.dir + "/rank1.json");
+  const int64_t step = j0["global_step"];
+  EXPECT_EQ(j1["global_step"], step);
+  EXPECT_LT(step, 20);
+  const std::string run_dir = j0["run_dir"];
+  auto d = checkpoint::load_checkpoint_file(run_dir + "/checkpoints/last.ckpt");
+  EXPECT_EQ(nlohmann::json::parse(d.blob("meta"))["global_step"], step);
+  EXPECT_EQ(count_lines_with(rs[0].stderr_text, "SIGTERM received; saved"), 1) << rs[0].stderr_text;
+  checkpoint::remove_tree(job.dir);
+}
+
+// A rank killed in the middle of training ends the other with one clear line within the timeout.
+TEST(TrainerDDP, KilledRankEndsTheOtherWithinTheTimeout) {
+  Job job = new_job("kill");
+  auto rs = fit(2, job, {"model.fault=kill", "model.fault_rank=1", "model.fault_call=3", "trainer.max_steps=1000",
+                         "trainer.max_epochs=-1", "trainer.dist_timeout=4"},
+                std::nullopt, 60);
+  EXPECT_EQ(rs[1].exit_code, 128 + SIGKILL) << describe(rs);
+  ASSERT_EQ(rs[0].exit_code, 1) << describe(rs);
+  EXPECT_EQ(count_lines_with(rs[0].stderr_text, "strobe: rank 0 of 2: distributed job failed: rank 1 stopped responding"), 1)
+      << rs[0].stderr_text;
+  EXPECT_LT(rs[0].seconds - rs[1].seconds, 4.0 + 2.0) << describe(rs);
+  checkpoint::remove_tree(job.dir);
+}
+
+// The CLI: a bad trainer.dist_timeout, a malformed launch variable and multi-process on CPU (no CPU
+// process group in the product) are each refused with exit 2 and one line, before any socket opens.
+TEST(TrainerDDP, CliRefusesBadDistTimeoutAndLaunchWithOneLine) {
+  Job job = new_job("cli");
+  const std::string cfg = job.dir + "/ddp.yaml";
+  std::ofstream(cfg) << yaml(job.root);
+  const std::string env2 = "WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 ";
+  struct Case {
+    std::string prefix, args, expect;
+  } cases[] = {
+      {"", "--set trainer.dist_timeout=0", "trainer.dist_timeout: expected a number in [1, 604800], got 0"},
+      {"", "--set trainer.dist_timeout=soon", "trainer.dist_timeout: expected a number, got 'soon'"},
+      {env2 + "RANK=one ", "", "RANK"},
+      {env2 + "RANK=0 ", "", "multi-process training runs on CUDA (NCCL)"},
+  };
+  for (const auto& c : cases) {
+    // The product's binary has no test model: an MLP of the same shape.
+    auto r = st::shell_cmd(c.prefix, "fit -c " + cfg + " --set 'model={name: mlp, in_features: 64, hidden: [32], num_classes: 4}' " + c.args);
+    EXPECT_EQ(r.code, 2) << c.prefix << c.args << "\n" << r.err;
+    EXPECT_NE(r.err.find(c.expect), std::string::npos) << c.prefix << c.args << "\n" << r.err;
+    EXPECT_EQ(st::count_lines(r.err), 1) << r.err;
+  }
+  EXPECT_FALSE(fs::exists(job.root + "/ddp")) << "nothing may be written for a refused run";
+  checkpoint::remove_tree(job.dir);
+}
+
+}  // namespace
+}  // namespace strobe
