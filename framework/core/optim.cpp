@@ -8,6 +8,7 @@
 
 #if STROBE_HAS_OPS
 #include "framework/ops/fused_optimizers.h"
+#include "framework/ops/ops.h"
 #endif
 
 namespace strobe {
@@ -23,10 +24,12 @@ std::shared_ptr<torch::optim::Optimizer> build_optimizer(config::Section& cfg, s
   std::string why_not;
 #if STROBE_HAS_OPS
   if (!device.is_cuda()) why_not = fmt::format("the device is {}, and the fused step runs on CUDA", device.str());
+  else if (!ops::built_with_cuda()) why_not = "this build's custom operators have no CUDA kernels";
+  // Dense fp32 (channels_last included: the kernels walk parameter, state and gradient memory flat).
   for (const auto& p : params)
-    if (why_not.empty() && (p.scalar_type() != torch::kFloat32 || !p.is_contiguous()))
-      why_not = fmt::format("it needs contiguous fp32 parameters (found {}{})", c10::toString(p.scalar_type()),
-                            p.is_contiguous() ? "" : ", non-contiguous");
+    if (why_not.empty() && (p.scalar_type() != torch::kFloat32 || !p.is_non_overlapping_and_dense()))
+      why_not = fmt::format("it needs dense fp32 parameters (found {}{})", c10::toString(p.scalar_type()),
+                            p.is_non_overlapping_and_dense() ? "" : ", a strided view");
 #else
   why_not = "this build has no custom operators";
 #endif

@@ -78,7 +78,7 @@ TEST(Config, OutOfRangeValue) {
 
 TEST(Config, ChoiceSuggestsClosest) {
   std::string err = error_of(std::string(kBase) + "trainer:\n  precision: bf16\n");
-  EXPECT_NE(err.find("trainer.precision: expected one of 32, bf16-mixed, 16-mixed, got 'bf16' (did you mean 'bf16-mixed'?)"),
+  EXPECT_NE(err.find("trainer.precision: expected one of 32, bf16-mixed, 16-mixed, bf16-master, got 'bf16' (did you mean 'bf16-mixed'?)"),
             std::string::npos)
       << err;
 }
@@ -231,7 +231,7 @@ TEST(Config, UnknownKeyMadeBySetBlamesTheSet) {
                                             "name, optimizer, scheduler, seed, task, trainer)");
   EXPECT_EQ(error_of(kBase, {"trainer.bogus.x=3"}), "--set trainer.bogus.x=3: trainer.bogus: unknown key (known keys: "
                                                     "accumulate_grad_batches, check_val_every_n_epoch, default_root_dir, "
-                                                    "deterministic, device, enable_checkpointing, enable_progress_bar, "
+                                                    "deterministic, device, dist_timeout, enable_checkpointing, enable_progress_bar, "
                                                     "fast_dev_run, gradient_clip_algorithm, gradient_clip_val, "
                                                     "limit_predict_batches, limit_test_batches, limit_train_batches, "
                                                     "limit_val_batches, log_every_n_steps, max_epochs, max_steps, max_time, "

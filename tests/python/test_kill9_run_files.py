@@ -96,7 +96,11 @@ def main():
             f.write(CONFIG)
 
         straight = os.path.join(tmp, "straight")
+        t0 = time.monotonic()
         subprocess.run([strobe, "fit", "-c", cfg, "--run-dir", straight], check=True, capture_output=True)
+        # Kill delays scale with how long a whole run takes on this machine (a fixed range lets fast
+        # machines finish before the kill and slow ones die during start-up).
+        duration = time.monotonic() - t0
         reference = dict(tb_losses(straight))
         assert sorted(reference) == list(range(1, STEPS + 1)), "the uninterrupted run is incomplete"
 
@@ -110,7 +114,7 @@ def main():
             else:
                 shutil.rmtree(run, ignore_errors=True)  # nothing to resume: a fresh run
             proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-            time.sleep(rng.uniform(0.3, 3.0))
+            time.sleep(max(0.05, rng.uniform(0.05, 0.7) * duration))
             proc.send_signal(signal.SIGKILL)
             _, err = proc.communicate()
             if proc.returncode == 0:
@@ -139,7 +143,9 @@ def main():
             killed_with_ckpt += 1
             print(f"trial {trial}: killed; last.ckpt at step {step} loads, TensorBoard and metrics.csv hold steps 1..{step}")
 
-        assert killed_with_ckpt >= TRIALS // 2, f"only {killed_with_ckpt} of {TRIALS} kills came after a checkpoint"
+        # At least a quarter of the trials must have exercised the checks above (a resumed run near
+        # the end often finishes before its kill; such trials start the run afresh).
+        assert killed_with_ckpt >= TRIALS // 4, f"only {killed_with_ckpt} of {TRIALS} kills came after a checkpoint"
         args = [strobe, "fit", "-c", cfg, "--run-dir", run] + (["--ckpt", last] if os.path.exists(last) else [])
         subprocess.run(args, check=True, capture_output=True)
         losses = tb_losses(run)
