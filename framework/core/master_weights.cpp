@@ -54,11 +54,8 @@ void MasterWeights::attach_grads(bool fp32_copies) {
 
 void MasterWeights::copy_to_model() {
   if (model_.empty()) return;
-  torch::NoGradGuard no_grad;
-  std::vector<torch::Tensor> dst;
-  dst.reserve(model_.size());
-  for (const auto& p : model_) dst.push_back(p.detach());
-  at::_foreach_copy_(dst, master_);
+  torch::NoGradGuard no_grad;  // in place on the parameters themselves: no per-step detached views
+  at::_foreach_copy_(model_, master_);
 }
 
 void MasterWeights::release_grads() {
