@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""Where the GPU time of a training step goes, from a Kineto trace (strobe fit --profile, or
+torch.profiler's export_chrome_trace).
+
+  python3 bench/e2e/trace_top.py TRACE.json [--top 30] [--json OUT.json]
+
+Sums the device-side events (kernels, memcpy, memset) that fall inside the trace's ProfilerStep#N
+ranges, per step (mean over the profiled steps), by kernel name and by category (gemm, attention,
+conv, norm, elementwise, reduce, optimizer, copy/cast, memcpy, other). The categories are a
+name-based guess: read the top kernels to check them.
+"""
+import argparse
+import collections
+import json
+import re
+import sys
+
+CATEGORIES = [
+    ("attention", r"flash|fmha|attention|sdpa|softmax"),
+    ("optimizer", r"multi_tensor|adam|sgd|foreach|fused_optim|nonfinite"),
+    ("gemm", r"gemm|sm90_xmma|cutlass|cublas|nvjet|matmul|wgmma|xmma_gemm|splitk"),
+    ("conv", r"conv|implicit|winograd|dgrad|wgrad|fprop|cudnn|nchwToNhwc|nhwcToNchw"),
+    ("norm", r"layer_norm|layernorm|batch_norm|batchnorm|bn_|welford|LayerNorm|BatchNorm"),
+    ("copy/cast", r"copy|cast|to_copy|contiguous|transpose|permute|cat_|CatArray|index"),
+    ("reduce", r"reduce|sum|mean|norm_kernel|nll|cross_entropy|log_softmax|max_pool|avg_pool|pool"),
+    ("elementwise", r"elementwise|vectorized|gelu|relu|add|mul|fill|where|dropout|silu|unrolled"),
+]
+
+
+def category(name: str) -> str:
+    for cat, pat in CATEGORIES:
+        if re.search(pat, name, re.IGNORECASE):
+            return cat
+    return "other"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("trace")
+    ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    with open(a.trace) as f:
+        tr = json.load(f)
+    events = tr["traceEvents"] if isinstance(tr, dict) else tr
+    steps = [e for e in events if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")]
+    dev = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    if not dev:
+        print(f"{a.trace}: no device events (a CPU run?)", file=sys.stderr)
+        return 1
+    # device events are matched to steps through their launching runtime call's correlation id
+    corr_ts = {}
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") in ("cuda_runtime", "cuda_driver"):
+            c = e.get("args", {}).get("correlation")
+            if c is not None:
+                corr_ts[c] = e["ts"]
+    steps.sort(key=lambda e: e["ts"])
+
+    def step_of(ts):
+        for s in steps:
+            if s["ts"] <= ts <= s["ts"] + s["dur"]:
+                return s["name"]
+        return None
+
+    by_name = collections.Counter()
+    count = collections.Counter()
+    per_step = collections.Counter()
+    used = 0
+    for e in dev:
+        launch = corr_ts.get(e.get("args", {}).get("correlation"), e["ts"])
+        s = step_of(launch) if steps else "all"
+        if s is None:
+            continue
+        name = e["name"] if e.get("cat") == "kernel" else e.get("cat")
+        by_name[name] += e["dur"]
+        count[name] += 1
+        per_step[s] += e["dur"]
+        used += 1
+    n = max(1, len(per_step))
+    total = sum(by_name.values()) / n / 1000.0
+    cats = collections.Counter()
+    for k, v in by_name.items():
+        cats["memcpy/memset" if k in ("gpu_memcpy", "gpu_memset") else category(k)] += v
+    wall = [s["dur"] / 1000.0 for s in steps]
+    print(f"{a.trace}: {len(per_step)} steps, {used} device events; GPU busy {total:.2f} ms/step"
+          + (f"; step wall (host ranges) {', '.join(f'{w:.1f}' for w in wall)} ms" if wall else ""))
+    print(f"{'category':<16}{'ms/step':>10}{'share':>8}")
+    for k, v in cats.most_common():
+        print(f"{k:<16}{v / n / 1000:>10.2f}{100 * v / max(1, sum(cats.values())):>7.1f}%")
+    print(f"\n{'ms/step':>9}{'calls':>7}  kernel (top {a.top})")
+    for k, v in by_name.most_common(a.top):
+        print(f"{v / n / 1000:>9.3f}{count[k] // n:>7}  [{category(k)}] {k[:150]}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"trace": a.trace, "steps": len(per_step), "gpu_ms_per_step": total,
+                       "categories": {k: v / n / 1000 for k, v in cats.items()},
+                       "kernels": [{"name": k, "ms_per_step": v / n / 1000, "calls_per_step": count[k] // n}
+                                   for k, v in by_name.most_common()]}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
