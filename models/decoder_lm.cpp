@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include "framework/config/config.h"
+#include "models/layers.h"
 
 namespace strobe::models {
 namespace {
@@ -41,7 +42,7 @@ class DecoderBlockImpl : public nn::Module {
 
   torch::Tensor forward(torch::Tensor x, const AttentionInput& in) {
     const int64_t c = x.size(-1), hd = c / heads_;
-    auto qkv_out = qkv(norm1(x));
+    auto qkv_out = linear(qkv, norm1(x));
     torch::Tensor a;
     if (in.cu_seqlens.defined()) {  // x: [T, C]
       auto parts = qkv_out.view({x.size(0), 3, heads_, hd}).unbind(1);
@@ -52,8 +53,8 @@ class DecoderBlockImpl : public nn::Module {
       auto parts = qkv_out.view({b, s, 3, heads_, hd}).unbind(2);  // [B, S, H, D] views
       a = attention(parts[0], parts[1], parts[2], /*causal=*/true, in.key_padding_mask, backend_).reshape({b, s, c});
     }
-    x = x + proj(a);
-    return x + fc2(torch::gelu(fc1(norm2(x))));
+    x = x + linear(proj, a);
+    return x + linear(fc2, torch::gelu(linear(fc1, norm2(x))));
   }
 
   LayerNormNoBias norm1{nullptr}, norm2{nullptr};
@@ -101,7 +102,7 @@ class DecoderLM : public Model {
     }
     auto x = embedding_(tokens) + positional_embedding_(positions);
     for (auto& block : *blocks_) x = block->as<DecoderBlock>()->forward(x, in);
-    return output_(x);
+    return linear(output_, x);
   }
 
   std::string default_task() const override { return "language_modeling"; }
