@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include "framework/config/config.h"
+#include "framework/ops/ops.h"
 
 namespace strobe::models {
 namespace {
@@ -13,10 +14,37 @@ nn::Conv2d conv(int64_t in, int64_t out, int64_t k, int64_t stride) {
   return nn::Conv2d(nn::Conv2dOptions(in, out, k).stride(stride).padding(k / 2).bias(false));
 }
 
+enum class FusedBn { kAuto, kOn, kOff };
+
+// act(bn(x) [+ residual]) with act = ReLU or identity: one strobe::batch_norm_act in training when
+// `mode` allows (header: fused_bn), else ATen's BatchNorm, add and ReLU.
+torch::Tensor bn_act(nn::BatchNorm2dImpl& bn, const torch::Tensor& x, const std::optional<torch::Tensor>& residual,
+                     bool relu, FusedBn mode) {
+  const auto& o = bn.options;
+  // (momentum None, a cumulative average, would need the batch count on the host: ATen keeps it)
+  bool fused = mode != FusedBn::kOff && bn.is_training() && o.affine() && o.track_running_stats() && o.momentum();
+  if (fused && mode == FusedBn::kAuto) {
+    fused = ops::batch_norm_act_cuda_eligible(x, bn.weight, bn.bias, bn.running_mean, bn.running_var) &&
+            (!residual || residual->is_contiguous(at::MemoryFormat::ChannelsLast));
+  }
+  if (fused) {
+    {
+      torch::NoGradGuard no_grad;
+      bn.num_batches_tracked += 1;  // as BatchNormImpl::forward
+    }
+    return ops::batch_norm_act(x, bn.weight, bn.bias, bn.running_mean, bn.running_var, residual, *o.momentum(),
+                               o.eps(), relu);
+  }
+  torch::Tensor y = bn.forward(x);
+  if (residual) y = y + *residual;
+  return relu ? torch::relu(y) : y;
+}
+
 // A residual block; `expansion` 1 is torchvision's BasicBlock (two 3x3), 4 its Bottleneck (1x1, 3x3, 1x1).
 class BlockImpl : public nn::Module {
  public:
-  BlockImpl(int64_t in, int64_t planes, int64_t stride, int64_t expansion) : expansion_(expansion) {
+  BlockImpl(int64_t in, int64_t planes, int64_t stride, int64_t expansion, FusedBn fused_bn)
+      : expansion_(expansion), fused_bn_(fused_bn) {
     int64_t out = planes * expansion;
     if (expansion == 1) {
       conv1_ = register_module("conv1", conv(in, planes, 3, stride));
@@ -37,15 +65,20 @@ class BlockImpl : public nn::Module {
   }
 
   torch::Tensor forward(const torch::Tensor& x) {
-    torch::Tensor y = torch::relu(bn1_(conv1_(x)));
-    y = bn2_(conv2_(y));
-    if (expansion_ != 1) y = bn3_(conv3_(torch::relu(y)));
-    torch::Tensor identity = downsample_ ? downsample_->forward(x) : x;
-    return torch::relu(y + identity);
+    torch::Tensor identity = x;
+    if (downsample_) {
+      identity = bn_act(*downsample_->ptr(1)->as<nn::BatchNorm2d>(), downsample_->ptr(0)->as<nn::Conv2d>()->forward(x),
+                        std::nullopt, /*relu=*/false, fused_bn_);
+    }
+    torch::Tensor y = bn_act(*bn1_, conv1_(x), std::nullopt, true, fused_bn_);
+    if (expansion_ == 1) return bn_act(*bn2_, conv2_(y), identity, true, fused_bn_);
+    y = bn_act(*bn2_, conv2_(y), std::nullopt, true, fused_bn_);
+    return bn_act(*bn3_, conv3_(y), identity, true, fused_bn_);
   }
 
  private:
   int64_t expansion_;
+  FusedBn fused_bn_;
   nn::Conv2d conv1_{nullptr}, conv2_{nullptr}, conv3_{nullptr};
   nn::BatchNorm2d bn1_{nullptr}, bn2_{nullptr}, bn3_{nullptr};
   nn::Sequential downsample_{nullptr};
@@ -55,7 +88,10 @@ TORCH_MODULE(Block);
 class ResNet : public Model {
  public:
   explicit ResNet(const ResNetOptions& o)
-      : Model("ResNet"), small_stem_(o.stem == "cifar"), memory_format_(o.memory_format) {
+      : Model("ResNet"),
+        small_stem_(o.stem == "cifar"),
+        memory_format_(o.memory_format),
+        fused_bn_(o.fused_bn == "true" ? FusedBn::kOn : o.fused_bn == "false" ? FusedBn::kOff : FusedBn::kAuto) {
     const int64_t expansion = o.depth >= 50 ? 4 : 1;
     std::vector<int64_t> blocks;
     switch (o.depth) {
@@ -72,7 +108,7 @@ class ResNet : public Model {
       nn::Sequential layer;
       int64_t planes = w << s;
       for (int64_t b = 0; b < blocks[s]; ++b) {
-        layer->push_back(Block(in, planes, (b == 0 && s > 0) ? 2 : 1, expansion));
+        layer->push_back(Block(in, planes, (b == 0 && s > 0) ? 2 : 1, expansion, fused_bn_));
         in = planes * expansion;
       }
       layers_.push_back(register_module("layer" + std::to_string(s + 1), layer));
@@ -103,7 +139,7 @@ class ResNet : public Model {
   torch::Tensor forward(const Batch& batch) override {
     torch::Tensor x = input(batch.at("image"));
     if (channels_last_ && x.dim() == 4) x = x.contiguous(at::MemoryFormat::ChannelsLast);
-    x = torch::relu(bn1_(conv1_(x)));
+    x = bn_act(*bn1_, conv1_(x), std::nullopt, /*relu=*/true, fused_bn_);
     if (!small_stem_) x = torch::max_pool2d(x, 3, 2, 1);
     for (auto& layer : layers_) x = layer->forward(x);
     x = torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1);
@@ -115,6 +151,7 @@ class ResNet : public Model {
  private:
   bool small_stem_;
   std::string memory_format_;
+  FusedBn fused_bn_;
   bool channels_last_ = false;
   nn::Conv2d conv1_{nullptr};
   nn::BatchNorm2d bn1_{nullptr};
@@ -131,6 +168,7 @@ std::shared_ptr<Model> make_from_config(config::Section& cfg) {
   o.width = cfg.get_int("width", 64, 1);
   o.stem = cfg.get_choice("stem", "imagenet", {"imagenet", "cifar"});
   o.memory_format = cfg.get_choice("memory_format", "auto", {"auto", "channels_last", "contiguous"});
+  o.fused_bn = cfg.get_choice("fused_bn", "auto", {"auto", "true", "false"});
   cfg.finish();
   return make_resnet(o);
 }

@@ -10,6 +10,12 @@
 // per step in PyTorch eager); auto = channels_last on CUDA under bf16/fp16 precisions, contiguous
 // elsewhere (fp32 NHWC convolutions are slower in cuDNN). Values and
 // state-dict names do not change with the layout.
+// `fused_bn`: in training, each BatchNorm with what follows it (ReLU; the residual add and ReLU at
+// the end of a block) runs as one strobe::batch_norm_act op: 4 passes over each activation instead
+// of ATen's 6-7. auto = where its CUDA kernels take the tensors (channels_last, C % 8 == 0, fp32
+// BatchNorm parameters: every ResNet on CUDA under bf16/fp16 precisions), ATen elsewhere; true = the
+// op everywhere (its CPU implementation on CPU; a tensor the CUDA kernels cannot take is an error);
+// false = ATen. Evaluation uses the running statistics through ATen either way.
 // Input: batch["image"], float [B, C, H, W] of any H, W >= 1 (global average pooling at the end).
 #pragma once
 
@@ -27,6 +33,7 @@ struct ResNetOptions {
   int64_t width = 64;
   std::string stem = "imagenet";  // imagenet | cifar
   std::string memory_format = "auto";  // auto | channels_last | contiguous
+  std::string fused_bn = "auto";       // auto | true | false
 };
 
 std::shared_ptr<Model> make_resnet(const ResNetOptions& options);

@@ -140,6 +140,21 @@ torch::Tensor conv3x3_maxpool_relu_reference(const torch::Tensor& x, const torch
                                              const torch::Tensor& bias, double input_scale = 1.0,
                                              std::optional<at::ScalarType> out_dtype = {});
 
+// Training-mode BatchNorm2d, then + residual, then ReLU, in one op (op strobe::batch_norm_act):
+// y = act(weight * (x - mean) * invstd + bias [+ residual]) with the batch statistics over (N, H, W)
+// (biased variance in invstd), running_mean/running_var updated in place as nn::BatchNorm2d does
+// (momentum, unbiased variance). Differentiable in x, weight, bias and residual. CUDA: x channels_last
+// (C % 8 == 0, fp32/bf16/fp16), fp32 weight, bias and running stats; statistics and gradients reduced
+// in a fixed order (deterministic). CPU and Meta: ATen in fp32 (fp64 for fp64 x). docs/OPS.md.
+torch::Tensor batch_norm_act(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                             torch::Tensor& running_mean, torch::Tensor& running_var,
+                             const std::optional<torch::Tensor>& residual = std::nullopt, double momentum = 0.1,
+                             double eps = 1e-5, bool relu = true);
+// Whether batch_norm_act's CUDA kernels take these tensors as they are (a build with CUDA kernels,
+// x on CUDA, channels_last, C % 8 == 0, fp32/bf16/fp16; fp32 weight, bias and running stats).
+bool batch_norm_act_cuda_eligible(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                                  const torch::Tensor& running_mean, const torch::Tensor& running_var);
+
 // Whether the library was built with its CUDA kernels.
 bool built_with_cuda();
 

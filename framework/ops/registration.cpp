@@ -34,6 +34,22 @@ TORCH_LIBRARY(strobe, m) {
   m.def(
       "conv3x3_maxpool_relu_bwd(Tensor grad_y, Tensor x, Tensor weight, Tensor mask, "
       "float input_scale, bool input_grad) -> (Tensor grad_x, Tensor grad_weight, Tensor grad_bias)");
+  // Training-mode BatchNorm2d over (N, H, W) of x [N, C, H, W], then + residual, then ReLU, in one op
+  // (docs/OPS.md); running statistics updated in place (momentum as nn.BatchNorm2d's).
+  m.def(
+      "batch_norm_act(Tensor x, Tensor weight, Tensor bias, Tensor(a!) running_mean, "
+      "Tensor(b!) running_var, Tensor? residual=None, float momentum=0.1, float eps=1e-5, "
+      "bool relu=True) -> Tensor");
+  // Internal halves: the forward also returns the batch mean and invstd (fp32 [C]); the backward
+  // reads the ReLU mask from y.
+  m.def(
+      "batch_norm_act_fwd(Tensor x, Tensor weight, Tensor bias, Tensor(a!) running_mean, "
+      "Tensor(b!) running_var, Tensor? residual, float momentum, float eps, bool relu) -> "
+      "(Tensor y, Tensor mean, Tensor invstd)");
+  m.def(
+      "batch_norm_act_bwd(Tensor grad_y, Tensor y, Tensor x, Tensor weight, Tensor mean, "
+      "Tensor invstd, bool relu, bool residual_grad) -> (Tensor grad_x, Tensor grad_weight, "
+      "Tensor grad_bias, Tensor grad_residual)");
   m.def("nonfinite_check(Tensor[] tensors, bool compute_norm=False) -> (Tensor found, Tensor norm)");
   m.def(
       "fused_adamw_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, "

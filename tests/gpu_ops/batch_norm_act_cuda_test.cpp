@@ -1,0 +1,179 @@
+// strobe::batch_norm_act's CUDA kernels against the op's CPU implementation in float64 (fresh random
+// inputs rounded to the kernel's dtype first; the caching allocator poisoned with NaN so an unwritten
+// element fails; NaN never passes): y, running statistics, grad_x, grad_weight, grad_bias and
+// grad_residual; NaN propagation; bitwise determinism; and a channels_last ResNet on CUDA with
+// fused_bn on vs off.
+#include <cmath>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "framework/config/config.h"
+#include "framework/core/model.h"
+#include "framework/ops/ops.h"
+
+namespace {
+
+using torch::Tensor;
+
+#define SKIP_WITHOUT_CUDA()                                                              \
+  do {                                                                                   \
+    if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device visible";          \
+    if (!strobe::ops::built_with_cuda()) GTEST_SKIP() << "strobe_ops built without CUDA"; \
+  } while (0)
+
+const torch::Device kCuda("cuda");
+
+void poison_allocator() {
+  Tensor junk = torch::full({64 << 20}, NAN, torch::TensorOptions(kCuda).dtype(torch::kFloat));
+  junk.reset();
+}
+
+double rel_err(const Tensor& got, const Tensor& want) {
+  const Tensor w = want.to(torch::kCPU, torch::kDouble), g = got.to(torch::kCPU, torch::kDouble);
+  const double num = (g - w).norm().item<double>(), den = w.norm().item<double>();
+  if (std::isnan(num)) return INFINITY;
+  return den == 0 ? num : num / den;
+}
+
+struct BnRun {
+  Tensor y, gx, gw, gb, gr, rm, rv;
+};
+
+BnRun run(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& rm0, const Tensor& rv0,
+        const std::optional<Tensor>& r, const Tensor& gy, bool relu) {
+  Tensor xx = x.detach().clone().contiguous(at::MemoryFormat::ChannelsLast).requires_grad_();
+  Tensor ww = w.detach().clone().requires_grad_(), bb = b.detach().clone().requires_grad_();
+  std::optional<Tensor> rr;
+  if (r) rr = r->detach().clone().contiguous(at::MemoryFormat::ChannelsLast).requires_grad_();
+  BnRun out;
+  out.rm = rm0.clone(), out.rv = rv0.clone();
+  out.y = strobe::ops::batch_norm_act(xx, ww, bb, out.rm, out.rv, rr, 0.1, 1e-5, relu);
+  std::vector<Tensor> inputs{xx, ww, bb};
+  if (rr) inputs.push_back(*rr);
+  auto g = torch::autograd::grad({out.y}, inputs, {gy.to(out.y.options())});
+  out.gx = g[0], out.gw = g[1], out.gb = g[2];
+  if (rr) out.gr = g[3];
+  return out;
+}
+
+TEST(BatchNormActCuda, MatchesTheFloat64ReferenceForEveryDtypeAndShape) {
+  SKIP_WITHOUT_CUDA();
+  torch::manual_seed(0);
+  struct Shape {
+    int64_t n, c, h, w;
+  };
+  const std::vector<Shape> shapes{{2, 8, 1, 1}, {3, 64, 5, 7}, {4, 256, 9, 9}, {8, 2048, 2, 2}, {32, 64, 56, 56}, {5, 24, 3, 3}};
+  for (auto dt : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
+    const double tol = dt == torch::kFloat ? 2e-5 : dt == torch::kHalf ? 4e-3 : 2e-2;
+    for (const auto& s : shapes) {
+      for (int variant = 0; variant < 3; ++variant) {
+        const bool residual = variant == 0, relu = variant != 2;
+        poison_allocator();
+        const auto dopt = torch::TensorOptions().dtype(torch::kDouble);
+        // inputs rounded to dt first: both sides see the same values
+        Tensor x = (torch::randn({s.n, s.c, s.h, s.w}, dopt) * 1.5 + 0.3).to(dt).to(torch::kDouble);
+        Tensor r = torch::randn({s.n, s.c, s.h, s.w}, dopt).to(dt).to(torch::kDouble);
+        Tensor gy = torch::randn({s.n, s.c, s.h, s.w}, dopt).to(dt).to(torch::kDouble);
+        Tensor w = torch::rand({s.c}, dopt) + 0.5, b = torch::randn({s.c}, dopt) * 0.2;
+        Tensor rm = torch::randn({s.c}, dopt) * 0.1, rv = torch::rand({s.c}, dopt) + 0.5;
+        BnRun want = run(x, w, b, rm, rv, residual ? std::optional<Tensor>(r) : std::nullopt, gy, relu);
+        auto cu = [&](const Tensor& t, torch::ScalarType d) { return t.to(kCuda, d); };
+        BnRun got = run(cu(x, dt), cu(w, torch::kFloat), cu(b, torch::kFloat), cu(rm, torch::kFloat), cu(rv, torch::kFloat),
+                      residual ? std::optional<Tensor>(cu(r, dt)) : std::nullopt, cu(gy, dt), relu);
+        const std::string what = std::string(c10::toString(dt)) + " [" + std::to_string(s.n) + "," + std::to_string(s.c) +
+                                 "," + std::to_string(s.h) + "," + std::to_string(s.w) + "] residual " +
+                                 std::to_string(residual) + " relu " + std::to_string(relu);
+        EXPECT_EQ(got.y.scalar_type(), dt);
+        EXPECT_TRUE(got.y.is_contiguous(at::MemoryFormat::ChannelsLast)) << what;
+        EXPECT_LT(rel_err(got.y, want.y), tol) << "y " << what;
+        EXPECT_LT(rel_err(got.rm, want.rm), 1e-5) << "running_mean " << what;
+        EXPECT_LT(rel_err(got.rv, want.rv), 1e-5) << "running_var " << what;
+        EXPECT_LT(rel_err(got.gx, want.gx), 2 * tol) << "grad_x " << what;
+        EXPECT_LT(rel_err(got.gw, want.gw), 2 * tol) << "grad_weight " << what;
+        EXPECT_LT(rel_err(got.gb, want.gb), 2 * tol) << "grad_bias " << what;
+        if (residual) EXPECT_LT(rel_err(got.gr, want.gr), 2 * tol) << "grad_residual " << what;
+      }
+    }
+  }
+}
+
+TEST(BatchNormActCuda, NaNReachesTheOutputAndTheGradientAndRunsAreBitwiseAlike) {
+  SKIP_WITHOUT_CUDA();
+  torch::manual_seed(1);
+  const auto fopt = torch::TensorOptions(kCuda).dtype(torch::kFloat);
+  Tensor x = torch::randn({16, 128, 14, 14}, fopt).to(torch::kBFloat16).contiguous(at::MemoryFormat::ChannelsLast);
+  Tensor gy = torch::randn_like(x);
+  Tensor w = torch::rand({128}, fopt) + 0.5, b = torch::randn({128}, fopt);
+  Tensor rm = torch::zeros({128}, fopt), rv = torch::ones({128}, fopt);
+  BnRun a = run(x, w, b, rm, rv, std::nullopt, gy, true), c = run(x, w, b, rm, rv, std::nullopt, gy, true);
+  EXPECT_TRUE(torch::equal(a.y, c.y) && torch::equal(a.gx, c.gx) && torch::equal(a.gw, c.gw) && torch::equal(a.gb, c.gb) &&
+              torch::equal(a.rm, c.rm) && torch::equal(a.rv, c.rv))
+      << "no atomics: two runs are bitwise alike";
+  Tensor xn = x.clone();
+  xn.index_put_({3, 7, 2, 5}, NAN);
+  BnRun n = run(xn, w, b, rm, rv, std::nullopt, gy, false);
+  EXPECT_TRUE(n.y.select(1, 7).isnan().all().item<bool>());
+  EXPECT_TRUE(n.rm[7].isnan().item<bool>() && n.rv[7].isnan().item<bool>());
+  EXPECT_TRUE(n.gw[7].isnan().item<bool>() && n.gx.select(1, 7).isnan().any().item<bool>());
+  EXPECT_FALSE(n.y.select(1, 6).isnan().any().item<bool>());
+}
+
+TEST(BatchNormActCuda, RejectsWhatTheKernelsCannotTake) {
+  SKIP_WITHOUT_CUDA();
+  const auto fopt = torch::TensorOptions(kCuda).dtype(torch::kFloat);
+  Tensor w = torch::ones({64}, fopt), b = torch::zeros({64}, fopt), rm = torch::zeros({64}, fopt), rv = torch::ones({64}, fopt);
+  Tensor nchw = torch::randn({2, 64, 4, 4}, fopt);  // contiguous NCHW
+  EXPECT_FALSE(strobe::ops::batch_norm_act_cuda_eligible(nchw, w, b, rm, rv));
+  try {
+    strobe::ops::batch_norm_act(nchw, w, b, rm, rv);
+    ADD_FAILURE() << "NCHW accepted";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("must be channels_last"), std::string::npos) << e.what();
+  }
+  Tensor x = torch::randn({2, 64, 4, 4}, fopt).contiguous(at::MemoryFormat::ChannelsLast);
+  EXPECT_TRUE(strobe::ops::batch_norm_act_cuda_eligible(x, w, b, rm, rv));
+  EXPECT_FALSE(strobe::ops::batch_norm_act_cuda_eligible(x, w.to(torch::kBFloat16), b, rm, rv));
+}
+
+std::shared_ptr<strobe::Model> resnet(const std::string& fused) {
+  auto doc = strobe::config::Document::load_string(
+      "{name: resnet, depth: 50, width: 16, num_classes: 10, memory_format: channels_last, fused_bn: " + fused + "}",
+      "test.yaml");
+  auto section = doc.root();
+  return strobe::model_registry().create(section, "");
+}
+
+TEST(BatchNormActCuda, ResNet50OnCudaTrainsAlikeWithAndWithoutTheFusedOp) {
+  SKIP_WITHOUT_CUDA();
+  torch::manual_seed(2);
+  auto fused = resnet("auto"), aten = resnet("false");
+  for (auto* m : {fused.get(), aten.get()}) {
+    m->to(kCuda);
+    m->on_device(kCuda, "bf16-mixed");
+    m->train();
+  }
+  {
+    torch::NoGradGuard no_grad;
+    auto src = aten->named_parameters();
+    for (auto& kv : fused->named_parameters()) kv.value().copy_(src[kv.key()]);
+  }
+  strobe::Batch batch;
+  batch.meta["batch_size"] = 16;
+  batch.tensors["image"] = torch::randn({16, 3, 64, 64}, kCuda);
+  const Tensor target = torch::randint(0, 10, {16}, torch::TensorOptions(kCuda).dtype(torch::kLong));
+  // float32 activations on CUDA (TF32 off): the two paths differ by summation order only
+  at::globalContext().setAllowTF32CuDNN(false);
+  Tensor lf = torch::nn::functional::cross_entropy(fused->forward(batch), target);
+  Tensor la = torch::nn::functional::cross_entropy(aten->forward(batch), target);
+  at::globalContext().setAllowTF32CuDNN(true);
+  EXPECT_NEAR(lf.item<double>(), la.item<double>(), 1e-4);
+  lf.backward(), la.backward();
+  auto pa = aten->named_parameters();
+  for (auto& kv : fused->named_parameters()) EXPECT_LT(rel_err(kv.value().grad(), pa[kv.key()].grad()), 1e-3) << kv.key();
+  auto ba = aten->named_buffers();
+  for (auto& kv : fused->named_buffers())
+    if (kv.value().is_floating_point()) EXPECT_LT(rel_err(kv.value(), ba[kv.key()]), 1e-4) << kv.key();
+}
+
+}  // namespace
