@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include "framework/config/config.h"
+#include "framework/ops/ops.h"
 
 namespace strobe::models {
 namespace {
@@ -13,7 +14,7 @@ namespace nn = torch::nn;
 class LayerNormNoBiasImpl : public nn::Module {
  public:
   explicit LayerNormNoBiasImpl(int64_t dim) : dim_(dim) { weight = register_parameter("weight", torch::ones({dim})); }
-  torch::Tensor forward(const torch::Tensor& x) { return torch::layer_norm(x, {dim_}, weight, {}, 1e-5); }
+  torch::Tensor forward(const torch::Tensor& x) { return torch::layer_norm(x, {dim_}, weight, {}, 1e-5); }  // eps: DecoderBlockImpl::kEps
   torch::Tensor weight;
 
  private:
@@ -40,8 +41,35 @@ class DecoderBlockImpl : public nn::Module {
   }
 
   torch::Tensor forward(torch::Tensor x, const AttentionInput& in) {
+    x = x + proj(attend(norm1(x), in));
+    return x + fc2(torch::gelu(fc1(norm2(x))));
+  }
+
+  // The fused path (see vit.cpp): the residual stream is res + pending between blocks, and every
+  // residual add runs inside strobe::add_layer_norm with the LayerNorm after it.
+  std::pair<torch::Tensor, torch::Tensor> forward_fused(const torch::Tensor& res, const torch::Tensor& pending,
+                                                        const AttentionInput& in) {
+    torch::Tensor x, h;
+    if (pending.defined()) {
+      std::tie(x, h) = ops::add_layer_norm(res, pending, norm1->weight, {}, kEps);
+    } else {
+      x = res;
+      h = ops::layer_norm(res, norm1->weight, {}, kEps);
+    }
+    auto [x2, h2] = ops::add_layer_norm(x, proj(attend(h, in)), norm2->weight, {}, kEps);
+    return {x2, fc2(torch::gelu(fc1(h2)))};
+  }
+
+  LayerNormNoBias norm1{nullptr}, norm2{nullptr};
+  nn::Linear qkv{nullptr}, proj{nullptr}, fc1{nullptr}, fc2{nullptr};
+
+ private:
+  static constexpr double kEps = 1e-5;  // LayerNormNoBias's
+
+  // Attention over the normalised h ([T, C] packed or [B, S, C]), before proj.
+  torch::Tensor attend(const torch::Tensor& x, const AttentionInput& in) {
     const int64_t c = x.size(-1), hd = c / heads_;
-    auto qkv_out = qkv(norm1(x));
+    auto qkv_out = qkv(x);
     torch::Tensor a;
     if (in.cu_seqlens.defined()) {  // x: [T, C]
       auto parts = qkv_out.view({x.size(0), 3, heads_, hd}).unbind(1);
@@ -52,14 +80,9 @@ class DecoderBlockImpl : public nn::Module {
       auto parts = qkv_out.view({b, s, 3, heads_, hd}).unbind(2);  // [B, S, H, D] views
       a = attention(parts[0], parts[1], parts[2], /*causal=*/true, in.key_padding_mask, backend_).reshape({b, s, c});
     }
-    x = x + proj(a);
-    return x + fc2(torch::gelu(fc1(norm2(x))));
+    return a;
   }
 
-  LayerNormNoBias norm1{nullptr}, norm2{nullptr};
-  nn::Linear qkv{nullptr}, proj{nullptr}, fc1{nullptr}, fc2{nullptr};
-
- private:
   int64_t heads_;
   AttentionBackend backend_;
 };
@@ -100,6 +123,11 @@ class DecoderLM : public Model {
                                             : torch::arange(tokens.size(1), tokens.options()).unsqueeze(0);
     }
     auto x = embedding_(tokens) + positional_embedding_(positions);
+    if (use_fused_ops(o_.fused_ops, x, "decoder_lm")) {
+      torch::Tensor pending;
+      for (auto& block : *blocks_) std::tie(x, pending) = block->as<DecoderBlock>()->forward_fused(x, pending, in);
+      return output_(x + pending);  // no final LayerNorm (the seed's model): a plain add
+    }
     for (auto& block : *blocks_) x = block->as<DecoderBlock>()->forward(x, in);
     return output_(x);
   }
@@ -128,6 +156,7 @@ std::shared_ptr<Model> make_from_config(config::Section& cfg) {
   } catch (const std::exception& e) {
     cfg.fail("attention", e.what());
   }
+  o.fused_ops = parse_fused_ops(cfg.get_choice("fused_ops", "auto", {"auto", "true", "false"}));
   cfg.finish();
   return make_decoder_lm(o);
 }

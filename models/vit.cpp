@@ -3,6 +3,8 @@
 #include <torch/torch.h>
 
 #include "framework/config/config.h"
+#include "framework/ops/ops.h"
+#include "models/fused_ops.h"
 
 namespace strobe::models {
 namespace {
@@ -27,18 +29,37 @@ class EncoderBlockImpl : public nn::Module {
   }
 
   torch::Tensor forward(torch::Tensor x) {
-    const int64_t b = x.size(0), s = x.size(1), c = x.size(2);
-    // q, k, v are [B, S, H, D] views of the fused projection: no permute copy around attention.
-    auto qkv_out = qkv(norm1(x)).view({b, s, 3, heads_, c / heads_}).unbind(2);
-    auto a = attention(qkv_out[0], qkv_out[1], qkv_out[2], /*causal=*/false, std::nullopt, backend_);
-    x = x + proj(a.reshape({b, s, c}));
+    x = x + proj(attend(norm1(x)));
     return x + fc2(torch::gelu(fc1(norm2(x))));
+  }
+
+  // The same block on the fused path: the residual stream arrives as res + pending (pending = the
+  // previous block's MLP output, undefined before the first block) and leaves the same way, so
+  // every residual add runs inside strobe::add_layer_norm with the LayerNorm that follows it.
+  std::pair<torch::Tensor, torch::Tensor> forward_fused(const torch::Tensor& res, const torch::Tensor& pending) {
+    torch::Tensor x, h;
+    if (pending.defined()) {
+      std::tie(x, h) = ops::add_layer_norm(res, pending, norm1->weight, norm1->bias, norm1->options.eps());
+    } else {
+      x = res;
+      h = ops::layer_norm(res, norm1->weight, norm1->bias, norm1->options.eps());
+    }
+    auto [x2, h2] = ops::add_layer_norm(x, proj(attend(h)), norm2->weight, norm2->bias, norm2->options.eps());
+    return {x2, fc2(torch::gelu(fc1(h2)))};
   }
 
   nn::LayerNorm norm1{nullptr}, norm2{nullptr};
   nn::Linear qkv{nullptr}, proj{nullptr}, fc1{nullptr}, fc2{nullptr};
 
  private:
+  // Attention over the normalised h [B, S, C], before proj.
+  torch::Tensor attend(const torch::Tensor& h) {
+    const int64_t b = h.size(0), s = h.size(1), c = h.size(2);
+    // q, k, v are [B, S, H, D] views of the fused projection: no permute copy around attention.
+    auto qkv_out = qkv(h).view({b, s, 3, heads_, c / heads_}).unbind(2);
+    return attention(qkv_out[0], qkv_out[1], qkv_out[2], /*causal=*/false, std::nullopt, backend_).reshape({b, s, c});
+  }
+
   int64_t heads_;
   AttentionBackend backend_;
 };
@@ -79,6 +100,18 @@ class ViT : public Model {
     auto x = patch_embed_(input(image)).flatten(2).transpose(1, 2);  // [B, N, D]
     if (o_.class_token) x = torch::cat({cls_token_.expand({x.size(0), 1, x.size(2)}).to(x.scalar_type()), x}, 1);
     x = x + pos_embed_;
+    if (use_fused_ops(o_.fused_ops, x, "vit")) {
+      torch::Tensor pending;
+      for (auto& block : *blocks_) std::tie(x, pending) = block->as<EncoderBlock>()->forward_fused(x, pending);
+      const double eps = norm_->options.eps();
+      if (o_.global_pool == "token") {
+        // The last MLP residual fused with the final LayerNorm (over every token, as norm_(x)).
+        x = std::get<1>(ops::add_layer_norm(x, pending, norm_->weight, norm_->bias, eps)).select(1, 0);
+      } else {
+        x = ops::layer_norm((x + pending).mean(1), norm_->weight, norm_->bias, eps);
+      }
+      return head_(x);
+    }
     for (auto& block : *blocks_) x = block->as<EncoderBlock>()->forward(x);
     x = o_.global_pool == "token" ? norm_(x).select(1, 0) : norm_(x.mean(1));
     return head_(x);
@@ -117,6 +150,7 @@ std::shared_ptr<Model> make_from_config(config::Section& cfg) {
   } catch (const std::exception& e) {
     cfg.fail("attention", e.what());
   }
+  o.fused_ops = parse_fused_ops(cfg.get_choice("fused_ops", "auto", {"auto", "true", "false"}));
   cfg.finish();
   return make_vit(o);
 }

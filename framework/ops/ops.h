@@ -140,6 +140,30 @@ torch::Tensor conv3x3_maxpool_relu_reference(const torch::Tensor& x, const torch
                                              const torch::Tensor& bias, double input_scale = 1.0,
                                              std::optional<at::ScalarType> out_dtype = {});
 
+// Fused residual add + LayerNorm (op strobe::add_layer_norm): sum = x + delta (x's dtype),
+// y = (sum - mean) / sqrt(var + eps) * weight (+ bias) over the last dimension (biased variance,
+// statistics in fp32 from the rounded sum), y in x's dtype. x and delta share shape and dtype
+// (fp32/bf16/fp16; also fp64 on CPU); weight [C] and optional bias [C] any float type. Differentiable
+// in x, delta, weight, bias: d x = d delta = d sum + d LN(sum) in one pass. CUDA: C <= 4096, dweight /
+// dbias deterministic (per-block partials summed in a fixed order). CPU and Meta: ATen (the
+// reference, fp32 or fp64). Returns (sum, y). docs/OPS.md.
+std::tuple<torch::Tensor, torch::Tensor> add_layer_norm(const torch::Tensor& x, const torch::Tensor& delta,
+                                                        const torch::Tensor& weight,
+                                                        const std::optional<torch::Tensor>& bias = {},
+                                                        double eps = 1e-5);
+// The same LayerNorm without the add (op strobe::layer_norm): y = LN(x).
+torch::Tensor layer_norm(const torch::Tensor& x, const torch::Tensor& weight,
+                         const std::optional<torch::Tensor>& bias = {}, double eps = 1e-5);
+
+// Softmax cross-entropy (op strobe::cross_entropy) over logits [N, V] (fp32/bf16/fp16; fp64 on CPU)
+// and int64 targets [N]: per row logsumexp(logits) - logits[target], rows with target ==
+// ignore_index count 0 and are left out of the mean (mean of zero rows: NaN, as PyTorch).
+// reduction mean | sum | none ([N]). The loss is fp32 (fp64 for fp64 logits); the gradient has the
+// logits' dtype. A target outside [0, V) is an error on CPU and gives a NaN loss / gradient on
+// CUDA (no device assert, no silent pass). No label smoothing, no class weights.
+torch::Tensor cross_entropy(const torch::Tensor& logits, const torch::Tensor& target, int64_t ignore_index = -100,
+                            std::string_view reduction = "mean");
+
 // Whether the library was built with its CUDA kernels.
 bool built_with_cuda();
 
