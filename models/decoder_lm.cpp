@@ -31,7 +31,8 @@ struct AttentionInput {
 
 class DecoderBlockImpl : public nn::Module {
  public:
-  DecoderBlockImpl(int64_t dim, int64_t heads, int64_t hidden, AttentionBackend backend) : heads_(heads), backend_(backend) {
+  DecoderBlockImpl(int64_t dim, int64_t heads, int64_t hidden, AttentionBackend backend, bool gelu_tanh, FusedOps mode)
+      : heads_(heads), backend_(backend), gelu_tanh_(gelu_tanh), mode_(mode) {
     norm1 = register_module("norm1", LayerNormNoBias(dim));
     qkv = register_module("qkv", nn::Linear(dim, 3 * dim));
     proj = register_module("proj", nn::Linear(dim, dim));
@@ -42,7 +43,7 @@ class DecoderBlockImpl : public nn::Module {
 
   torch::Tensor forward(torch::Tensor x, const AttentionInput& in) {
     x = x + proj(attend(norm1(x), in));
-    return x + fc2(torch::gelu(fc1(norm2(x))));
+    return x + transformer_mlp(norm2(x), fc1, fc2, gelu_tanh_, false, FusedOps::kOff);
   }
 
   // The fused path (see vit.cpp): the residual stream is res + pending between blocks, and every
@@ -57,7 +58,7 @@ class DecoderBlockImpl : public nn::Module {
       h = ops::layer_norm(res, norm1->weight, {}, kEps);
     }
     auto [x2, h2] = ops::add_layer_norm(x, proj(attend(h, in)), norm2->weight, {}, kEps);
-    return {x2, fc2(torch::gelu(fc1(h2)))};
+    return {x2, transformer_mlp(h2, fc1, fc2, gelu_tanh_, true, mode_)};
   }
 
   LayerNormNoBias norm1{nullptr}, norm2{nullptr};
@@ -85,6 +86,8 @@ class DecoderBlockImpl : public nn::Module {
 
   int64_t heads_;
   AttentionBackend backend_;
+  bool gelu_tanh_;
+  FusedOps mode_;
 };
 TORCH_MODULE(DecoderBlock);
 
@@ -95,7 +98,7 @@ class DecoderLM : public Model {
     positional_embedding_ = register_module("positional_embedding", nn::Embedding(o.max_seq_len, o.embed_dim));
     blocks_ = register_module("blocks", nn::ModuleList());
     const auto hidden = static_cast<int64_t>(o.embed_dim * o.mlp_ratio);
-    for (int64_t i = 0; i < o.depth; ++i) blocks_->push_back(DecoderBlock(o.embed_dim, o.num_heads, hidden, o.attention));
+    for (int64_t i = 0; i < o.depth; ++i) blocks_->push_back(DecoderBlock(o.embed_dim, o.num_heads, hidden, o.attention, o.gelu == "tanh", o.fused_ops));
     output_ = register_module("output", nn::Linear(o.embed_dim, o.vocab_size));
   }
 
@@ -157,6 +160,7 @@ std::shared_ptr<Model> make_from_config(config::Section& cfg) {
     cfg.fail("attention", e.what());
   }
   o.fused_ops = parse_fused_ops(cfg.get_choice("fused_ops", "auto", {"auto", "true", "false"}));
+  o.gelu = cfg.get_choice("gelu", "erf", {"erf", "tanh"});
   cfg.finish();
   return make_decoder_lm(o);
 }

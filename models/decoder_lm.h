@@ -12,6 +12,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "framework/core/model.h"
 #include "models/attention.h"
@@ -24,6 +25,7 @@ struct DecoderLMOptions {
   double mlp_ratio = 4.0;
   AttentionBackend attention = AttentionBackend::Math;
   FusedOps fused_ops = FusedOps::kAuto;  // models/fused_ops.h
+  std::string gelu = "erf";  // erf (exact) | tanh (the approximation; strobe::fused_mlp with fused ops)
 };
 
 std::shared_ptr<Model> make_decoder_lm(const DecoderLMOptions& options);

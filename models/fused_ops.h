@@ -6,6 +6,8 @@
 
 #include <string>
 
+#include <ATen/autocast_mode.h>
+#include <torch/nn/modules/linear.h>
 #include <torch/types.h>
 
 #include "framework/ops/ops.h"
@@ -30,6 +32,24 @@ inline bool use_fused_ops(FusedOps mode, const torch::Tensor& x, const char* mod
     return true;
   }
   return x.is_cuda() && ops::built_with_cuda() && x.size(-1) <= 4096 && x.scalar_type() != torch::kDouble;
+}
+
+// The MLP fc2(gelu(fc1(h))) of vit / decoder_lm. `gelu: tanh` makes the model's GELU the tanh
+// approximation on every path (so CPU and GPU runs of one config are the same model); with the fused
+// ops on it then runs as strobe::fused_mlp (cuBLASLt GELU epilogues on CUDA, the ATen reference on
+// CPU). fused_ops: true with an MLP the op cannot take (dtypes differ from the weights', e.g. under
+// autocast) is an error; auto uses the separate ATen ops then.
+inline torch::Tensor transformer_mlp(const torch::Tensor& h, torch::nn::Linear& fc1, torch::nn::Linear& fc2,
+                                     bool gelu_tanh, bool fused, FusedOps mode) {
+  if (fused && gelu_tanh) {
+    const bool same_dtype = h.scalar_type() == fc1->weight.scalar_type() && h.scalar_type() == fc2->weight.scalar_type();
+    const bool autocast = h.is_cuda() && at::autocast::is_autocast_enabled(at::kCUDA);
+    if (same_dtype && !autocast) return ops::fused_mlp(h, fc1->weight, fc1->bias, fc2->weight, fc2->bias);
+    TORCH_CHECK(mode != FusedOps::kOn, "fused_ops: true: strobe::fused_mlp needs the activations in the weights' dtype "
+                "without autocast (precision bf16-master or 32), got ", h.scalar_type(), " activations, ",
+                fc1->weight.scalar_type(), " weights", autocast ? ", autocast on" : "");
+  }
+  return fc2(gelu_tanh ? torch::gelu(fc1(h), "tanh") : torch::gelu(fc1(h)));
 }
 
 }  // namespace strobe::models

@@ -18,8 +18,9 @@ void init_trunc_normal(torch::Tensor& w, double std) {
 
 class EncoderBlockImpl : public nn::Module {
  public:
-  EncoderBlockImpl(int64_t dim, int64_t heads, int64_t hidden, bool qkv_bias, AttentionBackend backend)
-      : heads_(heads), backend_(backend) {
+  EncoderBlockImpl(int64_t dim, int64_t heads, int64_t hidden, bool qkv_bias, AttentionBackend backend, bool gelu_tanh,
+                   FusedOps mode)
+      : heads_(heads), backend_(backend), gelu_tanh_(gelu_tanh), mode_(mode) {
     norm1 = register_module("norm1", nn::LayerNorm(nn::LayerNormOptions({dim}).eps(1e-6)));
     qkv = register_module("qkv", nn::Linear(nn::LinearOptions(dim, 3 * dim).bias(qkv_bias)));
     proj = register_module("proj", nn::Linear(dim, dim));
@@ -30,7 +31,7 @@ class EncoderBlockImpl : public nn::Module {
 
   torch::Tensor forward(torch::Tensor x) {
     x = x + proj(attend(norm1(x)));
-    return x + fc2(torch::gelu(fc1(norm2(x))));
+    return x + transformer_mlp(norm2(x), fc1, fc2, gelu_tanh_, false, FusedOps::kOff);
   }
 
   // The same block on the fused path: the residual stream arrives as res + pending (pending = the
@@ -45,7 +46,7 @@ class EncoderBlockImpl : public nn::Module {
       h = ops::layer_norm(res, norm1->weight, norm1->bias, norm1->options.eps());
     }
     auto [x2, h2] = ops::add_layer_norm(x, proj(attend(h)), norm2->weight, norm2->bias, norm2->options.eps());
-    return {x2, fc2(torch::gelu(fc1(h2)))};
+    return {x2, transformer_mlp(h2, fc1, fc2, gelu_tanh_, true, mode_)};
   }
 
   nn::LayerNorm norm1{nullptr}, norm2{nullptr};
@@ -62,6 +63,8 @@ class EncoderBlockImpl : public nn::Module {
 
   int64_t heads_;
   AttentionBackend backend_;
+  bool gelu_tanh_;
+  FusedOps mode_;
 };
 TORCH_MODULE(EncoderBlock);
 
@@ -75,7 +78,7 @@ class ViT : public Model {
     pos_embed_ = register_parameter("pos_embed", torch::zeros({1, grid * grid + (o.class_token ? 1 : 0), d}));
     blocks_ = register_module("blocks", nn::ModuleList());
     const auto hidden = static_cast<int64_t>(d * o.mlp_ratio);
-    for (int64_t i = 0; i < o.depth; ++i) blocks_->push_back(EncoderBlock(d, o.num_heads, hidden, o.qkv_bias, o.attention));
+    for (int64_t i = 0; i < o.depth; ++i) blocks_->push_back(EncoderBlock(d, o.num_heads, hidden, o.qkv_bias, o.attention, o.gelu == "tanh", o.fused_ops));
     norm_ = register_module("norm", nn::LayerNorm(nn::LayerNormOptions({d}).eps(1e-6)));
     head_ = register_module("head", nn::Linear(d, o.num_classes));
 
@@ -151,6 +154,7 @@ std::shared_ptr<Model> make_from_config(config::Section& cfg) {
     cfg.fail("attention", e.what());
   }
   o.fused_ops = parse_fused_ops(cfg.get_choice("fused_ops", "auto", {"auto", "true", "false"}));
+  o.gelu = cfg.get_choice("gelu", "erf", {"erf", "tanh"});
   cfg.finish();
   return make_vit(o);
 }

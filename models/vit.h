@@ -24,6 +24,7 @@ struct ViTOptions {
   bool qkv_bias = true;
   AttentionBackend attention = AttentionBackend::Math;
   FusedOps fused_ops = FusedOps::kAuto;  // models/fused_ops.h
+  std::string gelu = "erf";  // erf (exact) | tanh (the approximation; strobe::fused_mlp with fused ops)
 };
 
 std::shared_ptr<Model> make_vit(const ViTOptions& options);

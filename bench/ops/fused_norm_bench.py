@@ -8,7 +8,10 @@ backward, bf16, at the seed workloads' shapes, on one GPU in one process:
            vs ops.cross_entropy on the bf16 logits.
 CUDA events around each call, 10 warm-ups, median of 50, inputs rotated over 4 fresh sets (more than
 L2 holds). Prints a table and writes $OUT/fused_norm_bench.json. Usage (GPU machine):
-  python3 bench/ops/fused_norm_bench.py BUILD_DIR/lib/libstrobe_ops.so
+  python3 bench/ops/fused_norm_bench.py BUILD_DIR/lib/libstrobe_ops.so [mlp]
+MLP: fc1 -> gelu(tanh) -> fc2 fwd+bwd, ATen's F.linear / F.gelu / F.linear vs ops.fused_mlp (cuBLASLt
+GELU_AUX_BIAS / DGELU_BGRAD epilogues), vit_l16 [25088, 1024] -> 4096 and decoder_lm [16384, 1024] -> 4096.
+With `mlp` only the MLP rows run.
 """
 import json, os, statistics, sys
 
@@ -107,7 +110,40 @@ def ce_case(tag, n, v):
     row(f"{tag} CE fwd+bwd [{n}, {v}] vs ATen on bf16 logits", timeit(aten_bf16, sets), o)
 
 
+def mlp_case(tag, rows, c, h):
+    sets = []
+    for _ in range(4):
+        x = torch.randn(rows, c, device=dev, dtype=bf16, requires_grad=True)
+        sets.append((x, torch.randn(rows, c, device=dev, dtype=bf16)))
+    w1 = (torch.randn(h, c, device=dev) / c ** 0.5).to(bf16).requires_grad_()
+    b1 = torch.zeros(h, device=dev, dtype=bf16, requires_grad=True)
+    w2 = (torch.randn(c, h, device=dev) / h ** 0.5).to(bf16).requires_grad_()
+    b2 = torch.zeros(c, device=dev, dtype=bf16, requires_grad=True)
+
+    def aten(x, g):
+        F.linear(F.gelu(F.linear(x, w1, b1), approximate="tanh"), w2, b2).backward(g)
+
+    def ours(x, g):
+        ops.fused_mlp(x, w1, b1, w2, b2).backward(g)
+
+    def aten_f(x, g):
+        with torch.no_grad():
+            F.linear(F.gelu(F.linear(x, w1, b1), approximate="tanh"), w2, b2)
+
+    def ours_f(x, g):
+        with torch.no_grad():
+            ops.fused_mlp(x, w1, b1, w2, b2)
+
+    row(f"{tag} MLP fwd [{rows}, {c}] -> {h} -> {c}", timeit(aten_f, sets), timeit(ours_f, sets))
+    row(f"{tag} MLP fwd+bwd [{rows}, {c}] -> {h} -> {c}", timeit(aten, sets), timeit(ours, sets))
+
+
 print(R["device"])
+if "mlp" in sys.argv[2:] or len(sys.argv) == 2:
+    mlp_case("vit_l16", 25088, 1024, 4096)
+    mlp_case("decoder_lm", 16384, 1024, 4096)
+if "mlp" in sys.argv[2:]:
+    sys.exit(0)
 ln_case("vit_l16", 25088, 1024, True)
 ln_case("decoder_lm", 16384, 1024, False)
 ce_case("vit_l16", 128, 1000)

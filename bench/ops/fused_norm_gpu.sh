@@ -5,7 +5,8 @@
 # benchmark (bench/ops/fused_norm_bench.py), then the end-to-end steps of vit_l16 and lm_pack with
 # the fused ops on (the configs' auto) and off (model.fused_ops=false task.fused_loss=false).
 # Logs under $OUT.   bash bench/ops/fused_norm_gpu.sh [BUILD_DIR]   (project root, .gpu/ beside it)
-# Env: SKIP_E2E=1, E2E_STEPS (30), E2E_WARMUP (10).
+# Env: SKIP_E2E=1, E2E_STEPS (30), E2E_WARMUP (10), E2E_VARIANTS ("on off"; also "tanh" = on with
+# model.gelu=tanh, i.e. the MLP through strobe::fused_mlp, and "off_tanh"), BENCH_ARGS (e.g. "mlp").
 set -uo pipefail
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 B=${1:-build-gpu}
@@ -35,12 +36,16 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   echo "opcheck rc=$?"; grep -E "FAIL|passed" "$out/opcheck.log" | head -20
 fi
 
-timeout 150 python3 bench/ops/fused_norm_bench.py "$B/lib/libstrobe_ops.so" 2>&1 | grep -v Warning | tail -20
+timeout 150 python3 bench/ops/fused_norm_bench.py "$B/lib/libstrobe_ops.so" ${BENCH_ARGS:-} 2>&1 | grep -v Warning | tail -20
 
 if [ "${SKIP_E2E:-0}" != 1 ]; then
-  for mode in on off; do
-    args=""
-    [ $mode = off ] && args="--set model.fused_ops=false --set task.fused_loss=false"
+  for mode in ${E2E_VARIANTS:-on off}; do
+    case $mode in
+      on) args="" ;;
+      off) args="--set model.fused_ops=false --set task.fused_loss=false" ;;
+      tanh) args="--set model.gelu=tanh" ;;
+      off_tanh) args="--set model.gelu=tanh --set model.fused_ops=false --set task.fused_loss=false" ;;
+    esac
     echo "== e2e fused $mode"
     OUT="$out/e2e_$mode" STROBE_BUILD_DIR="$B" WORKLOADS="vit_l16 lm_pack" BASELINES="" WARMUP=${E2E_WARMUP:-10} \
       STEPS=${E2E_STEPS:-30} STROBE_BENCH_ARGS="$args" timeout 240 bash bench/e2e/run_gpu.sh > "$out/e2e_$mode.log" 2>&1

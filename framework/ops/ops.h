@@ -164,6 +164,15 @@ torch::Tensor layer_norm(const torch::Tensor& x, const torch::Tensor& weight,
 torch::Tensor cross_entropy(const torch::Tensor& logits, const torch::Tensor& target, int64_t ignore_index = -100,
                             std::string_view reduction = "mean");
 
+// The transformer MLP y = fc2(gelu_tanh(fc1(x))) as one op (strobe::fused_mlp): x [..., C],
+// w1 [H, C], b1 [H], w2 [N, H], b2 [N], all one dtype and device; y [..., N]. GELU is the tanh
+// approximation. CUDA (bf16/fp16/fp32, C, H, N multiples of 8): fc1 with cuBLASLt's GELU_AUX_BIAS
+// epilogue, and in backward the fc2 data-gradient GEMM with DGELU_BGRAD (d pre-activation and fc1's
+// bias gradient in one GEMM); a shape or dtype cuBLASLt refuses is an error, never a silent
+// fallback. CPU and Meta: ATen in fp32 (fp64 for fp64), the reference. Differentiable in all five.
+torch::Tensor fused_mlp(const torch::Tensor& x, const torch::Tensor& w1, const torch::Tensor& b1,
+                        const torch::Tensor& w2, const torch::Tensor& b2);
+
 // Whether the library was built with its CUDA kernels.
 bool built_with_cuda();
 

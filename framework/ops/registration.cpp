@@ -58,6 +58,16 @@ TORCH_LIBRARY(strobe, m) {
   m.def(
       "cross_entropy_bwd(Tensor grad, Tensor logits, Tensor target, Tensor lse, Tensor? count, "
       "int ignore_index) -> Tensor");
+  // y = fc2(gelu_tanh(fc1(x))) as one function; on CUDA the GELU and fc1's bias gradient ride in
+  // cuBLASLt epilogues (docs/OPS.md). w1 [H, C], b1 [H], w2 [N, H], b2 [N], all of x's dtype.
+  m.def("fused_mlp(Tensor x, Tensor w1, Tensor b1, Tensor w2, Tensor b2) -> Tensor");
+  // Internal halves: the forward also returns act = gelu(pre) and pre ([rows, H], x's dtype).
+  m.def(
+      "fused_mlp_fwd(Tensor x, Tensor w1, Tensor b1, Tensor w2, Tensor b2) -> "
+      "(Tensor y, Tensor act, Tensor pre)");
+  m.def(
+      "fused_mlp_bwd(Tensor dy, Tensor x, Tensor w1, Tensor w2, Tensor act, Tensor pre) -> "
+      "(Tensor dx, Tensor dw1, Tensor db1, Tensor dw2, Tensor db2)");
   m.def("nonfinite_check(Tensor[] tensors, bool compute_norm=False) -> (Tensor found, Tensor norm)");
   m.def(
       "fused_adamw_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, "

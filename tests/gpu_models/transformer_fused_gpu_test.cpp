@@ -1,6 +1,6 @@
 // Training check of model.fused_ops + task.fused_loss on the GPU: vit and decoder_lm with bf16
 // parameters and activations (as precision bf16-master runs them, no autocast), the fused kernels on
-// vs ATen, from the same initial weights on the same batches, 40 AdamW steps each. The two loss
+// vs ATen (vit with gelu: tanh, so its MLP runs as strobe::fused_mlp), from the same initial weights on the same batches, 40 AdamW steps each. The two loss
 // curves must agree within bf16 noise at every step and both must learn.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -61,7 +61,7 @@ void expect_same_curve(const std::vector<double>& on, const std::vector<double>&
 TEST(GpuFusedOps, VitLossCurveMatchesAten) {
   REQUIRE_CUDA_KERNELS();
   torch::manual_seed(31);
-  const std::string m = "{name: vit, img_size: 64, patch_size: 8, num_classes: 10, embed_dim: 256, depth: 4, num_heads: 4, attention: custom, fused_ops: ";
+  const std::string m = "{name: vit, img_size: 64, patch_size: 8, num_classes: 10, embed_dim: 256, depth: 4, num_heads: 4, attention: custom, gelu: tanh, fused_ops: ";
   auto init = testing::build_model(m + "false}");
   std::vector<Batch> batches;
   for (int i = 0; i < 2; ++i) {

@@ -222,4 +222,62 @@ TEST(CrossEntropyCudaNan, NanLogitsAndBadTargetsGiveNan) {
   EXPECT_TRUE(torch::isnan(l2.grad()[1].cpu()).all().item<bool>());
 }
 
+// fused_mlp on CUDA (cuBLASLt GELU_AUX_BIAS / DGELU_BGRAD epilogues) against float64 autograd through
+// linear / gelu(tanh) / linear. Bounds: fp32 1e-4 (cuBLASLt's GELU epilogue evaluates tanh in fp32 with
+// its own formula), bf16 1.5e-2 (pre and act are stored in bf16, weight gradients sum over rows of
+// bf16 products).
+struct MlpCase {
+  int64_t rows, c, h, n;
+  torch::ScalarType dtype;
+};
+void PrintTo(const MlpCase& m, std::ostream* os) {
+  *os << m.rows << "x" << m.c << "_" << m.h << "_" << m.n << "_" << c10::toString(m.dtype);
+}
+class FusedMlpCuda : public ::testing::TestWithParam<MlpCase> {};
+
+TEST_P(FusedMlpCuda, MatchesFloat64Reference) {
+  SKIP_WITHOUT_CUDA();
+  const MlpCase m = GetParam();
+  poison_allocator();
+  auto mk = [&](std::vector<int64_t> s, double sc) {
+    return (torch::randn(s) * sc).to(kCuda, m.dtype).requires_grad_();
+  };
+  const Tensor x = mk({m.rows, m.c}, 1.0), w1 = mk({m.h, m.c}, 1.0 / std::sqrt(double(m.c))), b1 = mk({m.h}, 0.1);
+  const Tensor w2 = mk({m.n, m.h}, 1.0 / std::sqrt(double(m.h))), b2 = mk({m.n}, 0.1);
+  const Tensor y = strobe::ops::fused_mlp(x, w1, b1, w2, b2);
+  ASSERT_EQ(y.scalar_type(), m.dtype);
+  std::vector<Tensor> d64;
+  for (const Tensor& t : {x, w1, b1, w2, b2}) d64.push_back(t.detach().to(torch::kCPU, torch::kDouble).requires_grad_());
+  const Tensor y64 = torch::linear(torch::gelu(torch::linear(d64[0], d64[1], d64[2]), "tanh"), d64[3], d64[4]);
+  const double bound = m.dtype == torch::kFloat ? 1e-4 : 1.5e-2;
+  EXPECT_LT(rel_err(y, y64), bound) << "y";
+  const Tensor g = torch::randn({m.rows, m.n});
+  (y * g.to(kCuda, m.dtype)).sum().backward();
+  (y64 * g.to(torch::kDouble)).sum().backward();
+  const char* names[] = {"dx", "dw1", "db1", "dw2", "db2"};
+  const Tensor got[] = {x.grad(), w1.grad(), b1.grad(), w2.grad(), b2.grad()};
+  for (int i = 0; i < 5; ++i) EXPECT_LT(rel_err(got[i], d64[i].grad()), bound) << names[i];
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, FusedMlpCuda,
+                         ::testing::Values(MlpCase{4096, 1024, 4096, 1024, torch::kBFloat16},
+                                           MlpCase{777, 256, 1024, 256, torch::kBFloat16},
+                                           MlpCase{512, 256, 1024, 256, torch::kFloat},
+                                           MlpCase{1, 8, 16, 8, torch::kBFloat16},
+                                           MlpCase{100, 64, 256, 64, torch::kHalf}));
+
+TEST(FusedMlpCudaErrors, NanPropagatesAndOddWidthsAreErrors) {
+  SKIP_WITHOUT_CUDA();
+  const auto o = torch::TensorOptions(kCuda).dtype(torch::kBFloat16);
+  Tensor x = torch::randn({16, 64}, o);
+  x[5][7] = NAN;
+  const Tensor y = strobe::ops::fused_mlp(x, torch::randn({256, 64}, o), torch::zeros({256}, o), torch::randn({64, 256}, o),
+                                          torch::zeros({64}, o)).cpu();
+  EXPECT_TRUE(torch::isnan(y[5]).all().item<bool>());
+  EXPECT_TRUE(torch::isfinite(y[4]).all().item<bool>());
+  EXPECT_THROW(strobe::ops::fused_mlp(torch::randn({4, 12}, o), torch::randn({20, 12}, o), torch::zeros({20}, o),
+                                      torch::randn({12, 20}, o), torch::zeros({12}, o)),
+               c10::Error);
+}
+
 }  // namespace

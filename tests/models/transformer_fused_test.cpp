@@ -121,6 +121,38 @@ TEST(TransformerFused, FusedLossGivesTheSameLossAndGradients) {
   }
 }
 
+TEST(TransformerFused, GeluTanhFusedMlpMatchesAtenAndDiffersFromErf) {
+  for (const char* model : {"{name: vit, img_size: 16, patch_size: 4, num_classes: 7, embed_dim: 32, depth: 2, num_heads: 4",
+                            "{name: decoder_lm, vocab_size: 50, max_seq_len: 16, embed_dim: 32, depth: 2, num_heads: 4"}) {
+    torch::manual_seed(24);
+    const std::string base(model);
+    auto aten = build_model(base + ", gelu: tanh, fused_ops: false}");
+    auto fused = build_model(base + ", gelu: tanh, fused_ops: true}");
+    auto erf = build_model(base + ", fused_ops: false}");
+    copy_weights(*aten, *fused);
+    copy_weights(*aten, *erf);
+    Batch b;
+    if (base.find("vit") != std::string::npos) {
+      b = testing::image_batch(torch::randn({2, 3, 16, 16}));
+    } else {
+      std::vector<Sample> samples;
+      for (int64_t n : {6, 3}) {
+        auto seq = torch::randint(1, 50, {n + 1}, torch::kInt64);
+        samples.push_back({{"tokens", seq.narrow(0, 0, n)}, {"targets", seq.narrow(0, 1, n)}});
+      }
+      b = data::collate_tokens_packed(samples);
+    }
+    const torch::Tensor ya = aten->forward(b), yf = fused->forward(b), ye = erf->forward(b);
+    EXPECT_TRUE(torch::allclose(yf, ya, 1e-5, 1e-5)) << base;
+    EXPECT_FALSE(torch::allclose(ye, ya, 1e-6, 1e-6)) << base << ": gelu: tanh changed nothing";
+    const torch::Tensor seed = torch::randn(ya.sizes());
+    (ya * seed).sum().backward();
+    (yf * seed).sum().backward();
+    expect_same_grads(*aten, *fused, 1e-4, base);
+  }
+  EXPECT_THROW(build_model("{name: vit, img_size: 16, patch_size: 4, gelu: exact}"), config::ConfigError);
+}
+
 TEST(TransformerFused, BadKeysAreConfigErrors) {
   EXPECT_THROW(build_model("{name: vit, img_size: 16, patch_size: 4, fused_ops: yes_please}"), config::ConfigError);
   EXPECT_THROW(build_model("{name: decoder_lm, fused_ops: 2}"), config::ConfigError);

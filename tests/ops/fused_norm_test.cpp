@@ -177,4 +177,41 @@ TEST(CrossEntropyCpu, NanLogitGivesNanLossAndBadTargetsAreErrors) {
                   .item<bool>());
 }
 
+// fused_mlp's CPU reference against float64 autograd through linear / gelu(tanh) / linear.
+// Bounds: fp32 1e-5 everywhere; bf16 8e-3 (the pre-activation and activation are stored in bf16).
+TEST(FusedMlpCpu, MatchesFloat64LinearGeluTanhLinear) {
+  for (auto dt : {torch::kFloat, torch::kBFloat16}) {
+    for (auto shape : {std::vector<int64_t>{3, 5, 16}, std::vector<int64_t>{1, 7}}) {
+      torch::manual_seed(7);
+      const int64_t c = shape.back(), h = 4 * c + 3, n = c + 1;
+      auto mk = [&](std::vector<int64_t> s, double sc) { return (torch::randn(s) * sc).to(dt).requires_grad_(); };
+      const Tensor x = mk(shape, 1.0), w1 = mk({h, c}, 0.3), b1 = mk({h}, 0.1), w2 = mk({n, h}, 0.1), b2 = mk({n}, 0.1);
+      const Tensor y = strobe::ops::fused_mlp(x, w1, b1, w2, b2);
+      ASSERT_EQ(y.scalar_type(), dt);
+      std::vector<Tensor> d64;
+      for (const Tensor& t : {x, w1, b1, w2, b2}) d64.push_back(t.detach().to(torch::kDouble).requires_grad_());
+      const Tensor y64 =
+          torch::linear(torch::gelu(torch::linear(d64[0], d64[1], d64[2]), "tanh"), d64[3], d64[4]);
+      const double bound = dt == torch::kFloat ? 1e-5 : 8e-3;
+      EXPECT_LT(rel_err(y, y64), bound) << "y " << c10::toString(dt);
+      const Tensor g = torch::randn(y64.sizes());
+      (y.to(torch::kDouble) * g.to(torch::kDouble)).sum().backward();
+      (y64 * g.to(torch::kDouble)).sum().backward();
+      const char* names[] = {"dx", "dw1", "db1", "dw2", "db2"};
+      const Tensor got[] = {x.grad(), w1.grad(), b1.grad(), w2.grad(), b2.grad()};
+      for (int i = 0; i < 5; ++i) EXPECT_LT(rel_err(got[i], d64[i].grad()), 2 * bound) << names[i] << " " << c10::toString(dt);
+    }
+  }
+  Tensor x = torch::randn({2, 8});
+  x[1][3] = NAN;
+  const Tensor y = strobe::ops::fused_mlp(x, torch::randn({16, 8}), torch::zeros({16}), torch::randn({8, 16}), torch::zeros({8}));
+  EXPECT_TRUE(torch::isnan(y[1]).all().item<bool>());
+  EXPECT_TRUE(torch::isfinite(y[0]).all().item<bool>());
+  EXPECT_THROW(strobe::ops::fused_mlp(x, torch::randn({16, 8}), torch::zeros({16}), torch::randn({8, 15}), torch::zeros({8})),
+               c10::Error);
+  EXPECT_THROW(strobe::ops::fused_mlp(x, torch::randn({16, 8}, torch::kDouble), torch::zeros({16}), torch::randn({8, 16}),
+                                      torch::zeros({8})),
+               c10::Error);
+}
+
 }  // namespace

@@ -103,6 +103,9 @@ def run(device):
         tg[3] = -100
         for red in ("mean", "sum", "none"):
             opcheck(ops.cross_entropy.default, (lg, tg, -100, red), tag=f"cross_entropy {device} {dt} {red}")
+        mx = torch.randn(2, 3, 16, device=device, dtype=dt, requires_grad=True)
+        mw = [torch.randn(*s, device=device, dtype=dt, requires_grad=True) for s in ((32, 16), (32,), (8, 32), (8,))]
+        opcheck(ops.fused_mlp.default, (mx, *mw), tag=f"fused_mlp {device} {dt}")
 
     # --- torch.compile(fullgraph=True) through every op, forward and backward
     torch._dynamo.reset()
