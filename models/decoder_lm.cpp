@@ -52,12 +52,12 @@ class DecoderBlockImpl : public nn::Module {
                                                         const AttentionInput& in) {
     torch::Tensor x, h;
     if (pending.defined()) {
-      std::tie(x, h) = ops::add_layer_norm(res, pending, norm1->weight, {}, kEps);
+      std::tie(x, h) = residual_layer_norm(res, pending, norm1->weight, {}, kEps);
     } else {
       x = res;
       h = ops::layer_norm(res, norm1->weight, {}, kEps);
     }
-    auto [x2, h2] = ops::add_layer_norm(x, proj(attend(h, in)), norm2->weight, {}, kEps);
+    auto [x2, h2] = residual_layer_norm(x, proj(attend(h, in)), norm2->weight, {}, kEps);
     return {x2, transformer_mlp(h2, fc1, fc2, gelu_tanh_, true, mode_)};
   }
 

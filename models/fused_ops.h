@@ -34,6 +34,16 @@ inline bool use_fused_ops(FusedOps mode, const torch::Tensor& x, const char* mod
   return x.is_cuda() && ops::built_with_cuda() && x.size(-1) <= 4096 && x.scalar_type() != torch::kDouble;
 }
 
+// (x + delta, LayerNorm(x + delta)) through strobe::add_layer_norm. The two take their promoted
+// dtype first, as ATen's `x + delta` does: under autocast (bf16-mixed) the residual stream is fp32
+// while the projections return bf16.
+inline std::tuple<torch::Tensor, torch::Tensor> residual_layer_norm(const torch::Tensor& x, const torch::Tensor& delta,
+                                                                    const torch::Tensor& weight,
+                                                                    const std::optional<torch::Tensor>& bias, double eps) {
+  const auto dt = at::promote_types(x.scalar_type(), delta.scalar_type());
+  return ops::add_layer_norm(x.to(dt), delta.to(dt), weight, bias, eps);
+}
+
 // The MLP fc2(gelu(fc1(h))) of vit / decoder_lm. `gelu: tanh` makes the model's GELU the tanh
 // approximation on every path (so CPU and GPU runs of one config are the same model); with the fused
 // ops on it then runs as strobe::fused_mlp (cuBLASLt GELU epilogues on CUDA, the ATen reference on

@@ -40,12 +40,12 @@ class EncoderBlockImpl : public nn::Module {
   std::pair<torch::Tensor, torch::Tensor> forward_fused(const torch::Tensor& res, const torch::Tensor& pending) {
     torch::Tensor x, h;
     if (pending.defined()) {
-      std::tie(x, h) = ops::add_layer_norm(res, pending, norm1->weight, norm1->bias, norm1->options.eps());
+      std::tie(x, h) = residual_layer_norm(res, pending, norm1->weight, norm1->bias, norm1->options.eps());
     } else {
       x = res;
       h = ops::layer_norm(res, norm1->weight, norm1->bias, norm1->options.eps());
     }
-    auto [x2, h2] = ops::add_layer_norm(x, proj(attend(h)), norm2->weight, norm2->bias, norm2->options.eps());
+    auto [x2, h2] = residual_layer_norm(x, proj(attend(h)), norm2->weight, norm2->bias, norm2->options.eps());
     return {x2, transformer_mlp(h2, fc1, fc2, gelu_tanh_, true, mode_)};
   }
 
@@ -109,7 +109,7 @@ class ViT : public Model {
       const double eps = norm_->options.eps();
       if (o_.global_pool == "token") {
         // The last MLP residual fused with the final LayerNorm (over every token, as norm_(x)).
-        x = std::get<1>(ops::add_layer_norm(x, pending, norm_->weight, norm_->bias, eps)).select(1, 0);
+        x = std::get<1>(residual_layer_norm(x, pending, norm_->weight, norm_->bias, eps)).select(1, 0);
       } else {
         x = ops::layer_norm((x + pending).mean(1), norm_->weight, norm_->bias, eps);
       }

@@ -1,6 +1,7 @@
 // model.fused_ops (vit, decoder_lm) and task.fused_loss (classification, language_modeling) on CPU:
 // the fused paths run the strobe ops' reference kernels and must give the same outputs, losses and
 // gradients as the ATen paths, with the same parameter names; bad values are config errors.
+#include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -151,6 +152,45 @@ TEST(TransformerFused, GeluTanhFusedMlpMatchesAtenAndDiffersFromErf) {
     expect_same_grads(*aten, *fused, 1e-4, base);
   }
   EXPECT_THROW(build_model("{name: vit, img_size: 16, patch_size: 4, gelu: exact}"), config::ConfigError);
+}
+
+// Under autocast (bf16-mixed) the residual stream is fp32 while the projections return bf16: the
+// fused path must promote like ATen's `x + delta` (CPU autocast reproduces the mix).
+TEST(TransformerFused, AutocastMixedDtypesMatchAten) {
+  for (const char* model : {"{name: vit, img_size: 16, patch_size: 4, num_classes: 7, embed_dim: 32, depth: 2, num_heads: 4",
+                            "{name: decoder_lm, vocab_size: 50, max_seq_len: 16, embed_dim: 32, depth: 2, num_heads: 4"}) {
+    torch::manual_seed(25);
+    const std::string base(model);
+    auto aten = build_model(base + ", fused_ops: false}");
+    auto fused = build_model(base + ", fused_ops: true}");
+    copy_weights(*aten, *fused);
+    Batch b;
+    if (base.find("vit") != std::string::npos) {
+      b = testing::image_batch(torch::randn({2, 3, 16, 16}));
+    } else {
+      std::vector<Sample> samples;
+      for (int64_t n : {6, 3}) {
+        auto seq = torch::randint(1, 50, {n + 1}, torch::kInt64);
+        samples.push_back({{"tokens", seq.narrow(0, 0, n)}, {"targets", seq.narrow(0, 1, n)}});
+      }
+      b = data::collate_tokens_packed(samples);
+    }
+    at::autocast::set_autocast_enabled(at::kCPU, true);
+    at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+    torch::Tensor ya, yf;
+    try {
+      ya = aten->forward(b).to(torch::kFloat);
+      yf = fused->forward(b).to(torch::kFloat);
+    } catch (...) {
+      at::autocast::set_autocast_enabled(at::kCPU, false);
+      at::autocast::clear_cache();
+      throw;
+    }
+    at::autocast::set_autocast_enabled(at::kCPU, false);
+    at::autocast::clear_cache();
+    const double err = (yf - ya).norm().item<double>() / ya.norm().item<double>();
+    EXPECT_LT(err, 2e-2) << base;
+  }
 }
 
 TEST(TransformerFused, BadKeysAreConfigErrors) {
