@@ -4,6 +4,7 @@
 
 #include "framework/config/config.h"
 #include "framework/ops/ops.h"
+#include "models/layers.h"
 
 namespace strobe::models {
 namespace {
@@ -42,7 +43,7 @@ class DecoderBlockImpl : public nn::Module {
   }
 
   torch::Tensor forward(torch::Tensor x, const AttentionInput& in) {
-    x = x + proj(attend(norm1(x), in));
+    x = x + linear(proj, attend(norm1(x), in));
     return x + transformer_mlp(norm2(x), fc1, fc2, gelu_tanh_, false, FusedOps::kOff);
   }
 
@@ -57,7 +58,7 @@ class DecoderBlockImpl : public nn::Module {
       x = res;
       h = ops::layer_norm(res, norm1->weight, {}, kEps);
     }
-    auto [x2, h2] = residual_layer_norm(x, proj(attend(h, in)), norm2->weight, {}, kEps);
+    auto [x2, h2] = residual_layer_norm(x, linear(proj, attend(h, in)), norm2->weight, {}, kEps);
     return {x2, transformer_mlp(h2, fc1, fc2, gelu_tanh_, true, mode_)};
   }
 
@@ -70,7 +71,7 @@ class DecoderBlockImpl : public nn::Module {
   // Attention over the normalised h ([T, C] packed or [B, S, C]), before proj.
   torch::Tensor attend(const torch::Tensor& x, const AttentionInput& in) {
     const int64_t c = x.size(-1), hd = c / heads_;
-    auto qkv_out = qkv(x);
+    auto qkv_out = linear(qkv, x);
     torch::Tensor a;
     if (in.cu_seqlens.defined()) {  // x: [T, C]
       auto parts = qkv_out.view({x.size(0), 3, heads_, hd}).unbind(1);
@@ -129,10 +130,10 @@ class DecoderLM : public Model {
     if (use_fused_ops(o_.fused_ops, x, "decoder_lm")) {
       torch::Tensor pending;
       for (auto& block : *blocks_) std::tie(x, pending) = block->as<DecoderBlock>()->forward_fused(x, pending, in);
-      return output_(x + pending);  // no final LayerNorm (the seed's model): a plain add
+      return linear(output_, x + pending);  // no final LayerNorm (the seed's model): a plain add
     }
     for (auto& block : *blocks_) x = block->as<DecoderBlock>()->forward(x, in);
-    return output_(x);
+    return linear(output_, x);
   }
 
   std::string default_task() const override { return "language_modeling"; }

@@ -11,6 +11,7 @@
 #include <torch/types.h>
 
 #include "framework/ops/ops.h"
+#include "models/layers.h"
 
 namespace strobe::models {
 
@@ -59,7 +60,8 @@ inline torch::Tensor transformer_mlp(const torch::Tensor& h, torch::nn::Linear& 
                 "without autocast (precision bf16-master or 32), got ", h.scalar_type(), " activations, ",
                 fc1->weight.scalar_type(), " weights", autocast ? ", autocast on" : "");
   }
-  return fc2(gelu_tanh ? torch::gelu(fc1(h), "tanh") : torch::gelu(fc1(h)));
+  const torch::Tensor a = linear(fc1, h);
+  return linear(fc2, gelu_tanh ? torch::gelu(a, "tanh") : torch::gelu(a));
 }
 
 }  // namespace strobe::models

@@ -5,6 +5,7 @@
 #include "framework/config/config.h"
 #include "framework/ops/ops.h"
 #include "models/fused_ops.h"
+#include "models/layers.h"
 
 namespace strobe::models {
 namespace {
@@ -30,7 +31,7 @@ class EncoderBlockImpl : public nn::Module {
   }
 
   torch::Tensor forward(torch::Tensor x) {
-    x = x + proj(attend(norm1(x)));
+    x = x + linear(proj, attend(norm1(x)));
     return x + transformer_mlp(norm2(x), fc1, fc2, gelu_tanh_, false, FusedOps::kOff);
   }
 
@@ -45,7 +46,7 @@ class EncoderBlockImpl : public nn::Module {
       x = res;
       h = ops::layer_norm(res, norm1->weight, norm1->bias, norm1->options.eps());
     }
-    auto [x2, h2] = residual_layer_norm(x, proj(attend(h)), norm2->weight, norm2->bias, norm2->options.eps());
+    auto [x2, h2] = residual_layer_norm(x, linear(proj, attend(h)), norm2->weight, norm2->bias, norm2->options.eps());
     return {x2, transformer_mlp(h2, fc1, fc2, gelu_tanh_, true, mode_)};
   }
 
@@ -57,7 +58,7 @@ class EncoderBlockImpl : public nn::Module {
   torch::Tensor attend(const torch::Tensor& h) {
     const int64_t b = h.size(0), s = h.size(1), c = h.size(2);
     // q, k, v are [B, S, H, D] views of the fused projection: no permute copy around attention.
-    auto qkv_out = qkv(h).view({b, s, 3, heads_, c / heads_}).unbind(2);
+    auto qkv_out = linear(qkv, h).view({b, s, 3, heads_, c / heads_}).unbind(2);
     return attention(qkv_out[0], qkv_out[1], qkv_out[2], /*causal=*/false, std::nullopt, backend_).reshape({b, s, c});
   }
 
@@ -100,7 +101,10 @@ class ViT : public Model {
     const auto& image = batch.at("image");
     TORCH_CHECK(image.dim() == 4 && image.size(2) == o_.img_size && image.size(3) == o_.img_size,
                 "vit: expected image [B, ", o_.in_channels, ", ", o_.img_size, ", ", o_.img_size, "], got ", image.sizes());
-    auto x = patch_embed_(input(image)).flatten(2).transpose(1, 2);  // [B, N, D]
+    // [B, N, D] made contiguous once: the transposed view would carry its [B, D, N] layout through
+    // every residual add (TensorIterator keeps the first input's layout), making each add and each
+    // LayerNorm input a strided pass (38 ms of a 151 ms ViT-L step on an H200, bench/e2e/profile_gpu.sh).
+    auto x = patch_embed_(input(image)).flatten(2).transpose(1, 2).contiguous();
     if (o_.class_token) x = torch::cat({cls_token_.expand({x.size(0), 1, x.size(2)}).to(x.scalar_type()), x}, 1);
     x = x + pos_embed_;
     if (use_fused_ops(o_.fused_ops, x, "vit")) {

@@ -2,10 +2,11 @@
 # Kineto traces of Strobe's seed workloads (issue 14) and where their GPU time goes, after a build
 # into build-gpu/ (or $STROBE_BUILD_DIR). For each workload: `strobe fit` for STEPS steps with
 # `trainer.profiler: {steps: [A, B]}`, then bench/e2e/trace_top.py on the trace (kernels by name and
-# category, per step). Traces stay in $RUNS (default /tmp/strobe_prof); summaries go to $OUT.
+# category, per step). Traces and JSON summaries stay in $RUNS (default /tmp/strobe_prof); tables go to stdout.
 #   bash bench/e2e/profile_gpu.sh                      # all workloads
 #   WORKLOADS="vit_l16 resnet50" bash bench/e2e/profile_gpu.sh
 #   EXTRA="--set trainer.precision=bf16-mixed" WORKLOADS=resnet50 bash bench/e2e/profile_gpu.sh
+#   RECORD_SHAPES=true WHO="CUDAFunctor_add direct_copy" bash bench/e2e/profile_gpu.sh   # who launched them
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -30,10 +31,11 @@ for w in $WORKLOADS; do
   # shellcheck disable=SC2086
   "$bin/strobe" fit -c "$cfg" "${sets[@]}" --set trainer.max_steps="$STEPS" --set trainer.limit_val_batches=0 \
     --set trainer.num_sanity_val_steps=0 --set trainer.default_root_dir="$runs/$w" \
-    --set "trainer.profiler={steps: [$A, $B], path: $runs/$w/trace}" ${EXTRA:-} > "$out/prof_$w.log" 2>&1 \
+    --set "trainer.profiler={steps: [$A, $B], path: $runs/$w/trace, record_shapes: ${RECORD_SHAPES:-false}}" ${EXTRA:-} > "$out/prof_$w.log" 2>&1 \
     || { echo "!! strobe fit exit $?"; tail -5 "$out/prof_$w.log"; rc=1; continue; }
   t=$(ls "$runs/$w"/trace/*.json 2>/dev/null | head -1)
   [ -n "$t" ] || { echo "!! no trace"; rc=1; continue; }
-  python3 "$here/trace_top.py" "$t" --top "${TOP:-25}" --json "$out/prof_$w.json" | tee "$out/prof_$w.txt"
+  who=(); for p in ${WHO:-}; do who+=(--who "$p"); done
+  python3 "$here/trace_top.py" "$t" --top "${TOP:-25}" "${who[@]}" --json "$runs/$w/summary.json"
 done
 exit $rc

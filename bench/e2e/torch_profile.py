@@ -58,11 +58,11 @@ def main():
         for _ in range(10): step()
         torch.cuda.synchronize()
         trace = f"/tmp/torch_prof_{w}.json"
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA],
-                                    schedule=torch.profiler.schedule(wait=0, warmup=1, active=3)) as p:
-            for _ in range(4):
-                step(); p.step()
-        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]) as p:
+            for i in range(3):
+                with torch.profiler.record_function(f"ProfilerStep#{i + 1}"):
+                    step()
+            torch.cuda.synchronize()
         p.export_chrome_trace(trace)
         print(f"== {w}", flush=True)
         subprocess.run([sys.executable, os.path.join(here, "trace_top.py"), trace, "--top", "25",

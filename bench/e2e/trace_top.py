@@ -34,16 +34,61 @@ def category(name: str) -> str:
     return "other"
 
 
+def who(events, pat, n):
+    """Which CPU ops launched the kernels matching pat: innermost aten op around the launch plus
+    its two outer ops, with the innermost op's input dims and strides."""
+    import bisect
+    ops_by_tid = collections.defaultdict(list)
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") == "cpu_op":
+            ops_by_tid[e.get("tid")].append(e)
+    for v in ops_by_tid.values():
+        v.sort(key=lambda e: e["ts"])
+    launches = {}
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") == "cuda_runtime":
+            c = e.get("args", {}).get("correlation")
+            if c is not None:
+                launches[c] = e
+    stacks = collections.Counter()
+    dur = collections.Counter()
+    for e in events:
+        if e.get("ph") != "X" or e.get("cat") != "kernel" or pat not in e.get("name", ""):
+            continue
+        l = launches.get(e.get("args", {}).get("correlation"))
+        if l is None:
+            continue
+        ops = ops_by_tid.get(l.get("tid"), [])
+        i = bisect.bisect_right([o["ts"] for o in ops], l["ts"])
+        chain = [o for o in ops[:i] if o["ts"] <= l["ts"] <= o["ts"] + o["dur"]]
+        chain.sort(key=lambda o: o["dur"])  # innermost first
+        if not chain:
+            continue
+        inner = chain[0]
+        args = inner.get("args", {})
+        key = " <- ".join(o["name"] for o in chain[:4]) + f"  dims={args.get('Input Dims')} strides={args.get('Input Strides')}"
+        stacks[key] += 1
+        dur[key] += e["dur"]
+    print(f"\nlaunchers of kernels containing '{pat}' (ms/step, calls/step):")
+    for k, v in dur.most_common(12):
+        print(f"{v / n / 1000:>9.3f}{stacks[k] // n:>6}  {k[:400]}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("trace")
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--json")
+    ap.add_argument("--who", action="append", default=[],
+                    help="for kernels whose name contains this, list the launching ops (with input "
+                         "dims/strides when the trace was recorded with record_shapes: true)")
     a = ap.parse_args()
     with open(a.trace) as f:
         tr = json.load(f)
     events = tr["traceEvents"] if isinstance(tr, dict) else tr
-    steps = [e for e in events if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")]
+    # the host-side ProfilerStep#N ranges (Kineto also writes GPU-side copies of the annotations)
+    steps = [e for e in events if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")
+             and not str(e.get("cat", "")).startswith("gpu_")]
     dev = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
     if not dev:
         print(f"{a.trace}: no device events (a CPU run?)", file=sys.stderr)
@@ -77,13 +122,13 @@ def main() -> int:
         count[name] += 1
         per_step[s] += e["dur"]
         used += 1
-    n = max(1, len(per_step))
+    n = max(1, len({s["name"] for s in steps}) if steps else 1)
     total = sum(by_name.values()) / n / 1000.0
     cats = collections.Counter()
     for k, v in by_name.items():
         cats["memcpy/memset" if k in ("gpu_memcpy", "gpu_memset") else category(k)] += v
     wall = [s["dur"] / 1000.0 for s in steps]
-    print(f"{a.trace}: {len(per_step)} steps, {used} device events; GPU busy {total:.2f} ms/step"
+    print(f"{a.trace}: {n} steps, {used} device events; GPU busy {total:.2f} ms/step"
           + (f"; step wall (host ranges) {', '.join(f'{w:.1f}' for w in wall)} ms" if wall else ""))
     print(f"{'category':<16}{'ms/step':>10}{'share':>8}")
     for k, v in cats.most_common():
@@ -91,6 +136,8 @@ def main() -> int:
     print(f"\n{'ms/step':>9}{'calls':>7}  kernel (top {a.top})")
     for k, v in by_name.most_common(a.top):
         print(f"{v / n / 1000:>9.3f}{count[k] // n:>7}  [{category(k)}] {k[:150]}")
+    for pat in a.who:
+        who(events, pat, n)
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"trace": a.trace, "steps": len(per_step), "gpu_ms_per_step": total,
