@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include "framework/config/config.h"
+#include "framework/ops/ops.h"
 #include "models/layers.h"
 
 namespace strobe::models {
@@ -14,7 +15,7 @@ namespace nn = torch::nn;
 class LayerNormNoBiasImpl : public nn::Module {
  public:
   explicit LayerNormNoBiasImpl(int64_t dim) : dim_(dim) { weight = register_parameter("weight", torch::ones({dim})); }
-  torch::Tensor forward(const torch::Tensor& x) { return torch::layer_norm(x, {dim_}, weight, {}, 1e-5); }
+  torch::Tensor forward(const torch::Tensor& x) { return torch::layer_norm(x, {dim_}, weight, {}, 1e-5); }  // eps: DecoderBlockImpl::kEps
   torch::Tensor weight;
 
  private:
@@ -31,7 +32,8 @@ struct AttentionInput {
 
 class DecoderBlockImpl : public nn::Module {
  public:
-  DecoderBlockImpl(int64_t dim, int64_t heads, int64_t hidden, AttentionBackend backend) : heads_(heads), backend_(backend) {
+  DecoderBlockImpl(int64_t dim, int64_t heads, int64_t hidden, AttentionBackend backend, bool gelu_tanh, FusedOps mode)
+      : heads_(heads), backend_(backend), gelu_tanh_(gelu_tanh), mode_(mode) {
     norm1 = register_module("norm1", LayerNormNoBias(dim));
     qkv = register_module("qkv", nn::Linear(dim, 3 * dim));
     proj = register_module("proj", nn::Linear(dim, dim));
@@ -41,8 +43,35 @@ class DecoderBlockImpl : public nn::Module {
   }
 
   torch::Tensor forward(torch::Tensor x, const AttentionInput& in) {
+    x = x + linear(proj, attend(norm1(x), in));
+    return x + transformer_mlp(norm2(x), fc1, fc2, gelu_tanh_, false, FusedOps::kOff);
+  }
+
+  // The fused path (see vit.cpp): the residual stream is res + pending between blocks, and every
+  // residual add runs inside strobe::add_layer_norm with the LayerNorm after it.
+  std::pair<torch::Tensor, torch::Tensor> forward_fused(const torch::Tensor& res, const torch::Tensor& pending,
+                                                        const AttentionInput& in) {
+    torch::Tensor x, h;
+    if (pending.defined()) {
+      std::tie(x, h) = residual_layer_norm(res, pending, norm1->weight, {}, kEps);
+    } else {
+      x = res;
+      h = ops::layer_norm(res, norm1->weight, {}, kEps);
+    }
+    auto [x2, h2] = residual_layer_norm(x, linear(proj, attend(h, in)), norm2->weight, {}, kEps);
+    return {x2, transformer_mlp(h2, fc1, fc2, gelu_tanh_, true, mode_)};
+  }
+
+  LayerNormNoBias norm1{nullptr}, norm2{nullptr};
+  nn::Linear qkv{nullptr}, proj{nullptr}, fc1{nullptr}, fc2{nullptr};
+
+ private:
+  static constexpr double kEps = 1e-5;  // LayerNormNoBias's
+
+  // Attention over the normalised h ([T, C] packed or [B, S, C]), before proj.
+  torch::Tensor attend(const torch::Tensor& x, const AttentionInput& in) {
     const int64_t c = x.size(-1), hd = c / heads_;
-    auto qkv_out = linear(qkv, norm1(x));
+    auto qkv_out = linear(qkv, x);
     torch::Tensor a;
     if (in.cu_seqlens.defined()) {  // x: [T, C]
       auto parts = qkv_out.view({x.size(0), 3, heads_, hd}).unbind(1);
@@ -53,16 +82,13 @@ class DecoderBlockImpl : public nn::Module {
       auto parts = qkv_out.view({b, s, 3, heads_, hd}).unbind(2);  // [B, S, H, D] views
       a = attention(parts[0], parts[1], parts[2], /*causal=*/true, in.key_padding_mask, backend_).reshape({b, s, c});
     }
-    x = x + linear(proj, a);
-    return x + linear(fc2, torch::gelu(linear(fc1, norm2(x))));
+    return a;
   }
 
-  LayerNormNoBias norm1{nullptr}, norm2{nullptr};
-  nn::Linear qkv{nullptr}, proj{nullptr}, fc1{nullptr}, fc2{nullptr};
-
- private:
   int64_t heads_;
   AttentionBackend backend_;
+  bool gelu_tanh_;
+  FusedOps mode_;
 };
 TORCH_MODULE(DecoderBlock);
 
@@ -73,7 +99,7 @@ class DecoderLM : public Model {
     positional_embedding_ = register_module("positional_embedding", nn::Embedding(o.max_seq_len, o.embed_dim));
     blocks_ = register_module("blocks", nn::ModuleList());
     const auto hidden = static_cast<int64_t>(o.embed_dim * o.mlp_ratio);
-    for (int64_t i = 0; i < o.depth; ++i) blocks_->push_back(DecoderBlock(o.embed_dim, o.num_heads, hidden, o.attention));
+    for (int64_t i = 0; i < o.depth; ++i) blocks_->push_back(DecoderBlock(o.embed_dim, o.num_heads, hidden, o.attention, o.gelu == "tanh", o.fused_ops));
     output_ = register_module("output", nn::Linear(o.embed_dim, o.vocab_size));
   }
 
@@ -101,6 +127,11 @@ class DecoderLM : public Model {
                                             : torch::arange(tokens.size(1), tokens.options()).unsqueeze(0);
     }
     auto x = embedding_(tokens) + positional_embedding_(positions);
+    if (use_fused_ops(o_.fused_ops, x, "decoder_lm")) {
+      torch::Tensor pending;
+      for (auto& block : *blocks_) std::tie(x, pending) = block->as<DecoderBlock>()->forward_fused(x, pending, in);
+      return linear(output_, x + pending);  // no final LayerNorm (the seed's model): a plain add
+    }
     for (auto& block : *blocks_) x = block->as<DecoderBlock>()->forward(x, in);
     return linear(output_, x);
   }
@@ -129,6 +160,8 @@ std::shared_ptr<Model> make_from_config(config::Section& cfg) {
   } catch (const std::exception& e) {
     cfg.fail("attention", e.what());
   }
+  o.fused_ops = parse_fused_ops(cfg.get_choice("fused_ops", "auto", {"auto", "true", "false"}));
+  o.gelu = cfg.get_choice("gelu", "erf", {"erf", "tanh"});
   cfg.finish();
   return make_decoder_lm(o);
 }

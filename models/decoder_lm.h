@@ -12,9 +12,11 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "framework/core/model.h"
 #include "models/attention.h"
+#include "models/fused_ops.h"
 
 namespace strobe::models {
 
@@ -22,6 +24,8 @@ struct DecoderLMOptions {
   int64_t vocab_size = 1024, max_seq_len = 1024, embed_dim = 1024, depth = 24, num_heads = 16;
   double mlp_ratio = 4.0;
   AttentionBackend attention = AttentionBackend::Math;
+  FusedOps fused_ops = FusedOps::kAuto;  // models/fused_ops.h
+  std::string gelu = "erf";  // erf (exact) | tanh (the approximation; strobe::fused_mlp with fused ops)
 };
 
 std::shared_ptr<Model> make_decoder_lm(const DecoderLMOptions& options);

@@ -3,6 +3,8 @@
 #include <torch/torch.h>
 
 #include "framework/config/config.h"
+#include "framework/ops/ops.h"
+#include "models/fused_ops.h"
 #include "models/layers.h"
 
 namespace strobe::models {
@@ -17,8 +19,9 @@ void init_trunc_normal(torch::Tensor& w, double std) {
 
 class EncoderBlockImpl : public nn::Module {
  public:
-  EncoderBlockImpl(int64_t dim, int64_t heads, int64_t hidden, bool qkv_bias, AttentionBackend backend)
-      : heads_(heads), backend_(backend) {
+  EncoderBlockImpl(int64_t dim, int64_t heads, int64_t hidden, bool qkv_bias, AttentionBackend backend, bool gelu_tanh,
+                   FusedOps mode)
+      : heads_(heads), backend_(backend), gelu_tanh_(gelu_tanh), mode_(mode) {
     norm1 = register_module("norm1", nn::LayerNorm(nn::LayerNormOptions({dim}).eps(1e-6)));
     qkv = register_module("qkv", nn::Linear(nn::LinearOptions(dim, 3 * dim).bias(qkv_bias)));
     proj = register_module("proj", nn::Linear(dim, dim));
@@ -28,20 +31,41 @@ class EncoderBlockImpl : public nn::Module {
   }
 
   torch::Tensor forward(torch::Tensor x) {
-    const int64_t b = x.size(0), s = x.size(1), c = x.size(2);
-    // q, k, v are [B, S, H, D] views of the fused projection: no permute copy around attention.
-    auto qkv_out = linear(qkv, norm1(x)).view({b, s, 3, heads_, c / heads_}).unbind(2);
-    auto a = attention(qkv_out[0], qkv_out[1], qkv_out[2], /*causal=*/false, std::nullopt, backend_);
-    x = x + linear(proj, a.reshape({b, s, c}));
-    return x + linear(fc2, torch::gelu(linear(fc1, norm2(x))));
+    x = x + linear(proj, attend(norm1(x)));
+    return x + transformer_mlp(norm2(x), fc1, fc2, gelu_tanh_, false, FusedOps::kOff);
+  }
+
+  // The same block on the fused path: the residual stream arrives as res + pending (pending = the
+  // previous block's MLP output, undefined before the first block) and leaves the same way, so
+  // every residual add runs inside strobe::add_layer_norm with the LayerNorm that follows it.
+  std::pair<torch::Tensor, torch::Tensor> forward_fused(const torch::Tensor& res, const torch::Tensor& pending) {
+    torch::Tensor x, h;
+    if (pending.defined()) {
+      std::tie(x, h) = residual_layer_norm(res, pending, norm1->weight, norm1->bias, norm1->options.eps());
+    } else {
+      x = res;
+      h = ops::layer_norm(res, norm1->weight, norm1->bias, norm1->options.eps());
+    }
+    auto [x2, h2] = residual_layer_norm(x, linear(proj, attend(h)), norm2->weight, norm2->bias, norm2->options.eps());
+    return {x2, transformer_mlp(h2, fc1, fc2, gelu_tanh_, true, mode_)};
   }
 
   nn::LayerNorm norm1{nullptr}, norm2{nullptr};
   nn::Linear qkv{nullptr}, proj{nullptr}, fc1{nullptr}, fc2{nullptr};
 
  private:
+  // Attention over the normalised h [B, S, C], before proj.
+  torch::Tensor attend(const torch::Tensor& h) {
+    const int64_t b = h.size(0), s = h.size(1), c = h.size(2);
+    // q, k, v are [B, S, H, D] views of the fused projection: no permute copy around attention.
+    auto qkv_out = linear(qkv, h).view({b, s, 3, heads_, c / heads_}).unbind(2);
+    return attention(qkv_out[0], qkv_out[1], qkv_out[2], /*causal=*/false, std::nullopt, backend_).reshape({b, s, c});
+  }
+
   int64_t heads_;
   AttentionBackend backend_;
+  bool gelu_tanh_;
+  FusedOps mode_;
 };
 TORCH_MODULE(EncoderBlock);
 
@@ -55,7 +79,7 @@ class ViT : public Model {
     pos_embed_ = register_parameter("pos_embed", torch::zeros({1, grid * grid + (o.class_token ? 1 : 0), d}));
     blocks_ = register_module("blocks", nn::ModuleList());
     const auto hidden = static_cast<int64_t>(d * o.mlp_ratio);
-    for (int64_t i = 0; i < o.depth; ++i) blocks_->push_back(EncoderBlock(d, o.num_heads, hidden, o.qkv_bias, o.attention));
+    for (int64_t i = 0; i < o.depth; ++i) blocks_->push_back(EncoderBlock(d, o.num_heads, hidden, o.qkv_bias, o.attention, o.gelu == "tanh", o.fused_ops));
     norm_ = register_module("norm", nn::LayerNorm(nn::LayerNormOptions({d}).eps(1e-6)));
     head_ = register_module("head", nn::Linear(d, o.num_classes));
 
@@ -83,6 +107,18 @@ class ViT : public Model {
     auto x = patch_embed_(input(image)).flatten(2).transpose(1, 2).contiguous();
     if (o_.class_token) x = torch::cat({cls_token_.expand({x.size(0), 1, x.size(2)}).to(x.scalar_type()), x}, 1);
     x = x + pos_embed_;
+    if (use_fused_ops(o_.fused_ops, x, "vit")) {
+      torch::Tensor pending;
+      for (auto& block : *blocks_) std::tie(x, pending) = block->as<EncoderBlock>()->forward_fused(x, pending);
+      const double eps = norm_->options.eps();
+      if (o_.global_pool == "token") {
+        // The last MLP residual fused with the final LayerNorm (over every token, as norm_(x)).
+        x = std::get<1>(residual_layer_norm(x, pending, norm_->weight, norm_->bias, eps)).select(1, 0);
+      } else {
+        x = ops::layer_norm((x + pending).mean(1), norm_->weight, norm_->bias, eps);
+      }
+      return head_(x);
+    }
     for (auto& block : *blocks_) x = block->as<EncoderBlock>()->forward(x);
     x = o_.global_pool == "token" ? norm_(x).select(1, 0) : norm_(x.mean(1));
     return head_(x);
@@ -121,6 +157,8 @@ std::shared_ptr<Model> make_from_config(config::Section& cfg) {
   } catch (const std::exception& e) {
     cfg.fail("attention", e.what());
   }
+  o.fused_ops = parse_fused_ops(cfg.get_choice("fused_ops", "auto", {"auto", "true", "false"}));
+  o.gelu = cfg.get_choice("gelu", "erf", {"erf", "tanh"});
   cfg.finish();
   return make_vit(o);
 }

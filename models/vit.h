@@ -11,6 +11,7 @@
 
 #include "framework/core/model.h"
 #include "models/attention.h"
+#include "models/fused_ops.h"
 
 namespace strobe::models {
 
@@ -22,6 +23,8 @@ struct ViTOptions {
   std::string global_pool = "token";  // token | avg
   bool qkv_bias = true;
   AttentionBackend attention = AttentionBackend::Math;
+  FusedOps fused_ops = FusedOps::kAuto;  // models/fused_ops.h
+  std::string gelu = "erf";  // erf (exact) | tanh (the approximation; strobe::fused_mlp with fused ops)
 };
 
 std::shared_ptr<Model> make_vit(const ViTOptions& options);

@@ -154,6 +154,38 @@ torch::Tensor batch_norm_act(const torch::Tensor& x, const torch::Tensor& weight
 // x on CUDA, channels_last, C % 8 == 0, fp32/bf16/fp16; fp32 weight, bias and running stats).
 bool batch_norm_act_cuda_eligible(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
                                   const torch::Tensor& running_mean, const torch::Tensor& running_var);
+// Fused residual add + LayerNorm (op strobe::add_layer_norm): sum = x + delta (x's dtype),
+// y = (sum - mean) / sqrt(var + eps) * weight (+ bias) over the last dimension (biased variance,
+// statistics in fp32 from the rounded sum), y in x's dtype. x and delta share shape and dtype
+// (fp32/bf16/fp16; also fp64 on CPU); weight [C] and optional bias [C] any float type. Differentiable
+// in x, delta, weight, bias: d x = d delta = d sum + d LN(sum) in one pass. CUDA: C <= 4096, dweight /
+// dbias deterministic (per-block partials summed in a fixed order). CPU and Meta: ATen (the
+// reference, fp32 or fp64). Returns (sum, y). docs/OPS.md.
+std::tuple<torch::Tensor, torch::Tensor> add_layer_norm(const torch::Tensor& x, const torch::Tensor& delta,
+                                                        const torch::Tensor& weight,
+                                                        const std::optional<torch::Tensor>& bias = {},
+                                                        double eps = 1e-5);
+// The same LayerNorm without the add (op strobe::layer_norm): y = LN(x).
+torch::Tensor layer_norm(const torch::Tensor& x, const torch::Tensor& weight,
+                         const std::optional<torch::Tensor>& bias = {}, double eps = 1e-5);
+
+// Softmax cross-entropy (op strobe::cross_entropy) over logits [N, V] (fp32/bf16/fp16; fp64 on CPU)
+// and int64 targets [N]: per row logsumexp(logits) - logits[target], rows with target ==
+// ignore_index count 0 and are left out of the mean (mean of zero rows: NaN, as PyTorch).
+// reduction mean | sum | none ([N]). The loss is fp32 (fp64 for fp64 logits); the gradient has the
+// logits' dtype. A target outside [0, V) is an error on CPU and gives a NaN loss / gradient on
+// CUDA (no device assert, no silent pass). No label smoothing, no class weights.
+torch::Tensor cross_entropy(const torch::Tensor& logits, const torch::Tensor& target, int64_t ignore_index = -100,
+                            std::string_view reduction = "mean");
+
+// The transformer MLP y = fc2(gelu_tanh(fc1(x))) as one op (strobe::fused_mlp): x [..., C],
+// w1 [H, C], b1 [H], w2 [N, H], b2 [N], all one dtype and device; y [..., N]. GELU is the tanh
+// approximation. CUDA (bf16/fp16/fp32, C, H, N multiples of 8): fc1 with cuBLASLt's GELU_AUX_BIAS
+// epilogue, and in backward the fc2 data-gradient GEMM with DGELU_BGRAD (d pre-activation and fc1's
+// bias gradient in one GEMM); a shape or dtype cuBLASLt refuses is an error, never a silent
+// fallback. CPU and Meta: ATen in fp32 (fp64 for fp64), the reference. Differentiable in all five.
+torch::Tensor fused_mlp(const torch::Tensor& x, const torch::Tensor& w1, const torch::Tensor& b1,
+                        const torch::Tensor& w2, const torch::Tensor& b2);
 
 // Whether the library was built with its CUDA kernels.
 bool built_with_cuda();

@@ -50,6 +50,40 @@ TORCH_LIBRARY(strobe, m) {
       "batch_norm_act_bwd(Tensor grad_y, Tensor y, Tensor x, Tensor weight, Tensor mean, "
       "Tensor invstd, bool relu, bool residual_grad) -> (Tensor grad_x, Tensor grad_weight, "
       "Tensor grad_bias, Tensor grad_residual)");
+  // sum = x + delta, y = LayerNorm(sum) over the last dim (weight, optional bias), fused forward
+  // and backward; layer_norm is the same without delta (docs/OPS.md).
+  m.def(
+      "add_layer_norm(Tensor x, Tensor delta, Tensor weight, Tensor? bias=None, float eps=1e-5) -> "
+      "(Tensor sum, Tensor y)");
+  m.def("layer_norm(Tensor x, Tensor weight, Tensor? bias=None, float eps=1e-5) -> Tensor");
+  // Internal halves: the forward also returns the fp32 row statistics (x.shape[:-1]); sum is
+  // undefined without delta. The backward's dx includes dsum (the residual path's gradient).
+  m.def(
+      "add_layer_norm_fwd(Tensor x, Tensor? delta, Tensor weight, Tensor? bias, float eps) -> "
+      "(Tensor y, Tensor mean, Tensor rstd, Tensor sum)");
+  m.def(
+      "add_layer_norm_bwd(Tensor dy, Tensor? dsum, Tensor input, Tensor mean, Tensor rstd, "
+      "Tensor weight, bool has_bias) -> (Tensor dx, Tensor dweight, Tensor dbias)");
+  // Softmax cross-entropy over logits [N, V] with int64 targets [N]; fp32 loss (docs/OPS.md).
+  m.def(
+      "cross_entropy(Tensor logits, Tensor target, int ignore_index=-100, str reduction=\"mean\") "
+      "-> Tensor");
+  // Internal halves: per-row loss and logsumexp (fp32 [N]); the backward takes d loss (a scalar,
+  // or [N] for reduction none) and, for mean, the count of non-ignored rows.
+  m.def("cross_entropy_fwd(Tensor logits, Tensor target, int ignore_index) -> (Tensor loss, Tensor lse)");
+  m.def(
+      "cross_entropy_bwd(Tensor grad, Tensor logits, Tensor target, Tensor lse, Tensor? count, "
+      "int ignore_index) -> Tensor");
+  // y = fc2(gelu_tanh(fc1(x))) as one function; on CUDA the GELU and fc1's bias gradient ride in
+  // cuBLASLt epilogues (docs/OPS.md). w1 [H, C], b1 [H], w2 [N, H], b2 [N], all of x's dtype.
+  m.def("fused_mlp(Tensor x, Tensor w1, Tensor b1, Tensor w2, Tensor b2) -> Tensor");
+  // Internal halves: the forward also returns act = gelu(pre) and pre ([rows, H], x's dtype).
+  m.def(
+      "fused_mlp_fwd(Tensor x, Tensor w1, Tensor b1, Tensor w2, Tensor b2) -> "
+      "(Tensor y, Tensor act, Tensor pre)");
+  m.def(
+      "fused_mlp_bwd(Tensor dy, Tensor x, Tensor w1, Tensor w2, Tensor act, Tensor pre) -> "
+      "(Tensor dx, Tensor dw1, Tensor db1, Tensor dw2, Tensor db2)");
   m.def("nonfinite_check(Tensor[] tensors, bool compute_norm=False) -> (Tensor found, Tensor norm)");
   m.def(
       "fused_adamw_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, "

@@ -5,6 +5,9 @@
 // Validation and test log <stage>/loss (per-batch mean, weighted by batch size) and the configured
 // metrics (default: acc, f1 — macro over classes, TorchMetrics' convention) from one device-side
 // confusion matrix that is updated every batch and read once at the end of the epoch.
+// fused_loss (auto | true | false): cross_entropy through strobe::cross_entropy (one kernel each
+// way over the logits in their own dtype, fp32 loss) instead of ATen's on fp32 logits; auto = on
+// CUDA when the ops have their CUDA kernels and label_smoothing is 0.
 #include <fmt/format.h>
 #include <torch/torch.h>
 
@@ -12,6 +15,7 @@
 #include "framework/core/module.h"
 #include "framework/metrics/collection.h"
 #include "framework/metrics/registry.h"
+#include "framework/ops/ops.h"
 
 namespace strobe {
 namespace {
@@ -19,15 +23,16 @@ namespace {
 class ClassificationTask : public Module {
  public:
   ClassificationTask(std::shared_ptr<Model> model, std::string loss, double label_smoothing,
-                     std::vector<std::string> metrics, metrics::Average average)
+                     std::vector<std::string> metrics, metrics::Average average, std::string fused_loss)
       : model_(std::move(model)), loss_(std::move(loss)), label_smoothing_(label_smoothing),
-        metric_names_(std::move(metrics)), average_(average) {}
+        metric_names_(std::move(metrics)), average_(average), fused_loss_(std::move(fused_loss)) {}
 
   torch::nn::Module& net() override { return *model_; }
 
   // In fp32 whatever the logits' dtype (what autocast does for these ops; bf16-master logits are bf16).
   torch::Tensor loss(const torch::Tensor& logits_in, const torch::Tensor& y) const {
     ModuleScope scope("task.loss");
+    if (use_fused_loss(logits_in)) return ops::cross_entropy(logits_in, y.to(torch::kLong));
     const torch::Tensor logits = logits_in.to(torch::kFloat32);
     if (loss_ == "cross_entropy") {
       return torch::nn::functional::cross_entropy(
@@ -82,10 +87,22 @@ class ClassificationTask : public Module {
 
  private:
   std::shared_ptr<Model> model_;
+  // Only for cross_entropy without label smoothing (make_classification rejects `true` otherwise).
+  bool use_fused_loss(const torch::Tensor& logits) const {
+    if (loss_ != "cross_entropy" || label_smoothing_ != 0.0 || fused_loss_ == "false" || logits.dim() != 2) return false;
+    if (fused_loss_ == "true") {
+      TORCH_CHECK(!logits.is_cuda() || ops::built_with_cuda(),
+                  "classification: fused_loss: true needs the CUDA kernels, but strobe_ops was built without CUDA");
+      return true;
+    }
+    return logits.is_cuda() && ops::built_with_cuda() && logits.scalar_type() != torch::kDouble;
+  }
+
   std::string loss_;
   double label_smoothing_;
   std::vector<std::string> metric_names_;
   metrics::Average average_;
+  std::string fused_loss_;
   std::unique_ptr<metrics::MetricCollection> collection_;
 };
 
@@ -110,8 +127,11 @@ std::shared_ptr<Module> make_classification(config::Section& cfg, std::shared_pt
     }
   }
   std::string avg = cfg.get_choice("average", "macro", {"micro", "macro", "weighted"});
+  std::string fused = cfg.get_choice("fused_loss", "auto", {"auto", "true", "false"});
+  if (fused == "true" && (loss != "cross_entropy" || ls != 0.0))
+    cfg.fail("fused_loss", "true needs loss: cross_entropy with label_smoothing: 0 (the fused op has neither)");
   cfg.finish();
-  return std::make_shared<ClassificationTask>(std::move(model), loss, ls, names, metrics::parse_average(avg));
+  return std::make_shared<ClassificationTask>(std::move(model), loss, ls, names, metrics::parse_average(avg), fused);
 }
 
 STROBE_REGISTER(task_registry(), "classification", make_classification);

@@ -2,10 +2,13 @@
 // batch["targets"] holds token t+1 at position t, -100 at padding (data/collate_tokens.h), so the
 // same code serves padded [B, S] and packed [T] batches and the two give the same loss on the same
 // sequences (mean over real tokens). Logs the loss as a device tensor (no host reads).
+// fused_loss (auto | true | false): strobe::cross_entropy over the logits in their own dtype (fp32
+// loss; one kernel each way) instead of ATen's on an fp32 copy; auto = on CUDA with the CUDA kernels.
 #include <torch/torch.h>
 
 #include "framework/core/forensics.h"
 #include "framework/core/module.h"
+#include "framework/ops/ops.h"
 
 namespace strobe {
 namespace {
@@ -14,12 +17,16 @@ constexpr int64_t kIgnoreIndex = -100;
 
 class LanguageModelingTask : public Module {
  public:
-  explicit LanguageModelingTask(std::shared_ptr<Model> model) : model_(std::move(model)) {}
+  LanguageModelingTask(std::shared_ptr<Model> model, std::string fused_loss)
+      : model_(std::move(model)), fused_loss_(std::move(fused_loss)) {}
 
   torch::nn::Module& net() override { return *model_; }
 
-  static torch::Tensor loss(const torch::Tensor& logits, const torch::Tensor& targets) {
+  torch::Tensor loss(const torch::Tensor& logits, const torch::Tensor& targets) const {
     ModuleScope scope("task.loss");
+    if (use_fused_loss(logits))
+      return ops::cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}).to(torch::kLong),
+                                kIgnoreIndex);
     return torch::nn::functional::cross_entropy(
         logits.reshape({-1, logits.size(-1)}).to(torch::kFloat32), targets.reshape({-1}),
         torch::nn::functional::CrossEntropyFuncOptions().ignore_index(kIgnoreIndex));
@@ -40,13 +47,25 @@ class LanguageModelingTask : public Module {
   void test_step(const Batch& batch, int64_t) override { evaluate(batch, "test"); }
 
  private:
+  bool use_fused_loss(const torch::Tensor& logits) const {
+    if (fused_loss_ == "false") return false;
+    if (fused_loss_ == "true") {
+      TORCH_CHECK(!logits.is_cuda() || ops::built_with_cuda(),
+                  "language_modeling: fused_loss: true needs the CUDA kernels, but strobe_ops was built without CUDA");
+      return true;
+    }
+    return logits.is_cuda() && ops::built_with_cuda() && logits.scalar_type() != torch::kDouble;
+  }
+
   std::shared_ptr<Model> model_;
+  std::string fused_loss_;
 };
 
 std::shared_ptr<Module> make_language_modeling(config::Section& cfg, std::shared_ptr<Model> model) {
   cfg.get_choice("loss", "cross_entropy", {"cross_entropy"});
+  std::string fused = cfg.get_choice("fused_loss", "auto", {"auto", "true", "false"});
   cfg.finish();
-  return std::make_shared<LanguageModelingTask>(std::move(model));
+  return std::make_shared<LanguageModelingTask>(std::move(model), fused);
 }
 
 STROBE_REGISTER(task_registry(), "language_modeling", make_language_modeling);

@@ -21,6 +21,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     e.model.get_int("depth", 18, 1, 200);
     e.model.get_double("mlp_ratio", 4.0, 0.0);
     e.model.get_choice("attention", "math", {"custom", "sdpa", "math"});
+    e.model.get_choice("fused_ops", "auto", {"auto", "true", "false"});
+    e.model.get_choice("gelu", "erf", {"erf", "tanh"});
     e.model.get_int_list("milestones", {1, 2});
     e.model.get_optional_string("checkpoint");
     e.model.child("extra").get_bool("flag", false);

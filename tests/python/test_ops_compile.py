@@ -89,6 +89,24 @@ def run(device):
     opcheck(ops.conv3x3_maxpool_relu.default, (img, w1, b1, 1 / 255, torch.bfloat16),
             tag=f"conv3x3_maxpool_relu uint8 {device}")
 
+    # --- fused residual add + LayerNorm (with / without bias and delta), cross-entropy
+    for dt in ([torch.float32, torch.bfloat16] if device == "cuda" else [torch.float32]):
+        x = torch.randn(3, 5, 24, device=device, dtype=dt, requires_grad=True)
+        d = torch.randn(3, 5, 24, device=device, dtype=dt, requires_grad=True)
+        w = torch.randn(24, device=device, dtype=dt, requires_grad=True)
+        b = torch.randn(24, device=device, dtype=dt, requires_grad=True)
+        opcheck(ops.add_layer_norm.default, (x, d, w, b, 1e-6), tag=f"add_layer_norm {device} {dt}")
+        opcheck(ops.add_layer_norm.default, (x, d, w), tag=f"add_layer_norm no bias {device} {dt}")
+        opcheck(ops.layer_norm.default, (x, w, b), tag=f"layer_norm {device} {dt}")
+        lg = torch.randn(11, 37, device=device, dtype=dt, requires_grad=True)
+        tg = torch.randint(0, 37, (11,), device=device)
+        tg[3] = -100
+        for red in ("mean", "sum", "none"):
+            opcheck(ops.cross_entropy.default, (lg, tg, -100, red), tag=f"cross_entropy {device} {dt} {red}")
+        mx = torch.randn(2, 3, 16, device=device, dtype=dt, requires_grad=True)
+        mw = [torch.randn(*s, device=device, dtype=dt, requires_grad=True) for s in ((32, 16), (32,), (8, 32), (8,))]
+        opcheck(ops.fused_mlp.default, (mx, *mw), tag=f"fused_mlp {device} {dt}")
+
     # --- torch.compile(fullgraph=True) through every op, forward and backward
     torch._dynamo.reset()
 

@@ -1,0 +1,217 @@
+// strobe::add_layer_norm / layer_norm / cross_entropy on CPU (their ATen reference kernels) against
+// independent float64 references (at::layer_norm, at::cross_entropy and autograd in double):
+// forward outputs and every gradient by relative error, odd shapes, NaN propagation, bad input.
+#include <cmath>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "framework/ops/ops.h"
+
+namespace {
+
+using torch::Tensor;
+
+double rel_err(const Tensor& got, const Tensor& want) {
+  const Tensor w = want.to(torch::kCPU, torch::kDouble), g = got.to(torch::kCPU, torch::kDouble);
+  const double num = (g - w).norm().item<double>(), den = w.norm().item<double>();
+  if (std::isnan(num)) return INFINITY;
+  return den == 0 ? num : num / den;
+}
+
+struct LnCase {
+  std::vector<int64_t> shape;
+  bool delta, bias;
+  torch::ScalarType dtype;
+};
+
+void PrintTo(const LnCase& c, std::ostream* os) {
+  for (auto s : c.shape) *os << s << "x";
+  *os << (c.delta ? "delta_" : "nodelta_") << (c.bias ? "bias_" : "nobias_") << c10::toString(c.dtype);
+}
+
+class AddLayerNormCpu : public ::testing::TestWithParam<LnCase> {};
+
+// Bounds: fp32 1e-5 on every tensor; bf16 inputs: outputs in bf16 (one rounding: 8e-3), gradients
+// of x in bf16 (8e-3), weight/bias gradients in bf16 (8e-3).
+TEST_P(AddLayerNormCpu, MatchesFloat64AtenLayerNormForwardAndBackward) {
+  const LnCase c = GetParam();
+  torch::manual_seed(3);
+  const int64_t ch = c.shape.back();
+  const bool lowp = c.dtype != torch::kFloat;
+  const double bound = lowp ? 8e-3 : 1e-5;
+  const auto opt = torch::TensorOptions().dtype(c.dtype);
+  const Tensor x = (torch::randn(c.shape) * 2 + 0.5).to(c.dtype).requires_grad_();
+  const Tensor d = torch::randn(c.shape).to(c.dtype).requires_grad_();
+  const Tensor w = (torch::randn({ch}) * 0.5 + 1).to(c.dtype).requires_grad_();
+  const Tensor b = (torch::randn({ch}) * 0.1).to(c.dtype).requires_grad_();
+  const std::optional<Tensor> bias = c.bias ? std::optional<Tensor>(b) : std::nullopt;
+
+  Tensor sum, y;
+  if (c.delta) {
+    std::tie(sum, y) = strobe::ops::add_layer_norm(x, d, w, bias, 1e-6);
+  } else {
+    y = strobe::ops::layer_norm(x, w, bias, 1e-6);
+  }
+  ASSERT_EQ(y.scalar_type(), c.dtype);
+  ASSERT_EQ(y.sizes(), x.sizes());
+
+  // float64 reference from the same (rounded) inputs.
+  const Tensor x64 = x.detach().to(torch::kDouble).requires_grad_();
+  const Tensor d64 = d.detach().to(torch::kDouble).requires_grad_();
+  const Tensor w64 = w.detach().to(torch::kDouble).requires_grad_();
+  const Tensor b64 = b.detach().to(torch::kDouble).requires_grad_();
+  // The op rounds the sum to the input dtype before normalising; the reference does the same.
+  Tensor s64 = c.delta ? (x64 + d64) : x64;
+  if (lowp && c.delta) s64 = s64 + ((x64 + d64).detach().to(c.dtype).to(torch::kDouble) - (x64 + d64).detach());
+  const Tensor y64 = torch::layer_norm(s64, {ch}, w64, c.bias ? b64 : Tensor(), 1e-6);
+  EXPECT_LT(rel_err(y, y64), bound) << "y";
+  if (c.delta) {
+    ASSERT_EQ(sum.scalar_type(), c.dtype);
+    EXPECT_LT(rel_err(sum, s64), lowp ? 4e-3 : 1e-7) << "sum";
+  }
+
+  const Tensor gy = torch::randn(c.shape).to(c.dtype);
+  const Tensor gs = torch::randn(c.shape).to(c.dtype);
+  Tensor loss = (y.to(torch::kDouble) * gy.to(torch::kDouble)).sum();
+  Tensor loss64 = (y64 * gy.to(torch::kDouble)).sum();
+  if (c.delta) {
+    loss = loss + (sum.to(torch::kDouble) * gs.to(torch::kDouble)).sum();
+    loss64 = loss64 + (s64 * gs.to(torch::kDouble)).sum();
+  }
+  loss.backward();
+  loss64.backward();
+  EXPECT_LT(rel_err(x.grad(), x64.grad()), bound) << "dx";
+  if (c.delta) EXPECT_LT(rel_err(d.grad(), d64.grad()), bound) << "ddelta";
+  EXPECT_LT(rel_err(w.grad(), w64.grad()), bound) << "dweight";
+  if (c.bias) {
+    EXPECT_LT(rel_err(b.grad(), b64.grad()), bound) << "dbias";
+  } else {
+    EXPECT_FALSE(b.grad().defined());
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, AddLayerNormCpu,
+    ::testing::Values(LnCase{{4, 9, 64}, true, true, torch::kFloat}, LnCase{{4, 9, 64}, true, false, torch::kFloat},
+                      LnCase{{4, 9, 64}, false, true, torch::kFloat}, LnCase{{1, 7}, true, true, torch::kFloat},
+                      LnCase{{1, 1}, true, true, torch::kFloat}, LnCase{{37, 1000}, true, false, torch::kFloat},
+                      LnCase{{3, 5, 96}, true, true, torch::kBFloat16}, LnCase{{6, 33}, true, false, torch::kBFloat16},
+                      LnCase{{5, 40}, false, false, torch::kHalf}));
+
+TEST(AddLayerNormCpu, NanPropagatesToItsRowOnly) {
+  Tensor x = torch::randn({3, 16});
+  x[1][4] = NAN;
+  auto [s, y] = strobe::ops::add_layer_norm(x, torch::zeros_like(x), torch::ones({16}), torch::zeros({16}));
+  EXPECT_TRUE(torch::isnan(y[1]).all().item<bool>());
+  EXPECT_TRUE(torch::isfinite(y[0]).all().item<bool>());
+  EXPECT_TRUE(torch::isfinite(y[2]).all().item<bool>());
+  // A NaN in the weight reaches that column's output.
+  Tensor w = torch::ones({16});
+  w[2] = NAN;
+  const Tensor y2 = strobe::ops::layer_norm(torch::randn({2, 16}), w);
+  EXPECT_TRUE(torch::isnan(y2.select(1, 2)).all().item<bool>());
+}
+
+TEST(AddLayerNormCpu, BadInputsAreErrors) {
+  const Tensor x = torch::randn({2, 8});
+  EXPECT_THROW(strobe::ops::layer_norm(x, torch::ones({7})), c10::Error);
+  EXPECT_THROW(strobe::ops::add_layer_norm(x, torch::randn({2, 7}), torch::ones({8})), c10::Error);
+  EXPECT_THROW(strobe::ops::add_layer_norm(x, torch::randn({2, 8}, torch::kDouble), torch::ones({8})), c10::Error);
+  EXPECT_THROW(strobe::ops::layer_norm(x, torch::ones({8}), torch::ones({7})), c10::Error);
+  EXPECT_THROW(strobe::ops::layer_norm(torch::ones({2, 8}, torch::kLong), torch::ones({8})), c10::Error);
+}
+
+struct CeCase {
+  int64_t n, v;
+  const char* reduction;
+  torch::ScalarType dtype;
+};
+void PrintTo(const CeCase& c, std::ostream* os) {
+  *os << c.n << "x" << c.v << "_" << c.reduction << "_" << c10::toString(c.dtype);
+}
+
+class CrossEntropyCpu : public ::testing::TestWithParam<CeCase> {};
+
+// Bounds: the loss is fp32 from the given logits (1e-6 against double); the gradient has the
+// logits' dtype (fp32 1e-6, bf16 8e-3).
+TEST_P(CrossEntropyCpu, MatchesFloat64AtenCrossEntropy) {
+  const CeCase c = GetParam();
+  torch::manual_seed(5);
+  const Tensor logits = (torch::randn({c.n, c.v}) * 3).to(c.dtype).requires_grad_();
+  Tensor target = torch::randint(0, c.v, {c.n}, torch::kLong);
+  if (c.n > 2) target.index_put_({torch::indexing::Slice(0, c.n, 3)}, -100);  // some ignored rows
+  const Tensor loss = strobe::ops::cross_entropy(logits, target, -100, c.reduction);
+  EXPECT_EQ(loss.scalar_type(), torch::kFloat);
+  const Tensor l64 = logits.detach().to(torch::kDouble).requires_grad_();
+  auto opts = torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100);
+  const std::string r = c.reduction;
+  if (r == "mean") opts.reduction(torch::kMean);
+  if (r == "sum") opts.reduction(torch::kSum);
+  if (r == "none") opts.reduction(torch::kNone);
+  const Tensor ref = torch::nn::functional::cross_entropy(l64, target, opts);
+  EXPECT_LT(rel_err(loss, ref), 1e-6) << "loss";
+  const Tensor g = torch::randn(ref.sizes());
+  (loss.to(torch::kDouble) * g.to(torch::kDouble)).sum().backward();
+  (ref * g.to(torch::kDouble)).sum().backward();
+  ASSERT_EQ(logits.grad().scalar_type(), c.dtype);
+  EXPECT_LT(rel_err(logits.grad(), l64.grad()), c.dtype == torch::kFloat ? 1e-6 : 8e-3) << "dlogits";
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CrossEntropyCpu,
+                         ::testing::Values(CeCase{64, 1000, "mean", torch::kFloat}, CeCase{64, 1000, "sum", torch::kFloat},
+                                           CeCase{64, 1000, "none", torch::kFloat}, CeCase{1, 3, "mean", torch::kFloat},
+                                           CeCase{33, 517, "mean", torch::kBFloat16}));
+
+TEST(CrossEntropyCpu, NanLogitGivesNanLossAndBadTargetsAreErrors) {
+  Tensor logits = torch::randn({4, 10});
+  logits[2][7] = NAN;
+  const Tensor t = torch::tensor({1, 2, 3, 4}, torch::kLong);
+  EXPECT_TRUE(torch::isnan(strobe::ops::cross_entropy(logits, t)).item<bool>());
+  EXPECT_TRUE(torch::isnan(strobe::ops::cross_entropy(logits, t, -100, "none")[2]).item<bool>());
+  EXPECT_THROW(strobe::ops::cross_entropy(torch::randn({4, 10}), torch::tensor({1, 2, 10, 4}, torch::kLong)), c10::Error);
+  EXPECT_THROW(strobe::ops::cross_entropy(torch::randn({4, 10}), torch::tensor({1, 2, 3}, torch::kLong)), c10::Error);
+  EXPECT_THROW(strobe::ops::cross_entropy(torch::randn({4, 10}), t, -100, "avg"), c10::Error);
+  // Every row ignored: mean is NaN (0 / 0), as PyTorch.
+  EXPECT_TRUE(torch::isnan(strobe::ops::cross_entropy(torch::randn({2, 5}), torch::full({2}, -100, torch::kLong)))
+                  .item<bool>());
+}
+
+// fused_mlp's CPU reference against float64 autograd through linear / gelu(tanh) / linear.
+// Bounds: fp32 1e-5 everywhere; bf16 8e-3 (the pre-activation and activation are stored in bf16).
+TEST(FusedMlpCpu, MatchesFloat64LinearGeluTanhLinear) {
+  for (auto dt : {torch::kFloat, torch::kBFloat16}) {
+    for (auto shape : {std::vector<int64_t>{3, 5, 16}, std::vector<int64_t>{1, 7}}) {
+      torch::manual_seed(7);
+      const int64_t c = shape.back(), h = 4 * c + 3, n = c + 1;
+      auto mk = [&](std::vector<int64_t> s, double sc) { return (torch::randn(s) * sc).to(dt).requires_grad_(); };
+      const Tensor x = mk(shape, 1.0), w1 = mk({h, c}, 0.3), b1 = mk({h}, 0.1), w2 = mk({n, h}, 0.1), b2 = mk({n}, 0.1);
+      const Tensor y = strobe::ops::fused_mlp(x, w1, b1, w2, b2);
+      ASSERT_EQ(y.scalar_type(), dt);
+      std::vector<Tensor> d64;
+      for (const Tensor& t : {x, w1, b1, w2, b2}) d64.push_back(t.detach().to(torch::kDouble).requires_grad_());
+      const Tensor y64 =
+          torch::linear(torch::gelu(torch::linear(d64[0], d64[1], d64[2]), "tanh"), d64[3], d64[4]);
+      const double bound = dt == torch::kFloat ? 1e-5 : 8e-3;
+      EXPECT_LT(rel_err(y, y64), bound) << "y " << c10::toString(dt);
+      const Tensor g = torch::randn(y64.sizes());
+      (y.to(torch::kDouble) * g.to(torch::kDouble)).sum().backward();
+      (y64 * g.to(torch::kDouble)).sum().backward();
+      const char* names[] = {"dx", "dw1", "db1", "dw2", "db2"};
+      const Tensor got[] = {x.grad(), w1.grad(), b1.grad(), w2.grad(), b2.grad()};
+      for (int i = 0; i < 5; ++i) EXPECT_LT(rel_err(got[i], d64[i].grad()), 2 * bound) << names[i] << " " << c10::toString(dt);
+    }
+  }
+  Tensor x = torch::randn({2, 8});
+  x[1][3] = NAN;
+  const Tensor y = strobe::ops::fused_mlp(x, torch::randn({16, 8}), torch::zeros({16}), torch::randn({8, 16}), torch::zeros({8}));
+  EXPECT_TRUE(torch::isnan(y[1]).all().item<bool>());
+  EXPECT_TRUE(torch::isfinite(y[0]).all().item<bool>());
+  EXPECT_THROW(strobe::ops::fused_mlp(x, torch::randn({16, 8}), torch::zeros({16}), torch::randn({8, 15}), torch::zeros({8})),
+               c10::Error);
+  EXPECT_THROW(strobe::ops::fused_mlp(x, torch::randn({16, 8}, torch::kDouble), torch::zeros({16}), torch::randn({8, 16}),
+                                      torch::zeros({8})),
+               c10::Error);
+}
+
+}  // namespace
