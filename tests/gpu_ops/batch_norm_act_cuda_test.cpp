@@ -89,7 +89,13 @@ TEST(BatchNormActCuda, MatchesTheFloat64ReferenceForEveryDtypeAndShape) {
         EXPECT_LT(rel_err(got.y, want.y), tol) << "y " << what;
         EXPECT_LT(rel_err(got.rm, want.rm), 1e-5) << "running_mean " << what;
         EXPECT_LT(rel_err(got.rv, want.rv), 1e-5) << "running_var " << what;
-        EXPECT_LT(rel_err(got.gx, want.gx), 2 * tol) << "grad_x " << what;
+        if (s.n * s.h * s.w == 2) {
+          // two values per channel normalise to -1 and +1 whatever x is: grad_x is exactly 0, so
+          // its relative error means nothing; it must be 0 up to rounding of the upstream gradient
+          EXPECT_LT(got.gx.to(torch::kDouble).norm().item<double>(), 2 * tol * gy.norm().item<double>()) << "grad_x " << what;
+        } else {
+          EXPECT_LT(rel_err(got.gx, want.gx), 2 * tol) << "grad_x " << what;
+        }
         EXPECT_LT(rel_err(got.gw, want.gw), 2 * tol) << "grad_weight " << what;
         EXPECT_LT(rel_err(got.gb, want.gb), 2 * tol) << "grad_bias " << what;
         if (residual) EXPECT_LT(rel_err(got.gr, want.gr), 2 * tol) << "grad_residual " << what;
@@ -162,13 +168,13 @@ TEST(BatchNormActCuda, ResNet50OnCudaTrainsAlikeWithAndWithoutTheFusedOp) {
   batch.meta["batch_size"] = 16;
   batch.tensors["image"] = torch::randn({16, 3, 64, 64}, kCuda);
   const Tensor target = torch::randint(0, 10, {16}, torch::TensorOptions(kCuda).dtype(torch::kLong));
-  // float32 activations on CUDA (TF32 off): the two paths differ by summation order only
+  // float32 activations on CUDA (TF32 off, forward and backward): the two paths differ by summation order only
   at::globalContext().setAllowTF32CuDNN(false);
   Tensor lf = torch::nn::functional::cross_entropy(fused->forward(batch), target);
   Tensor la = torch::nn::functional::cross_entropy(aten->forward(batch), target);
-  at::globalContext().setAllowTF32CuDNN(true);
   EXPECT_NEAR(lf.item<double>(), la.item<double>(), 1e-4);
   lf.backward(), la.backward();
+  at::globalContext().setAllowTF32CuDNN(true);
   auto pa = aten->named_parameters();
   for (auto& kv : fused->named_parameters()) EXPECT_LT(rel_err(kv.value().grad(), pa[kv.key()].grad()), 1e-3) << kv.key();
   auto ba = aten->named_buffers();

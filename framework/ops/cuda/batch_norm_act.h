@@ -4,8 +4,8 @@
 //
 // Layout: x, residual, y, grad_y, grad_x, grad_residual are [rows, c] with c innermost (an NHWC
 // tensor's memory: rows = N * H * W), c % 8 == 0, 16-byte aligned. weight, bias, running stats,
-// mean, invstd, grad_weight, grad_bias: fp32 [c]. Statistics in fp32 (Welford per thread, Chan's
-// combination across threads and blocks, in a fixed order: deterministic, no atomics).
+// mean, invstd, grad_weight, grad_bias: fp32 [c]. Statistics in fp32 (sums around a per-channel shift,
+// per-block partials summed in a fixed order: deterministic, no atomics).
 #pragma once
 
 #include <cstdint>

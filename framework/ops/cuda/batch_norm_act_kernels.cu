@@ -5,10 +5,13 @@
 // reduce and element-wise backward, with the ReLU mask read from the output and the residual's
 // gradient written by the element-wise pass.
 //
-// Tiling of the two reductions: a block is (tile channel-vectors of 8 channels) x (lanes rows);
-// a thread loads 16 bytes (bf16/fp16) or 32 bytes (fp32) per row, a warp reads whole rows
-// (c <= 256) or 256 contiguous channels. Per-block partials go to a workspace and one thread per
-// channel combines them in block order: deterministic, no atomics.
+// v2 (v1 combined ~1000 per-block Welford partials in one serial thread per channel, which was
+// latency-bound and made ResNet-50 slower than ATen): every pass uses one tiling, (tile channel
+// vectors of 8 channels) x (lanes rows) per block over a contiguous share of rows, ~2 waves of
+// blocks; statistics are fp32 sums around a per-channel shift (the channel's value in row 0);
+// a 256-thread finalize per 32 channels sums the partials in a fixed order (deterministic, no
+// atomics) and folds everything per-channel into coefficients that the element-wise passes keep
+// in registers.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -76,6 +79,9 @@ struct Vec8<__half> {
 
 __device__ inline void load_f8(const float* p, float (&v)[kVec]) { Vec8<float>::load(p, v); }
 
+// All four passes share one tiling: a block is (tile channel-vectors of 8 channels) x (lanes rows);
+// thread (tx, ty) keeps channel vector blockIdx.y * tile + tx and walks rows ty + lanes * k of its
+// block's share, so per-channel coefficients are loaded once into registers.
 struct Tiling {
   int tile = 1, lanes = 1, grid_x = 1, grid_y = 1;
 };
@@ -87,145 +93,62 @@ Tiling tiling(const BnShape& s) {
   t.lanes = kThreads / t.tile;
   t.grid_y = (cvecs + t.tile - 1) / t.tile;
   const int64_t want = (s.rows + t.lanes - 1) / t.lanes;
-  // about 8 blocks of 256 threads per SM on a 132-SM H100/H200, whatever the channel count
-  const int64_t target = std::max<int64_t>(1, 1056 / t.grid_y);
+  // about 2 waves of 256-thread blocks on a 132-SM H100/H200: few partials to combine
+  const int64_t target = std::max<int64_t>(1, 528 / t.grid_y);
   t.grid_x = static_cast<int>(std::max<int64_t>(1, std::min(want, target)));
   return t;
 }
 
-// Per-block Welford statistics: part_mean/part_m2 [grid_x, c], part_count [grid_x].
-template <typename T>
-__global__ void __launch_bounds__(kThreads) stats_kernel(const T* __restrict__ x, int64_t rows, int c, int tile,
-                                                         int lanes, float* __restrict__ part_mean,
-                                                         float* __restrict__ part_m2, float* __restrict__ part_count) {
+// Row range of block bx: contiguous rows, so a warp's loads stay within a few rows.
+__device__ inline void block_rows(int64_t rows, int64_t* begin, int64_t* end) {
+  const int64_t per = (rows + gridDim.x - 1) / gridDim.x;
+  *begin = static_cast<int64_t>(blockIdx.x) * per;
+  *end = min(rows, *begin + per);
+}
+
+// Per-block sums (fwd: of x - K and (x - K)^2 with K = x[row 0] per channel, a shift that keeps the
+// fp32 variance free of cancellation; bwd: of g and g * xhat). part_a/part_b [grid_x, c].
+template <typename T, bool kBackward>
+__global__ void __launch_bounds__(kThreads) reduce_kernel(const T* __restrict__ x, const T* __restrict__ gy,
+                                                          const T* __restrict__ y, const float* __restrict__ mean,
+                                                          const float* __restrict__ invstd, bool relu, int64_t rows,
+                                                          int c, int tile, int lanes, float* __restrict__ part_a,
+                                                          float* __restrict__ part_b) {
   extern __shared__ float sh[];
   const int tx = threadIdx.x % tile, ty = threadIdx.x / tile;
   const int cv = blockIdx.y * tile + tx;
   const bool active = ty < lanes && cv * kVec < c;
-  float mean[kVec] = {}, m2[kVec] = {};
-  float n = 0.f;
+  float sa[kVec] = {}, sb[kVec] = {};
   if (active) {
-    for (int64_t r = static_cast<int64_t>(blockIdx.x) * lanes + ty; r < rows;
-         r += static_cast<int64_t>(gridDim.x) * lanes) {
-      float v[kVec];
-      Vec8<T>::load(x + r * c + cv * kVec, v);
-      n += 1.f;
-      const float inv = 1.f / n;
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) {
-        const float d = v[k] - mean[k];
-        mean[k] += d * inv;
-        m2[k] += d * (v[k] - mean[k]);
-      }
+    float k0[kVec], k1[kVec];
+    if constexpr (kBackward) {
+      load_f8(mean + cv * kVec, k0), load_f8(invstd + cv * kVec, k1);
+    } else {
+      Vec8<T>::load(x + cv * kVec, k0);  // the shift: row 0
     }
-  }
-  float* smean = sh;
-  float* sm2 = sh + lanes * tile * kVec;
-  float* scount = sm2 + lanes * tile * kVec;
-  if (ty < lanes) {
-#pragma unroll
-    for (int k = 0; k < kVec; ++k) smean[(ty * tile + tx) * kVec + k] = mean[k], sm2[(ty * tile + tx) * kVec + k] = m2[k];
-    if (tx == 0) scount[ty] = n;
-  }
-  __syncthreads();
-  if (ty != 0 || !active) return;
-  float cn = scount[0];
-  for (int l = 1; l < lanes; ++l) {
-    const float nb = scount[l];
-    if (nb == 0.f) continue;
-    const float nt = cn + nb, fb = nb / nt, fab = cn * nb / nt;
-#pragma unroll
-    for (int k = 0; k < kVec; ++k) {
-      const float mb = smean[(l * tile + tx) * kVec + k];
-      const float d = mb - mean[k];
-      mean[k] += d * fb;
-      m2[k] += sm2[(l * tile + tx) * kVec + k] + d * d * fab;
-    }
-    cn = nt;
-  }
-  const int64_t o = static_cast<int64_t>(blockIdx.x) * c + cv * kVec;
-#pragma unroll
-  for (int k = 0; k < kVec; ++k) part_mean[o + k] = mean[k], part_m2[o + k] = m2[k];
-  if (blockIdx.y == 0 && tx == 0) part_count[blockIdx.x] = cn;
-}
-
-// One thread per channel: combines the partials in block order (double: cheap here), updates the
-// running statistics, writes mean and invstd.
-__global__ void stats_finalize_kernel(const float* __restrict__ part_mean, const float* __restrict__ part_m2,
-                                      const float* __restrict__ part_count, int blocks, int c, float momentum,
-                                      float eps, float* running_mean, float* running_var, float* mean_out,
-                                      float* invstd_out) {
-  const int ch = blockIdx.x * blockDim.x + threadIdx.x;
-  if (ch >= c) return;
-  double n = 0, m = 0, m2 = 0;
-  for (int b = 0; b < blocks; ++b) {
-    const double nb = part_count[b];
-    if (nb == 0) continue;
-    const double mb = part_mean[static_cast<int64_t>(b) * c + ch], m2b = part_m2[static_cast<int64_t>(b) * c + ch];
-    const double nt = n + nb, d = mb - m;
-    m += d * nb / nt;
-    m2 += m2b + d * d * n * nb / nt;
-    n = nt;
-  }
-  const double var = m2 / n;
-  mean_out[ch] = static_cast<float>(m);
-  invstd_out[ch] = static_cast<float>(1.0 / sqrt(var + static_cast<double>(eps)));
-  if (running_mean != nullptr) {
-    running_mean[ch] = static_cast<float>((1.0 - momentum) * running_mean[ch] + momentum * m);
-    running_var[ch] = static_cast<float>((1.0 - momentum) * running_var[ch] + momentum * (m2 / (n - 1)));
-  }
-}
-
-template <typename T>
-__global__ void __launch_bounds__(kThreads) apply_kernel(const T* __restrict__ x, const T* __restrict__ res,
-                                                         const float* __restrict__ w, const float* __restrict__ b,
-                                                         const float* __restrict__ mean,
-                                                         const float* __restrict__ invstd, bool relu,
-                                                         T* __restrict__ y, int64_t nvec, int cvecs) {
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < nvec;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int c0 = static_cast<int>(i % cvecs) * kVec;
-    float v[kVec], wv[kVec], bv[kVec], mv[kVec], sv[kVec], r[kVec] = {};
-    Vec8<T>::load(x + i * kVec, v);
-    if (res != nullptr) Vec8<T>::load(res + i * kVec, r);
-    load_f8(w + c0, wv), load_f8(b + c0, bv), load_f8(mean + c0, mv), load_f8(invstd + c0, sv);
-#pragma unroll
-    for (int k = 0; k < kVec; ++k) {
-      float o = (v[k] - mv[k]) * (wv[k] * sv[k]) + bv[k] + r[k];
-      if (relu && o < 0.f) o = 0.f;  // NaN stays NaN, as torch.relu
-      v[k] = o;
-    }
-    Vec8<T>::store(y + i * kVec, v);
-  }
-}
-
-// g = grad_y masked by y > 0 (relu); per-block sums of g and g * xhat: part_g/part_gx [grid_x, c].
-template <typename T>
-__global__ void __launch_bounds__(kThreads) bwd_reduce_kernel(const T* __restrict__ gy, const T* __restrict__ y,
-                                                              const T* __restrict__ x, const float* __restrict__ mean,
-                                                              const float* __restrict__ invstd, bool relu,
-                                                              int64_t rows, int c, int tile, int lanes,
-                                                              float* __restrict__ part_g, float* __restrict__ part_gx) {
-  extern __shared__ float sh[];
-  const int tx = threadIdx.x % tile, ty = threadIdx.x / tile;
-  const int cv = blockIdx.y * tile + tx;
-  const bool active = ty < lanes && cv * kVec < c;
-  float sg[kVec] = {}, sgx[kVec] = {};
-  if (active) {
-    float mv[kVec], sv[kVec];
-    load_f8(mean + cv * kVec, mv), load_f8(invstd + cv * kVec, sv);
-    for (int64_t r = static_cast<int64_t>(blockIdx.x) * lanes + ty; r < rows;
-         r += static_cast<int64_t>(gridDim.x) * lanes) {
+    int64_t begin, end;
+    block_rows(rows, &begin, &end);
+    for (int64_t r = begin + ty; r < end; r += lanes) {
       const int64_t o = r * c + cv * kVec;
-      float g[kVec], xv[kVec], yv[kVec];
-      Vec8<T>::load(gy + o, g);
+      float xv[kVec];
       Vec8<T>::load(x + o, xv);
-      if (relu) Vec8<T>::load(y + o, yv);
+      if constexpr (kBackward) {
+        float g[kVec], yv[kVec];
+        Vec8<T>::load(gy + o, g);
+        if (relu) Vec8<T>::load(y + o, yv);
 #pragma unroll
-      for (int k = 0; k < kVec; ++k) {
-        const float gk = relu && !(yv[k] > 0.f) ? 0.f : g[k];
-        sg[k] += gk;
-        sgx[k] += gk * (xv[k] - mv[k]) * sv[k];
+        for (int k = 0; k < kVec; ++k) {
+          const float gk = relu && !(yv[k] > 0.f) ? 0.f : g[k];
+          sa[k] += gk;
+          sb[k] += gk * (xv[k] - k0[k]) * k1[k];
+        }
+      } else {
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) {
+          const float d = xv[k] - k0[k];
+          sa[k] += d;
+          sb[k] += d * d;
+        }
       }
     }
   }
@@ -233,80 +156,157 @@ __global__ void __launch_bounds__(kThreads) bwd_reduce_kernel(const T* __restric
   float* s2 = sh + lanes * tile * kVec;
   if (ty < lanes) {
 #pragma unroll
-    for (int k = 0; k < kVec; ++k) s1[(ty * tile + tx) * kVec + k] = sg[k], s2[(ty * tile + tx) * kVec + k] = sgx[k];
+    for (int k = 0; k < kVec; ++k) s1[(ty * tile + tx) * kVec + k] = sa[k], s2[(ty * tile + tx) * kVec + k] = sb[k];
   }
   __syncthreads();
   if (ty != 0 || !active) return;
   for (int l = 1; l < lanes; ++l) {
 #pragma unroll
-    for (int k = 0; k < kVec; ++k) sg[k] += s1[(l * tile + tx) * kVec + k], sgx[k] += s2[(l * tile + tx) * kVec + k];
+    for (int k = 0; k < kVec; ++k) sa[k] += s1[(l * tile + tx) * kVec + k], sb[k] += s2[(l * tile + tx) * kVec + k];
   }
   const int64_t o = static_cast<int64_t>(blockIdx.x) * c + cv * kVec;
 #pragma unroll
-  for (int k = 0; k < kVec; ++k) part_g[o + k] = sg[k], part_gx[o + k] = sgx[k];
+  for (int k = 0; k < kVec; ++k) part_a[o + k] = sa[k], part_b[o + k] = sb[k];
 }
 
-__global__ void bwd_finalize_kernel(const float* __restrict__ part_g, const float* __restrict__ part_gx, int blocks,
-                                    int c, float* grad_weight, float* grad_bias) {
-  const int ch = blockIdx.x * blockDim.x + threadIdx.x;
-  if (ch >= c) return;
-  float g = 0.f, gx = 0.f;
-  for (int b = 0; b < blocks; ++b) g += part_g[static_cast<int64_t>(b) * c + ch], gx += part_gx[static_cast<int64_t>(b) * c + ch];
-  grad_weight[ch] = gx;
-  grad_bias[ch] = g;
-}
-
-template <typename T>
-__global__ void __launch_bounds__(kThreads) bwd_elemt_kernel(const T* __restrict__ gy, const T* __restrict__ y,
-                                                             const T* __restrict__ x, const float* __restrict__ w,
-                                                             const float* __restrict__ mean,
-                                                             const float* __restrict__ invstd,
-                                                             const float* __restrict__ grad_w,
-                                                             const float* __restrict__ grad_b, bool relu,
-                                                             float inv_rows, T* __restrict__ gx,
-                                                             T* __restrict__ gres, int64_t nvec, int cvecs) {
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < nvec;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int c0 = static_cast<int>(i % cvecs) * kVec;
-    float g[kVec], xv[kVec], yv[kVec], wv[kVec], mv[kVec], sv[kVec], gw[kVec], gb[kVec];
-    Vec8<T>::load(gy + i * kVec, g);
-    Vec8<T>::load(x + i * kVec, xv);
-    if (relu) Vec8<T>::load(y + i * kVec, yv);
-    load_f8(w + c0, wv), load_f8(mean + c0, mv), load_f8(invstd + c0, sv), load_f8(grad_w + c0, gw),
-        load_f8(grad_b + c0, gb);
-#pragma unroll
-    for (int k = 0; k < kVec; ++k) {
-      if (relu && !(yv[k] > 0.f)) g[k] = 0.f;
-      const float xhat = (xv[k] - mv[k]) * sv[k];
-      xv[k] = wv[k] * sv[k] * (g[k] - gb[k] * inv_rows - xhat * gw[k] * inv_rows);
+// Sums the partials of 32 channels per block: 8 row groups of 32 threads, then shared memory; fixed
+// order. fwd: mean, invstd, running stats and coef = (scale, shift) of y = x * scale + shift;
+// bwd: grad_weight, grad_bias and coef = (a, b, d) of grad_x = a * g + b * x + d.
+template <bool kBackward>
+__global__ void finalize_kernel(const float* __restrict__ part_a, const float* __restrict__ part_b, int blocks, int c,
+                                int64_t rows, const float* __restrict__ shift_src, BnDType dtype,
+                                const float* __restrict__ weight, const float* __restrict__ bias, float momentum,
+                                float eps, float* running_mean, float* running_var, float* mean, float* invstd,
+                                float* grad_weight, float* grad_bias, float* coef) {
+  __shared__ float sa[8][33], sb[8][33];
+  const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
+  const int ch = blockIdx.x * 32 + tx;
+  float a = 0.f, b = 0.f;
+  if (ch < c) {
+    for (int blk = ty; blk < blocks; blk += 8) {
+      a += part_a[static_cast<int64_t>(blk) * c + ch];
+      b += part_b[static_cast<int64_t>(blk) * c + ch];
     }
-    Vec8<T>::store(gx + i * kVec, xv);
-    if (gres != nullptr) Vec8<T>::store(gres + i * kVec, g);
+  }
+  sa[ty][tx] = a, sb[ty][tx] = b;
+  __syncthreads();
+  if (ty != 0 || ch >= c) return;
+  a = 0.f, b = 0.f;
+  for (int l = 0; l < 8; ++l) a += sa[l][tx], b += sb[l][tx];
+  const double n = static_cast<double>(rows);
+  if constexpr (!kBackward) {
+    (void)grad_weight, (void)grad_bias;
+    float k;  // the shift the sums were taken around: x[row 0, ch]
+    if (dtype == BnDType::kFloat32) {
+      k = reinterpret_cast<const float*>(shift_src)[ch];
+    } else if (dtype == BnDType::kBFloat16) {
+      k = __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(shift_src)[ch]);
+    } else {
+      k = __half2float(reinterpret_cast<const __half*>(shift_src)[ch]);
+    }
+    const double m1 = a / n;
+    const double var = fmax(b / n - m1 * m1, 0.0);
+    const double m = k + m1;
+    const float is = static_cast<float>(1.0 / sqrt(var + static_cast<double>(eps)));
+    mean[ch] = static_cast<float>(m);
+    invstd[ch] = is;
+    running_mean[ch] = static_cast<float>((1.0 - momentum) * running_mean[ch] + momentum * m);
+    running_var[ch] = static_cast<float>((1.0 - momentum) * running_var[ch] + momentum * var * n / (n - 1.0));
+    const float scale = weight[ch] * is;
+    coef[ch] = scale;
+    coef[c + ch] = bias[ch] - static_cast<float>(m) * scale;
+  } else {
+    (void)shift_src, (void)dtype, (void)bias, (void)momentum, (void)eps, (void)running_mean, (void)running_var;
+    grad_weight[ch] = b;
+    grad_bias[ch] = a;
+    const float is = invstd[ch], ga = weight[ch] * is;
+    const float bb = -ga * is * b / static_cast<float>(n);
+    coef[ch] = ga;
+    coef[c + ch] = bb;
+    coef[2 * c + ch] = -ga * a / static_cast<float>(n) - bb * mean[ch];
   }
 }
 
-int elementwise_blocks(int64_t nvec) {
-  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((nvec + kThreads - 1) / kThreads, 132 * 16)));
+// fwd: y = act(x * scale + shift [+ residual]).
+template <typename T>
+__global__ void __launch_bounds__(kThreads) apply_kernel(const T* __restrict__ x, const T* __restrict__ res,
+                                                         const float* __restrict__ coef, bool relu, T* __restrict__ y,
+                                                         int64_t rows, int c, int tile, int lanes) {
+  const int tx = threadIdx.x % tile, ty = threadIdx.x / tile;
+  const int cv = blockIdx.y * tile + tx;
+  if (ty >= lanes || cv * kVec >= c) return;
+  float sc[kVec], sf[kVec];
+  load_f8(coef + cv * kVec, sc), load_f8(coef + c + cv * kVec, sf);
+  int64_t begin, end;
+  block_rows(rows, &begin, &end);
+  for (int64_t r = begin + ty; r < end; r += lanes) {
+    const int64_t o = r * c + cv * kVec;
+    float v[kVec], rv[kVec] = {};
+    Vec8<T>::load(x + o, v);
+    if (res != nullptr) Vec8<T>::load(res + o, rv);
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      float z = v[k] * sc[k] + sf[k] + rv[k];
+      if (relu && z < 0.f) z = 0.f;  // NaN stays NaN, as torch.relu
+      v[k] = z;
+    }
+    Vec8<T>::store(y + o, v);
+  }
+}
+
+// bwd: g = grad_y masked by y > 0 (relu); grad_x = a * g + b * x + d; grad_residual = g.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) bwd_elemt_kernel(const T* __restrict__ gy, const T* __restrict__ y,
+                                                             const T* __restrict__ x, const float* __restrict__ coef,
+                                                             bool relu, T* __restrict__ gx, T* __restrict__ gres,
+                                                             int64_t rows, int c, int tile, int lanes) {
+  const int tx = threadIdx.x % tile, ty = threadIdx.x / tile;
+  const int cv = blockIdx.y * tile + tx;
+  if (ty >= lanes || cv * kVec >= c) return;
+  float ca[kVec], cb[kVec], cd[kVec];
+  load_f8(coef + cv * kVec, ca), load_f8(coef + c + cv * kVec, cb), load_f8(coef + 2 * c + cv * kVec, cd);
+  int64_t begin, end;
+  block_rows(rows, &begin, &end);
+  for (int64_t r = begin + ty; r < end; r += lanes) {
+    const int64_t o = r * c + cv * kVec;
+    float g[kVec], xv[kVec], yv[kVec];
+    Vec8<T>::load(gy + o, g);
+    Vec8<T>::load(x + o, xv);
+    if (relu) Vec8<T>::load(y + o, yv);
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      if (relu && !(yv[k] > 0.f)) g[k] = 0.f;
+      xv[k] = ca[k] * g[k] + cb[k] * xv[k] + cd[k];
+    }
+    Vec8<T>::store(gx + o, xv);
+    if (gres != nullptr) Vec8<T>::store(gres + o, g);
+  }
+}
+
+// Workspace layout (floats): part_a [grid_x * c], part_b [grid_x * c], coef [3 * c].
+int64_t workspace_floats(const Tiling& t, const BnShape& s) {
+  return 2 * static_cast<int64_t>(t.grid_x) * s.c + 3 * static_cast<int64_t>(s.c);
 }
 
 template <typename T>
-cudaError_t fwd_impl(const void* x, const void* residual, const float* weight, const float* bias, float* running_mean,
-                     float* running_var, float momentum, float eps, bool relu, void* y, float* mean, float* invstd,
-                     float* ws, const BnShape& s, cudaStream_t stream) {
+cudaError_t fwd_impl(const void* x, const void* residual, BnDType dtype, const float* weight, const float* bias,
+                     float* running_mean, float* running_var, float momentum, float eps, bool relu, void* y,
+                     float* mean, float* invstd, float* ws, const BnShape& s, cudaStream_t stream) {
   const Tiling t = tiling(s);
-  float* part_mean = ws;
-  float* part_m2 = ws + static_cast<int64_t>(t.grid_x) * s.c;
-  float* part_count = part_m2 + static_cast<int64_t>(t.grid_x) * s.c;
-  const size_t smem = (2 * static_cast<size_t>(t.lanes) * t.tile * kVec + t.lanes) * sizeof(float);
-  stats_kernel<T><<<dim3(t.grid_x, t.grid_y), t.tile * t.lanes, smem, stream>>>(
-      static_cast<const T*>(x), s.rows, s.c, t.tile, t.lanes, part_mean, part_m2, part_count);
-  stats_finalize_kernel<<<(s.c + 127) / 128, 128, 0, stream>>>(part_mean, part_m2, part_count, t.grid_x, s.c,
-                                                                 momentum, eps, running_mean, running_var, mean,
-                                                                 invstd);
-  const int64_t nvec = s.rows * (s.c / kVec);
-  apply_kernel<T><<<elementwise_blocks(nvec), kThreads, 0, stream>>>(
-      static_cast<const T*>(x), static_cast<const T*>(residual), weight, bias, mean, invstd, relu, static_cast<T*>(y),
-      nvec, s.c / kVec);
+  float* part_a = ws;
+  float* part_b = ws + static_cast<int64_t>(t.grid_x) * s.c;
+  float* coef = part_b + static_cast<int64_t>(t.grid_x) * s.c;
+  const size_t smem = 2 * static_cast<size_t>(t.lanes) * t.tile * kVec * sizeof(float);
+  const dim3 grid(t.grid_x, t.grid_y);
+  const T* xt = static_cast<const T*>(x);
+  reduce_kernel<T, false><<<grid, t.tile * t.lanes, smem, stream>>>(xt, nullptr, nullptr, nullptr, nullptr, false,
+                                                                     s.rows, s.c, t.tile, t.lanes, part_a, part_b);
+  finalize_kernel<false><<<(s.c + 31) / 32, 256, 0, stream>>>(part_a, part_b, t.grid_x, s.c, s.rows,
+                                                               reinterpret_cast<const float*>(x), dtype, weight, bias,
+                                                               momentum, eps, running_mean, running_var, mean, invstd,
+                                                               nullptr, nullptr, coef);
+  apply_kernel<T><<<grid, t.tile * t.lanes, 0, stream>>>(xt, static_cast<const T*>(residual), coef, relu,
+                                                          static_cast<T*>(y), s.rows, s.c, t.tile, t.lanes);
   return cudaGetLastError();
 }
 
@@ -315,27 +315,29 @@ cudaError_t bwd_impl(const void* grad_y, const void* y, const void* x, const flo
                      const float* invstd, bool relu, void* grad_x, void* grad_residual, float* grad_weight,
                      float* grad_bias, float* ws, const BnShape& s, cudaStream_t stream) {
   const Tiling t = tiling(s);
-  float* part_g = ws;
-  float* part_gx = ws + static_cast<int64_t>(t.grid_x) * s.c;
+  float* part_a = ws;
+  float* part_b = ws + static_cast<int64_t>(t.grid_x) * s.c;
+  float* coef = part_b + static_cast<int64_t>(t.grid_x) * s.c;
   const size_t smem = 2 * static_cast<size_t>(t.lanes) * t.tile * kVec * sizeof(float);
-  bwd_reduce_kernel<T><<<dim3(t.grid_x, t.grid_y), t.tile * t.lanes, smem, stream>>>(
-      static_cast<const T*>(grad_y), static_cast<const T*>(y), static_cast<const T*>(x), mean, invstd, relu, s.rows,
-      s.c, t.tile, t.lanes, part_g, part_gx);
-  bwd_finalize_kernel<<<(s.c + 127) / 128, 128, 0, stream>>>(part_g, part_gx, t.grid_x, s.c, grad_weight, grad_bias);
-  const int64_t nvec = s.rows * (s.c / kVec);
-  bwd_elemt_kernel<T><<<elementwise_blocks(nvec), kThreads, 0, stream>>>(
-      static_cast<const T*>(grad_y), static_cast<const T*>(y), static_cast<const T*>(x), weight, mean, invstd,
-      grad_weight, grad_bias, relu, 1.f / static_cast<float>(s.rows), static_cast<T*>(grad_x),
-      static_cast<T*>(grad_residual), nvec, s.c / kVec);
+  const dim3 grid(t.grid_x, t.grid_y);
+  const T* gyt = static_cast<const T*>(grad_y);
+  const T* yt = static_cast<const T*>(y);
+  const T* xt = static_cast<const T*>(x);
+  reduce_kernel<T, true><<<grid, t.tile * t.lanes, smem, stream>>>(xt, gyt, yt, mean, invstd, relu, s.rows, s.c,
+                                                                    t.tile, t.lanes, part_a, part_b);
+  finalize_kernel<true><<<(s.c + 31) / 32, 256, 0, stream>>>(part_a, part_b, t.grid_x, s.c, s.rows, nullptr,
+                                                             BnDType::kFloat32, weight, nullptr, 0.f, 0.f, nullptr,
+                                                             nullptr, const_cast<float*>(mean),
+                                                             const_cast<float*>(invstd), grad_weight, grad_bias, coef);
+  bwd_elemt_kernel<T><<<grid, t.tile * t.lanes, 0, stream>>>(gyt, yt, xt, coef, relu, static_cast<T*>(grad_x),
+                                                              static_cast<T*>(grad_residual), s.rows, s.c, t.tile,
+                                                              t.lanes);
   return cudaGetLastError();
 }
 
 }  // namespace
 
-int64_t batch_norm_act_workspace(const BnShape& s) {
-  const Tiling t = tiling(s);
-  return static_cast<int64_t>(t.grid_x) * (2 * static_cast<int64_t>(s.c) + 1);
-}
+int64_t batch_norm_act_workspace(const BnShape& s) { return workspace_floats(tiling(s), s); }
 
 cudaError_t batch_norm_act_fwd(const void* x, const void* residual, BnDType dtype, const float* weight,
                                const float* bias, float* running_mean, float* running_var, float momentum,
@@ -344,13 +346,13 @@ cudaError_t batch_norm_act_fwd(const void* x, const void* residual, BnDType dtyp
   if (s.rows < 1 || s.c < kVec || s.c % kVec != 0) return cudaErrorInvalidValue;
   switch (dtype) {
     case BnDType::kFloat32:
-      return fwd_impl<float>(x, residual, weight, bias, running_mean, running_var, momentum, eps, relu, y, mean,
+      return fwd_impl<float>(x, residual, dtype, weight, bias, running_mean, running_var, momentum, eps, relu, y, mean,
                              invstd, workspace, s, stream);
     case BnDType::kBFloat16:
-      return fwd_impl<__nv_bfloat16>(x, residual, weight, bias, running_mean, running_var, momentum, eps, relu, y,
+      return fwd_impl<__nv_bfloat16>(x, residual, dtype, weight, bias, running_mean, running_var, momentum, eps, relu, y,
                                      mean, invstd, workspace, s, stream);
     case BnDType::kFloat16:
-      return fwd_impl<__half>(x, residual, weight, bias, running_mean, running_var, momentum, eps, relu, y, mean,
+      return fwd_impl<__half>(x, residual, dtype, weight, bias, running_mean, running_var, momentum, eps, relu, y, mean,
                               invstd, workspace, s, stream);
   }
   return cudaErrorInvalidValue;
