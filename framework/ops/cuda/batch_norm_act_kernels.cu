@@ -170,8 +170,8 @@ __global__ void __launch_bounds__(kThreads) reduce_kernel(const T* __restrict__ 
 }
 
 // Sums the partials of 32 channels per block: 8 row groups of 32 threads, then shared memory; fixed
-// order. fwd: mean, invstd, running stats and coef = (scale, shift) of y = x * scale + shift;
-// bwd: grad_weight, grad_bias and coef = (a, b, d) of grad_x = a * g + b * x + d.
+// order. fwd: mean, invstd, running stats and coef = scale = weight * invstd;
+// bwd: grad_weight, grad_bias and coef = (ga, c1, c2) of grad_x = ga * g - c1 - c2 * (x - mean).
 template <bool kBackward>
 __global__ void finalize_kernel(const float* __restrict__ part_a, const float* __restrict__ part_b, int blocks, int c,
                                 int64_t rows, const float* __restrict__ shift_src, BnDType dtype,
@@ -205,38 +205,38 @@ __global__ void finalize_kernel(const float* __restrict__ part_a, const float* _
       k = __half2float(reinterpret_cast<const __half*>(shift_src)[ch]);
     }
     const double m1 = a / n;
-    const double var = fmax(b / n - m1 * m1, 0.0);
+    double var = b / n - m1 * m1;
+    if (var < 0.0) var = 0.0;  // rounding; NaN stays NaN (fmax would drop it)
     const double m = k + m1;
     const float is = static_cast<float>(1.0 / sqrt(var + static_cast<double>(eps)));
     mean[ch] = static_cast<float>(m);
     invstd[ch] = is;
     running_mean[ch] = static_cast<float>((1.0 - momentum) * running_mean[ch] + momentum * m);
     running_var[ch] = static_cast<float>((1.0 - momentum) * running_var[ch] + momentum * var * n / (n - 1.0));
-    const float scale = weight[ch] * is;
-    coef[ch] = scale;
-    coef[c + ch] = bias[ch] - static_cast<float>(m) * scale;
+    coef[ch] = weight[ch] * is;  // y = (x - mean) * coef0 + bias: no cancellation against a large mean
   } else {
     (void)shift_src, (void)dtype, (void)bias, (void)momentum, (void)eps, (void)running_mean, (void)running_var;
     grad_weight[ch] = b;
     grad_bias[ch] = a;
+    // grad_x = ga * g - c1 - c2 * (x - mean) (the xhat form: no cancellation against a large mean)
     const float is = invstd[ch], ga = weight[ch] * is;
-    const float bb = -ga * is * b / static_cast<float>(n);
     coef[ch] = ga;
-    coef[c + ch] = bb;
-    coef[2 * c + ch] = -ga * a / static_cast<float>(n) - bb * mean[ch];
+    coef[c + ch] = ga * a / static_cast<float>(n);
+    coef[2 * c + ch] = ga * is * b / static_cast<float>(n);
   }
 }
 
-// fwd: y = act(x * scale + shift [+ residual]).
+// fwd: y = act((x - mean) * scale + bias [+ residual]).
 template <typename T>
 __global__ void __launch_bounds__(kThreads) apply_kernel(const T* __restrict__ x, const T* __restrict__ res,
-                                                         const float* __restrict__ coef, bool relu, T* __restrict__ y,
+                                                         const float* __restrict__ coef, const float* __restrict__ mean,
+                                                         const float* __restrict__ bias, bool relu, T* __restrict__ y,
                                                          int64_t rows, int c, int tile, int lanes) {
   const int tx = threadIdx.x % tile, ty = threadIdx.x / tile;
   const int cv = blockIdx.y * tile + tx;
   if (ty >= lanes || cv * kVec >= c) return;
-  float sc[kVec], sf[kVec];
-  load_f8(coef + cv * kVec, sc), load_f8(coef + c + cv * kVec, sf);
+  float sc[kVec], sf[kVec], mv[kVec];
+  load_f8(coef + cv * kVec, sc), load_f8(bias + cv * kVec, sf), load_f8(mean + cv * kVec, mv);
   int64_t begin, end;
   block_rows(rows, &begin, &end);
   for (int64_t r = begin + ty; r < end; r += lanes) {
@@ -246,7 +246,7 @@ __global__ void __launch_bounds__(kThreads) apply_kernel(const T* __restrict__ x
     if (res != nullptr) Vec8<T>::load(res + o, rv);
 #pragma unroll
     for (int k = 0; k < kVec; ++k) {
-      float z = v[k] * sc[k] + sf[k] + rv[k];
+      float z = (v[k] - mv[k]) * sc[k] + sf[k] + rv[k];
       if (relu && z < 0.f) z = 0.f;  // NaN stays NaN, as torch.relu
       v[k] = z;
     }
@@ -254,17 +254,18 @@ __global__ void __launch_bounds__(kThreads) apply_kernel(const T* __restrict__ x
   }
 }
 
-// bwd: g = grad_y masked by y > 0 (relu); grad_x = a * g + b * x + d; grad_residual = g.
+// bwd: g = grad_y masked by y > 0 (relu); grad_x = ga * g - c1 - c2 * (x - mean); grad_residual = g.
 template <typename T>
 __global__ void __launch_bounds__(kThreads) bwd_elemt_kernel(const T* __restrict__ gy, const T* __restrict__ y,
                                                              const T* __restrict__ x, const float* __restrict__ coef,
-                                                             bool relu, T* __restrict__ gx, T* __restrict__ gres,
+                                                             const float* __restrict__ mean, bool relu, T* __restrict__ gx, T* __restrict__ gres,
                                                              int64_t rows, int c, int tile, int lanes) {
   const int tx = threadIdx.x % tile, ty = threadIdx.x / tile;
   const int cv = blockIdx.y * tile + tx;
   if (ty >= lanes || cv * kVec >= c) return;
-  float ca[kVec], cb[kVec], cd[kVec];
-  load_f8(coef + cv * kVec, ca), load_f8(coef + c + cv * kVec, cb), load_f8(coef + 2 * c + cv * kVec, cd);
+  float ca[kVec], c1[kVec], c2[kVec], mv[kVec];
+  load_f8(coef + cv * kVec, ca), load_f8(coef + c + cv * kVec, c1), load_f8(coef + 2 * c + cv * kVec, c2);
+  load_f8(mean + cv * kVec, mv);
   int64_t begin, end;
   block_rows(rows, &begin, &end);
   for (int64_t r = begin + ty; r < end; r += lanes) {
@@ -276,7 +277,7 @@ __global__ void __launch_bounds__(kThreads) bwd_elemt_kernel(const T* __restrict
 #pragma unroll
     for (int k = 0; k < kVec; ++k) {
       if (relu && !(yv[k] > 0.f)) g[k] = 0.f;
-      xv[k] = ca[k] * g[k] + cb[k] * xv[k] + cd[k];
+      xv[k] = ca[k] * g[k] - c1[k] - c2[k] * (xv[k] - mv[k]);
     }
     Vec8<T>::store(gx + o, xv);
     if (gres != nullptr) Vec8<T>::store(gres + o, g);
@@ -305,7 +306,7 @@ cudaError_t fwd_impl(const void* x, const void* residual, BnDType dtype, const f
                                                                reinterpret_cast<const float*>(x), dtype, weight, bias,
                                                                momentum, eps, running_mean, running_var, mean, invstd,
                                                                nullptr, nullptr, coef);
-  apply_kernel<T><<<grid, t.tile * t.lanes, 0, stream>>>(xt, static_cast<const T*>(residual), coef, relu,
+  apply_kernel<T><<<grid, t.tile * t.lanes, 0, stream>>>(xt, static_cast<const T*>(residual), coef, mean, bias, relu,
                                                           static_cast<T*>(y), s.rows, s.c, t.tile, t.lanes);
   return cudaGetLastError();
 }
@@ -329,7 +330,7 @@ cudaError_t bwd_impl(const void* grad_y, const void* y, const void* x, const flo
                                                              BnDType::kFloat32, weight, nullptr, 0.f, 0.f, nullptr,
                                                              nullptr, const_cast<float*>(mean),
                                                              const_cast<float*>(invstd), grad_weight, grad_bias, coef);
-  bwd_elemt_kernel<T><<<grid, t.tile * t.lanes, 0, stream>>>(gyt, yt, xt, coef, relu, static_cast<T*>(grad_x),
+  bwd_elemt_kernel<T><<<grid, t.tile * t.lanes, 0, stream>>>(gyt, yt, xt, coef, mean, relu, static_cast<T*>(grad_x),
                                                               static_cast<T*>(grad_residual), s.rows, s.c, t.tile,
                                                               t.lanes);
   return cudaGetLastError();
