@@ -89,6 +89,16 @@ std::shared_ptr<strobe::Model> resnet(const std::string& fused) {
   return strobe::model_registry().create(section, "");
 }
 
+TEST(BatchNormAct, ResNetFusedBnKeyTakesAutoTrueFalseOnly) {
+  try {
+    resnet("maybe");
+    ADD_FAILURE() << "fused_bn: maybe accepted";
+  } catch (const strobe::config::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("fused_bn"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(resnet("auto"));
+}
+
 TEST(BatchNormAct, ResNetFusedAndAtenPathsTrainAlike) {
   torch::manual_seed(3);
   auto fused = resnet("true"), aten = resnet("false");

@@ -107,6 +107,17 @@ def run(device):
         mw = [torch.randn(*s, device=device, dtype=dt, requires_grad=True) for s in ((32, 16), (32,), (8, 32), (8,))]
         opcheck(ops.fused_mlp.default, (mx, *mw), tag=f"fused_mlp {device} {dt}")
 
+    # --- batch_norm_act (CUDA kernels take channels_last, C % 8 == 0, fp32 BatchNorm parameters)
+    for dt in (torch.float32,) + ((torch.bfloat16,) if device == "cuda" else ()):
+        bx = torch.randn(2, 16, 3, 3, device=device, dtype=dt).contiguous(memory_format=torch.channels_last).requires_grad_()
+        br = torch.randn_like(bx).requires_grad_()
+        bw = (torch.rand(16, device=device) + 0.5).requires_grad_()
+        bb = torch.randn(16, device=device).requires_grad_()
+        rm, rv = torch.zeros(16, device=device), torch.ones(16, device=device)
+        opcheck(ops.batch_norm_act.default, (bx, bw, bb, rm, rv), tag=f"batch_norm_act {device} {dt}")
+        opcheck(ops.batch_norm_act.default, (bx, bw, bb, rm, rv, br, 0.1, 1e-5, False),
+                tag=f"batch_norm_act residual {device} {dt}")
+
     # --- torch.compile(fullgraph=True) through every op, forward and backward
     torch._dynamo.reset()
 
