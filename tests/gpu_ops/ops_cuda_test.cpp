@@ -8,33 +8,16 @@
 
 #include "framework/ops/fused_optimizers.h"
 #include "framework/ops/ops.h"
+#include "tests/gpu_test_util.h"
 
 namespace {
 
 using torch::Tensor;
 namespace idx = torch::indexing;
 
-#define SKIP_WITHOUT_CUDA()                                                            \
-  do {                                                                                 \
-    if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device visible";        \
-    if (!strobe::ops::built_with_cuda()) GTEST_SKIP() << "strobe_ops built without CUDA"; \
-  } while (0)
-
-const torch::Device kCuda("cuda");
-
-// Fill and free a large block so the next allocations reuse NaN-filled memory.
-void poison_allocator() {
-  Tensor junk = torch::full({64 << 20}, NAN, torch::TensorOptions(kCuda).dtype(torch::kFloat));
-  junk.reset();
-}
-
-double rel_err(const Tensor& got, const Tensor& want) {
-  const Tensor w = want.to(torch::kCPU, torch::kDouble), g = got.to(torch::kCPU, torch::kDouble);
-  const double den = w.norm().item<double>();
-  const double num = (g - w).norm().item<double>();
-  if (std::isnan(num)) return INFINITY;
-  return den == 0 ? num : num / den;
-}
+using strobe::testing::kCuda;
+using strobe::testing::poison_allocator;
+using strobe::testing::rel_err;
 
 std::pair<Tensor, Tensor> make_boxes(int64_t b, int64_t n, int64_t seed) {
   auto g = at::make_generator<at::CPUGeneratorImpl>(seed);
