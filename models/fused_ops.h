@@ -15,6 +15,7 @@
 
 namespace strobe::models {
 
+// auto | true | false, parsed once; resnet's `fused_bn` key takes the same three values.
 enum class FusedOps { kAuto, kOn, kOff };
 
 inline FusedOps parse_fused_ops(const std::string& s) {

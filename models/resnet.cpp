@@ -4,6 +4,7 @@
 
 #include "framework/config/config.h"
 #include "framework/ops/ops.h"
+#include "models/fused_ops.h"
 
 namespace strobe::models {
 namespace {
@@ -14,16 +15,14 @@ nn::Conv2d conv(int64_t in, int64_t out, int64_t k, int64_t stride) {
   return nn::Conv2d(nn::Conv2dOptions(in, out, k).stride(stride).padding(k / 2).bias(false));
 }
 
-enum class FusedBn { kAuto, kOn, kOff };
-
 // act(bn(x) [+ residual]) with act = ReLU or identity: one strobe::batch_norm_act in training when
 // `mode` allows (header: fused_bn), else ATen's BatchNorm, add and ReLU.
 torch::Tensor bn_act(nn::BatchNorm2dImpl& bn, const torch::Tensor& x, const std::optional<torch::Tensor>& residual,
-                     bool relu, FusedBn mode) {
+                     bool relu, FusedOps mode) {
   const auto& o = bn.options;
   // (momentum None, a cumulative average, would need the batch count on the host: ATen keeps it)
-  bool fused = mode != FusedBn::kOff && bn.is_training() && o.affine() && o.track_running_stats() && o.momentum();
-  if (fused && mode == FusedBn::kAuto) {
+  bool fused = mode != FusedOps::kOff && bn.is_training() && o.affine() && o.track_running_stats() && o.momentum();
+  if (fused && mode == FusedOps::kAuto) {
     fused = ops::batch_norm_act_cuda_eligible(x, bn.weight, bn.bias, bn.running_mean, bn.running_var) &&
             (!residual || residual->is_contiguous(at::MemoryFormat::ChannelsLast));
   }
@@ -43,7 +42,7 @@ torch::Tensor bn_act(nn::BatchNorm2dImpl& bn, const torch::Tensor& x, const std:
 // A residual block; `expansion` 1 is torchvision's BasicBlock (two 3x3), 4 its Bottleneck (1x1, 3x3, 1x1).
 class BlockImpl : public nn::Module {
  public:
-  BlockImpl(int64_t in, int64_t planes, int64_t stride, int64_t expansion, FusedBn fused_bn)
+  BlockImpl(int64_t in, int64_t planes, int64_t stride, int64_t expansion, FusedOps fused_bn)
       : expansion_(expansion), fused_bn_(fused_bn) {
     int64_t out = planes * expansion;
     if (expansion == 1) {
@@ -78,7 +77,7 @@ class BlockImpl : public nn::Module {
 
  private:
   int64_t expansion_;
-  FusedBn fused_bn_;
+  FusedOps fused_bn_;
   nn::Conv2d conv1_{nullptr}, conv2_{nullptr}, conv3_{nullptr};
   nn::BatchNorm2d bn1_{nullptr}, bn2_{nullptr}, bn3_{nullptr};
   nn::Sequential downsample_{nullptr};
@@ -91,7 +90,7 @@ class ResNet : public Model {
       : Model("ResNet"),
         small_stem_(o.stem == "cifar"),
         memory_format_(o.memory_format),
-        fused_bn_(o.fused_bn == "true" ? FusedBn::kOn : o.fused_bn == "false" ? FusedBn::kOff : FusedBn::kAuto) {
+        fused_bn_(parse_fused_ops(o.fused_bn)) {
     const int64_t expansion = o.depth >= 50 ? 4 : 1;
     std::vector<int64_t> blocks;
     switch (o.depth) {
@@ -151,7 +150,7 @@ class ResNet : public Model {
  private:
   bool small_stem_;
   std::string memory_format_;
-  FusedBn fused_bn_;
+  FusedOps fused_bn_;
   bool channels_last_ = false;
   nn::Conv2d conv1_{nullptr};
   nn::BatchNorm2d bn1_{nullptr};

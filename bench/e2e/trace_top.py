@@ -44,6 +44,7 @@ def who(events, pat, n):
             ops_by_tid[e.get("tid")].append(e)
     for v in ops_by_tid.values():
         v.sort(key=lambda e: e["ts"])
+    starts_by_tid = {tid: [o["ts"] for o in v] for tid, v in ops_by_tid.items()}
     launches = {}
     for e in events:
         if e.get("ph") == "X" and e.get("cat") == "cuda_runtime":
@@ -59,7 +60,7 @@ def who(events, pat, n):
         if l is None:
             continue
         ops = ops_by_tid.get(l.get("tid"), [])
-        i = bisect.bisect_right([o["ts"] for o in ops], l["ts"])
+        i = bisect.bisect_right(starts_by_tid.get(l.get("tid"), []), l["ts"])
         chain = [o for o in ops[:i] if o["ts"] <= l["ts"] <= o["ts"] + o["dur"]]
         chain.sort(key=lambda o: o["dur"])  # innermost first
         if not chain:

@@ -16,6 +16,7 @@
 #include "framework/metrics/collection.h"
 #include "framework/metrics/registry.h"
 #include "framework/ops/ops.h"
+#include "framework/tasks/fused_loss.h"
 
 namespace strobe {
 namespace {
@@ -89,13 +90,8 @@ class ClassificationTask : public Module {
   std::shared_ptr<Model> model_;
   // Only for cross_entropy without label smoothing (make_classification rejects `true` otherwise).
   bool use_fused_loss(const torch::Tensor& logits) const {
-    if (loss_ != "cross_entropy" || label_smoothing_ != 0.0 || fused_loss_ == "false" || logits.dim() != 2) return false;
-    if (fused_loss_ == "true") {
-      TORCH_CHECK(!logits.is_cuda() || ops::built_with_cuda(),
-                  "classification: fused_loss: true needs the CUDA kernels, but strobe_ops was built without CUDA");
-      return true;
-    }
-    return logits.is_cuda() && ops::built_with_cuda() && logits.scalar_type() != torch::kDouble;
+    if (loss_ != "cross_entropy" || label_smoothing_ != 0.0 || logits.dim() != 2) return false;
+    return use_fused_cross_entropy(fused_loss_, logits, "classification");
   }
 
   std::string loss_;

@@ -9,6 +9,7 @@
 #include "framework/core/forensics.h"
 #include "framework/core/module.h"
 #include "framework/ops/ops.h"
+#include "framework/tasks/fused_loss.h"
 
 namespace strobe {
 namespace {
@@ -48,13 +49,7 @@ class LanguageModelingTask : public Module {
 
  private:
   bool use_fused_loss(const torch::Tensor& logits) const {
-    if (fused_loss_ == "false") return false;
-    if (fused_loss_ == "true") {
-      TORCH_CHECK(!logits.is_cuda() || ops::built_with_cuda(),
-                  "language_modeling: fused_loss: true needs the CUDA kernels, but strobe_ops was built without CUDA");
-      return true;
-    }
-    return logits.is_cuda() && ops::built_with_cuda() && logits.scalar_type() != torch::kDouble;
+    return use_fused_cross_entropy(fused_loss_, logits, "language_modeling");
   }
 
   std::shared_ptr<Model> model_;

@@ -64,11 +64,7 @@ TEST(GpuModels, DecoderLMPaddedAndPackedLossesAgreeWithSdpa) {
   torch::manual_seed(0);
   auto m = testing::build_model("{name: decoder_lm, vocab_size: 128, max_seq_len: 256, embed_dim: 128, depth: 2, num_heads: 2, attention: sdpa}");
   m->to(torch::kCUDA, torch::kBFloat16);
-  std::vector<Sample> samples;
-  for (int64_t n : {17, 255, 1, 128}) {
-    auto seq = torch::randint(1, 128, {n + 1}, torch::kInt64);
-    samples.push_back({{"tokens", seq.narrow(0, 0, n)}, {"targets", seq.narrow(0, 1, n)}});
-  }
+  std::vector<Sample> samples = testing::token_samples({17, 255, 1, 128}, 128);
   auto loss = [&](const Batch& b) {
     auto d = b.to(torch::kCUDA);
     auto logits = m->forward(d).to(torch::kFloat32);

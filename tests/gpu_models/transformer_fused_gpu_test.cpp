@@ -81,11 +81,7 @@ TEST(GpuFusedOps, DecoderLmLossCurveMatchesAten) {
   auto init = testing::build_model(m + "false}");
   std::vector<Batch> batches;
   for (int i = 0; i < 2; ++i) {
-    std::vector<Sample> samples;
-    for (int64_t n : {100, 37, 128, 64, 90, 11, 128, 75}) {
-      auto seq = torch::randint(1, 256, {n + 1}, torch::kInt64);
-      samples.push_back({{"tokens", seq.narrow(0, 0, n)}, {"targets", seq.narrow(0, 1, n)}});
-    }
+    std::vector<Sample> samples = testing::token_samples({100, 37, 128, 64, 90, 11, 128, 75}, 256);
     Batch b = data::collate_tokens_packed(samples);
     for (auto& kv : b.tensors) kv.second = kv.second.to(torch::kCUDA);
     batches.push_back(b);

@@ -13,6 +13,7 @@
 #include "framework/config/config.h"
 #include "framework/core/model.h"
 #include "framework/ops/ops.h"
+#include "tests/models/model_test_util.h"
 #include "tests/gpu_test_util.h"
 
 namespace {
@@ -127,11 +128,8 @@ TEST(BatchNormActCuda, RejectsWhatTheKernelsCannotTake) {
 }
 
 std::shared_ptr<strobe::Model> resnet(const std::string& fused) {
-  auto doc = strobe::config::Document::load_string(
-      "{name: resnet, depth: 50, width: 16, num_classes: 10, memory_format: channels_last, fused_bn: " + fused + "}",
-      "test.yaml");
-  auto section = doc.root();
-  return strobe::model_registry().create(section, "");
+  return strobe::testing::build_model(
+      "{name: resnet, depth: 50, width: 16, num_classes: 10, memory_format: channels_last, fused_bn: " + fused + "}");
 }
 
 TEST(BatchNormActCuda, ResNet50TrainsAlikeWithAndWithoutTheFusedOpUnderBf16Autocast) {
@@ -145,11 +143,7 @@ TEST(BatchNormActCuda, ResNet50TrainsAlikeWithAndWithoutTheFusedOpUnderBf16Autoc
     m->on_device(kCuda, "bf16-mixed");
     m->train();
   }
-  {
-    torch::NoGradGuard no_grad;
-    auto src = aten->named_parameters();
-    for (auto& kv : fused->named_parameters()) kv.value().copy_(src[kv.key()]);
-  }
+  strobe::testing::copy_weights(*aten, *fused);
   std::vector<Tensor> images, targets;
   for (int i = 0; i < 4; ++i) {
     images.push_back(torch::randn({32, 3, 64, 64}, kCuda));

@@ -90,14 +90,7 @@ TEST(ModelLayout, ViTResidualStreamIsContiguousAndBiasesStayInTheGemm) {
   EXPECT_TRUE(seen.violations.empty()) << seen.violations.size() << " strided or bias passes:" << joined(seen.violations);
 }
 
-std::vector<Sample> token_samples(const std::vector<int64_t>& lengths, int64_t vocab) {
-  std::vector<Sample> out;
-  for (int64_t n : lengths) {
-    auto seq = torch::randint(1, vocab, {n + 1}, torch::kInt64);
-    out.push_back({{"tokens", seq.narrow(0, 0, n)}, {"targets", seq.narrow(0, 1, n)}});
-  }
-  return out;
-}
+using testing::token_samples;
 
 TEST(ModelLayout, DecoderLMPaddedAndPackedKeepTheResidualStreamContiguous) {
   torch::manual_seed(1);

@@ -2,10 +2,12 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include <torch/torch.h>
 
 #include "framework/config/config.h"
+#include "framework/core/batch.h"
 #include "framework/core/model.h"
 
 namespace strobe::testing {
@@ -26,6 +28,17 @@ inline void copy_weights(torch::nn::Module& from, torch::nn::Module& to) {
   torch::NoGradGuard guard;
   auto src = from.named_parameters();
   for (auto& kv : to.named_parameters()) kv.value().copy_(src[kv.key()]);
+}
+
+// One token sequence per length, tokens in [1, vocab): {"tokens": seq[0:n], "targets": seq[1:n+1]}, as
+// a token dataset yields them (collate with data::collate_tokens_padded / _packed).
+inline std::vector<Sample> token_samples(const std::vector<int64_t>& lengths, int64_t vocab) {
+  std::vector<Sample> out;
+  for (int64_t n : lengths) {
+    auto seq = torch::randint(1, vocab, {n + 1}, torch::kInt64);
+    out.push_back({{"tokens", seq.narrow(0, 0, n)}, {"targets", seq.narrow(0, 1, n)}});
+  }
+  return out;
 }
 
 inline Batch image_batch(torch::Tensor image) {

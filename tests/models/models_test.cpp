@@ -126,14 +126,7 @@ TEST(ViT, CustomAndMathBackendsAgreeOnCpu) {
   EXPECT_TRUE(torch::allclose(math->forward(x), custom->forward(x), 1e-5, 1e-5));
 }
 
-std::vector<Sample> token_samples(const std::vector<int64_t>& lengths, int64_t vocab) {
-  std::vector<Sample> out;
-  for (int64_t n : lengths) {
-    auto seq = torch::randint(1, vocab, {n + 1}, torch::kInt64);
-    out.push_back({{"tokens", seq.narrow(0, 0, n)}, {"targets", seq.narrow(0, 1, n)}});
-  }
-  return out;
-}
+using testing::token_samples;
 
 torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets) {
   return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}),

@@ -64,11 +64,7 @@ TEST(TransformerFused, DecoderLmSameLossAndGradientsPackedAndPadded) {
       if (kv.key().find("norm") != std::string::npos) kv.value().add_(torch::randn(kv.value().sizes()) * 0.1);
   }
   copy_weights(*aten, *fused);
-  std::vector<Sample> samples;
-  for (int64_t n : {5, 9, 2}) {
-    auto seq = torch::randint(1, 50, {n + 1}, torch::kInt64);
-    samples.push_back({{"tokens", seq.narrow(0, 0, n)}, {"targets", seq.narrow(0, 1, n)}});
-  }
+  std::vector<Sample> samples = testing::token_samples({5, 9, 2}, 50);
   for (const Batch& b : {data::collate_tokens_packed(samples), data::collate_tokens_padded(samples, 0)}) {
     aten->zero_grad();
     fused->zero_grad();
@@ -97,11 +93,7 @@ TEST(TransformerFused, FusedLossGivesTheSameLossAndGradients) {
   auto lm = build_model("{name: decoder_lm, vocab_size: 50, max_seq_len: 16, embed_dim: 32, depth: 1, num_heads: 4}");
   Batch img = testing::image_batch(torch::randn({5, 3, 16, 16}));
   img.tensors["label"] = torch::randint(0, 7, {5}, torch::kLong);
-  std::vector<Sample> samples;
-  for (int64_t n : {5, 9}) {
-    auto seq = torch::randint(1, 50, {n + 1}, torch::kInt64);
-    samples.push_back({{"tokens", seq.narrow(0, 0, n)}, {"targets", seq.narrow(0, 1, n)}});
-  }
+  std::vector<Sample> samples = testing::token_samples({5, 9}, 50);
   const Batch tok = data::collate_tokens_padded(samples, 0);  // has -100 targets at the padding
   for (auto [model, name, batch] : {std::tuple{vit, std::string("classification"), img},
                                     std::tuple{lm, std::string("language_modeling"), tok}}) {
@@ -136,11 +128,7 @@ TEST(TransformerFused, GeluTanhFusedMlpMatchesAtenAndDiffersFromErf) {
     if (base.find("vit") != std::string::npos) {
       b = testing::image_batch(torch::randn({2, 3, 16, 16}));
     } else {
-      std::vector<Sample> samples;
-      for (int64_t n : {6, 3}) {
-        auto seq = torch::randint(1, 50, {n + 1}, torch::kInt64);
-        samples.push_back({{"tokens", seq.narrow(0, 0, n)}, {"targets", seq.narrow(0, 1, n)}});
-      }
+      std::vector<Sample> samples = testing::token_samples({6, 3}, 50);
       b = data::collate_tokens_packed(samples);
     }
     const torch::Tensor ya = aten->forward(b), yf = fused->forward(b), ye = erf->forward(b);
@@ -168,11 +156,7 @@ TEST(TransformerFused, AutocastMixedDtypesMatchAten) {
     if (base.find("vit") != std::string::npos) {
       b = testing::image_batch(torch::randn({2, 3, 16, 16}));
     } else {
-      std::vector<Sample> samples;
-      for (int64_t n : {6, 3}) {
-        auto seq = torch::randint(1, 50, {n + 1}, torch::kInt64);
-        samples.push_back({{"tokens", seq.narrow(0, 0, n)}, {"targets", seq.narrow(0, 1, n)}});
-      }
+      std::vector<Sample> samples = testing::token_samples({6, 3}, 50);
       b = data::collate_tokens_packed(samples);
     }
     at::autocast::set_autocast_enabled(at::kCPU, true);

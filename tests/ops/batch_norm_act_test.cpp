@@ -7,6 +7,7 @@
 #include "framework/config/config.h"
 #include "framework/core/model.h"
 #include "framework/ops/ops.h"
+#include "tests/models/model_test_util.h"
 
 namespace {
 
@@ -82,11 +83,8 @@ TEST(BatchNormAct, BadArgumentsAreClearErrors) {
 }
 
 std::shared_ptr<strobe::Model> resnet(const std::string& fused) {
-  auto doc = strobe::config::Document::load_string(
-      "{name: resnet, depth: 50, width: 8, num_classes: 5, stem: cifar, memory_format: channels_last, fused_bn: " + fused + "}",
-      "test.yaml");
-  auto section = doc.root();
-  return strobe::model_registry().create(section, "");
+  return strobe::testing::build_model(
+      "{name: resnet, depth: 50, width: 8, num_classes: 5, stem: cifar, memory_format: channels_last, fused_bn: " + fused + "}");
 }
 
 TEST(BatchNormAct, ResNetFusedBnKeyTakesAutoTrueFalseOnly) {
@@ -104,11 +102,7 @@ TEST(BatchNormAct, ResNetFusedAndAtenPathsTrainAlike) {
   auto fused = resnet("true"), aten = resnet("false");
   // float64: 50 layers of BatchNorm over a few values per channel amplify fp32 rounding differences
   fused->to(torch::kDouble), aten->to(torch::kDouble);
-  {
-    torch::NoGradGuard no_grad;
-    auto src = aten->named_parameters();
-    for (auto& kv : fused->named_parameters()) kv.value().copy_(src[kv.key()]);
-  }
+  strobe::testing::copy_weights(*aten, *fused);
   fused->train(), aten->train();
   strobe::Batch batch;
   batch.meta["batch_size"] = 4;
