@@ -135,17 +135,22 @@ std::shared_ptr<strobe::Model> resnet(const std::string& fused) {
       "{name: resnet, depth: 50, width: 16, num_classes: 10, memory_format: channels_last, fused_bn: " + fused + "}");
 }
 
-TEST(BatchNormActCuda, ResNet50StepsAlongATrainingRunMatchTheAtenPathUnderBf16Autocast) {
+TEST(BatchNormActCuda, ResNet50UnderBf16AutocastIsAsCloseToFp32AsTheAtenPathAlongATrainingRun) {
   // The lever inside the whole model, over a training run: 20 SGD-momentum steps of the ATen model
-  // (bf16 autocast, NHWC, 4 fixed batches); before each step the fused model gets the ATen model's
-  // weights and BatchNorm statistics, and both run the same batch. Loss, every gradient and the
-  // updated running statistics must agree within bf16 tolerance at every step. (Two free-running
-  // models on random labels drift apart by chaos after ~10 steps whatever the op, at lr 0.05, 0.01
-  // and 0.002 alike: the comparison is made along one trajectory.)
+  // under bf16 autocast (NHWC, 4 fixed batches of random labels). Before each step a fused twin
+  // (bf16 autocast) and an fp32 twin (ATen, no autocast) get its weights and BatchNorm statistics,
+  // and all three run the same batch. Measured on an H200: against fp32, the whole gradient vector
+  // of either bf16 path is off by ~120% in relative L2 (BatchNorm's backward cancels most of its
+  // incoming gradient, and bf16 keeps 8 bits), and per-step losses by ~1%, so two bf16 paths differ
+  // as much from each other as from fp32. The fused path is therefore held to ATen's own bf16
+  // error, averaged over the 20 steps: gradient, loss and updated running statistics no farther
+  // from fp32 than ATen's bf16 path (gradient within 1.25x; loss and statistics within 2x + a
+  // floor). (Free-running models on random labels drift apart by chaos after ~10 steps whatever the
+  // op: the comparison is made along one trajectory.)
   SKIP_WITHOUT_CUDA();
   torch::manual_seed(2);
-  auto fused = resnet("auto"), aten = resnet("false");
-  for (auto* m : {fused.get(), aten.get()}) {
+  auto fused = resnet("auto"), aten = resnet("false"), ref = resnet("false");
+  for (auto* m : {fused.get(), aten.get(), ref.get()}) {
     m->to(kCuda);
     m->on_device(kCuda, "bf16-mixed");
     m->train();
@@ -156,58 +161,70 @@ TEST(BatchNormActCuda, ResNet50StepsAlongATrainingRunMatchTheAtenPathUnderBf16Au
     targets.push_back(torch::randint(0, 10, {32}, torch::TensorOptions(kCuda).dtype(torch::kLong)));
   }
   torch::optim::SGD opt(aten->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
-  auto sync_state = [&] {
+  // The ATen model's state, taken before its step, handed to the twins.
+  auto sync_state = [&](strobe::Model& to) {
     torch::NoGradGuard ng;
     auto p = aten->named_parameters();
-    for (auto& kv : fused->named_parameters()) kv.value().copy_(p[kv.key()]);
+    for (auto& kv : to.named_parameters()) kv.value().copy_(p[kv.key()]);
     auto b = aten->named_buffers();
-    for (auto& kv : fused->named_buffers()) kv.value().copy_(b[kv.key()]);
+    for (auto& kv : to.named_buffers()) kv.value().copy_(b[kv.key()]);
   };
-  at::autocast::set_autocast_enabled(at::kCUDA, true);
-  at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
-  double first = 0, last = 0, worst_all = 0, worst_loss = 0;
-  for (int step = 0; step < 20; ++step) {
-    sync_state();
+  // All gradients (or floating buffers) of a model as one float64 vector; the order is the same in the three.
+  auto grads = [](strobe::Model& m) {
+    std::vector<Tensor> g;
+    for (auto& p : m.parameters()) g.push_back(p.grad().to(torch::kDouble).reshape({-1}));
+    return torch::cat(g);
+  };
+  auto stats = [](strobe::Model& m) {
+    std::vector<Tensor> s;
+    for (auto& b : m.buffers())
+      if (b.is_floating_point()) s.push_back(b.to(torch::kDouble).reshape({-1}));
+    return torch::cat(s);
+  };
+  double sum_err[2] = {0, 0}, sum_loss[2] = {0, 0}, sum_stats[2] = {0, 0};
+  double first = 0, last = 0;
+  const int steps = 20;
+  for (int step = 0; step < steps; ++step) {
+    sync_state(*fused);
+    sync_state(*ref);
     strobe::Batch batch;
     batch.meta["batch_size"] = 32;
     batch.tensors["image"] = images[step % 4];
-    double loss[2];
+    double loss[3];
+    Tensor g[3], st[3];
     int i = 0;
-    for (auto* m : {fused.get(), aten.get()}) {
+    for (auto* m : {fused.get(), aten.get(), ref.get()}) {
+      at::autocast::set_autocast_enabled(at::kCUDA, m != ref.get());
+      at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
       m->zero_grad();
       Tensor l = torch::nn::functional::cross_entropy(m->forward(batch).to(torch::kFloat), targets[step % 4]);
       l.backward();
-      loss[i++] = l.item<double>();
+      at::autocast::set_autocast_enabled(at::kCUDA, false);
       at::autocast::clear_cache();
+      loss[i] = l.item<double>();
+      g[i] = grads(*m);
+      st[i] = stats(*m);
+      ASSERT_TRUE(torch::isfinite(g[i]).all().item<bool>()) << "model " << i << " step " << step;
+      ++i;
     }
-    EXPECT_NEAR(loss[0], loss[1], 1e-2 * std::abs(loss[1])) << "step " << step;
-    // Every gradient: relative L2 error against ATen's (bf16 activations: a few 1e-3 is rounding).
-    auto pa = aten->named_parameters();
-    double worst = 0;
-    std::string worst_name;
-    for (auto& kv : fused->named_parameters()) {
-      const Tensor ga = pa[kv.key()].grad().to(torch::kDouble), gf = kv.value().grad().to(torch::kDouble);
-      ASSERT_TRUE(torch::isfinite(gf).all().item<bool>()) << kv.key() << " step " << step;
-      const double e = ((gf - ga).norm() / ga.norm().clamp_min(1e-12)).item<double>();
-      if (e > worst) worst = e, worst_name = kv.key();
-    }
-    EXPECT_LT(worst, 5e-2) << "step " << step << ": gradient of " << worst_name;
-    worst_all = std::max(worst_all, worst);
-    worst_loss = std::max(worst_loss, std::abs(loss[0] - loss[1]) / std::abs(loss[1]));
-    auto ba = aten->named_buffers();
-    for (auto& kv : fused->named_buffers()) {
-      if (!kv.value().is_floating_point()) continue;
-      const Tensor a = ba[kv.key()].to(torch::kDouble), f = kv.value().to(torch::kDouble);
-      EXPECT_LT(((f - a).norm() / a.norm().clamp_min(1e-12)).item<double>(), 1e-2) << kv.key() << " step " << step;
+    for (int k = 0; k < 2; ++k) {
+      sum_err[k] += ((g[k] - g[2]).norm() / g[2].norm()).item<double>();
+      sum_loss[k] += std::abs(loss[k] - loss[2]) / std::abs(loss[2]);
+      sum_stats[k] += ((st[k] - st[2]).norm() / st[2].norm()).item<double>();
     }
     opt.step();
     (step == 0 ? first : last) = loss[1];
   }
-  at::autocast::set_autocast_enabled(at::kCUDA, false);
-  at::autocast::clear_cache();
+  const double err_f = sum_err[0] / steps, err_a = sum_err[1] / steps;
+  const double loss_f = sum_loss[0] / steps, loss_a = sum_loss[1] / steps;
+  const double stats_f = sum_stats[0] / steps, stats_a = sum_stats[1] / steps;
+  std::cout << "[ batch_norm_act ] ResNet-50, 20 steps, mean relative error against fp32, fused bf16 / ATen bf16: "
+            << "gradients " << err_f << " / " << err_a << ", loss " << loss_f << " / " << loss_a
+            << ", running statistics " << stats_f << " / " << stats_a << "\n";
+  EXPECT_LE(err_f, 1.25 * err_a) << "gradients";
+  EXPECT_LE(loss_f, 2 * loss_a + 1e-3) << "loss";
+  EXPECT_LE(stats_f, 2 * stats_a + 1e-4) << "running statistics";
   EXPECT_NE(first, last) << "the weights did not move: nothing was compared along a trajectory";
-  std::cout << "[ batch_norm_act ] ResNet-50 over 20 steps: largest relative loss difference " << worst_loss
-            << ", largest relative gradient L2 error " << worst_all << "\n";
 }
 
 }  // namespace
