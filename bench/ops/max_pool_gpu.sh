@@ -27,14 +27,27 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
 fi
 
 timeout 120 python3 bench/ops/max_pool_bench.py "$B/lib/libstrobe_ops.so" --json "$out/max_pool_bench.json" 2>&1 | grep -v Warning | tail -8
+timeout 90 python3 - "$B/lib/libstrobe_ops.so" <<'PY' 2>&1 | grep -v Warning | tail -4
+import sys, torch
+torch.ops.load_library(sys.argv[1])
+op = torch.ops.strobe.max_pool2d.default
+for dt in (torch.float32, torch.bfloat16):
+    x = torch.randn(2, 8, 9, 7, device="cuda", dtype=dt)
+    for args in ((x.clone().requires_grad_(), [3], [2], [1]),
+                 (x.contiguous(memory_format=torch.channels_last).requires_grad_(), [2, 3], [2, 1], [1, 1])):
+        res = torch.library.opcheck(op, args)
+        print("opcheck cuda", dt, "ok" if all(v == "SUCCESS" for v in res.values()) else res, flush=True)
+PY
 
-# whole steps: auto (our op) and false (ATen), twice each, alternating
-for rep in 1 2; do
+# whole steps: auto (our op) and false (ATen), alternating, three rounds while time allows
+budget=${STEP_BUDGET_S:-520}
+for rep in 1 2 3; do
   for mode in auto false; do
-    timeout 150 "$B/bin/strobe" bench step --warmup ${WARMUP:-25} --steps ${STEPS:-50} --workload resnet50 \
+    if [ $(( $(date +%s) - t0 )) -gt "$budget" ]; then echo "(time budget reached: skipping custom_pool=$mode run $rep)"; continue; fi
+    timeout 120 "$B/bin/strobe" bench step --warmup ${WARMUP:-20} --steps ${STEPS:-50} --workload resnet50 \
       --workload face_detector_giou --set model.custom_pool=$mode --json "$out/step_${mode}_$rep.json" \
       > "$out/step_${mode}_$rep.log" 2>&1
-    echo "== custom_pool=$mode run $rep: exit $?"; grep -E "resnet50|face_detector" "$out/step_${mode}_$rep.log" | tail -4
+    echo "== custom_pool=$mode run $rep: exit $? at $(( $(date +%s) - t0 )) s"; grep -E "resnet50|face_detector" "$out/step_${mode}_$rep.log" | tail -4
   done
 done
 echo "total: $(( $(date +%s) - t0 )) s"
