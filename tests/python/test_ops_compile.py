@@ -174,6 +174,19 @@ def run(device):
     except Exception as ex:
         check(False, f"torch.compile fused_sgd_ {device}: {type(ex).__name__}: {str(ex)[:400]}")
 
+    @torch.compile(fullgraph=True)
+    def pool_loss(x):
+        return (ops.max_pool2d(x, [3], [2], [1]).float() ** 2).sum()
+
+    try:
+        px = torch.randn(2, 8, 11, 9, device=device).contiguous(memory_format=torch.channels_last)
+        pa, pb = px.clone().requires_grad_(), px.clone().requires_grad_()
+        pool_loss(pa).backward()
+        (torch.nn.functional.max_pool2d(pb, 3, 2, 1) ** 2).sum().backward()
+        check(torch.equal(pa.grad, pb.grad), f"compiled max_pool2d {device}: gradient differs from ATen's")
+    except Exception as ex:
+        check(False, f"torch.compile max_pool2d {device}: {type(ex).__name__}: {str(ex)[:400]}")
+
 
 run("cpu")
 if torch.cuda.is_available() and os.environ.get("STROBE_SKIP_CUDA") != "1":
