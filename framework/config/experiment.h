@@ -44,6 +44,10 @@ struct TrainerConfig {
   bool enable_progress_bar = true;
   bool enable_checkpointing = true;
   ProfilerConfig profiler;
+  // Whole-step CUDA graphs (forward, backward, step pipeline, optimizer) replayed for batches of the
+  // captured shape (docs/ARCHITECTURE.md "CUDA graphs"): false | true (or an error saying why not) |
+  // auto (on wherever it applies: a CUDA device, one process, no accumulation, the fused optimizer).
+  std::string cuda_graphs = "false";
   // Multi-process runs: the longest a rendezvous, a host decision or a collective may wait for a
   // peer before every process ends with one line (docs/DISTRIBUTED.md). Seconds.
   double dist_timeout_s = 600.0;

@@ -63,6 +63,11 @@ class Callback {
   virtual void on_predict_epoch_end(Trainer&, Module&) {}
   virtual void on_predict_batch_start(Trainer&, Module&, const Batch&, int64_t) {}
   virtual void on_predict_batch_end(Trainer&, Module&, const torch::Tensor& /*outputs*/, const Batch&, int64_t) {}
+  // The three hooks below run between the forward and the optimizer, inside what trainer.cuda_graphs
+  // captures once and replays: a callback overriding any of them returns true from
+  // uses_in_step_hooks(), and the trainer then refuses cuda_graphs naming it (its hooks would run at
+  // capture only). on_train_batch_start/end and on_before_zero_grad run outside the graph, every step.
+  virtual bool uses_in_step_hooks() const { return false; }
   virtual void on_before_backward(Trainer&, Module&, const torch::Tensor& /*loss*/) {}
   virtual void on_after_backward(Trainer&, Module&) {}
   virtual void on_before_optimizer_step(Trainer&, Module&, torch::optim::Optimizer&) {}

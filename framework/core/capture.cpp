@@ -76,6 +76,7 @@ namespace {
 class GradientObserver : public Callback {
  public:
   std::string name() const override { return "replay_observer"; }
+  bool uses_in_step_hooks() const override { return true; }
   void on_before_optimizer_step(Trainer&, Module& m, torch::optim::Optimizer&) override {
     seen = true;
     for (const auto& p : m.net().named_parameters()) {
@@ -117,6 +118,7 @@ nlohmann::json replay_capture(const std::string& path, const ReplayOptions& opti
   doc.apply_override("trainer.enable_checkpointing=false");
   doc.apply_override("trainer.enable_progress_bar=false");
   doc.apply_override("trainer.device=" + device);
+  doc.apply_override("trainer.cuda_graphs=false");  // the step runs eagerly, op by op, to be observed
   RunOptions ro;
   ro.stage = Stage::Fit;
   ro.create_run_dir = false;

@@ -23,6 +23,20 @@ torch::Tensor max_defined(const torch::Tensor& a, const torch::Tensor& b) {
 
 }  // namespace
 
+StepRecord clone_record(const StepRecord& r) {
+  auto c = [](const torch::Tensor& t) { return t.defined() ? t.clone() : t; };
+  StepRecord out;
+  out.nonfinite = c(r.nonfinite);
+  out.loss_nonfinite = c(r.loss_nonfinite);
+  out.grad_nonfinite = c(r.grad_nonfinite);
+  out.skipped = c(r.skipped);
+  out.grad_norms = c(r.grad_norms);
+  out.grad_names = r.grad_names;
+  for (const auto& l : r.losses) out.losses.push_back(c(l));
+  for (const auto& b : r.buffers_before) out.buffers_before.push_back(c(b));
+  return out;
+}
+
 StepPipeline::StepPipeline(const config::TrainerConfig& cfg, torch::nn::Module& net, torch::optim::Optimizer& optimizer,
                            GradScaler* scaler, MasterWeights* masters)
     : cfg_(cfg), optimizer_(optimizer), scaler_(scaler), masters_(masters) {

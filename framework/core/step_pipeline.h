@@ -71,6 +71,9 @@ struct StepRecord {
   std::vector<torch::Tensor> buffers_before;  // with snapshot_buffers: one flat tensor per dtype
 };
 
+// A copy of `r` whose tensors are fresh (clones): for a holder that keeps it past the next step.
+StepRecord clone_record(const StepRecord& r);
+
 class StepPipeline {
  public:
   // The optimizer must hold `net`'s parameters; our fused optimizers are detected and skip on the device.
@@ -91,6 +94,9 @@ class StepPipeline {
   void step();
 
   const StepRecord& last() const { return last_; }
+  // CUDA graphs: the record of a replayed step (a copy of the captured step's record, whose tensors
+  // the next replay overwrites).
+  void set_last(StepRecord record) { last_ = std::move(record); }
   // 0-d float32 device flag (1 = every update is skipped) of the sticky guard.
   const torch::Tensor& sticky_flag() const { return sticky_; }
   void reset_sticky();

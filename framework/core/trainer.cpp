@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "framework/checkpoint/checkpoint_io.h"
+#include "framework/core/graph_step.h"
 #include "framework/core/precision.h"
 #include "framework/core/signals.h"
 #include "framework/distributed/strategy.h"
@@ -147,6 +148,7 @@ void Trainer::setup_for_fit() {
   pipeline_ = std::make_unique<StepPipeline>(exp_.trainer, module_->net(), *optimizer_, scaler_.get(), masters_.get());
   if (world_size_ > 1) pipeline_->set_flag_reducer([s = strategy_.get()](torch::Tensor& f) { s->reduce_max(f); });
   pipeline_->arm(pending_guard_);
+  if (c.cuda_graphs != "false") setup_cuda_graphs();
 }
 
 void Trainer::install_signal_handlers() {

@@ -23,6 +23,8 @@
 //   max_time are agreed across ranks (the same step on every rank); rank 0 alone writes console
 //   output, metrics.csv, TensorBoard, checkpoints and config.yaml; a checkpoint holds every rank's
 //   RNG and the world size, and resumes exactly on the same number of ranks.
+// - trainer.cuda_graphs: the step from the forward to the optimizer is captured once and replayed
+//   (graph_step.h, trainer_graph.cpp); the hooks around it and the logging are unchanged.
 // - Resuming compares the checkpoint's resolved config with this one before restoring anything
 //   (resume_compat.h): incompatible changes are a CheckpointError, allowed ones are listed.
 #pragma once
@@ -61,6 +63,7 @@ namespace distributed {
 class Strategy;
 }
 class GradScaler;
+struct GraphedStep;
 
 struct TrainerState {
   int64_t epoch = 0;             // current (0-based) epoch
@@ -147,6 +150,9 @@ class Trainer {
   // Lets an embedding program (tests, replay) run single steps with the full step path.
   void setup_for_fit();
   torch::Tensor run_training_batch(Batch host_batch, int64_t batch_idx);
+  // trainer.cuda_graphs: steps captured / replayed so far in this process (0 / 0 without it).
+  int64_t graph_captures() const;
+  int64_t graph_replays() const;
 
  private:
   void setup_common(Stage stage);
@@ -156,6 +162,12 @@ class Trainer {
   bool done() const;
   Batch prepare_batch(Batch batch, int64_t dataloader_idx);
   void optimizer_step();
+  // After the update (eager or replayed): callbacks, zero_grad, counters, scheduler, logging.
+  void finish_optimizer_step(bool zero_grads);
+  // trainer.cuda_graphs (trainer_graph.cpp): checks at setup, and one graphed (or eager) step.
+  void setup_cuda_graphs();
+  torch::Tensor run_graphed_batch(Batch batch, int64_t batch_idx);
+  torch::Tensor run_eager_batch(Batch batch, int64_t batch_idx);  // `batch` on the device
   // Data parallel stop agreement: this rank's stop code (0 none, 1 stop, 3 NaN, 128+signal) is
   // max-reduced on the device after every optimizer step and read kStopLag steps later (the event
   // is long done: no stall), so every rank stops after the same step; at epoch ends it is agreed
@@ -199,6 +211,7 @@ class Trainer {
   std::unique_ptr<logging::CsvLogger> csv_;
   std::unique_ptr<logging::MetricConsumer> tensorboard_;
   std::unique_ptr<StepPipeline> pipeline_;
+  std::unique_ptr<GraphedStep> graph_;  // trainer.cuda_graphs
   StepGuard pending_guard_;
   StateConnector connector_;
 

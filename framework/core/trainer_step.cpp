@@ -3,6 +3,7 @@
 //   on_train_batch_start -> forward -> on_before_backward -> backward -> on_after_backward
 //   [last micro-batch] on_before_optimizer_step -> (check, clip, optimizer: StepPipeline::step)
 //   -> on_before_zero_grad -> zero_grad -> scheduler
+// Under trainer.cuda_graphs the batch goes to run_graphed_batch (trainer_graph.cpp) instead.
 #include <fmt/format.h>
 #include <torch/torch.h>
 
@@ -29,11 +30,17 @@ void Trainer::optimizer_step() {
   strategy_->finish_grad_sync();
   each([&](Callback& cb) { cb.on_before_optimizer_step(*this, *module_, *optimizer_); });
   pipeline_->step();
+  finish_optimizer_step(/*zero_grads=*/true);
+}
+
+void Trainer::finish_optimizer_step(bool zero_grads) {
   each([&](Callback& cb) { cb.on_before_zero_grad(*this, *module_, *optimizer_); });
-  optimizer_->zero_grad(true);
-  if (masters_) {  // the optimizer holds the masters: the bf16 parameters' gradients are cleared here
-    masters_->release_grads();
-    module_->net().zero_grad(true);
+  if (zero_grads) {
+    optimizer_->zero_grad(true);
+    if (masters_) {  // the optimizer holds the masters: the bf16 parameters' gradients are cleared here
+      masters_->release_grads();
+      module_->net().zero_grad(true);
+    }
   }
   accum_count_ = 0;
   ++state_.global_step;
@@ -48,12 +55,16 @@ torch::Tensor Trainer::run_training_batch(Batch host_batch, int64_t batch_idx) {
   module_->attach(collector_.get(), Stage::Fit, true);
   collector_->set_training(true);
   each([&](Callback& cb) { cb.on_train_batch_start(*this, *module_, host_batch, batch_idx); });
+  if (graph_) return run_graphed_batch(prepare_batch(std::move(host_batch), 0), batch_idx);
+  return run_eager_batch(prepare_batch(std::move(host_batch), 0), batch_idx);
+}
+
+torch::Tensor Trainer::run_eager_batch(Batch batch, int64_t batch_idx) {
   if (accum_count_ == 0) pipeline_->begin_step();
   const bool last_of_epoch = batch_idx + 1 >= num_train_batches_;
   const bool steps_now = accum_count_ + 1 >= exp_.trainer.accumulate_grad_batches || last_of_epoch;
   // Accumulation micro-batches all-reduce nothing; the step's last one carries the sum.
   strategy_->set_grad_sync(steps_now);
-  Batch batch = prepare_batch(std::move(host_batch), 0);
   module_->set_current_batch_size(batch.batch_size());
   torch::Tensor loss;
   {

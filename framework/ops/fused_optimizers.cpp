@@ -47,6 +47,16 @@ void check_same_shape(TensorList list, TensorList params, const char* op, const 
   }
 }
 
+// The learning rate as a device scalar (lr_tensor): 0-dim float64 beside the parameters, >= 0
+// (checked where it can be read without a sync: on the CPU).
+void check_lr_tensor(const std::optional<Tensor>& t, const at::Device& device, const char* op) {
+  if (!t.has_value() || !t->defined()) return;
+  TORCH_CHECK(t->numel() == 1 && t->scalar_type() == at::kDouble, op,
+              ": lr_tensor must be a float64 scalar tensor, got ", t->scalar_type(), " ", t->sizes());
+  TORCH_CHECK(t->device() == device, op, ": lr_tensor is on ", t->device(), " but the parameters are on ", device);
+  if (device.is_cpu()) TORCH_CHECK(t->item<double>() >= 0, op, ": invalid learning rate ", t->item<double>());
+}
+
 // Checks shared by both devices; returns the device of the lists.
 at::Device check_adam_args(const char* op, TensorList params, TensorList grads,
                            TensorList exp_avgs, TensorList exp_avg_sqs,
@@ -168,11 +178,17 @@ void adam_cpu(const char* op, bool decoupled, TensorList params, TensorList grad
   }
 }
 
+double cpu_lr(double lr, const std::optional<Tensor>& lr_t, const char* op, const Tensor& p0) {
+  detail::check_lr_tensor(lr_t, p0.device(), op);
+  return lr_t.has_value() && lr_t->defined() ? lr_t->item<double>() : lr;
+}
+
 void fused_adamw_cpu(TensorList params, TensorList grads, TensorList exp_avgs,
                      TensorList exp_avg_sqs, TensorList max_exp_avg_sqs, TensorList steps,
                      double lr, double beta1, double beta2, double eps, double weight_decay,
                      bool amsgrad, const std::optional<Tensor>& found,
-                     const std::optional<Tensor>& mult) {
+                     const std::optional<Tensor>& mult, const std::optional<Tensor>& lr_t) {
+  if (!params.empty()) lr = cpu_lr(lr, lr_t, "fused_adamw_", params[0]);
   adam_cpu("fused_adamw_", true, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr,
            beta1, beta2, eps, weight_decay, amsgrad, found, mult);
 }
@@ -181,7 +197,8 @@ void fused_adam_cpu(TensorList params, TensorList grads, TensorList exp_avgs,
                     TensorList exp_avg_sqs, TensorList max_exp_avg_sqs, TensorList steps,
                     double lr, double beta1, double beta2, double eps, double weight_decay,
                     bool amsgrad, const std::optional<Tensor>& found,
-                    const std::optional<Tensor>& mult) {
+                    const std::optional<Tensor>& mult, const std::optional<Tensor>& lr_t) {
+  if (!params.empty()) lr = cpu_lr(lr, lr_t, "fused_adam_", params[0]);
   adam_cpu("fused_adam_", false, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr,
            beta1, beta2, eps, weight_decay, amsgrad, found, mult);
 }
@@ -189,7 +206,8 @@ void fused_adam_cpu(TensorList params, TensorList grads, TensorList exp_avgs,
 void fused_sgd_cpu(TensorList params, TensorList grads, TensorList momentum_buffers,
                    TensorList steps, double lr, double momentum, double dampening,
                    double weight_decay, bool nesterov, const std::optional<Tensor>& found,
-                   const std::optional<Tensor>& mult) {
+                   const std::optional<Tensor>& mult, const std::optional<Tensor>& lr_t) {
+  if (!params.empty()) lr = cpu_lr(lr, lr_t, "fused_sgd_", params[0]);
   detail::check_sgd_args("fused_sgd_", params, grads, momentum_buffers, steps, lr, momentum,
                          dampening, weight_decay, nesterov, found, mult);
   if (skip_step(found)) return;
@@ -215,9 +233,10 @@ void fused_sgd_cpu(TensorList params, TensorList grads, TensorList momentum_buff
 
 using AdamOpSig = void(TensorList, TensorList, TensorList, TensorList, TensorList, TensorList,
                        double, double, double, double, double, bool, const std::optional<Tensor>&,
-                       const std::optional<Tensor>&);
+                       const std::optional<Tensor>&, const std::optional<Tensor>&);
 using SgdOpSig = void(TensorList, TensorList, TensorList, TensorList, double, double, double,
-                      double, bool, const std::optional<Tensor>&, const std::optional<Tensor>&);
+                      double, bool, const std::optional<Tensor>&, const std::optional<Tensor>&,
+                      const std::optional<Tensor>&);
 
 std::optional<Tensor> opt(const Tensor& t) {
   return t.defined() ? std::optional<Tensor>(t) : std::nullopt;
@@ -234,7 +253,7 @@ void fused_adamw_(TensorList params, TensorList grads, TensorList exp_avgs,
                              .findSchemaOrThrow("strobe::fused_adamw_", "")
                              .typed<AdamOpSig>();
   op.call(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, a.lr, a.beta1, a.beta2,
-          a.eps, a.weight_decay, a.amsgrad, opt(found_nonfinite), opt(grad_multiplier));
+          a.eps, a.weight_decay, a.amsgrad, opt(found_nonfinite), opt(grad_multiplier), opt(a.lr_tensor));
 }
 
 void fused_adam_(TensorList params, TensorList grads, TensorList exp_avgs, TensorList exp_avg_sqs,
@@ -245,7 +264,7 @@ void fused_adam_(TensorList params, TensorList grads, TensorList exp_avgs, Tenso
                              .findSchemaOrThrow("strobe::fused_adam_", "")
                              .typed<AdamOpSig>();
   op.call(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, a.lr, a.beta1, a.beta2,
-          a.eps, a.weight_decay, a.amsgrad, opt(found_nonfinite), opt(grad_multiplier));
+          a.eps, a.weight_decay, a.amsgrad, opt(found_nonfinite), opt(grad_multiplier), opt(a.lr_tensor));
 }
 
 void fused_sgd_(TensorList params, TensorList grads, TensorList momentum_buffers,
@@ -256,7 +275,7 @@ void fused_sgd_(TensorList params, TensorList grads, TensorList momentum_buffers
                              .findSchemaOrThrow("strobe::fused_sgd_", "")
                              .typed<SgdOpSig>();
   op.call(params, grads, momentum_buffers, steps, a.lr, a.momentum, a.dampening, a.weight_decay,
-          a.nesterov, opt(found_nonfinite), opt(grad_multiplier));
+          a.nesterov, opt(found_nonfinite), opt(grad_multiplier), opt(a.lr_tensor));
 }
 
 // ---- parameter state serialization (torch::optim's archive layout) -----------------------------
@@ -312,6 +331,22 @@ void FusedSGDParamState::serialize(torch::serialize::InputArchive& archive) {
 // ---- classes ------------------------------------------------------------------------------------
 std::pair<Tensor, Tensor> FusedOptimizerBase::take_guards() {
   return {std::exchange(found_nonfinite_, Tensor()), std::exchange(grad_multiplier_, Tensor())};
+}
+
+void FusedOptimizerBase::enable_device_lr() {
+  if (!device_lrs_.empty()) return;
+  for (const auto& group : param_groups()) {
+    TORCH_CHECK(!group.params().empty(), "enable_device_lr: a parameter group is empty");
+    const at::Device device = group.params()[0].device();
+    for (const Tensor& p : group.params())
+      TORCH_CHECK(p.device() == device, "enable_device_lr: the parameters of a group are on ", device, " and ", p.device());
+    device_lrs_.push_back(at::empty({}, at::TensorOptions().dtype(at::kDouble).device(device)));
+  }
+  sync_device_lr();
+}
+
+void FusedOptimizerBase::sync_device_lr() {
+  for (size_t g = 0; g < device_lrs_.size(); ++g) device_lrs_[g].fill_(param_groups()[g].options().get_lr());
 }
 
 namespace {
@@ -373,9 +408,10 @@ void check_adam_options(const Options& o) {
 }
 
 template <typename Options>
-void adam_family_step(torch::optim::Optimizer& self, bool decoupled, const Tensor& found,
+void adam_family_step(FusedOptimizerBase& self, bool decoupled, const Tensor& found,
                       const Tensor& mult) {
-  for (auto& group : self.param_groups()) {
+  for (size_t gi = 0; gi < self.param_groups().size(); ++gi) {
+    auto& group = self.param_groups()[gi];
     const auto& o = static_cast<const Options&>(group.options());
     std::vector<DeviceLists> per_device;
     for (const Tensor& p : group.params()) {
@@ -413,6 +449,7 @@ void adam_family_step(torch::optim::Optimizer& self, bool decoupled, const Tenso
     args.eps = o.eps();
     args.weight_decay = o.weight_decay();
     args.amsgrad = o.amsgrad();
+    args.lr_tensor = self.lr_tensor(gi);
     for (const DeviceLists& l : per_device) {
       const Tensor f = to_device(found, l.device), m = to_device(mult, l.device);
       if (decoupled) {
@@ -485,7 +522,8 @@ Tensor FusedSGD::step(LossClosure closure) {
   at::NoGradGuard no_grad;
   Tensor loss = run_closure(closure);
   auto [found, mult] = take_guards();
-  for (auto& group : param_groups_) {
+  for (size_t gi = 0; gi < param_groups_.size(); ++gi) {
+    auto& group = param_groups_[gi];
     const auto& o = static_cast<const torch::optim::SGDOptions&>(group.options());
     const bool with_momentum = o.momentum() != 0;
     std::vector<DeviceLists> per_device;
@@ -519,6 +557,7 @@ Tensor FusedSGD::step(LossClosure closure) {
     args.dampening = o.dampening();
     args.weight_decay = o.weight_decay();
     args.nesterov = o.nesterov();
+    args.lr_tensor = lr_tensor(gi);
     for (const DeviceLists& l : per_device) {
       fused_sgd_(l.params, l.grads, l.a, l.steps, args, to_device(found, l.device),
                  to_device(mult, l.device));

@@ -48,11 +48,25 @@ class FusedOptimizerBase : public torch::optim::Optimizer {
   void set_found_nonfinite(torch::Tensor flag) { found_nonfinite_ = std::move(flag); }
   void set_grad_multiplier(torch::Tensor multiplier) { grad_multiplier_ = std::move(multiplier); }
 
+  // CUDA graphs: with the device lr on, step() reads each group's learning rate from a 0-dim
+  // float64 tensor beside its parameters instead of passing the host value as a kernel argument
+  // (which a captured graph would replay frozen). sync_device_lr() copies the groups' current lrs
+  // (as the scheduler set them) into those tensors: call it before each replay, outside the
+  // captured region (one fill kernel per group, no host sync).
+  void enable_device_lr();
+  void sync_device_lr();
+  bool device_lr_enabled() const { return !device_lrs_.empty(); }
+  // The group's lr tensor, or undefined when the device lr is off.
+  torch::Tensor lr_tensor(size_t group) const {
+    return group < device_lrs_.size() ? device_lrs_[group] : torch::Tensor();
+  }
+
  protected:
   // Takes (and clears) the armed flag and multiplier.
   std::pair<torch::Tensor, torch::Tensor> take_guards();
 
  private:
+  std::vector<torch::Tensor> device_lrs_;
   torch::Tensor found_nonfinite_;
   torch::Tensor grad_multiplier_;
 };

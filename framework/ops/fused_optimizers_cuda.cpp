@@ -19,6 +19,7 @@ at::Device check_sgd_args(const char* op, at::TensorList params, at::TensorList 
                           double momentum, double dampening, double weight_decay, bool nesterov,
                           const std::optional<at::Tensor>& found,
                           const std::optional<at::Tensor>& mult);
+void check_lr_tensor(const std::optional<at::Tensor>& t, const at::Device& device, const char* op);
 }  // namespace detail
 
 namespace {
@@ -48,11 +49,16 @@ const float* scalar_ptr(const std::optional<Tensor>& t) {
   return t.has_value() && t->defined() ? t->data_ptr<float>() : nullptr;
 }
 
+const double* lr_ptr(const std::optional<Tensor>& t, const at::Device& device, const char* op) {
+  detail::check_lr_tensor(t, device, op);
+  return t.has_value() && t->defined() ? t->data_ptr<double>() : nullptr;
+}
+
 void adam_cuda(const char* op, bool decoupled, TensorList params, TensorList grads,
                TensorList exp_avgs, TensorList exp_avg_sqs, TensorList max_exp_avg_sqs,
                TensorList steps, double lr, double beta1, double beta2, double eps,
                double weight_decay, bool amsgrad, const std::optional<Tensor>& found,
-               const std::optional<Tensor>& mult) {
+               const std::optional<Tensor>& mult, const std::optional<Tensor>& lr_t) {
   const at::Device device =
       detail::check_adam_args(op, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps,
                               lr, beta1, beta2, eps, weight_decay, amsgrad, found, mult);
@@ -73,7 +79,7 @@ void adam_cuda(const char* op, bool decoupled, TensorList params, TensorList gra
     m.numel = params[i].numel();
   }
   cuda::AdamHyper h{lr, beta1, beta2, eps, weight_decay, amsgrad, decoupled, scalar_ptr(found),
-                    scalar_ptr(mult)};
+                    scalar_ptr(mult), lr_ptr(lr_t, device, op)};
   C10_CUDA_CHECK(cuda::fused_adam(meta.data(), static_cast<int>(meta.size()), h,
                                   detail::current_stream()));
 }
@@ -82,24 +88,24 @@ void fused_adamw_cuda(TensorList params, TensorList grads, TensorList exp_avgs,
                       TensorList exp_avg_sqs, TensorList max_exp_avg_sqs, TensorList steps,
                       double lr, double beta1, double beta2, double eps, double weight_decay,
                       bool amsgrad, const std::optional<Tensor>& found,
-                      const std::optional<Tensor>& mult) {
+                      const std::optional<Tensor>& mult, const std::optional<Tensor>& lr_t) {
   adam_cuda("fused_adamw_", true, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps,
-            lr, beta1, beta2, eps, weight_decay, amsgrad, found, mult);
+            lr, beta1, beta2, eps, weight_decay, amsgrad, found, mult, lr_t);
 }
 
 void fused_adam_cuda(TensorList params, TensorList grads, TensorList exp_avgs,
                      TensorList exp_avg_sqs, TensorList max_exp_avg_sqs, TensorList steps,
                      double lr, double beta1, double beta2, double eps, double weight_decay,
                      bool amsgrad, const std::optional<Tensor>& found,
-                     const std::optional<Tensor>& mult) {
+                     const std::optional<Tensor>& mult, const std::optional<Tensor>& lr_t) {
   adam_cuda("fused_adam_", false, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps,
-            lr, beta1, beta2, eps, weight_decay, amsgrad, found, mult);
+            lr, beta1, beta2, eps, weight_decay, amsgrad, found, mult, lr_t);
 }
 
 void fused_sgd_cuda(TensorList params, TensorList grads, TensorList momentum_buffers,
                     TensorList steps, double lr, double momentum, double dampening,
                     double weight_decay, bool nesterov, const std::optional<Tensor>& found,
-                    const std::optional<Tensor>& mult) {
+                    const std::optional<Tensor>& mult, const std::optional<Tensor>& lr_t) {
   const char* op = "fused_sgd_";
   const at::Device device =
       detail::check_sgd_args(op, params, grads, momentum_buffers, steps, lr, momentum, dampening,
@@ -120,7 +126,7 @@ void fused_sgd_cuda(TensorList params, TensorList grads, TensorList momentum_buf
     m.numel = params[i].numel();
   }
   cuda::SgdHyper h{lr, momentum, dampening, weight_decay, nesterov, scalar_ptr(found),
-                   scalar_ptr(mult)};
+                   scalar_ptr(mult), lr_ptr(lr_t, device, op)};
   C10_CUDA_CHECK(cuda::fused_sgd(meta.data(), static_cast<int>(meta.size()), h,
                                  detail::current_stream()));
 }

@@ -68,9 +68,9 @@ std::tuple<Tensor, Tensor> nonfinite_meta(TensorList tensors, bool compute_norm)
 // The optimizer steps only mutate their inputs: nothing to compute on Meta.
 void adam_meta(TensorList, TensorList, TensorList, TensorList, TensorList, TensorList, double,
                double, double, double, double, bool, const std::optional<Tensor>&,
-               const std::optional<Tensor>&) {}
+               const std::optional<Tensor>&, const std::optional<Tensor>&) {}
 void sgd_meta(TensorList, TensorList, TensorList, TensorList, double, double, double, double, bool,
-              const std::optional<Tensor>&, const std::optional<Tensor>&) {}
+              const std::optional<Tensor>&, const std::optional<Tensor>&, const std::optional<Tensor>&) {}
 
 }  // namespace
 }  // namespace strobe::ops

@@ -69,6 +69,9 @@ std::tuple<torch::Tensor, torch::Tensor> nonfinite_check(torch::TensorList tenso
 struct AdamArgs {
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
   bool amsgrad = false;
+  // When defined (a 0-dim float64 on the parameters' device), the step reads the learning rate from
+  // it instead of `lr`: a CUDA graph replays the captured step with the current value.
+  torch::Tensor lr_tensor;
 };
 void fused_adamw_(torch::TensorList params, torch::TensorList grads, torch::TensorList exp_avgs,
                   torch::TensorList exp_avg_sqs, torch::TensorList max_exp_avg_sqs,
@@ -85,6 +88,7 @@ void fused_adam_(torch::TensorList params, torch::TensorList grads, torch::Tenso
 struct SgdArgs {
   double lr = 1e-3, momentum = 0.0, dampening = 0.0, weight_decay = 0.0;
   bool nesterov = false;
+  torch::Tensor lr_tensor;  // as AdamArgs::lr_tensor
 };
 // momentum_buffers and steps are empty when momentum == 0; a buffer whose step is 0 is initialised
 // with the gradient (torch::optim::SGD's first step).

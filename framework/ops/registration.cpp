@@ -100,17 +100,19 @@ TORCH_LIBRARY(strobe, m) {
       "fused_adamw_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, "
       "Tensor(c!)[] exp_avg_sqs, Tensor(d!)[] max_exp_avg_sqs, Tensor(e!)[] steps, *, float lr, "
       "float beta1=0.9, float beta2=0.999, float eps=1e-8, float weight_decay=0., "
-      "bool amsgrad=False, Tensor? found_nonfinite=None, Tensor? grad_multiplier=None) -> ()");
+      "bool amsgrad=False, Tensor? found_nonfinite=None, Tensor? grad_multiplier=None, "
+      "Tensor? lr_tensor=None) -> ()");
   m.def(
       "fused_adam_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, "
       "Tensor(c!)[] exp_avg_sqs, Tensor(d!)[] max_exp_avg_sqs, Tensor(e!)[] steps, *, float lr, "
       "float beta1=0.9, float beta2=0.999, float eps=1e-8, float weight_decay=0., "
-      "bool amsgrad=False, Tensor? found_nonfinite=None, Tensor? grad_multiplier=None) -> ()");
+      "bool amsgrad=False, Tensor? found_nonfinite=None, Tensor? grad_multiplier=None, "
+      "Tensor? lr_tensor=None) -> ()");
   m.def(
       "fused_sgd_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] momentum_buffers, "
       "Tensor(c!)[] steps, *, float lr, float momentum=0., float dampening=0., "
       "float weight_decay=0., bool nesterov=False, Tensor? found_nonfinite=None, "
-      "Tensor? grad_multiplier=None) -> ()");
+      "Tensor? grad_multiplier=None, Tensor? lr_tensor=None) -> ()");
   // Attention over [B, S, H, D] (or packed [T, H, D] with int32 cu_seqlens_q/k [B + 1] and host
   // max_seqlen_q/k); returns the output and the logsumexp (fp32, [B, H, Sq] or [H, Tq]).
   m.def(

@@ -2,10 +2,13 @@
 // inputs rounded to the kernel's dtype first; the caching allocator poisoned with NaN so an unwritten
 // element fails; NaN never passes): y, running statistics, grad_x, grad_weight, grad_bias and
 // grad_residual; NaN propagation; bitwise determinism; and a channels_last ResNet on CUDA with
-// fused_bn on vs off.
+// fused_bn on vs off along a training run.
+#include <algorithm>
 #include <cmath>
+#include <iostream>
 
 #include <gtest/gtest.h>
+
 #include <torch/torch.h>
 
 #include <ATen/autocast_mode.h>
@@ -132,9 +135,13 @@ std::shared_ptr<strobe::Model> resnet(const std::string& fused) {
       "{name: resnet, depth: 50, width: 16, num_classes: 10, memory_format: channels_last, fused_bn: " + fused + "}");
 }
 
-TEST(BatchNormActCuda, ResNet50TrainsAlikeWithAndWithoutTheFusedOpUnderBf16Autocast) {
-  // The check for a lever: the same losses as ATen's path within bf16 noise over many steps
-  // (20 SGD-momentum steps over 4 fixed batches, same initial weights, bf16 autocast, NHWC).
+TEST(BatchNormActCuda, ResNet50StepsAlongATrainingRunMatchTheAtenPathUnderBf16Autocast) {
+  // The lever inside the whole model, over a training run: 20 SGD-momentum steps of the ATen model
+  // (bf16 autocast, NHWC, 4 fixed batches); before each step the fused model gets the ATen model's
+  // weights and BatchNorm statistics, and both run the same batch. Loss, every gradient and the
+  // updated running statistics must agree within bf16 tolerance at every step. (Two free-running
+  // models on random labels drift apart by chaos after ~10 steps whatever the op, at lr 0.05, 0.01
+  // and 0.002 alike: the comparison is made along one trajectory.)
   SKIP_WITHOUT_CUDA();
   torch::manual_seed(2);
   auto fused = resnet("auto"), aten = resnet("false");
@@ -143,36 +150,64 @@ TEST(BatchNormActCuda, ResNet50TrainsAlikeWithAndWithoutTheFusedOpUnderBf16Autoc
     m->on_device(kCuda, "bf16-mixed");
     m->train();
   }
-  strobe::testing::copy_weights(*aten, *fused);
   std::vector<Tensor> images, targets;
   for (int i = 0; i < 4; ++i) {
     images.push_back(torch::randn({32, 3, 64, 64}, kCuda));
     targets.push_back(torch::randint(0, 10, {32}, torch::TensorOptions(kCuda).dtype(torch::kLong)));
   }
-  auto opts = torch::optim::SGDOptions(0.01).momentum(0.9);  // lr 0.05 diverged on both paths
-  torch::optim::SGD opt_f(fused->parameters(), opts), opt_a(aten->parameters(), opts);
+  torch::optim::SGD opt(aten->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+  auto sync_state = [&] {
+    torch::NoGradGuard ng;
+    auto p = aten->named_parameters();
+    for (auto& kv : fused->named_parameters()) kv.value().copy_(p[kv.key()]);
+    auto b = aten->named_buffers();
+    for (auto& kv : fused->named_buffers()) kv.value().copy_(b[kv.key()]);
+  };
   at::autocast::set_autocast_enabled(at::kCUDA, true);
   at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
-  std::vector<double> lf, la;
+  double first = 0, last = 0, worst_all = 0, worst_loss = 0;
   for (int step = 0; step < 20; ++step) {
+    sync_state();
     strobe::Batch batch;
     batch.meta["batch_size"] = 32;
     batch.tensors["image"] = images[step % 4];
-    for (auto [m, opt, out] : {std::tuple{fused.get(), &opt_f, &lf}, std::tuple{aten.get(), &opt_a, &la}}) {
-      opt->zero_grad();
-      Tensor loss = torch::nn::functional::cross_entropy(m->forward(batch).to(torch::kFloat), targets[step % 4]);
-      loss.backward();
-      opt->step();
-      out->push_back(loss.item<double>());
+    double loss[2];
+    int i = 0;
+    for (auto* m : {fused.get(), aten.get()}) {
+      m->zero_grad();
+      Tensor l = torch::nn::functional::cross_entropy(m->forward(batch).to(torch::kFloat), targets[step % 4]);
+      l.backward();
+      loss[i++] = l.item<double>();
+      at::autocast::clear_cache();
     }
+    EXPECT_NEAR(loss[0], loss[1], 1e-2 * std::abs(loss[1])) << "step " << step;
+    // Every gradient: relative L2 error against ATen's (bf16 activations: a few 1e-3 is rounding).
+    auto pa = aten->named_parameters();
+    double worst = 0;
+    std::string worst_name;
+    for (auto& kv : fused->named_parameters()) {
+      const Tensor ga = pa[kv.key()].grad().to(torch::kDouble), gf = kv.value().grad().to(torch::kDouble);
+      ASSERT_TRUE(torch::isfinite(gf).all().item<bool>()) << kv.key() << " step " << step;
+      const double e = ((gf - ga).norm() / ga.norm().clamp_min(1e-12)).item<double>();
+      if (e > worst) worst = e, worst_name = kv.key();
+    }
+    EXPECT_LT(worst, 5e-2) << "step " << step << ": gradient of " << worst_name;
+    worst_all = std::max(worst_all, worst);
+    worst_loss = std::max(worst_loss, std::abs(loss[0] - loss[1]) / std::abs(loss[1]));
+    auto ba = aten->named_buffers();
+    for (auto& kv : fused->named_buffers()) {
+      if (!kv.value().is_floating_point()) continue;
+      const Tensor a = ba[kv.key()].to(torch::kDouble), f = kv.value().to(torch::kDouble);
+      EXPECT_LT(((f - a).norm() / a.norm().clamp_min(1e-12)).item<double>(), 1e-2) << kv.key() << " step " << step;
+    }
+    opt.step();
+    (step == 0 ? first : last) = loss[1];
   }
   at::autocast::set_autocast_enabled(at::kCUDA, false);
   at::autocast::clear_cache();
-  for (int step = 0; step < 20; ++step)
-    EXPECT_LT(std::abs(lf[step] - la[step]), 0.05 * std::abs(la[step]) + 1e-3)
-        << "step " << step << ": fused " << lf[step] << " vs ATen " << la[step];
-  EXPECT_LT(lf.back(), 0.5 * lf.front()) << "the fused model learns the 4 batches";
-  EXPECT_LT(la.back(), 0.5 * la.front());
+  EXPECT_NE(first, last) << "the weights did not move: nothing was compared along a trajectory";
+  std::cout << "[ batch_norm_act ] ResNet-50 over 20 steps: largest relative loss difference " << worst_loss
+            << ", largest relative gradient L2 error " << worst_all << "\n";
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include "framework/ops/fused_optimizers.h"
 #include "framework/ops/ops.h"
 #include "tests/gpu_test_util.h"
+#include "tests/ops/device_lr_check.h"
 
 namespace {
 
@@ -352,3 +353,8 @@ TEST(FusedOptimizersCuda, MisalignedViewsAndGradMultiplierAreHandled) {
 }
 
 }  // namespace
+
+TEST(FusedOptimizersCuda, DeviceLearningRateGivesBitwiseTheHostLrStep) {
+  SKIP_WITHOUT_CUDA();
+  strobe::testing::check_device_lr_matches_host_lr(kCuda);
+}

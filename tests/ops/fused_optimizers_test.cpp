@@ -8,6 +8,7 @@
 
 #include "framework/ops/fused_optimizers.h"
 #include "framework/ops/ops.h"
+#include "tests/ops/device_lr_check.h"
 
 namespace {
 
@@ -299,3 +300,7 @@ TEST(FusedOptimizers, FunctionalOpRejectsMismatchedLists) {
 }
 
 }  // namespace
+
+TEST(FusedOptimizers, DeviceLearningRateGivesBitwiseTheHostLrStepOnCpu) {
+  strobe::testing::check_device_lr_matches_host_lr(torch::kCPU);
+}

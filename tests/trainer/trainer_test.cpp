@@ -269,3 +269,24 @@ TEST(ModelCheckpoint, KeepsTheTopKByTheMonitoredMetricAndLast) {
   EXPECT_NEAR(kept[0], all[0], 1e-4);
   EXPECT_NEAR(kept[1], all[1], 1e-4);
 }
+
+// trainer.cuda_graphs captures CUDA work: on the CPU it is a config error naming the device, raised
+// before any step runs (tests/gpu_trainer/cuda_graphs_test.cpp covers the CUDA side).
+TEST(Trainer, CudaGraphsOnTheCpuIsAConfigErrorNamingTheDevice) {
+  // build_run sets the trainer up for fit: the refusal comes before a run exists.
+  try {
+    auto run = make_run(tiny_yaml("  cuda_graphs: true\n"), {}, "");
+    run->trainer->fit();
+    ADD_FAILURE() << "cuda_graphs on the CPU trained";
+  } catch (const config::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("trainer.cuda_graphs: needs a CUDA device (this run's device is cpu)"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(Trainer, CudaGraphsAutoOnTheCpuTrainsEagerly) {
+  auto run = make_run(tiny_yaml("  cuda_graphs: auto\n"), {}, "");
+  ASSERT_EQ(run->trainer->fit(), 0);
+  EXPECT_EQ(run->trainer->state().global_step, 24);
+  EXPECT_EQ(run->trainer->graph_captures(), 0);
+}

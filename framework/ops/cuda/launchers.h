@@ -87,6 +87,7 @@ struct AdamHyper {
   bool decoupled_weight_decay;  // AdamW (true) or Adam's L2 term (false)
   const float* found_nonfinite;  // skip everything when *found_nonfinite != 0 (null: never)
   const float* grad_multiplier;  // grads multiplied by *grad_multiplier (null: 1)
+  const double* lr_device;  // when set, the learning rate is *lr_device (CUDA graphs), not lr
 };
 cudaError_t fused_adam(const AdamTensor* tensors, int num_tensors, const AdamHyper& hyper,
                        cudaStream_t stream);
@@ -104,6 +105,7 @@ struct SgdHyper {
   bool nesterov;
   const float* found_nonfinite;
   const float* grad_multiplier;
+  const double* lr_device;  // when set, the learning rate is *lr_device (CUDA graphs), not lr
 };
 cudaError_t fused_sgd(const SgdTensor* tensors, int num_tensors, const SgdHyper& hyper,
                       cudaStream_t stream);

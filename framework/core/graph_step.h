@@ -1,0 +1,70 @@
+// GraphedStep: the state of trainer.cuda_graphs (trainer_graph.cpp runs it).
+//
+// The whole optimizer step — forward, loss, backward, the step pipeline's checks, clipping, loss
+// scaling and the fused optimizer (with the master-weight copy under bf16-master) — is captured once
+// into a CUDA graph and replayed for every later batch of the same signature (the shapes, strides
+// and dtypes of the batch's tensors, its host facts, and the armed step guard):
+//   - the first kWarmupSteps steps run eagerly (optimizer state, cuDNN/cuBLAS plans, lazily created
+//     tensors all exist before capture);
+//   - the batch is copied into static input tensors, the optimizers read the learning rate from a
+//     device tensor (so schedules keep working), gradients stay allocated between steps (the graph
+//     overwrites them), values the module logs are recorded at capture and handed to the logger
+//     after each replay, and the step record (non-finite verdict, gradient norms, losses, buffer
+//     snapshot) is copied out for NaN capture: device flags only, no host read;
+//   - a batch of another signature (the smaller last batch of an epoch, a varlen batch) runs
+//     eagerly; a change of the step guard (NaN capture arming its sticky flag) captures anew.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/types.h>
+
+#include "framework/core/batch.h"
+#include "framework/core/module.h"
+#include "framework/core/step_pipeline.h"
+
+namespace strobe {
+
+namespace ops {
+class CudaGraph;
+}
+
+// What a module logs while its step is being captured: replayed into the real sink after each replay.
+class RecordingSink : public LogSink {
+ public:
+  struct Entry {
+    std::string name;
+    torch::Tensor value;
+    LogOptions options;
+    int64_t batch_size = 0;
+  };
+  void log(const std::string& name, const torch::Tensor& value, const LogOptions& options, int64_t batch_size) override {
+    entries.push_back({name, value.detach(), options, batch_size});
+  }
+  std::vector<Entry> entries;
+};
+
+struct GraphedStep {
+  static constexpr int64_t kWarmupSteps = 3;
+
+  GraphedStep();
+  ~GraphedStep();
+
+  // "name:dtype:device:sizes:strides;..." + the host facts (meta) except the loader's position
+  // (batch_index, epoch); and the armed guard: a replay needs both keys equal to the capture's.
+  static std::string batch_signature(const Batch& batch);
+  static std::string guard_signature(const StepGuard& guard);
+  void reset();  // drops the graph and everything captured with it
+
+  std::unique_ptr<ops::CudaGraph> graph;
+  std::string batch_key, guard_key;
+  Batch static_batch;
+  std::vector<RecordingSink::Entry> logged;
+  StepRecord record;  // the captured step's record (its tensors are the graph's outputs)
+  int64_t eager_steps = 0;  // steps run eagerly in this process (warm-up counts them)
+  int64_t captures = 0, replays = 0;
+};
+
+}  // namespace strobe
