@@ -5,6 +5,7 @@
 
 #include "framework/config/config.h"
 #include "framework/ops/ops.h"
+#include "models/fused_ops.h"
 
 namespace strobe::models {
 namespace {
@@ -13,7 +14,8 @@ namespace nn = torch::nn;
 
 class FaceDetector : public Model {
  public:
-  explicit FaceDetector(const FaceDetectorOptions& o) : Model("FaceDetector"), o_(o) {
+  explicit FaceDetector(const FaceDetectorOptions& o)
+      : Model("FaceDetector"), o_(o), custom_pool_(parse_fused_ops(o.custom_pool)) {
     conv_layers_ = register_module("conv_layers", nn::Sequential());
     int64_t in = 1;
     for (int i = 0; i < 4; ++i) {
@@ -66,13 +68,16 @@ class FaceDetector : public Model {
     }
     if (!x.is_floating_point()) x = input(x.to(torch::kFloat32).div(255.0));
     for (size_t i = static_cast<size_t>(first); i < convs_.size(); ++i) {
-      x = torch::relu(torch::max_pool2d(convs_[i]->forward(x), 2, 2));  // = conv_layers_[3i..3i+2]
+      const torch::Tensor z = convs_[i]->forward(x);  // = conv_layers_[3i..3i+2]
+      x = torch::relu(use_custom_pool(custom_pool_, z, "face_detector") ? ops::max_pool2d(z, {2}, {2}, {0})
+                                                                         : torch::max_pool2d(z, 2, 2));
     }
     return x;
   }
 
   std::vector<nn::Conv2d> convs_;
   FaceDetectorOptions o_;
+  FusedOps custom_pool_;
   nn::Sequential conv_layers_{nullptr};
   nn::Linear lin1_{nullptr}, lin2_{nullptr};
 };
@@ -86,6 +91,7 @@ std::shared_ptr<Model> make_from_config(config::Section& cfg) {
   const std::string fused = cfg.get_choice("fused_conv", "auto", {"auto", "true", "false"});
   o.fused_conv = fused == "true" ? FusedConv::kOn : fused == "false" ? FusedConv::kOff : FusedConv::kAuto;
   o.fused_conv_stages = cfg.get_int("fused_conv_stages", 2, 0, 4);
+  o.custom_pool = cfg.get_choice("custom_pool", "auto", {"auto", "true", "false"});
   cfg.finish();
   return make_face_detector(o);
 }

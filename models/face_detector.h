@@ -6,6 +6,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "framework/core/model.h"
 
@@ -15,11 +16,16 @@ namespace strobe::models {
 // strobe::conv3x3_maxpool_relu (kAuto: when the input is on CUDA and the ops were built with CUDA;
 // kOn: on any device, the op's CPU kernel on CPU; kOff: ATen's conv2d / max_pool2d / relu).
 enum class FusedConv { kAuto, kOn, kOff };
+// custom_pool ("auto" | "true" | "false", models/fused_ops.h): the max-pools of the stages that do not
+// run fused (by default stages 3 and 4) as strobe::max_pool2d (one-byte argmax, gather backward)
+// instead of ATen's; auto = where its CUDA kernels take the activation, true = always (its CPU kernel
+// on CPU), false = ATen.
 
 struct FaceDetectorOptions {
   int64_t image_size = 256, max_boxes = 256, hidden_dim = 256 * 64;
   FusedConv fused_conv = FusedConv::kAuto;
   int64_t fused_conv_stages = 2;
+  std::string custom_pool = "auto";
 };
 
 std::shared_ptr<Model> make_face_detector(const FaceDetectorOptions& options);

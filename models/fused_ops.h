@@ -36,6 +36,23 @@ inline bool use_fused_ops(FusedOps mode, const torch::Tensor& x, const char* mod
   return x.is_cuda() && ops::built_with_cuda() && x.size(-1) <= 4096 && x.scalar_type() != torch::kDouble;
 }
 
+// The `custom_pool` key of resnet and face_detector (same three values): whether their max-pools run
+// as strobe::max_pool2d (one-byte argmax, gather backward) or ATen's. auto: the op where its CUDA
+// kernels take x as it is (ops::max_pool2d_cuda_eligible), ATen elsewhere; true: always the op (its
+// CPU kernel on CPU; on CUDA a tensor the kernels cannot take is an error saying why); false: ATen.
+inline bool use_custom_pool(FusedOps mode, const torch::Tensor& x, const char* model) {
+  if (mode == FusedOps::kOff) return false;
+  const bool eligible = ops::max_pool2d_cuda_eligible(x);
+  if (mode == FusedOps::kOn) {
+    TORCH_CHECK(!x.is_cuda() || eligible, model, ": custom_pool: true needs ",
+                ops::built_with_cuda() ? "a float32/bfloat16/float16 activation, contiguous or channels_last, got "
+                                       : "the CUDA kernels, but strobe_ops was built without CUDA; got ",
+                x.scalar_type(), " ", x.sizes(), "; set model.custom_pool: auto or false");
+    return true;
+  }
+  return eligible;
+}
+
 // (x + delta, LayerNorm(x + delta)) through strobe::add_layer_norm. The two take their promoted
 // dtype first, as ATen's `x + delta` does: under autocast (bf16-mixed) the residual stream is fp32
 // while the projections return bf16.

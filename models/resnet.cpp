@@ -90,7 +90,8 @@ class ResNet : public Model {
       : Model("ResNet"),
         small_stem_(o.stem == "cifar"),
         memory_format_(o.memory_format),
-        fused_bn_(parse_fused_ops(o.fused_bn)) {
+        fused_bn_(parse_fused_ops(o.fused_bn)),
+        custom_pool_(parse_fused_ops(o.custom_pool)) {
     const int64_t expansion = o.depth >= 50 ? 4 : 1;
     std::vector<int64_t> blocks;
     switch (o.depth) {
@@ -139,7 +140,9 @@ class ResNet : public Model {
     torch::Tensor x = input(batch.at("image"));
     if (channels_last_ && x.dim() == 4) x = x.contiguous(at::MemoryFormat::ChannelsLast);
     x = bn_act(*bn1_, conv1_(x), std::nullopt, /*relu=*/true, fused_bn_);
-    if (!small_stem_) x = torch::max_pool2d(x, 3, 2, 1);
+    if (!small_stem_) {
+      x = use_custom_pool(custom_pool_, x, "resnet") ? ops::max_pool2d(x, {3}, {2}, {1}) : torch::max_pool2d(x, 3, 2, 1);
+    }
     for (auto& layer : layers_) x = layer->forward(x);
     x = torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1);
     return fc_(x);
@@ -151,6 +154,7 @@ class ResNet : public Model {
   bool small_stem_;
   std::string memory_format_;
   FusedOps fused_bn_;
+  FusedOps custom_pool_;
   bool channels_last_ = false;
   nn::Conv2d conv1_{nullptr};
   nn::BatchNorm2d bn1_{nullptr};
@@ -168,6 +172,7 @@ std::shared_ptr<Model> make_from_config(config::Section& cfg) {
   o.stem = cfg.get_choice("stem", "imagenet", {"imagenet", "cifar"});
   o.memory_format = cfg.get_choice("memory_format", "auto", {"auto", "channels_last", "contiguous"});
   o.fused_bn = cfg.get_choice("fused_bn", "auto", {"auto", "true", "false"});
+  o.custom_pool = cfg.get_choice("custom_pool", "auto", {"auto", "true", "false"});
   cfg.finish();
   return make_resnet(o);
 }

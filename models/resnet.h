@@ -16,6 +16,10 @@
 // BatchNorm parameters: every ResNet on CUDA under bf16/fp16 precisions), ATen elsewhere; true = the
 // op everywhere (its CPU implementation on CPU; a tensor the CUDA kernels cannot take is an error);
 // false = ATen. Evaluation uses the running statistics through ATen either way.
+// `custom_pool`: the stem's 3x3 stride-2 max-pool as strobe::max_pool2d (a one-byte argmax and a
+// gather backward instead of ATen's int64 indices) — auto = on CUDA where its kernels take the
+// activation (fp32/bf16/fp16, contiguous or channels_last), ATen elsewhere; true = the op everywhere
+// (its CPU kernel on CPU); false = ATen. Values and gradients are the same either way.
 // Input: batch["image"], float [B, C, H, W] of any H, W >= 1 (global average pooling at the end).
 #pragma once
 
@@ -34,6 +38,7 @@ struct ResNetOptions {
   std::string stem = "imagenet";  // imagenet | cifar
   std::string memory_format = "auto";  // auto | channels_last | contiguous
   std::string fused_bn = "auto";       // auto | true | false
+  std::string custom_pool = "auto";    // auto | true | false
 };
 
 std::shared_ptr<Model> make_resnet(const ResNetOptions& options);

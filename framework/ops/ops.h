@@ -158,6 +158,22 @@ torch::Tensor batch_norm_act(const torch::Tensor& x, const torch::Tensor& weight
 // x on CUDA, channels_last, C % 8 == 0, fp32/bf16/fp16; fp32 weight, bias and running stats).
 bool batch_norm_act_cuda_eligible(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
                                   const torch::Tensor& running_mean, const torch::Tensor& running_var);
+// 2-D max-pool (op strobe::max_pool2d), torch::max_pool2d's arguments and results: kernel_size,
+// stride (empty = kernel_size) and padding as one or two ints; padding counts as -inf (never wins).
+// Within a window the first maximum in row-major order wins and a NaN takes over (the output is NaN
+// when the window holds one), as ATen. Only dilation 1 and ceil_mode false (anything else is an
+// error), kernel_h * kernel_w <= 256, x [N, C, H, W] floating. Differentiable in x: the forward keeps
+// a one-byte argmax per output (not ATen's int64) and the backward is a deterministic gather (each
+// input element sums the gradients of the outputs that chose it). The output and gradient keep x's
+// layout (channels_last or contiguous). CUDA: fp32/bf16/fp16, NHWC vectorized over channels (16-byte
+// accesses when C is a multiple of 16 / element size) or NCHW. CPU (any floating type) and Meta:
+// loops of the same algorithm, the reference. docs/OPS.md.
+torch::Tensor max_pool2d(const torch::Tensor& x, at::IntArrayRef kernel_size, at::IntArrayRef stride = {},
+                         at::IntArrayRef padding = 0, at::IntArrayRef dilation = 1, bool ceil_mode = false);
+// Whether max_pool2d's CUDA kernels take x as it is (a build with CUDA kernels, x on CUDA, 4-D,
+// fp32/bf16/fp16, contiguous or channels_last).
+bool max_pool2d_cuda_eligible(const torch::Tensor& x);
+
 // Fused residual add + LayerNorm (op strobe::add_layer_norm): sum = x + delta (x's dtype),
 // y = (sum - mean) / sqrt(var + eps) * weight (+ bias) over the last dimension (biased variance,
 // statistics in fp32 from the rounded sum), y in x's dtype. x and delta share shape and dtype

@@ -50,6 +50,17 @@ TORCH_LIBRARY(strobe, m) {
       "batch_norm_act_bwd(Tensor grad_y, Tensor y, Tensor x, Tensor weight, Tensor mean, "
       "Tensor invstd, bool relu, bool residual_grad) -> (Tensor grad_x, Tensor grad_weight, "
       "Tensor grad_bias, Tensor grad_residual)");
+  // 2-D max-pool, torch.nn.functional.max_pool2d's signature (dilation 1 and ceil_mode False only);
+  // the backward reads a one-byte argmax per output (docs/OPS.md).
+  m.def(
+      "max_pool2d(Tensor x, int[2] kernel_size, int[2] stride=[], int[2] padding=0, int[2] dilation=1, "
+      "bool ceil_mode=False) -> Tensor");
+  // Internal halves: the forward also returns the uint8 index (position of the maximum inside its
+  // window); the backward gathers grad_y into an input of input_size (channels_last: its layout).
+  m.def("max_pool2d_fwd(Tensor x, int[2] kernel_size, int[2] stride, int[2] padding) -> (Tensor y, Tensor index)");
+  m.def(
+      "max_pool2d_bwd(Tensor grad_y, Tensor index, SymInt[] input_size, int[2] kernel_size, int[2] stride, "
+      "int[2] padding, bool channels_last) -> Tensor");
   // sum = x + delta, y = LayerNorm(sum) over the last dim (weight, optional bias), fused forward
   // and backward; layer_norm is the same without delta (docs/OPS.md).
   m.def(

@@ -118,6 +118,15 @@ def run(device):
         opcheck(ops.batch_norm_act.default, (bx, bw, bb, rm, rv, br, 0.1, 1e-5, False),
                 tag=f"batch_norm_act residual {device} {dt}")
 
+    # --- max_pool2d (CUDA kernels: fp32/bf16/fp16, NCHW or channels_last; scalar and vectorized C)
+    for dt in (torch.float32,) + ((torch.bfloat16,) if device == "cuda" else ()):
+        px = torch.randn(2, 8, 9, 7, device=device, dtype=dt)
+        opcheck(ops.max_pool2d.default, (px.clone().requires_grad_(), [3], [2], [1]), tag=f"max_pool2d {device} {dt}")
+        opcheck(ops.max_pool2d.default,
+                (px.contiguous(memory_format=torch.channels_last).requires_grad_(), [2, 3], [2, 1], [1, 1]),
+                tag=f"max_pool2d channels_last {device} {dt}")
+        opcheck(ops.max_pool2d.default, (px[:, :3].clone().requires_grad_(), [2]), tag=f"max_pool2d C=3 {device} {dt}")
+
     # --- torch.compile(fullgraph=True) through every op, forward and backward
     torch._dynamo.reset()
 
@@ -164,6 +173,19 @@ def run(device):
         check(torch.allclose(ps[0], torch.full_like(ps[0], 0.9)), f"compiled fused_sgd_ {device}: {ps[0].tolist()}")
     except Exception as ex:
         check(False, f"torch.compile fused_sgd_ {device}: {type(ex).__name__}: {str(ex)[:400]}")
+
+    @torch.compile(fullgraph=True)
+    def pool_loss(x):
+        return (ops.max_pool2d(x, [3], [2], [1]).float() ** 2).sum()
+
+    try:
+        px = torch.randn(2, 8, 11, 9, device=device).contiguous(memory_format=torch.channels_last)
+        pa, pb = px.clone().requires_grad_(), px.clone().requires_grad_()
+        pool_loss(pa).backward()
+        (torch.nn.functional.max_pool2d(pb, 3, 2, 1) ** 2).sum().backward()
+        check(torch.equal(pa.grad, pb.grad), f"compiled max_pool2d {device}: gradient differs from ATen's")
+    except Exception as ex:
+        check(False, f"torch.compile max_pool2d {device}: {type(ex).__name__}: {str(ex)[:400]}")
 
 
 run("cpu")
