@@ -32,6 +32,11 @@ TEST(CliBadInput, SetErrorsNameTheSet) {
        "strobe: config error: --set trainer.max_steps=: empty value (to reset a key to its default write trainer.max_steps=null)\n"},
       {"fit -c " + cfg + " --set foo.bar=3", "strobe: config error: --set foo.bar=3: foo: unknown key"},
       {"fit -c " + cfg + " --set trainer.bogus.x=1", "strobe: config error: --set trainer.bogus.x=1: trainer.bogus: unknown key"},
+      {"fit -c " + cfg + " --set trainer.cuda_graphs=maybe",
+       "strobe: config error: --set trainer.cuda_graphs=maybe: trainer.cuda_graphs: expected one of false, true, auto, got 'maybe'\n"},
+      // (tiny_yaml trains on the CPU: `true` is refused before any step, naming why)
+      {"fit -c " + cfg + " --set trainer.cuda_graphs=true",
+       "strobe: config error: trainer.cuda_graphs: needs a CUDA device (this run's device is cpu)\n"},
   };
   for (const auto& c : cases) {
     auto r = strobe_cmd(c.args);

@@ -9,10 +9,6 @@
 
 #include <cmath>
 
-#ifdef STROBE_TORCH_HAS_CUDA
-#include <c10/cuda/CUDAFunctions.h>
-#endif
-
 #include <fmt/format.h>
 #include <torch/torch.h>
 
@@ -28,6 +24,10 @@ using namespace strobe::testing;
 
 #define SKIP_WITHOUT_CUDA() \
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device visible: CUDA graph tests skipped"
+
+#ifdef STROBE_TORCH_HAS_CUDA
+extern int64_t g_guarded_steps;  // the `sync_guard` callback of trainer_cuda_test.cpp (this binary)
+#endif
 
 namespace {
 
@@ -85,33 +85,6 @@ std::map<int64_t, double> losses(const std::string& dir) {
   for (auto& [step, row] : read_csv(dir + "/metrics.csv", "train/loss")) out[step] = std::stod(row["train/loss"]);
   return out;
 }
-
-#ifdef STROBE_TORCH_HAS_CUDA
-// Sync-debug mode "error" on every training batch after the capture (batch 3, whose one
-// synchronization hands the warm-up's cached memory back to the device).
-class GraphSyncGuard : public Callback {
- public:
-  std::string name() const override { return "graph_sync_guard"; }
-  void on_train_batch_start(Trainer&, Module&, const Batch&, int64_t batch_idx) override {
-    if (batch_idx >= 4) set(c10::cuda::SyncDebugMode::L_ERROR);
-  }
-  void on_train_batch_end(Trainer&, Module&, const torch::Tensor&, const Batch&, int64_t batch_idx) override {
-    if (batch_idx >= 4) ++guarded;
-  }
-  void on_validation_start(Trainer&, Module&) override { set(c10::cuda::SyncDebugMode::L_DISABLED); }
-  void on_train_end(Trainer&, Module&) override { set(c10::cuda::SyncDebugMode::L_DISABLED); }
-  void on_exception(Trainer&, Module&, const std::exception&) override { set(c10::cuda::SyncDebugMode::L_DISABLED); }
-  static inline int64_t guarded = 0;
-
- private:
-  static void set(c10::cuda::SyncDebugMode m) { c10::cuda::warning_state().set_sync_debug_mode(m); }
-};
-std::shared_ptr<Callback> make_graph_sync_guard(config::Section& cfg) {
-  cfg.finish();
-  return std::make_shared<GraphSyncGuard>();
-}
-STROBE_REGISTER(callback_registry(), "graph_sync_guard", make_graph_sync_guard);
-#endif
 
 // A callback with an in-step hook (cuda_graphs must refuse it).
 class GradPeek : public Callback {
@@ -264,14 +237,15 @@ TEST(CudaGraphs, AGraphedResNetGivesTheLossesOfAnEagerOneOver50StepsInEveryPreci
 TEST(CudaGraphs, GraphedStepsMakeNoHostSyncAndAutoTurnsGraphsOn) {
   SKIP_WITHOUT_CUDA();
 #ifdef STROBE_TORCH_HAS_CUDA
-  GraphSyncGuard::guarded = 0;
+  g_guarded_steps = 0;
   std::string dir = temp_dir("graphs-nosync");
   auto run = make_run(resnet_yaml(40, 4096),
                       {"trainer.precision=bf16-mixed", "trainer.cuda_graphs=auto", "trainer.gradient_clip_val=1.0",
-                       "trainer.log_every_n_steps=5", "callbacks=[{name: graph_sync_guard}, {name: nan_capture}]"},
+                       "trainer.log_every_n_steps=5", "callbacks=[{name: sync_guard, from: 4}, {name: nan_capture}]"},
                       dir);
   ASSERT_EQ(run->trainer->fit(), 0);
-  EXPECT_EQ(GraphSyncGuard::guarded, 36);
+  EXPECT_EQ(g_guarded_steps, 36) << "training batches 4..39 ran under sync-debug \"error\" (after the capture at 3, whose "
+                                  "one synchronization hands the warm-up's cached memory back)";
   EXPECT_EQ(run->trainer->graph_captures(), 1);
   EXPECT_EQ(run->trainer->graph_replays(), 37);
   auto l = losses(dir);
@@ -282,15 +256,7 @@ TEST(CudaGraphs, GraphedStepsMakeNoHostSyncAndAutoTurnsGraphsOn) {
 TEST(CudaGraphs, NanCaptureUnderGraphsStopsAtTheFailingStepWithTheWeightsOfAnEagerRun) {
   SKIP_WITHOUT_CUDA();
   // Mean input of each training batch, in the order training sees them (the loader is seeded).
-  std::vector<double> means;
-  {
-    auto run = make_run(probe_yaml(1e9), {"callbacks=[]"}, "");
-    run->datamodule->setup(Stage::Fit);
-    auto loader = run->datamodule->train_loader();
-    loader->start(0, 0);
-    while (auto b = loader->next()) means.push_back(b->at("image").flatten(1).mean().item<double>());
-    loader->stop();
-  }
+  const std::vector<double> means = batch_means(probe_yaml(1e9), 64);
   // The first batch after step 8 whose mean exceeds every earlier one: well after the capture (step 4).
   size_t bad = means.size();
   double earlier = -1e9;

@@ -36,17 +36,21 @@ std::string cuda_yaml() {
 }
 
 #ifdef STROBE_TORCH_HAS_CUDA
-// Turns sync-debug mode to "error" from the third training batch on, and off for validation (whose
-// epoch end may wait once, by design). Counts the training batches run under "error".
+// Turns sync-debug mode to "error" from training batch `from` on (default 2; the CUDA-graph tests
+// start after the capture), and off for validation (whose epoch end may wait once, by design).
+// Counts the training batches run under "error" in g_guarded_steps (shared with cuda_graphs_test.cpp).
+}  // namespace
 int64_t g_guarded_steps = 0;
+namespace {
 class SyncGuard : public Callback {
  public:
+  explicit SyncGuard(int64_t from) : from_(from) {}
   std::string name() const override { return "sync_guard"; }
   void on_train_batch_start(Trainer&, Module&, const Batch&, int64_t batch_idx) override {
-    if (batch_idx >= 2) set(c10::cuda::SyncDebugMode::L_ERROR);
+    if (batch_idx >= from_) set(c10::cuda::SyncDebugMode::L_ERROR);
   }
   void on_train_batch_end(Trainer&, Module&, const torch::Tensor&, const Batch&, int64_t batch_idx) override {
-    if (batch_idx >= 2) ++g_guarded_steps;
+    if (batch_idx >= from_) ++g_guarded_steps;
   }
   void on_validation_start(Trainer&, Module&) override { set(c10::cuda::SyncDebugMode::L_DISABLED); }
   void on_train_end(Trainer&, Module&) override { set(c10::cuda::SyncDebugMode::L_DISABLED); }
@@ -54,10 +58,12 @@ class SyncGuard : public Callback {
 
  private:
   static void set(c10::cuda::SyncDebugMode m) { c10::cuda::warning_state().set_sync_debug_mode(m); }
+  int64_t from_;
 };
 std::shared_ptr<Callback> make_sync_guard(config::Section& cfg) {
+  const int64_t from = cfg.get_int("from", 2, 0);
   cfg.finish();
-  return std::make_shared<SyncGuard>();
+  return std::make_shared<SyncGuard>(from);
 }
 STROBE_REGISTER(callback_registry(), "sync_guard", make_sync_guard);
 #endif

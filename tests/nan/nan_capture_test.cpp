@@ -127,20 +127,7 @@ std::unique_ptr<Run> make_run(const std::string& yaml, const std::string& run_di
 using strobe::testing::temp_dir;
 
 // Mean input value of the first n training batches, in the order training sees them.
-std::vector<double> batch_means(int64_t n) {
-  auto run = make_run(probe_yaml("none", 1e9, "[]"), "");
-  run->datamodule->setup(Stage::Fit);
-  auto loader = run->datamodule->train_loader();
-  loader->start(0, 0);
-  std::vector<double> out;
-  for (int64_t i = 0; i < n; ++i) {
-    auto b = loader->next();
-    if (!b) break;
-    out.push_back(b->at("image").flatten(1).mean().item<double>());
-  }
-  loader->stop();
-  return out;
-}
+std::vector<double> batch_means(int64_t n) { return strobe::testing::batch_means(probe_yaml("none", 1e9, "[]"), n); }
 
 // A threshold that the batch at `first_bad` is the first to exceed (and `extra` later ones).
 double threshold_first_bad_at(const std::vector<double>& means, size_t first_bad, size_t* bad_count = nullptr) {

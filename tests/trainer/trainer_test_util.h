@@ -115,4 +115,21 @@ inline std::map<int64_t, std::map<std::string, std::string>> read_csv(const std:
   return rows;
 }
 
+// Mean "image" value of the first n training batches of `yaml`'s data, in the order training sees
+// them (the NaN tests' faults trigger on it, so a test knows on the host which steps go bad).
+inline std::vector<double> batch_means(const std::string& yaml, int64_t n) {
+  auto run = make_run(yaml, {}, "");
+  run->datamodule->setup(Stage::Fit);
+  auto loader = run->datamodule->train_loader();
+  loader->start(0, 0);
+  std::vector<double> out;
+  for (int64_t i = 0; i < n; ++i) {
+    auto b = loader->next();
+    if (!b) break;
+    out.push_back(b->at("image").flatten(1).mean().item<double>());
+  }
+  loader->stop();
+  return out;
+}
+
 }  // namespace strobe::testing
