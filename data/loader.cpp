@@ -52,8 +52,8 @@ Batch DataLoader::make_batch(int64_t epoch, int64_t batch_index) const {
     throw DataError(fmt::format("batch {} of epoch {}: every one of its {} samples was bad and skipped", batch_index, epoch, end - begin));
   Batch b = collate_(samples);
   if (!b.meta.count("batch_size")) b.meta["batch_size"] = end - begin;
-  b.meta["batch_index"] = batch_index;
-  b.meta["epoch"] = epoch;
+  b.meta[kMetaBatchIndex] = batch_index;
+  b.meta[kMetaEpoch] = epoch;
   return opt_.pin_memory ? b.pin_memory() : b;
 }
 

@@ -13,6 +13,10 @@ namespace strobe {
 // One dataset item: named CPU tensors (e.g. {"image": [1,28,28] float, "label": [] int64}).
 using Sample = std::map<std::string, torch::Tensor>;
 
+// The loader's position, in every batch's meta: bookkeeping, not a fact that shapes a step.
+constexpr const char* kMetaBatchIndex = "batch_index";
+constexpr const char* kMetaEpoch = "epoch";
+
 struct Batch {
   std::map<std::string, torch::Tensor> tensors;
   std::map<std::string, int64_t> meta;  // host-side facts; "batch_size" is always set by collate

@@ -27,7 +27,7 @@ std::string GraphedStep::batch_signature(const Batch& batch) {
   }
   // Host facts shape the launches (max_seqlen, batch_size); the loader's position does not.
   for (const auto& [name, v] : batch.meta)
-    if (name != "batch_index" && name != "epoch") key += fmt::format("{}={};", name, v);
+    if (name != kMetaBatchIndex && name != kMetaEpoch) key += fmt::format("{}={};", name, v);
   return key;
 }
 
@@ -98,10 +98,14 @@ torch::Tensor Trainer::run_graphed_batch(Batch batch, int64_t batch_idx) {
   const bool same_batch = g.graph->captured() && batch_key == g.batch_key;
   // An epoch's last batch is where a smaller batch comes: never the first one captured.
   const bool last_of_epoch = batch_idx + 1 >= num_train_batches_;
-  if (!warm || (g.graph->captured() ? !same_batch : last_of_epoch)) {
-    // Eagerly: the gradients a replay left allocated must not be accumulated into.
+  // The optimizer's gradients (the fp32 masters' under bf16-master) and the model's, released.
+  auto release_grads = [&] {
     optimizer_->zero_grad(true);
     module_->net().zero_grad(true);
+  };
+  if (!warm || (g.graph->captured() ? !same_batch : last_of_epoch)) {
+    // Eagerly: the gradients a replay left allocated must not be accumulated into.
+    release_grads();
     ++g.eager_steps;
     return run_eager_batch(std::move(batch), batch_idx);
   }
@@ -109,19 +113,28 @@ torch::Tensor Trainer::run_graphed_batch(Batch batch, int64_t batch_idx) {
     // Capture: the tensors the captured step reads are the static inputs; gradients must not exist
     // yet, so that the captured backward allocates them in the graph's pool (and overwrites them on
     // every replay instead of accumulating).
-    optimizer_->zero_grad(true);
-    if (masters_) masters_->release_grads();
-    module_->net().zero_grad(true);
+    release_grads();
     g.reset();
     g.static_batch.meta = batch.meta;
     for (const auto& [name, t] : batch.tensors) g.static_batch.tensors[name] = t.clone(at::MemoryFormat::Preserve);
     RecordingSink sink;
-    module_->attach(&sink, Stage::Fit, true);
-    // Autocast's weight-cast cache would hand the graph tensors from outside its pool.
-    const bool cache = at::autocast::is_autocast_cache_enabled();
-    at::autocast::set_autocast_cache_enabled(false);
     torch::Tensor loss;
     try {
+      // For the capture only: logging into `sink`, and autocast's weight-cast cache off (it would
+      // hand the graph tensors from outside its pool); both restored however the capture ends.
+      struct CaptureScope {
+        Module& module;
+        LogSink* collector;
+        bool cache = at::autocast::is_autocast_cache_enabled();
+        CaptureScope(Module& m, LogSink* c, LogSink* sink) : module(m), collector(c) {
+          module.attach(sink, Stage::Fit, true);
+          at::autocast::set_autocast_cache_enabled(false);
+        }
+        ~CaptureScope() {
+          at::autocast::set_autocast_cache_enabled(cache);
+          module.attach(collector, Stage::Fit, true);
+        }
+      } scope(*module_, collector_.get(), &sink);
       g.graph->capture(device_, [&] {
         pipeline_->begin_step();
         {
@@ -133,16 +146,12 @@ torch::Tensor Trainer::run_graphed_batch(Batch batch, int64_t batch_idx) {
         pipeline_->step();
       });
     } catch (const std::exception& e) {
-      at::autocast::set_autocast_cache_enabled(cache);
-      module_->attach(collector_.get(), Stage::Fit, true);
       g.reset();
       throw std::runtime_error(fmt::format(
           "trainer.cuda_graphs: capturing the training step failed: {} (the step must not read device values on "
           "the host or copy from pageable host memory; set trainer.cuda_graphs: false to train without graphs)",
           e.what()));
     }
-    at::autocast::set_autocast_cache_enabled(cache);
-    module_->attach(collector_.get(), Stage::Fit, true);
     g.logged = std::move(sink.entries);
     g.record = pipeline_->last();
     g.batch_key = batch_key, g.guard_key = guard_key;
