@@ -469,6 +469,10 @@ std::tuple<Tensor, Tensor> flash_attention_varlen(const Tensor& q, const Tensor&
                  softmax_scale, deterministic);
 }
 
+#ifndef STROBE_OPS_WITH_CUDA
+int flash_attention_backward_version() { return 0; }
+#endif
+
 }  // namespace strobe::ops
 
 TORCH_LIBRARY_IMPL(strobe, Autograd, m) {

@@ -167,6 +167,9 @@ std::tuple<Tensor, Tensor, Tensor> flash_bwd_cuda(
 }
 
 }  // namespace
+
+int flash_attention_backward_version() { return cuda::flash_attention_bwd_version(); }
+
 }  // namespace strobe::ops
 
 TORCH_LIBRARY_IMPL(strobe, CUDA, m) {

@@ -6,9 +6,15 @@
 // +inf rows must match exactly), dq/dk/dv 1e-2. Measured errors are printed per case.
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <string>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+
+#ifdef STROBE_TORCH_HAS_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#endif
 
 #include "framework/ops/ops.h"
 
@@ -238,6 +244,26 @@ TEST(GpuFlashAttention, ForwardAndBackwardAreBitwiseReproducible) {
       EXPECT_TRUE(torch::equal(a.dv, r->dv)) << c.name;
     }
   }
+}
+
+// The backward runs v4 (wgmma) on compute capability 9.0 and v1 elsewhere; ctest runs this binary a
+// second time with STROBE_FLASH_BWD=v1 (gpu_attention_bwd_v1), so on an H100/H200 every case above
+// checks both kernel versions. A dispatch that silently fell back would fail here.
+TEST(GpuFlashAttention, BackwardKernelVersionMatchesTheDevice) {
+  SKIP_WITHOUT_CUDA();
+#ifndef STROBE_TORCH_HAS_CUDA
+  GTEST_SKIP() << "built without STROBE_TORCH_HAS_CUDA (a libtorch without CUDA)";
+#else
+  const cudaDeviceProp* props = at::cuda::getCurrentDeviceProperties();
+  const char* env = std::getenv("STROBE_FLASH_BWD");
+  const bool forced_v1 = env != nullptr && std::string(env) == "v1";
+  const int want = (!forced_v1 && props->major == 9 && props->minor == 0) ? 4 : 1;
+  EXPECT_EQ(strobe::ops::flash_attention_backward_version(), want)
+      << props->name << " (compute capability " << props->major << "." << props->minor
+      << "), STROBE_FLASH_BWD=" << (env ? env : "(unset)");
+  std::printf("flash attention backward: v%d on %s\n", strobe::ops::flash_attention_backward_version(),
+              props->name);
+#endif
 }
 
 TEST(GpuFlashAttention, NaNInputsPropagate) {

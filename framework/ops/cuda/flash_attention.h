@@ -56,5 +56,11 @@ bool flash_attention_supported(int head_dim, DType dtype);
 cudaError_t flash_attention_fwd(const FlashAttnParams& params, cudaStream_t stream);
 // Deterministic: dK/dV by key block, dQ by a separate query-block pass (no atomics).
 cudaError_t flash_attention_bwd(const FlashAttnParams& params, cudaStream_t stream);
+// The backward kernel version flash_attention_bwd runs on the current device: 4 (wgmma, compute
+// capability 9.0) or 1 (mma.sync, every other device). STROBE_FLASH_BWD=v1 in the environment
+// (read once) forces v1, for benchmarks and tests of v1 on Hopper.
+int flash_attention_bwd_version();
+// v4's dK/dV and dQ kernels (flash_bwd_sm90.cu, built for sm_90a); the Dsum pre-pass must have run.
+cudaError_t flash_attention_bwd_sm90(const FlashAttnParams& params, cudaStream_t stream);
 
 }  // namespace strobe::ops::cuda

@@ -1,5 +1,6 @@
 // Flash-attention backward on mma.sync (kernel version v1; see docs/PERFORMANCE.md), deterministic
-// by construction: no floating-point atomics anywhere.
+// by construction: no floating-point atomics anywhere. On compute capability 9.0 (H100/H200) the
+// Dsum pre-pass below is followed by v4's wgmma kernels (flash_bwd_sm90.cu) instead of v1's.
 //   1. preprocess: Dsum = rowsum(float(dO) * float(O)) per (row, head), laid out like LSE.
 //   2. dK/dV: one CTA of 4 warps per 64-key block; each warp owns 16 keys and loops over the query
 //      blocks that see them, computing S^T = K Q^T and dP^T = V dO^T, so P^T and dS^T land in
@@ -11,6 +12,8 @@
 // LSE = +inf (no visible key, or past the sequence end) give P = 0.
 #include <cfloat>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 
 #include "framework/ops/cuda/flash_common.cuh"
 
@@ -335,7 +338,7 @@ cudaError_t set_smem(Kernel kernel, int bytes) {
 }
 
 template <typename T, int D>
-cudaError_t launch_bwd(const FlashAttnParams& p, cudaStream_t stream) {
+cudaError_t launch_bwd(const FlashAttnParams& p, int version, cudaStream_t stream) {
   constexpr int smem_kv = dkdv_smem_bytes<T, D>(), smem_q = dq_smem_bytes<T, D>();
   static const cudaError_t attr1 = set_smem(flash_bwd_dkdv_kernel<T, D>, smem_kv);
   static const cudaError_t attr2 = set_smem(flash_bwd_dq_kernel<T, D>, smem_q);
@@ -349,6 +352,7 @@ cudaError_t launch_bwd(const FlashAttnParams& p, cudaStream_t stream) {
         p, rows_per_batch);
     if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   }
+  if (version == 4) return flash_attention_bwd_sm90(p, stream);
   if (p.seqlen_k > 0) {
     const dim3 grid((p.seqlen_k + kBc - 1) / kBc, p.batch * p.heads);
     flash_bwd_dkdv_kernel<T, D><<<grid, kThreads, smem_kv, stream>>>(p);
@@ -365,15 +369,36 @@ cudaError_t launch_bwd(const FlashAttnParams& p, cudaStream_t stream) {
 }  // namespace
 }  // namespace flash
 
+int flash_attention_bwd_version() {
+  static const bool force_v1 = [] {
+    const char* env = std::getenv("STROBE_FLASH_BWD");
+    return env != nullptr && std::strcmp(env, "v1") == 0;
+  }();
+  if (force_v1) return 1;
+  constexpr int kMaxDevices = 64;
+  static int cached[kMaxDevices] = {};  // 0: not asked yet
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0) return 1;
+  int* slot = device < kMaxDevices ? &cached[device] : nullptr;
+  if (slot != nullptr && *slot != 0) return *slot;
+  int major = 0, minor = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  const int version = (major == 9 && minor == 0) ? 4 : 1;
+  if (slot != nullptr) *slot = version;
+  return version;
+}
+
 cudaError_t flash_attention_bwd(const FlashAttnParams& p, cudaStream_t stream) {
   if (!flash_attention_supported(p.head_dim, p.dtype)) return cudaErrorInvalidValue;
   const bool bf16 = p.dtype == DType::kBFloat16;
+  const int version = flash_attention_bwd_version();
   if (p.head_dim == 64) {
-    return bf16 ? flash::launch_bwd<__nv_bfloat16, 64>(p, stream)
-                : flash::launch_bwd<__half, 64>(p, stream);
+    return bf16 ? flash::launch_bwd<__nv_bfloat16, 64>(p, version, stream)
+                : flash::launch_bwd<__half, 64>(p, version, stream);
   }
-  return bf16 ? flash::launch_bwd<__nv_bfloat16, 128>(p, stream)
-              : flash::launch_bwd<__half, 128>(p, stream);
+  return bf16 ? flash::launch_bwd<__nv_bfloat16, 128>(p, version, stream)
+              : flash::launch_bwd<__half, 128>(p, version, stream);
 }
 
 }  // namespace strobe::ops::cuda
