@@ -6,7 +6,7 @@ def acc_ops(n):
     return ", ".join(f'"+f"(d[{i // 4}][{i % 4}])' for i in range(n // 2))
 out = []
 for ty, ptx in (("__nv_bfloat16", "bf16"), ("__half", "f16")):
-    for n in (64, 128):
+    for n in (32, 64, 128):
         na = n // 2
         out.append(f"""template <>
 struct Wgmma<{ty}, {n}> {{

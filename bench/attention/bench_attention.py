@@ -8,8 +8,9 @@ fwd+bwd = one forward and one backward (the backward includes every pre/post ker
 ATTENTION_NOTES §8: forward 4*B*H*Sq*Sk*D (halved for causal, summed per sequence for varlen),
 fwd+bwd 3.5x forward. The GPU's bf16 matrix rate is measured here too (8192^3 torch.matmul), so
 TFLOP/s can be read as a fraction of what the tensor cores deliver on this machine.
-Results print and go to $OUT/bench_attention.json (or /tmp). Our backward runs v4 (wgmma) on an
-H100/H200; STROBE_FLASH_BWD=v1 runs v1's kernels instead (results then go to bench_attention_v1.json).
+Results print and go to $OUT/bench_attention.json (or /tmp). Our kernels are the wgmma ones (v4) on
+an H100/H200; STROBE_FLASH_ATTN=mma runs the mma.sync ones (forward v3, backward v1) instead, as
+every other GPU does (results then go to bench_attention_mma.json).
 """
 import json, os, sys
 
@@ -94,8 +95,8 @@ def main():
             row("varlen_32seq_causal_h16_d64.varlen_attn_fa2", fl, h, lambda: h().backward(dop))
         except Exception as ex:
             R["varlen.varlen_attn.error"] = repr(ex)[:200]; print("varlen_attn error", repr(ex)[:200])
-    tag = os.environ.get("STROBE_FLASH_BWD", "")
-    R["strobe_flash_bwd_env"] = tag
+    tag = os.environ.get("STROBE_FLASH_ATTN", "")
+    R["strobe_flash_attn_env"] = tag
     out = os.path.join(os.environ.get("OUT", "/tmp"), f"bench_attention{'_' + tag if tag else ''}.json")
     with open(out, "w") as fh: json.dump(R, fh, indent=1)
     print("wrote", out)

@@ -470,7 +470,7 @@ std::tuple<Tensor, Tensor> flash_attention_varlen(const Tensor& q, const Tensor&
 }
 
 #ifndef STROBE_OPS_WITH_CUDA
-int flash_attention_backward_version() { return 0; }
+bool flash_attention_uses_wgmma() { return false; }
 #endif
 
 }  // namespace strobe::ops

@@ -168,7 +168,7 @@ std::tuple<Tensor, Tensor, Tensor> flash_bwd_cuda(
 
 }  // namespace
 
-int flash_attention_backward_version() { return cuda::flash_attention_bwd_version(); }
+bool flash_attention_uses_wgmma() { return cuda::flash_attention_uses_wgmma(); }
 
 }  // namespace strobe::ops
 

@@ -127,10 +127,11 @@ std::tuple<torch::Tensor, torch::Tensor> flash_attention_reference(
     const std::optional<torch::Tensor>& cu_seqlens_q, const std::optional<torch::Tensor>& cu_seqlens_k,
     int64_t max_seqlen_q, int64_t max_seqlen_k, bool causal,
     std::optional<double> softmax_scale = {});
-// The CUDA backward's kernel version on the current device: 4 (wgmma; compute capability 9.0,
-// H100/H200) or 1 (mma.sync; other GPUs, or STROBE_FLASH_BWD=v1 in the environment); 0 when the
-// library has no CUDA kernels.
-int flash_attention_backward_version();
+// Whether the CUDA kernels on the current device are the Hopper ones (warpgroup MMAs: forward and
+// backward v4, compute capability 9.0) rather than the mma.sync ones every other GPU runs (forward
+// v3, backward v1; also on Hopper with STROBE_FLASH_ATTN=mma in the environment). false without
+// CUDA kernels.
+bool flash_attention_uses_wgmma();
 
 // Fused conv3x3 (padding 1) + max-pool 2x2 (stride 2, floor) + ReLU (op strobe::conv3x3_maxpool_relu):
 // y = relu(max_pool2d(conv2d(x * input_scale, weight, bias, padding=1), 2)), computed in fp32

@@ -246,23 +246,24 @@ TEST(GpuFlashAttention, ForwardAndBackwardAreBitwiseReproducible) {
   }
 }
 
-// The backward runs v4 (wgmma) on compute capability 9.0 and v1 elsewhere; ctest runs this binary a
-// second time with STROBE_FLASH_BWD=v1 (gpu_attention_bwd_v1), so on an H100/H200 every case above
-// checks both kernel versions. A dispatch that silently fell back would fail here.
-TEST(GpuFlashAttention, BackwardKernelVersionMatchesTheDevice) {
+// On compute capability 9.0 both directions run the wgmma kernels (v4), elsewhere the mma.sync ones
+// (forward v3, backward v1); ctest runs this binary a second time with STROBE_FLASH_ATTN=mma
+// (gpu_attention_mma), so on an H100/H200 every case above checks both kernel families. A dispatch
+// that silently fell back would fail here.
+TEST(GpuFlashAttention, KernelFamilyMatchesTheDevice) {
   SKIP_WITHOUT_CUDA();
 #ifndef STROBE_TORCH_HAS_CUDA
   GTEST_SKIP() << "built without STROBE_TORCH_HAS_CUDA (a libtorch without CUDA)";
 #else
   const cudaDeviceProp* props = at::cuda::getCurrentDeviceProperties();
-  const char* env = std::getenv("STROBE_FLASH_BWD");
-  const bool forced_v1 = env != nullptr && std::string(env) == "v1";
-  const int want = (!forced_v1 && props->major == 9 && props->minor == 0) ? 4 : 1;
-  EXPECT_EQ(strobe::ops::flash_attention_backward_version(), want)
+  const char* env = std::getenv("STROBE_FLASH_ATTN");
+  const bool forced_mma = env != nullptr && std::string(env) == "mma";
+  const bool want = !forced_mma && props->major == 9 && props->minor == 0;
+  EXPECT_EQ(strobe::ops::flash_attention_uses_wgmma(), want)
       << props->name << " (compute capability " << props->major << "." << props->minor
-      << "), STROBE_FLASH_BWD=" << (env ? env : "(unset)");
-  std::printf("flash attention backward: v%d on %s\n", strobe::ops::flash_attention_backward_version(),
-              props->name);
+      << "), STROBE_FLASH_ATTN=" << (env ? env : "(unset)");
+  std::printf("flash attention kernels: %s on %s\n",
+              strobe::ops::flash_attention_uses_wgmma() ? "wgmma (v4)" : "mma.sync (fwd v3, bwd v1)", props->name);
 #endif
 }
 

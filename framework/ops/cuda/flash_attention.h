@@ -56,11 +56,14 @@ bool flash_attention_supported(int head_dim, DType dtype);
 cudaError_t flash_attention_fwd(const FlashAttnParams& params, cudaStream_t stream);
 // Deterministic: dK/dV by key block, dQ by a separate query-block pass (no atomics).
 cudaError_t flash_attention_bwd(const FlashAttnParams& params, cudaStream_t stream);
-// The backward kernel version flash_attention_bwd runs on the current device: 4 (wgmma, compute
-// capability 9.0) or 1 (mma.sync, every other device). STROBE_FLASH_BWD=v1 in the environment
-// (read once) forces v1, for benchmarks and tests of v1 on Hopper.
-int flash_attention_bwd_version();
-// v4's dK/dV and dQ kernels (flash_bwd_sm90.cu, built for sm_90a); the Dsum pre-pass must have run.
+// Whether flash_attention_fwd/bwd run the Hopper kernels on the current device: forward v4 and
+// backward v4 on warpgroup MMAs (wgmma, compute capability 9.0, H100/H200), else the mma.sync
+// kernels (forward v3, backward v1) that every other GPU runs. STROBE_FLASH_ATTN=mma in the
+// environment (read once) forces the mma.sync kernels, for benchmarks and tests of them on Hopper.
+bool flash_attention_uses_wgmma();
+// The Hopper kernels (flash_fwd_sm90.cu, flash_bwd_sm90.cu; built for sm_90a). The backward one
+// launches dK/dV and dQ only: flash_attention_bwd's Dsum pre-pass must have run.
+cudaError_t flash_attention_fwd_sm90(const FlashAttnParams& params, cudaStream_t stream);
 cudaError_t flash_attention_bwd_sm90(const FlashAttnParams& params, cudaStream_t stream);
 
 }  // namespace strobe::ops::cuda

@@ -1,6 +1,7 @@
 // Flash-attention backward on mma.sync (kernel version v1; see docs/PERFORMANCE.md), deterministic
 // by construction: no floating-point atomics anywhere. On compute capability 9.0 (H100/H200) the
-// Dsum pre-pass below is followed by v4's wgmma kernels (flash_bwd_sm90.cu) instead of v1's.
+// Dsum pre-pass below is followed by v4's wgmma kernels (flash_bwd_sm90.cu) instead of v1's
+// (flash_attention_uses_wgmma, defined here, decides for the forward too).
 //   1. preprocess: Dsum = rowsum(float(dO) * float(O)) per (row, head), laid out like LSE.
 //   2. dK/dV: one CTA of 4 warps per 64-key block; each warp owns 16 keys and loops over the query
 //      blocks that see them, computing S^T = K Q^T and dP^T = V dO^T, so P^T and dS^T land in
@@ -369,30 +370,30 @@ cudaError_t launch_bwd(const FlashAttnParams& p, int version, cudaStream_t strea
 }  // namespace
 }  // namespace flash
 
-int flash_attention_bwd_version() {
-  static const bool force_v1 = [] {
-    const char* env = std::getenv("STROBE_FLASH_BWD");
-    return env != nullptr && std::strcmp(env, "v1") == 0;
+bool flash_attention_uses_wgmma() {
+  static const bool forced_off = [] {
+    const char* env = std::getenv("STROBE_FLASH_ATTN");
+    return env != nullptr && std::strcmp(env, "mma") == 0;
   }();
-  if (force_v1) return 1;
+  if (forced_off) return false;
   constexpr int kMaxDevices = 64;
-  static int cached[kMaxDevices] = {};  // 0: not asked yet
+  static int cached[kMaxDevices] = {};  // 0: not asked yet, 1: no, 2: yes
   int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0) return 1;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0) return false;
   int* slot = device < kMaxDevices ? &cached[device] : nullptr;
-  if (slot != nullptr && *slot != 0) return *slot;
+  if (slot != nullptr && *slot != 0) return *slot == 2;
   int major = 0, minor = 0;
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
   cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
-  const int version = (major == 9 && minor == 0) ? 4 : 1;
-  if (slot != nullptr) *slot = version;
-  return version;
+  const bool hopper = major == 9 && minor == 0;
+  if (slot != nullptr) *slot = hopper ? 2 : 1;
+  return hopper;
 }
 
 cudaError_t flash_attention_bwd(const FlashAttnParams& p, cudaStream_t stream) {
   if (!flash_attention_supported(p.head_dim, p.dtype)) return cudaErrorInvalidValue;
   const bool bf16 = p.dtype == DType::kBFloat16;
-  const int version = flash_attention_bwd_version();
+  const int version = flash_attention_uses_wgmma() ? 4 : 1;
   if (p.head_dim == 64) {
     return bf16 ? flash::launch_bwd<__nv_bfloat16, 64>(p, version, stream)
                 : flash::launch_bwd<__half, 64>(p, version, stream);

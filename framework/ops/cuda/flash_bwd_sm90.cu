@@ -4,7 +4,9 @@
 // warps; each warp keeps v1's 16 rows, so the masking and softmax code is v1's unchanged.
 //   dK/dV (64 keys per CTA): S^T = K Q^T and dP^T = V dO^T read both operands from shared memory
 //     (m64n64k16, K and Q / V and dO K-major); P^T and dS^T stay in registers as the A operand of
-//     dV += P^T dO and dK += dS^T Q (m64nDk16, dO and Q read N-major from the same tiles).
+//     dV += P^T dO and dK += dS^T Q (m64nDk16, dO and Q read N-major from the same tiles). At
+//     head_dim 64 (kOverlap) P^T is computed while dP^T is still in the tensor cores and dS^T while
+//     dV's MMAs run (wgmma groups waited one at a time).
 //   dQ (64 query rows per CTA): S = Q K^T, dP = dO V^T from shared memory, dQ += dS K with dS
 //     from registers and K read N-major.
 // A wgmma reads 64 rows' worth of B per shared-memory access where mma.sync's warp reads 16, which
@@ -26,49 +28,23 @@ namespace strobe::ops::cuda {
 namespace flash {
 namespace {
 
+using sm90::align_1024;
 using sm90::fence_acc;
+using sm90::fence_frag;
 using sm90::fence_proxy_async;
 using sm90::kmajor_desc;
+using sm90::load_panels;
 using sm90::nmajor_desc;
-using sm90::pswz;
+using sm90::to_a;
 using sm90::wgmma_commit;
 using sm90::wgmma_fence;
 using sm90::wgmma_wait;
 using sm90::Wgmma;
 
-constexpr int kThreads = 128, kBr = 64, kBc = 64;
-
-// Rows [0, ROWS) of a [ROWS][D] panel tile; rows >= valid are zero-filled.
-template <typename T, int ROWS, int D>
-__device__ __forceinline__ void load_panels(T* dst, const T* src, int64_t row_stride, int valid,
-                                            int tid) {
-  constexpr int kChunks = D / 8;
-  static_assert((ROWS * kChunks) % kThreads == 0, "tile chunks must split evenly over threads");
-#pragma unroll
-  for (int i = 0; i < ROWS * kChunks / kThreads; ++i) {
-    const int idx = tid + i * kThreads;
-    const int r = idx / kChunks, c = (idx % kChunks) * 8;
-    const bool ok = r < valid;
-    cp_async16(smem_u32(dst + pswz<ROWS>(r, c)), ok ? src + r * row_stride + c : src, ok);
-  }
-}
+constexpr int kThreads = sm90::kWarpgroupThreads, kBr = 64, kBc = 64;
 
 __device__ __forceinline__ void zero(float (*acc)[4], int n) {
   for (int j = 0; j < n; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-}
-
-// The 16-bit A fragment of k16 slice kk from an fp32 accumulator laid out [n8 tile][4].
-template <typename T>
-__device__ __forceinline__ void to_a(uint32_t (&a)[4], const float (*acc)[4], int kk) {
-  a[0] = pack2<T>(acc[2 * kk][0], acc[2 * kk][1]);
-  a[1] = pack2<T>(acc[2 * kk][2], acc[2 * kk][3]);
-  a[2] = pack2<T>(acc[2 * kk + 1][0], acc[2 * kk + 1][1]);
-  a[3] = pack2<T>(acc[2 * kk + 1][2], acc[2 * kk + 1][3]);
-}
-
-__device__ __forceinline__ unsigned char* align_1024(unsigned char* p) {
-  const uint32_t a = smem_u32(p);
-  return p + ((1024u - (a & 1023u)) & 1023u);
 }
 
 template <typename T, int D>
@@ -77,7 +53,7 @@ constexpr int dkdv_smem_bytes() {
          4 * kBr * static_cast<int>(sizeof(float)) + 1024;
 }
 
-template <typename T, int D>
+template <typename T, int D, bool kOverlap>
 __global__ void __launch_bounds__(kThreads) flash_bwd_dkdv_sm90(const FlashAttnParams p) {
 #ifdef STROBE_SM90A_DEVICE
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -149,22 +125,69 @@ __global__ void __launch_bounds__(kThreads) flash_bwd_dkdv_sm90(const FlashAttnP
     float acc_s[kBr / 8][4], acc_dp[kBr / 8][4];
     zero(acc_s, kBr / 8);
     zero(acc_dp, kBr / 8);
+    fence_acc(acc_s);
+    fence_acc(acc_dp);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       Wgmma<T, kBr>::ss(acc_s, kmajor_desc<kBc>(aK, kk), kmajor_desc<kBr>(aQ, kk));
     }
+    wgmma_commit();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       Wgmma<T, kBr>::ss(acc_dp, kmajor_desc<kBc>(aV, kk), kmajor_desc<kBr>(adO, kk));
     }
     wgmma_commit();
+    const bool need_mask = k_valid < kBc || (m + 1) * kBr > s.seqlen_q ||
+                           (p.causal && n_block * kBc + kBc - 1 > m * kBr + diag);
+    uint32_t ap[kBr / 16][4], ads[kBr / 16][4];
+    if (kOverlap) {
+      // P^T while dP^T is still in the tensor cores; dV += P^T dO while dS^T is computed.
+      wgmma_wait<1>();
+      fence_acc(acc_s);
+#pragma unroll
+      for (int j = 0; j < kBr / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int qcol = j * 8 + 2 * t + (e & 1);
+          float pv = exp2f(acc_s[j][e] * c2 - cL[qcol]);
+          if (need_mask) {
+            const int key = c0 + (e >> 1) * 8, row = m * kBr + qcol;
+            if (key >= s.seqlen_k || row >= s.seqlen_q || (p.causal && key > row + diag)) pv = 0.f;
+          }
+          acc_s[j][e] = pv;
+        }
+      }
+#pragma unroll
+      for (int kk = 0; kk < kBr / 16; ++kk) to_a<T>(ap[kk], acc_s, kk);
+      fence_frag(ap);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBr / 16; ++kk) Wgmma<T, D>::rs_t(acc_dv, ap[kk], nmajor_desc<kBr>(adO, kk));
+      wgmma_commit();
+      wgmma_wait<1>();
+      fence_acc(acc_dp);
+#pragma unroll
+      for (int j = 0; j < kBr / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc_dp[j][e] = acc_s[j][e] * (acc_dp[j][e] - cDs[j * 8 + 2 * t + (e & 1)]);
+      }
+#pragma unroll
+      for (int kk = 0; kk < kBr / 16; ++kk) to_a<T>(ads[kk], acc_dp, kk);
+      fence_frag(ads);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBr / 16; ++kk) Wgmma<T, D>::rs_t(acc_dk, ads[kk], nmajor_desc<kBr>(aQ, kk));
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_acc(acc_dv);
+      fence_acc(acc_dk);
+      continue;
+    }
     wgmma_wait<0>();
     fence_acc(acc_s);
     fence_acc(acc_dp);
 
-    const bool need_mask = k_valid < kBc || (m + 1) * kBr > s.seqlen_q ||
-                           (p.causal && n_block * kBc + kBc - 1 > m * kBr + diag);
     // acc_s becomes P^T, acc_dp becomes dS^T (rows: keys; columns: queries).
 #pragma unroll
     for (int j = 0; j < kBr / 8; ++j) {
@@ -181,12 +204,13 @@ __global__ void __launch_bounds__(kThreads) flash_bwd_dkdv_sm90(const FlashAttnP
       }
     }
 
-    uint32_t ap[kBr / 16][4], ads[kBr / 16][4];
 #pragma unroll
     for (int kk = 0; kk < kBr / 16; ++kk) {
       to_a<T>(ap[kk], acc_s, kk);
       to_a<T>(ads[kk], acc_dp, kk);
     }
+    fence_frag(ap);
+    fence_frag(ads);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBr / 16; ++kk) Wgmma<T, D>::rs_t(acc_dv, ap[kk], nmajor_desc<kBr>(adO, kk));
@@ -286,6 +310,8 @@ __global__ void __launch_bounds__(kThreads) flash_bwd_dq_sm90(const FlashAttnPar
     float acc_s[kBc / 8][4], acc_dp[kBc / 8][4];
     zero(acc_s, kBc / 8);
     zero(acc_dp, kBc / 8);
+    fence_acc(acc_s);
+    fence_acc(acc_dp);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
@@ -319,6 +345,7 @@ __global__ void __launch_bounds__(kThreads) flash_bwd_dq_sm90(const FlashAttnPar
     uint32_t ads[kBc / 16][4];
 #pragma unroll
     for (int kk = 0; kk < kBc / 16; ++kk) to_a<T>(ads[kk], acc_dp, kk);
+    fence_frag(ads);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBc / 16; ++kk) Wgmma<T, D>::rs_t(acc_dq, ads[kk], nmajor_desc<kBc>(aK, kk));
@@ -337,14 +364,17 @@ cudaError_t set_smem(Kernel kernel, int bytes) {
 
 template <typename T, int D>
 cudaError_t launch(const FlashAttnParams& p, cudaStream_t stream) {
+  // head_dim 64 overlaps the dK/dV kernel's softmax with its MMAs (kOverlap); at 128 the extra live
+  // registers spill and it was slower (docs/PERFORMANCE.md, v4).
+  constexpr bool kOverlap = D == 64;
   constexpr int smem_kv = dkdv_smem_bytes<T, D>(), smem_q = dq_smem_bytes<T, D>();
-  static const cudaError_t attr1 = set_smem(flash_bwd_dkdv_sm90<T, D>, smem_kv);
+  static const cudaError_t attr1 = set_smem(flash_bwd_dkdv_sm90<T, D, kOverlap>, smem_kv);
   static const cudaError_t attr2 = set_smem(flash_bwd_dq_sm90<T, D>, smem_q);
   if (attr1 != cudaSuccess) return attr1;
   if (attr2 != cudaSuccess) return attr2;
   if (p.seqlen_k > 0) {
     const dim3 grid((p.seqlen_k + kBc - 1) / kBc, p.batch * p.heads);
-    flash_bwd_dkdv_sm90<T, D><<<grid, kThreads, smem_kv, stream>>>(p);
+    flash_bwd_dkdv_sm90<T, D, kOverlap><<<grid, kThreads, smem_kv, stream>>>(p);
     if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   }
   if (p.seqlen_q > 0) {

@@ -5,7 +5,7 @@
 // (cp.async), keeping Q, the running max / sum and the unnormalised O in registers (online softmax,
 // exp2 with the scale folded in). P goes from the S accumulators straight into the A operand of
 // P.V. Key blocks run from the highest down, so the blocks that need the causal / length mask come
-// first and the rest skip it.
+// first and the rest skip it. On compute capability 9.0 flash_fwd_sm90.cu's v4 (wgmma) runs instead.
 #include <cfloat>
 #include <cmath>
 
@@ -252,6 +252,7 @@ bool flash_attention_supported(int head_dim, DType dtype) {
 
 cudaError_t flash_attention_fwd(const FlashAttnParams& p, cudaStream_t stream) {
   if (!flash_attention_supported(p.head_dim, p.dtype)) return cudaErrorInvalidValue;
+  if (flash_attention_uses_wgmma()) return flash_attention_fwd_sm90(p, stream);
   const bool bf16 = p.dtype == DType::kBFloat16;
   if (p.head_dim == 64) {
     return bf16 ? flash::launch_fwd<__nv_bfloat16, 64>(p, stream)
