@@ -20,26 +20,11 @@
 #include "framework/ops/cuda/flash_common.cuh"
 #include "framework/ops/cuda/flash_sm90.cuh"
 
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define STROBE_SM90A_DEVICE 1
-#endif
-
 namespace strobe::ops::cuda {
 namespace flash {
 namespace {
 
-using sm90::align_1024;
-using sm90::fence_acc;
-using sm90::fence_frag;
-using sm90::fence_proxy_async;
-using sm90::kmajor_desc;
-using sm90::load_panels;
-using sm90::nmajor_desc;
-using sm90::to_a;
-using sm90::wgmma_commit;
-using sm90::wgmma_fence;
-using sm90::wgmma_wait;
-using sm90::Wgmma;
+using namespace sm90;  // NOLINT(google-build-using-namespace): this file's building blocks
 
 constexpr int kThreads = sm90::kWarpgroupThreads, kBr = 64, kBc = 64;
 
@@ -141,53 +126,9 @@ __global__ void __launch_bounds__(kThreads) flash_bwd_dkdv_sm90(const FlashAttnP
     const bool need_mask = k_valid < kBc || (m + 1) * kBr > s.seqlen_q ||
                            (p.causal && n_block * kBc + kBc - 1 > m * kBr + diag);
     uint32_t ap[kBr / 16][4], ads[kBr / 16][4];
-    if (kOverlap) {
-      // P^T while dP^T is still in the tensor cores; dV += P^T dO while dS^T is computed.
-      wgmma_wait<1>();
-      fence_acc(acc_s);
-#pragma unroll
-      for (int j = 0; j < kBr / 8; ++j) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int qcol = j * 8 + 2 * t + (e & 1);
-          float pv = exp2f(acc_s[j][e] * c2 - cL[qcol]);
-          if (need_mask) {
-            const int key = c0 + (e >> 1) * 8, row = m * kBr + qcol;
-            if (key >= s.seqlen_k || row >= s.seqlen_q || (p.causal && key > row + diag)) pv = 0.f;
-          }
-          acc_s[j][e] = pv;
-        }
-      }
-#pragma unroll
-      for (int kk = 0; kk < kBr / 16; ++kk) to_a<T>(ap[kk], acc_s, kk);
-      fence_frag(ap);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kBr / 16; ++kk) Wgmma<T, D>::rs_t(acc_dv, ap[kk], nmajor_desc<kBr>(adO, kk));
-      wgmma_commit();
-      wgmma_wait<1>();
-      fence_acc(acc_dp);
-#pragma unroll
-      for (int j = 0; j < kBr / 8; ++j) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc_dp[j][e] = acc_s[j][e] * (acc_dp[j][e] - cDs[j * 8 + 2 * t + (e & 1)]);
-      }
-#pragma unroll
-      for (int kk = 0; kk < kBr / 16; ++kk) to_a<T>(ads[kk], acc_dp, kk);
-      fence_frag(ads);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kBr / 16; ++kk) Wgmma<T, D>::rs_t(acc_dk, ads[kk], nmajor_desc<kBr>(aQ, kk));
-      wgmma_commit();
-      wgmma_wait<0>();
-      fence_acc(acc_dv);
-      fence_acc(acc_dk);
-      continue;
-    }
-    wgmma_wait<0>();
+    // kOverlap: P^T while dP^T is still in the tensor cores, dS^T while dV += P^T dO runs.
+    wgmma_wait<kOverlap ? 1 : 0>();
     fence_acc(acc_s);
-    fence_acc(acc_dp);
-
     // acc_s becomes P^T, acc_dp becomes dS^T (rows: keys; columns: queries).
 #pragma unroll
     for (int j = 0; j < kBr / 8; ++j) {
@@ -200,20 +141,33 @@ __global__ void __launch_bounds__(kThreads) flash_bwd_dkdv_sm90(const FlashAttnP
           if (key >= s.seqlen_k || row >= s.seqlen_q || (p.causal && key > row + diag)) pv = 0.f;
         }
         acc_s[j][e] = pv;
-        acc_dp[j][e] = pv * (acc_dp[j][e] - cDs[qcol]);
       }
     }
-
 #pragma unroll
-    for (int kk = 0; kk < kBr / 16; ++kk) {
-      to_a<T>(ap[kk], acc_s, kk);
-      to_a<T>(ads[kk], acc_dp, kk);
+    for (int kk = 0; kk < kBr / 16; ++kk) to_a<T>(ap[kk], acc_s, kk);
+    if (kOverlap) {
+      fence_frag(ap);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBr / 16; ++kk) Wgmma<T, D>::rs_t(acc_dv, ap[kk], nmajor_desc<kBr>(adO, kk));
+      wgmma_commit();
+      wgmma_wait<1>();
     }
-    fence_frag(ap);
+    fence_acc(acc_dp);
+#pragma unroll
+    for (int j = 0; j < kBr / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_dp[j][e] = acc_s[j][e] * (acc_dp[j][e] - cDs[j * 8 + 2 * t + (e & 1)]);
+    }
+#pragma unroll
+    for (int kk = 0; kk < kBr / 16; ++kk) to_a<T>(ads[kk], acc_dp, kk);
+    if (!kOverlap) fence_frag(ap);
     fence_frag(ads);
     wgmma_fence();
+    if (!kOverlap) {
 #pragma unroll
-    for (int kk = 0; kk < kBr / 16; ++kk) Wgmma<T, D>::rs_t(acc_dv, ap[kk], nmajor_desc<kBr>(adO, kk));
+      for (int kk = 0; kk < kBr / 16; ++kk) Wgmma<T, D>::rs_t(acc_dv, ap[kk], nmajor_desc<kBr>(adO, kk));
+    }
 #pragma unroll
     for (int kk = 0; kk < kBr / 16; ++kk) Wgmma<T, D>::rs_t(acc_dk, ads[kk], nmajor_desc<kBr>(aQ, kk));
     wgmma_commit();

@@ -83,9 +83,18 @@ __device__ __forceinline__ int swz(int row, int col) {
   return row * D + ((((col >> 3) ^ (row & 7))) << 3) + (col & 7);
 }
 
-// Copy rows [0, ROWS) of a tile (row r at src + r * row_stride) into shared memory; rows >= valid
-// are zero-filled. All NT threads of the block call it.
-template <typename T, int ROWS, int D, int NT>
+// Element offset of (row, col) in the wgmma kernels' panel layout (flash_sm90.cuh): a [ROWS][D]
+// tile as D / 64 panels of [ROWS][64], each 128-byte row's 16-byte chunks XOR-swizzled by row % 8.
+// For D = 64 it equals swz<64>.
+template <int ROWS>
+__device__ __forceinline__ int pswz(int row, int col) {
+  return (col >> 6) * ROWS * 64 + row * 64 + ((((col >> 3) & 7) ^ (row & 7)) << 3) + (col & 7);
+}
+
+// Copy rows [0, ROWS) of a tile (row r at src + r * row_stride) into shared memory, laid out by
+// swz<D> (or pswz<ROWS> with kPanels); rows >= valid are zero-filled. All NT threads of the block
+// call it.
+template <typename T, int ROWS, int D, int NT, bool kPanels = false>
 __device__ __forceinline__ void load_tile(T* dst, const T* src, int64_t row_stride, int valid,
                                           int tid) {
   constexpr int kChunks = D / 8;
@@ -95,7 +104,8 @@ __device__ __forceinline__ void load_tile(T* dst, const T* src, int64_t row_stri
     const int idx = tid + i * NT;
     const int r = idx / kChunks, c = (idx % kChunks) * 8;
     const bool ok = r < valid;
-    cp_async16(smem_u32(dst + swz<D>(r, c)), ok ? src + r * row_stride + c : src, ok);
+    const int off = kPanels ? pswz<ROWS>(r, c) : swz<D>(r, c);
+    cp_async16(smem_u32(dst + off), ok ? src + r * row_stride + c : src, ok);
   }
 }
 

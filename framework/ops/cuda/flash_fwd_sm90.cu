@@ -12,26 +12,11 @@
 #include "framework/ops/cuda/flash_common.cuh"
 #include "framework/ops/cuda/flash_sm90.cuh"
 
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define STROBE_SM90A_DEVICE 1
-#endif
-
 namespace strobe::ops::cuda {
 namespace flash {
 namespace {
 
-using sm90::align_1024;
-using sm90::fence_acc;
-using sm90::fence_frag;
-using sm90::fence_proxy_async;
-using sm90::kmajor_desc;
-using sm90::load_panels;
-using sm90::nmajor_desc;
-using sm90::to_a;
-using sm90::wgmma_commit;
-using sm90::wgmma_fence;
-using sm90::wgmma_wait;
-using sm90::Wgmma;
+using namespace sm90;  // NOLINT(google-build-using-namespace): this file's building blocks
 
 constexpr int kThreads = sm90::kWarpgroupThreads, kBr = 64, kBc = 64;
 

@@ -24,28 +24,21 @@
 
 #include "framework/ops/cuda/flash_common.cuh"
 
+// Device code that needs sm_90a (wgmma, fence.proxy.async) compiles only where this is defined;
+// the kernels' bodies are empty elsewhere (they are launched on compute capability 9.0 only).
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define STROBE_SM90A_DEVICE 1
+#endif
+
 namespace strobe::ops::cuda::flash::sm90 {
 
 constexpr int kWarpgroupThreads = 128;
-
-template <int ROWS>
-__device__ __forceinline__ int pswz(int row, int col) {
-  return (col >> 6) * ROWS * 64 + row * 64 + ((((col >> 3) & 7) ^ (row & 7)) << 3) + (col & 7);
-}
 
 // Rows [0, ROWS) of a [ROWS][D] panel tile, by one warpgroup; rows >= valid are zero-filled.
 template <typename T, int ROWS, int D>
 __device__ __forceinline__ void load_panels(T* dst, const T* src, int64_t row_stride, int valid,
                                             int tid) {
-  constexpr int kChunks = D / 8;
-  static_assert((ROWS * kChunks) % kWarpgroupThreads == 0, "tile chunks must split evenly");
-#pragma unroll
-  for (int i = 0; i < ROWS * kChunks / kWarpgroupThreads; ++i) {
-    const int idx = tid + i * kWarpgroupThreads;
-    const int r = idx / kChunks, c = (idx % kChunks) * 8;
-    const bool ok = r < valid;
-    cp_async16(smem_u32(dst + pswz<ROWS>(r, c)), ok ? src + r * row_stride + c : src, ok);
-  }
+  load_tile<T, ROWS, D, kWarpgroupThreads, /*kPanels=*/true>(dst, src, row_stride, valid, tid);
 }
 
 // The 16-bit A fragment of k16 slice kk from an fp32 accumulator laid out [n8 tile][4].
