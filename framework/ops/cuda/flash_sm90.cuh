@@ -1,11 +1,12 @@
-// Hopper (sm_90a) building blocks of the flash-attention backward v4 (flash_bwd_sm90.cu):
+// Hopper (sm_90a) building blocks of the flash-attention kernels v4 (flash_fwd_sm90.cu, flash_bwd_sm90.cu):
 // warpgroup MMAs (wgmma.mma_async, m64nNk16, fp32 accumulate) with operands in shared memory
 // described by 64-bit matrix descriptors, and the 128-byte-swizzled tile layout they read.
 //
 // Tile layout ("panels"): a [ROWS][D] tile is stored as D / 64 panels of [ROWS][64]; each 128-byte
 // row of a panel has its 16-byte chunks XOR-swizzled by row % 8 (the canonical SW128 atom: 8 rows x
 // 128 bytes). Panels and tiles start on 1024-byte boundaries, which the swizzle assumes. For
-// head_dim 64 this is exactly flash_common.cuh's swz<64>.
+// head_dim 64 this is exactly flash_common.cuh's swz<64>; pswz<ROWS> there gives the offsets, and
+// load_tile<..., kPanels = true> fills such tiles.
 //
 // Descriptors (PTX ISA "Matrix Descriptor Format"): bits 0-13 start address >> 4, 16-29 leading
 // byte offset >> 4, 32-45 stride byte offset >> 4, 62-63 swizzle mode (1 = 128B).
