@@ -50,10 +50,6 @@ __global__ void flash_bwd_dsum_kernel(const FlashAttnParams p, int rows_per_batc
          s] = acc;
 }
 
-__device__ __forceinline__ void zero_acc(float (*acc)[4], int n) {
-  for (int j = 0; j < n; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-}
-
 // ---- 2. dK, dV per key block ----------------------------------------------------------------------
 template <typename T, int D>
 constexpr int dkdv_smem_bytes() {
@@ -113,8 +109,8 @@ __global__ void __launch_bounds__(kThreads) flash_bwd_dkdv_kernel(const FlashAtt
   cp_async_commit();
 
   float acc_dk[D / 8][4], acc_dv[D / 8][4];
-  zero_acc(acc_dk, D / 8);
-  zero_acc(acc_dv, D / 8);
+  zero_acc(acc_dk);
+  zero_acc(acc_dv);
   const float c2 = p.softmax_scale * kLog2e;
   const int key_local0 = warp * 16;
   const int c0 = n_block * kBc + key_local0 + g;  // this thread's keys: c0 and c0 + 8
@@ -131,8 +127,8 @@ __global__ void __launch_bounds__(kThreads) flash_bwd_dkdv_kernel(const FlashAtt
     const float* cDs = sDs + buf * kBr;
 
     float acc_s[kBr / 8][4], acc_dp[kBr / 8][4];
-    zero_acc(acc_s, kBr / 8);
-    zero_acc(acc_dp, kBr / 8);
+    zero_acc(acc_s);
+    zero_acc(acc_dp);
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       uint32_t ak[4], av[4];
@@ -232,7 +228,7 @@ __global__ void __launch_bounds__(kThreads) flash_bwd_dq_kernel(const FlashAttnP
   const int diag = s.seqlen_k - s.seqlen_q;
 
   float acc_dq[D / 8][4];
-  zero_acc(acc_dq, D / 8);
+  zero_acc(acc_dq);
   const int n_end = key_block_end(m_block, kBr, kBc, s, p.causal);
   const float sc[2] = {p.softmax_scale, p.softmax_scale};
   if (n_end == 0) {
@@ -279,8 +275,8 @@ __global__ void __launch_bounds__(kThreads) flash_bwd_dq_kernel(const FlashAttnP
     const T* cV = sV + (it & 1) * kBc * D;
 
     float acc_s[kBc / 8][4], acc_dp[kBc / 8][4];
-    zero_acc(acc_s, kBc / 8);
-    zero_acc(acc_dp, kBc / 8);
+    zero_acc(acc_s);
+    zero_acc(acc_dp);
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       uint32_t aq[4], ao[4];
@@ -333,13 +329,8 @@ __global__ void __launch_bounds__(kThreads) flash_bwd_dq_kernel(const FlashAttnP
   store_rows<T, D>(dq, p.dq_strides.row, row_local0, q_valid, acc_dq, sc, lane);
 }
 
-template <typename Kernel>
-cudaError_t set_smem(Kernel kernel, int bytes) {
-  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-}
-
 template <typename T, int D>
-cudaError_t launch_bwd(const FlashAttnParams& p, int version, cudaStream_t stream) {
+cudaError_t launch_bwd(const FlashAttnParams& p, bool wgmma, cudaStream_t stream) {
   constexpr int smem_kv = dkdv_smem_bytes<T, D>(), smem_q = dq_smem_bytes<T, D>();
   static const cudaError_t attr1 = set_smem(flash_bwd_dkdv_kernel<T, D>, smem_kv);
   static const cudaError_t attr2 = set_smem(flash_bwd_dq_kernel<T, D>, smem_q);
@@ -353,7 +344,7 @@ cudaError_t launch_bwd(const FlashAttnParams& p, int version, cudaStream_t strea
         p, rows_per_batch);
     if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   }
-  if (version == 4) return flash_attention_bwd_sm90(p, stream);
+  if (wgmma) return flash_attention_bwd_sm90(p, stream);
   if (p.seqlen_k > 0) {
     const dim3 grid((p.seqlen_k + kBc - 1) / kBc, p.batch * p.heads);
     flash_bwd_dkdv_kernel<T, D><<<grid, kThreads, smem_kv, stream>>>(p);
@@ -393,13 +384,13 @@ bool flash_attention_uses_wgmma() {
 cudaError_t flash_attention_bwd(const FlashAttnParams& p, cudaStream_t stream) {
   if (!flash_attention_supported(p.head_dim, p.dtype)) return cudaErrorInvalidValue;
   const bool bf16 = p.dtype == DType::kBFloat16;
-  const int version = flash_attention_uses_wgmma() ? 4 : 1;
+  const bool wgmma = flash_attention_uses_wgmma();
   if (p.head_dim == 64) {
-    return bf16 ? flash::launch_bwd<__nv_bfloat16, 64>(p, version, stream)
-                : flash::launch_bwd<__half, 64>(p, version, stream);
+    return bf16 ? flash::launch_bwd<__nv_bfloat16, 64>(p, wgmma, stream)
+                : flash::launch_bwd<__half, 64>(p, wgmma, stream);
   }
-  return bf16 ? flash::launch_bwd<__nv_bfloat16, 128>(p, version, stream)
-              : flash::launch_bwd<__half, 128>(p, version, stream);
+  return bf16 ? flash::launch_bwd<__nv_bfloat16, 128>(p, wgmma, stream)
+              : flash::launch_bwd<__half, 128>(p, wgmma, stream);
 }
 
 }  // namespace strobe::ops::cuda

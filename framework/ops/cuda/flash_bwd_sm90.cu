@@ -28,10 +28,6 @@ using namespace sm90;  // NOLINT(google-build-using-namespace): this file's buil
 
 constexpr int kThreads = sm90::kWarpgroupThreads, kBr = 64, kBc = 64;
 
-__device__ __forceinline__ void zero(float (*acc)[4], int n) {
-  for (int j = 0; j < n; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-}
-
 template <typename T, int D>
 constexpr int dkdv_smem_bytes() {
   return (2 * kBc + 4 * kBr) * D * static_cast<int>(sizeof(T)) +
@@ -90,8 +86,8 @@ __global__ void __launch_bounds__(kThreads) flash_bwd_dkdv_sm90(const FlashAttnP
   cp_async_commit();
 
   float acc_dk[D / 8][4], acc_dv[D / 8][4];
-  zero(acc_dk, D / 8);
-  zero(acc_dv, D / 8);
+  zero_acc(acc_dk);
+  zero_acc(acc_dv);
   const float c2 = p.softmax_scale * kLog2e;
   const int c0 = n_block * kBc + warp * 16 + g;  // this thread's keys: c0 and c0 + 8
   const uint32_t aK = smem_u32(sK), aV = smem_u32(sV);
@@ -108,20 +104,12 @@ __global__ void __launch_bounds__(kThreads) flash_bwd_dkdv_sm90(const FlashAttnP
     const float* cDs = sDs + buf * kBr;
 
     float acc_s[kBr / 8][4], acc_dp[kBr / 8][4];
-    zero(acc_s, kBr / 8);
-    zero(acc_dp, kBr / 8);
-    fence_acc(acc_s);
-    fence_acc(acc_dp);
+    zero_fenced(acc_s);
+    zero_fenced(acc_dp);
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      Wgmma<T, kBr>::ss(acc_s, kmajor_desc<kBc>(aK, kk), kmajor_desc<kBr>(aQ, kk));
-    }
+    mma_ss<T, kBr, D / 16>(acc_s, aK, aQ);
     wgmma_commit();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      Wgmma<T, kBr>::ss(acc_dp, kmajor_desc<kBc>(aV, kk), kmajor_desc<kBr>(adO, kk));
-    }
+    mma_ss<T, kBr, D / 16>(acc_dp, aV, adO);
     wgmma_commit();
     const bool need_mask = k_valid < kBc || (m + 1) * kBr > s.seqlen_q ||
                            (p.causal && n_block * kBc + kBc - 1 > m * kBr + diag);
@@ -143,13 +131,11 @@ __global__ void __launch_bounds__(kThreads) flash_bwd_dkdv_sm90(const FlashAttnP
         acc_s[j][e] = pv;
       }
     }
-#pragma unroll
-    for (int kk = 0; kk < kBr / 16; ++kk) to_a<T>(ap[kk], acc_s, kk);
+    to_a<T>(ap, acc_s);
     if (kOverlap) {
       fence_frag(ap);
       wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kBr / 16; ++kk) Wgmma<T, D>::rs_t(acc_dv, ap[kk], nmajor_desc<kBr>(adO, kk));
+      mma_rs<T, D>(acc_dv, ap, adO);
       wgmma_commit();
       wgmma_wait<1>();
     }
@@ -159,17 +145,14 @@ __global__ void __launch_bounds__(kThreads) flash_bwd_dkdv_sm90(const FlashAttnP
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc_dp[j][e] = acc_s[j][e] * (acc_dp[j][e] - cDs[j * 8 + 2 * t + (e & 1)]);
     }
-#pragma unroll
-    for (int kk = 0; kk < kBr / 16; ++kk) to_a<T>(ads[kk], acc_dp, kk);
+    to_a<T>(ads, acc_dp);
     if (!kOverlap) fence_frag(ap);
     fence_frag(ads);
     wgmma_fence();
     if (!kOverlap) {
-#pragma unroll
-      for (int kk = 0; kk < kBr / 16; ++kk) Wgmma<T, D>::rs_t(acc_dv, ap[kk], nmajor_desc<kBr>(adO, kk));
+      mma_rs<T, D>(acc_dv, ap, adO);
     }
-#pragma unroll
-    for (int kk = 0; kk < kBr / 16; ++kk) Wgmma<T, D>::rs_t(acc_dk, ads[kk], nmajor_desc<kBr>(aQ, kk));
+    mma_rs<T, D>(acc_dk, ads, aQ);
     wgmma_commit();
     wgmma_wait<0>();
     fence_acc(acc_dv);
@@ -215,7 +198,7 @@ __global__ void __launch_bounds__(kThreads) flash_bwd_dq_sm90(const FlashAttnPar
   const int diag = s.seqlen_k - s.seqlen_q;
 
   float acc_dq[D / 8][4];
-  zero(acc_dq, D / 8);
+  zero_acc(acc_dq);
   const int n_end = key_block_end(m_block, kBr, kBc, s, p.causal);
   const float sc[2] = {p.softmax_scale, p.softmax_scale};
   if (n_end == 0) {
@@ -262,19 +245,11 @@ __global__ void __launch_bounds__(kThreads) flash_bwd_dq_sm90(const FlashAttnPar
     const uint32_t aK = smem_u32(sK + (it & 1) * kBc * D), aV = smem_u32(sV + (it & 1) * kBc * D);
 
     float acc_s[kBc / 8][4], acc_dp[kBc / 8][4];
-    zero(acc_s, kBc / 8);
-    zero(acc_dp, kBc / 8);
-    fence_acc(acc_s);
-    fence_acc(acc_dp);
+    zero_fenced(acc_s);
+    zero_fenced(acc_dp);
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      Wgmma<T, kBc>::ss(acc_s, kmajor_desc<kBr>(aQ, kk), kmajor_desc<kBc>(aK, kk));
-    }
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      Wgmma<T, kBc>::ss(acc_dp, kmajor_desc<kBr>(adO, kk), kmajor_desc<kBc>(aV, kk));
-    }
+    mma_ss<T, kBc, D / 16>(acc_s, aQ, aK);
+    mma_ss<T, kBc, D / 16>(acc_dp, adO, aV);
     wgmma_commit();
     wgmma_wait<0>();
     fence_acc(acc_s);
@@ -297,23 +272,16 @@ __global__ void __launch_bounds__(kThreads) flash_bwd_dq_sm90(const FlashAttnPar
     }
 
     uint32_t ads[kBc / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < kBc / 16; ++kk) to_a<T>(ads[kk], acc_dp, kk);
+    to_a<T>(ads, acc_dp);
     fence_frag(ads);
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kBc / 16; ++kk) Wgmma<T, D>::rs_t(acc_dq, ads[kk], nmajor_desc<kBc>(aK, kk));
+    mma_rs<T, D>(acc_dq, ads, aK);
     wgmma_commit();
     wgmma_wait<0>();
     fence_acc(acc_dq);
   }
   store_rows<T, D>(dq, p.dq_strides.row, warp * 16, q_valid, acc_dq, sc, lane);
 #endif
-}
-
-template <typename Kernel>
-cudaError_t set_smem(Kernel kernel, int bytes) {
-  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
 }
 
 template <typename T, int D>

@@ -164,6 +164,18 @@ __device__ __forceinline__ int key_block_end(int m_block, int br, int bc, const 
   return limit <= 0 ? 0 : ceil_div(limit, bc);
 }
 
+template <int J>
+__device__ __forceinline__ void zero_acc(float (&acc)[J][4]) {
+#pragma unroll
+  for (int j = 0; j < J; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+}
+
+// Allow `bytes` of dynamic shared memory for a kernel (each launcher calls it once per kernel).
+template <typename Kernel>
+cudaError_t set_smem(Kernel kernel, int bytes) {
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+}
+
 // Write a warp's 16 x D fp32 accumulator rows (row0 + g, row0 + g + 8) as T, skipping rows >= valid.
 template <typename T, int D>
 __device__ __forceinline__ void store_rows(T* dst, int64_t row_stride, int row0, int valid,

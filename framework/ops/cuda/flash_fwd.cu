@@ -233,8 +233,7 @@ template <typename T, int D>
 cudaError_t launch_fwd(const FlashAttnParams& p, cudaStream_t stream) {
   constexpr int MT = FwdCfg<D>::MT;
   constexpr int smem = fwd_smem_bytes<T, D, MT>(), kBr = 16 * kWarps * MT;
-  static const cudaError_t attr = cudaFuncSetAttribute(
-      flash_fwd_kernel<T, D, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  static const cudaError_t attr = set_smem(flash_fwd_kernel<T, D, MT>, smem);
   if (attr != cudaSuccess) return attr;
   const dim3 grid((p.seqlen_q + kBr - 1) / kBr, p.batch * p.heads);
   if (grid.x == 0 || grid.y == 0) return cudaSuccess;

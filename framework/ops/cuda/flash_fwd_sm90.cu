@@ -51,8 +51,7 @@ __global__ void __launch_bounds__(kThreads) flash_fwd_sm90(const FlashAttnParams
 
   const int n_end = key_block_end(m_block, kBr, kBc, s, p.causal);
   float acc_o[D / 8][4];
-#pragma unroll
-  for (int j = 0; j < D / 8; ++j) acc_o[j][0] = acc_o[j][1] = acc_o[j][2] = acc_o[j][3] = 0.f;
+  zero_acc(acc_o);
 
   if (n_end == 0) {  // no key visible to any row of the block: O = 0, LSE = +inf
     const float zero[2] = {0.f, 0.f};
@@ -96,14 +95,9 @@ __global__ void __launch_bounds__(kThreads) flash_fwd_sm90(const FlashAttnParams
     const uint32_t aK = smem_u32(sK + (it & 1) * kBc * D), aV = smem_u32(sV + (it & 1) * kBc * D);
 
     float acc_s[kBc / 8][4];
-#pragma unroll
-    for (int j = 0; j < kBc / 8; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.f;
-    fence_acc(acc_s);
+    zero_fenced(acc_s);
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      Wgmma<T, kBc>::ss(acc_s, kmajor_desc<kBr>(aQ, kk), kmajor_desc<kBc>(aK, kk));
-    }
+    mma_ss<T, kBc, D / 16>(acc_s, aQ, aK);
     wgmma_commit();
     wgmma_wait<0>();
     fence_acc(acc_s);
@@ -150,13 +144,11 @@ __global__ void __launch_bounds__(kThreads) flash_fwd_sm90(const FlashAttnParams
     }
 
     uint32_t ap[kBc / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < kBc / 16; ++kk) to_a<T>(ap[kk], acc_s, kk);
+    to_a<T>(ap, acc_s);
     fence_frag(ap);
     fence_acc(acc_o);
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kBc / 16; ++kk) Wgmma<T, D>::rs_t(acc_o, ap[kk], nmajor_desc<kBc>(aV, kk));
+    mma_rs<T, D>(acc_o, ap, aV);
     wgmma_commit();
     wgmma_wait<0>();
     fence_acc(acc_o);
@@ -180,8 +172,7 @@ __global__ void __launch_bounds__(kThreads) flash_fwd_sm90(const FlashAttnParams
 template <typename T, int D>
 cudaError_t launch(const FlashAttnParams& p, cudaStream_t stream) {
   constexpr int smem = fwd_smem_bytes<T, D>();
-  static const cudaError_t attr =
-      cudaFuncSetAttribute(flash_fwd_sm90<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  static const cudaError_t attr = set_smem(flash_fwd_sm90<T, D>, smem);
   if (attr != cudaSuccess) return attr;
   const dim3 grid((p.seqlen_q + kBr - 1) / kBr, p.batch * p.heads);
   if (grid.x == 0 || grid.y == 0) return cudaSuccess;

@@ -42,13 +42,16 @@ __device__ __forceinline__ void load_panels(T* dst, const T* src, int64_t row_st
   load_tile<T, ROWS, D, kWarpgroupThreads, /*kPanels=*/true>(dst, src, row_stride, valid, tid);
 }
 
-// The 16-bit A fragment of k16 slice kk from an fp32 accumulator laid out [n8 tile][4].
-template <typename T>
-__device__ __forceinline__ void to_a(uint32_t (&a)[4], const float (*acc)[4], int kk) {
-  a[0] = pack2<T>(acc[2 * kk][0], acc[2 * kk][1]);
-  a[1] = pack2<T>(acc[2 * kk][2], acc[2 * kk][3]);
-  a[2] = pack2<T>(acc[2 * kk + 1][0], acc[2 * kk + 1][1]);
-  a[3] = pack2<T>(acc[2 * kk + 1][2], acc[2 * kk + 1][3]);
+// The 16-bit A fragments of all K k16 slices of an fp32 accumulator laid out [n8 tile][4].
+template <typename T, int K>
+__device__ __forceinline__ void to_a(uint32_t (&a)[K][4], const float (&acc)[2 * K][4]) {
+#pragma unroll
+  for (int kk = 0; kk < K; ++kk) {
+    a[kk][0] = pack2<T>(acc[2 * kk][0], acc[2 * kk][1]);
+    a[kk][1] = pack2<T>(acc[2 * kk][2], acc[2 * kk][3]);
+    a[kk][2] = pack2<T>(acc[2 * kk + 1][0], acc[2 * kk + 1][1]);
+    a[kk][3] = pack2<T>(acc[2 * kk + 1][2], acc[2 * kk + 1][3]);
+  }
 }
 
 // Dynamic shared memory rounded up to the 1024-byte boundary the swizzle assumes.
@@ -95,6 +98,11 @@ __device__ __forceinline__ void fence_acc(float (&d)[J][4]) {
   for (int j = 0; j < J; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[j][e])::"memory");
+}
+template <int J>
+__device__ __forceinline__ void zero_fenced(float (&d)[J][4]) {
+  zero_acc(d);
+  fence_acc(d);
 }
 template <int J>
 __device__ __forceinline__ void fence_frag(uint32_t (&a)[J][4]) {
@@ -216,5 +224,20 @@ struct Wgmma<__half, 128> {
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
   }
 };
+
+// Issue (not commit) acc[64 x N] += A * B over D = 16 * KSTEPS, A ([64][D], rows of the MMA) and
+// B ([N][D]) both K-major panel tiles at shared addresses a and b.
+template <typename T, int N, int KSTEPS>
+__device__ __forceinline__ void mma_ss(float (&acc)[N / 8][4], uint32_t a, uint32_t b) {
+#pragma unroll
+  for (int kk = 0; kk < KSTEPS; ++kk) Wgmma<T, N>::ss(acc, kmajor_desc<64>(a, kk), kmajor_desc<N>(b, kk));
+}
+// Issue acc[64 x N] += A * B over 16 * K: A as register fragments (to_a), B an N-major [16K][N]
+// panel tile at shared address b.
+template <typename T, int N, int K>
+__device__ __forceinline__ void mma_rs(float (&acc)[N / 8][4], const uint32_t (&a)[K][4], uint32_t b) {
+#pragma unroll
+  for (int kk = 0; kk < K; ++kk) Wgmma<T, N>::rs_t(acc, a[kk], nmajor_desc<16 * K>(b, kk));
+}
 
 }  // namespace strobe::ops::cuda::flash::sm90
