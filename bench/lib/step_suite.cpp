@@ -15,6 +15,7 @@
 #include "framework/config/config.h"
 #include "framework/core/callback.h"
 #include "framework/core/experiment_builder.h"
+#include "framework/core/source_tree.h"
 #include "framework/core/trainer.h"
 
 namespace strobe::bench {
@@ -42,7 +43,7 @@ std::vector<Workload> default_workloads(bool cuda) {
 
 std::string find_config(const std::string& path, std::string source_dir) {
   namespace fs = std::filesystem;
-  if (source_dir.empty()) source_dir = STROBE_BENCH_SOURCE_DIR;
+  if (source_dir.empty()) source_dir = strobe::source_tree();
   std::error_code ec;
   if (fs::exists(path, ec) || source_dir.empty() || fs::path(path).is_absolute()) return path;
   const fs::path alt = fs::path(source_dir) / path;

@@ -20,6 +20,7 @@
 #include <torch/torch.h>
 
 #include "bench/lib/bench.h"
+#include "framework/core/source_tree.h"
 
 using nlohmann::json;
 
@@ -79,7 +80,7 @@ int main(int argc, char** argv) {
                 v["step_ms_median"].get<double>(), v["overhead_pct"].get<double>(), v["syncs_per_step"].get<double>());
   if (!args.python.empty()) {
     const std::string py_json = "/tmp/strobe_bench_metrics_python.json";
-    const std::string cmd = args.python + " " + STROBE_BENCH_SOURCE_DIR + "/bench/metrics/torchmetrics_baseline.py" +
+    const std::string cmd = args.python + " " + strobe::source_tree() + "/bench/metrics/torchmetrics_baseline.py" +
                             " --device " + args.device + " --batch " + std::to_string(args.batch) + " --classes " +
                             std::to_string(args.classes) + " --steps " + std::to_string(args.steps) + " --warmup " +
                             std::to_string(args.warmup) + " --rounds " + std::to_string(args.rounds) +

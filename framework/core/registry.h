@@ -66,6 +66,6 @@ class Registry {
 #define STROBE_CONCAT(a, b) STROBE_CONCAT_INNER(a, b)
 // STROBE_REGISTER(model_registry(), "resnet", make_resnet);
 #define STROBE_REGISTER(registry, name, factory) \
-  static const bool STROBE_CONCAT(strobe_registered_, __LINE__) = (registry).add(name, factory)
+  static const bool STROBE_CONCAT(strobe_registered_, __COUNTER__) = (registry).add(name, factory)
 
 }  // namespace strobe

@@ -9,6 +9,7 @@
 #include <torch/torch.h>
 
 #include "tests/cli/cli_test_util.h"
+#include "tests/source_path.h"
 
 using namespace strobe::testing;
 using nlohmann::json;
@@ -16,8 +17,7 @@ using nlohmann::json;
 namespace {
 
 std::string src(const std::string& rel) {
-  const char* s = std::getenv("STROBE_SOURCE_DIR");
-  return std::string(s ? s : STROBE_SOURCE_DIR) + "/" + rel;
+  return strobe::testing::source_path(rel);
 }
 
 void expect_stats(const json& s, const std::string& what, int64_t n) {

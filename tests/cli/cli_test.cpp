@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "tests/cli/cli_test_util.h"
+#include "tests/source_path.h"
 
 using namespace strobe::testing;
 
@@ -130,7 +131,7 @@ TEST(Cli, QuickstartFirstSteps) {
   if (!std::filesystem::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"))
     GTEST_SKIP() << "dataset-fashion-mnist is not installed";
   std::string dir = temp_dir("quickstart");
-  std::string src = std::getenv("STROBE_SOURCE_DIR") ? std::getenv("STROBE_SOURCE_DIR") : STROBE_SOURCE_DIR;
+  std::string src = strobe::testing::source_path("");
   auto r = strobe_cmd("fit -c " + src + "/configs/quickstart.yaml --run-dir " + dir +
                       " --set trainer.limit_train_batches=30 --set trainer.limit_val_batches=4 --set trainer.log_every_n_steps=5"
                       " --set data.val_size=1000");

@@ -8,6 +8,7 @@
 #include "framework/core/callback.h"
 #include "tests/cli/cli_test_util.h"
 #include "tests/config/yaml_types.h"
+#include "tests/source_path.h"
 
 using namespace strobe;
 using namespace strobe::testing;
@@ -53,7 +54,7 @@ void expect_same_trainer(const config::TrainerConfig& a, const config::TrainerCo
 }  // namespace
 
 TEST(ResolvedConfig, EveryShippedConfigRoundTripsWithTypesAndValues) {
-  const std::string src = std::getenv("STROBE_SOURCE_DIR") ? std::getenv("STROBE_SOURCE_DIR") : STROBE_SOURCE_DIR;
+  const std::string src = strobe::testing::source_path("");
   int checked = 0, external = 0;
   for (const char* sub : {"configs", "configs/cpu"}) {
     for (const auto& e : std::filesystem::directory_iterator(src + "/" + sub)) {

@@ -9,6 +9,7 @@
 #include "data/image_codec.h"
 #include "data/image_transforms.h"
 #include "tests/data/real_data_util.h"
+#include "tests/source_path.h"
 
 namespace strobe {
 namespace {
@@ -250,7 +251,7 @@ namespace strobe {
 namespace {
 
 TEST(ExampleConfigs, FaceDetectorCocoAndDecoderLmTokenFileRun) {
-  const std::string src = std::getenv("STROBE_SOURCE_DIR") ? std::getenv("STROBE_SOURCE_DIR") : STROBE_SOURCE_DIR;
+  const std::string src = strobe::testing::source_path("");
   auto dir = coco_fixture("ex_coco");
   const std::string ann = (dir / "ann.json").string();
   auto r = run_cmd(strobe_bin() + " fit -c " + src + "/configs/face_detector_coco.yaml --run-dir " + fresh_dir("ex_coco_run").string() +

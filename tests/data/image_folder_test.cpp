@@ -10,6 +10,7 @@
 #include "data/image_folder.h"
 #include "data/image_transforms.h"
 #include "tests/data/real_data_util.h"
+#include "tests/source_path.h"
 
 namespace strobe {
 namespace {
@@ -303,7 +304,7 @@ namespace {
 TEST(ExampleConfigs, Resnet50ImageFolderRuns) {
   if (!have_fashion_mnist()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
   auto root = fashion_folder("ex_rn50", 2);
-  const std::string src = std::getenv("STROBE_SOURCE_DIR") ? std::getenv("STROBE_SOURCE_DIR") : STROBE_SOURCE_DIR;
+  const std::string src = strobe::testing::source_path("");
   auto r = run_cmd(strobe_bin() + " fit -c " + src + "/configs/resnet50_image_folder.yaml --run-dir " + fresh_dir("ex_rn50_run").string() +
                    " --set data.root=" + root.string() + " --set data.val_root=" + root.string() +
                    " --set model.width=4 --set model.num_classes=10 --set data.image_size=32 --set data.resize_size=36"

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/cli/cli_test_util.h"
+#include "tests/source_path.h"
 
 using namespace strobe::testing;
 namespace fs = std::filesystem;
@@ -39,10 +40,9 @@ TEST(ProfilerCuda, TraceHoldsTheKernelsOfTheRequestedSteps) {
 
 TEST(BenchCuda, StepSuiteTimesCudaStepsWithEvents) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device visible: CUDA bench test skipped";
-  const char* src = std::getenv("STROBE_SOURCE_DIR");
   const std::string out = temp_dir("bench-cuda") + "/b.json";
-  auto r = strobe_cmd(std::string("bench step --config ") + (src ? src : STROBE_SOURCE_DIR) +
-                      "/configs/cpu/vit_l16.yaml --set trainer.device=cuda --set model.attention=sdpa"  // head_dim 16: not our kernel's
+  auto r = strobe_cmd(std::string("bench step --config ") + strobe::testing::source_path("configs/cpu/vit_l16.yaml") +
+                      " --set trainer.device=cuda --set model.attention=sdpa"  // head_dim 16: not our kernel's
                       " --warmup 3 --steps 6 --json " + out);
   ASSERT_EQ(r.code, 0) << r.err;
   const auto j = nlohmann::json::parse(slurp(out));

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include "tests/source_path.h"
 
 namespace {
 
@@ -38,7 +39,7 @@ FitResult fit(const std::string& bin, const std::string& config, const std::stri
   r.run_dir = fs::temp_directory_path() / ("strobe_fit_" + tag + "_" + std::to_string(::getpid()));
   fs::remove_all(r.run_dir);
   const fs::path log = r.run_dir.string() + ".log";
-  std::string cmd = bin + " fit -c " + std::string(STROBE_SOURCE_DIR) + "/configs/cpu/" + config + " --run-dir " +
+  std::string cmd = bin + " fit -c " + strobe::testing::source_path("configs/cpu/" + config) + " --run-dir " +
                     r.run_dir.string() + " --set trainer.enable_progress_bar=false --set trainer.log_every_n_steps=1 " + sets +
                     " > " + log.string() + " 2>&1";
   int raw = std::system(cmd.c_str());

@@ -13,6 +13,7 @@
 
 #include "framework/checkpoint/checkpoint_io.h"
 #include "framework/core/capture.h"
+#include "tests/source_path.h"
 
 namespace {
 
@@ -43,7 +44,7 @@ TEST(NanCaptureCli, ResNet50PerClassBCEStopsWithACaptureThatReplaysExactlyAndNam
   const fs::path base = fs::temp_directory_path() / ("strobe_r50nan_" + std::to_string(::getpid()));
   fs::remove_all(base);
   fs::create_directories(base);
-  const std::string config = std::string(STROBE_SOURCE_DIR) + "/configs/cpu/resnet50_nan.yaml";
+  const std::string config = strobe::testing::source_path("configs/cpu/resnet50_nan.yaml");
 
   auto fit = sh(bin + " fit -c " + config + " --run-dir " + (base / "run").string() + " --set trainer.enable_progress_bar=false",
                 base / "fit.log");
