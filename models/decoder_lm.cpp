@@ -145,7 +145,7 @@ class DecoderLM : public Model {
   nn::Linear output_{nullptr};
 };
 
-std::shared_ptr<Model> make_from_config(config::Section& cfg) {
+std::shared_ptr<Model> make_decoder_lm_from_config(config::Section& cfg) {
   DecoderLMOptions o;
   o.vocab_size = cfg.get_int("vocab_size", 1024, 1);
   o.max_seq_len = cfg.get_int("max_seq_len", 1024, 1);
@@ -170,6 +170,6 @@ std::shared_ptr<Model> make_from_config(config::Section& cfg) {
 
 std::shared_ptr<Model> make_decoder_lm(const DecoderLMOptions& options) { return std::make_shared<DecoderLM>(options); }
 
-STROBE_REGISTER(model_registry(), "decoder_lm", make_from_config);
+STROBE_REGISTER(model_registry(), "decoder_lm", make_decoder_lm_from_config);
 
 }  // namespace strobe::models

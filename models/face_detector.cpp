@@ -82,7 +82,7 @@ class FaceDetector : public Model {
   nn::Linear lin1_{nullptr}, lin2_{nullptr};
 };
 
-std::shared_ptr<Model> make_from_config(config::Section& cfg) {
+std::shared_ptr<Model> make_face_detector_from_config(config::Section& cfg) {
   FaceDetectorOptions o;
   o.image_size = cfg.get_int("image_size", 256, 16);
   if (o.image_size % 16 != 0) cfg.fail("image_size", "must be a multiple of 16 (four 2x2 max-pools)");
@@ -102,6 +102,6 @@ std::shared_ptr<Model> make_face_detector(const FaceDetectorOptions& options) {
   return std::make_shared<FaceDetector>(options);
 }
 
-STROBE_REGISTER(model_registry(), "face_detector", make_from_config);
+STROBE_REGISTER(model_registry(), "face_detector", make_face_detector_from_config);
 
 }  // namespace strobe::models

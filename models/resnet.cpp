@@ -162,7 +162,7 @@ class ResNet : public Model {
   nn::Linear fc_{nullptr};
 };
 
-std::shared_ptr<Model> make_from_config(config::Section& cfg) {
+std::shared_ptr<Model> make_resnet_from_config(config::Section& cfg) {
   ResNetOptions o;
   o.depth = cfg.get_int("depth", 18);
   if (o.depth != 18 && o.depth != 34 && o.depth != 50) cfg.fail("depth", "expected 18, 34 or 50");
@@ -181,6 +181,6 @@ std::shared_ptr<Model> make_from_config(config::Section& cfg) {
 
 std::shared_ptr<Model> make_resnet(const ResNetOptions& options) { return std::make_shared<ResNet>(options); }
 
-STROBE_REGISTER(model_registry(), "resnet", make_from_config);
+STROBE_REGISTER(model_registry(), "resnet", make_resnet_from_config);
 
 }  // namespace strobe::models

@@ -135,7 +135,7 @@ class ViT : public Model {
   nn::Linear head_{nullptr};
 };
 
-std::shared_ptr<Model> make_from_config(config::Section& cfg) {
+std::shared_ptr<Model> make_vit_from_config(config::Section& cfg) {
   ViTOptions o;
   o.img_size = cfg.get_int("img_size", 224, 1);
   o.patch_size = cfg.get_int("patch_size", 16, 1);
@@ -167,6 +167,6 @@ std::shared_ptr<Model> make_from_config(config::Section& cfg) {
 
 std::shared_ptr<Model> make_vit(const ViTOptions& options) { return std::make_shared<ViT>(options); }
 
-STROBE_REGISTER(model_registry(), "vit", make_from_config);
+STROBE_REGISTER(model_registry(), "vit", make_vit_from_config);
 
 }  // namespace strobe::models

@@ -9,6 +9,7 @@
 #include <torch/torch.h>
 
 #include "framework/ops/ops.h"
+#include "tests/ops/op_test_util.h"
 
 #define SKIP_WITHOUT_CUDA()                                                              \
   do {                                                                                   \
@@ -24,14 +25,6 @@ inline const torch::Device kCuda("cuda");
 inline void poison_allocator(int64_t floats = 64 << 20) {
   torch::Tensor junk = torch::full({floats}, NAN, torch::TensorOptions(kCuda).dtype(torch::kFloat));
   junk.reset();
-}
-
-// ||got - want|| / ||want|| in float64 on the CPU (||got - want|| when want is 0); INFINITY for NaN.
-inline double rel_err(const torch::Tensor& got, const torch::Tensor& want) {
-  const torch::Tensor w = want.to(torch::kCPU, torch::kDouble), g = got.to(torch::kCPU, torch::kDouble);
-  const double num = (g - w).norm().item<double>(), den = w.norm().item<double>();
-  if (std::isnan(num)) return INFINITY;
-  return den == 0 ? num : num / den;
 }
 
 }  // namespace strobe::testing

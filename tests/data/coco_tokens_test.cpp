@@ -18,15 +18,6 @@ namespace fs = std::filesystem;
 using namespace strobe::testing;
 using data::DataError;
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "no error";
-}
-
 // Three images: a.jpg 200x100 with no box, b.png 100x100 with one, c.jpg 160x120 with six (one crowd).
 fs::path coco_fixture(const std::string& name, const std::string& extra_annotation = "") {
   auto dir = fresh_dir(name);

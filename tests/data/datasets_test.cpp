@@ -11,14 +11,7 @@ namespace {
 using testing::build_data;
 using testing::temp_dir;
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::error_of;
 
 TEST(SyntheticBoxes, TargetsArePaddedAndValidRowsAreExactlyTheBoxes) {
   auto dm = build_data("{name: synthetic_boxes, image_size: 64, max_boxes: 256, num_samples: 256, batch_size: 256, num_workers: 0}");

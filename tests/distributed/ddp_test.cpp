@@ -23,6 +23,8 @@
 
 namespace sd = strobe::distributed;
 namespace st = strobe::testing;
+using st::count_lines_with;
+using st::describe;
 using std::chrono::milliseconds;
 
 namespace {
@@ -32,21 +34,6 @@ std::string test_dir(const std::string& name) {
   std::filesystem::remove_all(d);
   std::filesystem::create_directories(d);
   return d.string();
-}
-
-std::string describe(const std::vector<st::RankResult>& rs) {
-  std::ostringstream os;
-  for (size_t r = 0; r < rs.size(); ++r)
-    os << "rank " << r << ": exit " << rs[r].exit_code << " after " << rs[r].seconds << " s, stderr:\n" << rs[r].stderr_text;
-  return os.str();
-}
-
-int count_lines_with(const std::string& text, const std::string& needle) {
-  std::istringstream in(text);
-  int n = 0;
-  for (std::string line; std::getline(in, line);)
-    if (line.find(needle) != std::string::npos) ++n;
-  return n;
 }
 
 sd::StrategyOptions cpu_options(milliseconds timeout = milliseconds(60000)) {

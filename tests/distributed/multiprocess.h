@@ -116,4 +116,20 @@ inline std::vector<RankResult> run_ranks(int world, const std::function<int(int 
   return out;
 }
 
+// Every rank's exit code, time and standard error, for a failure message.
+inline std::string describe(const std::vector<RankResult>& rs) {
+  std::ostringstream os;
+  for (size_t r = 0; r < rs.size(); ++r)
+    os << "rank " << r << ": exit " << rs[r].exit_code << " after " << rs[r].seconds << " s, stderr:\n" << rs[r].stderr_text;
+  return os.str();
+}
+
+inline int count_lines_with(const std::string& text, const std::string& needle) {
+  std::istringstream in(text);
+  int n = 0;
+  for (std::string line; std::getline(in, line);)
+    if (line.find(needle) != std::string::npos) ++n;
+  return n;
+}
+
 }  // namespace strobe::testing

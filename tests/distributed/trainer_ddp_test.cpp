@@ -29,6 +29,8 @@ namespace {
 
 namespace fs = std::filesystem;
 namespace st = strobe::testing;
+using st::count_lines_with;
+using st::describe;
 
 // An MLP with test faults on one rank, at the n-th training forward of that process:
 // nan (the output becomes NaN, so the loss), kill (SIGKILL), term (SIGTERM). With rng_extra each
@@ -199,13 +201,6 @@ std::vector<st::RankResult> fit(int world, const Job& job, const std::vector<std
   return st::run_ranks(world, body, dir, std::chrono::seconds(deadline_s), setup);
 }
 
-std::string describe(const std::vector<st::RankResult>& rs) {
-  std::ostringstream os;
-  for (size_t r = 0; r < rs.size(); ++r)
-    os << "rank " << r << ": exit " << rs[r].exit_code << " after " << rs[r].seconds << " s, stderr:\n" << rs[r].stderr_text;
-  return os.str();
-}
-
 std::vector<torch::Tensor> load_params(const std::string& path) {
   std::vector<torch::Tensor> v;
   torch::load(v, path);
@@ -227,14 +222,6 @@ double max_abs_diff(const std::map<std::string, torch::Tensor>& a, const std::ma
     m = std::max(m, (v - it->second).abs().max().item<double>());
   }
   return m;
-}
-
-int count_lines_with(const std::string& text, const std::string& needle) {
-  std::istringstream in(text);
-  int n = 0;
-  for (std::string line; std::getline(in, line);)
-    if (line.find(needle) != std::string::npos) ++n;
-  return n;
 }
 
 // After 6 optimizer steps (2 micro-batches each, clipped) over an epoch boundary, 2 ranks with batch 4

@@ -38,13 +38,6 @@ std::string test_dir(const std::string& name) {
   return d.string();
 }
 
-std::string describe(const std::vector<st::RankResult>& rs) {
-  std::ostringstream os;
-  for (size_t r = 0; r < rs.size(); ++r)
-    os << "rank " << r << ": exit " << rs[r].exit_code << " after " << rs[r].seconds << " s, stderr:\n" << rs[r].stderr_text;
-  return os.str();
-}
-
 bool skipped(const std::vector<st::RankResult>& rs) {
   for (auto& r : rs)
     if (r.exit_code == kSkip) return true;

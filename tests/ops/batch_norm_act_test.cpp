@@ -13,14 +13,14 @@ namespace {
 
 using torch::Tensor;
 
-struct Case {
+struct BnCase {
   bool residual, relu;
 };
 
 TEST(BatchNormAct, MatchesAtenBatchNormAddReluForwardBackwardAndRunningStats) {
   torch::manual_seed(0);
   const auto opt = torch::TensorOptions().dtype(torch::kDouble);
-  for (const Case c : {Case{false, true}, Case{true, true}, Case{false, false}, Case{true, false}}) {
+  for (const BnCase c : {BnCase{false, true}, BnCase{true, true}, BnCase{false, false}, BnCase{true, false}}) {
     Tensor x = (torch::randn({3, 16, 5, 4}, opt) * 2 + 0.5).contiguous(at::MemoryFormat::ChannelsLast).requires_grad_();
     Tensor r = torch::randn({3, 16, 5, 4}, opt).requires_grad_();
     Tensor w = torch::rand({16}, opt).add_(0.5).requires_grad_(), b = torch::randn({16}, opt).requires_grad_();

@@ -8,17 +8,13 @@
 #include <torch/torch.h>
 
 #include "framework/ops/ops.h"
+#include "tests/ops/op_test_util.h"
 
 namespace {
 
 using torch::Tensor;
 
-double rel_err(const Tensor& got, const Tensor& want) {
-  const Tensor w = want.to(torch::kCPU, torch::kDouble), g = got.to(torch::kCPU, torch::kDouble);
-  const double num = (g - w).norm().item<double>(), den = w.norm().item<double>();
-  if (std::isnan(num)) return INFINITY;
-  return den == 0 ? num : num / den;
-}
+using strobe::testing::rel_err;
 
 struct Grads {
   Tensor y, gx, gw, gb;

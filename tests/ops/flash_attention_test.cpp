@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include "framework/ops/ops.h"
+#include "tests/ops/op_test_util.h"
 
 namespace {
 
@@ -133,14 +134,7 @@ TEST(FlashAttentionCpu, HalfInputsComputeInFloat) {
   EXPECT_LT((o16.to(torch::kDouble) - o64).norm().item<double>() / o64.norm().item<double>(), 5e-3);
 }
 
-void expect_error(const std::function<void()>& f, const std::string& text) {
-  try {
-    f();
-    ADD_FAILURE() << "expected an error containing '" << text << "'";
-  } catch (const c10::Error& e) {
-    EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
-  }
-}
+using strobe::testing::expect_error;
 
 TEST(FlashAttentionCpu, BadArgumentsAreClearErrors) {
   Tensor x = torch::randn({1, 4, 2, 8}), p = torch::randn({6, 2, 8});

@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include "framework/ops/ops.h"
+#include "tests/ops/op_test_util.h"
 
 namespace {
 
@@ -55,11 +56,7 @@ std::pair<Tensor, Tensor> make_boxes(int64_t b, int64_t n, uint64_t seed) {
   return {p, t};
 }
 
-double rel_err(const Tensor& got, const Tensor& want) {
-  const Tensor w = want.to(torch::kDouble), d = got.to(torch::kDouble) - w;
-  const double den = w.norm().item<double>();
-  return den == 0 ? d.norm().item<double>() : d.norm().item<double>() / den;
-}
+using strobe::testing::rel_err;
 
 struct Result {
   Tensor loss, grad;

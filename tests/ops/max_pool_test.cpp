@@ -11,17 +11,18 @@
 #include "framework/config/config.h"
 #include "framework/core/model.h"
 #include "framework/ops/ops.h"
+#include "tests/ops/op_test_util.h"
 #include "tests/models/model_test_util.h"
 
 namespace {
 
 using torch::Tensor;
 
-struct Case {
+struct PoolCase {
   std::vector<int64_t> shape, kernel, stride, padding;
 };
 
-std::tuple<Tensor, Tensor> fwd_op(const Tensor& x, const Case& c) {
+std::tuple<Tensor, Tensor> fwd_op(const Tensor& x, const PoolCase& c) {
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("strobe::max_pool2d_fwd", "")
                              .typed<std::tuple<Tensor, Tensor>(const Tensor&, at::IntArrayRef, at::IntArrayRef,
@@ -30,7 +31,7 @@ std::tuple<Tensor, Tensor> fwd_op(const Tensor& x, const Case& c) {
 }
 
 // ATen's flat int64 index (ih * W + iw) as the position inside the padded window.
-Tensor window_position(const Tensor& aten_index, int64_t w, const Case& c) {
+Tensor window_position(const Tensor& aten_index, int64_t w, const PoolCase& c) {
   const int64_t kw = c.kernel.back(), sh = c.stride.empty() ? c.kernel[0] : c.stride[0];
   const int64_t sw = c.stride.empty() ? c.kernel.back() : c.stride.back(), ph = c.padding[0], pw = c.padding.back();
   const int64_t oh = aten_index.size(2), ow = aten_index.size(3);
@@ -38,7 +39,7 @@ Tensor window_position(const Tensor& aten_index, int64_t w, const Case& c) {
   return ((torch::floor_divide(aten_index, w) - h0) * kw + (torch::remainder(aten_index, w) - w0)).to(torch::kByte);
 }
 
-const std::vector<Case> kCases = {
+const std::vector<PoolCase> kCases = {
     {{2, 3, 11, 9}, {3}, {2}, {1}},           // ResNet's stem window on odd sizes
     {{2, 4, 8, 8}, {2}, {2}, {0}},            // the detector's 2x2
     {{1, 3, 7, 5}, {2}, {2}, {0}},            // odd sizes: the last row / column belong to no window
@@ -51,7 +52,7 @@ const std::vector<Case> kCases = {
 
 TEST(MaxPool, CpuMatchesAtenExactlyInFloat64) {
   torch::manual_seed(0);
-  for (const Case& c : kCases) {
+  for (const PoolCase& c : kCases) {
     for (const bool cl : {false, true}) {
       // Few distinct values: many ties inside windows (ATen keeps the first maximum).
       Tensor x = torch::randint(0, 4, c.shape, torch::kDouble);
@@ -91,7 +92,7 @@ TEST(MaxPool, CpuOtherFloatTypesMatchAten) {
 }
 
 TEST(MaxPool, NaNPropagatesAndTakesTheGradientAsAten) {
-  const Case c{{1, 2, 6, 6}, {3}, {2}, {1}};
+  const PoolCase c{{1, 2, 6, 6}, {3}, {2}, {1}};
   Tensor x = torch::randn(c.shape, torch::kDouble);
   x[0][0][2][3] = NAN;  // in windows (1,1), (1,2) and overlaps
   x[0][1][1][1] = NAN, x[0][1][2][2] = NAN;  // two NaNs in one window: ATen's gradient goes to the last
@@ -111,7 +112,7 @@ TEST(MaxPool, NaNPropagatesAndTakesTheGradientAsAten) {
 
 TEST(MaxPool, PaddingNeverWins) {
   // All -inf: the padded positions (-inf too) must not be chosen; ATen picks the first in-image element.
-  const Case c{{1, 1, 5, 5}, {3}, {2}, {1}};
+  const PoolCase c{{1, 1, 5, 5}, {3}, {2}, {1}};
   Tensor x = torch::full(c.shape, -INFINITY, torch::kDouble);
   auto [want, aten_index] = torch::max_pool2d_with_indices(x, c.kernel, c.stride, c.padding);
   auto [got, index] = fwd_op(x, c);
@@ -123,14 +124,7 @@ TEST(MaxPool, PaddingNeverWins) {
   EXPECT_TRUE(torch::equal(strobe::ops::max_pool2d(neg, {3}, {2}, {1}), torch::max_pool2d(neg, 3, 2, 1)));
 }
 
-void expect_error(const std::function<void()>& f, const std::string& what) {
-  try {
-    f();
-    ADD_FAILURE() << "no error; expected: " << what;
-  } catch (const c10::Error& e) {
-    EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
-  }
-}
+using strobe::testing::expect_error;
 
 TEST(MaxPool, BadArgumentsAreClearErrors) {
   const Tensor x = torch::randn({1, 2, 8, 8});
