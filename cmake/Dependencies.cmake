@@ -41,7 +41,7 @@ if(NOT STROBE_PYTHON)
   set(STROBE_PYTHON ${STROBE_PYTHON_FOUND})
 endif()
 
-# Executables that reuse strobe_core's precompiled header. CMAKE_POSITION_INDEPENDENT_CODE gives
+# Executables that reuse the precompiled header of strobe_pch (framework/CMakeLists.txt). CMAKE_POSITION_INDEPENDENT_CODE gives
 # executables -fPIE and libraries -fPIC, and GCC rejects a PCH built with the other setting
 # ("created and used with different settings of -fpie") and silently compiles <torch/torch.h>
 # again in every TU. Compiling the executable with -fPIC (still linked as a PIE) lets it reuse it.
@@ -50,5 +50,5 @@ endif()
 function(strobe_reuse_core_pch target)
   set_target_properties(${target} PROPERTIES POSITION_INDEPENDENT_CODE OFF)
   target_compile_options(${target} PRIVATE -fPIC -Werror=invalid-pch)
-  target_precompile_headers(${target} REUSE_FROM strobe_core)
+  target_precompile_headers(${target} REUSE_FROM strobe_pch)
 endfunction()

@@ -7,14 +7,12 @@
 #include <torch/torch.h>
 
 #include "framework/core/device_transfer.h"
+#include "tests/gpu_trainer/cuda_skip.h"
 
 using namespace strobe;
 
-#define SKIP_WITHOUT_CUDA() \
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device visible: copy-stream tests skipped"
-
 TEST(BatchTransferCuda, CopiesOnASideStreamAndTheComputeStreamWaitsForThem) {
-  SKIP_WITHOUT_CUDA();
+  SKIP_WITHOUT_CUDA_DEVICE();
   const torch::Device cuda(torch::kCUDA, 0);
   c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
   BatchTransfer transfer;

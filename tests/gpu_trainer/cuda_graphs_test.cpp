@@ -18,12 +18,10 @@
 #include "framework/core/capture.h"
 #include "framework/core/model.h"
 #include "tests/trainer/trainer_test_util.h"
+#include "tests/gpu_trainer/cuda_skip.h"
 
 using namespace strobe;
 using namespace strobe::testing;
-
-#define SKIP_WITHOUT_CUDA() \
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device visible: CUDA graph tests skipped"
 
 #ifdef STROBE_TORCH_HAS_CUDA
 extern int64_t g_guarded_steps;  // the `sync_guard` callback of trainer_cuda_test.cpp (this binary)
@@ -163,7 +161,7 @@ callbacks: [{{name: nan_capture}}]
 }  // namespace
 
 TEST(CudaGraphs, UnderDeterministicAlgorithmsAGraphedRunGivesBitwiseTheLossesOfAnEagerRun) {
-  SKIP_WITHOUT_CUDA();
+  SKIP_WITHOUT_CUDA_DEVICE();
   // The MLP with dropout (the CUDA generator's offsets advance per replay as they do eagerly), a
   // cosine schedule with warm-up (the lr changes every step: a frozen lr would show at once), a
   // validation run each epoch, 60 steps: every logged loss must be the same bits.
@@ -197,7 +195,7 @@ TEST(CudaGraphs, UnderDeterministicAlgorithmsAGraphedRunGivesBitwiseTheLossesOfA
 }
 
 TEST(CudaGraphs, AGraphedResNetGivesTheLossesOfAnEagerOneOver50StepsInEveryPrecision) {
-  SKIP_WITHOUT_CUDA();
+  SKIP_WITHOUT_CUDA_DEVICE();
   // ResNet-18 (convolutions, BatchNorm buffers updated inside the graph), 50 full batches and a last
   // one of 32 images that runs eagerly. cuDNN's weight gradients use atomics, so two eager runs
   // already differ slightly: the graphed run must stay as close to an eager one as a second eager
@@ -235,7 +233,7 @@ TEST(CudaGraphs, AGraphedResNetGivesTheLossesOfAnEagerOneOver50StepsInEveryPreci
 }
 
 TEST(CudaGraphs, GraphedStepsMakeNoHostSyncAndAutoTurnsGraphsOn) {
-  SKIP_WITHOUT_CUDA();
+  SKIP_WITHOUT_CUDA_DEVICE();
 #ifdef STROBE_TORCH_HAS_CUDA
   g_guarded_steps = 0;
   std::string dir = temp_dir("graphs-nosync");
@@ -254,7 +252,7 @@ TEST(CudaGraphs, GraphedStepsMakeNoHostSyncAndAutoTurnsGraphsOn) {
 }
 
 TEST(CudaGraphs, NanCaptureUnderGraphsStopsAtTheFailingStepWithTheWeightsOfAnEagerRun) {
-  SKIP_WITHOUT_CUDA();
+  SKIP_WITHOUT_CUDA_DEVICE();
   // Mean input of each training batch, in the order training sees them (the loader is seeded).
   const std::vector<double> means = batch_means(probe_yaml(1e9), 64);
   // The first batch after step 8 whose mean exceeds every earlier one: well after the capture (step 4).
@@ -295,7 +293,7 @@ TEST(CudaGraphs, NanCaptureUnderGraphsStopsAtTheFailingStepWithTheWeightsOfAnEag
 }
 
 TEST(CudaGraphs, WhatCannotBeCapturedIsAConfigErrorWithTrueAndEagerWithAuto) {
-  SKIP_WITHOUT_CUDA();
+  SKIP_WITHOUT_CUDA_DEVICE();
   struct Case {
     std::vector<std::string> sets;
     std::string expect;

@@ -20,12 +20,10 @@
 #include "framework/core/callback.h"
 #include "framework/core/capture.h"
 #include "tests/trainer/trainer_test_util.h"
+#include "tests/gpu_trainer/cuda_skip.h"
 
 using namespace strobe;
 using namespace strobe::testing;
-
-#define SKIP_WITHOUT_CUDA() \
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device visible: CUDA trainer tests skipped"
 
 namespace {
 
@@ -71,7 +69,7 @@ STROBE_REGISTER(callback_registry(), "sync_guard", make_sync_guard);
 }  // namespace
 
 TEST(TrainerCuda, EveryPrecisionTrainsWithFusedAndTorchOptimizers) {
-  SKIP_WITHOUT_CUDA();
+  SKIP_WITHOUT_CUDA_DEVICE();
   for (const char* precision : {"32", "bf16-mixed", "16-mixed", "bf16-master"}) {
     for (const char* fused : {"true", "false"}) {
       std::string dir = temp_dir("cuda-precision");
@@ -91,7 +89,7 @@ TEST(TrainerCuda, EveryPrecisionTrainsWithFusedAndTorchOptimizers) {
 }
 
 TEST(TrainerCuda, TrainingStepsWithMetricsAndLoggersNeverSync) {
-  SKIP_WITHOUT_CUDA();
+  SKIP_WITHOUT_CUDA_DEVICE();
 #ifdef STROBE_TORCH_HAS_CUDA
   g_guarded_steps = 0;
   std::string yaml = R"(name: nosync
@@ -155,7 +153,7 @@ callbacks:
 }
 
 TEST(TrainerCuda, CudaCheckpointResumesOnCpuWithTheLossesOfAnUninterruptedRun) {
-  SKIP_WITHOUT_CUDA();
+  SKIP_WITHOUT_CUDA_DEVICE();
   // No dropout: CUDA and CPU generators draw different masks; everything else must agree.
   std::string whole_dir = temp_dir("cuda-whole");
   auto whole = make_run(cuda_yaml(), {"model.dropout=0.0"}, whole_dir);
@@ -222,7 +220,7 @@ callbacks: {3}
 #endif
 
 TEST(TrainerCuda, NanCaptureStepsNeverSyncInEveryPrecisionWithAccumulationAndClipping) {
-  SKIP_WITHOUT_CUDA();
+  SKIP_WITHOUT_CUDA_DEVICE();
 #ifdef STROBE_TORCH_HAS_CUDA
   for (const char* precision : {"32", "bf16-mixed", "16-mixed", "bf16-master"}) {
     for (const char* accumulate : {"1", "2"}) {
@@ -247,7 +245,7 @@ TEST(TrainerCuda, NanCaptureStepsNeverSyncInEveryPrecisionWithAccumulationAndCli
 }
 
 TEST(TrainerCuda, NanOnCudaIsCapturedAndReplaysExactlyOnCudaAndRunsOnCpu) {
-  SKIP_WITHOUT_CUDA();
+  SKIP_WITHOUT_CUDA_DEVICE();
 #ifdef STROBE_TORCH_HAS_CUDA
   for (const char* precision : {"32", "bf16-mixed"}) {
     std::string dir = temp_dir("nan-cuda");
@@ -271,7 +269,7 @@ TEST(TrainerCuda, NanOnCudaIsCapturedAndReplaysExactlyOnCudaAndRunsOnCpu) {
 // A CUDA allocation failure in the middle of a run: one line naming the setting to lower, exit 1
 // (the CPU twin of this test, under a ulimit, is tests/cli/hardening_test.cpp).
 TEST(TrainerCuda, RunningOutOfCudaMemoryNamesTheBatchSize) {
-  SKIP_WITHOUT_CUDA();
+  SKIP_WITHOUT_CUDA_DEVICE();
   const char* bin = std::getenv("STROBE_BIN");
   ASSERT_TRUE(bin != nullptr) << "STROBE_BIN must name the strobe executable (set by ctest)";
   std::string dir = temp_dir("cuda-oom");
