@@ -90,7 +90,8 @@ class ModelCheckpoint : public Callback {
     if (it == t.metrics().end()) return std::nullopt;
     return it->second;
   }
-  bool better(double a, double b) const { return mode_ == "max" ? a > b : a < b; }
+  // Without a monitor the score is the step: the newest checkpoints are the ones kept, whatever `mode`.
+  bool better(double a, double b) const { return (monitor_.empty() || mode_ == "max") ? a > b : a < b; }
 
   void save_topk(Trainer& t, double score, const std::string& stem) {
     if (top_k_ == 0) return;

@@ -270,6 +270,40 @@ TEST(ModelCheckpoint, KeepsTheTopKByTheMonitoredMetricAndLast) {
   EXPECT_NEAR(kept[1], all[1], 1e-4);
 }
 
+namespace {
+
+// The checkpoint files (besides last.ckpt) in a run's checkpoints/ folder, sorted.
+std::vector<std::string> checkpoint_files(const std::string& run_dir) {
+  std::vector<std::string> out;
+  for (auto& e : std::filesystem::directory_iterator(run_dir + "/checkpoints"))
+    if (e.path().filename() != "last.ckpt") out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace
+
+// Without a monitor the k most recent checkpoints are kept (the score is the step), whatever `mode`.
+TEST(ModelCheckpoint, WithoutAMonitorEveryNStepsKeepsTheMostRecent) {
+  for (const std::string mode : {"", "    mode: min\n", "    mode: max\n"}) {
+    std::string dir = temp_dir("topk-steps");
+    auto run = make_run(tiny_yaml() + "callbacks:\n  - name: model_checkpoint\n    every_n_steps: 3\n    save_top_k: 2\n" + mode,
+                        {"trainer.max_steps=9"}, dir);
+    ASSERT_EQ(run->trainer->fit(), 0);
+    EXPECT_EQ(checkpoint_files(dir), (std::vector<std::string>{"step=6.ckpt", "step=9.ckpt"})) << mode;
+    EXPECT_TRUE(std::filesystem::exists(dir + "/checkpoints/last.ckpt"));
+  }
+}
+
+// The default model_checkpoint (none configured) keeps the latest epoch's checkpoint.
+TEST(ModelCheckpoint, TheDefaultCheckpointKeepsTheLatestEpoch) {
+  std::string dir = temp_dir("topk-epochs");
+  auto run = make_run(tiny_yaml(), {"trainer.max_epochs=3"}, dir);
+  ASSERT_EQ(run->trainer->fit(), 0);
+  ASSERT_EQ(run->trainer->state().global_step, 36);  // 12 batches an epoch
+  EXPECT_EQ(checkpoint_files(dir), (std::vector<std::string>{"epoch=2-step=36.ckpt"}));
+}
+
 // trainer.cuda_graphs captures CUDA work: on the CPU it is a config error naming the device, raised
 // before any step runs (tests/gpu_trainer/cuda_graphs_test.cpp covers the CUDA side).
 TEST(Trainer, CudaGraphsOnTheCpuIsAConfigErrorNamingTheDevice) {
