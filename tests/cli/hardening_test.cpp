@@ -94,6 +94,25 @@ TEST(CliBadInput, UnusableRunDirectoryExitsTwoWithOneLine) {
       << r.err;
 }
 
+// A run name is one safe path component: '.' and '..' would put the run beside or above
+// default_root_dir (runs/../version_0). Refused before anything is written.
+TEST(CliBadInput, RunNamesOfDotsAreRefusedAndWriteNothing) {
+  const std::string cfg = write_config(tiny_yaml());
+  for (const std::string name : {"..", ".", "...."}) {
+    const std::string base = temp_dir("runname"), root = base + "/runs";
+    std::filesystem::create_directories(root);
+    auto r = strobe_cmd("fit -c " + cfg + " --set name=" + name + " --set trainer.default_root_dir=" + root);
+    EXPECT_EQ(r.code, 2) << name << "\n" << r.err;
+    EXPECT_NE(r.err.find("name: expected a run name of letters, digits, '_', '-', '.' (not dots alone), got '" + name + "'"),
+              std::string::npos)
+        << r.err;
+    EXPECT_EQ(count_lines(r.err), 1) << r.err;
+    std::vector<std::string> left;
+    for (auto& e : std::filesystem::recursive_directory_iterator(base)) left.push_back(e.path().string());
+    EXPECT_EQ(left, std::vector<std::string>{root}) << name << ": the run wrote outside or into default_root_dir";
+  }
+}
+
 TEST(CliBadInput, DataThatDoesNotFitTheModelIsRefusedAtSetup) {
   const std::string cfg = write_config(tiny_yaml());
   struct Case {
