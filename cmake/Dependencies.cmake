@@ -41,13 +41,14 @@ if(NOT STROBE_PYTHON)
   set(STROBE_PYTHON ${STROBE_PYTHON_FOUND})
 endif()
 
-# Executables that reuse the precompiled header of strobe_pch (framework/CMakeLists.txt). CMAKE_POSITION_INDEPENDENT_CODE gives
-# executables -fPIE and libraries -fPIC, and GCC rejects a PCH built with the other setting
-# ("created and used with different settings of -fpie") and silently compiles <torch/torch.h>
-# again in every TU. Compiling the executable with -fPIC (still linked as a PIE) lets it reuse it.
-# Any other difference (a -D the header was not built with, another -O) is caught the same way:
-# -Werror=invalid-pch turns GCC's "not used because ..." into a build error.
-function(strobe_reuse_core_pch target)
+# Every torch target (libraries and executables) reuses the precompiled header of strobe_pch
+# (framework/CMakeLists.txt). CMAKE_POSITION_INDEPENDENT_CODE gives executables -fPIE and libraries
+# -fPIC, and GCC rejects a PCH built with the other setting ("created and used with different
+# settings of -fpie") and silently compiles <torch/torch.h> again in every TU: every user compiles
+# with -fPIC (an executable is still linked as a PIE). Any other difference (a -D the header was not
+# built with, another -O) is caught by -Werror=invalid-pch, which turns GCC's "not used because ..."
+# into a build error.
+function(strobe_use_pch target)
   set_target_properties(${target} PROPERTIES POSITION_INDEPENDENT_CODE OFF)
   target_compile_options(${target} PRIVATE -fPIC -Werror=invalid-pch)
   target_precompile_headers(${target} REUSE_FROM strobe_pch)

@@ -11,7 +11,7 @@ target_link_libraries(strobe_core PUBLIC ${STROBE_TURBOJPEG_LIBRARY} PNG::PNG)
 # The data tool (fixtures, listings and raw decodes for tests/python) and the loader benchmark.
 add_executable(strobe_data_tool ${PROJECT_SOURCE_DIR}/data/tools/data_tool.cpp)
 target_link_libraries(strobe_data_tool PRIVATE strobe_core)
-strobe_reuse_core_pch(strobe_data_tool)
+strobe_use_pch(strobe_data_tool)
 if(EXISTS ${PROJECT_SOURCE_DIR}/bench/data/CMakeLists.txt)
   add_subdirectory(${PROJECT_SOURCE_DIR}/bench/data ${CMAKE_BINARY_DIR}/bench_data)
 endif()

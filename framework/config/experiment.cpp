@@ -53,8 +53,8 @@ Experiment parse_experiment(Document& doc) {
   e.name = root.get_string("name", "experiment");
   // One safe path component (runs go to <default_root_dir>/<name>/version_N): no '/', and not '.' or '..'
   // (nor any name of dots only), which would put the run beside or above default_root_dir.
-  static const std::regex name_re(R"(^[A-Za-z0-9_.\-]+$)"), dots_re(R"(^\.+$)");
-  if (!std::regex_match(e.name, name_re) || std::regex_match(e.name, dots_re))
+  static const std::regex name_re(R"(^[A-Za-z0-9_.\-]+$)");
+  if (!std::regex_match(e.name, name_re) || e.name.find_first_not_of('.') == std::string::npos)
     root.fail("name", fmt::format("expected a run name of letters, digits, '_', '-', '.' (not dots alone), got '{}'", e.name));
   e.seed = root.get_int("seed", 0, 0, (int64_t(1) << 62));
 
