@@ -1,5 +1,9 @@
 #include "framework/core/resume_compat.h"
 
+#include <algorithm>
+#include <map>
+#include <vector>
+
 #include <fmt/format.h>
 #include <torch/torch.h>
 
@@ -8,20 +12,70 @@
 
 namespace strobe {
 
+namespace {
+
+bool is_model_key(const std::string& k) { return k == "model" || k.rfind("model.", 0) == 0 || k.rfind("model[", 0) == 0; }
+
+// "'a' (and 3 more)"
+std::string first_of(const std::vector<std::string>& names) {
+  std::string s = fmt::format("'{}'", names.front());
+  if (names.size() > 1) s += fmt::format(" (and {} more)", names.size() - 1);
+  return s;
+}
+
+}  // namespace
+
+std::string weights_mismatch(const checkpoint::CheckpointData& data, const std::string& current_yaml, torch::nn::Module& net) {
+  std::map<std::string, torch::Tensor> own;
+  for (const auto& p : net.named_parameters()) own.emplace(p.key(), p.value());
+  for (const auto& b : net.named_buffers()) own.emplace(b.key(), b.value());
+  std::vector<std::string> missing, unexpected, misshaped;
+  std::string first_shape;
+  for (const auto& [name, t] : own) {
+    auto it = data.tensors.find("model/" + name);
+    if (it == data.tensors.end()) {
+      missing.push_back(name);
+    } else if (it->second.sizes() != t.sizes()) {
+      if (misshaped.empty())
+        first_shape = fmt::format("'{}' is {} in the checkpoint, {} in the model", name, c10::str(it->second.sizes()), c10::str(t.sizes()));
+      misshaped.push_back(name);
+    }
+  }
+  const std::string prefix = "model/";
+  for (auto it = data.tensors.lower_bound(prefix); it != data.tensors.end() && it->first.rfind(prefix, 0) == 0; ++it)
+    if (!own.count(it->first.substr(prefix.size()))) unexpected.push_back(it->first.substr(prefix.size()));
+  if (missing.empty() && unexpected.empty() && misshaped.empty()) return "";
+
+  std::vector<std::string> parts;
+  if (!missing.empty()) parts.push_back("missing " + first_of(missing));
+  if (!unexpected.empty()) parts.push_back("unexpected " + first_of(unexpected));
+  if (!misshaped.empty())
+    parts.push_back(misshaped.size() > 1 ? fmt::format("{} (and {} more mis-shaped)", first_shape, misshaped.size() - 1) : first_shape);
+  std::string tensors;
+  for (size_t i = 0; i < parts.size(); ++i) tensors += (i ? "; " : "") + parts[i];
+
+  // The model keys of the checkpoint's own config that differ from the current config, when both are known.
+  std::vector<std::string> keys;
+  if (!current_yaml.empty() && data.has_blob("config")) {
+    try {
+      auto r = config::compare_for_resume(data.blob("config"), current_yaml);
+      for (const auto* list : {&r.incompatible, &r.model_changes, &r.allowed})
+        for (const auto& c : *list)
+          if (is_model_key(c.key)) keys.push_back(fmt::format("{}: checkpoint {}, config {}", c.key, c.before, c.after));
+    } catch (const config::ConfigError&) {
+      // A saved config that does not parse: the tensor names alone say what differs.
+    }
+  }
+  std::sort(keys.begin(), keys.end());
+  if (keys.empty()) return tensors;
+  std::string out;
+  for (size_t i = 0; i < keys.size(); ++i) out += (i ? ", " : "") + keys[i];
+  return fmt::format("{} ({})", out, tensors);
+}
+
 std::string check_resume_compatible(const std::string& path, const checkpoint::CheckpointData& data,
                                     const std::string& current_yaml, torch::nn::Module& net) {
-  // The first parameter or buffer whose shape differs (or that the checkpoint lacks).
-  std::string shape_change;
-  auto compare = [&](const std::string& key, const torch::Tensor& t) {
-    if (!shape_change.empty()) return;
-    auto it = data.tensors.find("model/" + key);
-    if (it == data.tensors.end())
-      shape_change = fmt::format("'{}' is not in the checkpoint", key);
-    else if (it->second.sizes() != t.sizes())
-      shape_change = fmt::format("'{}' is {} in the checkpoint, {} now", key, c10::str(it->second.sizes()), c10::str(t.sizes()));
-  };
-  for (const auto& p : net.named_parameters()) compare(p.key(), p.value());
-  for (const auto& b : net.named_buffers()) compare(b.key(), b.value());
+  const std::string mismatch = weights_mismatch(data, current_yaml, net);
 
   config::ResumeCheck r;
   if (!current_yaml.empty() && data.has_blob("config")) {
@@ -33,11 +87,8 @@ std::string check_resume_compatible(const std::string& path, const checkpoint::C
   }
   std::vector<std::string> refused;
   for (const auto& c : r.incompatible) refused.push_back(fmt::format("{} ({})", c.text(), c.why));
-  if (!shape_change.empty()) {
-    if (r.model_changes.empty())
-      refused.push_back(fmt::format("the model's parameter shapes differ: {}", shape_change));
-    else
-      refused.push_back(fmt::format("{} changes the model's parameter shapes: {}", config::join_changes(r.model_changes), shape_change));
+  if (!mismatch.empty()) {
+    refused.push_back(fmt::format("the checkpoint's weights do not fit this model: {}", mismatch));
   } else {
     r.allowed.insert(r.allowed.end(), r.model_changes.begin(), r.model_changes.end());
   }

@@ -14,6 +14,13 @@
 
 namespace strobe {
 
+// Every load of model weights is strict: the checkpoint's "model/" tensors and the model's parameters
+// and buffers have the same names and shapes. Returns "" when they do; otherwise one line naming the
+// model config keys that differ between the checkpoint's saved config and `current_yaml` when there
+// are any ("model.depth: checkpoint 34, config 18"), else the first missing, unexpected and
+// mis-shaped tensor names, each with how many more there are.
+std::string weights_mismatch(const checkpoint::CheckpointData& data, const std::string& current_yaml, torch::nn::Module& net);
+
 // Returns the allowed changes as one text ("" when there are none). `current_yaml` empty (a program
 // that set no resolved config) or a checkpoint without a config: only the shapes are checked.
 std::string check_resume_compatible(const std::string& ckpt_path, const checkpoint::CheckpointData& data,

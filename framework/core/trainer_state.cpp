@@ -279,7 +279,13 @@ void Trainer::load_checkpoint_data(const checkpoint::CheckpointData& d, bool res
   // Before any state is restored for training: the saved config against the current one (another
   // optimizer, precision or model shape is refused naming the change; the rest is listed by fit).
   resume_changes_.clear();
-  if (restore_training_state) resume_changes_ = check_resume_compatible(source, d, config_yaml_, module_->net());
+  // Every load of weights is strict (validate/test too): all names and all shapes, or refused naming
+  // the model config keys that differ, else the tensors.
+  if (restore_training_state) {
+    resume_changes_ = check_resume_compatible(source, d, config_yaml_, module_->net());
+  } else if (auto mismatch = weights_mismatch(d, config_yaml_, module_->net()); !mismatch.empty()) {
+    throw checkpoint::CheckpointError(fmt::format("{}: the checkpoint's weights do not fit this model: {}", source, mismatch));
+  }
   connector_.load(d, restore_training_state, source);
   if (restore_training_state) each([&](Callback& cb) { cb.on_load_checkpoint(*this, *module_, d); });
 }

@@ -328,6 +328,37 @@ TEST(CliConsole, FitEndsWithASummary) {
   EXPECT_NE(r.out.find("  run directory: " + dir + "\n"), std::string::npos) << r.out;
 }
 
+// Every load of weights is strict: a deeper ResNet's checkpoint (all of depth 18's tensors are in
+// it, with their shapes) into a depth-18 config is refused by validate, test and resume alike, naming
+// the config key, instead of scoring a partly loaded model.
+TEST(CliCheckpoint, WeightsOfAnotherModelAreRefusedNamingTheConfigKey) {
+  const std::string cfg = write_config(tiny_yaml());
+  const std::string dir = temp_dir("deeper");
+  const std::string resnet = " --set 'model={name: resnet, depth: DEPTH, width: 4, num_classes: 4, in_channels: 1}'";
+  auto with_depth = [&](const std::string& d) { return std::regex_replace(resnet, std::regex("DEPTH"), d); };
+  auto r = strobe_cmd("fit -c " + cfg + " --run-dir " + dir + " --set trainer.max_steps=1" + with_depth("34"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string ckpt = dir + "/checkpoints/last.ckpt";
+  const std::string why = "the checkpoint's weights do not fit this model: model.depth: checkpoint 34, config 18 (unexpected '";
+  for (const std::string verb : {"validate", "test"}) {
+    r = strobe_cmd(verb + " -c " + cfg + " --ckpt " + ckpt + with_depth("18"));
+    EXPECT_EQ(r.code, 2) << verb << "\n" << r.err;
+    EXPECT_EQ(r.err.rfind("strobe: checkpoint error: " + ckpt + ": " + why, 0), 0u) << verb << "\n" << r.err;
+    EXPECT_EQ(count_lines(r.err), 1) << r.err;
+    EXPECT_EQ(r.out.find("val/"), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("test/"), std::string::npos) << r.out;
+  }
+  r = strobe_cmd("fit -c " + cfg + " --ckpt " + ckpt + " --set trainer.max_steps=2" + with_depth("18"));
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_EQ(r.err.rfind("strobe: checkpoint error: " + ckpt + ": cannot resume with this config: " + why, 0), 0u) << r.err;
+  EXPECT_EQ(r.err.find("group"), std::string::npos) << r.err;
+  EXPECT_EQ(count_lines(r.err), 1) << r.err;
+  // The same model still loads.
+  r = strobe_cmd("validate -c " + cfg + " --ckpt " + ckpt + with_depth("34"));
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("val/loss"), std::string::npos) << r.out;
+}
+
 // --- resume compatibility -------------------------------------------------------------------
 
 TEST(CliResume, IncompatibleChangesAreRefusedNamingEach) {
@@ -344,7 +375,9 @@ TEST(CliResume, IncompatibleChangesAreRefusedNamingEach) {
        "the other optimizer)"},
       {"--set trainer.precision=bf16-mixed", ": cannot resume with this config: trainer.precision: 32 -> bf16-mixed ("},
       {"--set model.hidden=[8]",
-       ": cannot resume with this config: model.hidden: [32, 16] -> [8] changes the model's parameter shapes: '"},
+       ": cannot resume with this config: the checkpoint's weights do not fit this model: model.hidden: checkpoint [32, 16], "
+       "config [8] (unexpected 'fc1.bias' (and 1 more); 'fc0.bias' is [32] in the checkpoint, [8] in the model (and 2 more "
+       "mis-shaped))"},
       {"--set optimizer.name=sgd --set trainer.max_steps=5",
        "(the optimizer state (moments, step counts) belongs to the other optimizer) (allowed changes: "},
   };

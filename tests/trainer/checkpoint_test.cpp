@@ -2,6 +2,7 @@
 // leaves the previous checkpoint intact.
 #include <gtest/gtest.h>
 
+#include "framework/core/resume_compat.h"
 #include "tests/trainer/trainer_test_util.h"
 
 using namespace strobe;
@@ -98,4 +99,24 @@ TEST(Checkpoint, TrainerRefusesCheckpointOfAnotherModel) {
   } catch (const checkpoint::CheckpointError& e) {
     EXPECT_NE(std::string(e.what()).find("shape"), std::string::npos) << e.what();
   }
+}
+
+// Strict weights, named when no config tells the difference: the first missing, unexpected and
+// mis-shaped tensors, each with how many more; no difference at all is "".
+TEST(Checkpoint, WeightsMismatchNamesTheTensorsWhenNoConfigKeyExplainsIt) {
+  torch::nn::Sequential net(torch::nn::Linear(4, 3), torch::nn::Linear(3, 2));
+  checkpoint::CheckpointData d;
+  for (const auto& p : net->named_parameters()) d.tensors["model/" + p.key()] = p.value().detach().clone();
+  d.tensors["optimizer/not_a_weight"] = torch::zeros({1});
+  EXPECT_EQ(weights_mismatch(d, "", *net), "");
+  d.tensors.erase("model/1.bias");
+  d.tensors["model/2.weight"] = torch::zeros({2, 2});
+  d.tensors["model/2.bias"] = torch::zeros({2});
+  d.tensors["model/0.weight"] = torch::zeros({5, 4});
+  EXPECT_EQ(weights_mismatch(d, "", *net),
+            "missing '1.bias'; unexpected '2.bias' (and 1 more); '0.weight' is [5, 4] in the checkpoint, [3, 4] in the model");
+  // A saved config whose model keys differ from the current one: those keys first.
+  d.blobs["config"] = "model:\n  name: mlp\n  hidden: [5]\n";
+  EXPECT_EQ(weights_mismatch(d, "model:\n  name: mlp\n  hidden: [3]\n", *net).rfind("model.hidden: checkpoint [5], config [3] (missing '1.bias';", 0), 0u)
+      << weights_mismatch(d, "model:\n  name: mlp\n  hidden: [3]\n", *net);
 }
