@@ -77,6 +77,37 @@ std::string section_path(const std::vector<std::string>& parts) {
   return out;
 }
 
+// Aliases make a YAML text a graph: 230 bytes of nested aliases (a "billion laughs") expand to
+// billions of nodes, and every walk of the tree (duplicate keys, the schema, the resolved config) pays
+// for all of them. Before any walk, count the nodes as they expand and refuse past a bound no real
+// experiment comes near; the count stops at the bound, so the check itself is cheap.
+constexpr size_t kMaxYamlNodes = 100000;
+constexpr int kMaxYamlDepth = 64;
+
+void check_expansion(const YAML::Node& n, const std::string& source, size_t& count, int depth) {
+  if (++count > kMaxYamlNodes)
+    throw ConfigError(fmt::format("{}: the YAML expands to more than {} nodes (aliases that nest aliases?); a config "
+                                  "this large is refused",
+                                  source, kMaxYamlNodes));
+  if (depth > kMaxYamlDepth) {
+    const YAML::Mark m = n.Mark();
+    throw ConfigError(fmt::format("{}:{}:{}: nested deeper than {} levels", source, m.line + 1, m.column + 1, kMaxYamlDepth));
+  }
+  if (n.IsMap()) {
+    for (auto it = n.begin(); it != n.end(); ++it) {
+      check_expansion(it->first, source, count, depth + 1);
+      check_expansion(it->second, source, count, depth + 1);
+    }
+  } else if (n.IsSequence()) {
+    for (auto it = n.begin(); it != n.end(); ++it) check_expansion(*it, source, count, depth + 1);
+  }
+}
+
+void check_expansion(const YAML::Node& n, const std::string& source) {
+  size_t count = 0;
+  check_expansion(n, source, count, 0);
+}
+
 // yaml-cpp keeps every entry of a mapping that repeats a key and lookups return the first, so a
 // repeated key would be silently ignored: refuse it, naming both lines.
 void check_duplicate_keys(const YAML::Node& n, const std::string& path, const std::string& source) {
@@ -368,6 +399,7 @@ Document Document::load_string(const std::string& text, const std::string& sourc
   if (d.root_.IsNull() || !d.root_.IsDefined())
     throw ConfigError(fmt::format("{}: the config is empty (expected a mapping with at least 'model' and 'data')", source_name));
   if (!d.root_.IsMap()) throw ConfigError(fmt::format("{}:1:1: expected a mapping at the top level", source_name));
+  check_expansion(d.root_, source_name);
   check_duplicate_keys(d.root_, "", source_name);
   return d;
 }
@@ -402,6 +434,7 @@ void Document::apply_override(const std::string& assignment) {
   } catch (const YAML::Exception& e) {
     throw ConfigError(fmt::format("{}: value is not valid YAML: {}", text, e.msg));
   }
+  check_expansion(parsed, text);
   try {
     check_duplicate_keys(parsed, key, text);
   } catch (const ConfigError& e) {

@@ -2,6 +2,7 @@
 // input (unknown key with did-you-mean, wrong type, out of range, missing file, bad --set syntax).
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -322,4 +323,30 @@ TEST(ResumeCheck, AnotherOptimizerHidesTheKeysThatComeWithIt) {
   auto lists = strobe::config::compare_for_resume("model:\n  hidden:\n    - 32\n    - 16\n", "model:\n  hidden: [8]\n");
   ASSERT_EQ(lists.model_changes.size(), 1u);
   EXPECT_EQ(lists.model_changes[0].text(), "model.hidden: [32, 16] -> [8]");
+}
+
+// A "billion laughs": nine levels of nine aliases each expand to 9^9 nodes. Refused at once, naming
+// the file, from a config file and from a --set alike, instead of walking the expansion for minutes.
+TEST(Config, NestedAliasesAreRefusedBeforeTheyExpand) {
+  auto laughs = [](const std::string& sep) {
+    std::string y = "a: &a [lol,lol,lol,lol,lol,lol,lol,lol,lol]" + sep;
+    for (char c = 'b'; c <= 'i'; ++c) {
+      y += std::string(1, c) + ": &" + c + " [";
+      for (int k = 0; k < 9; ++k) y += std::string(k ? "," : "") + "*" + static_cast<char>(c - 1);
+      y += "]" + sep;
+    }
+    return y;
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(error_of(std::string(kBase) + laughs("\n")),
+            "exp.yaml: the YAML expands to more than 100000 nodes (aliases that nest aliases?); a config this large is refused");
+  const std::string set = "model.extra={" + laughs(", ").substr(0, laughs(", ").size() - 2) + "}";
+  EXPECT_EQ(error_of(kBase, {set}).rfind("--set " + set + ": the YAML expands to more than 100000 nodes", 0), 0u)
+      << error_of(kBase, {set}).substr(0, 300);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 2.0);
+  // Aliases that stay small are still YAML like any other, and nesting has a bound too.
+  EXPECT_EQ(error_of(std::string(kBase) + "trainer: {max_steps: &n 3, max_epochs: *n}\n"), "");
+  std::string deep = std::string(kBase) + "deep: " + std::string(70, '[') + std::string(70, ']') + "\n";
+  EXPECT_EQ(error_of(deep).rfind("exp.yaml:6:", 0), 0u) << error_of(deep);
+  EXPECT_NE(error_of(deep).find("nested deeper than 64 levels"), std::string::npos) << error_of(deep);
 }
