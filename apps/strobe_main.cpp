@@ -80,13 +80,15 @@ void print_fit_summary(const strobe::Run& run, int rc, double seconds) {
   for (const auto& cb : run.callbacks) {
     if (cb->name() != "model_checkpoint") continue;
     auto st = cb->state_dict();
-    const std::string best = st.value("best_path", "");
+    const std::string kept = st.value("best_path", "");  // relative to the run directory, unless outside it
     const std::string monitor = st.value("monitor", "");
-    if (best.empty() || !std::filesystem::exists(best)) continue;
+    if (kept.empty()) continue;
+    const std::string best = st["writers"].contains(kept) ? kept : run.run_dir + "/" + kept;
+    if (!std::filesystem::exists(best)) continue;
     if (monitor.empty()) {
       fmt::print("  latest checkpoint: {}\n", best);
     } else {
-      double score = st["best_k"].value(best, 0.0);
+      double score = st["best_k"].value(kept, 0.0);
       fmt::print("  best checkpoint: {} ({}={:.6g})\n", best, monitor, score);
     }
   }

@@ -1,6 +1,11 @@
 // model_checkpoint: last.ckpt, the top-k checkpoints by a monitored metric, and every n steps.
 // Keys: monitor (none: the k most recent), mode (min|max), save_top_k (1; -1 all; 0 none),
 // save_last (true), every_n_steps (0: off), every_n_epochs (1), dirpath (<run>/checkpoints).
+//
+// The top-k list holds paths relative to the run directory, so a run directory that was moved or
+// copied resumes with its own files: it never deletes the original's. A `dirpath` outside the run
+// directory is kept as an absolute path with the run directory that wrote it, and only files this
+// run directory wrote there are ever deleted.
 #include <filesystem>
 
 #include <fmt/format.h>
@@ -66,13 +71,37 @@ class ModelCheckpoint : public Callback {
     if (enabled(t)) save_last(t);
   }
 
+  // best_k / best_path: run-relative paths (outside the run directory: absolute, with their writer
+  // in "writers"). The run summary resolves best_path against the run directory.
   nlohmann::json state_dict() const override {
-    return {{"best_k", best_k_}, {"best_path", best_path_}, {"last_step_saved", last_step_saved_}, {"monitor", monitor_}};
+    return {{"best_k", best_k_},   {"best_path", best_path_}, {"writers", writers_}, {"paths", "run-relative"},
+            {"last_step_saved", last_step_saved_}, {"monitor", monitor_}};
   }
   void load_state_dict(const nlohmann::json& s) override {
     best_k_ = s.at("best_k").get<std::map<std::string, double>>();
     best_path_ = s.at("best_path").get<std::string>();
     last_step_saved_ = s.at("last_step_saved").get<int64_t>();
+    writers_.clear();
+    if (s.value("paths", "") == "run-relative") {
+      writers_ = s.at("writers").get<std::map<std::string, std::string>>();
+      return;
+    }
+    // A checkpoint whose paths are as the run directory was spelled when it was written: the files
+    // of <run>/checkpoints become run-relative; any other is kept in the list but never deleted.
+    std::map<std::string, double> converted;
+    std::string best;
+    for (const auto& [path, score] : best_k_) {
+      std::filesystem::path p(path);
+      std::string key = path;
+      if (dirpath_.empty() && p.parent_path().filename() == "checkpoints")
+        key = "checkpoints/" + p.filename().string();
+      else
+        writers_[key] = "";  // unknown writer: never deleted
+      converted[key] = score;
+      if (path == best_path_) best = key;
+    }
+    best_k_ = std::move(converted);
+    best_path_ = best;
   }
 
  private:
@@ -85,6 +114,25 @@ class ModelCheckpoint : public Callback {
     return !t.run_dir().empty() && t.config().enable_checkpointing && t.config().fast_dev_run == 0;
   }
   std::string dir(const Trainer& t) const { return dirpath_.empty() ? t.run_dir() + "/checkpoints" : dirpath_; }
+  static std::filesystem::path absolute_of(const std::string& p) { return std::filesystem::absolute(p).lexically_normal(); }
+  // The key a checkpoint file is kept under: relative to the run directory when it lies inside it
+  // (decided from the paths alone, the same on every rank); otherwise absolute, with its writer.
+  std::string key_of(const Trainer& t, const std::string& file) {
+    const auto run = absolute_of(t.run_dir());
+    const auto abs = absolute_of(file);
+    const auto rel = abs.lexically_relative(run);
+    if (!rel.empty() && *rel.begin() != "..") return rel.string();
+    writers_[abs.string()] = run.string();
+    return abs.string();
+  }
+  std::string resolve(const Trainer& t, const std::string& key) const {
+    return writers_.count(key) ? key : t.run_dir() + "/" + key;
+  }
+  // Inside the run directory: always this run's. Outside: only what this run directory wrote.
+  bool ours(const Trainer& t, const std::string& key) const {
+    auto it = writers_.find(key);
+    return it == writers_.end() || (!it->second.empty() && it->second == absolute_of(t.run_dir()).string());
+  }
   std::optional<double> value(const Trainer& t) const {
     auto it = t.metrics().find(monitor_);
     if (it == t.metrics().end()) return std::nullopt;
@@ -103,11 +151,13 @@ class ModelCheckpoint : public Callback {
         if (better(worst->second, it->second)) worst = it;
       if (!better(score, worst->second)) return;
       std::error_code ec;
-      if (t.is_global_zero()) std::filesystem::remove(worst->first, ec);
+      if (t.is_global_zero() && ours(t, worst->first)) std::filesystem::remove(resolve(t, worst->first), ec);
+      writers_.erase(worst->first);
       best_k_.erase(worst);
     }
     save(t, path);
-    best_k_[path] = score;
+    const std::string key = key_of(t, path);
+    best_k_[key] = score;
     auto best = best_k_.begin();
     for (auto it = best_k_.begin(); it != best_k_.end(); ++it)
       if (better(it->second, best->second)) best = it;
@@ -134,6 +184,7 @@ class ModelCheckpoint : public Callback {
   std::string dirpath_;
   std::map<std::string, double> best_k_;
   std::string best_path_;
+  std::map<std::string, std::string> writers_;  // kept files outside the run directory -> the run directory that wrote them
   int64_t last_step_saved_ = -1;
 };
 

@@ -379,6 +379,64 @@ TEST(CliCheckpoint, WeightsOfAnotherModelAreRefusedNamingTheConfigKey) {
   EXPECT_NE(r.out.find("val/loss"), std::string::npos) << r.out;
 }
 
+// Names of the files in `dir`, sorted ("" entries for none).
+std::vector<std::string> files_in(const std::string& dir) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// The top-k list is relative to the run directory: a copied run resumes with its own files and never
+// deletes the original's; a moved run still rotates its own; the summary points inside the new one.
+TEST(CliCheckpoint, CopiedAndMovedRunsKeepTheirOwnTopK) {
+  const std::string cfg = write_config(tiny_yaml() + "callbacks:\n  - name: model_checkpoint\n    save_top_k: 1\n");
+  const std::string root = temp_dir("copied");
+  const std::string a = root + "/a", b = root + "/b", c = root + "/c";
+  auto r = strobe_cmd("fit -c " + cfg + " --run-dir " + a);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::vector<std::string> a_files = {"epoch=1-step=24.ckpt", "last.ckpt"};
+  ASSERT_EQ(files_in(a + "/checkpoints"), a_files);
+  const std::string a_best = slurp(a + "/checkpoints/epoch=1-step=24.ckpt");
+  std::filesystem::copy(a, b, std::filesystem::copy_options::recursive);
+
+  r = strobe_cmd("fit -c " + cfg + " --ckpt " + b + "/checkpoints/last.ckpt --set trainer.max_epochs=3");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(files_in(a + "/checkpoints"), a_files);
+  EXPECT_EQ(slurp(a + "/checkpoints/epoch=1-step=24.ckpt"), a_best);
+  EXPECT_EQ(files_in(b + "/checkpoints"), (std::vector<std::string>{"epoch=2-step=36.ckpt", "last.ckpt"}));
+  EXPECT_NE(r.out.find("  latest checkpoint: " + b + "/checkpoints/epoch=2-step=36.ckpt\n"), std::string::npos) << r.out;
+
+  std::filesystem::rename(b, c);
+  r = strobe_cmd("fit -c " + cfg + " --ckpt " + c + "/checkpoints/last.ckpt --set trainer.max_epochs=4");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(files_in(c + "/checkpoints"), (std::vector<std::string>{"epoch=3-step=48.ckpt", "last.ckpt"}));
+  EXPECT_NE(r.out.find("  latest checkpoint: " + c + "/checkpoints/epoch=3-step=48.ckpt\n"), std::string::npos) << r.out;
+  EXPECT_EQ(files_in(a + "/checkpoints"), a_files);
+}
+
+// A dirpath outside the run directory is the user's: a copied run deletes there only what it wrote.
+TEST(CliCheckpoint, OutsideTheRunDirectoryOnlyThisRunsFilesAreDeleted) {
+  const std::string root = temp_dir("outside");
+  const std::string shared = root + "/shared", x = root + "/x", y = root + "/y";
+  const std::string cfg =
+      write_config(tiny_yaml() + "callbacks:\n  - name: model_checkpoint\n    save_top_k: 1\n    dirpath: " + shared + "\n");
+  auto r = strobe_cmd("fit -c " + cfg + " --run-dir " + x);
+  ASSERT_EQ(r.code, 0) << r.err;
+  ASSERT_EQ(files_in(shared), (std::vector<std::string>{"epoch=1-step=24.ckpt", "last.ckpt"}));
+  std::filesystem::copy(x, y, std::filesystem::copy_options::recursive);
+  // (the checkpoint to resume from is the shared last.ckpt; the run directory is named)
+  std::filesystem::copy_file(shared + "/last.ckpt", y + "/from.ckpt");
+  r = strobe_cmd("fit -c " + cfg + " --ckpt " + y + "/from.ckpt --run-dir " + y + " --set trainer.max_epochs=3");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(files_in(shared), (std::vector<std::string>{"epoch=1-step=24.ckpt", "epoch=2-step=36.ckpt", "last.ckpt"}));
+  std::filesystem::copy_file(shared + "/last.ckpt", y + "/from2.ckpt");
+  r = strobe_cmd("fit -c " + cfg + " --ckpt " + y + "/from2.ckpt --run-dir " + y + " --set trainer.max_epochs=4");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(files_in(shared), (std::vector<std::string>{"epoch=1-step=24.ckpt", "epoch=3-step=48.ckpt", "last.ckpt"}));
+}
+
 // --- resume compatibility -------------------------------------------------------------------
 
 TEST(CliResume, IncompatibleChangesAreRefusedNamingEach) {

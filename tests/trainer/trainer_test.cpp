@@ -304,6 +304,24 @@ TEST(ModelCheckpoint, TheDefaultCheckpointKeepsTheLatestEpoch) {
   EXPECT_EQ(checkpoint_files(dir), (std::vector<std::string>{"epoch=2-step=36.ckpt"}));
 }
 
+// A checkpoint written before the top-k list was run-relative: its <run>/checkpoints files become
+// run-relative (a copied run finds its own), any other path stays listed but is never deleted.
+TEST(ModelCheckpoint, OlderStatesBecomeRunRelative) {
+  auto run = make_run(tiny_yaml() + "callbacks:\n  - name: model_checkpoint\n    save_top_k: 2\n", {}, temp_dir("legacy"));
+  std::shared_ptr<Callback> mc;
+  for (const auto& cb : run->callbacks)
+    if (cb->name() == "model_checkpoint") mc = cb;
+  ASSERT_TRUE(mc);
+  mc->load_state_dict({{"best_k", {{"/old/runs/t/version_0/checkpoints/epoch=1-step=24.ckpt", 24.0}, {"/elsewhere/e.ckpt", 12.0}}},
+                       {"best_path", "/old/runs/t/version_0/checkpoints/epoch=1-step=24.ckpt"},
+                       {"last_step_saved", 24},
+                       {"monitor", ""}});
+  const auto st = mc->state_dict();
+  EXPECT_EQ(st.at("best_k"), nlohmann::json({{"checkpoints/epoch=1-step=24.ckpt", 24.0}, {"/elsewhere/e.ckpt", 12.0}})) << st.dump();
+  EXPECT_EQ(st.at("best_path"), "checkpoints/epoch=1-step=24.ckpt");
+  EXPECT_EQ(st.at("writers"), nlohmann::json({{"/elsewhere/e.ckpt", ""}}));
+}
+
 // trainer.cuda_graphs captures CUDA work: on the CPU it is a config error naming the device, raised
 // before any step runs (tests/gpu_trainer/cuda_graphs_test.cpp covers the CUDA side).
 TEST(Trainer, CudaGraphsOnTheCpuIsAConfigErrorNamingTheDevice) {
