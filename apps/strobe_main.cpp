@@ -38,6 +38,7 @@ struct Common {
   std::string ckpt;
   std::string run_dir;
   bool profile = false;
+  bool overwrite = false;
 };
 
 void add_common(CLI::App* cmd, Common& c, bool ckpt_required) {
@@ -117,6 +118,7 @@ int run_command(const std::string& command, const Common& c, Progress& progress)
   if (!c.run_dir.empty()) opt.run_dir = c.run_dir;
   if (!c.ckpt.empty()) opt.ckpt = c.ckpt;
   opt.create_run_dir = command == "fit";
+  opt.overwrite = c.overwrite;
   if (!c.ckpt.empty()) {
     // Refuse a bad checkpoint before any work starts.
     strobe::checkpoint::load_checkpoint_file(c.ckpt);
@@ -199,6 +201,9 @@ int main(int argc, char** argv) {
   auto* fit = app.add_subcommand("fit", "train (and validate) a model; resumes with --ckpt");
   add_common(fit, fit_c, false);
   fit->add_option("--run-dir", fit_c.run_dir, "run directory (default <default_root_dir>/<name>/version_<n>)");
+  fit->add_flag("--overwrite", fit_c.overwrite,
+                "start over in a run directory that holds another run: first remove its config.yaml, metrics.csv, "
+                "checkpoints, NaN captures and TensorBoard events");
   fit->add_flag("--profile", fit_c.profile,
                 "write a Chrome/TensorBoard trace of steps 20-25 to <run_dir>/profiler (trainer.profiler)");
   auto* val = app.add_subcommand("validate", "run the validation set with a checkpoint");

@@ -19,24 +19,6 @@ namespace strobe {
 
 namespace fs = std::filesystem;
 
-std::string next_version_dir(const std::string& root, const std::string& name) {
-  fs::path base = fs::path(root) / name;
-  int64_t next = 0;
-  std::error_code ec;
-  if (fs::is_directory(base, ec)) {
-    for (const auto& e : fs::directory_iterator(base, ec)) {
-      std::string n = e.path().filename().string();
-      if (n.rfind("version_", 0) == 0) {
-        try {
-          next = std::max<int64_t>(next, std::stoll(n.substr(8)) + 1);
-        } catch (const std::exception&) {
-        }
-      }
-    }
-  }
-  return (base / fmt::format("version_{}", next)).string();
-}
-
 namespace {
 
 std::string human_bytes(double b) {
@@ -51,31 +33,6 @@ std::shared_ptr<Callback> default_callback(const std::string& name) {
   auto doc = config::Document::load_string("name: " + name + "\n", "<default " + name + ">");
   auto section = doc.root();
   return callback_registry().create(section, "");
-}
-
-// The run directory must be creatable and writable; checked by creating it and a probe file, then
-// removing what the check created, so that a run refused later leaves no empty version directory.
-void check_run_dir(const std::string& dir, const std::string& origin) {
-  std::error_code ec;
-  const fs::path p(dir);
-  if (fs::exists(p, ec) && !fs::is_directory(p, ec))
-    throw RunDirError(fmt::format("{} {}: exists and is not a directory", origin, dir));
-  fs::path top;  // the outermost directory this check creates
-  for (fs::path q = fs::absolute(p, ec); !q.empty() && !fs::exists(q, ec); q = q.parent_path()) {
-    top = q;
-    if (q == q.parent_path()) break;
-  }
-  fs::create_directories(p, ec);
-  if (ec) throw RunDirError(fmt::format("{} {}: cannot create the run directory ({})", origin, dir, ec.message()));
-  const fs::path probe = p / fmt::format(".write-probe.tmp.{}", ::getpid());
-  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  const int err = errno;
-  if (fd >= 0) {
-    ::close(fd);
-    ::unlink(probe.c_str());
-  }
-  if (!top.empty()) checkpoint::remove_tree(top.string());
-  if (fd < 0) throw RunDirError(fmt::format("{} {}: the run directory is not writable ({})", origin, dir, std::strerror(err)));
 }
 
 // save_config: writes the resolved config to <run_dir>/config.yaml when fit starts — after a
@@ -259,20 +216,28 @@ std::unique_ptr<Run> build_run(config::Document& doc, const RunOptions& options)
   if (options.create_run_dir) {
     // Rank 0 alone picks (next_version_dir would race between ranks) and checks the run directory,
     // then tells the others its name, or its error: every rank then ends with the same exit 2.
+    // The claim (docs/CONFIG.md, "Run directory"): a version_<n> taken with mkdir, a lock held while
+    // the run lives, and a directory holding another run refused unless resumed or --overwrite.
     std::string error;
     if (strategy.is_global_zero()) {
       try {
         std::string origin;
         if (options.run_dir) {
-          run->run_dir = *options.run_dir, origin = "--run-dir";
+          run->claim = std::make_shared<RunDirClaim>(RunDirClaim::at(*options.run_dir, "--run-dir"));
+          origin = "--run-dir";
         } else if (options.ckpt && options.stage == Stage::Fit) {
           fs::path ck = fs::absolute(*options.ckpt);
-          if (ck.parent_path().filename() == "checkpoints" && fs::exists(ck.parent_path().parent_path() / "config.yaml"))
-            run->run_dir = ck.parent_path().parent_path().string(), origin = "the run directory of --ckpt,";
+          if (ck.parent_path().filename() == "checkpoints" && fs::exists(ck.parent_path().parent_path() / "config.yaml")) {
+            origin = "the run directory of --ckpt,";
+            run->claim = std::make_shared<RunDirClaim>(RunDirClaim::at(ck.parent_path().parent_path().string(), origin));
+          }
         }
-        if (run->run_dir.empty())
-          run->run_dir = next_version_dir(exp.trainer.default_root_dir, exp.name), origin = "trainer.default_root_dir:";
-        check_run_dir(run->run_dir, origin);
+        if (!run->claim) {
+          origin = "trainer.default_root_dir:";
+          run->claim = std::make_shared<RunDirClaim>(RunDirClaim::next_version(exp.trainer.default_root_dir, exp.name));
+        }
+        check_run_dir_free(*run->claim, origin, options.stage == Stage::Fit ? options.ckpt : std::nullopt, options.overwrite);
+        run->run_dir = run->claim->dir();
       } catch (const RunDirError& e) {
         if (strategy.world_size() == 1) throw;
         error = e.what();

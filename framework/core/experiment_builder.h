@@ -8,15 +8,11 @@
 #include <vector>
 
 #include "framework/config/experiment.h"
+#include "framework/core/run_dir.h"
 #include "framework/core/trainer.h"
 
 namespace strobe {
 
-// The run directory cannot be created or written (read-only file system, a path through a file):
-// a usage error, reported before any work starts.
-struct RunDirError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
 
 namespace distributed {
 class Strategy;
@@ -24,6 +20,8 @@ struct LaunchEnv;
 }  // namespace distributed
 
 struct Run {
+  // Declared first, released last: the run directory stays locked until everything else is closed.
+  std::shared_ptr<RunDirClaim> claim;  // fit, rank 0: the claimed and locked run directory
   config::Experiment experiment;
   std::shared_ptr<distributed::Strategy> strategy;  // one process, or this rank of a data-parallel job
   std::shared_ptr<Module> module;
@@ -39,15 +37,18 @@ struct RunOptions {
   std::optional<std::string> run_dir;   // --run-dir
   std::optional<std::string> ckpt;      // --ckpt (fit resumes in the checkpoint's run directory)
   bool create_run_dir = true;           // false: no files at all (tests, validate/test)
+  bool overwrite = false;               // --overwrite: a run directory holding another run is cleared first
   // Who this process is; unset: the launcher's environment (torchrun, Slurm, or one process).
   std::shared_ptr<const distributed::LaunchEnv> launch_env;
 };
 
 // Throws config::ConfigError for any bad key and for data that does not fit the model (classes,
 // channels, image size, vocabulary, sequence length: both keys named) or a batch that cannot fit in
-// the memory available; RunDirError when the run directory cannot be written. Nothing is written
-// here: fit writes <run_dir>/config.yaml (atomically) once the run starts, i.e. after a checkpoint
-// to resume from has loaded, and removes temp files a killed writer left in the run directory.
+// the memory available; RunDirError when the run directory cannot be created, written or claimed
+// (run_dir.h). The only thing written here is the claimed (empty, locked) run directory, and with
+// --overwrite the removal of the old run's files: fit writes <run_dir>/config.yaml (atomically) once
+// the run starts, i.e. after a checkpoint to resume from has loaded, and removes temp files a killed
+// writer left in the run directory.
 std::unique_ptr<Run> build_run(config::Document& doc, const RunOptions& options);
 
 // Checks the model's resolved keys (num_classes, in_channels, image_size/img_size, in_features,
@@ -56,8 +57,5 @@ void check_data_fits_model(config::Section& model, const std::string& data_name,
 
 // Bytes of memory this process can still allocate: MemAvailable, bounded by the cgroup's limit.
 uint64_t available_memory_bytes();
-
-// <default_root_dir>/<name>/version_<n> with the next free n.
-std::string next_version_dir(const std::string& root, const std::string& name);
 
 }  // namespace strobe

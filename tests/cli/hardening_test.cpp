@@ -8,6 +8,9 @@
 
 #include <chrono>
 #include <regex>
+#include <set>
+
+#include <fmt/format.h>
 
 #include "tests/cli/cli_test_util.h"
 
@@ -435,6 +438,116 @@ TEST(CliCheckpoint, OutsideTheRunDirectoryOnlyThisRunsFilesAreDeleted) {
   r = strobe_cmd("fit -c " + cfg + " --ckpt " + y + "/from2.ckpt --run-dir " + y + " --set trainer.max_epochs=4");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(files_in(shared), (std::vector<std::string>{"epoch=1-step=24.ckpt", "epoch=3-step=48.ckpt", "last.ckpt"}));
+}
+
+// --- the run directory: claimed, locked, never another run's -----------------------------------
+
+// Eight fits started at once under one default_root_dir: eight version directories, each holding
+// its own run's config (each run has its own seed).
+TEST(CliRunDir, ConcurrentFitsEachClaimTheirOwnVersion) {
+  const std::string cfg = write_config(tiny_yaml());
+  const std::string root = temp_dir("concurrent");
+  std::string cmd;
+  for (int i = 0; i < 8; ++i)
+    cmd += fmt::format("({} fit -c {} --set trainer.default_root_dir={}/runs --set trainer.max_steps=1 "
+                       "--set trainer.num_sanity_val_steps=0 --set seed={} > {}/out{} 2>&1) & ",
+                       bin(), cfg, root, 100 + i, root, i);
+  ASSERT_EQ(std::system((cmd + "wait").c_str()), 0);
+  std::set<std::string> dirs;
+  for (int i = 0; i < 8; ++i) {
+    const std::string out = slurp(root + "/out" + std::to_string(i));
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(out, m, std::regex("strobe fit: run directory (\\S+) "))) << out;
+    dirs.insert(m[1]);
+    EXPECT_NE(slurp(m[1].str() + "/config.yaml").find("\nseed: " + std::to_string(100 + i) + "\n"), std::string::npos)
+        << m[1] << "\n" << slurp(m[1].str() + "/config.yaml");
+    EXPECT_NE(out.find("strobe fit: finished at step 1"), std::string::npos) << out;
+  }
+  EXPECT_EQ(dirs.size(), 8u);
+  EXPECT_EQ(files_in(root + "/runs/tiny"), (std::vector<std::string>{"version_0", "version_1", "version_2", "version_3",
+                                                                     "version_4", "version_5", "version_6", "version_7"}));
+}
+
+// A directory holding a run is refused (its files untouched) unless the fit resumes that run from a
+// checkpoint inside it, or --overwrite clears the run's files (and nothing else) first.
+TEST(CliRunDir, ARunDirectoryHoldingARunIsRefusedUnlessResumedOrOverwritten) {
+  const std::string cfg = write_config(tiny_yaml());
+  const std::string root = temp_dir("occupied");
+  const std::string d = root + "/d", e = root + "/e";
+  ASSERT_EQ(strobe_cmd("fit -c " + cfg + " --run-dir " + d).code, 0);
+  ASSERT_EQ(strobe_cmd("fit -c " + cfg + " --run-dir " + e + " --set trainer.max_steps=2").code, 0);
+  const auto before = std::vector<std::string>{slurp(d + "/config.yaml"), slurp(d + "/metrics.csv"),
+                                               slurp(d + "/checkpoints/last.ckpt"), slurp(d + "/checkpoints/epoch=1-step=24.ckpt")};
+  auto after = [&] {
+    return std::vector<std::string>{slurp(d + "/config.yaml"), slurp(d + "/metrics.csv"), slurp(d + "/checkpoints/last.ckpt"),
+                                    slurp(d + "/checkpoints/epoch=1-step=24.ckpt")};
+  };
+  const std::string refusal = "strobe: run directory error: --run-dir " + d +
+                              ": already holds a run (checkpoints/epoch=1-step=24.ckpt, checkpoints/last.ckpt, config.yaml and 1 "
+                              "more); to continue it pass --ckpt " +
+                              d + "/checkpoints/last.ckpt, to start over in it pass --overwrite, or choose another directory\n";
+  for (const std::string& extra : {std::string(), " --ckpt " + e + "/checkpoints/last.ckpt"}) {
+    auto r = strobe_cmd("fit -c " + cfg + " --run-dir " + d + " --set trainer.max_steps=30" + extra);
+    EXPECT_EQ(r.code, 2) << extra << "\n" << r.err;
+    EXPECT_EQ(r.err, refusal) << extra;
+    EXPECT_EQ(after(), before) << extra;
+  }
+  // Its own checkpoint resumes in place.
+  auto r = strobe_cmd("fit -c " + cfg + " --run-dir " + d + " --ckpt " + d + "/checkpoints/last.ckpt --set trainer.max_epochs=3");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("strobe fit: finished at step 36"), std::string::npos) << r.out;
+  // --overwrite: the old run's files go, the user's stay.
+  std::ofstream(d + "/notes.txt") << "mine\n";
+  r = strobe_cmd("fit -c " + cfg + " --run-dir " + d + " --overwrite --set trainer.max_steps=3");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(slurp(d + "/notes.txt"), "mine\n");
+  EXPECT_EQ(files_in(d + "/checkpoints"), (std::vector<std::string>{"last.ckpt"}));
+  EXPECT_EQ(read_csv(d + "/metrics.csv", "train/loss").rbegin()->first, 3);
+  EXPECT_EQ(read_csv(d + "/metrics.csv", "train/loss").size(), 3u);
+  EXPECT_NE(slurp(d + "/config.yaml").find("  max_steps: 3\n"), std::string::npos);
+}
+
+// While a run lives its directory is locked: a second writer is refused (even with --overwrite,
+// which then removes nothing); kill -9 of the first leaves no stale lock.
+TEST(CliRunDir, ASecondWriterIsRefusedWhileTheFirstRunsAndAKilledRunLeavesNoLock) {
+  const std::string cfg = write_config(tiny_yaml());
+  const std::string root = temp_dir("locked");
+  const std::string d = root + "/d";
+  const std::string first = fmt::format("{} fit -c {} --run-dir {} --set trainer.max_epochs=100000 > {}/out 2>&1 & echo $! > {}/pid",
+                                        bin(), cfg, d, root, root);
+  ASSERT_EQ(std::system(first.c_str()), 0);
+  for (int i = 0; i < 600 && !std::filesystem::exists(d + "/metrics.csv"); ++i) ::usleep(100000);
+  ASSERT_TRUE(std::filesystem::exists(d + "/metrics.csv")) << slurp(root + "/out");
+  const pid_t pid = std::stoi(slurp(root + "/pid"));
+  auto r = strobe_cmd("fit -c " + cfg + " --run-dir " + d + " --overwrite --set trainer.max_steps=2");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_EQ(r.err, "strobe: run directory error: --run-dir " + d +
+                       ": another run is writing to this run directory (it stays locked while that run lives); wait for it "
+                       "to end or choose another directory\n");
+  EXPECT_TRUE(std::filesystem::exists(d + "/config.yaml"));
+  EXPECT_TRUE(std::filesystem::exists(d + "/metrics.csv"));
+  ASSERT_EQ(::kill(pid, SIGKILL), 0);
+  for (int i = 0; i < 100 && ::kill(pid, 0) == 0; ++i) ::usleep(100000);
+  r = strobe_cmd("fit -c " + cfg + " --run-dir " + d + " --overwrite --set trainer.max_steps=2");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(read_csv(d + "/metrics.csv", "train/loss").rbegin()->first, 2);
+}
+
+// A version directory claimed by a run that is refused before it writes anything is released.
+TEST(CliRunDir, ARefusedRunLeavesNoClaimedVersion) {
+  const std::string cfg = write_config(tiny_yaml());
+  const std::string root = temp_dir("released");
+  ASSERT_EQ(strobe_cmd("fit -c " + cfg + " --run-dir " + root + "/src --set trainer.max_steps=1").code, 0);
+  std::filesystem::copy_file(root + "/src/checkpoints/last.ckpt", root + "/other.ckpt");
+  auto r = strobe_cmd("fit -c " + cfg + " --ckpt " + root + "/other.ckpt --set trainer.default_root_dir=" + root +
+                      "/runs --set model.hidden=[8]");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("cannot resume with this config"), std::string::npos) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(root + "/runs")) << files_in(root + "/runs/tiny").size();
+  r = strobe_cmd("fit -c " + cfg + " --ckpt " + root + "/other.ckpt --set trainer.default_root_dir=" + root +
+                 "/runs --set trainer.max_steps=2");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(files_in(root + "/runs/tiny"), (std::vector<std::string>{"version_0"}));
 }
 
 // --- resume compatibility -------------------------------------------------------------------

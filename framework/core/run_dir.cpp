@@ -1,0 +1,187 @@
+#include "framework/core/run_dir.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <filesystem>
+
+#include <fmt/format.h>
+
+#include "framework/checkpoint/checkpoint_io.h"
+
+namespace strobe {
+namespace fs = std::filesystem;
+
+namespace {
+
+// The outermost missing directory on the way to `p` ("" when `p` exists).
+std::string outermost_missing(const fs::path& p) {
+  std::error_code ec;
+  fs::path top;
+  for (fs::path q = fs::absolute(p, ec).lexically_normal(); !q.empty() && !fs::exists(q, ec); q = q.parent_path()) {
+    top = q;
+    if (q == q.parent_path()) break;
+  }
+  return top.string();
+}
+
+// Errors name `shown`: the run directory the user would have got.
+void create_dirs(const fs::path& p, const std::string& origin, const std::string& shown) {
+  std::error_code ec;
+  if (fs::exists(p, ec) && !fs::is_directory(p, ec))
+    throw RunDirError(fmt::format("{} {}: exists and is not a directory", origin, p.string()));
+  fs::create_directories(p, ec);
+  if (ec) throw RunDirError(fmt::format("{} {}: cannot create the run directory ({})", origin, shown, ec.message()));
+}
+
+bool is_empty_dir(const std::string& dir) {
+  std::error_code ec;
+  return fs::is_directory(dir, ec) && fs::directory_iterator(dir, ec) == fs::directory_iterator();
+}
+
+// realpath, or the lexically normal absolute path when it does not resolve.
+std::string real_path(const std::string& p) {
+  char buf[PATH_MAX];
+  if (::realpath(p.c_str(), buf)) return buf;
+  std::error_code ec;
+  return fs::absolute(p, ec).lexically_normal().string();
+}
+
+}  // namespace
+
+RunDirClaim::RunDirClaim(std::string dir, std::string created_top, std::string origin)
+    : dir_(std::move(dir)), created_top_(std::move(created_top)), origin_(std::move(origin)) {}
+
+RunDirClaim::RunDirClaim(RunDirClaim&& o) noexcept
+    : dir_(std::move(o.dir_)), created_top_(std::move(o.created_top_)), origin_(std::move(o.origin_)), fd_(o.fd_) {
+  o.fd_ = -1;
+  o.created_top_.clear();
+}
+
+RunDirClaim::~RunDirClaim() {
+  // A claim still empty (a run refused before it wrote anything) goes, with the parents it created.
+  if (!created_top_.empty() && is_empty_dir(dir_)) {
+    const fs::path top = fs::path(created_top_);
+    std::error_code ec;
+    for (fs::path q = fs::absolute(dir_, ec).lexically_normal(); !q.empty(); q = q.parent_path()) {
+      if (::rmdir(q.c_str()) != 0) break;  // not empty (or gone): stop
+      if (q == top || q == q.parent_path()) break;
+    }
+  }
+  if (fd_ >= 0) ::close(fd_);  // releases the lock
+}
+
+void RunDirClaim::lock() {
+  fd_ = ::open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd_ < 0) throw RunDirError(fmt::format("{} {}: cannot open the run directory ({})", origin_, dir_, std::strerror(errno)));
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    if (err == EWOULDBLOCK)
+      throw RunDirError(fmt::format("{} {}: another run is writing to this run directory (it stays locked while that run "
+                                    "lives); wait for it to end or choose another directory",
+                                    origin_, dir_));
+    throw RunDirError(fmt::format("{} {}: cannot lock the run directory ({})", origin_, dir_, std::strerror(err)));
+  }
+  // Writable: a probe file, removed at once.
+  const std::string probe = fmt::format("{}/.write-probe.tmp.{}", dir_, ::getpid());
+  const int pfd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const int err = errno;
+  if (pfd < 0) throw RunDirError(fmt::format("{} {}: the run directory is not writable ({})", origin_, dir_, std::strerror(err)));
+  ::close(pfd);
+  ::unlink(probe.c_str());
+}
+
+RunDirClaim RunDirClaim::at(const std::string& dir, const std::string& origin) {
+  std::string top = outermost_missing(dir);
+  create_dirs(dir, origin, dir);
+  RunDirClaim c(dir, top, origin);
+  c.lock();
+  return c;
+}
+
+RunDirClaim RunDirClaim::next_version(const std::string& root, const std::string& name) {
+  const std::string origin = "trainer.default_root_dir:";
+  const fs::path base = fs::path(root) / name;
+  std::string top = outermost_missing(base);
+  create_dirs(base, origin, (base / "version_0").string());
+  int64_t next = 0;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(base, ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind("version_", 0) != 0 || n.size() == 8 || n.find_first_not_of("0123456789", 8) != std::string::npos) continue;
+    try {
+      next = std::max<int64_t>(next, std::stoll(n.substr(8)) + 1);
+    } catch (const std::exception&) {
+    }
+  }
+  // mkdir without -p is the claim: EEXIST means another run took this number first.
+  for (int attempt = 0; attempt < 100000; ++attempt, ++next) {
+    const std::string dir = (base / fmt::format("version_{}", next)).string();
+    if (::mkdir(dir.c_str(), 0777) == 0) {
+      RunDirClaim c(dir, top.empty() ? dir : top, origin);
+      c.lock();
+      return c;
+    }
+    if (errno != EEXIST)
+      throw RunDirError(fmt::format("{} {}: cannot create the run directory ({})", origin, dir, std::strerror(errno)));
+  }
+  throw RunDirError(fmt::format("{} {}: no free version_<n> directory", origin, base.string()));
+}
+
+std::vector<std::string> RunDirClaim::run_files() const {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const char* f : {"config.yaml", "metrics.csv"})
+    if (fs::exists(fs::path(dir_) / f, ec)) out.push_back(f);
+  for (const auto& e : fs::directory_iterator(fs::path(dir_) / "checkpoints", ec))
+    if (e.path().extension() == ".ckpt") out.push_back("checkpoints/" + e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+void RunDirClaim::remove_run_files() const {
+  std::error_code ec;
+  const fs::path d(dir_);
+  for (const char* f : {"config.yaml", "metrics.csv"}) fs::remove(d / f, ec);
+  for (const auto& e : fs::directory_iterator(d, ec))
+    if (e.path().filename().string().rfind("events.out.tfevents.", 0) == 0) fs::remove(e.path(), ec);
+  std::vector<fs::path> ckpts;
+  for (const auto& e : fs::directory_iterator(d / "checkpoints", ec))
+    if (e.path().extension() == ".ckpt") ckpts.push_back(e.path());
+  for (const auto& p : ckpts) fs::remove(p, ec);
+  ::rmdir((d / "checkpoints").c_str());
+  std::vector<fs::path> captures;
+  for (const auto& e : fs::directory_iterator(d / "nan", ec))
+    if (e.is_directory() && e.path().filename().string().rfind("step_", 0) == 0) captures.push_back(e.path());
+  for (const auto& p : captures) checkpoint::remove_tree(p.string());
+  ::rmdir((d / "nan").c_str());
+}
+
+void check_run_dir_free(const RunDirClaim& claim, const std::string& origin, const std::optional<std::string>& ckpt,
+                        bool overwrite) {
+  const auto files = claim.run_files();
+  if (files.empty()) return;
+  if (ckpt) {
+    // Resuming the run that lives here: its checkpoint lies inside it.
+    const std::string dir = real_path(claim.dir()) + "/";
+    if (real_path(*ckpt).rfind(dir, 0) == 0) return;
+  }
+  if (overwrite) {
+    claim.remove_run_files();
+    return;
+  }
+  std::string list;
+  for (size_t i = 0; i < files.size() && i < 3; ++i) list += (i ? ", " : "") + files[i];
+  if (files.size() > 3) list += fmt::format(" and {} more", files.size() - 3);
+  throw RunDirError(fmt::format("{} {}: already holds a run ({}); to continue it pass --ckpt {}/checkpoints/last.ckpt, to "
+                                "start over in it pass --overwrite, or choose another directory",
+                                origin, claim.dir(), list, claim.dir()));
+}
+
+}  // namespace strobe
