@@ -7,6 +7,7 @@
 // directory is kept as an absolute path with the run directory that wrote it, and only files this
 // run directory wrote there are ever deleted.
 #include <filesystem>
+#include <utility>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -14,6 +15,7 @@
 
 #include "framework/checkpoint/checkpoint_io.h"
 #include "framework/core/callback.h"
+#include "framework/core/fault_points.h"
 #include "framework/core/trainer.h"
 
 namespace strobe {
@@ -36,34 +38,49 @@ class ModelCheckpoint : public Callback {
       fmt::print(stderr, "strobe: removed {} partial checkpoint(s) a killed writer left in {}\n", stale.size(), dir(t));
   }
 
-  void on_train_batch_end(Trainer& t, Module&, const torch::Tensor&, const Batch&, int64_t) override {
-    if (!enabled(t) || every_n_steps_ <= 0) return;
-    const auto step = t.state().global_step;
-    if (step == 0 || step % every_n_steps_ != 0 || step == last_step_saved_) return;
-    if (monitor_.empty()) {
-      save_topk(t, static_cast<double>(step), fmt::format("step={}", step));
-    } else if (auto v = t.rank0_value(value(t))) {  // data parallel: rank 0's reading decides (step values are per rank)
-      save_topk(t, *v, fmt::format("step={}-{}={:.4f}", step, sanitize(monitor_), *v));
-    }
-    save_last(t);
-  }
-
+  // Validation and the epoch's end are only noted; the files are written once the step has logged
+  // everything (on_train_batch_complete), so a checkpoint is named and ranked by its own step's
+  // validation and holds its whole log.
   void on_validation_end(Trainer& t, Module&) override {
     if (!enabled(t) || t.sanity_checking() || monitor_.empty() || every_n_steps_ > 0) return;
-    auto v = value(t);
-    if (!v) {
+    if (!value(t)) {
       std::string known;
       for (const auto& kv : t.metrics()) known += (known.empty() ? "" : ", ") + kv.first;
       throw std::runtime_error(fmt::format("model_checkpoint: monitor '{}' was not logged (logged: {})", monitor_, known));
     }
-    save_topk(t, *v, fmt::format("epoch={}-step={}-{}={:.4f}", t.state().epoch, t.state().global_step, sanitize(monitor_), *v));
-    save_last(t);
+    validated_ = true;
   }
 
   void on_train_epoch_end(Trainer& t, Module&) override {
+    if (enabled(t)) epoch_ended_ = true;
+  }
+
+  void on_train_batch_complete(Trainer& t, Module&) override {
+    const bool validated = std::exchange(validated_, false), epoch_ended = std::exchange(epoch_ended_, false);
     if (!enabled(t)) return;
-    if (monitor_.empty() && every_n_steps_ <= 0 && (t.state().epoch + 1) % every_n_epochs_ == 0)
-      save_topk(t, static_cast<double>(t.state().global_step), fmt::format("epoch={}-step={}", t.state().epoch, t.state().global_step));
+    const auto& s = t.state();
+    bool saved = false;
+    if (every_n_steps_ > 0) {
+      if (s.global_step != 0 && s.global_step % every_n_steps_ == 0 && s.global_step != last_step_saved_) {
+        saved = true;
+        if (monitor_.empty()) {
+          save_topk(t, static_cast<double>(s.global_step), fmt::format("step={}", s.global_step));
+        } else if (auto v = t.rank0_value(value(t))) {  // data parallel: rank 0's reading decides (step values are per rank)
+          save_topk(t, *v, fmt::format("step={}-{}={:.4f}", s.global_step, sanitize(monitor_), *v));
+        }
+      }
+    } else if (validated) {
+      saved = true;
+      if (auto v = value(t))
+        save_topk(t, *v, fmt::format("epoch={}-step={}-{}={:.4f}", s.epoch, s.global_step, sanitize(monitor_), *v));
+    }
+    if (epoch_ended) {
+      saved = true;
+      if (monitor_.empty() && every_n_steps_ <= 0 && (s.epoch + 1) % every_n_epochs_ == 0)
+        save_topk(t, static_cast<double>(s.global_step), fmt::format("epoch={}-step={}", s.epoch, s.global_step));
+    }
+    if (!saved) return;
+    fault_point("after_topk", s.global_step);
     save_last(t);
   }
 
@@ -186,6 +203,7 @@ class ModelCheckpoint : public Callback {
   std::string best_path_;
   std::map<std::string, std::string> writers_;  // kept files outside the run directory -> the run directory that wrote them
   int64_t last_step_saved_ = -1;
+  bool validated_ = false, epoch_ended_ = false;  // during the current step
 };
 
 std::shared_ptr<Callback> make_model_checkpoint(config::Section& cfg) {

@@ -45,6 +45,10 @@ class Callback {
   virtual void on_train_epoch_end(Trainer&, Module&) {}
   virtual void on_train_batch_start(Trainer&, Module&, const Batch&, int64_t /*batch_idx*/) {}
   virtual void on_train_batch_end(Trainer&, Module&, const torch::Tensor& /*loss*/, const Batch&, int64_t /*batch_idx*/) {}
+  // After everything a training batch logs: every on_train_batch_end, the validation it triggers
+  // and, on an epoch's last batch, the epoch's end (on_train_epoch_end). Checkpoints are written
+  // here, so a checkpoint always holds its step's whole log (docs/ARCHITECTURE.md, "The end of a step").
+  virtual void on_train_batch_complete(Trainer&, Module&) {}
   virtual void on_validation_start(Trainer&, Module&) {}
   virtual void on_validation_end(Trainer&, Module&) {}
   virtual void on_validation_epoch_start(Trainer&, Module&) {}

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include "framework/core/fault_points.h"
 #include "framework/core/precision.h"
 #include "framework/core/signals.h"
 #include "framework/core/trainer.h"
@@ -111,21 +112,27 @@ void Trainer::train_epoch() {
     ++state_.batches_seen;
     const bool last = state_.batch_in_epoch >= num_train_batches_;
     if (last) state_.epoch_done = true;
+    // The end of a step, in this order (docs/ARCHITECTURE.md): the batch hooks, the validation it
+    // triggers, the epoch's end, and only then the checkpoints, which thus hold everything it logged.
     each([&](Callback& cb) { cb.on_train_batch_end(*this, *module_, loss, host_batch, idx); });
+    fault_point("before_validation", state_.global_step);
     if (should_validate_now(state_.batch_in_epoch, last)) {
       run_eval(Stage::Validate, -1, false);
       module_->net().train();
     }
+    if (last) {
+      module_->on_train_epoch_end();
+      collector_->set_training(true);
+      collector_->end_epoch(state_.global_step, state_.epoch, false);
+      each([&](Callback& cb) { cb.on_train_epoch_end(*this, *module_); });
+    }
+    fault_point("before_checkpoint", state_.global_step);
+    each([&](Callback& cb) { cb.on_train_batch_complete(*this, *module_); });
+    fault_point("after_checkpoint", state_.global_step);
     if (last) break;
     if (accum_count_ == 0 && done()) break;
   }
   train_loader_->stop();
-  if (state_.epoch_done) {
-    module_->on_train_epoch_end();
-    collector_->set_training(true);
-    collector_->end_epoch(state_.global_step, state_.epoch, false);
-    each([&](Callback& cb) { cb.on_train_epoch_end(*this, *module_); });
-  }
   share_stop_code(/*blocking=*/true);  // every rank leaves the epoch here: agree on stopping now
 }
 

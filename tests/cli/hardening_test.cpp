@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <map>
+#include <sstream>
 #include <regex>
 #include <set>
 
@@ -548,6 +550,82 @@ TEST(CliRunDir, ARefusedRunLeavesNoClaimedVersion) {
                  "/runs --set trainer.max_steps=2");
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(files_in(root + "/runs/tiny"), (std::vector<std::string>{"version_0"}));
+}
+
+// --- the end of a step: validation, then checkpoints --------------------------------------------
+
+namespace {
+
+// Every cell of metrics.csv: step -> column -> text (the epoch column included).
+std::map<int64_t, std::map<std::string, std::string>> csv_cells(const std::string& path) {
+  std::map<int64_t, std::map<std::string, std::string>> rows;
+  std::ifstream in(path);
+  std::string header;
+  std::getline(in, header);
+  const auto cols = split_any(header, ",");
+  for (std::string line; std::getline(in, line);) {
+    std::vector<std::string> cells;
+    std::stringstream ls(line + ",");
+    for (std::string c; std::getline(ls, c, ',');) cells.push_back(c);
+    for (size_t i = 1; i < cells.size() && i < cols.size(); ++i)
+      if (!cells[i].empty()) rows[std::stoll(cells[0])][cols[i]] = cells[i];
+  }
+  return rows;
+}
+
+// Validation and checkpoints every 3 steps, the learning rate logged, an epoch ending at step 12.
+std::string step_end_yaml() {
+  return std::regex_replace(tiny_yaml("  val_check_interval: 3\n  max_steps: 15\n"), std::regex("num_sanity_val_steps: 1"), "num_sanity_val_steps: 0") +
+         "callbacks:\n  - name: model_checkpoint\n    monitor: val/loss\n    every_n_steps: 3\n    save_top_k: 2\n"
+         "  - name: lr_monitor\n";
+}
+
+}  // namespace
+
+// A step that validates writes its checkpoint after the validation: the file is named and ranked by
+// that step's val/loss, and top-k keeps the files of the best validations.
+TEST(CliStepEnd, ACheckpointIsNamedAndRankedByItsOwnStepsValidation) {
+  const std::string cfg = write_config(step_end_yaml());
+  const std::string dir = temp_dir("named");
+  auto r = strobe_cmd("fit -c " + cfg + " --run-dir " + dir);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto val = read_csv(dir + "/metrics.csv", "val/loss");
+  ASSERT_EQ(val.size(), 5u);
+  std::vector<std::pair<double, std::string>> ranked;
+  for (const auto& [step, cols] : val)
+    ranked.emplace_back(std::stod(cols.at("val/loss")), fmt::format("step={}-val_loss={:.4f}.ckpt", step, std::stod(cols.at("val/loss"))));
+  std::sort(ranked.begin(), ranked.end());
+  std::vector<std::string> expect = {ranked[0].second, ranked[1].second, "last.ckpt"};
+  std::sort(expect.begin(), expect.end());
+  EXPECT_EQ(files_in(dir + "/checkpoints"), expect);
+  EXPECT_NE(r.out.find("  best checkpoint: " + dir + "/checkpoints/" + ranked[0].second + " (val/loss="), std::string::npos) << r.out;
+}
+
+// kill -9 at each point of a step's end (a deterministic fault hook, not a sleep), then resume:
+// metrics.csv equals an uninterrupted run's, every column (validation and lr included), and the
+// resumed run ends with the same checkpoints and the same best one.
+TEST(CliStepEnd, KillAtEachPointOfAStepsEndThenResumeLosesNothing) {
+  const std::string cfg = write_config(step_end_yaml());
+  const std::string straight = temp_dir("straight");
+  auto r = strobe_cmd("fit -c " + cfg + " --run-dir " + straight);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto expect = csv_cells(straight + "/metrics.csv");
+  ASSERT_EQ(expect.size(), 15u);
+  ASSERT_TRUE(expect.at(6).count("val/loss") && expect.at(6).count("lr")) << slurp(straight + "/metrics.csv");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.out, m, std::regex(R"(  best checkpoint: \S+/(step=\S+\.ckpt))"))) << r.out;
+  const std::string best = m[1];
+  for (const std::string point : {"before_validation@6", "before_checkpoint@6", "after_topk@6", "after_checkpoint@6",
+                                  "before_checkpoint@12", "after_checkpoint@12"}) {
+    const std::string dir = temp_dir("killed");
+    r = shell_cmd("STROBE_FAULT_AT=" + point + " ", "fit -c " + cfg + " --run-dir " + dir);
+    ASSERT_EQ(r.code, 128 + SIGKILL) << point << "\n" << r.err;
+    r = strobe_cmd("fit -c " + cfg + " --ckpt " + dir + "/checkpoints/last.ckpt");
+    ASSERT_EQ(r.code, 0) << point << "\n" << r.err;
+    EXPECT_EQ(csv_cells(dir + "/metrics.csv"), expect) << point << "\n" << slurp(dir + "/metrics.csv");
+    EXPECT_EQ(files_in(dir + "/checkpoints"), files_in(straight + "/checkpoints")) << point;
+    EXPECT_NE(r.out.find("  best checkpoint: " + dir + "/checkpoints/" + best), std::string::npos) << point << "\n" << r.out;
+  }
 }
 
 // --- resume compatibility -------------------------------------------------------------------

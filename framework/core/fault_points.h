@@ -1,0 +1,16 @@
+// Deterministic crash points, for tests of what a kill -9 leaves behind.
+//
+// STROBE_FAULT_AT=<point>@<step> makes the process SIGKILL itself the first time it reaches <point>
+// with the trainer's global step equal to <step>: exactly what `kill -9` does, at an exact place
+// instead of after a sleep. Points at the end of a training step, in order (docs/ARCHITECTURE.md,
+// "The end of a step"): before_validation, before_checkpoint, after_topk (model_checkpoint: the
+// top-k file written, last.ckpt not yet), after_checkpoint. Unset (always, outside tests): nothing.
+#pragma once
+
+#include <cstdint>
+
+namespace strobe {
+
+void fault_point(const char* point, int64_t step);
+
+}  // namespace strobe
