@@ -148,6 +148,11 @@ class NaNCapture : public Callback {
     // Entries beyond the ring depth that are still unresolved are kept until their copy lands.
   }
 
+  // One step numbering everywhere (docs/NAN_CAPTURE.md): a step's number is the global step once it
+  // has run, i.e. its metrics.csv row, TensorBoard step, console line and capture directory.
+  // e.loop holds the counters at the step's start (the steps completed before it).
+  static int64_t step_number(const RingEntry& e) { return e.loop.global_step + 1; }
+
   std::vector<std::string> nonfinite_grads(const RingEntry& e) const {
     std::vector<std::string> names;
     if (!e.record.grad_norms.defined() || !e.record.grad_names) return names;
@@ -160,7 +165,7 @@ class NaNCapture : public Callback {
 
   void on_nonfinite(Trainer& t, RingEntry& e, bool loss_bad, bool grads_bad) {
     const std::string what = loss_bad && grads_bad ? "loss and gradients" : loss_bad ? "loss" : "gradients";
-    const int64_t step = e.loop.global_step;
+    const int64_t step = step_number(e);
     const bool capture = stop_ || (max_skips_ > 0 && skips_ >= max_skips_);
     if (!capture) {
       ++skips_;
@@ -171,7 +176,7 @@ class NaNCapture : public Callback {
         fmt::print(stderr, "nan_capture: non-finite {} at step {} (epoch {}, batch {}): step skipped ({} so far){}\n", what,
                    step, e.loop.epoch, e.loop.batch_in_epoch, skips_,
                    grads.empty() ? "" : fmt::format("; first non-finite gradient: {}", grads.front()));
-      t.log_host({{"train/skipped_steps", static_cast<double>(skips_)}});
+      t.log_host_at(step, e.loop.epoch, {{"train/skipped_steps", static_cast<double>(skips_)}});  // the skipped step's own row
       if (max_skips_ > 0 && skips_ >= max_skips_) {
         // The budget is spent: from now on a bad step is kept (sticky) and captured exactly.
         StepGuard g;
@@ -235,7 +240,8 @@ class NaNCapture : public Callback {
                         {"dtype", std::string(c10::toString(host.scalar_type()))}});
     }
     const auto grads = nonfinite_grads(e);
-    nlohmann::json info = {{"global_step", e.loop.global_step},
+    nlohmann::json info = {{"step", step_number(e)},
+                           {"global_step", e.loop.global_step},
                            {"epoch", e.loop.epoch},
                            {"batch_in_epoch", e.loop.batch_in_epoch},
                            {"batch_indices", e.batch_indices},
@@ -253,8 +259,8 @@ class NaNCapture : public Callback {
     // Data parallel: every rank writes its own capture (its micro-batches and RNG, the weights every
     // rank shares): rank 0 to <dir>/step_<N>, rank r to <dir>/rank<r>/step_<N>.
     const fs::path base = t.is_global_zero() ? fs::path(dirpath_) : fs::path(dirpath_) / fmt::format("rank{}", t.rank());
-    const fs::path final_dir = base / fmt::format("step_{}", e.loop.global_step);
-    const fs::path tmp = base / fmt::format(".step_{}.tmp", e.loop.global_step);
+    const fs::path final_dir = base / fmt::format("step_{}", step_number(e));
+    const fs::path tmp = base / fmt::format(".step_{}.tmp", step_number(e));
     checkpoint::remove_tree(tmp.string());
     fs::create_directories(tmp);
     checkpoint::save_checkpoint_file((tmp / capture::kCheckpointFile).string(), d);
@@ -262,7 +268,7 @@ class NaNCapture : public Callback {
     {
       std::ofstream s(tmp / "summary.txt");
       s << fmt::format("Non-finite {} at step {} (epoch {}, batch {} of the epoch), {} micro-batch(es), device {}, precision {}.\n",
-                       loss_bad && grads_bad ? "loss and gradients" : loss_bad ? "loss" : "gradients", e.loop.global_step,
+                       loss_bad && grads_bad ? "loss and gradients" : loss_bad ? "loss" : "gradients", step_number(e),
                        e.loop.epoch, e.loop.batch_in_epoch, e.batches.size(), t.device().str(), t.config().precision);
       for (size_t i = 0; i < losses.size(); ++i) s << fmt::format("loss of micro-batch {}: {}\n", i, losses[i]["value"].get<std::string>());
       if (!grads.empty()) {

@@ -167,6 +167,7 @@ nlohmann::json replay_capture(const std::string& path, const ReplayOptions& opti
   if (!grads_checked) notes.push_back("the gradients were not checked during training: only the loss bits are compared");
 
   nlohmann::json report = {{"capture", dir},
+                           {"step", info.value("step", info.value("global_step", int64_t{-1}) + 1)},
                            {"global_step", info.value("global_step", int64_t{-1})},
                            {"epoch", info.value("epoch", int64_t{-1})},
                            {"batch_in_epoch", info.value("batch_in_epoch", int64_t{-1})},
@@ -186,7 +187,7 @@ nlohmann::json replay_capture(const std::string& path, const ReplayOptions& opti
 
 std::string format_replay_report(const nlohmann::json& r) {
   std::string out = fmt::format("Replay of {}\n  step {} (epoch {}, batch {} of the epoch), captured on {}, replayed on {}, precision {}\n",
-                                r["capture"].get<std::string>(), r["global_step"].get<int64_t>(), r["epoch"].get<int64_t>(),
+                                r["capture"].get<std::string>(), r["step"].get<int64_t>(), r["epoch"].get<int64_t>(),
                                 r["batch_in_epoch"].get<int64_t>(), r["captured_on"].get<std::string>(),
                                 r["replayed_on"].get<std::string>(), r["precision"].get<std::string>());
   const auto& loss = r["loss"];

@@ -97,6 +97,10 @@ void Trainer::log_host(const std::vector<std::pair<std::string, double>>& values
   collector_->emit_host(state_.global_step, state_.epoch, values);
 }
 
+void Trainer::log_host_at(int64_t step, int64_t epoch, const std::vector<std::pair<std::string, double>>& values) {
+  collector_->emit_host(step, epoch, values);
+}
+
 int64_t Trainer::estimated_stepping_batches() const {
   const auto& c = exp_.trainer;
   int64_t per_epoch = (num_train_batches_ + c.accumulate_grad_batches - 1) / c.accumulate_grad_batches;

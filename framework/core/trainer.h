@@ -138,6 +138,8 @@ class Trainer {
   void add_metric_consumer(logging::MetricConsumer* consumer);
   // Host-side values (learning rate, throughput): delivered to the loggers at once.
   void log_host(const std::vector<std::pair<std::string, double>>& values);
+  // The same for a given step's row (a callback that learns of a step's outcome later).
+  void log_host_at(int64_t step, int64_t epoch, const std::vector<std::pair<std::string, double>>& values);
 
   void set_resolved_config(std::string yaml) { config_yaml_ = std::move(yaml); }
   void save_checkpoint(const std::string& path);

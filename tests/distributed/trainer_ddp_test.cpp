@@ -327,15 +327,15 @@ TEST(TrainerDDP, NaNOnOneRankStopsBothWithExit3) {
   EXPECT_EQ(j0["global_step"], j1["global_step"]);
   EXPECT_LT(j0["global_step"].get<int64_t>(), 6);
   const std::string run_dir = j0["run_dir"];
-  // Micro-batch 5 belongs to optimizer step 3: the capture names global step 2 (its start).
+  // Micro-batch 5 belongs to optimizer step 3: the capture is named after it.
   auto info = [&](const std::string& d) {
     auto data = checkpoint::load_checkpoint_file(d + "/" + capture::kCheckpointFile);
     return nlohmann::json::parse(data.blob("capture"));
   };
-  ASSERT_TRUE(fs::exists(run_dir + "/nan/step_2")) << describe(rs);
-  ASSERT_TRUE(fs::exists(run_dir + "/nan/rank1/step_2")) << describe(rs);
-  EXPECT_FALSE(info(run_dir + "/nan/step_2")["loss_nonfinite"].get<bool>());
-  EXPECT_TRUE(info(run_dir + "/nan/rank1/step_2")["loss_nonfinite"].get<bool>());
+  ASSERT_TRUE(fs::exists(run_dir + "/nan/step_3")) << describe(rs);
+  ASSERT_TRUE(fs::exists(run_dir + "/nan/rank1/step_3")) << describe(rs);
+  EXPECT_FALSE(info(run_dir + "/nan/step_3")["loss_nonfinite"].get<bool>());
+  EXPECT_TRUE(info(run_dir + "/nan/rank1/step_3")["loss_nonfinite"].get<bool>());
   for (auto& [k, v] : model_tensors(run_dir + "/checkpoints/last.ckpt"))
     EXPECT_TRUE(torch::isfinite(v).all().item<bool>()) << k << " is not finite in last.ckpt";
   EXPECT_EQ(count_lines_with(rs[0].stderr_text, "nan_capture: capture written to"), 1) << rs[0].stderr_text;

@@ -273,7 +273,7 @@ TEST(CudaGraphs, NanCaptureUnderGraphsStopsAtTheFailingStepWithTheWeightsOfAnEag
     auto run = make_run(probe_yaml(threshold), {std::string("trainer.cuda_graphs=") + (graphed ? "true" : "false")}, dir);
     ASSERT_EQ(run->trainer->fit(), 3) << "graphed=" << graphed << ": a NaN stops the run with exit status 3";
     if (graphed) EXPECT_GT(run->trainer->graph_replays(), 3);
-    const std::string cap = fmt::format("{}/nan/step_{}", dir, bad);
+    const std::string cap = fmt::format("{}/nan/step_{}", dir, bad + 1);  // batch `bad` (0-based) is step bad + 1
     ASSERT_TRUE(std::filesystem::exists(cap + "/capture.ckpt")) << "graphed=" << graphed << ": no capture of step " << bad;
     auto data = checkpoint::load_checkpoint_file(cap + "/capture.ckpt");
     for (auto& [k, t] : data.tensors)

@@ -202,11 +202,13 @@ TEST(NanCapture, ForwardNaNStopsWithExit3AndCapturesPreCorruptionState) {
     auto run = make_run(probe_yaml("forward", thr, "[{name: nan_capture}]"), dir);
     EXPECT_EQ(run->trainer->fit(), 3);
   }
-  const fs::path cap = fs::path(dir) / "nan" / fmt::format("step_{}", bad);
+  // Batch `bad` (0-based) is step bad + 1: its metrics.csv row and its capture's name.
+  const fs::path cap = fs::path(dir) / "nan" / fmt::format("step_{}", bad + 1);
   ASSERT_TRUE(fs::exists(cap / capture::kCheckpointFile)) << cap;
   auto d = checkpoint::load_checkpoint_file((cap / capture::kCheckpointFile).string());
   auto info = nlohmann::json::parse(d.blob("capture"));
-  EXPECT_EQ(info["global_step"], bad);
+  EXPECT_EQ(info["step"], bad + 1);
+  EXPECT_EQ(info["global_step"], bad);  // the steps completed before it (the loop state restored)
   EXPECT_TRUE(info["loss_nonfinite"].get<bool>());
   EXPECT_EQ(capture::get_batches(d).size(), 1u);
 
