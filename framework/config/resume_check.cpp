@@ -59,7 +59,13 @@ const char* incompatible_reason(const std::string& key) {
       {"task.name", "the saved state belongs to the other task"},
   };
   auto it = reasons.find(key);
-  return it == reasons.end() ? nullptr : it->second;
+  if (it != reasons.end()) return it->second;
+  // The optimizer's saved state restores its own hyper-parameters (lr, weight decay, betas, ...):
+  // a changed value would be listed as a change and silently not applied.
+  if (key.rfind("optimizer.", 0) == 0)
+    return "a resumed optimizer keeps the checkpoint's hyper-parameters; to train with new ones, start a new run from "
+           "these weights";
+  return nullptr;
 }
 
 }  // namespace
@@ -95,7 +101,7 @@ ResumeCheck compare_for_resume(const std::string& checkpoint_yaml, const std::st
   ResumeCheck r;
   for (auto& c : changes) {
     bool implied = false;
-    for (const auto& section : renamed) implied |= c.key.rfind(section, 0) == 0 && !incompatible_reason(c.key);
+    for (const auto& section : renamed) implied |= c.key.rfind(section, 0) == 0 && c.key != section + "name";
     if (implied) continue;
     if (const char* why = incompatible_reason(c.key)) {
       c.why = why;

@@ -1,7 +1,8 @@
 // Resume compatibility: the resolved config saved in a checkpoint against the config of the run
 // that wants to continue from it. Changes that make the saved state meaningless for the new run
-// (another optimizer or scheduler, another precision, another model or task) are refused before any
-// state is loaded; the rest (max_steps, lr, logging, callbacks, ...) are allowed and listed. Changes
+// (another optimizer or scheduler, another optimizer hyper-parameter, another precision, another
+// model or task) are refused before any state is loaded; the rest (max_steps, logging, callbacks,
+// ...) are allowed and listed. Changes
 // of other model keys are allowed only while every parameter keeps its shape: the caller, which has
 // the tensors, decides (model_changes below). No torch here.
 #pragma once

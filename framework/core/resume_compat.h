@@ -2,7 +2,7 @@
 // any state of a checkpoint is restored for training, its resolved config is compared with the
 // current one. Another optimizer, scheduler, precision, model or task, or model keys that change a
 // parameter's shape, are refused with a CheckpointError naming each change and why (exit 2 in the
-// CLI, instead of an assertion deep in torch's optimizer loading); other changes (max_steps, lr,
+// CLI, instead of an assertion deep in torch's optimizer loading); other changes (max_steps,
 // logging, callbacks, ...) are allowed and returned for the caller to list.
 #pragma once
 

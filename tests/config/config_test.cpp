@@ -320,6 +320,13 @@ TEST(ResumeCheck, AnotherOptimizerHidesTheKeysThatComeWithIt) {
   ASSERT_EQ(r.incompatible.size(), 1u);
   EXPECT_EQ(r.incompatible[0].text(), "optimizer.name: adamw -> sgd");
   EXPECT_EQ(strobe::config::join_changes(r.allowed), "trainer.max_steps: 2 -> 5");
+  // The same optimizer with other hyper-parameters: its saved state would restore the old ones.
+  auto hyper = strobe::config::compare_for_resume("optimizer:\n  name: adamw\n  lr: 0.01\n  weight_decay: 0.01\n",
+                                                  "optimizer:\n  name: adamw\n  lr: 0.001\n  weight_decay: 0.01\n");
+  ASSERT_EQ(hyper.incompatible.size(), 1u);
+  EXPECT_EQ(hyper.incompatible[0].text(), "optimizer.lr: 0.01 -> 0.001");
+  EXPECT_NE(hyper.incompatible[0].why.find("keeps the checkpoint's hyper-parameters"), std::string::npos);
+  EXPECT_TRUE(hyper.allowed.empty());
   auto lists = strobe::config::compare_for_resume("model:\n  hidden:\n    - 32\n    - 16\n", "model:\n  hidden: [8]\n");
   ASSERT_EQ(lists.model_changes.size(), 1u);
   EXPECT_EQ(lists.model_changes[0].text(), "model.hidden: [32, 16] -> [8]");
