@@ -17,7 +17,7 @@
 #include <torch/torch.h>
 
 #include "bench/lib/bench.h"
-#include "data/data_error.h"
+#include "framework/data/data_error.h"
 #include "framework/checkpoint/checkpoint_io.h"
 #include "framework/config/config.h"
 #include "framework/core/capture.h"

@@ -20,7 +20,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
-#include "data/dataset.h"
+#include "framework/data/dataset.h"
 #include "data/image_codec.h"
 #include "data/image_folder.h"
 #include "data/image_transforms.h"

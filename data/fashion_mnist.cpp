@@ -7,8 +7,8 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
-#include "data/data_error.h"
-#include "data/dataset.h"
+#include "framework/data/data_error.h"
+#include "framework/data/dataset.h"
 #include "data/idx_file.h"
 #include "framework/core/datamodule.h"
 

@@ -13,7 +13,7 @@
 
 #include <fmt/format.h>
 
-#include "data/data_error.h"
+#include "framework/data/data_error.h"
 
 namespace strobe::data {
 namespace {

@@ -12,7 +12,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
-#include "data/dataset.h"
+#include "framework/data/dataset.h"
 #include "data/image_codec.h"
 #include "data/image_transforms.h"
 #include "data/synthetic_rng.h"

@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "data/data_error.h"
+#include "framework/data/data_error.h"
 #include "framework/config/config.h"
 
 namespace strobe::data {

@@ -13,7 +13,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
-#include "data/dataset.h"
+#include "framework/data/dataset.h"
 #include "data/synthetic_rng.h"
 #include "framework/core/datamodule.h"
 

@@ -4,7 +4,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
-#include "data/dataset.h"
+#include "framework/data/dataset.h"
 #include "framework/core/datamodule.h"
 
 namespace strobe::data {

@@ -4,8 +4,8 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
-#include "data/collate_tokens.h"
-#include "data/dataset.h"
+#include "framework/data/collate_tokens.h"
+#include "framework/data/dataset.h"
 #include "data/synthetic_rng.h"
 #include "framework/core/datamodule.h"
 

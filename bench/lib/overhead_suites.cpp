@@ -5,7 +5,7 @@
 
 #include "bench/lib/bench.h"
 #include "framework/config/config.h"
-#include "framework/core/batch.h"
+#include "framework/data/batch.h"
 #include "framework/core/experiment_builder.h"
 #include "framework/core/precision.h"
 #include "framework/metrics/aggregation.h"

@@ -19,7 +19,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
-#include "data/data_error.h"
+#include "framework/data/data_error.h"
 #include "data/idx_file.h"
 #include "data/image_codec.h"
 #include "data/image_folder.h"

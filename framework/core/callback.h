@@ -11,7 +11,7 @@
 #include <nlohmann/json_fwd.hpp>
 #include <torch/types.h>
 
-#include "framework/core/batch.h"
+#include "framework/data/batch.h"
 #include "framework/core/datamodule.h"
 #include "framework/core/registry.h"
 

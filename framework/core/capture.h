@@ -18,7 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "framework/core/batch.h"
+#include "framework/data/batch.h"
 
 namespace strobe {
 

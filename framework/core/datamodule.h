@@ -9,8 +9,8 @@
 #include <optional>
 #include <string>
 
-#include "data/loader.h"
-#include "framework/core/batch.h"
+#include "framework/data/loader.h"
+#include "framework/data/batch.h"
 #include "framework/core/registry.h"
 
 namespace strobe {

@@ -14,7 +14,7 @@
 #include <c10/core/Stream.h>
 #include <torch/types.h>
 
-#include "framework/core/batch.h"
+#include "framework/data/batch.h"
 
 namespace strobe {
 

@@ -21,7 +21,7 @@
 
 #include <torch/types.h>
 
-#include "framework/core/batch.h"
+#include "framework/data/batch.h"
 #include "framework/core/module.h"
 #include "framework/core/step_pipeline.h"
 

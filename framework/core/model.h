@@ -8,7 +8,7 @@
 
 #include <torch/nn/module.h>
 
-#include "framework/core/batch.h"
+#include "framework/data/batch.h"
 #include "framework/core/registry.h"
 
 namespace strobe {

@@ -14,10 +14,11 @@
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
-#include "framework/core/batch.h"
+#include "framework/data/batch.h"
 #include "framework/core/datamodule.h"
 #include "framework/core/model.h"
 #include "framework/core/registry.h"
+#include "framework/logging/log_sink.h"
 
 namespace strobe {
 
@@ -26,19 +27,6 @@ class MetricCollection;
 }
 
 class LRScheduler;
-
-struct LogOptions {
-  std::optional<bool> on_step;   // default: true in training, false otherwise
-  std::optional<bool> on_epoch;  // default: false in training, true otherwise
-  bool prog_bar = false;
-};
-
-class LogSink {
- public:
-  virtual ~LogSink() = default;
-  virtual void log(const std::string& name, const torch::Tensor& value, const LogOptions& options,
-                   int64_t batch_size) = 0;
-};
 
 struct OptimizerSetup {
   std::shared_ptr<torch::optim::Optimizer> optimizer;

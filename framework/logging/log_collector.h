@@ -16,7 +16,7 @@
 
 #include <torch/types.h>
 
-#include "framework/core/module.h"
+#include "framework/logging/log_sink.h"
 
 namespace strobe::checkpoint {
 struct CheckpointData;

@@ -4,8 +4,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "data/data_error.h"
-#include "data/dataset.h"
+#include "framework/data/data_error.h"
+#include "framework/data/dataset.h"
 #include "data/image_codec.h"
 #include "data/image_folder.h"
 #include "data/image_transforms.h"

@@ -3,7 +3,7 @@
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
-#include "data/collate_tokens.h"
+#include "framework/data/collate_tokens.h"
 #include "framework/tasks/giou_reference.h"
 #include "models/attention.h"
 #include "tests/models/model_test_util.h"

@@ -5,7 +5,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "data/collate_tokens.h"
+#include "framework/data/collate_tokens.h"
 #include "framework/config/config.h"
 #include "framework/core/module.h"
 #include "framework/ops/ops.h"

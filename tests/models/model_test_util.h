@@ -7,7 +7,7 @@
 #include <torch/torch.h>
 
 #include "framework/config/config.h"
-#include "framework/core/batch.h"
+#include "framework/data/batch.h"
 #include "framework/core/model.h"
 
 namespace strobe::testing {

@@ -4,7 +4,7 @@
 
 #include <set>
 
-#include "data/loader.h"
+#include "framework/data/loader.h"
 #include "tests/trainer/trainer_test_util.h"
 
 using namespace strobe;

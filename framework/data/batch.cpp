@@ -1,4 +1,4 @@
-#include "framework/core/batch.h"
+#include "framework/data/batch.h"
 
 #include <stdexcept>
 

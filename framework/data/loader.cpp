@@ -1,11 +1,11 @@
-#include "data/loader.h"
+#include "framework/data/loader.h"
 
 #include <stdexcept>
 
 #include <fmt/format.h>
 #include <torch/torch.h>
 
-#include "data/data_error.h"
+#include "framework/data/data_error.h"
 
 namespace strobe::data {
 

@@ -17,8 +17,8 @@
 #include <thread>
 #include <vector>
 
-#include "data/dataset.h"
-#include "data/sampler.h"
+#include "framework/data/dataset.h"
+#include "framework/data/sampler.h"
 
 namespace strobe::data {
 

@@ -10,7 +10,7 @@
 
 #include <ATen/core/Generator.h>
 
-#include "framework/core/batch.h"
+#include "framework/data/batch.h"
 
 namespace strobe::data {
 

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "data/dataset.h"
+#include "framework/data/dataset.h"
 
 namespace strobe::data {
 

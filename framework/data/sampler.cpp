@@ -1,4 +1,4 @@
-#include "data/sampler.h"
+#include "framework/data/sampler.h"
 
 #include <algorithm>
 #include <numeric>

@@ -1,4 +1,4 @@
-#include "data/data_error.h"
+#include "framework/data/data_error.h"
 
 #include <cstdio>
 

@@ -1,4 +1,4 @@
-#include "data/dataset.h"
+#include "framework/data/dataset.h"
 
 #include <stdexcept>
 

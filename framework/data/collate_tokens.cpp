@@ -1,4 +1,4 @@
-#include "data/collate_tokens.h"
+#include "framework/data/collate_tokens.h"
 
 #include <algorithm>
 #include <stdexcept>
