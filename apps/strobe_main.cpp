@@ -17,12 +17,13 @@
 #include <torch/torch.h>
 
 #include "bench/lib/bench.h"
-#include "framework/data/data_error.h"
 #include "framework/checkpoint/checkpoint_io.h"
 #include "framework/config/config.h"
 #include "framework/core/capture.h"
-#include "framework/core/experiment_builder.h"
 #include "framework/core/signals.h"
+#include "framework/data/data_error.h"
+#include "runner/experiment_builder.h"
+#include "runner/replay.h"
 
 namespace {
 

@@ -11,10 +11,10 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
-#include "framework/data/data_error.h"
-#include "framework/data/dataset.h"
 #include "data/synthetic_rng.h"
 #include "framework/core/datamodule.h"
+#include "framework/data/data_error.h"
+#include "framework/data/dataset.h"
 
 namespace strobe::data {
 namespace {

@@ -20,12 +20,12 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
-#include "framework/data/dataset.h"
 #include "data/image_codec.h"
 #include "data/image_folder.h"
 #include "data/image_transforms.h"
 #include "data/synthetic_rng.h"
 #include "framework/core/datamodule.h"
+#include "framework/data/dataset.h"
 
 namespace strobe::data {
 namespace {

@@ -7,10 +7,10 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
-#include "framework/data/data_error.h"
-#include "framework/data/dataset.h"
 #include "data/idx_file.h"
 #include "framework/core/datamodule.h"
+#include "framework/data/data_error.h"
+#include "framework/data/dataset.h"
 
 namespace strobe::data {
 namespace {

@@ -12,11 +12,11 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
-#include "framework/data/dataset.h"
 #include "data/image_codec.h"
 #include "data/image_transforms.h"
 #include "data/synthetic_rng.h"
 #include "framework/core/datamodule.h"
+#include "framework/data/dataset.h"
 
 namespace strobe::data {
 

@@ -11,8 +11,8 @@
 #include <utility>
 #include <vector>
 
-#include "framework/data/data_error.h"
 #include "framework/config/config.h"
+#include "framework/data/data_error.h"
 
 namespace strobe::data {
 

@@ -4,10 +4,10 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
-#include "framework/data/collate_tokens.h"
-#include "framework/data/dataset.h"
 #include "data/synthetic_rng.h"
 #include "framework/core/datamodule.h"
+#include "framework/data/collate_tokens.h"
+#include "framework/data/dataset.h"
 
 namespace strobe::data {
 namespace {

@@ -15,9 +15,9 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include "framework/core/datamodule.h"
 #include "framework/data/collate_tokens.h"
 #include "framework/data/dataset.h"
-#include "framework/core/datamodule.h"
 
 namespace strobe::data {
 namespace {

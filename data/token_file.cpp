@@ -21,10 +21,10 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include "framework/core/datamodule.h"
 #include "framework/data/collate_tokens.h"
 #include "framework/data/data_error.h"
 #include "framework/data/dataset.h"
-#include "framework/core/datamodule.h"
 
 namespace strobe::data {
 namespace {

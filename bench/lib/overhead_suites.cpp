@@ -5,14 +5,14 @@
 
 #include "bench/lib/bench.h"
 #include "framework/config/config.h"
-#include "framework/data/batch.h"
-#include "framework/core/experiment_builder.h"
 #include "framework/core/precision.h"
+#include "framework/data/batch.h"
 #include "framework/metrics/aggregation.h"
 #include "framework/metrics/classification.h"
 #include "framework/metrics/collection.h"
 #include "framework/metrics/registry.h"
 #include "models/resnet.h"
+#include "runner/experiment_builder.h"
 
 #ifdef STROBE_TORCH_HAS_CUDA
 #include <c10/cuda/CUDAFunctions.h>

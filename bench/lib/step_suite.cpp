@@ -14,9 +14,9 @@
 #include "bench/lib/bench.h"
 #include "framework/config/config.h"
 #include "framework/core/callback.h"
-#include "framework/core/experiment_builder.h"
 #include "framework/core/source_tree.h"
 #include "framework/core/trainer.h"
+#include "runner/experiment_builder.h"
 
 namespace strobe::bench {
 namespace {

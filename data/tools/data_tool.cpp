@@ -19,10 +19,10 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
-#include "framework/data/data_error.h"
 #include "data/idx_file.h"
 #include "data/image_codec.h"
 #include "data/image_folder.h"
+#include "framework/data/data_error.h"
 
 namespace fs = std::filesystem;
 using namespace strobe::data;

@@ -11,9 +11,9 @@
 #include <nlohmann/json_fwd.hpp>
 #include <torch/types.h>
 
-#include "framework/data/batch.h"
 #include "framework/core/datamodule.h"
 #include "framework/core/registry.h"
+#include "framework/data/batch.h"
 
 namespace torch::optim {
 class Optimizer;

@@ -9,14 +9,13 @@
 //                 batch indices, batch meta, loss bits, which checks fired, non-finite gradients)
 //   config.yaml   the resolved config
 //   summary.txt   a short human summary
-// `strobe replay` rebuilds the experiment from it and re-runs the step (replay_capture below).
+// `strobe replay` rebuilds the experiment from it and re-runs the step (runner/replay.h); this part,
+// the files of a capture, is what the nan_capture callback needs.
 #pragma once
 
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "framework/data/batch.h"
 
@@ -39,20 +38,6 @@ std::string resolve_capture_dir(const std::string& path);
 
 // Hex of a tensor's raw bytes (exact loss comparison across processes and devices).
 std::string tensor_bits(const torch::Tensor& t);
-
-struct ReplayOptions {
-  std::optional<std::string> device;  // cpu | cuda | cuda:<i>; default: the device it was captured on
-};
-
-// Re-runs the captured step. The report (JSON) holds: capture, step/epoch/batch indices, devices,
-// exact (same loss bits and same set of non-finite gradients as when captured), the loss and
-// gradient comparisons, first_nonfinite (op, module, phase, input/output statistics; null when the
-// replayed step stayed finite) and notes. Throws checkpoint::CheckpointError / config::ConfigError
-// for a path that is not a capture or a config this build cannot construct.
-nlohmann::json replay_capture(const std::string& path, const ReplayOptions& options);
-
-// The human-readable rendering of a replay report.
-std::string format_replay_report(const nlohmann::json& report);
 
 }  // namespace capture
 }  // namespace strobe

@@ -9,9 +9,9 @@
 #include <optional>
 #include <string>
 
-#include "framework/data/loader.h"
-#include "framework/data/batch.h"
 #include "framework/core/registry.h"
+#include "framework/data/batch.h"
+#include "framework/data/loader.h"
 
 namespace strobe {
 

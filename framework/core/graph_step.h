@@ -21,9 +21,9 @@
 
 #include <torch/types.h>
 
-#include "framework/data/batch.h"
 #include "framework/core/module.h"
 #include "framework/core/step_pipeline.h"
+#include "framework/data/batch.h"
 
 namespace strobe {
 

@@ -8,8 +8,8 @@
 
 #include <torch/nn/module.h>
 
-#include "framework/data/batch.h"
 #include "framework/core/registry.h"
+#include "framework/data/batch.h"
 
 namespace strobe {
 

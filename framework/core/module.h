@@ -14,10 +14,10 @@
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
-#include "framework/data/batch.h"
 #include "framework/core/datamodule.h"
 #include "framework/core/model.h"
 #include "framework/core/registry.h"
+#include "framework/data/batch.h"
 #include "framework/logging/log_sink.h"
 
 namespace strobe {

@@ -4,10 +4,10 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "framework/data/data_error.h"
 #include "data/idx_file.h"
 #include "data/image_codec.h"
 #include "data/image_transforms.h"
+#include "framework/data/data_error.h"
 #include "tests/data/real_data_util.h"
 #include "tests/source_path.h"
 

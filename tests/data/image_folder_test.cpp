@@ -4,11 +4,11 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "framework/data/data_error.h"
-#include "framework/data/dataset.h"
 #include "data/image_codec.h"
 #include "data/image_folder.h"
 #include "data/image_transforms.h"
+#include "framework/data/data_error.h"
+#include "framework/data/dataset.h"
 #include "tests/data/real_data_util.h"
 #include "tests/source_path.h"
 

@@ -5,9 +5,9 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "framework/data/collate_tokens.h"
 #include "framework/config/config.h"
 #include "framework/core/module.h"
+#include "framework/data/collate_tokens.h"
 #include "framework/ops/ops.h"
 #include "tests/models/model_test_util.h"
 

@@ -19,8 +19,9 @@
 
 #include "framework/core/callback.h"
 #include "framework/core/capture.h"
-#include "tests/trainer/trainer_test_util.h"
+#include "runner/replay.h"
 #include "tests/gpu_trainer/cuda_skip.h"
+#include "tests/trainer/trainer_test_util.h"
 
 using namespace strobe;
 using namespace strobe::testing;

@@ -7,8 +7,8 @@
 #include <torch/torch.h>
 
 #include "framework/config/config.h"
-#include "framework/data/batch.h"
 #include "framework/core/model.h"
+#include "framework/data/batch.h"
 
 namespace strobe::testing {
 

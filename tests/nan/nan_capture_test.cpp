@@ -14,9 +14,10 @@
 #include "framework/checkpoint/checkpoint_io.h"
 #include "framework/config/config.h"
 #include "framework/core/capture.h"
-#include "framework/core/experiment_builder.h"
 #include "framework/core/forensics.h"
 #include "framework/core/model.h"
+#include "runner/experiment_builder.h"
+#include "runner/replay.h"
 #include "tests/trainer/trainer_test_util.h"
 
 namespace strobe {

@@ -13,7 +13,7 @@
 
 #include "framework/checkpoint/checkpoint_io.h"
 #include "framework/config/config.h"
-#include "framework/core/experiment_builder.h"
+#include "runner/experiment_builder.h"
 
 namespace strobe::testing {
 

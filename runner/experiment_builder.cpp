@@ -1,4 +1,4 @@
-#include "framework/core/experiment_builder.h"
+#include "runner/experiment_builder.h"
 
 #include <fcntl.h>
 #include <unistd.h>

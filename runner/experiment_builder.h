@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "framework/config/experiment.h"
-#include "framework/core/run_dir.h"
 #include "framework/core/trainer.h"
+#include "runner/run_dir.h"
 
 namespace strobe {
 

@@ -1,4 +1,4 @@
-#include "framework/core/run_dir.h"
+#include "runner/run_dir.h"
 
 #include <fcntl.h>
 #include <sys/file.h>
