@@ -36,7 +36,7 @@ torch::Tensor giou_packed(const torch::Tensor& pred, const torch::Tensor& target
                           const torch::Tensor& offsets, std::string_view reduction = "mean");
 
 // Deprecated names of giou / giou_packed (they return GIoU, not a loss); kept only until
-// framework/tasks/detection.cpp moves to giou().
+// tasks/detection.cpp moves to giou().
 inline torch::Tensor giou_loss(const torch::Tensor& pred, const torch::Tensor& target,
                                std::string_view reduction = "mean") {
   return giou(pred, target, reduction);

@@ -4,8 +4,8 @@
 #include <torch/torch.h>
 
 #include "framework/data/collate_tokens.h"
-#include "framework/tasks/giou_reference.h"
 #include "models/attention.h"
+#include "tasks/giou_reference.h"
 #include "tests/models/model_test_util.h"
 
 namespace strobe {

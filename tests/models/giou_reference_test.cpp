@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "framework/tasks/giou_reference.h"
+#include "tasks/giou_reference.h"
 
 namespace strobe::tasks {
 namespace {

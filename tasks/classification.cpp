@@ -16,7 +16,7 @@
 #include "framework/metrics/collection.h"
 #include "framework/metrics/registry.h"
 #include "framework/ops/ops.h"
-#include "framework/tasks/fused_loss.h"
+#include "tasks/fused_loss.h"
 
 namespace strobe {
 namespace {

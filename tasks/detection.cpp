@@ -1,13 +1,13 @@
 // detection: boxes [B, N, 4] from the model, padded targets in batch["boxes"] [B, N, 4] (a row is a
 // box when its y2 > 0). The loss is 1 - mean GIoU over the valid rows (0 for a batch without boxes),
 // computed by the strobe::giou_loss op on CUDA when it is built (`giou: auto | op`), else by the ATen
-// reference (framework/tasks/giou_reference.h). Validation logs loss and mean GIoU (device tensors).
+// reference (tasks/giou_reference.h). Validation logs loss and mean GIoU (device tensors).
 #include <fmt/format.h>
 #include <torch/torch.h>
 
 #include "framework/core/forensics.h"
 #include "framework/core/module.h"
-#include "framework/tasks/giou_reference.h"
+#include "tasks/giou_reference.h"
 #ifdef STROBE_HAS_OPS
 #include "framework/ops/ops.h"
 #endif

@@ -9,7 +9,7 @@
 #include "framework/core/forensics.h"
 #include "framework/core/module.h"
 #include "framework/ops/ops.h"
-#include "framework/tasks/fused_loss.h"
+#include "tasks/fused_loss.h"
 
 namespace strobe {
 namespace {

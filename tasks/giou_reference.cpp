@@ -1,4 +1,4 @@
-#include "framework/tasks/giou_reference.h"
+#include "tasks/giou_reference.h"
 
 #include <stdexcept>
 
