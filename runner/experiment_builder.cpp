@@ -1,9 +1,5 @@
 #include "runner/experiment_builder.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -45,10 +41,7 @@ class SaveConfig : public Callback {
   explicit SaveConfig(std::shared_ptr<const std::string> yaml) : yaml_(std::move(yaml)) {}
   std::string name() const override { return "save_config"; }
   void on_fit_start(Trainer& t, Module&) override {
-    if (t.run_dir().empty() || !t.is_global_zero()) return;  // rank 0 alone writes run files
-    std::error_code ec;
-    fs::create_directories(t.run_dir(), ec);
-    if (ec) throw RunDirError(fmt::format("{}: cannot create the run directory ({})", t.run_dir(), ec.message()));
+    if (t.run_dir().empty() || !t.is_global_zero()) return;  // rank 0 alone writes run files (its claim made the directory)
     auto stale = checkpoint::remove_stale_temp_files(t.run_dir());
     if (!stale.empty())
       fmt::print(stderr, "strobe: removed {} temp file(s) a killed writer left in {}\n", stale.size(), t.run_dir());

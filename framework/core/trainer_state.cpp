@@ -63,16 +63,10 @@ void Trainer::register_state() {
         for (const auto& b : module_->net().named_buffers()) d.tensors["model/" + b.key()] = b.value();
       },
       [this](const CheckpointData& d) {
+        // Names and shapes were checked, both ways, before any state was restored
+        // (load_checkpoint_data: weights_mismatch).
         torch::NoGradGuard ng;
-        auto load_into = [&](const std::string& key, torch::Tensor target) {
-          auto it = d.tensors.find("model/" + key);
-          if (it == d.tensors.end())
-            throw checkpoint::CheckpointError(fmt::format("has no weights for '{}' (a checkpoint of a different model?)", key));
-          if (it->second.sizes() != target.sizes())
-            throw checkpoint::CheckpointError(fmt::format("'{}' has shape {} in the checkpoint but {} in the model", key,
-                                                          c10::str(it->second.sizes()), c10::str(target.sizes())));
-          target.copy_(it->second);
-        };
+        auto load_into = [&](const std::string& key, torch::Tensor target) { target.copy_(d.tensor("model/" + key)); };
         for (auto& p : module_->net().named_parameters())
           load_into(p.key(), masters_ ? masters_->master_of(p.value()) : p.value());
         for (auto& b : module_->net().named_buffers()) load_into(b.key(), b.value());

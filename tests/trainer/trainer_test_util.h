@@ -54,7 +54,7 @@ scheduler:
 inline std::string temp_dir(const std::string& tag) {
   auto base = std::filesystem::temp_directory_path() / "strobe-tests";
   std::filesystem::create_directories(base);
-  std::string tmpl = (base / (tag + "-XXXXXX")).string();
+  std::string tmpl = (base / (tag + "-XXXXXX")).string();  // mkdtemp fills in the six X
   std::vector<char> buf(tmpl.begin(), tmpl.end());
   buf.push_back('\0');
   return std::string(mkdtemp(buf.data()));
