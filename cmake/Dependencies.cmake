@@ -41,15 +41,33 @@ if(NOT STROBE_PYTHON)
   set(STROBE_PYTHON ${STROBE_PYTHON_FOUND})
 endif()
 
-# Every torch target (libraries and executables) reuses the precompiled header of strobe_pch
-# (framework/CMakeLists.txt). CMAKE_POSITION_INDEPENDENT_CODE gives executables -fPIE and libraries
-# -fPIC, and GCC rejects a PCH built with the other setting ("created and used with different
-# settings of -fpie") and silently compiles <torch/torch.h> again in every TU: every user compiles
-# with -fPIC (an executable is still linked as a PIE). Any other difference (a -D the header was not
-# built with, another -O) is caught by -Werror=invalid-pch, which turns GCC's "not used because ..."
-# into a build error.
+# Every torch target (libraries and executables) reuses a precompiled header of <torch/torch.h>
+# (framework/CMakeLists.txt): strobe_pch for the product, strobe_pch_unoptimized for the tests and
+# their helper programs, which compile at -O0 (their own code only orchestrates calls into the
+# optimised libraries; -O0 halves their compile time with GCC and quarters it with Clang).
+# CMAKE_POSITION_INDEPENDENT_CODE gives executables -fPIE and libraries -fPIC, and GCC rejects a
+# PCH built with the other setting ("created and used with different settings of -fpie") and
+# silently compiles <torch/torch.h> again in every TU: every user compiles with -fPIC (an
+# executable is still linked as a PIE). Any other difference (a -D the header was not built with,
+# another -O) is caught by -Werror=invalid-pch, which turns GCC's "not used because ..." into a
+# build error (Clang refuses a .pch that does not match on its own).
+# strobe_use_pch(<target> [UNOPTIMIZED])
 function(strobe_use_pch target)
   set_target_properties(${target} PROPERTIES POSITION_INDEPENDENT_CODE OFF)
   target_compile_options(${target} PRIVATE -fPIC -Werror=invalid-pch)
-  target_precompile_headers(${target} REUSE_FROM strobe_pch)
+  set(pch strobe_pch)
+  if("UNOPTIMIZED" IN_LIST ARGN)
+    target_compile_options(${target} PRIVATE -O0)
+    set(pch strobe_pch_unoptimized)
+  endif()
+  if(CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
+    # framework/CMakeLists.txt: a .pch built by cmake/ClangPch.cmake. A TU's depfile lists the
+    # headers the .pch holds, and the .pch changes only with them or with the flags, which change the
+    # TU's own command too: ordering the .pch first is all a TU needs.
+    get_target_property(file ${pch} STROBE_PCH_FILE)
+    target_compile_options(${target} PRIVATE -Winvalid-pch -include-pch ${file})
+    add_dependencies(${target} ${pch}_header)
+  else()
+    target_precompile_headers(${target} REUSE_FROM ${pch})
+  endif()
 endfunction()

@@ -2,10 +2,30 @@
 # Installs what a fresh Debian 12 machine lacks, then configures and builds Strobe into build/.
 # Idempotent and fast when everything is there: apt runs only for missing packages, pip only when
 # the virtual environment lacks torch 2.11.0 or a comparison package.
-# Env: STROBE_VENV (default ~/.cache/strobe/venv), STROBE_BUILD_DIR (default build), STROBE_JOBS.
+# Env: STROBE_VENV (default ~/.cache/strobe/venv), STROBE_BUILD_DIR (default build), STROBE_JOBS,
+# STROBE_COMPILER (clang, the default when installed, or gcc).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
+
+# The compiler: Clang when it is installed (STROBE_COMPILER=gcc keeps GCC). Its precompiled header
+# also holds the template instantiations that GCC redoes in every translation unit, which halves a
+# build from scratch. It applies when the build directory is configured: an explicit setting that
+# disagrees with an existing build directory is refused, before anything is installed or built.
+build=${STROBE_BUILD_DIR:-build}
+compiler=${STROBE_COMPILER:-clang}
+if [ "$compiler" != clang ] && [ "$compiler" != gcc ]; then
+  echo "setup: STROBE_COMPILER must be clang or gcc, not '$compiler'" >&2
+  exit 2
+fi
+if [ -n "${STROBE_COMPILER:-}" ] && [ -f "$build/CMakeCache.txt" ]; then
+  configured=$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' "$build/CMakeCache.txt")
+  case "$compiler:$(basename "$configured")" in
+    clang:clang*|gcc:g++*|gcc:c++) ;;
+    *) echo "setup: $build is configured with $configured, not $compiler: remove it or set STROBE_BUILD_DIR" >&2
+       exit 2 ;;
+  esac
+fi
 
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
@@ -42,9 +62,14 @@ then
   "$py" -m pip install -q "torch==2.11.0" "torchvision==0.26.0" torchmetrics tensorboard numpy
 fi
 
-build=${STROBE_BUILD_DIR:-build}
 prefix=$("$py" -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null)
 cmake_args=(-S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" -DSTROBE_PYTHON="$py")
+if [ "$compiler" = clang ] && command -v clang++ >/dev/null; then
+  cmake_args+=(-DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++)
+elif [ -n "${STROBE_COMPILER:-}" ] && [ "$compiler" = clang ]; then
+  echo "setup: STROBE_COMPILER=clang, but clang++ is not installed" >&2
+  exit 2
+fi
 if command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then
   cmake_args+=(-DCMAKE_CUDA_COMPILER="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")
 fi

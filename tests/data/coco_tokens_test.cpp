@@ -202,8 +202,9 @@ TEST(IdxFile, HugeHeaderDimensionsAreReportedNotWrapped) {
     std::string h = {0, 0, 8, 4};
     for (int d = 0; d < 4; ++d) h += {char(dim >> 24), char((dim >> 16) & 255), char((dim >> 8) & 255), char(dim & 255)};
     write_file(dir / name, h + std::string(16, 'x'));
-    const std::string msg = error_of([&] { data::read_idx_file((dir / name).string()); });
-    EXPECT_EQ(msg.rfind((dir / name).string() + ": corrupt IDX header: dimensions", 0), 0u) << msg;
+    const std::string path = (dir / name).string();  // C++17: a lambda cannot capture a structured binding
+    const std::string msg = error_of([&] { data::read_idx_file(path); });
+    EXPECT_EQ(msg.rfind(path + ": corrupt IDX header: dimensions", 0), 0u) << msg;
     EXPECT_NE(msg.find("overflow 64 bits (the file has 16 bytes of data)"), std::string::npos) << msg;
   }
   std::string h = {0, 0, 8, 1, 0, 0, 1, 0};  // 256 bytes promised, 3 present

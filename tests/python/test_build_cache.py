@@ -6,10 +6,12 @@ another checkout put in ccache instead of from scratch. Checks, on this build's 
   sloppiness that lets it cache precompiled-header compiles;
 - every translation unit that includes a precompiled header fails the build when it cannot use it
   (-Werror=invalid-pch) instead of silently compiling <torch/torch.h> again;
+- with Clang, the .pch files hold no path of the checkout or the build tree;
 - the unity batches (cmake/Unity.cmake) include their sources by relative paths, so a batch is the
   same text in every checkout;
-and, with that launcher's own settings, compiles a file that uses a precompiled header in one
-directory and then in a copy elsewhere, in a private cache: the copy must be served from the cache.
+and, with that launcher's own settings and the build's compiler, compiles a file that uses a
+precompiled header (made as the build makes it) in one directory and then in a copy elsewhere, in a
+private cache: the copy must be served from the cache.
 Exit 77 (skip) only when the build does not use ccache (ccache not installed, or STROBE_CCACHE=OFF)."""
 import json, os, re, shutil, subprocess, sys, tempfile
 
@@ -67,10 +69,11 @@ for name, cmd in rules:
 pch_users = 0
 for e in commands:
     a = args_of(e)
-    # strobe_pch's own compiles build the header (the creator cannot fail to use it)
-    if "strobe_pch.dir" in " ".join(a) and ("cmake_pch.hxx.cxx" in e["file"] or e["file"].endswith("cmake/pch.cpp")):
+    # strobe_pch's own compiles build the header, or (Clang) are the flags' reference of the .pch
+    if re.search(r"strobe_pch(_unoptimized)?\.dir", " ".join(a)) and \
+            ("cmake_pch.hxx.cxx" in e["file"] or e["file"].endswith("cmake/pch.cpp")):
         continue
-    if any(x.endswith("cmake_pch.hxx") for x in a):
+    if any(x.endswith("cmake_pch.hxx") for x in a) or "-include-pch" in a:
         pch_users += 1
         if "-Werror=invalid-pch" not in a:
             failures.append(f"{e['file']}: uses a precompiled header without -Werror=invalid-pch")
@@ -95,31 +98,61 @@ for e in commands:
         failures.append(f"{e['file']}: CMake's UNITY_BUILD (absolute paths) is in use")
 
 # 5. Two checkouts, one cache: the second compile of a PCH-using file at another path is a hit.
+# With Clang the .pch is built by cmake/ClangPch.cmake (the script the build runs) and must hold no
+# path of the checkout or the build tree (ccache hashes it into every compile that uses it).
 ccache = shutil.which("ccache")
-gxx = shutil.which("g++") or shutil.which("c++")
-if launcher and ccache and gxx:
+cxx = cache_vars.get("CMAKE_CXX_COMPILER", "")
+clang = "clang" in os.path.basename(cxx)
+if clang:
+    pchs = [os.path.join(BUILD, "pch", f) for f in os.listdir(os.path.join(BUILD, "pch")) if f.endswith(".pch")] \
+        if os.path.isdir(os.path.join(BUILD, "pch")) else []
+    if len(pchs) != 2:
+        failures.append(f"Clang build: expected the two .pch files under {BUILD}/pch, found {pchs}")
+    for p in pchs:
+        data = open(p, "rb").read()
+        for path in {SRC, BUILD}:
+            if path.encode() in data:
+                failures.append(f"{p} holds the path {path}: another checkout's .pch differs and ccache misses")
+if launcher and ccache and cxx:
     prefix, env = launcher
     with tempfile.TemporaryDirectory() as tmp:
         cache = os.path.join(tmp, "cache")
         base_env = dict(os.environ, CCACHE_DIR=cache)
         for k in ("CCACHE_BASEDIR", "CCACHE_SLOPPINESS", "CCACHE_INODECACHE", "CCACHE_DISABLE", "CCACHE_RECACHE"):
             base_env.pop(k, None)
+        stable = os.path.join(tmp, "stable")  # stands for torch's include directory
+        os.makedirs(stable)
+        with open(os.path.join(stable, "pre.h"), "w") as f:
+            f.write("#include <vector>\n#include <string>\n#define STROBE_PROBE 3\n")
+
+        def run(cmd, cwd, use_launcher, lp):
+            r = subprocess.run((lp if use_launcher else []) + cmd, cwd=cwd, env=base_env, capture_output=True, text=True)
+            assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stdout}\n{r.stderr}"
 
         def build(root):
-            os.makedirs(os.path.join(root, "b"))
-            with open(os.path.join(root, "b", "pre.h"), "w") as f:
-                f.write("#include <vector>\n#include <string>\n#define STROBE_PROBE 3\n")
+            b = os.path.join(root, "b")
+            os.makedirs(b)
             with open(os.path.join(root, "a.cpp"), "w") as f:
                 f.write('int probe() { std::vector<std::string> v(STROBE_PROBE); return (int)v.size(); }\n'
                         'const char* when() { return __DATE__; }\n')
-            cwd = os.path.join(root, "b")
             # the launcher exactly as the build runs it, with this checkout as base_dir
             lp = [f"CCACHE_BASEDIR={root}" if x.startswith("CCACHE_BASEDIR=") else x for x in prefix]
-            for cmd in ([gxx, "-x", "c++-header", os.path.join(root, "b", "pre.h"), "-o", os.path.join(root, "b", "pre.h.gch")],
-                        [gxx, "-Winvalid-pch", "-Werror=invalid-pch", "-include", os.path.join(root, "b", "pre.h"),
-                         "-c", os.path.join(root, "a.cpp"), "-o", os.path.join(root, "b", "a.o")]):
-                r = subprocess.run(lp + cmd, cwd=cwd, env=base_env, capture_output=True, text=True)
-                assert r.returncode == 0, f"{' '.join(lp + cmd)}\n{r.stderr}"
+            flags = ["-std=gnu++17", "-O2", "-fPIC"]
+            if clang:
+                with open(os.path.join(b, "compile_commands.json"), "w") as f:
+                    json.dump([{"directory": b, "file": os.path.join(root, "ref.cpp"), "output": "ref.o",
+                                "command": " ".join([cxx] + flags + ["-o", "ref.o", "-c", os.path.join(root, "ref.cpp")])}], f)
+                pch = os.path.join(b, "pre.pch")
+                run(["cmake", f"-DCOMMANDS={b}/compile_commands.json", "-DREFERENCE=ref.o",
+                     f"-DHEADER={stable}/pre.h", f"-DOUTPUT={pch}", f"-DDEPFILE={pch}.d",
+                     "-P", os.path.join(SRC, "cmake", "ClangPch.cmake")], b, False, lp)
+                run([cxx] + flags + ["-Winvalid-pch", "-Werror=invalid-pch", "-include-pch", pch,
+                                      "-c", os.path.join(root, "a.cpp"), "-o", os.path.join(b, "a.o")], b, True, lp)
+            else:
+                shutil.copy(os.path.join(stable, "pre.h"), os.path.join(b, "pre.h"))
+                run([cxx] + flags + ["-x", "c++-header", os.path.join(b, "pre.h"), "-o", os.path.join(b, "pre.h.gch")], b, True, lp)
+                run([cxx] + flags + ["-Winvalid-pch", "-Werror=invalid-pch", "-include", os.path.join(b, "pre.h"),
+                                      "-c", os.path.join(root, "a.cpp"), "-o", os.path.join(b, "a.o")], b, True, lp)
 
         def stats():
             out = subprocess.run([ccache, "--print-stats"], env=base_env, capture_output=True, text=True).stdout
@@ -132,13 +165,14 @@ if launcher and ccache and gxx:
         hits = (s2.get("direct_cache_hit", 0) + s2.get("preprocessed_cache_hit", 0)) - \
                (s1.get("direct_cache_hit", 0) + s1.get("preprocessed_cache_hit", 0))
         misses = s2.get("cache_miss", 0) - s1.get("cache_miss", 0)
-        print(f"second checkout: {hits} hits, {misses} misses; uncacheable: "
+        want = 1 if clang else 2  # Clang: the .pch is built outside ccache, the same bytes everywhere
+        print(f"{'clang' if clang else 'gcc'}: second checkout: {hits} hits, {misses} misses; uncacheable: "
               f"{s2.get('could_not_use_precompiled_header', 0)} could not use the precompiled header")
-        if hits != 2 or misses != 0:
+        if hits != want or misses != 0:
             failures.append(f"the second checkout's compiles were not served from the cache ({hits} hits, {misses} misses, "
                             f"{s2.get('could_not_use_precompiled_header', 0)} could not use the precompiled header)")
 else:
-    failures.append("no C++ compile command to take the launcher from, or no ccache/g++ on PATH")
+    failures.append("no C++ compile command to take the launcher from, or no ccache/compiler")
 
 for f in failures:
     print("FAIL:", f)
