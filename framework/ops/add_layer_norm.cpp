@@ -49,18 +49,18 @@ using OptTensor = std::optional<Tensor>;
 
 bool present(const OptTensor& t) { return t.has_value() && t->defined(); }
 
-at::ScalarType compute_dtype(const Tensor& x) {
+at::ScalarType aln_compute_dtype(const Tensor& x) {
   return x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
 }
 
 // (y, mean, rstd, sum): sum is x + delta in x's dtype (undefined without delta); mean and rstd
 // are x.shape[:-1], fp32 (fp64 for fp64 x).
-std::tuple<Tensor, Tensor, Tensor, Tensor> fwd_cpu(const Tensor& x, const OptTensor& delta,
+std::tuple<Tensor, Tensor, Tensor, Tensor> aln_fwd_cpu(const Tensor& x, const OptTensor& delta,
                                                    const Tensor& weight, const OptTensor& bias, double eps) {
   detail::add_layer_norm_check_inputs(x, delta, weight, bias);
   // The sum is rounded to x's dtype first, as the CUDA kernel: LayerNorm sees the stored stream.
   const Tensor s = present(delta) ? at::add(x, *delta) : x;
-  const auto cd = compute_dtype(x);
+  const auto cd = aln_compute_dtype(x);
   const Tensor sf = s.to(cd);
   const Tensor mean = sf.mean(-1, true);
   const Tensor xc = sf - mean;
@@ -72,13 +72,13 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> fwd_cpu(const Tensor& x, const OptTen
 
 // (dx, dweight, dbias): dx = dsum + d LN / d input (input's dtype); dweight / dbias in weight's
 // dtype (dbias undefined unless has_bias).
-std::tuple<Tensor, Tensor, Tensor> bwd_cpu(const Tensor& dy, const OptTensor& dsum, const Tensor& input,
+std::tuple<Tensor, Tensor, Tensor> aln_bwd_cpu(const Tensor& dy, const OptTensor& dsum, const Tensor& input,
                                            const Tensor& mean, const Tensor& rstd, const Tensor& weight,
                                            bool has_bias) {
   TORCH_CHECK(dy.sizes() == input.sizes(), "add_layer_norm_bwd: dy must be ", input.sizes());
   TORCH_CHECK(!present(dsum) || dsum->sizes() == input.sizes(), "add_layer_norm_bwd: dsum must be ",
               input.sizes());
-  const auto cd = compute_dtype(input);
+  const auto cd = aln_compute_dtype(input);
   const int64_t c = input.size(-1);
   const Tensor r = rstd.to(cd).unsqueeze(-1);
   const Tensor xh = (input.to(cd) - mean.to(cd).unsqueeze(-1)) * r;
@@ -91,17 +91,17 @@ std::tuple<Tensor, Tensor, Tensor> bwd_cpu(const Tensor& dy, const OptTensor& ds
   return {dx.to(input.scalar_type()), dw, db};
 }
 
-std::tuple<Tensor, Tensor, Tensor, Tensor> fwd_meta(const Tensor& x, const OptTensor& delta,
+std::tuple<Tensor, Tensor, Tensor, Tensor> aln_fwd_meta(const Tensor& x, const OptTensor& delta,
                                                     const Tensor& weight, const OptTensor& bias, double eps) {
   (void)eps;
   detail::add_layer_norm_check_inputs(x, delta, weight, bias);
-  const auto stat = x.options().dtype(compute_dtype(x));
+  const auto stat = x.options().dtype(aln_compute_dtype(x));
   const auto rows = x.sym_sizes().slice(0, x.dim() - 1);
   return {at::empty_symint(x.sym_sizes(), x.options()), at::empty_symint(rows, stat),
           at::empty_symint(rows, stat), present(delta) ? at::empty_symint(x.sym_sizes(), x.options()) : Tensor()};
 }
 
-std::tuple<Tensor, Tensor, Tensor> bwd_meta(const Tensor& dy, const OptTensor& dsum, const Tensor& input,
+std::tuple<Tensor, Tensor, Tensor> aln_bwd_meta(const Tensor& dy, const OptTensor& dsum, const Tensor& input,
                                             const Tensor& mean, const Tensor& rstd, const Tensor& weight,
                                             bool has_bias) {
   (void)dy;
@@ -112,19 +112,19 @@ std::tuple<Tensor, Tensor, Tensor> bwd_meta(const Tensor& dy, const OptTensor& d
           has_bias ? at::empty_symint(weight.sym_sizes(), weight.options()) : Tensor()};
 }
 
-using FwdSig = std::tuple<Tensor, Tensor, Tensor, Tensor>(const Tensor&, const OptTensor&, const Tensor&,
+using AlnFwdSig = std::tuple<Tensor, Tensor, Tensor, Tensor>(const Tensor&, const OptTensor&, const Tensor&,
                                                           const OptTensor&, double);
-using BwdSig = std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const OptTensor&, const Tensor&, const Tensor&,
+using AlnBwdSig = std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const OptTensor&, const Tensor&, const Tensor&,
                                                   const Tensor&, const Tensor&, bool);
 
-const c10::TypedOperatorHandle<FwdSig>& fwd_op() {
+const c10::TypedOperatorHandle<AlnFwdSig>& aln_fwd_op() {
   static const auto op =
-      c10::Dispatcher::singleton().findSchemaOrThrow("strobe::add_layer_norm_fwd", "").typed<FwdSig>();
+      c10::Dispatcher::singleton().findSchemaOrThrow("strobe::add_layer_norm_fwd", "").typed<AlnFwdSig>();
   return op;
 }
-const c10::TypedOperatorHandle<BwdSig>& bwd_op() {
+const c10::TypedOperatorHandle<AlnBwdSig>& aln_bwd_op() {
   static const auto op =
-      c10::Dispatcher::singleton().findSchemaOrThrow("strobe::add_layer_norm_bwd", "").typed<BwdSig>();
+      c10::Dispatcher::singleton().findSchemaOrThrow("strobe::add_layer_norm_bwd", "").typed<AlnBwdSig>();
   return op;
 }
 
@@ -135,7 +135,7 @@ class AddLayerNormFunction : public torch::autograd::Function<AddLayerNormFuncti
                                                 const OptTensor& delta, const Tensor& weight,
                                                 const OptTensor& bias, double eps) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    auto [y, mean, rstd, sum] = fwd_op().call(x, delta, weight, bias, eps);
+    auto [y, mean, rstd, sum] = aln_fwd_op().call(x, delta, weight, bias, eps);
     const bool has_delta = present(delta);
     ctx->save_for_backward({has_delta ? sum : x, mean, rstd, weight});
     ctx->saved_data["has_delta"] = has_delta;
@@ -153,7 +153,7 @@ class AddLayerNormFunction : public torch::autograd::Function<AddLayerNormFuncti
     Tensor gy = has_delta ? grads[1] : grads[0];
     if (!gy.defined()) gy = at::zeros_like(input);
     const OptTensor ds = gsum.defined() ? OptTensor(gsum.contiguous()) : std::nullopt;
-    auto [dx, dw, db] = bwd_op().call(gy.contiguous(), ds, input, saved[1], saved[2], saved[3],
+    auto [dx, dw, db] = aln_bwd_op().call(gy.contiguous(), ds, input, saved[1], saved[2], saved[3],
                                       ctx->saved_data["has_bias"].toBool());
     return {dx, has_delta ? dx : Tensor(), dw, db, Tensor()};
   }
@@ -166,14 +166,14 @@ std::tuple<Tensor, Tensor> add_ln_autograd(const Tensor& x, const Tensor& delta,
 }
 std::tuple<Tensor, Tensor> add_ln_nograd(const Tensor& x, const Tensor& delta, const Tensor& weight,
                                          const OptTensor& bias, double eps) {
-  auto [y, mean, rstd, sum] = fwd_op().call(x, OptTensor(delta), weight, bias, eps);
+  auto [y, mean, rstd, sum] = aln_fwd_op().call(x, OptTensor(delta), weight, bias, eps);
   return {sum, y};
 }
 Tensor ln_autograd(const Tensor& x, const Tensor& weight, const OptTensor& bias, double eps) {
   return AddLayerNormFunction::apply(x, std::nullopt, weight, bias, eps)[0];
 }
 Tensor ln_nograd(const Tensor& x, const Tensor& weight, const OptTensor& bias, double eps) {
-  return std::get<0>(fwd_op().call(x, std::nullopt, weight, bias, eps));
+  return std::get<0>(aln_fwd_op().call(x, std::nullopt, weight, bias, eps));
 }
 
 }  // namespace
@@ -204,8 +204,8 @@ TORCH_LIBRARY_IMPL(strobe, Autograd, m) {
 TORCH_LIBRARY_IMPL(strobe, CPU, m) {
   m.impl("add_layer_norm", &strobe::ops::add_ln_nograd);
   m.impl("layer_norm", &strobe::ops::ln_nograd);
-  m.impl("add_layer_norm_fwd", &strobe::ops::fwd_cpu);
-  m.impl("add_layer_norm_bwd", &strobe::ops::bwd_cpu);
+  m.impl("add_layer_norm_fwd", &strobe::ops::aln_fwd_cpu);
+  m.impl("add_layer_norm_bwd", &strobe::ops::aln_bwd_cpu);
 }
 TORCH_LIBRARY_IMPL(strobe, CUDA, m) {
   m.impl("add_layer_norm", &strobe::ops::add_ln_nograd);
@@ -214,6 +214,6 @@ TORCH_LIBRARY_IMPL(strobe, CUDA, m) {
 TORCH_LIBRARY_IMPL(strobe, Meta, m) {
   m.impl("add_layer_norm", &strobe::ops::add_ln_nograd);
   m.impl("layer_norm", &strobe::ops::ln_nograd);
-  m.impl("add_layer_norm_fwd", &strobe::ops::fwd_meta);
-  m.impl("add_layer_norm_bwd", &strobe::ops::bwd_meta);
+  m.impl("add_layer_norm_fwd", &strobe::ops::aln_fwd_meta);
+  m.impl("add_layer_norm_bwd", &strobe::ops::aln_bwd_meta);
 }

@@ -37,7 +37,7 @@ int checked_cols(const Tensor& x) {
   return static_cast<int>(c);
 }
 
-std::tuple<Tensor, Tensor, Tensor, Tensor> fwd_cuda(const Tensor& x, const OptTensor& delta, const Tensor& weight,
+std::tuple<Tensor, Tensor, Tensor, Tensor> aln_fwd_cuda(const Tensor& x, const OptTensor& delta, const Tensor& weight,
                                                     const OptTensor& bias, double eps) {
   detail::add_layer_norm_check_inputs(x, delta, weight, bias);
   const c10::cuda::CUDAGuard guard(x.device());
@@ -68,7 +68,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> fwd_cuda(const Tensor& x, const OptTe
   return {y, mean, rstd, sum};
 }
 
-std::tuple<Tensor, Tensor, Tensor> bwd_cuda(const Tensor& dy, const OptTensor& dsum, const Tensor& input,
+std::tuple<Tensor, Tensor, Tensor> aln_bwd_cuda(const Tensor& dy, const OptTensor& dsum, const Tensor& input,
                                             const Tensor& mean, const Tensor& rstd, const Tensor& weight,
                                             bool has_bias) {
   TORCH_CHECK(dy.sizes() == input.sizes() && dy.scalar_type() == input.scalar_type(),
@@ -110,6 +110,6 @@ std::tuple<Tensor, Tensor, Tensor> bwd_cuda(const Tensor& dy, const OptTensor& d
 }  // namespace strobe::ops
 
 TORCH_LIBRARY_IMPL(strobe, CUDA, m) {
-  m.impl("add_layer_norm_fwd", &strobe::ops::fwd_cuda);
-  m.impl("add_layer_norm_bwd", &strobe::ops::bwd_cuda);
+  m.impl("add_layer_norm_fwd", &strobe::ops::aln_fwd_cuda);
+  m.impl("add_layer_norm_bwd", &strobe::ops::aln_bwd_cuda);
 }

@@ -43,16 +43,16 @@ namespace {
 
 using at::Tensor;
 
-at::ScalarType compute_dtype(const Tensor& x) { return x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat; }
+at::ScalarType bna_compute_dtype(const Tensor& x) { return x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat; }
 
 Tensor per_channel(const Tensor& v) { return v.view({1, -1, 1, 1}); }
 
-std::tuple<Tensor, Tensor, Tensor> fwd_cpu(const Tensor& x, const Tensor& weight, const Tensor& bias,
+std::tuple<Tensor, Tensor, Tensor> bna_fwd_cpu(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                            Tensor& running_mean, Tensor& running_var,
                                            const std::optional<Tensor>& residual, double momentum, double eps,
                                            bool relu) {
   detail::batch_norm_act_check(x, weight, bias, running_mean, running_var, residual);
-  const auto cd = compute_dtype(x);
+  const auto cd = bna_compute_dtype(x);
   const Tensor xf = x.to(cd);
   const double n = static_cast<double>(x.numel() / x.size(1));
   const Tensor mean = xf.mean({0, 2, 3});
@@ -70,10 +70,10 @@ std::tuple<Tensor, Tensor, Tensor> fwd_cpu(const Tensor& x, const Tensor& weight
   return {z.to(x.scalar_type()).contiguous(x.suggest_memory_format()), mean, invstd};
 }
 
-std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_cpu(const Tensor& grad_y, const Tensor& y, const Tensor& x,
+std::tuple<Tensor, Tensor, Tensor, Tensor> bna_bwd_cpu(const Tensor& grad_y, const Tensor& y, const Tensor& x,
                                                    const Tensor& weight, const Tensor& mean, const Tensor& invstd,
                                                    bool relu, bool residual_grad) {
-  const auto cd = compute_dtype(x);
+  const auto cd = bna_compute_dtype(x);
   const double n = static_cast<double>(x.numel() / x.size(1));
   Tensor g = grad_y.to(cd);
   if (relu) g = g * (y > 0).to(cd);
@@ -85,34 +85,34 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_cpu(const Tensor& grad_y, const T
           residual_grad ? g.to(x.scalar_type()).contiguous(fmt) : Tensor()};
 }
 
-std::tuple<Tensor, Tensor, Tensor> fwd_meta(const Tensor& x, const Tensor& weight, const Tensor& bias,
+std::tuple<Tensor, Tensor, Tensor> bna_fwd_meta(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                             Tensor& running_mean, Tensor& running_var,
                                             const std::optional<Tensor>& residual, double, double, bool) {
   detail::batch_norm_act_check(x, weight, bias, running_mean, running_var, residual);
-  const auto fopt = x.options().dtype(compute_dtype(x));
+  const auto fopt = x.options().dtype(bna_compute_dtype(x));
   return {at::empty_like(x), at::empty_symint({x.sym_size(1)}, fopt), at::empty_symint({x.sym_size(1)}, fopt)};
 }
 
-std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_meta(const Tensor&, const Tensor&, const Tensor& x,
+std::tuple<Tensor, Tensor, Tensor, Tensor> bna_bwd_meta(const Tensor&, const Tensor&, const Tensor& x,
                                                     const Tensor& weight, const Tensor&, const Tensor&, bool,
                                                     bool residual_grad) {
   return {at::empty_like(x), at::empty_like(weight), at::empty_like(weight),
           residual_grad ? at::empty_like(x) : Tensor()};
 }
 
-using FwdSig = std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, Tensor&, Tensor&,
+using BnaFwdSig = std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, Tensor&, Tensor&,
                                                   const std::optional<Tensor>&, double, double, bool);
-using BwdSig = std::tuple<Tensor, Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&,
+using BnaBwdSig = std::tuple<Tensor, Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&,
                                                           const Tensor&, const Tensor&, const Tensor&, bool, bool);
 
-const c10::TypedOperatorHandle<FwdSig>& fwd_op() {
+const c10::TypedOperatorHandle<BnaFwdSig>& bna_fwd_op() {
   static const auto op =
-      c10::Dispatcher::singleton().findSchemaOrThrow("strobe::batch_norm_act_fwd", "").typed<FwdSig>();
+      c10::Dispatcher::singleton().findSchemaOrThrow("strobe::batch_norm_act_fwd", "").typed<BnaFwdSig>();
   return op;
 }
-const c10::TypedOperatorHandle<BwdSig>& bwd_op() {
+const c10::TypedOperatorHandle<BnaBwdSig>& bna_bwd_op() {
   static const auto op =
-      c10::Dispatcher::singleton().findSchemaOrThrow("strobe::batch_norm_act_bwd", "").typed<BwdSig>();
+      c10::Dispatcher::singleton().findSchemaOrThrow("strobe::batch_norm_act_bwd", "").typed<BnaBwdSig>();
   return op;
 }
 
@@ -122,7 +122,7 @@ class BatchNormActFunction : public torch::autograd::Function<BatchNormActFuncti
                         const Tensor& bias, Tensor running_mean, Tensor running_var,
                         const std::optional<Tensor>& residual, double momentum, double eps, bool relu) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    auto [y, mean, invstd] = fwd_op().call(x, weight, bias, running_mean, running_var, residual, momentum, eps, relu);
+    auto [y, mean, invstd] = bna_fwd_op().call(x, weight, bias, running_mean, running_var, residual, momentum, eps, relu);
     ctx->save_for_backward({y, x, weight, mean, invstd});
     ctx->saved_data["relu"] = relu;
     ctx->saved_data["residual"] = residual.has_value() && residual->defined();
@@ -135,7 +135,7 @@ class BatchNormActFunction : public torch::autograd::Function<BatchNormActFuncti
     const bool has_res = ctx->saved_data["residual"].toBool();
     if (!go.defined()) return {Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
     const auto s = ctx->get_saved_variables();
-    auto [gx, gw, gb, gres] = bwd_op().call(go, s[0], s[1], s[2], s[3], s[4], ctx->saved_data["relu"].toBool(), has_res);
+    auto [gx, gw, gb, gres] = bna_bwd_op().call(go, s[0], s[1], s[2], s[3], s[4], ctx->saved_data["relu"].toBool(), has_res);
     return {gx, gw, gb, Tensor(), Tensor(), has_res ? gres : Tensor(), Tensor(), Tensor(), Tensor()};
   }
 };
@@ -149,7 +149,7 @@ Tensor batch_norm_act_autograd(const Tensor& x, const Tensor& weight, const Tens
 Tensor batch_norm_act_nograd(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& running_mean,
                              Tensor& running_var, const std::optional<Tensor>& residual, double momentum, double eps,
                              bool relu) {
-  return std::get<0>(fwd_op().call(x, weight, bias, running_mean, running_var, residual, momentum, eps, relu));
+  return std::get<0>(bna_fwd_op().call(x, weight, bias, running_mean, running_var, residual, momentum, eps, relu));
 }
 
 }  // namespace
@@ -180,12 +180,12 @@ bool batch_norm_act_cuda_eligible(const Tensor& x, const Tensor& weight, const T
 TORCH_LIBRARY_IMPL(strobe, Autograd, m) { m.impl("batch_norm_act", &strobe::ops::batch_norm_act_autograd); }
 TORCH_LIBRARY_IMPL(strobe, CPU, m) {
   m.impl("batch_norm_act", &strobe::ops::batch_norm_act_nograd);
-  m.impl("batch_norm_act_fwd", &strobe::ops::fwd_cpu);
-  m.impl("batch_norm_act_bwd", &strobe::ops::bwd_cpu);
+  m.impl("batch_norm_act_fwd", &strobe::ops::bna_fwd_cpu);
+  m.impl("batch_norm_act_bwd", &strobe::ops::bna_bwd_cpu);
 }
 TORCH_LIBRARY_IMPL(strobe, CUDA, m) { m.impl("batch_norm_act", &strobe::ops::batch_norm_act_nograd); }
 TORCH_LIBRARY_IMPL(strobe, Meta, m) {
   m.impl("batch_norm_act", &strobe::ops::batch_norm_act_nograd);
-  m.impl("batch_norm_act_fwd", &strobe::ops::fwd_meta);
-  m.impl("batch_norm_act_bwd", &strobe::ops::bwd_meta);
+  m.impl("batch_norm_act_fwd", &strobe::ops::bna_fwd_meta);
+  m.impl("batch_norm_act_bwd", &strobe::ops::bna_bwd_meta);
 }

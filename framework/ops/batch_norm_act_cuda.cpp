@@ -20,7 +20,7 @@ namespace {
 using at::Tensor;
 using cuda::BnDType;
 
-BnDType to_dtype(at::ScalarType s) {
+BnDType to_bn_dtype(at::ScalarType s) {
   switch (s) {
     case at::kFloat: return BnDType::kFloat32;
     case at::kBFloat16: return BnDType::kBFloat16;
@@ -50,12 +50,12 @@ cuda::BnShape shape_of(const Tensor& x) {
   return s;
 }
 
-std::tuple<Tensor, Tensor, Tensor> fwd_cuda(const Tensor& x, const Tensor& weight, const Tensor& bias,
+std::tuple<Tensor, Tensor, Tensor> bna_fwd_cuda(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                             Tensor& running_mean, Tensor& running_var,
                                             const std::optional<Tensor>& residual, double momentum, double eps,
                                             bool relu) {
   detail::batch_norm_act_check(x, weight, bias, running_mean, running_var, residual);
-  const BnDType dt = to_dtype(x.scalar_type());
+  const BnDType dt = to_bn_dtype(x.scalar_type());
   const cuda::BnShape s = shape_of(x);
   check_activation(x, "x");
   const bool has_res = residual.has_value() && residual->defined();
@@ -77,10 +77,10 @@ std::tuple<Tensor, Tensor, Tensor> fwd_cuda(const Tensor& x, const Tensor& weigh
   return {y, mean, invstd};
 }
 
-std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_cuda(const Tensor& grad_y, const Tensor& y, const Tensor& x,
+std::tuple<Tensor, Tensor, Tensor, Tensor> bna_bwd_cuda(const Tensor& grad_y, const Tensor& y, const Tensor& x,
                                                     const Tensor& weight, const Tensor& mean, const Tensor& invstd,
                                                     bool relu, bool residual_grad) {
-  const BnDType dt = to_dtype(x.scalar_type());
+  const BnDType dt = to_bn_dtype(x.scalar_type());
   const cuda::BnShape s = shape_of(x);
   TORCH_CHECK(grad_y.sizes() == x.sizes() && y.sizes() == x.sizes() && grad_y.device() == x.device(),
               "batch_norm_act_bwd: grad_y and y must match x ", x.sizes());
@@ -108,6 +108,6 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_cuda(const Tensor& grad_y, const 
 }  // namespace strobe::ops
 
 TORCH_LIBRARY_IMPL(strobe, CUDA, m) {
-  m.impl("batch_norm_act_fwd", &strobe::ops::fwd_cuda);
-  m.impl("batch_norm_act_bwd", &strobe::ops::bwd_cuda);
+  m.impl("batch_norm_act_fwd", &strobe::ops::bna_fwd_cuda);
+  m.impl("batch_norm_act_bwd", &strobe::ops::bna_bwd_cuda);
 }

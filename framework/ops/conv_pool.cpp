@@ -38,7 +38,7 @@ namespace {
 
 using at::Tensor;
 
-at::ScalarType compute_dtype(const Tensor& x, const Tensor& w) {
+at::ScalarType cp_compute_dtype(const Tensor& x, const Tensor& w) {
   return x.scalar_type() == at::kDouble || w.scalar_type() == at::kDouble ? at::kDouble
                                                                            : at::kFloat;
 }
@@ -53,11 +53,11 @@ void check_out_dtype(at::ScalarType out_dtype) {
               out_dtype);
 }
 
-std::tuple<Tensor, Tensor> fwd_cpu(const Tensor& x, const Tensor& weight, const Tensor& bias,
+std::tuple<Tensor, Tensor> cp_fwd_cpu(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                    double input_scale, at::ScalarType out_dtype) {
   detail::conv_pool_check_inputs(x, weight, bias);
   check_out_dtype(out_dtype);
-  const auto cd = compute_dtype(x, weight);
+  const auto cd = cp_compute_dtype(x, weight);
   const Tensor z = at::conv2d(scaled_input(x, input_scale, cd), weight.to(cd), bias.to(cd), 1, 1);
   // ATen's max-pool takes the first maximum in row-major order (NaN wins), as the CUDA kernel.
   auto [m, ind] = at::max_pool2d_with_indices(z, {2, 2}, {2, 2});
@@ -69,14 +69,14 @@ std::tuple<Tensor, Tensor> fwd_cpu(const Tensor& x, const Tensor& weight, const 
   return {at::relu(m).to(out_dtype), mask};
 }
 
-std::tuple<Tensor, Tensor, Tensor> bwd_cpu(const Tensor& grad_y, const Tensor& x,
+std::tuple<Tensor, Tensor, Tensor> cp_bwd_cpu(const Tensor& grad_y, const Tensor& x,
                                            const Tensor& weight, const Tensor& mask,
                                            double input_scale, bool input_grad) {
   TORCH_CHECK(mask.scalar_type() == at::kByte && mask.dim() == 4 && grad_y.sizes() == mask.sizes(),
               "conv3x3_maxpool_relu_bwd: mask must be uint8 shaped like grad_y ", grad_y.sizes());
   TORCH_CHECK(!input_grad || at::isFloatingType(x.scalar_type()),
               "conv3x3_maxpool_relu_bwd: no input gradient for integer x");
-  const auto cd = compute_dtype(x, weight);
+  const auto cd = cp_compute_dtype(x, weight);
   const int64_t n = x.size(0), h = x.size(2), w = x.size(3), cout = weight.size(0);
   const int64_t ho = mask.size(2), wo = mask.size(3);
   const Tensor m = mask.to(at::kLong);
@@ -95,7 +95,7 @@ std::tuple<Tensor, Tensor, Tensor> bwd_cpu(const Tensor& grad_y, const Tensor& x
   return {gx, gw.to(weight.scalar_type()), gb.to(weight.scalar_type())};
 }
 
-std::tuple<Tensor, Tensor> fwd_meta(const Tensor& x, const Tensor& weight, const Tensor& bias,
+std::tuple<Tensor, Tensor> cp_fwd_meta(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                     double input_scale, at::ScalarType out_dtype) {
   (void)input_scale;
   detail::conv_pool_check_inputs(x, weight, bias);
@@ -106,7 +106,7 @@ std::tuple<Tensor, Tensor> fwd_meta(const Tensor& x, const Tensor& weight, const
           at::empty_symint(shape, x.options().dtype(at::kByte))};
 }
 
-std::tuple<Tensor, Tensor, Tensor> bwd_meta(const Tensor& grad_y, const Tensor& x,
+std::tuple<Tensor, Tensor, Tensor> cp_bwd_meta(const Tensor& grad_y, const Tensor& x,
                                             const Tensor& weight, const Tensor& mask,
                                             double input_scale, bool input_grad) {
   (void)grad_y;
@@ -116,21 +116,21 @@ std::tuple<Tensor, Tensor, Tensor> bwd_meta(const Tensor& grad_y, const Tensor& 
           at::empty_symint({weight.sym_size(0)}, weight.options())};
 }
 
-using FwdSig = std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, double,
+using CpFwdSig = std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, double,
                                           at::ScalarType);
-using BwdSig = std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&,
+using CpBwdSig = std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&,
                                                   const Tensor&, double, bool);
 
-const c10::TypedOperatorHandle<FwdSig>& fwd_op() {
+const c10::TypedOperatorHandle<CpFwdSig>& cp_fwd_op() {
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("strobe::conv3x3_maxpool_relu_fwd", "")
-                             .typed<FwdSig>();
+                             .typed<CpFwdSig>();
   return op;
 }
-const c10::TypedOperatorHandle<BwdSig>& bwd_op() {
+const c10::TypedOperatorHandle<CpBwdSig>& cp_bwd_op() {
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("strobe::conv3x3_maxpool_relu_bwd", "")
-                             .typed<BwdSig>();
+                             .typed<CpBwdSig>();
   return op;
 }
 
@@ -145,7 +145,7 @@ class ConvPoolFunction : public torch::autograd::Function<ConvPoolFunction> {
                         const Tensor& weight, const Tensor& bias, double input_scale,
                         std::optional<at::ScalarType> out_dtype) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    auto [y, mask] = fwd_op().call(x, weight, bias, input_scale, resolve_out_dtype(x, out_dtype));
+    auto [y, mask] = cp_fwd_op().call(x, weight, bias, input_scale, resolve_out_dtype(x, out_dtype));
     ctx->save_for_backward({x, weight, mask});
     ctx->saved_data["input_scale"] = input_scale;
     ctx->saved_data["input_grad"] = x.requires_grad();
@@ -158,7 +158,7 @@ class ConvPoolFunction : public torch::autograd::Function<ConvPoolFunction> {
     const Tensor& go = grad_outputs[0];
     if (!go.defined()) return {Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
     const auto saved = ctx->get_saved_variables();
-    auto [gx, gw, gb] = bwd_op().call(go.contiguous(), saved[0], saved[1], saved[2],
+    auto [gx, gw, gb] = cp_bwd_op().call(go.contiguous(), saved[0], saved[1], saved[2],
                                       ctx->saved_data["input_scale"].toDouble(),
                                       ctx->saved_data["input_grad"].toBool());
     gb = gb.to(static_cast<at::ScalarType>(ctx->saved_data["bias_dtype"].toInt()));
@@ -173,7 +173,7 @@ Tensor conv_pool_autograd(const Tensor& x, const Tensor& weight, const Tensor& b
 
 Tensor conv_pool_nograd(const Tensor& x, const Tensor& weight, const Tensor& bias,
                         double input_scale, std::optional<at::ScalarType> out_dtype) {
-  return std::get<0>(fwd_op().call(x, weight, bias, input_scale, resolve_out_dtype(x, out_dtype)));
+  return std::get<0>(cp_fwd_op().call(x, weight, bias, input_scale, resolve_out_dtype(x, out_dtype)));
 }
 
 }  // namespace
@@ -191,7 +191,7 @@ Tensor conv3x3_maxpool_relu(const Tensor& x, const Tensor& weight, const Tensor&
 Tensor conv3x3_maxpool_relu_reference(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                       double input_scale, std::optional<at::ScalarType> out_dtype) {
   detail::conv_pool_check_inputs(x, weight, bias);
-  const auto cd = compute_dtype(x, weight);
+  const auto cd = cp_compute_dtype(x, weight);
   const Tensor z = at::conv2d(scaled_input(x, input_scale, cd), weight.to(cd), bias.to(cd), 1, 1);
   return at::relu(at::max_pool2d(z, {2, 2}, {2, 2})).to(resolve_out_dtype(x, out_dtype));
 }
@@ -203,14 +203,14 @@ TORCH_LIBRARY_IMPL(strobe, Autograd, m) {
 }
 TORCH_LIBRARY_IMPL(strobe, CPU, m) {
   m.impl("conv3x3_maxpool_relu", &strobe::ops::conv_pool_nograd);
-  m.impl("conv3x3_maxpool_relu_fwd", &strobe::ops::fwd_cpu);
-  m.impl("conv3x3_maxpool_relu_bwd", &strobe::ops::bwd_cpu);
+  m.impl("conv3x3_maxpool_relu_fwd", &strobe::ops::cp_fwd_cpu);
+  m.impl("conv3x3_maxpool_relu_bwd", &strobe::ops::cp_bwd_cpu);
 }
 TORCH_LIBRARY_IMPL(strobe, CUDA, m) {
   m.impl("conv3x3_maxpool_relu", &strobe::ops::conv_pool_nograd);
 }
 TORCH_LIBRARY_IMPL(strobe, Meta, m) {
   m.impl("conv3x3_maxpool_relu", &strobe::ops::conv_pool_nograd);
-  m.impl("conv3x3_maxpool_relu_fwd", &strobe::ops::fwd_meta);
-  m.impl("conv3x3_maxpool_relu_bwd", &strobe::ops::bwd_meta);
+  m.impl("conv3x3_maxpool_relu_fwd", &strobe::ops::cp_fwd_meta);
+  m.impl("conv3x3_maxpool_relu_bwd", &strobe::ops::cp_bwd_meta);
 }

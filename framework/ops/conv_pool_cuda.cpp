@@ -16,7 +16,7 @@ namespace {
 using at::Tensor;
 using cuda::ConvPoolDType;
 
-ConvPoolDType to_dtype(at::ScalarType s, const char* what) {
+ConvPoolDType to_cp_dtype(at::ScalarType s, const char* what) {
   switch (s) {
     case at::kFloat: return ConvPoolDType::kFloat32;
     case at::kBFloat16: return ConvPoolDType::kBFloat16;
@@ -44,11 +44,11 @@ cuda::ConvPoolShape shape_of(const Tensor& x, const Tensor& weight) {
   return s;
 }
 
-std::tuple<Tensor, Tensor> fwd_cuda(const Tensor& x, const Tensor& weight, const Tensor& bias,
+std::tuple<Tensor, Tensor> cp_fwd_cuda(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                     double input_scale, at::ScalarType out_dtype) {
   detail::conv_pool_check_inputs(x, weight, bias);
-  const ConvPoolDType xdt = to_dtype(x.scalar_type(), "x");
-  const ConvPoolDType ydt = to_dtype(out_dtype, "out_dtype");
+  const ConvPoolDType xdt = to_cp_dtype(x.scalar_type(), "x");
+  const ConvPoolDType ydt = to_cp_dtype(out_dtype, "out_dtype");
   TORCH_CHECK(ydt != ConvPoolDType::kUInt8, "conv3x3_maxpool_relu: out_dtype must be floating");
   const cuda::ConvPoolShape s = shape_of(x, weight);
   const c10::cuda::CUDAGuard guard(x.device());
@@ -63,7 +63,7 @@ std::tuple<Tensor, Tensor> fwd_cuda(const Tensor& x, const Tensor& weight, const
   return {y, mask};
 }
 
-std::tuple<Tensor, Tensor, Tensor> bwd_cuda(const Tensor& grad_y, const Tensor& x,
+std::tuple<Tensor, Tensor, Tensor> cp_bwd_cuda(const Tensor& grad_y, const Tensor& x,
                                             const Tensor& weight, const Tensor& mask,
                                             double input_scale, bool input_grad) {
   const cuda::ConvPoolShape s = shape_of(x, weight);
@@ -76,8 +76,8 @@ std::tuple<Tensor, Tensor, Tensor> bwd_cuda(const Tensor& grad_y, const Tensor& 
               "conv3x3_maxpool_relu_bwd: all tensors must be on one device");
   TORCH_CHECK(!input_grad || at::isFloatingType(x.scalar_type()),
               "conv3x3_maxpool_relu_bwd: no input gradient for integer x");
-  const ConvPoolDType gydt = to_dtype(grad_y.scalar_type(), "grad_y");
-  const ConvPoolDType xdt = to_dtype(x.scalar_type(), "x");
+  const ConvPoolDType gydt = to_cp_dtype(grad_y.scalar_type(), "grad_y");
+  const ConvPoolDType xdt = to_cp_dtype(x.scalar_type(), "x");
   const c10::cuda::CUDAGuard guard(x.device());
   const cudaStream_t stream = detail::current_stream();
   const Tensor gy = grad_y.contiguous(), mc = mask.contiguous(), xc = x.contiguous();
@@ -103,6 +103,6 @@ std::tuple<Tensor, Tensor, Tensor> bwd_cuda(const Tensor& grad_y, const Tensor& 
 }  // namespace strobe::ops
 
 TORCH_LIBRARY_IMPL(strobe, CUDA, m) {
-  m.impl("conv3x3_maxpool_relu_fwd", &strobe::ops::fwd_cuda);
-  m.impl("conv3x3_maxpool_relu_bwd", &strobe::ops::bwd_cuda);
+  m.impl("conv3x3_maxpool_relu_fwd", &strobe::ops::cp_fwd_cuda);
+  m.impl("conv3x3_maxpool_relu_bwd", &strobe::ops::cp_bwd_cuda);
 }

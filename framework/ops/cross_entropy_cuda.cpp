@@ -27,7 +27,7 @@ cuda::DType logits_dtype(const Tensor& logits) {
   }
 }
 
-std::tuple<Tensor, Tensor> fwd_cuda(const Tensor& logits, const Tensor& target, int64_t ignore_index) {
+std::tuple<Tensor, Tensor> ce_fwd_cuda(const Tensor& logits, const Tensor& target, int64_t ignore_index) {
   detail::cross_entropy_check_inputs(logits, target);
   const c10::cuda::CUDAGuard guard(logits.device());
   const Tensor lc = logits.contiguous(), tc = target.contiguous();
@@ -46,7 +46,7 @@ std::tuple<Tensor, Tensor> fwd_cuda(const Tensor& logits, const Tensor& target, 
   return {loss, lse};
 }
 
-Tensor bwd_cuda(const Tensor& grad, const Tensor& logits, const Tensor& target, const Tensor& lse,
+Tensor ce_bwd_cuda(const Tensor& grad, const Tensor& logits, const Tensor& target, const Tensor& lse,
                 const OptTensor& count, int64_t ignore_index) {
   detail::cross_entropy_check_inputs(logits, target);
   const bool per_row = grad.dim() == 1;
@@ -80,6 +80,6 @@ Tensor bwd_cuda(const Tensor& grad, const Tensor& logits, const Tensor& target, 
 }  // namespace strobe::ops
 
 TORCH_LIBRARY_IMPL(strobe, CUDA, m) {
-  m.impl("cross_entropy_fwd", &strobe::ops::fwd_cuda);
-  m.impl("cross_entropy_bwd", &strobe::ops::bwd_cuda);
+  m.impl("cross_entropy_fwd", &strobe::ops::ce_fwd_cuda);
+  m.impl("cross_entropy_bwd", &strobe::ops::ce_bwd_cuda);
 }

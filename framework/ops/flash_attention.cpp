@@ -360,13 +360,13 @@ using BwdFn = std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, c
                                                  const std::optional<Tensor>&, int64_t, int64_t,
                                                  bool, double, bool);
 
-const c10::TypedOperatorHandle<FwdFn>& fwd_op() {
+const c10::TypedOperatorHandle<FwdFn>& fa_fwd_op() {
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("strobe::flash_attention_fwd", "")
                              .typed<FwdFn>();
   return op;
 }
-const c10::TypedOperatorHandle<BwdFn>& bwd_op() {
+const c10::TypedOperatorHandle<BwdFn>& fa_bwd_op() {
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("strobe::flash_attention_bwd", "")
                              .typed<BwdFn>();
@@ -381,7 +381,7 @@ class FlashAttentionFunction : public torch::autograd::Function<FlashAttentionFu
       int64_t max_seqlen_q, int64_t max_seqlen_k, bool causal, double softmax_scale,
       bool deterministic) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    auto [out, lse] = fwd_op().call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+    auto [out, lse] = fa_fwd_op().call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                     max_seqlen_k, causal, softmax_scale);
     const bool varlen = cu_seqlens_q.has_value() && cu_seqlens_q->defined();
     ctx->save_for_backward({q, k, v, out, lse, varlen ? *cu_seqlens_q : Tensor(),
@@ -406,7 +406,7 @@ class FlashAttentionFunction : public torch::autograd::Function<FlashAttentionFu
       cq = saved[5];
       ck = saved[6];
     }
-    auto [dq, dk, dv] = bwd_op().call(
+    auto [dq, dk, dv] = fa_bwd_op().call(
         grad_out.contiguous(), saved[0], saved[1], saved[2], saved[3], saved[4], cq, ck,
         ctx->saved_data["max_q"].toInt(), ctx->saved_data["max_k"].toInt(),
         ctx->saved_data["causal"].toBool(), ctx->saved_data["scale"].toDouble(),
@@ -433,7 +433,7 @@ std::tuple<Tensor, Tensor> flash_attention_nograd(
     const std::optional<Tensor>& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
     bool causal, std::optional<double> softmax_scale, bool deterministic) {
   (void)deterministic;
-  return fwd_op().call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+  return fa_fwd_op().call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
                        detail::resolve_scale(q, softmax_scale));
 }
 

@@ -41,13 +41,13 @@ namespace {
 
 using at::Tensor;
 
-at::ScalarType compute_dtype(const Tensor& x) { return x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat; }
+at::ScalarType mlp_compute_dtype(const Tensor& x) { return x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat; }
 
 // (y, act, pre), act and pre [M, H] in x's dtype (what the backward reads).
-std::tuple<Tensor, Tensor, Tensor> fwd_cpu(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2,
+std::tuple<Tensor, Tensor, Tensor> mlp_fwd_cpu(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2,
                                            const Tensor& b2) {
   detail::fused_mlp_check_inputs(x, w1, b1, w2, b2);
-  const auto cd = compute_dtype(x);
+  const auto cd = mlp_compute_dtype(x);
   const Tensor x2 = x.reshape({-1, x.size(-1)}).to(cd);
   // GELU of the unrounded pre-activation, as the GEMM epilogue (which then stores both rounded).
   const Tensor pre32 = at::addmm(b1.to(cd), x2, w1.to(cd).t());
@@ -59,9 +59,9 @@ std::tuple<Tensor, Tensor, Tensor> fwd_cpu(const Tensor& x, const Tensor& w1, co
   return {y.view(shape), act, pre};
 }
 
-std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> bwd_cpu(const Tensor& dy, const Tensor& x, const Tensor& w1,
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> mlp_bwd_cpu(const Tensor& dy, const Tensor& x, const Tensor& w1,
                                                            const Tensor& w2, const Tensor& act, const Tensor& pre) {
-  const auto cd = compute_dtype(x);
+  const auto cd = mlp_compute_dtype(x);
   const Tensor x2 = x.reshape({-1, x.size(-1)}).to(cd);
   const Tensor dy2 = dy.reshape({-1, w2.size(0)}).to(cd);
   const Tensor dpre = at::gelu_backward(dy2.mm(w2.to(cd)), pre.to(cd), "tanh");
@@ -70,7 +70,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> bwd_cpu(const Tensor& dy, con
           dy2.t().mm(act.to(cd)).to(dt), dy2.sum(0).to(dt)};
 }
 
-std::tuple<Tensor, Tensor, Tensor> fwd_meta(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2,
+std::tuple<Tensor, Tensor, Tensor> mlp_fwd_meta(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2,
                                             const Tensor& b2) {
   detail::fused_mlp_check_inputs(x, w1, b1, w2, b2);
   std::vector<c10::SymInt> shape(x.sym_sizes().begin(), x.sym_sizes().end());
@@ -80,7 +80,7 @@ std::tuple<Tensor, Tensor, Tensor> fwd_meta(const Tensor& x, const Tensor& w1, c
           at::empty_symint({rows, w1.sym_size(0)}, x.options())};
 }
 
-std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> bwd_meta(const Tensor& dy, const Tensor& x, const Tensor& w1,
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> mlp_bwd_meta(const Tensor& dy, const Tensor& x, const Tensor& w1,
                                                             const Tensor& w2, const Tensor& act, const Tensor& pre) {
   (void)dy;
   (void)act;
@@ -90,17 +90,17 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> bwd_meta(const Tensor& dy, co
           at::empty_symint({w2.sym_size(0)}, w2.options())};
 }
 
-using FwdSig = std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+using MlpFwdSig = std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                                                   const Tensor&);
-using BwdSig = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&,
+using MlpBwdSig = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&,
                                                                   const Tensor&, const Tensor&, const Tensor&);
 
-const c10::TypedOperatorHandle<FwdSig>& fwd_op() {
-  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("strobe::fused_mlp_fwd", "").typed<FwdSig>();
+const c10::TypedOperatorHandle<MlpFwdSig>& mlp_fwd_op() {
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("strobe::fused_mlp_fwd", "").typed<MlpFwdSig>();
   return op;
 }
-const c10::TypedOperatorHandle<BwdSig>& bwd_op() {
-  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("strobe::fused_mlp_bwd", "").typed<BwdSig>();
+const c10::TypedOperatorHandle<MlpBwdSig>& mlp_bwd_op() {
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("strobe::fused_mlp_bwd", "").typed<MlpBwdSig>();
   return op;
 }
 
@@ -109,7 +109,7 @@ class FusedMlpFunction : public torch::autograd::Function<FusedMlpFunction> {
   static Tensor forward(torch::autograd::AutogradContext* ctx, const Tensor& x, const Tensor& w1, const Tensor& b1,
                         const Tensor& w2, const Tensor& b2) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    auto [y, act, pre] = fwd_op().call(x, w1, b1, w2, b2);
+    auto [y, act, pre] = mlp_fwd_op().call(x, w1, b1, w2, b2);
     ctx->save_for_backward({x, w1, w2, act, pre});
     return y;
   }
@@ -118,7 +118,7 @@ class FusedMlpFunction : public torch::autograd::Function<FusedMlpFunction> {
                                                  torch::autograd::variable_list grads) {
     if (!grads[0].defined()) return {Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
     const auto s = ctx->get_saved_variables();
-    auto [dx, dw1, db1, dw2, db2] = bwd_op().call(grads[0].contiguous(), s[0], s[1], s[2], s[3], s[4]);
+    auto [dx, dw1, db1, dw2, db2] = mlp_bwd_op().call(grads[0].contiguous(), s[0], s[1], s[2], s[3], s[4]);
     return {dx, dw1, db1, dw2, db2};
   }
 };
@@ -127,7 +127,7 @@ Tensor mlp_autograd(const Tensor& x, const Tensor& w1, const Tensor& b1, const T
   return FusedMlpFunction::apply(x, w1, b1, w2, b2);
 }
 Tensor mlp_nograd(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2, const Tensor& b2) {
-  return std::get<0>(fwd_op().call(x, w1, b1, w2, b2));
+  return std::get<0>(mlp_fwd_op().call(x, w1, b1, w2, b2));
 }
 
 }  // namespace
@@ -145,12 +145,12 @@ Tensor fused_mlp(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tens
 TORCH_LIBRARY_IMPL(strobe, Autograd, m) { m.impl("fused_mlp", &strobe::ops::mlp_autograd); }
 TORCH_LIBRARY_IMPL(strobe, CPU, m) {
   m.impl("fused_mlp", &strobe::ops::mlp_nograd);
-  m.impl("fused_mlp_fwd", &strobe::ops::fwd_cpu);
-  m.impl("fused_mlp_bwd", &strobe::ops::bwd_cpu);
+  m.impl("fused_mlp_fwd", &strobe::ops::mlp_fwd_cpu);
+  m.impl("fused_mlp_bwd", &strobe::ops::mlp_bwd_cpu);
 }
 TORCH_LIBRARY_IMPL(strobe, CUDA, m) { m.impl("fused_mlp", &strobe::ops::mlp_nograd); }
 TORCH_LIBRARY_IMPL(strobe, Meta, m) {
   m.impl("fused_mlp", &strobe::ops::mlp_nograd);
-  m.impl("fused_mlp_fwd", &strobe::ops::fwd_meta);
-  m.impl("fused_mlp_bwd", &strobe::ops::bwd_meta);
+  m.impl("fused_mlp_fwd", &strobe::ops::mlp_fwd_meta);
+  m.impl("fused_mlp_bwd", &strobe::ops::mlp_bwd_meta);
 }

@@ -148,7 +148,7 @@ void check_cuda_shapes(const Tensor& x, const Tensor& w1, const Tensor& w2) {
               "layout), got ", c, ", ", h, ", ", n);
 }
 
-std::tuple<Tensor, Tensor, Tensor> fwd_cuda(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2,
+std::tuple<Tensor, Tensor, Tensor> mlp_fwd_cuda(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2,
                                             const Tensor& b2) {
   detail::fused_mlp_check_inputs(x, w1, b1, w2, b2);
   check_cuda_shapes(x, w1, w2);
@@ -169,7 +169,7 @@ std::tuple<Tensor, Tensor, Tensor> fwd_cuda(const Tensor& x, const Tensor& w1, c
   return {y.view(shape), act, pre};
 }
 
-std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> bwd_cuda(const Tensor& dy, const Tensor& x, const Tensor& w1,
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> mlp_bwd_cuda(const Tensor& dy, const Tensor& x, const Tensor& w1,
                                                             const Tensor& w2, const Tensor& act, const Tensor& pre) {
   check_cuda_shapes(x, w1, w2);
   const c10::cuda::CUDAGuard guard(x.device());
@@ -202,6 +202,6 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> bwd_cuda(const Tensor& dy, co
 }  // namespace strobe::ops
 
 TORCH_LIBRARY_IMPL(strobe, CUDA, m) {
-  m.impl("fused_mlp_fwd", &strobe::ops::fwd_cuda);
-  m.impl("fused_mlp_bwd", &strobe::ops::bwd_cuda);
+  m.impl("fused_mlp_fwd", &strobe::ops::mlp_fwd_cuda);
+  m.impl("fused_mlp_bwd", &strobe::ops::mlp_bwd_cuda);
 }

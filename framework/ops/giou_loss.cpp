@@ -86,7 +86,7 @@ void check_inputs(const Tensor& pred, const Tensor& target, const std::optional<
   }
 }
 
-at::ScalarType loss_dtype(const Tensor& pred) {
+at::ScalarType giou_loss_dtype(const Tensor& pred) {
   return pred.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
 }
 
@@ -149,9 +149,9 @@ std::tuple<Tensor, Tensor, Tensor> giou_fwd_cpu(const Tensor& pred, const Tensor
                                           : 1.0;
   Tensor loss;
   if (reduction == kNone) {
-    loss = per_box.reshape(pred.sizes().slice(0, pred.dim() - 1)).to(loss_dtype(pred));
+    loss = per_box.reshape(pred.sizes().slice(0, pred.dim() - 1)).to(giou_loss_dtype(pred));
   } else {
-    loss = (per_box.sum() * scale).to(loss_dtype(pred));
+    loss = (per_box.sum() * scale).to(giou_loss_dtype(pred));
   }
   Tensor grad_box;
   if (with_grad) {
@@ -171,10 +171,10 @@ std::tuple<Tensor, Tensor, Tensor> giou_fwd_cpu(const Tensor& pred, const Tensor
                          at::zeros({rows, 4}, dopt));
   }
   // grad_box and scale in the loss dtype, as the CUDA kernels (and the Meta kernel) return them.
-  if (grad_box.defined()) grad_box = grad_box.to(loss_dtype(pred));
+  if (grad_box.defined()) grad_box = grad_box.to(giou_loss_dtype(pred));
   // `none` has no scale (the backward multiplies grad_out per box), as on CUDA.
   Tensor scale_t;
-  if (reduction != kNone) scale_t = at::scalar_tensor(scale, dopt.dtype(loss_dtype(pred)));
+  if (reduction != kNone) scale_t = at::scalar_tensor(scale, dopt.dtype(giou_loss_dtype(pred)));
   return {loss, grad_box, scale_t};
 }
 
@@ -198,7 +198,7 @@ Tensor giou_bwd_cpu(const Tensor& grad_out, const Tensor& grad_box, const Tensor
 
 const c10::TypedOperatorHandle<std::tuple<Tensor, Tensor, Tensor>(
     const Tensor&, const Tensor&, const std::optional<Tensor>&, int64_t, int64_t, bool)>&
-fwd_op() {
+giou_fwd_op() {
   static const auto op =
       c10::Dispatcher::singleton()
           .findSchemaOrThrow("strobe::giou_loss_fwd", "")
@@ -211,7 +211,7 @@ fwd_op() {
 // pred_shape is SymInt[] so torch.compile's dynamic shapes pass through the autograd function.
 const c10::TypedOperatorHandle<Tensor(const Tensor&, const Tensor&, const Tensor&, int64_t,
                                       at::ScalarType, c10::SymIntArrayRef)>&
-bwd_op() {
+giou_bwd_op() {
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("strobe::giou_loss_bwd", "")
                              .typed<Tensor(const Tensor&, const Tensor&, const Tensor&, int64_t,
@@ -226,7 +226,7 @@ class GiouLossFunction : public torch::autograd::Function<GiouLossFunction> {
                         int64_t reduction) {
     at::AutoDispatchBelowADInplaceOrView guard;
     auto [loss, grad_box, scale] =
-        fwd_op().call(pred, target, offsets, layout, reduction, pred.requires_grad());
+        giou_fwd_op().call(pred, target, offsets, layout, reduction, pred.requires_grad());
     ctx->save_for_backward({grad_box, scale});
     ctx->saved_data["reduction"] = reduction;
     ctx->saved_data["pred_dtype"] = static_cast<int64_t>(pred.scalar_type());
@@ -241,7 +241,7 @@ class GiouLossFunction : public torch::autograd::Function<GiouLossFunction> {
     const auto shape = ctx->saved_data["pred_shape"].toSymIntVector();
     Tensor grad_out = grad_outputs[0];
     if (!grad_out.defined()) return {Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
-    const Tensor grad_pred = bwd_op().call(grad_out.contiguous(), saved[0], saved[1],
+    const Tensor grad_pred = giou_bwd_op().call(grad_out.contiguous(), saved[0], saved[1],
                                            ctx->saved_data["reduction"].toInt(), dtype, shape);
     return {grad_pred, Tensor(), Tensor(), Tensor(), Tensor()};
   }
@@ -256,7 +256,7 @@ Tensor giou_autograd(const Tensor& pred, const Tensor& target,
 
 Tensor giou_nograd(const Tensor& pred, const Tensor& target, const std::optional<Tensor>& offsets,
                    int64_t layout, int64_t reduction) {
-  return std::get<0>(fwd_op().call(pred, target, offsets, layout, reduction, false));
+  return std::get<0>(giou_fwd_op().call(pred, target, offsets, layout, reduction, false));
 }
 
 Tensor giou_loss_autograd(const Tensor& pred, const Tensor& target, std::string_view reduction) {
@@ -319,7 +319,7 @@ Tensor generalized_box_iou_loss_composite(const Tensor& pred, const Tensor& targ
   // torch.compile (sym_size, no host ints).
   const Tensor offsets =
       at::mul(at::arange(2, pred.options().dtype(at::kLong)), c10::Scalar(p.sym_size(0)));
-  const Tensor rows = offsets.select(0, 1).to(loss_dtype(pred));
+  const Tensor rows = offsets.select(0, 1).to(giou_loss_dtype(pred));
   if (r == kNone) {
     return at::rsub(giou_packed(p, t, offsets, "none"), 1.0)
         .reshape_symint(pred.sym_sizes().slice(0, pred.dim() - 1));

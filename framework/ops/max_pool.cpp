@@ -126,7 +126,7 @@ void bwd_planes(const T* gy, const uint8_t* index, T* gx, int64_t planes, int64_
   });
 }
 
-std::tuple<Tensor, Tensor> fwd_cpu(const Tensor& x, at::IntArrayRef kernel_size, at::IntArrayRef stride,
+std::tuple<Tensor, Tensor> mp_fwd_cpu(const Tensor& x, at::IntArrayRef kernel_size, at::IntArrayRef stride,
                                    at::IntArrayRef padding) {
   const PoolArgs a = detail::pool_args(kernel_size, stride, padding);
   const auto shape = detail::pool_check(x, a);
@@ -153,7 +153,7 @@ void bwd_check(const Tensor& grad_y, const Tensor& index, at::IntArrayRef input_
   TORCH_CHECK(grad_y.device() == index.device(), "max_pool2d_bwd: grad_y and index must be on one device");
 }
 
-Tensor bwd_cpu(const Tensor& grad_y, const Tensor& index, at::IntArrayRef input_size, at::IntArrayRef kernel_size,
+Tensor mp_bwd_cpu(const Tensor& grad_y, const Tensor& index, at::IntArrayRef input_size, at::IntArrayRef kernel_size,
                at::IntArrayRef stride, at::IntArrayRef padding, bool channels_last) {
   const PoolArgs a = detail::pool_args(kernel_size, stride, padding);
   bwd_check(grad_y, index, input_size, a);
@@ -166,7 +166,7 @@ Tensor bwd_cpu(const Tensor& grad_y, const Tensor& index, at::IntArrayRef input_
   return channels_last ? gx.contiguous(at::MemoryFormat::ChannelsLast) : gx;
 }
 
-std::tuple<Tensor, Tensor> fwd_meta(const Tensor& x, at::IntArrayRef kernel_size, at::IntArrayRef stride,
+std::tuple<Tensor, Tensor> mp_fwd_meta(const Tensor& x, at::IntArrayRef kernel_size, at::IntArrayRef stride,
                                     at::IntArrayRef padding) {
   const PoolArgs a = detail::pool_args(kernel_size, stride, padding);
   const auto shape = detail::pool_check(x, a);
@@ -174,7 +174,7 @@ std::tuple<Tensor, Tensor> fwd_meta(const Tensor& x, at::IntArrayRef kernel_size
   return {at::empty_symint(shape, x.options(), fmt), at::empty_symint(shape, x.options().dtype(at::kByte), fmt)};
 }
 
-Tensor bwd_meta(const Tensor& grad_y, const Tensor& index, c10::SymIntArrayRef input_size,
+Tensor mp_bwd_meta(const Tensor& grad_y, const Tensor& index, c10::SymIntArrayRef input_size,
                 at::IntArrayRef kernel_size, at::IntArrayRef stride, at::IntArrayRef padding, bool channels_last) {
   (void)index;
   detail::pool_args(kernel_size, stride, padding);
@@ -182,18 +182,18 @@ Tensor bwd_meta(const Tensor& grad_y, const Tensor& index, c10::SymIntArrayRef i
                           channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous);
 }
 
-using FwdSig = std::tuple<Tensor, Tensor>(const Tensor&, at::IntArrayRef, at::IntArrayRef, at::IntArrayRef);
-using BwdSig = Tensor(const Tensor&, const Tensor&, c10::SymIntArrayRef, at::IntArrayRef, at::IntArrayRef,
+using MpFwdSig = std::tuple<Tensor, Tensor>(const Tensor&, at::IntArrayRef, at::IntArrayRef, at::IntArrayRef);
+using MpBwdSig = Tensor(const Tensor&, const Tensor&, c10::SymIntArrayRef, at::IntArrayRef, at::IntArrayRef,
                       at::IntArrayRef, bool);
 
-const c10::TypedOperatorHandle<FwdSig>& fwd_op() {
+const c10::TypedOperatorHandle<MpFwdSig>& mp_fwd_op() {
   static const auto op =
-      c10::Dispatcher::singleton().findSchemaOrThrow("strobe::max_pool2d_fwd", "").typed<FwdSig>();
+      c10::Dispatcher::singleton().findSchemaOrThrow("strobe::max_pool2d_fwd", "").typed<MpFwdSig>();
   return op;
 }
-const c10::TypedOperatorHandle<BwdSig>& bwd_op() {
+const c10::TypedOperatorHandle<MpBwdSig>& mp_bwd_op() {
   static const auto op =
-      c10::Dispatcher::singleton().findSchemaOrThrow("strobe::max_pool2d_bwd", "").typed<BwdSig>();
+      c10::Dispatcher::singleton().findSchemaOrThrow("strobe::max_pool2d_bwd", "").typed<MpBwdSig>();
   return op;
 }
 
@@ -209,7 +209,7 @@ class MaxPoolFunction : public torch::autograd::Function<MaxPoolFunction> {
   static Tensor forward(torch::autograd::AutogradContext* ctx, const Tensor& x, at::IntArrayRef kernel_size,
                         at::IntArrayRef stride, at::IntArrayRef padding) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    auto [y, index] = fwd_op().call(x, kernel_size, stride, padding);
+    auto [y, index] = mp_fwd_op().call(x, kernel_size, stride, padding);
     // Only the one-byte index and the input's shape are kept, never x.
     ctx->save_for_backward({index});
     ctx->saved_data["input_size"] = x.sym_sizes().vec();
@@ -228,7 +228,7 @@ class MaxPoolFunction : public torch::autograd::Function<MaxPoolFunction> {
     const auto input_size = ctx->saved_data["input_size"].toSymIntVector();
     const auto k = ctx->saved_data["kernel_size"].toIntVector(), s = ctx->saved_data["stride"].toIntVector(),
                p = ctx->saved_data["padding"].toIntVector();
-    Tensor gx = bwd_op().call(go, saved[0], input_size, k, s, p, ctx->saved_data["channels_last"].toBool());
+    Tensor gx = mp_bwd_op().call(go, saved[0], input_size, k, s, p, ctx->saved_data["channels_last"].toBool());
     return {gx, Tensor(), Tensor(), Tensor()};
   }
 };
@@ -242,7 +242,7 @@ Tensor max_pool_autograd(const Tensor& x, at::IntArrayRef kernel_size, at::IntAr
 Tensor max_pool_nograd(const Tensor& x, at::IntArrayRef kernel_size, at::IntArrayRef stride, at::IntArrayRef padding,
                        at::IntArrayRef dilation, bool ceil_mode) {
   check_unsupported(dilation, ceil_mode);
-  return std::get<0>(fwd_op().call(x, kernel_size, stride, padding));
+  return std::get<0>(mp_fwd_op().call(x, kernel_size, stride, padding));
 }
 
 }  // namespace
@@ -269,12 +269,12 @@ bool max_pool2d_cuda_eligible(const Tensor& x) {
 TORCH_LIBRARY_IMPL(strobe, Autograd, m) { m.impl("max_pool2d", &strobe::ops::max_pool_autograd); }
 TORCH_LIBRARY_IMPL(strobe, CPU, m) {
   m.impl("max_pool2d", &strobe::ops::max_pool_nograd);
-  m.impl("max_pool2d_fwd", &strobe::ops::fwd_cpu);
-  m.impl("max_pool2d_bwd", &strobe::ops::bwd_cpu);
+  m.impl("max_pool2d_fwd", &strobe::ops::mp_fwd_cpu);
+  m.impl("max_pool2d_bwd", &strobe::ops::mp_bwd_cpu);
 }
 TORCH_LIBRARY_IMPL(strobe, CUDA, m) { m.impl("max_pool2d", &strobe::ops::max_pool_nograd); }
 TORCH_LIBRARY_IMPL(strobe, Meta, m) {
   m.impl("max_pool2d", &strobe::ops::max_pool_nograd);
-  m.impl("max_pool2d_fwd", &strobe::ops::fwd_meta);
-  m.impl("max_pool2d_bwd", &strobe::ops::bwd_meta);
+  m.impl("max_pool2d_fwd", &strobe::ops::mp_fwd_meta);
+  m.impl("max_pool2d_bwd", &strobe::ops::mp_bwd_meta);
 }

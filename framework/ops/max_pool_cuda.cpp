@@ -15,7 +15,7 @@ namespace {
 using at::Tensor;
 using cuda::PoolDType;
 
-PoolDType to_dtype(at::ScalarType s) {
+PoolDType to_pool_dtype(at::ScalarType s) {
   switch (s) {
     case at::kFloat: return PoolDType::kFloat32;
     case at::kBFloat16: return PoolDType::kBFloat16;
@@ -41,11 +41,11 @@ at::MemoryFormat format(bool channels_last) {
   return channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
 }
 
-std::tuple<Tensor, Tensor> fwd_cuda(const Tensor& x, at::IntArrayRef kernel_size, at::IntArrayRef stride,
+std::tuple<Tensor, Tensor> mp_fwd_cuda(const Tensor& x, at::IntArrayRef kernel_size, at::IntArrayRef stride,
                                     at::IntArrayRef padding) {
   const detail::PoolArgs a = detail::pool_args(kernel_size, stride, padding);
   const auto sym = detail::pool_check(x, a);
-  const PoolDType dt = to_dtype(x.scalar_type());
+  const PoolDType dt = to_pool_dtype(x.scalar_type());
   const bool cl = detail::pool_channels_last(x);
   const std::vector<int64_t> out{x.size(0), x.size(1), sym[2].expect_int(), sym[3].expect_int()};
   const cuda::PoolShape s = shape_of(x.sizes(), out, a, cl);
@@ -58,7 +58,7 @@ std::tuple<Tensor, Tensor> fwd_cuda(const Tensor& x, at::IntArrayRef kernel_size
   return {y, index};
 }
 
-Tensor bwd_cuda(const Tensor& grad_y, const Tensor& index, at::IntArrayRef input_size, at::IntArrayRef kernel_size,
+Tensor mp_bwd_cuda(const Tensor& grad_y, const Tensor& index, at::IntArrayRef input_size, at::IntArrayRef kernel_size,
                 at::IntArrayRef stride, at::IntArrayRef padding, bool channels_last) {
   const detail::PoolArgs a = detail::pool_args(kernel_size, stride, padding);
   TORCH_CHECK(input_size.size() == 4, "max_pool2d_bwd: input_size must be [N, C, H, W], got ", input_size);
@@ -69,7 +69,7 @@ Tensor bwd_cuda(const Tensor& grad_y, const Tensor& index, at::IntArrayRef input
               "max_pool2d_bwd: grad_y and the uint8 index must be ", at::IntArrayRef(out), ", got ", grad_y.sizes(),
               " and ", index.sizes(), " ", index.scalar_type());
   TORCH_CHECK(grad_y.device() == index.device(), "max_pool2d_bwd: grad_y and index must be on one device");
-  const PoolDType dt = to_dtype(grad_y.scalar_type());
+  const PoolDType dt = to_pool_dtype(grad_y.scalar_type());
   const cuda::PoolShape s = shape_of(input_size, out, a, channels_last);
   const c10::cuda::CUDAGuard guard(grad_y.device());
   // (the incoming gradient may be in another layout, e.g. from a flatten; the index never is)
@@ -84,6 +84,6 @@ Tensor bwd_cuda(const Tensor& grad_y, const Tensor& index, at::IntArrayRef input
 }  // namespace strobe::ops
 
 TORCH_LIBRARY_IMPL(strobe, CUDA, m) {
-  m.impl("max_pool2d_fwd", &strobe::ops::fwd_cuda);
-  m.impl("max_pool2d_bwd", &strobe::ops::bwd_cuda);
+  m.impl("max_pool2d_fwd", &strobe::ops::mp_fwd_cuda);
+  m.impl("max_pool2d_bwd", &strobe::ops::mp_bwd_cuda);
 }
