@@ -2,10 +2,15 @@
 // same path as the CLI, in a fresh temporary run directory.
 #pragma once
 
+#include <stdlib.h>  // mkdtemp
+
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -57,7 +62,8 @@ inline std::string temp_dir(const std::string& tag) {
   std::string tmpl = (base / (tag + "-XXXXXX")).string();  // mkdtemp fills in the six X
   std::vector<char> buf(tmpl.begin(), tmpl.end());
   buf.push_back('\0');
-  return std::string(mkdtemp(buf.data()));
+  if (!mkdtemp(buf.data())) throw std::runtime_error("mkdtemp " + tmpl + ": " + std::strerror(errno));
+  return std::string(buf.data());
 }
 
 inline std::unique_ptr<Run> make_run(const std::string& yaml, const std::vector<std::string>& sets,
