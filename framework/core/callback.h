@@ -11,8 +11,8 @@
 #include <nlohmann/json_fwd.hpp>
 #include <torch/types.h>
 
+#include "framework/config/registry.h"
 #include "framework/core/datamodule.h"
-#include "framework/core/registry.h"
 #include "framework/data/batch.h"
 
 namespace torch::optim {

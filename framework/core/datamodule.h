@@ -9,7 +9,7 @@
 #include <optional>
 #include <string>
 
-#include "framework/core/registry.h"
+#include "framework/config/registry.h"
 #include "framework/data/batch.h"
 #include "framework/data/loader.h"
 

@@ -8,7 +8,7 @@
 
 #include <torch/nn/module.h>
 
-#include "framework/core/registry.h"
+#include "framework/config/registry.h"
 #include "framework/data/batch.h"
 
 namespace strobe {

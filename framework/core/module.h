@@ -14,9 +14,9 @@
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
+#include "framework/config/registry.h"
 #include "framework/core/datamodule.h"
 #include "framework/core/model.h"
-#include "framework/core/registry.h"
 #include "framework/data/batch.h"
 #include "framework/logging/log_sink.h"
 

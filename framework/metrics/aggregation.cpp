@@ -1,5 +1,7 @@
 #include "framework/metrics/aggregation.h"
 
+#include "framework/metrics/registry.h"
+
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <limits>
@@ -162,5 +164,11 @@ void CatMetric::sync(c10d::ProcessGroup& group) {
   buf.copy_(merged);
   count.copy_(total);
 }
+
+STROBE_REGISTER(metric_registry(), "mean", metric_factory<MeanMetric>());
+STROBE_REGISTER(metric_registry(), "sum", metric_factory<SumMetric>());
+STROBE_REGISTER(metric_registry(), "min", metric_factory<MinMetric>());
+STROBE_REGISTER(metric_registry(), "max", metric_factory<MaxMetric>());
+STROBE_REGISTER(metric_registry(), "cat", metric_factory<CatMetric>());
 
 }  // namespace strobe::metrics

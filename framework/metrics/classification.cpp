@@ -1,5 +1,7 @@
 #include "framework/metrics/classification.h"
 
+#include "framework/metrics/registry.h"
+
 namespace strobe::metrics {
 namespace {
 
@@ -189,5 +191,11 @@ torch::Tensor ClassificationMetric::compute() const {
   }
   return detail::safe_divide(weights * score, weights.sum()).sum().to(torch::kFloat);
 }
+
+STROBE_REGISTER(metric_registry(), "accuracy", metric_factory<Accuracy>());
+STROBE_REGISTER(metric_registry(), "precision", metric_factory<Precision>());
+STROBE_REGISTER(metric_registry(), "recall", metric_factory<Recall>());
+STROBE_REGISTER(metric_registry(), "f1", metric_factory<F1Score>());
+STROBE_REGISTER(metric_registry(), "fbeta", metric_factory<FBetaScore>());
 
 }  // namespace strobe::metrics

@@ -1,5 +1,7 @@
 #include "framework/metrics/detection.h"
 
+#include "framework/metrics/registry.h"
+
 namespace strobe::metrics {
 
 torch::Tensor matched_box_iou(const torch::Tensor& a_in, const torch::Tensor& b_in, bool generalized) {
@@ -49,5 +51,8 @@ void BoxIoUMetric::update(const torch::Tensor& pred_boxes, const torch::Tensor& 
 torch::Tensor BoxIoUMetric::compute() const {
   return detail::safe_divide(state(sum_), state(count_)).to(torch::kFloat);
 }
+
+STROBE_REGISTER(metric_registry(), "mean_iou", metric_factory<MeanIoU>());
+STROBE_REGISTER(metric_registry(), "mean_giou", metric_factory<MeanGIoU>());
 
 }  // namespace strobe::metrics

@@ -1,5 +1,7 @@
 #include "framework/metrics/language.h"
 
+#include "framework/metrics/registry.h"
+
 namespace strobe::metrics {
 
 Perplexity::Perplexity(const MetricOptions& o)
@@ -75,5 +77,8 @@ void TokenAccuracy::update(const torch::Tensor& logits, const torch::Tensor& tar
 torch::Tensor TokenAccuracy::compute() const {
   return detail::safe_divide(state(correct_), state(total_)).to(torch::kFloat);
 }
+
+STROBE_REGISTER(metric_registry(), "perplexity", metric_factory<Perplexity>());
+STROBE_REGISTER(metric_registry(), "token_accuracy", metric_factory<TokenAccuracy>());
 
 }  // namespace strobe::metrics

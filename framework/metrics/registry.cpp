@@ -1,35 +1,9 @@
 #include "framework/metrics/registry.h"
 
-#include "framework/metrics/aggregation.h"
-#include "framework/metrics/classification.h"
-#include "framework/metrics/detection.h"
-#include "framework/metrics/language.h"
-
-#include <functional>
 #include <map>
 
 namespace strobe::metrics {
 namespace {
-
-using Factory = std::function<std::unique_ptr<Metric>(const MetricOptions&)>;
-
-template <typename T>
-Factory factory() {
-  return [](const MetricOptions& o) { return std::make_unique<T>(o); };
-}
-
-const std::map<std::string, Factory>& factories() {
-  static const std::map<std::string, Factory> table = {
-      {"accuracy", factory<Accuracy>()},     {"precision", factory<Precision>()},
-      {"recall", factory<Recall>()},         {"f1", factory<F1Score>()},
-      {"fbeta", factory<FBetaScore>()},      {"mean", factory<MeanMetric>()},
-      {"sum", factory<SumMetric>()},         {"min", factory<MinMetric>()},
-      {"max", factory<MaxMetric>()},         {"cat", factory<CatMetric>()},
-      {"mean_iou", factory<MeanIoU>()},      {"mean_giou", factory<MeanGIoU>()},
-      {"perplexity", factory<Perplexity>()}, {"token_accuracy", factory<TokenAccuracy>()},
-  };
-  return table;
-}
 
 std::string join(const std::vector<std::string>& names) {
   std::string out;
@@ -49,21 +23,18 @@ E parse_enum(const std::string& what, const std::string& s, const std::map<std::
 
 }  // namespace
 
-std::unique_ptr<Metric> make_metric(const std::string& name, const MetricOptions& options) {
-  auto it = factories().find(name);
-  TORCH_CHECK_VALUE(it != factories().end(), "unknown metric '", name,
-              "'; expected one of: ", join(metric_names()));
-  return it->second(options);
+MetricRegistry& metric_registry() {
+  static MetricRegistry r("metric");
+  return r;
 }
 
-const std::vector<std::string>& metric_names() {
-  static const std::vector<std::string> names = [] {
-    std::vector<std::string> out;
-    for (const auto& [k, v] : factories()) out.push_back(k);
-    return out;
-  }();
-  return names;
+std::unique_ptr<Metric> make_metric(const std::string& name, const MetricOptions& options) {
+  const MetricFactory* factory = metric_registry().find(name);
+  TORCH_CHECK_VALUE(factory != nullptr, metric_registry().unknown_message(name));
+  return (*factory)(options);
 }
+
+std::vector<std::string> metric_names() { return metric_registry().names(); }
 
 Average parse_average(const std::string& s) {
   return parse_enum<Average>("average", s,

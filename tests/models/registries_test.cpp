@@ -1,0 +1,42 @@
+// Every built-in component is registered in the library: a registration the linker drops (an object
+// file left out of libstrobe) or a component renamed without its docs fails here. Adding a built-in
+// component means adding its name below (and to the docs that list them).
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "framework/core/callback.h"
+#include "framework/core/datamodule.h"
+#include "framework/core/model.h"
+#include "framework/core/module.h"
+#include "framework/metrics/registry.h"
+
+namespace strobe {
+namespace {
+
+using Names = std::vector<std::string>;
+
+TEST(BuiltInComponents, EveryRegistryListsExactlyTheBuiltIns) {
+  EXPECT_EQ(model_registry().names(), (Names{"decoder_lm", "face_detector", "mlp", "resnet", "vit"}));
+  EXPECT_EQ(task_registry().names(), (Names{"classification", "detection", "language_modeling"}));
+  EXPECT_EQ(data_registry().names(),
+            (Names{"cifar10", "coco_boxes", "fashion_mnist", "image_folder", "synthetic_boxes", "synthetic_images",
+                   "synthetic_tokens", "text_file", "token_file"}));
+  EXPECT_EQ(callback_registry().names(),
+            (Names{"early_stopping", "lr_monitor", "model_checkpoint", "nan_capture", "progress_bar"}));
+  EXPECT_EQ(metrics::metric_registry().names(),
+            (Names{"accuracy", "cat", "f1", "fbeta", "max", "mean", "mean_giou", "mean_iou", "min", "perplexity",
+                   "precision", "recall", "sum", "token_accuracy"}));
+}
+
+TEST(BuiltInComponents, UnknownNamesGetTheClosestAndTheList) {
+  EXPECT_EQ(metrics::metric_registry().unknown_message("f2"),
+            "unknown metric 'f2'; did you mean 'f1'? (known: accuracy, cat, f1, fbeta, max, mean, mean_giou, mean_iou, "
+            "min, perplexity, precision, recall, sum, token_accuracy)");
+  EXPECT_EQ(model_registry().unknown_message("resnt"),
+            "unknown model 'resnt'; did you mean 'resnet'? (known: decoder_lm, face_detector, mlp, resnet, vit)");
+}
+
+}  // namespace
+}  // namespace strobe
