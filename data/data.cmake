@@ -1,16 +1,16 @@
-# Image decoding for the data module (included by framework/CMakeLists.txt after strobe_core):
+# Image decoding for the data module (included by framework/CMakeLists.txt after the components floor):
 # libjpeg-turbo's TurboJPEG API (Debian libturbojpeg0-dev) and libpng (libpng-dev). find_path /
 # find_library rather than pkg-config, so that packages unpacked under a CMAKE_PREFIX_PATH entry
 # (the GPU machine's /opt/gpudeps/usr) are found: their .pc files point at /usr.
 find_path(STROBE_TURBOJPEG_INCLUDE_DIR turbojpeg.h REQUIRED)
 find_library(STROBE_TURBOJPEG_LIBRARY NAMES turbojpeg REQUIRED)
 find_package(PNG REQUIRED)
-target_include_directories(strobe_core PRIVATE ${STROBE_TURBOJPEG_INCLUDE_DIR})
-target_link_libraries(strobe_core PUBLIC ${STROBE_TURBOJPEG_LIBRARY} PNG::PNG)
+target_include_directories(strobe_components PRIVATE ${STROBE_TURBOJPEG_INCLUDE_DIR})
+target_link_libraries(strobe_components PUBLIC ${STROBE_TURBOJPEG_LIBRARY} PNG::PNG)
 
 # The data tool (fixtures, listings and raw decodes for tests/python) and the loader benchmark.
 add_executable(strobe_data_tool ${PROJECT_SOURCE_DIR}/data/tools/data_tool.cpp)
-target_link_libraries(strobe_data_tool PRIVATE strobe_core)
+target_link_libraries(strobe_data_tool PRIVATE strobe_lib)
 strobe_use_pch(strobe_data_tool)
 if(EXISTS ${PROJECT_SOURCE_DIR}/bench/data/CMakeLists.txt)
   add_subdirectory(${PROJECT_SOURCE_DIR}/bench/data ${CMAKE_BINARY_DIR}/bench_data)
