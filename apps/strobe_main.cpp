@@ -23,6 +23,7 @@
 #include "framework/core/signals.h"
 #include "framework/data/data_error.h"
 #include "runner/experiment_builder.h"
+#include "runner/export.h"
 #include "runner/replay.h"
 
 namespace {
@@ -216,6 +217,11 @@ int main(int argc, char** argv) {
   rep->add_option("capture", replay_a.capture, "capture directory: <run_dir>/nan (the latest capture) or nan/step_<N>")->required();
   rep->add_option("--device", replay_a.device, "cpu | cuda | cuda:<i> (default: the device it was captured on)");
   rep->add_option("--report", replay_a.report, "also write the report as JSON to this file");
+  strobe::ExportOptions export_a;
+  auto* exp = app.add_subcommand("export", "write a checkpoint's model weights as a safetensors file");
+  exp->add_option("checkpoint", export_a.checkpoint, "a Strobe checkpoint (last.ckpt, a top-k checkpoint)")->required();
+  exp->add_option("-o,--output", export_a.output, "the .safetensors file to write")->required();
+  exp->add_flag("--overwrite", export_a.overwrite, "replace the output file if it exists");
   BenchArgs bench_a;
   auto* bench = app.add_subcommand(
       "bench", "time training steps and kernels: suites step, giou, attention, optimizer, metrics, nan_capture (default: all)");
@@ -246,7 +252,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (app.get_subcommands().empty()) {
-    fmt::print(stderr, "strobe: a command is required (fit, validate, test, replay, bench)\nRun 'strobe --help' for usage.\n");
+    fmt::print(stderr, "strobe: a command is required (fit, validate, test, replay, export, bench)\nRun 'strobe --help' for usage.\n");
     return 2;
   }
   const std::string command = app.get_subcommands().front()->get_name();
@@ -270,9 +276,17 @@ int main(int argc, char** argv) {
   try {
     if (command == "replay") return run_replay(replay_a);
     if (command == "bench") return strobe::bench::run_bench(bench_a.suites, bench_a.json, bench_a.options);
+    if (command == "export") {
+      const int n = strobe::export_weights(export_a);
+      fmt::print("strobe export: {} tensors of {} written to {}\n", n, export_a.checkpoint, export_a.output);
+      return 0;
+    }
     return run_command(command, c, progress);
   } catch (const strobe::bench::BenchUsageError& e) {
     fmt::print(stderr, "strobe bench: {}\n", e.what());
+    return 2;
+  } catch (const strobe::ExportError& e) {
+    fmt::print(stderr, "strobe export: {}\n", e.what());
     return 2;
   } catch (const strobe::RunDirError& e) {
     fmt::print(stderr, "strobe: run directory error: {}\n", e.what());

@@ -79,9 +79,7 @@ const torch::Tensor& CheckpointData::tensor(const std::string& k) const {
   return it->second;
 }
 
-namespace {
-
-void write_parts_atomic(const std::string& path, std::initializer_list<const std::string*> parts) {
+void write_spans_atomic(const std::string& path, const std::vector<ByteSpan>& parts) {
   namespace fs = std::filesystem;
   fs::path target(path);
   fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
@@ -93,7 +91,7 @@ void write_parts_atomic(const std::string& path, std::initializer_list<const std
   if (fd < 0) throw CheckpointError(fmt::format("{}: cannot create ({})", tmp.string(), std::strerror(errno)));
   size_t written = 0;
   try {
-    for (const std::string* p : parts) write_all(fd, p->data(), p->size(), tmp.string(), written);
+    for (const ByteSpan& p : parts) write_all(fd, static_cast<const char*>(p.data), p.size, tmp.string(), written);
     if (::fsync(fd) != 0) throw CheckpointError(fmt::format("{}: fsync failed ({})", tmp.string(), std::strerror(errno)));
   } catch (...) {
     ::close(fd);
@@ -113,6 +111,14 @@ void write_parts_atomic(const std::string& path, std::initializer_list<const std
     ::fsync(dfd);
     ::close(dfd);
   }
+}
+
+namespace {
+
+void write_parts_atomic(const std::string& path, std::initializer_list<const std::string*> parts) {
+  std::vector<ByteSpan> spans;
+  for (const std::string* p : parts) spans.push_back({p->data(), p->size()});
+  write_spans_atomic(path, spans);
 }
 
 }  // namespace

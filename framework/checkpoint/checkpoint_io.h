@@ -38,6 +38,12 @@ void save_checkpoint_file(const std::string& path, const CheckpointData& data);
 // The same atomic write for any run file (config.yaml, metrics.csv): temp file ".<name>.tmp.<pid>"
 // beside `path`, fsync, rename, fsync of the directory. Throws CheckpointError naming the file.
 void write_file_atomic(const std::string& path, const std::string& bytes);
+// The same, for a file written from several buffers in order (no copy of them is made).
+struct ByteSpan {
+  const void* data;
+  size_t size;
+};
+void write_spans_atomic(const std::string& path, const std::vector<ByteSpan>& parts);
 
 // Removes the temp files (".<name>.tmp.<pid>") that a writer killed mid-write left in `dir`, skipping
 // those of a process that is still running; returns the names removed. Missing `dir`: nothing.

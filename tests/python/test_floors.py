@@ -24,6 +24,7 @@ PREFIXES = {
     "framework/ops/": "ops",
     "framework/config/": "config",
     "framework/checkpoint/": "checkpoint",
+    "framework/checkpoint/tools/": None,
     "framework/metrics/": "metrics",
     "framework/metrics/tools/": None,
     "framework/logging/": "logging",

@@ -1,0 +1,140 @@
+#include "framework/checkpoint/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "framework/checkpoint/checkpoint_io.h"
+#include "framework/checkpoint/safetensors_format.h"
+
+namespace strobe::safetensors {
+namespace {
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors data is little-endian");
+
+using checkpoint::CheckpointError;
+
+torch::ScalarType st_to_torch(DType dtype) {
+  switch (dtype) {
+    case DType::kF64: return torch::kFloat64;
+    case DType::kF32: return torch::kFloat32;
+    case DType::kF16: return torch::kFloat16;
+    case DType::kBF16: return torch::kBFloat16;
+    case DType::kI64: return torch::kInt64;
+    case DType::kI32: return torch::kInt32;
+    case DType::kI16: return torch::kInt16;
+    case DType::kI8: return torch::kInt8;
+    case DType::kU8: return torch::kUInt8;
+    case DType::kBool: return torch::kBool;
+  }
+  return torch::kFloat32;
+}
+
+bool st_from_torch(torch::ScalarType type, DType* out) {
+  for (DType d : {DType::kF64, DType::kF32, DType::kF16, DType::kBF16, DType::kI64, DType::kI32, DType::kI16,
+                  DType::kI8, DType::kU8, DType::kBool}) {
+    if (st_to_torch(d) == type) {
+      *out = d;
+      return true;
+    }
+  }
+  return false;
+}
+
+// The file's bytes, mapped read-only for the life of this object.
+class Mapping {
+ public:
+  explicit Mapping(const std::string& path) {
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw CheckpointError(fmt::format("{}: cannot open ({})", path, std::strerror(errno)));
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+      ::close(fd);
+      throw CheckpointError(fmt::format("{}: not a regular file", path));
+    }
+    size_ = static_cast<uint64_t>(st.st_size);
+    if (size_ > 0) {
+      void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+      if (p == MAP_FAILED) {
+        const int err = errno;
+        ::close(fd);
+        throw CheckpointError(fmt::format("{}: cannot map ({})", path, std::strerror(err)));
+      }
+      data_ = static_cast<const char*>(p);
+    }
+    ::close(fd);
+  }
+  ~Mapping() {
+    if (data_ != nullptr) ::munmap(const_cast<char*>(data_), size_);
+  }
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+
+  const char* data() const { return data_ != nullptr ? data_ : ""; }
+  uint64_t size() const { return size_; }
+
+ private:
+  const char* data_ = nullptr;
+  uint64_t size_ = 0;
+};
+
+}  // namespace
+
+File read_file(const std::string& path) {
+  Mapping map(path);
+  Header header;
+  try {
+    header = parse_header(map.data(), map.size());
+  } catch (const FormatError& e) {
+    throw CheckpointError(fmt::format("{}: not a safetensors file: {}", path, e.what()));
+  }
+  File out;
+  out.metadata = std::move(header.metadata);
+  for (const auto& t : header.tensors) {
+    torch::Tensor tensor = torch::empty(t.shape, torch::TensorOptions().dtype(st_to_torch(t.dtype)));
+    if (t.end > t.begin) std::memcpy(tensor.data_ptr(), map.data() + header.data_start + t.begin, t.end - t.begin);
+    if (t.dtype == DType::kBool) {
+      // A bool byte other than 0 or 1 is undefined behaviour for torch's kernels: refuse it.
+      const auto* b = static_cast<const uint8_t*>(tensor.data_ptr());
+      for (uint64_t i = 0; i < t.end - t.begin; ++i)
+        if (b[i] > 1)
+          throw CheckpointError(fmt::format("{}: not a safetensors file: tensor '{}' (BOOL) holds the byte {} at element {}",
+                                            path, t.name, static_cast<int>(b[i]), i));
+    }
+    out.tensors.emplace_back(t.name, std::move(tensor));
+  }
+  return out;
+}
+
+void write_file(const std::string& path, const NamedTensors& tensors, const std::map<std::string, std::string>& metadata) {
+  std::vector<TensorEntry> entries;
+  std::vector<torch::Tensor> data;
+  for (const auto& [name, tensor] : tensors) {
+    TensorEntry e;
+    e.name = name;
+    if (!st_from_torch(tensor.scalar_type(), &e.dtype))
+      throw CheckpointError(fmt::format("{}: tensor '{}' has dtype {}, which safetensors files cannot hold", path, name,
+                                        c10::toString(tensor.scalar_type())));
+    e.shape = tensor.sizes().vec();
+    entries.push_back(std::move(e));
+    data.push_back(tensor.detach().to(torch::kCPU).contiguous());
+  }
+  std::string head;
+  try {
+    head = encode_header(entries, metadata);
+  } catch (const FormatError& e) {
+    throw CheckpointError(fmt::format("{}: {}", path, e.what()));
+  }
+  std::vector<checkpoint::ByteSpan> parts{{head.data(), head.size()}};
+  for (const auto& t : data) parts.push_back({t.data_ptr(), static_cast<size_t>(t.nbytes())});
+  checkpoint::write_spans_atomic(path, parts);
+}
+
+}  // namespace strobe::safetensors

@@ -1,0 +1,93 @@
+// strobe export (runner/export.h): a checkpoint's model weights as a safetensors file. Here: the file
+// holds exactly the checkpoint's model tensors, bit for bit, with the metadata, and every bad input is
+// one line with exit 2. tests/python/test_safetensors.py loads an export in the safetensors package and
+// in torchvision's resnet18 (strict).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+
+#include "framework/checkpoint/checkpoint_io.h"
+#include "framework/checkpoint/safetensors.h"
+#include "tests/cli/cli_test_util.h"
+
+namespace strobe {
+namespace {
+
+using testing::count_lines;
+using testing::slurp;
+using testing::strobe_cmd;
+using testing::temp_dir;
+using testing::tiny_yaml;
+using testing::write_config;
+
+const char* kResnet = " --set 'model={name: resnet, depth: 18, width: 4, num_classes: 4, in_channels: 1}'";
+
+TEST(CliExport, WritesTheCheckpointsModelTensorsBitExactlyWithTheirMetadata) {
+  const std::string cfg = write_config(tiny_yaml());
+  const std::string dir = temp_dir("export");
+  auto r = strobe_cmd("fit -c " + cfg + " --run-dir " + dir + " --set trainer.max_steps=3" + kResnet);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string ckpt = dir + "/checkpoints/last.ckpt";
+  const std::string out = dir + "/weights.safetensors";
+  r = strobe_cmd("export " + ckpt + " -o " + out);
+  ASSERT_EQ(r.code, 0) << r.err;
+
+  checkpoint::CheckpointData data = checkpoint::load_checkpoint_file(ckpt);
+  safetensors::File file = safetensors::read_file(out);
+  std::map<std::string, torch::Tensor> expected;
+  for (const auto& [k, t] : data.tensors)
+    if (k.rfind("model/", 0) == 0) expected[k.substr(6)] = t;
+  ASSERT_GT(expected.size(), 60u);  // resnet18: 62 parameters and 60 BatchNorm buffers
+  EXPECT_EQ(r.out, "strobe export: " + std::to_string(expected.size()) + " tensors of " + ckpt + " written to " + out + "\n");
+  ASSERT_EQ(file.tensors.size(), expected.size());
+  for (const auto& [name, t] : file.tensors) {
+    ASSERT_TRUE(expected.count(name)) << name;
+    const torch::Tensor& e = expected[name];
+    EXPECT_EQ(t.scalar_type(), e.scalar_type()) << name;
+    EXPECT_TRUE(t.sizes() == e.sizes() && torch::equal(t, e.contiguous())) << name;
+  }
+  EXPECT_TRUE(expected.count("conv1.weight") && expected.count("layer4.1.bn2.running_var") && expected.count("fc.bias"));
+  EXPECT_EQ(file.metadata.at("format"), "pt");
+  EXPECT_EQ(file.metadata.at("strobe.version"), STROBE_VERSION);
+  EXPECT_EQ(file.metadata.at("strobe.step"), "3");
+  EXPECT_EQ(file.metadata.at("strobe.epoch"), "0");
+  const std::string model = file.metadata.at("strobe.model");
+  for (const char* key : {"name: resnet", "depth: 18", "width: 4", "num_classes: 4", "in_channels: 1", "stem:"})
+    EXPECT_NE(model.find(key), std::string::npos) << key << " not in\n" << model;  // resolved: defaults filled in
+}
+
+TEST(CliExport, BadInputIsOneLineAndExitTwoAndAnExistingFileIsKept) {
+  const std::string cfg = write_config(tiny_yaml());
+  const std::string dir = temp_dir("export_bad");
+  auto r = strobe_cmd("fit -c " + cfg + " --run-dir " + dir + " --set trainer.max_steps=1");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string ckpt = dir + "/checkpoints/last.ckpt";
+  // Usage errors add "Run 'strobe --help' for usage." as a second line, as for every command.
+  auto refused = [&](const std::string& args, const std::string& first_line, int lines = 1) {
+    auto res = strobe_cmd(args);
+    EXPECT_EQ(res.code, 2) << args << "\n" << res.err;
+    EXPECT_EQ(res.err.rfind(first_line, 0), 0u) << args << "\n" << res.err;
+    EXPECT_EQ(count_lines(res.err), lines) << res.err;
+    EXPECT_EQ(res.out, "") << res.out;
+  };
+  const std::string out = dir + "/w.safetensors";
+  refused("export " + cfg + " -o " + out, "strobe: checkpoint error: " + cfg + ": ");
+  refused("export " + ckpt, "strobe: --output is required", 2);
+  std::ofstream(dir + "/keep.safetensors") << "mine";
+  refused("export " + ckpt + " -o " + dir + "/keep.safetensors",
+          "strobe export: -o " + dir + "/keep.safetensors: the file exists (pass --overwrite to replace it)");
+  EXPECT_EQ(slurp(dir + "/keep.safetensors"), "mine");
+  refused("export " + ckpt + " -o " + dir, "strobe export: -o " + dir + ": is a directory");
+  refused("export " + ckpt + " -o " + cfg + "/sub/w.safetensors",
+          "strobe export: -o " + cfg + "/sub/w.safetensors: cannot write it: ");
+  EXPECT_FALSE(std::filesystem::exists(out));
+  r = strobe_cmd("export " + ckpt + " -o " + dir + "/keep.safetensors --overwrite");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_GT(safetensors::read_file(dir + "/keep.safetensors").tensors.size(), 0u);
+}
+
+}  // namespace
+}  // namespace strobe
