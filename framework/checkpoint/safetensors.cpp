@@ -7,7 +7,7 @@
 
 #include <cerrno>
 #include <cstring>
-#include <set>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -21,26 +21,23 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors data is li
 
 using checkpoint::CheckpointError;
 
+// Each safetensors dtype and its torch type.
+constexpr std::pair<DType, torch::ScalarType> kTorchTypes[] = {
+    {DType::kF64, torch::kFloat64}, {DType::kF32, torch::kFloat32}, {DType::kF16, torch::kFloat16},
+    {DType::kBF16, torch::kBFloat16}, {DType::kI64, torch::kInt64},  {DType::kI32, torch::kInt32},
+    {DType::kI16, torch::kInt16},    {DType::kI8, torch::kInt8},     {DType::kU8, torch::kUInt8},
+    {DType::kBool, torch::kBool},
+};
+
 torch::ScalarType st_to_torch(DType dtype) {
-  switch (dtype) {
-    case DType::kF64: return torch::kFloat64;
-    case DType::kF32: return torch::kFloat32;
-    case DType::kF16: return torch::kFloat16;
-    case DType::kBF16: return torch::kBFloat16;
-    case DType::kI64: return torch::kInt64;
-    case DType::kI32: return torch::kInt32;
-    case DType::kI16: return torch::kInt16;
-    case DType::kI8: return torch::kInt8;
-    case DType::kU8: return torch::kUInt8;
-    case DType::kBool: return torch::kBool;
-  }
-  return torch::kFloat32;
+  for (const auto& [d, type] : kTorchTypes)
+    if (d == dtype) return type;
+  throw CheckpointError("internal error: a safetensors dtype without a torch type");
 }
 
 bool st_from_torch(torch::ScalarType type, DType* out) {
-  for (DType d : {DType::kF64, DType::kF32, DType::kF16, DType::kBF16, DType::kI64, DType::kI32, DType::kI16,
-                  DType::kI8, DType::kU8, DType::kBool}) {
-    if (st_to_torch(d) == type) {
+  for (const auto& [d, t] : kTorchTypes) {
+    if (t == type) {
       *out = d;
       return true;
     }

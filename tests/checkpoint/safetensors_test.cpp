@@ -2,43 +2,25 @@
 // package itself is tests/python/test_safetensors.py; here: every dtype bit-exactly through our own
 // writer and reader, every refusal of a hostile header with its message, and atomic writes.
 #include <gtest/gtest.h>
-#include <stdlib.h>  // mkdtemp
 #include <torch/torch.h>
 
-#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "framework/checkpoint/checkpoint_io.h"
 #include "framework/checkpoint/safetensors.h"
 #include "framework/checkpoint/safetensors_format.h"
+#include "tests/cli/cli_test_util.h"
 
 namespace strobe {
 namespace {
 
 namespace st = safetensors;
-
-std::string st_temp_dir() {
-  auto base = std::filesystem::temp_directory_path() / "strobe-tests";
-  std::filesystem::create_directories(base);
-  std::string tmpl = (base / "safetensors-XXXXXX").string();  // mkdtemp fills in the six X
-  std::vector<char> buf(tmpl.begin(), tmpl.end());
-  buf.push_back('\0');
-  if (!mkdtemp(buf.data())) throw std::runtime_error("mkdtemp " + tmpl + ": " + std::strerror(errno));
-  return std::string(buf.data());
-}
-
-std::string read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using testing::slurp;
+using testing::temp_dir;
 
 void write_bytes(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary) << bytes;
@@ -73,7 +55,7 @@ TEST(Safetensors, EveryDtypeRoundTripsBitExactlyWithMetadataAndOrder) {
   tensors.emplace_back("scalar", torch::tensor(2.5, torch::kFloat64));
   tensors.emplace_back("empty", torch::zeros({0, 7}));
   tensors.emplace_back("strided", torch::arange(24, torch::kInt32).view({4, 6}).t());  // not contiguous
-  const std::string path = st_temp_dir() + "/w.safetensors";
+  const std::string path = temp_dir("safetensors") + "/w.safetensors";
   st::write_file(path, tensors, {{"format", "pt"}, {"strobe.step", "12"}});
 
   st::File back = st::read_file(path);
@@ -84,14 +66,14 @@ TEST(Safetensors, EveryDtypeRoundTripsBitExactlyWithMetadataAndOrder) {
     EXPECT_TRUE(same_bits(back.tensors[i].second, tensors[i].second)) << tensors[i].first;
   }
   // The buffer starts 8-byte aligned, as the safetensors package writes it.
-  const std::string bytes = read_bytes(path);
+  const std::string bytes = slurp(path);
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(bytes[i]);
   EXPECT_EQ(n % 8, 0u);
 }
 
 TEST(Safetensors, WritingRefusesWhatTheFormatCannotHold) {
-  const std::string dir = st_temp_dir();
+  const std::string dir = temp_dir("safetensors");
   auto refused = [&](const st::NamedTensors& t, const std::string& what) {
     try {
       st::write_file(dir + "/x.safetensors", t);
@@ -107,7 +89,7 @@ TEST(Safetensors, WritingRefusesWhatTheFormatCannotHold) {
 }
 
 TEST(Safetensors, HostileFilesAreRefusedNamingTheFileAndTheProblem) {
-  const std::string dir = st_temp_dir();
+  const std::string dir = temp_dir("safetensors");
   const std::string entry = R"("a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]})";
   std::string huge(8, '\0');
   huge[4] = 1;  // 2^32 bytes of header
@@ -176,16 +158,16 @@ TEST(Safetensors, HostileFilesAreRefusedNamingTheFileAndTheProblem) {
 }
 
 TEST(Safetensors, AFailedWriteLeavesThePreviousFileAndNoTempFile) {
-  const std::string dir = st_temp_dir();
+  const std::string dir = temp_dir("safetensors");
   const std::string path = dir + "/w.safetensors";
   st::write_file(path, {{"w", torch::ones({1024})}});
-  const std::string before = read_bytes(path);
+  const std::string before = slurp(path);
   checkpoint::set_write_observer_for_testing([](size_t written) {
     if (written > 100) throw checkpoint::CheckpointError("simulated crash mid-write");
   });
   EXPECT_THROW(st::write_file(path, {{"w", torch::zeros({1024})}}), checkpoint::CheckpointError);
   checkpoint::set_write_observer_for_testing(nullptr);
-  EXPECT_EQ(read_bytes(path), before);
+  EXPECT_EQ(slurp(path), before);
   size_t files = 0;
   for (const auto& e : std::filesystem::directory_iterator(dir)) files += e.is_regular_file();
   EXPECT_EQ(files, 1u);

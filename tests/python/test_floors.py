@@ -75,7 +75,7 @@ def parse_deps(text, build):
 def violations(graph, src, build):
     """[(file, line, included, floor, included floor, message)] for every include up a floor."""
     src = src.rstrip("/") + "/"
-    found, unplaced, seen = {}, set(), set()
+    found, unplaced, includes = {}, set(), {}  # includes: path -> [(line, spelled)], each file read once
     for obj, deps in graph.items():
         for path in deps:
             if not path.startswith(src) or path.startswith(build.rstrip("/") + "/"):
@@ -86,18 +86,16 @@ def violations(graph, src, build):
             except KeyError:
                 unplaced.add(rel)
                 continue
-            if mine is None or (obj, path) in seen:
+            if mine is None:
                 continue
-            seen.add((obj, path))
-            with open(path, errors="replace") as f:
-                lines = f.readlines()
-            for number, text in enumerate(lines, 1):
-                m = INCLUDE.match(text)
-                if not m:
-                    continue
+            if path not in includes:
+                with open(path, errors="replace") as f:
+                    includes[path] = [(number, m.group(1)) for number, m in
+                                      ((n, INCLUDE.match(t)) for n, t in enumerate(f, 1)) if m]
+            for number, spelled in includes[path]:
                 # Project includes are spelled from the source root; a few are relative to the file.
                 target = None
-                for candidate in (os.path.join(src, m.group(1)), os.path.join(os.path.dirname(path), m.group(1))):
+                for candidate in (os.path.join(src, spelled), os.path.join(os.path.dirname(path), spelled)):
                     candidate = os.path.normpath(candidate)
                     if candidate in deps:
                         target = candidate
