@@ -43,11 +43,12 @@ struct Common {
   bool overwrite = false;
 };
 
-void add_common(CLI::App* cmd, Common& c, bool ckpt_required) {
+void add_common(CLI::App* cmd, Common& c, bool evaluates) {
   cmd->add_option("-c,--config", c.config, "experiment YAML file")->required();
   cmd->add_option("--set", c.sets, "override a key: --set trainer.max_steps=200 (repeatable)")->take_all();
-  auto* ck = cmd->add_option("--ckpt", c.ckpt, ckpt_required ? "checkpoint to evaluate" : "checkpoint to resume from");
-  if (ckpt_required) ck->required();
+  cmd->add_option("--ckpt", c.ckpt,
+                  evaluates ? "checkpoint to evaluate (required unless model.init_from names the weights)"
+                            : "checkpoint to resume from");
 }
 
 // Where the command is, for the out-of-memory advice (copies: the run is gone when the error lands).
@@ -121,6 +122,15 @@ int run_command(const std::string& command, const Common& c, Progress& progress)
   if (!c.ckpt.empty()) opt.ckpt = c.ckpt;
   opt.create_run_dir = command == "fit";
   opt.overwrite = c.overwrite;
+  if (command != "fit" && c.ckpt.empty()) {
+    // validate/test evaluate a checkpoint, or the pretrained weights of model.init_from as they are.
+    const YAML::Node root = doc.root().node();
+    const YAML::Node model = root["model"];
+    const bool init_from = model.IsDefined() && model.IsMap() && model["init_from"].IsDefined() && !model["init_from"].IsNull();
+    if (!init_from)
+      throw strobe::config::ConfigError(fmt::format(
+          "strobe {}: --ckpt is required (the checkpoint to evaluate), unless model.init_from names the weights", command));
+  }
   if (!c.ckpt.empty()) {
     // Refuse a bad checkpoint before any work starts.
     strobe::checkpoint::load_checkpoint_file(c.ckpt);
@@ -147,8 +157,11 @@ int run_command(const std::string& command, const Common& c, Progress& progress)
   int rc = command == "validate" ? run->trainer->validate(ckpt) : run->trainer->test(ckpt);
   run->trainer->drain_metrics();
   if (!speaks) return rc;
-  fmt::print("strobe {}: checkpoint {} (step {}, epoch {})\n", command, c.ckpt, run->trainer->state().global_step,
-             run->trainer->state().epoch);
+  if (c.ckpt.empty())
+    fmt::print("strobe {}: weights of model.init_from {}\n", command, run->experiment.init_from->path);
+  else
+    fmt::print("strobe {}: checkpoint {} (step {}, epoch {})\n", command, c.ckpt, run->trainer->state().global_step,
+               run->trainer->state().epoch);
   const std::string prefix = command == "validate" ? "val/" : "test/";
   for (const auto& kv : run->trainer->metrics())
     if (kv.first.rfind(prefix, 0) == 0) fmt::print("{:<24} {:.6f}\n", kv.first, kv.second);
@@ -222,6 +235,8 @@ int main(int argc, char** argv) {
   exp->add_option("checkpoint", export_a.checkpoint, "a Strobe checkpoint (last.ckpt, a top-k checkpoint)")->required();
   exp->add_option("-o,--output", export_a.output, "the .safetensors file to write")->required();
   exp->add_flag("--overwrite", export_a.overwrite, "replace the output file if it exists");
+  exp->add_option("--names", export_a.names,
+                  "the names to write: strobe (the model's own, default), timm or torchvision (docs/MODELS.md)");
   BenchArgs bench_a;
   auto* bench = app.add_subcommand(
       "bench", "time training steps and kernels: suites step, giou, attention, optimizer, metrics, nan_capture (default: all)");
@@ -278,7 +293,8 @@ int main(int argc, char** argv) {
     if (command == "bench") return strobe::bench::run_bench(bench_a.suites, bench_a.json, bench_a.options);
     if (command == "export") {
       const int n = strobe::export_weights(export_a);
-      fmt::print("strobe export: {} tensors of {} written to {}\n", n, export_a.checkpoint, export_a.output);
+      fmt::print("strobe export: {} tensors of {} written to {}{}\n", n, export_a.checkpoint, export_a.output,
+                 export_a.names == "strobe" ? "" : fmt::format(" ({} names)", export_a.names));
       return 0;
     }
     return run_command(command, c, progress);

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include "framework/config/config.h"
+#include "framework/core/weight_names.h"
 #include "framework/ops/ops.h"
 #include "models/fused_ops.h"
 
@@ -88,6 +89,7 @@ class ResNet : public Model {
  public:
   explicit ResNet(const ResNetOptions& o)
       : Model("ResNet"),
+        o_(o),
         small_stem_(o.stem == "cifar"),
         memory_format_(o.memory_format),
         fused_bn_(parse_fused_ops(o.fused_bn)),
@@ -150,7 +152,10 @@ class ResNet : public Model {
 
   std::string default_task() const override { return "classification"; }
 
+  const ResNetOptions& options() const { return o_; }
+
  private:
+  ResNetOptions o_;
   bool small_stem_;
   std::string memory_format_;
   FusedOps fused_bn_;
@@ -177,10 +182,26 @@ std::shared_ptr<Model> make_resnet_from_config(config::Section& cfg) {
   return make_resnet(o);
 }
 
+// torchvision's resnet18/34/50 and timm's (the same state-dict names; in_chans in timm, conv1 replaced
+// in torchvision, for in_channels other than 3): the names are Strobe's; what neither builds is refused.
+NameMap resnet_names_as(const Model& model, const std::string& who) {
+  const ResNetOptions& o = dynamic_cast<const ResNet&>(model).options();
+  if (o.stem != "imagenet")
+    throw WeightNamesError(fmt::format("{}'s ResNet has no stem '{}' (its stem is the 7x7 stride-2 conv and max-pool: "
+                                       "stem: imagenet)",
+                                       who, o.stem));
+  if (o.width != 64)
+    throw WeightNamesError(fmt::format("{}'s ResNet has 64 channels in its first stage, this one {} (width: 64)", who, o.width));
+  return renamed(model, [](const std::string& n) { return n; });
+}
+
 }  // namespace
 
 std::shared_ptr<Model> make_resnet(const ResNetOptions& options) { return std::make_shared<ResNet>(options); }
 
 STROBE_REGISTER(model_registry(), "resnet", make_resnet_from_config);
+STROBE_REGISTER(name_map_registry(), "resnet:torchvision",
+                [](const Model& m) { return resnet_names_as(m, "torchvision"); });
+STROBE_REGISTER(name_map_registry(), "resnet:timm", [](const Model& m) { return resnet_names_as(m, "timm"); });
 
 }  // namespace strobe::models

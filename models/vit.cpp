@@ -1,8 +1,13 @@
 #include "models/vit.h"
 
+#include <optional>
+#include <regex>
+#include <utility>
+
 #include <torch/torch.h>
 
 #include "framework/config/config.h"
+#include "framework/core/weight_names.h"
 #include "framework/ops/ops.h"
 #include "models/fused_ops.h"
 #include "models/layers.h"
@@ -125,6 +130,7 @@ class ViT : public Model {
   }
 
   std::string default_task() const override { return "classification"; }
+  const ViTOptions& options() const { return o_; }
 
  private:
   ViTOptions o_;
@@ -163,10 +169,84 @@ std::shared_ptr<Model> make_vit_from_config(config::Section& cfg) {
   return make_vit(o);
 }
 
+// blocks.<i>.<rest> -> {i, rest}; nullopt for names outside the blocks.
+std::optional<std::pair<std::string, std::string>> block_part(const std::string& name) {
+  static const std::regex re(R"(^blocks\.(\d+)\.(.+)$)");
+  std::smatch m;
+  if (!std::regex_match(name, m, re)) return std::nullopt;
+  return std::make_pair(m[1].str(), m[2].str());
+}
+
+std::string replace_prefix(const std::string& name, const std::string& from, const std::string& to) {
+  return name.rfind(from, 0) == 0 ? to + name.substr(from.size()) : name;
+}
+
+// timm's VisionTransformer (timm.models.vision_transformer): the same tensors and layouts (fused qkv
+// in q, k, v order, cls token first, pos_embed over every token), renamed; average pooling
+// normalises after the mean as timm's fc_norm (its `norm` is then an Identity).
+NameMap vit_timm_names(const Model& model) {
+  const ViTOptions& o = dynamic_cast<const ViT&>(model).options();
+  if (o.class_token && o.global_pool == "avg")
+    throw WeightNamesError(
+        "timm's VisionTransformer with a class token and global_pool 'avg' averages the patch tokens "
+        "alone, Strobe's vit averages the class token too: the logits would differ (use class_token: false "
+        "with global_pool: avg, or global_pool: token)");
+  const bool avg = o.global_pool == "avg";
+  return renamed(model, [avg](const std::string& n) {
+    if (auto b = block_part(n)) {
+      const auto& [i, rest] = *b;
+      for (const char* attn : {"qkv.", "proj."})
+        if (rest.rfind(attn, 0) == 0) return "blocks." + i + ".attn." + rest;
+      for (const char* mlp : {"fc1.", "fc2."})
+        if (rest.rfind(mlp, 0) == 0) return "blocks." + i + ".mlp." + rest;
+      return n;  // norm1, norm2
+    }
+    if (n.rfind("patch_embed.", 0) == 0) return replace_prefix(n, "patch_embed.", "patch_embed.proj.");
+    if (avg && n.rfind("norm.", 0) == 0) return replace_prefix(n, "norm.", "fc_norm.");
+    return n;  // cls_token, pos_embed, norm, head
+  });
+}
+
+// torchvision.models.VisionTransformer (vit_b_16, vit_l_16, ...): class token, token pooling and
+// biased qkv only (nn.MultiheadAttention's in_proj is the fused qkv in q, k, v order).
+NameMap vit_torchvision_names(const Model& model) {
+  const ViTOptions& o = dynamic_cast<const ViT&>(model).options();
+  if (!o.class_token || o.global_pool != "token")
+    throw WeightNamesError("torchvision's VisionTransformer classifies from a class token: it has no "
+                           "global_pool 'avg' (use class_token: true, global_pool: token)");
+  if (!o.qkv_bias) throw WeightNamesError("torchvision's VisionTransformer has qkv biases (use qkv_bias: true)");
+  return renamed(model, [](const std::string& n) -> std::string {
+    if (auto b = block_part(n)) {
+      const auto& [i, rest] = *b;
+      const std::string layer = "encoder.layers.encoder_layer_" + i + ".";
+      static const std::vector<std::pair<std::string, std::string>> parts = {
+          {"norm1.", "ln_1."},
+          {"norm2.", "ln_2."},
+          {"qkv.weight", "self_attention.in_proj_weight"},
+          {"qkv.bias", "self_attention.in_proj_bias"},
+          {"proj.", "self_attention.out_proj."},
+          {"fc1.", "mlp.0."},
+          {"fc2.", "mlp.3."}};
+      for (const auto& [from, to] : parts)
+        if (rest.rfind(from, 0) == 0) return layer + to + rest.substr(from.size());
+      return layer + rest;
+    }
+    if (n == "cls_token") return "class_token";
+    if (n == "pos_embed") return "encoder.pos_embedding";
+    for (const auto& [from, to] : {std::pair<std::string, std::string>{"patch_embed.", "conv_proj."},
+                                   {"norm.", "encoder.ln."},
+                                   {"head.", "heads.head."}})
+      if (n.rfind(from, 0) == 0) return to + n.substr(from.size());
+    return n;
+  });
+}
+
 }  // namespace
 
 std::shared_ptr<Model> make_vit(const ViTOptions& options) { return std::make_shared<ViT>(options); }
 
 STROBE_REGISTER(model_registry(), "vit", make_vit_from_config);
+STROBE_REGISTER(name_map_registry(), "vit:timm", vit_timm_names);
+STROBE_REGISTER(name_map_registry(), "vit:torchvision", vit_torchvision_names);
 
 }  // namespace strobe::models

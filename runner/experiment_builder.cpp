@@ -10,6 +10,7 @@
 #include "callbacks/profiler.h"
 #include "framework/checkpoint/checkpoint_io.h"
 #include "framework/distributed/strategy.h"
+#include "runner/init_from.h"
 
 namespace strobe {
 
@@ -181,6 +182,15 @@ std::unique_ptr<Run> build_run(config::Document& doc, const RunOptions& options)
   if (options.stage == Stage::Fit) check_batch_memory(exp.data, *run->datamodule, ctx.seed);
   auto model = model_registry().create(exp.model, "");
   check_data_fits_model(exp.model, exp.data.node()["name"].Scalar(), run->datamodule->info());
+  if (exp.init_from) {
+    if (options.ckpt) {
+      if (env.rank == 0)
+        fmt::print(stderr, "strobe: model.init_from ({}) is ignored: the weights come from --ckpt {}\n",
+                   exp.init_from->path, *options.ckpt);
+    } else {
+      load_init_from(*model, exp.model, *exp.init_from, env.rank == 0);
+    }
+  }
   run->module = task_registry().create(exp.task, model->default_task(), model);
 
   bool has_progress = false, has_checkpoint = false;

@@ -12,8 +12,41 @@
 
 #include "framework/checkpoint/checkpoint_io.h"
 #include "framework/checkpoint/safetensors.h"
+#include "framework/config/experiment.h"
+#include "framework/core/model.h"
+#include "framework/core/weight_names.h"
 
 namespace strobe {
+
+namespace {
+
+// The checkpoint's tensors under another name set: the model is built from the checkpoint's saved
+// config (its map depends on the configuration) and its map renames them.
+safetensors::NamedTensors rename_tensors(const ExportOptions& options, const checkpoint::CheckpointData& data,
+                                         const safetensors::NamedTensors& tensors) {
+  const std::string flag = "--names " + options.names;
+  if (!data.has_blob("config"))
+    throw ExportError(fmt::format("{}: {} has no saved config to build its model from", flag, options.checkpoint));
+  std::shared_ptr<Model> model;
+  std::string family;
+  try {
+    auto doc = config::Document::load_string(data.blob("config"), options.checkpoint + " (saved config)");
+    config::Section section = doc.root().child("model");
+    family = section.require_string("name");
+    config::parse_init_from(section);
+    model = model_registry().create(section, "");
+  } catch (const config::ConfigError& e) {
+    throw ExportError(fmt::format("{}: the checkpoint's saved model config does not build: {}", flag, e.what()));
+  }
+  try {
+    const NameMap map = make_name_map(family, options.names, *model);
+    return rename_for_export(map, std::map<std::string, torch::Tensor>(tensors.begin(), tensors.end()));
+  } catch (const WeightNamesError& e) {
+    throw ExportError(fmt::format("{}: {}", flag, e.what()));
+  }
+}
+
+}  // namespace
 
 int export_weights(const ExportOptions& options) {
   checkpoint::CheckpointData data = checkpoint::load_checkpoint_file(options.checkpoint);
@@ -24,7 +57,10 @@ int export_weights(const ExportOptions& options) {
   if (tensors.empty())
     throw checkpoint::CheckpointError(fmt::format("{}: holds no model weights (no 'model/' tensors)", options.checkpoint));
 
-  std::map<std::string, std::string> metadata{{"format", "pt"}, {"strobe.version", STROBE_VERSION}};
+  if (options.names != "strobe") tensors = rename_tensors(options, data, tensors);
+
+  std::map<std::string, std::string> metadata{
+      {"format", "pt"}, {"strobe.version", STROBE_VERSION}, {"strobe.names", options.names}};
   if (data.has_blob("config")) {
     YAML::Node model = YAML::Load(data.blob("config"))["model"];
     if (model.IsDefined()) {

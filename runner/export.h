@@ -1,5 +1,6 @@
 // strobe export: a checkpoint's model weights as one safetensors file (framework/checkpoint/
-// safetensors.h), under the model's own parameter and buffer names (docs/CONFIG.md, "strobe export").
+// safetensors.h), under the model's own parameter and buffer names or another ecosystem's (timm,
+// torchvision: docs/CONFIG.md, "strobe export").
 #pragma once
 
 #include <string>
@@ -10,13 +11,17 @@ struct ExportOptions {
   std::string checkpoint;  // a Strobe checkpoint (last.ckpt, a top-k file, a capture's checkpoint)
   std::string output;      // the .safetensors file to write
   bool overwrite = false;  // replace an existing output file
+  std::string names = "strobe";  // the name set to write: strobe | timm | torchvision (per model)
 };
 
 // Writes every `model/` tensor of the checkpoint (fp32 masters under bf16-master, buffers included)
 // with metadata: format "pt", strobe.version, strobe.model (the resolved model config, YAML),
-// strobe.step and strobe.epoch. Returns the number of tensors written. Throws
+// strobe.step, strobe.epoch and strobe.names. Another name set than strobe renames the tensors by the
+// model family's map (framework/core/weight_names.h), for which the model is built from the
+// checkpoint's saved config. Returns the number of tensors written. Throws
 // checkpoint::CheckpointError for a file that is not a Strobe checkpoint or holds no model, and
-// ExportError for an output that exists (without overwrite) or cannot be written.
+// ExportError for a name set the model has none of or cannot be mapped to, and for an output that
+// exists (without overwrite) or cannot be written.
 int export_weights(const ExportOptions& options);
 
 struct ExportError : std::runtime_error {

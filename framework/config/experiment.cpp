@@ -47,6 +47,37 @@ void parse_profiler(Section& t, ProfilerConfig& p) {
 
 }  // namespace
 
+std::optional<InitFrom> parse_init_from(Section& model) {
+  model.accept("init_from");
+  if (!model.has("init_from") || model.is_null("init_from")) return std::nullopt;
+  YAML::Node node = model.node()["init_from"];
+  if (node.IsScalar()) {
+    YAML::Node m(YAML::NodeType::Map);
+    m["path"] = node.Scalar();
+    model.node()["init_from"] = m;
+  } else if (!node.IsMap()) {
+    model.fail("init_from", "expected a safetensors file or a mapping {path, names, strict, ignore}");
+  }
+  Section s = model.child("init_from");
+  InitFrom f;
+  f.path = s.require_string("path");
+  if (f.path.empty()) s.fail("path", "expected the path of a safetensors file");
+  f.names = s.get_string("names", "strobe");
+  if (f.names.empty()) s.fail("names", "expected a name set (strobe, timm, torchvision)");
+  f.strict = s.get_bool("strict", true);
+  if (!s.has("ignore") || s.is_null("ignore")) s.node()["ignore"] = YAML::Node(YAML::NodeType::Sequence);
+  s.accept("ignore");
+  const YAML::Node ig = s.node()["ignore"];
+  if (!ig.IsSequence()) s.fail("ignore", "expected a list of name globs, e.g. [\"head.*\"]");
+  for (size_t i = 0; i < ig.size(); ++i) {
+    if (!ig[i].IsScalar() || ig[i].Scalar().empty())
+      s.fail("ignore", fmt::format("entry {} is not a name glob (a non-empty string such as \"head.*\")", i));
+    f.ignore.push_back(ig[i].Scalar());
+  }
+  s.finish();
+  return f;
+}
+
 Experiment parse_experiment(Document& doc) {
   Section root = doc.root();
   Experiment e;
@@ -115,6 +146,7 @@ Experiment parse_experiment(Document& doc) {
   e.callbacks = root.list("callbacks");
   if (!e.model.has("name")) e.model.fail_here("missing required key 'name' (e.g. resnet, vit, decoder_lm, face_detector)");
   if (!e.data.has("name")) e.data.fail_here("missing required key 'name' (e.g. fashion_mnist, synthetic_images)");
+  e.init_from = parse_init_from(e.model);
   root.finish();
   return e;
 }

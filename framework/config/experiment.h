@@ -58,6 +58,20 @@ struct LoggerConfig {
   bool tensorboard = false;
 };
 
+// model.init_from: weights a fit starts from (and validate/test evaluate without --ckpt), read from a
+// safetensors file after the model is built (docs/MODELS.md "Pretrained weights").
+// `init_from: FILE` alone is {path: FILE} with the defaults below.
+struct InitFrom {
+  std::string path;
+  std::string names = "strobe";      // the file's naming: strobe | timm | torchvision | ... (per model)
+  bool strict = true;                // false: what does not fit is listed as a warning, the rest loads
+  std::vector<std::string> ignore;   // globs over the file's names (and the model's names as the file spells them)
+};
+
+// Reads model.init_from when it is present (the scalar form is rewritten into the mapping, so the
+// resolved config shows every key) and marks the key as known to the model section.
+std::optional<InitFrom> parse_init_from(Section& model);
+
 struct Experiment {
   std::string name = "experiment";
   int64_t seed = 0;
@@ -65,6 +79,7 @@ struct Experiment {
   LoggerConfig logger;
   Section task, model, data, optimizer, scheduler;
   std::vector<Section> callbacks;
+  std::optional<InitFrom> init_from;  // model.init_from
 };
 
 // "DD:HH:MM:SS" (or fewer fields, "HH:MM:SS", "MM:SS", "SS") into seconds; nullopt on bad syntax.

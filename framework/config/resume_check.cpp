@@ -106,6 +106,8 @@ ResumeCheck compare_for_resume(const std::string& checkpoint_yaml, const std::st
     if (const char* why = incompatible_reason(c.key)) {
       c.why = why;
       r.incompatible.push_back(c);
+    } else if (c.key.rfind("model.init_from", 0) == 0) {
+      r.allowed.push_back(c);  // the weights a run started from: a resume loads the checkpoint's own
     } else if (c.key.rfind("model.", 0) == 0) {
       r.model_changes.push_back(c);
     } else {

@@ -14,7 +14,11 @@ namespace strobe {
 
 namespace {
 
-bool is_model_key(const std::string& k) { return k == "model" || k.rfind("model.", 0) == 0 || k.rfind("model[", 0) == 0; }
+// Keys that shape the model (model.init_from only names the weights a run started from).
+bool is_model_key(const std::string& k) {
+  if (k.rfind("model.init_from", 0) == 0) return false;
+  return k == "model" || k.rfind("model.", 0) == 0 || k.rfind("model[", 0) == 0;
+}
 
 // "'a' (and 3 more)"
 std::string first_of(const std::vector<std::string>& names) {

@@ -1,4 +1,5 @@
 // strobe_model_check MODEL_YAML [REFERENCE.pt]
+// strobe_model_check MODEL_YAML --logits IN.safetensors OUT.safetensors
 // Builds the model described by MODEL_YAML (a `model:` section as YAML text) and prints one JSON line:
 //   {"parameters": N}                                                 without a reference;
 //   {"parameters": N, "max_abs_diff": d, "max_abs_expected": m, ...} with one.
@@ -6,18 +7,58 @@
 // Strobe's parameter/buffer names), `input` and `expected` (the reference network's eval output).
 // Every parameter and buffer must be present with the same shape, and every weight used: a naming
 // or shape mismatch is an error (exit 1) listing the offending names.
+// --logits: the model's `init_from` is loaded as `strobe fit` loads it (runner/init_from.h), and the
+// eval-mode output for IN's tensor "image" is written to OUT as "logits" (tests/python/
+// test_pretrained.py compares it with timm's and torchvision's). A config error is one line, exit 2.
 #include <iostream>
+#include <string>
 
 #include <nlohmann/json.hpp>
 #include <torch/script.h>
 #include <torch/torch.h>
 
+#include "framework/checkpoint/safetensors.h"
 #include "framework/config/config.h"
+#include "framework/config/experiment.h"
 #include "framework/core/model.h"
+#include "runner/init_from.h"
+
+namespace {
+
+int write_logits(const std::string& yaml, const std::string& in, const std::string& out) {
+  auto doc = strobe::config::Document::load_string(yaml, "model");
+  auto section = doc.root();
+  const auto init_from = strobe::config::parse_init_from(section);
+  auto model = strobe::model_registry().create(section, "");
+  if (init_from) strobe::load_init_from(*model, section, *init_from, false);
+  model->eval();
+  torch::NoGradGuard guard;
+  strobe::Batch batch;
+  for (const auto& [name, t] : strobe::safetensors::read_file(in).tensors)
+    if (name == "image") batch.tensors["image"] = t;
+  if (!batch.tensors.count("image")) throw std::runtime_error(in + ": has no tensor 'image'");
+  batch.meta["batch_size"] = batch.tensors["image"].size(0);
+  strobe::safetensors::write_file(out, {{"logits", model->forward(batch)}});
+  return 0;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
+  if (argc == 5 && std::string(argv[2]) == "--logits") {
+    try {
+      return write_logits(argv[1], argv[3], argv[4]);
+    } catch (const strobe::config::ConfigError& e) {
+      std::cerr << "strobe_model_check: config error: " << e.what() << "\n";
+      return 2;
+    } catch (const std::exception& e) {
+      std::cerr << "strobe_model_check: " << e.what() << "\n";
+      return 1;
+    }
+  }
   if (argc < 2 || argc > 3) {
-    std::cerr << "usage: strobe_model_check MODEL_YAML [REFERENCE.pt]\n";
+    std::cerr << "usage: strobe_model_check MODEL_YAML [REFERENCE.pt]\n"
+                 "       strobe_model_check MODEL_YAML --logits IN.safetensors OUT.safetensors\n";
     return 2;
   }
   try {

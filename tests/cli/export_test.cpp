@@ -89,5 +89,57 @@ TEST(CliExport, BadInputIsOneLineAndExitTwoAndAnExistingFileIsKept) {
   EXPECT_GT(safetensors::read_file(dir + "/keep.safetensors").tensors.size(), 0u);
 }
 
+TEST(CliExport, NamesWritesAnotherLibrarysNamesAndRefusesWhatItCannotBuild) {
+  const std::string cfg = write_config(tiny_yaml());
+  const std::string dir = temp_dir("export_names");
+  const std::string vit =
+      " --set 'model={name: vit, img_size: 8, patch_size: 4, in_channels: 1, num_classes: 4, embed_dim: 16, depth: 2, "
+      "num_heads: 2}'";
+  auto r = strobe_cmd("fit -c " + cfg + " --run-dir " + dir + "/vit --set trainer.max_steps=1" + vit);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string ckpt = dir + "/vit/checkpoints/last.ckpt";
+  const std::string out = dir + "/vit.timm.safetensors";
+  r = strobe_cmd("export " + ckpt + " -o " + out + " --names timm");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, "strobe export: 32 tensors of " + ckpt + " written to " + out + " (timm names)\n");
+  safetensors::File file = safetensors::read_file(out);
+  std::map<std::string, torch::Tensor> got(file.tensors.begin(), file.tensors.end());
+  checkpoint::CheckpointData data = checkpoint::load_checkpoint_file(ckpt);
+  // Renamed, bit for bit.
+  EXPECT_TRUE(torch::equal(got.at("blocks.1.attn.qkv.weight"), data.tensor("model/blocks.1.qkv.weight")));
+  EXPECT_TRUE(torch::equal(got.at("patch_embed.proj.weight"), data.tensor("model/patch_embed.weight")));
+  EXPECT_TRUE(torch::equal(got.at("blocks.0.mlp.fc2.bias"), data.tensor("model/blocks.0.fc2.bias")));
+  EXPECT_EQ(got.count("blocks.0.qkv.weight"), 0u);
+  EXPECT_EQ(file.metadata.at("strobe.names"), "timm");
+
+  auto refused = [&](const std::string& args, const std::string& line) {
+    auto res = strobe_cmd(args);
+    EXPECT_EQ(res.code, 2) << args << "\n" << res.err;
+    EXPECT_EQ(res.err, line) << args;
+    EXPECT_EQ(res.out, "");
+  };
+  refused("export " + ckpt + " -o " + dir + "/x.safetensors --names hf",
+          "strobe export: --names hf: model 'vit' has no name set 'hf' (it has: strobe, timm, torchvision)\n");
+  r = strobe_cmd("export " + ckpt + " -o " + dir + "/vit.tv.safetensors --names torchvision");
+  ASSERT_EQ(r.code, 0) << r.err;
+  safetensors::File tv = safetensors::read_file(dir + "/vit.tv.safetensors");
+  std::map<std::string, torch::Tensor> tv_got(tv.tensors.begin(), tv.tensors.end());
+  EXPECT_TRUE(torch::equal(tv_got.at("encoder.layers.encoder_layer_1.self_attention.in_proj_weight"),
+                           data.tensor("model/blocks.1.qkv.weight")));
+  EXPECT_TRUE(torch::equal(tv_got.at("class_token"), data.tensor("model/cls_token")));
+
+  r = strobe_cmd("fit -c " + cfg + " --run-dir " + dir + "/mlp --set trainer.max_steps=1");
+  ASSERT_EQ(r.code, 0) << r.err;
+  refused("export " + dir + "/mlp/checkpoints/last.ckpt -o " + dir + "/x.safetensors --names timm",
+          "strobe export: --names timm: model 'mlp' has no name set 'timm' (it has: strobe)\n");
+  r = strobe_cmd("fit -c " + cfg + " --run-dir " + dir + "/resnet --set trainer.max_steps=1 --set "
+                 "'model={name: resnet, depth: 18, width: 4, num_classes: 4, in_channels: 1, stem: cifar}'");
+  ASSERT_EQ(r.code, 0) << r.err;
+  refused("export " + dir + "/resnet/checkpoints/last.ckpt -o " + dir + "/x.safetensors --names torchvision",
+          "strobe export: --names torchvision: torchvision's ResNet has no stem 'cifar' (its stem is the 7x7 stride-2 "
+          "conv and max-pool: stem: imagenet)\n");
+  EXPECT_FALSE(std::filesystem::exists(dir + "/x.safetensors"));
+}
+
 }  // namespace
 }  // namespace strobe

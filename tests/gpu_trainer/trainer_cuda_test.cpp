@@ -20,6 +20,7 @@
 #include "framework/core/callback.h"
 #include "framework/core/capture.h"
 #include "runner/replay.h"
+#include "tests/cli/init_from_check.h"
 #include "tests/gpu_trainer/cuda_skip.h"
 #include "tests/trainer/trainer_test_util.h"
 
@@ -304,4 +305,14 @@ data:
   EXPECT_NE(out.find("strobe: out of memory on cuda"), std::string::npos) << out;
   EXPECT_NE(out.find("lower data.batch_size (now 128)"), std::string::npos) << out;
   EXPECT_EQ(out.find("Exception raised from"), std::string::npos) << out;
+}
+
+// model.init_from under the CUDA precisions and layouts (tests/cli/init_from_check.h): loaded before the
+// device move, channels_last (memory_format auto = NHWC under bf16 on CUDA), the fused BatchNorm and
+// bf16-master, so one lr-0 step leaves every saved parameter bit-equal to the file.
+TEST(TrainerCuda, InitFromLoadsBeforeEveryPrecisionAndLayout) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  const std::string resnet = "{name: resnet, depth: 18, width: 8, num_classes: 4, in_channels: 1, stem: cifar}";
+  for (const char* precision : {"32", "bf16-mixed", "bf16-master", "16-mixed"})
+    strobe::testing::expect_init_from_survives("cuda", precision, resnet);
 }

@@ -10,6 +10,7 @@
 #include "framework/core/datamodule.h"
 #include "framework/core/model.h"
 #include "framework/core/module.h"
+#include "framework/core/weight_names.h"
 #include "framework/metrics/registry.h"
 
 namespace strobe {
@@ -28,6 +29,7 @@ TEST(BuiltInComponents, EveryRegistryListsExactlyTheBuiltIns) {
   EXPECT_EQ(metrics::metric_registry().names(),
             (Names{"accuracy", "cat", "f1", "fbeta", "max", "mean", "mean_giou", "mean_iou", "min", "perplexity",
                    "precision", "recall", "sum", "token_accuracy"}));
+  EXPECT_EQ(name_map_registry().names(), (Names{"resnet:timm", "resnet:torchvision", "vit:timm", "vit:torchvision"}));
 }
 
 TEST(BuiltInComponents, UnknownNamesGetTheClosestAndTheList) {

@@ -1,0 +1,18 @@
+// model.init_from (docs/MODELS.md "Pretrained weights"): a safetensors file's tensors, by the name set
+// it is spelled in (framework/core/weight_names.h), into a freshly built model.
+#pragma once
+
+#include "framework/config/experiment.h"
+#include "framework/core/model.h"
+
+namespace strobe {
+
+// Loads `f` into `model`, built from `model_cfg` (its `name` is the family the name set belongs to).
+// Call it before the optimizer, the device move, channels_last or bf16-master see the parameters.
+// Throws config::ConfigError naming the key: an unknown name set or one the model's configuration
+// cannot be mapped to (model.init_from.names), a file that cannot be read or is not safetensors
+// (model.init_from.path), and, with strict, every name and shape that does not fit, in one message.
+// With `speaks`, prints what was loaded (stdout) and, without strict, what did not fit (stderr).
+void load_init_from(Model& model, config::Section& model_cfg, const config::InitFrom& f, bool speaks);
+
+}  // namespace strobe
