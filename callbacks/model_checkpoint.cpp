@@ -61,7 +61,10 @@ class ModelCheckpoint : public Callback {
     const auto& s = t.state();
     bool saved = false;
     if (every_n_steps_ > 0) {
-      if (s.global_step != 0 && s.global_step % every_n_steps_ == 0 && s.global_step != last_step_saved_) {
+      // Right after the batch that completed the step (under gradient accumulation not again after
+      // the next step's first micro-batches, while global_step still reads the same).
+      if (s.global_step != 0 && t.accumulated_batches() == 0 && s.global_step % every_n_steps_ == 0 &&
+          s.global_step != last_step_saved_) {
         saved = true;
         if (monitor_.empty()) {
           save_topk(t, static_cast<double>(s.global_step), fmt::format("step={}", s.global_step));

@@ -21,8 +21,6 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
-#include <c10/core/Event.h>
-#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
@@ -31,6 +29,7 @@
 #include "framework/core/callback.h"
 #include "framework/core/capture.h"
 #include "framework/core/trainer.h"
+#include "framework/logging/device_readback.h"
 
 namespace strobe {
 namespace {
@@ -45,8 +44,10 @@ struct RingEntry {
   std::vector<std::pair<int, torch::Tensor>> rng_cuda;
   StepRecord record;
   bool stepped = false;
-  torch::Tensor host_flags;  // [3]: verdict, loss flag, grad flag (pinned on CUDA)
-  std::unique_ptr<c10::Event> event;
+  // The step began before this process resumed (a checkpoint taken mid-accumulation): its first
+  // micro-batches and its start state are not here, so it can be checked but not captured.
+  bool partial = false;
+  DeviceReadback flags;  // [3]: verdict, loss flag, grad flag
 };
 
 class NaNCapture : public Callback {
@@ -71,8 +72,11 @@ class NaNCapture : public Callback {
   }
 
   void on_train_batch_start(Trainer& t, Module&, const Batch& batch, int64_t batch_idx) override {
-    if (t.accumulated_batches() == 0) {
+    // A step starts at its first micro-batch, or, after a resume from a checkpoint taken mid-way
+    // through an accumulation window, at the first micro-batch this process sees (partial).
+    if (t.accumulated_batches() == 0 || ring_.empty() || ring_.back().stepped) {
       RingEntry e;
+      e.partial = t.accumulated_batches() > 0;
       e.loop = t.state();
       {
         at::Generator cpu = at::detail::getDefaultCPUGenerator();
@@ -102,14 +106,7 @@ class NaNCapture : public Callback {
     auto zero = [&] { return torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat32).device(t.device())); };
     auto flags = torch::stack({r.nonfinite.defined() ? r.nonfinite : zero(), r.loss_nonfinite.defined() ? r.loss_nonfinite : zero(),
                                r.grad_nonfinite.defined() ? r.grad_nonfinite : zero()});
-    if (t.device().is_cuda()) {
-      e.host_flags = torch::empty({3}, torch::TensorOptions().dtype(torch::kFloat32).pinned_memory(true));
-      e.host_flags.copy_(flags, /*non_blocking=*/true);
-      e.event = std::make_unique<c10::Event>(c10::DeviceType::CUDA);
-      e.event->record(c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(t.device()));
-    } else {
-      e.host_flags = flags;
-    }
+    e.flags.start(flags);
     resolve(t, /*drain=*/false);
   }
 
@@ -135,12 +132,12 @@ class NaNCapture : public Callback {
       // Data parallel: the verdict is the same on every rank, but when a copy lands is not, so every
       // rank reads it at the same step (when the ring is full): the capture and the stop then happen
       // at the same point everywhere.
-      if (e.event && t.world_size() > 1 && !must) break;
-      if (e.event && !e.event->query()) {
+      if (e.flags.asynchronous() && t.world_size() > 1 && !must) break;
+      if (!e.flags.ready()) {
         if (!must) break;
-        e.event->synchronize();
+        e.flags.wait();
       }
-      const float* f = e.host_flags.data_ptr<float>();
+      const float* f = e.flags.host().data_ptr<float>();
       if (f[0] != 0.f) on_nonfinite(t, e, f[1] != 0.f, f[2] != 0.f);
       if (stopped_) break;
       ring_.pop_front();
@@ -186,6 +183,17 @@ class NaNCapture : public Callback {
           fmt::print(stderr, "nan_capture: max_skips ({}) reached: the next non-finite step stops the run with a capture\n",
                      max_skips_);
       }
+      return;
+    }
+    if (e.partial) {
+      if (t.is_global_zero())
+        fmt::print(stderr,
+                   "nan_capture: non-finite {} at step {} (epoch {}, batch {}); the update was not applied. The step "
+                   "began before this run resumed from a checkpoint taken mid-way through gradient accumulation, so "
+                   "it cannot be captured: resume from that checkpoint again to capture it\n",
+                   what, step, e.loop.epoch, e.loop.batch_in_epoch);
+      stopped_ = true;
+      t.request_stop(kExitNaN);
       return;
     }
     const std::string dir = write_capture(t, e, loss_bad, grads_bad);

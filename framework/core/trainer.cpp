@@ -19,6 +19,7 @@
 #include "framework/core/precision.h"
 #include "framework/core/signals.h"
 #include "framework/distributed/strategy.h"
+#include "framework/logging/csv_logger.h"
 #include "framework/logging/log_collector.h"
 #include "framework/logging/tensorboard_logger.h"
 

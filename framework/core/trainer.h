@@ -48,6 +48,7 @@
 #include "framework/core/optim.h"
 #include "framework/core/state_connector.h"
 #include "framework/core/step_pipeline.h"
+#include "framework/logging/device_readback.h"
 
 namespace strobe {
 
@@ -197,11 +198,7 @@ class Trainer {
   int64_t rank_ = 0;
   int64_t world_size_ = 1;
   std::shared_ptr<distributed::Strategy> strategy_;
-  struct PendingStop {
-    torch::Tensor host;  // 0-d int32 (pinned on CUDA)
-    std::shared_ptr<void> event;  // c10::Event recorded after the copy (CUDA)
-  };
-  std::deque<PendingStop> pending_stops_;
+  std::deque<DeviceReadback> pending_stops_;  // the all-reduced stop codes (0-d int32) on their way to the host
   int agreed_stop_ = 0;  // the max over ranks of the stop codes read so far
 
   std::shared_ptr<torch::optim::Optimizer> optimizer_;

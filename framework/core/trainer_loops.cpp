@@ -1,6 +1,4 @@
 // Trainer, the loops: epochs of training batches with periodic validation, and evaluation runs.
-#include <c10/core/Event.h>
-#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <fmt/format.h>
 #include <torch/torch.h>
 
@@ -67,22 +65,11 @@ void Trainer::share_stop_code(bool blocking) {
   torch::NoGradGuard ng;
   auto flag = torch::full({}, local_stop_code(), torch::TensorOptions().dtype(torch::kInt32).device(device_));
   strategy_->reduce_max(flag);
-  PendingStop p;
-  if (device_.is_cuda()) {
-    p.host = torch::empty({}, torch::TensorOptions().dtype(torch::kInt32).pinned_memory(true));
-    p.host.copy_(flag, /*non_blocking=*/true);
-    auto ev = std::make_shared<c10::Event>(c10::DeviceType::CUDA);
-    ev->record(c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(device_));
-    p.event = ev;
-  } else {
-    p.host = flag;
-  }
-  pending_stops_.push_back(std::move(p));
+  pending_stops_.emplace_back();
+  pending_stops_.back().start(flag);
   // The lag is counted in calls, which happen at the same points on every rank.
   while (!pending_stops_.empty() && (blocking || pending_stops_.size() > kStopLag)) {
-    auto& front = pending_stops_.front();
-    if (front.event) static_cast<c10::Event*>(front.event.get())->synchronize();
-    agreed_stop_ = std::max(agreed_stop_, front.host.item<int>());
+    agreed_stop_ = std::max(agreed_stop_, pending_stops_.front().wait().item<int>());
     pending_stops_.pop_front();
   }
 }

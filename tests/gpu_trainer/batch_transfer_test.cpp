@@ -2,11 +2,13 @@
 // the copies run on a side stream, and the compute stream may only read the batch after them.
 #include <gtest/gtest.h>
 
+#include <ATen/cuda/Sleep.h>
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/torch.h>
 
 #include "framework/core/device_transfer.h"
+#include "framework/logging/device_readback.h"
 #include "tests/gpu_trainer/cuda_skip.h"
 
 using namespace strobe;
@@ -52,4 +54,31 @@ TEST(BatchTransfer, CpuDevicesTransferInPlace) {
   });
   EXPECT_FALSE(transfer.stream().has_value());
   EXPECT_EQ(b.at("x").sum().item<float>(), 3.f);
+}
+
+// DeviceReadback: start() returns before the copied value exists (a spin kernel holds the stream for
+// about 0.1 s before the value is written), ready() says so without blocking, and wait() gives the
+// value once the stream reaches the copy. A start() that waited for the device fails here.
+TEST(DeviceReadbackCuda, StartsWithoutWaitingAndReadsTheValueOnceTheStreamGetsThere) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  const torch::Device cuda(torch::kCUDA, 0);
+  strobe::DeviceReadback r;
+  // The first start() allocates the pinned buffer (cudaHostAlloc may wait for the device); the
+  // rounds below reuse it, as a ring of readbacks does.
+  r.start(torch::zeros({}, torch::TensorOptions(cuda).dtype(torch::kInt32)));
+  r.wait();
+  const void* buffer = r.host().data_ptr();
+  for (int round = 0; round < 3; ++round) {
+    torch::cuda::synchronize();
+    at::cuda::sleep(200'000'000);  // ~0.1 s of spinning on the current stream
+    auto value = torch::full({}, round + 1, torch::TensorOptions(cuda).dtype(torch::kInt32));
+    r.start(value);
+    const bool landed_at_once = r.ready();
+    EXPECT_FALSE(landed_at_once) << "start() waited for the device";
+    EXPECT_TRUE(r.asynchronous());
+    EXPECT_EQ(r.host().data_ptr(), buffer);
+    EXPECT_EQ(r.wait().item<int>(), round + 1);
+    EXPECT_TRUE(r.ready());
+    EXPECT_TRUE(r.host().is_pinned());
+  }
 }
