@@ -19,8 +19,6 @@
 #include <filesystem>
 #include <fstream>
 
-#include <ATen/CPUGeneratorImpl.h>
-#include <ATen/Context.h>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
@@ -40,8 +38,7 @@ struct RingEntry {
   TrainerState loop;  // at the start of the step
   std::vector<Batch> batches;
   std::vector<int64_t> batch_indices;
-  torch::Tensor rng_cpu;
-  std::vector<std::pair<int, torch::Tensor>> rng_cuda;
+  RngSnapshot rng;  // this process's generators at the step's start
   StepRecord record;
   bool stepped = false;
   // The step began before this process resumed (a checkpoint taken mid-accumulation): its first
@@ -78,18 +75,7 @@ class NaNCapture : public Callback {
       RingEntry e;
       e.partial = t.accumulated_batches() > 0;
       e.loop = t.state();
-      {
-        at::Generator cpu = at::detail::getDefaultCPUGenerator();
-        std::lock_guard<std::mutex> lock(cpu.mutex());
-        e.rng_cpu = cpu.get_state();
-      }
-      if (t.device().is_cuda()) {
-        for (size_t i = 0; i < torch::cuda::device_count(); ++i) {
-          at::Generator gen = at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(i)));
-          std::lock_guard<std::mutex> lock(gen.mutex());
-          e.rng_cuda.emplace_back(static_cast<int>(i), gen.get_state());
-        }
-      }
+      e.rng = snapshot_rng(t.device().is_cuda());
       ring_.push_back(std::move(e));
     }
     ring_.back().batches.push_back(batch);
@@ -214,31 +200,19 @@ class NaNCapture : public Callback {
   std::string write_capture(Trainer& t, const RingEntry& e, bool loss_bad, bool grads_bad) {
     if (dirpath_.empty())
       throw std::runtime_error("nan_capture: no run directory to write the capture to (set the callback's dirpath)");
-    auto d = t.make_checkpoint();
-    // The state of the failing step's start, where it differs from now: loop counters, buffers
-    // (later forwards may have moved BatchNorm statistics), RNG, scheduler position, no partial
-    // accumulation, no sticky flag.
-    d.blobs["loop"] = serialize_loop_state(e.loop);
+    // The checkpoint of the failing step's start (loop_state.h: StepStart): its loop counters, RNG
+    // and buffers (later forwards may have moved BatchNorm statistics), through the connector that
+    // writes every checkpoint, so a capture has the layout of any checkpoint.
+    StepStart start;
+    start.loop = e.loop;
+    start.rng = e.rng;
     auto& pipe = t.step_pipeline();
     if (!e.record.buffers_before.empty()) {
       auto bufs = pipe.unflatten_buffers(e.record.buffers_before);
       for (size_t i = 0; i < bufs.size(); ++i)
-        if (bufs[i].defined()) d.tensors["model/" + pipe.buffer_names()[i]] = bufs[i];
+        if (bufs[i].defined()) start.buffers[pipe.buffer_names()[i]] = bufs[i];
     }
-    // This rank's generators at the step's start (not the gathered states of a data-parallel checkpoint).
-    for (auto it = d.tensors.begin(); it != d.tensors.end();)
-      it = it->first.rfind("rng/", 0) == 0 ? d.tensors.erase(it) : std::next(it);
-    d.tensors["rng/cpu"] = e.rng_cpu;
-    for (const auto& [i, s] : e.rng_cuda) d.tensors[fmt::format("rng/cuda/{}", i)] = s;
-    if (d.has_blob("scheduler")) {
-      auto s = nlohmann::json::parse(d.blob("scheduler"));
-      s["step"] = e.loop.global_step;
-      d.blobs["scheduler"] = s.dump();
-    }
-    d.blobs["accumulation"] = nlohmann::json{{"micro_batches", 0}}.dump();
-    for (auto it = d.tensors.begin(); it != d.tensors.end();)
-      it = it->first.rfind("accumulation/grad/", 0) == 0 ? d.tensors.erase(it) : std::next(it);
-    if (d.tensors.count("step/sticky")) d.tensors["step/sticky"] = torch::zeros_like(d.tensors["step/sticky"]);
+    auto d = t.make_checkpoint(&start);
     capture::put_batches(d, e.batches);
 
     nlohmann::json losses = nlohmann::json::array();

@@ -15,9 +15,9 @@ void StateConnector::add(std::string name, SaveFn save, LoadFn load, Kind kind) 
   entries_.push_back(Entry{std::move(name), std::move(save), std::move(load), kind});
 }
 
-void StateConnector::save(checkpoint::CheckpointData& out) const {
+void StateConnector::save(checkpoint::CheckpointData& out, const StepStart* step_start) const {
   for (const auto& e : entries_)
-    if (e.save) e.save(out);
+    if (e.save) e.save(out, step_start);
 }
 
 void StateConnector::load(const checkpoint::CheckpointData& in, bool training_state, const std::string& source) const {

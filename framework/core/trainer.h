@@ -42,6 +42,7 @@
 #include "framework/config/experiment.h"
 #include "framework/core/callback.h"
 #include "framework/core/datamodule.h"
+#include "framework/core/loop_state.h"
 #include "framework/core/device_transfer.h"
 #include "framework/core/master_weights.h"
 #include "framework/core/module.h"
@@ -65,20 +66,6 @@ class Strategy;
 }
 class GradScaler;
 struct GraphedStep;
-
-struct TrainerState {
-  int64_t epoch = 0;             // current (0-based) epoch
-  int64_t global_step = 0;       // optimizer steps taken
-  int64_t batch_in_epoch = 0;    // training batches of this epoch already consumed
-  int64_t batches_seen = 0;      // training batches consumed in the whole run
-  int64_t val_runs = 0;          // validation runs completed
-  bool epoch_done = false;       // the current epoch's batches are all consumed
-  double elapsed_s = 0.0;        // training wall time before this process (max_time)
-};
-
-// TrainerState as the checkpoint's "loop" blob (portable binary), and back.
-std::string serialize_loop_state(const TrainerState& state);
-TrainerState parse_loop_state(const std::string& blob);
 
 // The SIGINT/SIGTERM received since fit() installed its handlers (0: none).
 int received_stop_signal();
@@ -144,7 +131,8 @@ class Trainer {
 
   void set_resolved_config(std::string yaml) { config_yaml_ = std::move(yaml); }
   void save_checkpoint(const std::string& path);
-  checkpoint::CheckpointData make_checkpoint();
+  // The live state, or with `step_start` the state at that step's start (loop_state.h: StepStart).
+  checkpoint::CheckpointData make_checkpoint(const StepStart* step_start = nullptr);
   void load_checkpoint(const std::string& path, bool restore_training_state);
   // `source` names the data in error messages (a file, a capture).
   void load_checkpoint_data(const checkpoint::CheckpointData& data, bool restore_training_state, const std::string& source);

@@ -51,16 +51,36 @@ TrainerState parse_loop_state(const std::string& blob) {
   return s;
 }
 
+RngSnapshot snapshot_rng(bool cuda) {
+  RngSnapshot r;
+  {
+    at::Generator cpu = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(cpu.mutex());
+    r.cpu = cpu.get_state();
+  }
+  if (cuda) {
+    for (size_t i = 0; i < torch::cuda::device_count(); ++i) {
+      at::Generator gen = at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(i)));
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      r.cuda.emplace_back(static_cast<int>(i), gen.get_state());
+    }
+  }
+  return r;
+}
+
 void Trainer::register_state() {
   using Kind = StateConnector::Kind;
   using checkpoint::CheckpointData;
   connector_.add(
       "model",
-      [this](CheckpointData& d) {
+      [this](CheckpointData& d, const StepStart* at) {
         // bf16-master: the fp32 masters, under the parameters' names.
         for (const auto& p : module_->net().named_parameters())
           d.tensors["model/" + p.key()] = (masters_ ? masters_->master_of(p.value()) : p.value()).detach();
-        for (const auto& b : module_->net().named_buffers()) d.tensors["model/" + b.key()] = b.value();
+        for (const auto& b : module_->net().named_buffers()) {
+          auto it = at ? at->buffers.find(b.key()) : std::map<std::string, torch::Tensor>::const_iterator{};
+          d.tensors["model/" + b.key()] = at && it != at->buffers.end() ? it->second : b.value();
+        }
       },
       [this](const CheckpointData& d) {
         // Names and shapes were checked, both ways, before any state was restored
@@ -75,7 +95,7 @@ void Trainer::register_state() {
       Kind::Always);
   connector_.add(
       "optimizer",
-      [this](CheckpointData& d) {
+      [this](CheckpointData& d, const StepStart*) {
         if (!optimizer_) return;
         torch::serialize::OutputArchive a;
         optimizer_->save(a);
@@ -90,15 +110,18 @@ void Trainer::register_state() {
       });
   connector_.add(
       "scheduler",
-      [this](CheckpointData& d) {
-        if (scheduler_) d.blobs["scheduler"] = scheduler_->state_dict().dump();
+      [this](CheckpointData& d, const StepStart* at) {
+        if (!scheduler_) return;
+        nlohmann::json s = scheduler_->state_dict();
+        if (at) s["step"] = at->loop.global_step;
+        d.blobs["scheduler"] = s.dump();
       },
       [this](const CheckpointData& d) {
         if (scheduler_ && d.has_blob("scheduler")) scheduler_->load_state_dict(nlohmann::json::parse(d.blob("scheduler")));
       });
   connector_.add(
       "scaler",
-      [this](CheckpointData& d) {
+      [this](CheckpointData& d, const StepStart*) {
         if (!scaler_) return;
         d.tensors["scaler/scale"] = scaler_->scale_tensor();
         d.tensors["scaler/growth_tracker"] = scaler_->growth_tracker();
@@ -109,7 +132,11 @@ void Trainer::register_state() {
   // Loop counters are restored for evaluation too, so that its logged step and epoch match.
   connector_.add(
       "loop",
-      [this](CheckpointData& d) {
+      [this](CheckpointData& d, const StepStart* at) {
+        if (at) {
+          d.blobs["loop"] = serialize_loop_state(at->loop);
+          return;
+        }
         TrainerState s = state_;
         if (start_time_.time_since_epoch().count() != 0)
           s.elapsed_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time_).count();
@@ -120,9 +147,10 @@ void Trainer::register_state() {
   // Partial gradients of an unfinished accumulation window.
   connector_.add(
       "accumulation",
-      [this](CheckpointData& d) {
-        d.blobs["accumulation"] = nlohmann::json{{"micro_batches", accum_count_}}.dump();
-        if (accum_count_ == 0) return;
+      [this](CheckpointData& d, const StepStart* at) {
+        const int64_t micro_batches = at ? 0 : accum_count_;  // a step starts with no partial window
+        d.blobs["accumulation"] = nlohmann::json{{"micro_batches", micro_batches}}.dump();
+        if (micro_batches == 0) return;
         for (const auto& p : module_->net().named_parameters())
           if (p.value().grad().defined()) d.tensors["accumulation/grad/" + p.key()] = p.value().grad();
       },
@@ -137,14 +165,15 @@ void Trainer::register_state() {
         }
       });
   connector_.add(
-      "logger", [this](CheckpointData& d) { collector_->save_state(d); },
+      "logger", [this](CheckpointData& d, const StepStart*) { collector_->save_state(d); },
       [this](const CheckpointData& d) { collector_->load_state(d); });
   // The sticky skip flag is saved for diagnosis (a checkpoint written after a NaN was detected shows
   // 1) but never restored: a resumed run starts with a clear guard, from the pre-corruption weights.
   connector_.add(
       "step_guard",
-      [this](CheckpointData& d) {
-        if (pipeline_ && pipeline_->sticky_flag().defined()) d.tensors["step/sticky"] = pipeline_->sticky_flag();
+      [this](CheckpointData& d, const StepStart* at) {
+        if (!pipeline_ || !pipeline_->sticky_flag().defined()) return;
+        d.tensors["step/sticky"] = at ? torch::zeros_like(pipeline_->sticky_flag()) : pipeline_->sticky_flag();
       },
       nullptr);
   // RNG: this process's generators as rng/cpu, rng/cuda/<i>. Data parallel: every rank's states,
@@ -152,14 +181,26 @@ void Trainer::register_state() {
   // rng/rank<r>/cuda; each rank restores its own (and only its own GPU's generator is touched).
   connector_.add(
       "rng",
-      [this](CheckpointData& d) {
+      [this](CheckpointData& d, const StepStart* at) {
+        auto put = [&](const RngSnapshot& r) {
+          d.tensors["rng/cpu"] = r.cpu;
+          for (const auto& [i, state] : r.cuda) d.tensors[fmt::format("rng/cuda/{}", i)] = state;
+        };
+        if (at) {  // this process's generators at the step's start, never a gather (no collective)
+          put(at->rng);
+          return;
+        }
+        if (world_size_ == 1) {
+          put(snapshot_rng(torch::cuda::is_available()));
+          return;
+        }
         std::map<std::string, torch::Tensor> mine;
         {
           at::Generator cpu = at::detail::getDefaultCPUGenerator();
           std::lock_guard<std::mutex> lock(cpu.mutex());
           mine["cpu"] = cpu.get_state();
         }
-        if (world_size_ > 1) {
+        {
           if (device_.is_cuda()) {
             at::Generator gen = at::globalContext().defaultGenerator(device_);
             std::lock_guard<std::mutex> lock(gen.mutex());
@@ -179,21 +220,12 @@ void Trainer::register_state() {
           }
           d.tensors["rng/cpu"] = mine["cpu"];
           if (mine.count("cuda")) d.tensors[fmt::format("rng/cuda/{}", device_.index())] = mine["cuda"];
-          return;
-        }
-        d.tensors["rng/cpu"] = mine["cpu"];
-        if (torch::cuda::is_available()) {
-          for (size_t i = 0; i < torch::cuda::device_count(); ++i) {
-            at::Generator gen = at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(i)));
-            std::lock_guard<std::mutex> lock(gen.mutex());
-            d.tensors[fmt::format("rng/cuda/{}", i)] = gen.get_state();
-          }
         }
       },
       [this](const CheckpointData& d) { restore_rng(d); });
   connector_.add(
       "callbacks",
-      [this](CheckpointData& d) {
+      [this](CheckpointData& d, const StepStart*) {
         nlohmann::json cbs = nlohmann::json::object();
         for (auto& cb : callbacks_) cbs[cb->state_key()] = cb->state_dict();
         d.blobs["callbacks"] = cbs.dump();
@@ -204,10 +236,10 @@ void Trainer::register_state() {
           if (cbs.contains(cb->state_key())) cb->load_state_dict(cbs.at(cb->state_key()));
       });
   connector_.add(
-      "config", [this](CheckpointData& d) { d.blobs["config"] = config_yaml_; }, nullptr, Kind::Always);
+      "config", [this](CheckpointData& d, const StepStart*) { d.blobs["config"] = config_yaml_; }, nullptr, Kind::Always);
   connector_.add(
       "meta",
-      [this](CheckpointData& d) {
+      [this](CheckpointData& d, const StepStart*) {
         nlohmann::json meta = {{"format_version", checkpoint::kFormatVersion},
                                {"strobe_version", STROBE_VERSION},
                                {"device", device_.str()},
@@ -220,9 +252,9 @@ void Trainer::register_state() {
       nullptr, Kind::Always);
 }
 
-checkpoint::CheckpointData Trainer::make_checkpoint() {
+checkpoint::CheckpointData Trainer::make_checkpoint(const StepStart* step_start) {
   checkpoint::CheckpointData d;
-  connector_.save(d);
+  connector_.save(d, step_start);
   each([&](Callback& cb) { cb.on_save_checkpoint(*this, *module_, d); });
   return d;
 }

@@ -3,7 +3,12 @@
 // logged values, the RNG) continues bit for bit like an uninterrupted run.
 #include <gtest/gtest.h>
 
+#include <set>
+
+#include <nlohmann/json.hpp>
+
 #include "framework/checkpoint/checkpoint_io.h"
+#include "framework/core/loop_state.h"
 #include "tests/trainer/trainer_test_util.h"
 
 using namespace strobe;
@@ -103,3 +108,52 @@ TEST(StepPipeline, FusedTrueThatCannotBeHadIsAConfigErrorNotASilentFallback) {
 }
 
 }  // namespace
+
+// NaN capture's checkpoint of a step's start goes through the same connector entries as every
+// checkpoint (loop_state.h: StepStart): the same keys, the start's loop counters, generators,
+// buffers and schedule position, no partial accumulation, a clear step guard, the live weights.
+TEST(StateConnector, AStepStartCheckpointHasEveryCheckpointsKeysWithTheStartsValues) {
+  const std::vector<std::string> sets = {
+      "trainer.accumulate_grad_batches=2",
+      "model={name: resnet, depth: 18, width: 4, num_classes: 4, in_channels: 1, stem: cifar}",
+      "scheduler={name: cosine, warmup_steps: 2, max_steps: 10}"};
+  auto run = make_run(tiny_yaml(), sets, "");
+  auto batches = first_batches(*run, 3);
+  run->trainer->run_training_batch(batches[0], 0);
+  run->trainer->run_training_batch(batches[1], 1);  // step 1 done
+  StepStart start;
+  start.loop = run->trainer->state();
+  start.loop.batch_in_epoch = 2;  // (the epoch loop counts batches; run_training_batch alone does not)
+  start.rng = snapshot_rng(false);
+  start.buffers["bn1.running_mean"] = torch::full({4}, 7.0f);
+  run->trainer->run_training_batch(batches[2], 2);  // step 2 half way: partial gradients
+  torch::rand({3});  // the generator moves on after the start
+  ASSERT_EQ(run->trainer->accumulated_batches(), 1);
+
+  const auto live = run->trainer->make_checkpoint();
+  const auto at = run->trainer->make_checkpoint(&start);
+  auto keys = [](const checkpoint::CheckpointData& d, bool partial) {
+    std::set<std::string> out;
+    for (const auto& kv : d.tensors)
+      if (partial || kv.first.rfind("accumulation/grad/", 0) != 0) out.insert(kv.first);
+    for (const auto& kv : d.blobs) out.insert("blob:" + kv.first);
+    return out;
+  };
+  EXPECT_EQ(keys(at, true), keys(live, false)) << "a step-start checkpoint has the keys of any checkpoint";
+  EXPECT_GT(keys(live, true).size(), keys(live, false).size()) << "the live checkpoint holds the partial gradients";
+
+  const TrainerState loop = parse_loop_state(at.blob("loop"));
+  EXPECT_EQ(loop.global_step, 1);
+  EXPECT_EQ(loop.batch_in_epoch, 2);
+  EXPECT_EQ(parse_loop_state(live.blob("loop")).batch_in_epoch, 0);
+  EXPECT_TRUE(torch::equal(at.tensor("rng/cpu"), start.rng.cpu));
+  EXPECT_FALSE(torch::equal(live.tensor("rng/cpu"), start.rng.cpu)) << "the live generator moved on";
+  EXPECT_EQ(nlohmann::json::parse(at.blob("scheduler")).at("step").get<int64_t>(), 1);
+  EXPECT_EQ(nlohmann::json::parse(at.blob("accumulation")).at("micro_batches").get<int64_t>(), 0);
+  EXPECT_EQ(nlohmann::json::parse(live.blob("accumulation")).at("micro_batches").get<int64_t>(), 1);
+  EXPECT_TRUE(torch::equal(at.tensor("model/bn1.running_mean"), torch::full({4}, 7.0f)));
+  EXPECT_TRUE(torch::equal(at.tensor("model/bn1.running_var"), live.tensor("model/bn1.running_var")));
+  EXPECT_TRUE(torch::equal(at.tensor("model/conv1.weight"), live.tensor("model/conv1.weight")));
+  EXPECT_EQ(at.blob("optimizer"), live.blob("optimizer"));
+  EXPECT_EQ(at.tensors.count("rng/rank0/cpu"), 0u);
+}
