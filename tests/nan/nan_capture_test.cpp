@@ -386,5 +386,60 @@ TEST(NanCapture, TracerCostsNothingWhenNotInstalledAndNamesParameterModules) {
   EXPECT_FALSE(at::hasGlobalCallbacks());
 }
 
+
+// A run resumed from a checkpoint taken mid-way through gradient accumulation: the step that began
+// before the resume is still checked, but its first micro-batches are not in this process, so a
+// non-finite verdict stops the run (exit 3) without a capture (the resume used to crash here).
+TEST(NanCapture, AStepBegunBeforeAResumeMidAccumulationStopsWithoutACapture) {
+  auto means = strobe::testing::batch_means(probe_yaml("none", 1e9, "[]", 24), 24);
+  // The first batch exceeding every earlier one at an odd index: the second micro-batch of its step.
+  size_t bad = means.size();
+  double earlier = -1e9;
+  for (size_t i = 0; i < means.size(); ++i) {
+    if (i >= 3 && i % 2 == 1 && means[i] > earlier) {
+      bad = i;
+      break;
+    }
+    earlier = std::max(earlier, means[i]);
+  }
+  ASSERT_LT(bad, means.size()) << "no usable batch in this data";
+  const double thr = threshold_first_bad_at(means, bad);
+  const std::vector<std::string> sets = {"trainer.accumulate_grad_batches=2"};
+  const std::string yaml = probe_yaml("forward", thr, "[{name: nan_capture}]", 24);
+  const auto dir = temp_dir("nan-partial");
+  const std::string ckpt = dir + "/mid.ckpt";
+  // Run A saves a checkpoint after batch bad - 1, the first micro-batch of the bad batch's step.
+  struct SaveMid : Callback {
+    int64_t at = 0;
+    std::string path;
+    std::string name() const override { return "save_mid"; }
+    void on_train_batch_complete(Trainer& t, Module&) override {
+      if (t.state().batch_in_epoch == at && t.accumulated_batches() == 1) checkpoint::save_checkpoint_file(path, t.make_checkpoint());
+    }
+  };
+  {
+    auto a = strobe::testing::make_run(yaml, sets, dir + "/a");
+    auto saver = std::make_shared<SaveMid>();
+    saver->at = static_cast<int64_t>(bad);
+    saver->path = ckpt;
+    a->trainer->add_callback(saver);
+    EXPECT_EQ(a->trainer->fit(), 3);  // run A itself captures the bad step
+    EXPECT_TRUE(fs::exists(fs::path(dir) / "a" / "nan"));
+  }
+  ASSERT_TRUE(fs::exists(ckpt));
+  auto b = strobe::testing::make_run(yaml, sets, dir + "/b", ckpt);
+  ::testing::internal::CaptureStderr();
+  const int rc = b->trainer->fit(ckpt);
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(rc, 3) << err;
+  EXPECT_NE(err.find("nan_capture: non-finite "), std::string::npos) << err;
+  EXPECT_NE(err.find(fmt::format(" at step {} ", bad / 2 + 1)), std::string::npos) << err;
+  EXPECT_NE(err.find("began before this run resumed from a checkpoint taken mid-way through gradient accumulation, "
+                     "so it cannot be captured"),
+            std::string::npos)
+      << err;
+  EXPECT_FALSE(fs::exists(fs::path(dir) / "b" / "nan")) << "no capture of a partial step";
+}
+
 }  // namespace
 }  // namespace strobe
