@@ -33,7 +33,7 @@ safetensors::NamedTensors rename_tensors(const ExportOptions& options, const che
     auto doc = config::Document::load_string(data.blob("config"), options.checkpoint + " (saved config)");
     config::Section section = doc.root().child("model");
     family = section.require_string("name");
-    config::parse_init_from(section);
+    config::parse_init_from(section);  // accepts the key: the weights come from the checkpoint
     model = model_registry().create(section, "");
   } catch (const config::ConfigError& e) {
     throw ExportError(fmt::format("{}: the checkpoint's saved model config does not build: {}", flag, e.what()));

@@ -78,8 +78,8 @@ void Trainer::register_state() {
         for (const auto& p : module_->net().named_parameters())
           d.tensors["model/" + p.key()] = (masters_ ? masters_->master_of(p.value()) : p.value()).detach();
         for (const auto& b : module_->net().named_buffers()) {
-          auto it = at ? at->buffers.find(b.key()) : std::map<std::string, torch::Tensor>::const_iterator{};
-          d.tensors["model/" + b.key()] = at && it != at->buffers.end() ? it->second : b.value();
+          const auto* before = at && at->buffers.count(b.key()) ? &at->buffers.at(b.key()) : nullptr;
+          d.tensors["model/" + b.key()] = before ? *before : b.value();
         }
       },
       [this](const CheckpointData& d) {
@@ -194,33 +194,27 @@ void Trainer::register_state() {
           put(snapshot_rng(torch::cuda::is_available()));
           return;
         }
-        std::map<std::string, torch::Tensor> mine;
-        {
-          at::Generator cpu = at::detail::getDefaultCPUGenerator();
-          std::lock_guard<std::mutex> lock(cpu.mutex());
-          mine["cpu"] = cpu.get_state();
+        // Data parallel: this process's CPU generator and its own GPU's, gathered from every rank.
+        std::map<std::string, torch::Tensor> mine{{"cpu", snapshot_rng(false).cpu}};
+        if (device_.is_cuda()) {
+          at::Generator gen = at::globalContext().defaultGenerator(device_);
+          std::lock_guard<std::mutex> lock(gen.mutex());
+          mine["cuda"] = gen.get_state();
         }
-        {
-          if (device_.is_cuda()) {
-            at::Generator gen = at::globalContext().defaultGenerator(device_);
-            std::lock_guard<std::mutex> lock(gen.mutex());
-            mine["cuda"] = gen.get_state();
+        torch::serialize::OutputArchive a;
+        for (auto& [k, t] : mine) a.write(k, t);
+        auto all = strategy_->gather_strings(archive_to_string(a));
+        for (size_t r = 0; r < all.size(); ++r) {
+          torch::serialize::InputArchive in;
+          std::istringstream is(all[r]);
+          in.load_from(is);
+          for (const char* k : {"cpu", "cuda"}) {
+            torch::Tensor t;
+            if (in.try_read(k, t)) d.tensors[fmt::format("rng/rank{}/{}", r, k)] = t;
           }
-          torch::serialize::OutputArchive a;
-          for (auto& [k, t] : mine) a.write(k, t);
-          auto all = strategy_->gather_strings(archive_to_string(a));
-          for (size_t r = 0; r < all.size(); ++r) {
-            torch::serialize::InputArchive in;
-            std::istringstream is(all[r]);
-            in.load_from(is);
-            for (const char* k : {"cpu", "cuda"}) {
-              torch::Tensor t;
-              if (in.try_read(k, t)) d.tensors[fmt::format("rng/rank{}/{}", r, k)] = t;
-            }
-          }
-          d.tensors["rng/cpu"] = mine["cpu"];
-          if (mine.count("cuda")) d.tensors[fmt::format("rng/cuda/{}", device_.index())] = mine["cuda"];
         }
+        d.tensors["rng/cpu"] = mine["cpu"];
+        if (mine.count("cuda")) d.tensors[fmt::format("rng/cuda/{}", device_.index())] = mine["cuda"];
       },
       [this](const CheckpointData& d) { restore_rng(d); });
   connector_.add(
