@@ -153,6 +153,7 @@ void Trainer::setup_for_fit() {
   pipeline_ = std::make_unique<StepPipeline>(exp_.trainer, module_->net(), *optimizer_, scaler_.get(), masters_.get());
   if (world_size_ > 1) pipeline_->set_flag_reducer([s = strategy_.get()](torch::Tensor& f) { s->reduce_max(f); });
   pipeline_->arm(pending_guard_);
+  step_runner_ = std::make_unique<StepRunner>(*module_, *pipeline_, device_, c.precision);
   if (c.cuda_graphs != "false") setup_cuda_graphs();
 }
 

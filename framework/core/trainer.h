@@ -49,6 +49,7 @@
 #include "framework/core/optim.h"
 #include "framework/core/state_connector.h"
 #include "framework/core/step_pipeline.h"
+#include "framework/core/step_runner.h"
 #include "framework/logging/device_readback.h"
 
 namespace strobe {
@@ -152,13 +153,13 @@ class Trainer {
   bool should_validate_now(int64_t batch_in_epoch, bool epoch_end) const;
   bool done() const;
   Batch prepare_batch(Batch batch, int64_t dataloader_idx);
-  void optimizer_step();
   // After the update (eager or replayed): callbacks, zero_grad, counters, scheduler, logging.
   void finish_optimizer_step(bool zero_grads);
   // trainer.cuda_graphs (trainer_graph.cpp): checks at setup, and one graphed (or eager) step.
   void setup_cuda_graphs();
   torch::Tensor run_graphed_batch(Batch batch, int64_t batch_idx);
   torch::Tensor run_eager_batch(Batch batch, int64_t batch_idx);  // `batch` on the device
+  class EagerStepHooks;  // StepRunner's hooks in the eager loop: callbacks and the strategy
   // Data parallel stop agreement: this rank's stop code (0 none, 1 stop, 3 NaN, 128+signal) is
   // max-reduced on the device after every optimizer step and read kStopLag steps later (the event
   // is long done: no stall), so every rank stops after the same step; at epoch ends it is agreed
@@ -198,6 +199,7 @@ class Trainer {
   std::unique_ptr<logging::CsvLogger> csv_;
   std::unique_ptr<logging::MetricConsumer> tensorboard_;
   std::unique_ptr<StepPipeline> pipeline_;
+  std::unique_ptr<StepRunner> step_runner_;  // one micro-batch, eager or captured
   std::unique_ptr<GraphedStep> graph_;  // trainer.cuda_graphs
   StepGuard pending_guard_;
   StateConnector connector_;

@@ -5,7 +5,6 @@
 #include <torch/torch.h>
 
 #include "framework/core/graph_step.h"
-#include "framework/core/precision.h"
 #include "framework/core/trainer.h"
 #include "framework/logging/log_collector.h"
 
@@ -118,7 +117,6 @@ torch::Tensor Trainer::run_graphed_batch(Batch batch, int64_t batch_idx) {
     g.static_batch.meta = batch.meta;
     for (const auto& [name, t] : batch.tensors) g.static_batch.tensors[name] = t.clone(at::MemoryFormat::Preserve);
     RecordingSink sink;
-    torch::Tensor loss;
     try {
       // For the capture only: logging into `sink`, and autocast's weight-cast cache off (it would
       // hand the graph tensors from outside its pool); both restored however the capture ends.
@@ -135,16 +133,10 @@ torch::Tensor Trainer::run_graphed_batch(Batch batch, int64_t batch_idx) {
           module.attach(collector, Stage::Fit, true);
         }
       } scope(*module_, collector_.get(), &sink);
-      g.graph->capture(device_, [&] {
-        pipeline_->begin_step();
-        {
-          AutocastGuard ac(device_, exp_.trainer.precision);
-          loss = module_->training_step(g.static_batch, batch_idx);
-        }
-        if (!loss.defined()) throw std::runtime_error("training_step returned no loss for the captured batch");
-        pipeline_->prepare_backward(loss).backward();
-        pipeline_->step();
-      });
+      // The eager step without its hooks (step_runner.h): one micro-batch, begun and ended here.
+      StepRunner::Options options;
+      options.require_loss = true;
+      g.graph->capture(device_, [&] { step_runner_->run(g.static_batch, batch_idx, options); });
     } catch (const std::exception& e) {
       g.reset();
       throw std::runtime_error(fmt::format(

@@ -3,11 +3,11 @@
 //   on_train_batch_start -> forward -> on_before_backward -> backward -> on_after_backward
 //   [last micro-batch] on_before_optimizer_step -> (check, clip, optimizer: StepPipeline::step)
 //   -> on_before_zero_grad -> zero_grad -> scheduler
-// Under trainer.cuda_graphs the batch goes to run_graphed_batch (trainer_graph.cpp) instead.
+// The forward-to-update part is StepRunner's (step_runner.h), which CUDA-graph capture runs too;
+// under trainer.cuda_graphs the batch goes to run_graphed_batch (trainer_graph.cpp).
 #include <fmt/format.h>
 #include <torch/torch.h>
 
-#include "framework/core/precision.h"
 #include "framework/core/trainer.h"
 #include "framework/distributed/strategy.h"
 #include "framework/logging/log_collector.h"
@@ -24,14 +24,27 @@ void Trainer::arm_step_guard(const StepGuard& guard) {
   if (pipeline_) pipeline_->arm(pending_guard_);
 }
 
-void Trainer::optimizer_step() {
-  // Data parallel: the gradients are the mean over ranks from here on (the all-reduces ran inside
-  // the last backward); callbacks, the non-finite check and clipping see the reduced ones.
-  strategy_->finish_grad_sync();
-  each([&](Callback& cb) { cb.on_before_optimizer_step(*this, *module_, *optimizer_); });
-  pipeline_->step();
-  finish_optimizer_step(/*zero_grads=*/true);
-}
+// The eager step's hooks: the callbacks' in-step hooks and the data-parallel strategy's calls.
+class Trainer::EagerStepHooks : public StepRunner::Hooks {
+ public:
+  explicit EagerStepHooks(Trainer& t) : t_(t) {}
+  // Accumulation micro-batches all-reduce nothing; the step's last one carries the sum.
+  void before_forward(bool last_micro_batch) override { t_.strategy_->set_grad_sync(last_micro_batch); }
+  void before_backward(const torch::Tensor& loss) override {
+    t_.each([&](Callback& cb) { cb.on_before_backward(t_, *t_.module_, loss); });
+    t_.strategy_->pre_backward();
+  }
+  void after_backward() override { t_.each([&](Callback& cb) { cb.on_after_backward(t_, *t_.module_); }); }
+  void before_optimizer_step() override {
+    // Data parallel: the gradients are the mean over ranks from here on (the all-reduces ran inside
+    // the last backward); callbacks, the non-finite check and clipping see the reduced ones.
+    t_.strategy_->finish_grad_sync();
+    t_.each([&](Callback& cb) { cb.on_before_optimizer_step(t_, *t_.module_, *t_.optimizer_); });
+  }
+
+ private:
+  Trainer& t_;
+};
 
 void Trainer::finish_optimizer_step(bool zero_grads) {
   each([&](Callback& cb) { cb.on_before_zero_grad(*this, *module_, *optimizer_); });
@@ -60,27 +73,16 @@ torch::Tensor Trainer::run_training_batch(Batch host_batch, int64_t batch_idx) {
 }
 
 torch::Tensor Trainer::run_eager_batch(Batch batch, int64_t batch_idx) {
-  if (accum_count_ == 0) pipeline_->begin_step();
-  const bool last_of_epoch = batch_idx + 1 >= num_train_batches_;
-  const bool steps_now = accum_count_ + 1 >= exp_.trainer.accumulate_grad_batches || last_of_epoch;
-  // Accumulation micro-batches all-reduce nothing; the step's last one carries the sum.
-  strategy_->set_grad_sync(steps_now);
-  module_->set_current_batch_size(batch.batch_size());
-  torch::Tensor loss;
-  {
-    AutocastGuard ac(device_, exp_.trainer.precision);
-    loss = module_->training_step(batch, batch_idx);
-  }
-  if (loss.defined()) {
-    auto to_backward = pipeline_->prepare_backward(loss);
-    each([&](Callback& cb) { cb.on_before_backward(*this, *module_, loss); });
-    strategy_->pre_backward();
-    to_backward.backward();
-    each([&](Callback& cb) { cb.on_after_backward(*this, *module_); });
-  }
+  EagerStepHooks hooks(*this);
+  StepRunner::Options options;
+  options.first_micro_batch = accum_count_ == 0;
+  options.last_micro_batch =
+      accum_count_ + 1 >= exp_.trainer.accumulate_grad_batches || batch_idx + 1 >= num_train_batches_;
+  options.hooks = &hooks;
+  auto loss = step_runner_->run(batch, batch_idx, options);
   ++accum_count_;
-  if (steps_now) optimizer_step();
-  return loss.defined() ? loss.detach() : loss;
+  if (options.last_micro_batch) finish_optimizer_step(/*zero_grads=*/true);
+  return loss;
 }
 
 }  // namespace strobe
