@@ -8,7 +8,7 @@
 #include <torch/torch.h>
 
 #include "framework/core/callback.h"
-#include "framework/core/trainer.h"
+#include "framework/core/trainer_view.h"
 
 namespace strobe {
 namespace {
@@ -22,7 +22,7 @@ class EarlyStopping : public Callback {
   std::string name() const override { return "early_stopping"; }
   std::string state_key() const override { return fmt::format("early_stopping[monitor={},mode={}]", monitor_, max_ ? "max" : "min"); }
 
-  void on_validation_end(Trainer& t, Module&) override {
+  void on_validation_end(TrainerView& t, Module&) override {
     if (t.sanity_checking()) return;
     auto it = t.metrics().find(monitor_);
     if (it == t.metrics().end())

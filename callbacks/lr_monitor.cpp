@@ -6,7 +6,7 @@
 
 #include "framework/core/callback.h"
 #include "framework/core/optim.h"
-#include "framework/core/trainer.h"
+#include "framework/core/trainer_view.h"
 
 namespace strobe {
 namespace {
@@ -14,7 +14,7 @@ namespace {
 class LearningRateMonitor : public Callback {
  public:
   std::string name() const override { return "lr_monitor"; }
-  void on_train_batch_end(Trainer& t, Module&, const torch::Tensor&, const Batch&, int64_t) override {
+  void on_train_batch_end(TrainerView& t, Module&, const torch::Tensor&, const Batch&, int64_t) override {
     auto* opt = t.optimizer();
     const int64_t step = t.state().global_step;
     if (!opt || step == logged_step_ || (step % t.config().log_every_n_steps != 0 && step != 1)) return;

@@ -16,7 +16,7 @@
 #include "framework/checkpoint/checkpoint_io.h"
 #include "framework/core/callback.h"
 #include "framework/core/fault_points.h"
-#include "framework/core/trainer.h"
+#include "framework/core/trainer_view.h"
 
 namespace strobe {
 namespace {
@@ -31,7 +31,7 @@ class ModelCheckpoint : public Callback {
       : monitor_(std::move(monitor)), mode_(std::move(mode)), top_k_(top_k), save_last_(save_last),
         every_n_steps_(every_n_steps), every_n_epochs_(every_n_epochs), dirpath_(std::move(dirpath)) {}
 
-  void on_fit_start(Trainer& t, Module&) override {
+  void on_fit_start(TrainerView& t, Module&) override {
     if (!enabled(t) || !t.is_global_zero()) return;  // rank 0 alone writes checkpoints
     auto stale = checkpoint::remove_stale_temp_files(dir(t));
     if (!stale.empty())
@@ -41,7 +41,7 @@ class ModelCheckpoint : public Callback {
   // Validation and the epoch's end are only noted; the files are written once the step has logged
   // everything (on_train_batch_complete), so a checkpoint is named and ranked by its own step's
   // validation and holds its whole log.
-  void on_validation_end(Trainer& t, Module&) override {
+  void on_validation_end(TrainerView& t, Module&) override {
     if (!enabled(t) || t.sanity_checking() || monitor_.empty() || every_n_steps_ > 0) return;
     if (!value(t)) {
       std::string known;
@@ -51,11 +51,11 @@ class ModelCheckpoint : public Callback {
     validated_ = true;
   }
 
-  void on_train_epoch_end(Trainer& t, Module&) override {
+  void on_train_epoch_end(TrainerView& t, Module&) override {
     if (enabled(t)) epoch_ended_ = true;
   }
 
-  void on_train_batch_complete(Trainer& t, Module&) override {
+  void on_train_batch_complete(TrainerView& t, Module&) override {
     const bool validated = std::exchange(validated_, false), epoch_ended = std::exchange(epoch_ended_, false);
     if (!enabled(t)) return;
     const auto& s = t.state();
@@ -87,7 +87,7 @@ class ModelCheckpoint : public Callback {
     save_last(t);
   }
 
-  void on_train_end(Trainer& t, Module&) override {
+  void on_train_end(TrainerView& t, Module&) override {
     if (enabled(t)) save_last(t);
   }
 
@@ -130,14 +130,14 @@ class ModelCheckpoint : public Callback {
       if (ch == '/') ch = '_';
     return s;
   }
-  bool enabled(const Trainer& t) const {
+  bool enabled(const TrainerView& t) const {
     return !t.run_dir().empty() && t.config().enable_checkpointing && t.config().fast_dev_run == 0;
   }
-  std::string dir(const Trainer& t) const { return dirpath_.empty() ? t.run_dir() + "/checkpoints" : dirpath_; }
+  std::string dir(const TrainerView& t) const { return dirpath_.empty() ? t.run_dir() + "/checkpoints" : dirpath_; }
   static std::filesystem::path absolute_of(const std::string& p) { return std::filesystem::absolute(p).lexically_normal(); }
   // The key a checkpoint file is kept under: relative to the run directory when it lies inside it
   // (decided from the paths alone, the same on every rank); otherwise absolute, with its writer.
-  std::string key_of(const Trainer& t, const std::string& file) {
+  std::string key_of(const TrainerView& t, const std::string& file) {
     const auto run = absolute_of(t.run_dir());
     const auto abs = absolute_of(file);
     const auto rel = abs.lexically_relative(run);
@@ -145,15 +145,15 @@ class ModelCheckpoint : public Callback {
     writers_[abs.string()] = run.string();
     return abs.string();
   }
-  std::string resolve(const Trainer& t, const std::string& key) const {
+  std::string resolve(const TrainerView& t, const std::string& key) const {
     return writers_.count(key) ? key : t.run_dir() + "/" + key;
   }
   // Inside the run directory: always this run's. Outside: only what this run directory wrote.
-  bool ours(const Trainer& t, const std::string& key) const {
+  bool ours(const TrainerView& t, const std::string& key) const {
     auto it = writers_.find(key);
     return it == writers_.end() || (!it->second.empty() && it->second == absolute_of(t.run_dir()).string());
   }
-  std::optional<double> value(const Trainer& t) const {
+  std::optional<double> value(const TrainerView& t) const {
     auto it = t.metrics().find(monitor_);
     if (it == t.metrics().end()) return std::nullopt;
     return it->second;
@@ -161,7 +161,7 @@ class ModelCheckpoint : public Callback {
   // Without a monitor the score is the step: the newest checkpoints are the ones kept, whatever `mode`.
   bool better(double a, double b) const { return (monitor_.empty() || mode_ == "max") ? a > b : a < b; }
 
-  void save_topk(Trainer& t, double score, const std::string& stem) {
+  void save_topk(TrainerView& t, double score, const std::string& stem) {
     if (top_k_ == 0) return;
     if (std::isnan(score)) return;
     std::string path = fmt::format("{}/{}.ckpt", dir(t), stem);
@@ -184,7 +184,7 @@ class ModelCheckpoint : public Callback {
     best_path_ = best->first;
   }
 
-  void save_last(Trainer& t) {
+  void save_last(TrainerView& t) {
     if (!save_last_ || t.state().global_step == last_step_saved_) return;
     last_step_saved_ = t.state().global_step;
     save(t, dir(t) + "/last.ckpt");
@@ -192,7 +192,7 @@ class ModelCheckpoint : public Callback {
 
   // Every logged row up to this step reaches metrics.csv and the TensorBoard file before the
   // checkpoint exists: after a crash, the logs cover at least everything the checkpoint resumes from.
-  static void save(Trainer& t, const std::string& path) {
+  static void save(TrainerView& t, const std::string& path) {
     t.drain_metrics();
     t.save_checkpoint(path);
   }

@@ -26,7 +26,8 @@
 #include "framework/checkpoint/checkpoint_io.h"
 #include "framework/core/callback.h"
 #include "framework/core/capture.h"
-#include "framework/core/trainer.h"
+#include "framework/core/step_pipeline.h"
+#include "framework/core/trainer_view.h"
 #include "framework/logging/device_readback.h"
 
 namespace strobe {
@@ -55,7 +56,7 @@ class NaNCapture : public Callback {
 
   std::string name() const override { return "nan_capture"; }
 
-  void setup(Trainer& t, Module&, Stage stage) override {
+  void setup(TrainerView& t, Module&, Stage stage) override {
     if (stage != Stage::Fit) return;
     if (dirpath_.empty() && !t.run_dir().empty()) dirpath_ = (fs::path(t.run_dir()) / "nan").string();
     StepGuard g;
@@ -65,10 +66,10 @@ class NaNCapture : public Callback {
     g.sticky = stop_ || (max_skips_ > 0 && skips_ >= max_skips_);
     g.restore_buffers = !g.sticky;
     g.snapshot_buffers = true;
-    t.arm_step_guard(g);
+    t.step_access().arm_step_guard(g);
   }
 
-  void on_train_batch_start(Trainer& t, Module&, const Batch& batch, int64_t batch_idx) override {
+  void on_train_batch_start(TrainerView& t, Module&, const Batch& batch, int64_t batch_idx) override {
     // A step starts at its first micro-batch, or, after a resume from a checkpoint taken mid-way
     // through an accumulation window, at the first micro-batch this process sees (partial).
     if (t.accumulated_batches() == 0 || ring_.empty() || ring_.back().stepped) {
@@ -83,10 +84,10 @@ class NaNCapture : public Callback {
   }
 
   // After StepPipeline::step(): the record of this step is complete.
-  void on_before_zero_grad(Trainer& t, Module&, torch::optim::Optimizer&) override {
+  void on_before_zero_grad(TrainerView& t, Module&, torch::optim::Optimizer&) override {
     if (ring_.empty()) return;
     RingEntry& e = ring_.back();
-    e.record = t.step_pipeline().last();
+    e.record = t.step_access().step_pipeline().last();
     e.stepped = true;
     const auto& r = e.record;
     auto zero = [&] { return torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat32).device(t.device())); };
@@ -96,7 +97,7 @@ class NaNCapture : public Callback {
     resolve(t, /*drain=*/false);
   }
 
-  void on_train_end(Trainer& t, Module&) override { resolve(t, /*drain=*/true); }
+  void on_train_end(TrainerView& t, Module&) override { resolve(t, /*drain=*/true); }
 
   nlohmann::json state_dict() const override {
     return {{"skips", skips_}, {"skipped_steps", skipped_steps_}, {"captures", captures_}};
@@ -110,7 +111,7 @@ class NaNCapture : public Callback {
  private:
   // Reads the verdicts of finished steps, oldest first; waits for the oldest only when the ring is
   // full (or at the end of training) — the bound on how late the host learns of a bad step.
-  void resolve(Trainer& t, bool drain) {
+  void resolve(TrainerView& t, bool drain) {
     while (!ring_.empty() && !stopped_) {
       RingEntry& e = ring_.front();
       if (!e.stepped) break;
@@ -146,7 +147,7 @@ class NaNCapture : public Callback {
     return names;
   }
 
-  void on_nonfinite(Trainer& t, RingEntry& e, bool loss_bad, bool grads_bad) {
+  void on_nonfinite(TrainerView& t, RingEntry& e, bool loss_bad, bool grads_bad) {
     const std::string what = loss_bad && grads_bad ? "loss and gradients" : loss_bad ? "loss" : "gradients";
     const int64_t step = step_number(e);
     const bool capture = stop_ || (max_skips_ > 0 && skips_ >= max_skips_);
@@ -164,7 +165,7 @@ class NaNCapture : public Callback {
         // The budget is spent: from now on a bad step is kept (sticky) and captured exactly.
         StepGuard g;
         g.sticky = true;
-        t.arm_step_guard(g);
+        t.step_access().arm_step_guard(g);
         if (t.is_global_zero())
           fmt::print(stderr, "nan_capture: max_skips ({}) reached: the next non-finite step stops the run with a capture\n",
                      max_skips_);
@@ -197,7 +198,7 @@ class NaNCapture : public Callback {
     t.request_stop(kExitNaN);
   }
 
-  std::string write_capture(Trainer& t, const RingEntry& e, bool loss_bad, bool grads_bad) {
+  std::string write_capture(TrainerView& t, const RingEntry& e, bool loss_bad, bool grads_bad) {
     if (dirpath_.empty())
       throw std::runtime_error("nan_capture: no run directory to write the capture to (set the callback's dirpath)");
     // The checkpoint of the failing step's start (loop_state.h: StepStart): its loop counters, RNG
@@ -206,13 +207,13 @@ class NaNCapture : public Callback {
     StepStart start;
     start.loop = e.loop;
     start.rng = e.rng;
-    auto& pipe = t.step_pipeline();
+    auto& pipe = t.step_access().step_pipeline();
     if (!e.record.buffers_before.empty()) {
       auto bufs = pipe.unflatten_buffers(e.record.buffers_before);
       for (size_t i = 0; i < bufs.size(); ++i)
         if (bufs[i].defined()) start.buffers[pipe.buffer_names()[i]] = bufs[i];
     }
-    auto d = t.make_checkpoint(&start);
+    auto d = t.step_access().make_checkpoint_at(start);
     capture::put_batches(d, e.batches);
 
     nlohmann::json losses = nlohmann::json::array();

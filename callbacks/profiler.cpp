@@ -13,7 +13,7 @@
 #include <torch/torch.h>
 
 #include "framework/config/config.h"
-#include "framework/core/trainer.h"
+#include "framework/core/trainer_view.h"
 
 namespace strobe {
 namespace {
@@ -28,7 +28,7 @@ class Profiler : public Callback {
   std::string name() const override { return "profiler"; }
   std::string state_key() const override { return "profiler"; }
 
-  void on_fit_start(Trainer&, Module&) override {
+  void on_fit_start(TrainerView&, Module&) override {
     std::error_code ec;
     fs::create_directories(dir_, ec);
     if (ec || !fs::is_directory(dir_, ec))
@@ -36,7 +36,7 @@ class Profiler : public Callback {
           fmt::format("trainer.profiler.path: cannot create the trace directory '{}' ({})", dir_, ec.message()));
   }
 
-  void on_train_batch_start(Trainer& t, Module&, const Batch&, int64_t) override {
+  void on_train_batch_start(TrainerView& t, Module&, const Batch&, int64_t) override {
     if (t.accumulated_batches() != 0 || done_) return;  // inside a step's accumulation window
     const int64_t step = t.state().global_step + 1;     // the step this batch starts
     if (step < cfg_.first_step || step > cfg_.last_step) return;
@@ -49,12 +49,12 @@ class Profiler : public Callback {
     ++steps_;
   }
 
-  void on_train_batch_end(Trainer& t, Module&, const torch::Tensor&, const Batch&, int64_t) override {
+  void on_train_batch_end(TrainerView& t, Module&, const torch::Tensor&, const Batch&, int64_t) override {
     if (!active_ || t.accumulated_batches() != 0) return;  // the optimizer step has not run yet
     if (t.state().global_step >= cfg_.last_step) finish(t, "");
   }
 
-  void on_train_end(Trainer& t, Module&) override {
+  void on_train_end(TrainerView& t, Module&) override {
     if (active_) {
       finish(t, fmt::format("training ended at step {}, before step {}", t.state().global_step, cfg_.last_step));
     } else if (!done_) {
@@ -63,7 +63,7 @@ class Profiler : public Callback {
     }
   }
 
-  void on_exception(Trainer&, Module&, const std::exception&) override {
+  void on_exception(TrainerView&, Module&, const std::exception&) override {
     if (!active_) return;
     step_range_.reset();
     kp::disableProfiler();  // the run is failing: drop the partial trace
@@ -71,7 +71,7 @@ class Profiler : public Callback {
   }
 
  private:
-  void start(Trainer& t) {
+  void start(TrainerView& t) {
     std::set<pi::ActivityType> activities{pi::ActivityType::CPU};
     if (t.device().is_cuda()) {
       activities.insert(pi::ActivityType::CUDA);
@@ -87,7 +87,7 @@ class Profiler : public Callback {
     active_ = true;
   }
 
-  void finish(Trainer& t, const std::string& early) {
+  void finish(TrainerView& t, const std::string& early) {
     step_range_.reset();
     if (t.device().is_cuda()) torch::cuda::synchronize();  // the last step's kernels, in the trace
     auto result = kp::disableProfiler();

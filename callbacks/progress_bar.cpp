@@ -16,7 +16,7 @@
 #include <torch/torch.h>
 
 #include "framework/core/callback.h"
-#include "framework/core/trainer.h"
+#include "framework/core/trainer_view.h"
 
 namespace strobe {
 namespace {
@@ -43,11 +43,11 @@ class ProgressBar : public Callback {
   explicit ProgressBar(bool tty) : tty_(tty) {}
   std::string name() const override { return "progress_bar"; }
 
-  void on_train_epoch_start(Trainer&, Module&) override { epoch_start_ = Clock::now(), batches_ = 0; }
-  void on_train_start(Trainer&, Module&) override { epoch_start_ = Clock::now(), batches_ = 0; }
+  void on_train_epoch_start(TrainerView&, Module&) override { epoch_start_ = Clock::now(), batches_ = 0; }
+  void on_train_start(TrainerView&, Module&) override { epoch_start_ = Clock::now(), batches_ = 0; }
 
   // Console output is rank 0's (data parallel: the other ranks stay quiet).
-  void on_train_batch_end(Trainer& t, Module&, const torch::Tensor&, const Batch&, int64_t) override {
+  void on_train_batch_end(TrainerView& t, Module&, const torch::Tensor&, const Batch&, int64_t) override {
     if (!t.is_global_zero()) return;
     ++batches_;
     auto now = Clock::now();
@@ -61,7 +61,7 @@ class ProgressBar : public Callback {
     draw(t, now);
   }
 
-  void on_validation_end(Trainer& t, Module&) override {
+  void on_validation_end(TrainerView& t, Module&) override {
     if (t.sanity_checking() || !t.is_global_zero()) return;
     std::string vals;
     for (const auto& kv : t.metrics())
@@ -71,14 +71,14 @@ class ProgressBar : public Callback {
     std::fflush(stdout);
   }
 
-  void on_train_end(Trainer& t, Module&) override {
+  void on_train_end(TrainerView& t, Module&) override {
     if (tty_ && t.is_global_zero()) fmt::print("\n");
     std::fflush(stdout);
   }
 
  private:
   using Clock = std::chrono::steady_clock;
-  void draw(Trainer& t, Clock::time_point now) {
+  void draw(TrainerView& t, Clock::time_point now) {
     const auto& s = t.state();
     const int64_t n = t.num_training_batches();
     double secs = std::chrono::duration<double>(now - epoch_start_).count();

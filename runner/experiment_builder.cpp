@@ -41,7 +41,7 @@ class SaveConfig : public Callback {
   // `yaml` is filled in once every component has read its keys (after the trainer's setup).
   explicit SaveConfig(std::shared_ptr<const std::string> yaml) : yaml_(std::move(yaml)) {}
   std::string name() const override { return "save_config"; }
-  void on_fit_start(Trainer& t, Module&) override {
+  void on_fit_start(TrainerView& t, Module&) override {
     if (t.run_dir().empty() || !t.is_global_zero()) return;  // rank 0 alone writes run files (its claim made the directory)
     auto stale = checkpoint::remove_stale_temp_files(t.run_dir());
     if (!stale.empty())

@@ -23,7 +23,7 @@ class GradientObserver : public Callback {
  public:
   std::string name() const override { return "replay_observer"; }
   bool uses_in_step_hooks() const override { return true; }
-  void on_before_optimizer_step(Trainer&, Module& m, torch::optim::Optimizer&) override {
+  void on_before_optimizer_step(TrainerView&, Module& m, torch::optim::Optimizer&) override {
     seen = true;
     for (const auto& p : m.net().named_parameters()) {
       const auto& g = p.value().grad();

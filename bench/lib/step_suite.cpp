@@ -55,14 +55,14 @@ class StepTimer : public Callback {
  public:
   StepTimer(torch::Device device, int64_t last_step) : marks_(device), last_step_(last_step) {}
   std::string name() const override { return "bench_step_timer"; }
-  void on_train_batch_start(Trainer& t, Module&, const Batch&, int64_t) override {
+  void on_train_batch_start(TrainerView& t, Module&, const Batch&, int64_t) override {
     wait_s_ += t.last_input_wait_s();
     if (t.accumulated_batches() != 0) return;
     marks_.record();
     wait_at_mark_.push_back(wait_s_);
     if (batch_size_ == 0) batch_size_ = t.datamodule().train_loader() ? t.datamodule().train_loader()->options().batch_size : 0;
   }
-  void on_train_batch_end(Trainer& t, Module&, const torch::Tensor&, const Batch&, int64_t) override {
+  void on_train_batch_end(TrainerView& t, Module&, const torch::Tensor&, const Batch&, int64_t) override {
     if (t.accumulated_batches() == 0 && t.state().global_step == last_step_) {
       marks_.record();
       wait_at_mark_.push_back(wait_s_);

@@ -1,7 +1,8 @@
 // Callback: Lightning's hook set. Every hook is a no-op virtual, so a callback overrides only what it
-// uses. Callbacks see the trainer through its public interface (state, metrics, stop requests,
-// checkpointing) and never its internals. state_dict()/load_state_dict() are saved in every
-// checkpoint under state_key(), which must be unique among a run's callbacks.
+// uses. Callbacks see the trainer through TrainerView (trainer_view.h: counters, metrics, stop
+// requests, checkpointing, each with its contract) and never the Trainer itself.
+// state_dict()/load_state_dict() are saved in every checkpoint under state_key(), which must be
+// unique among a run's callbacks.
 #pragma once
 
 #include <exception>
@@ -21,7 +22,7 @@ class Optimizer;
 
 namespace strobe {
 
-class Trainer;
+class TrainerView;
 class Module;
 namespace checkpoint {
 struct CheckpointData;
@@ -33,52 +34,52 @@ class Callback {
   virtual std::string name() const = 0;
   virtual std::string state_key() const { return name(); }
 
-  virtual void setup(Trainer&, Module&, Stage) {}
-  virtual void teardown(Trainer&, Module&, Stage) {}
-  virtual void on_fit_start(Trainer&, Module&) {}
-  virtual void on_fit_end(Trainer&, Module&) {}
-  virtual void on_sanity_check_start(Trainer&, Module&) {}
-  virtual void on_sanity_check_end(Trainer&, Module&) {}
-  virtual void on_train_start(Trainer&, Module&) {}
-  virtual void on_train_end(Trainer&, Module&) {}
-  virtual void on_train_epoch_start(Trainer&, Module&) {}
-  virtual void on_train_epoch_end(Trainer&, Module&) {}
-  virtual void on_train_batch_start(Trainer&, Module&, const Batch&, int64_t /*batch_idx*/) {}
-  virtual void on_train_batch_end(Trainer&, Module&, const torch::Tensor& /*loss*/, const Batch&, int64_t /*batch_idx*/) {}
+  virtual void setup(TrainerView&, Module&, Stage) {}
+  virtual void teardown(TrainerView&, Module&, Stage) {}
+  virtual void on_fit_start(TrainerView&, Module&) {}
+  virtual void on_fit_end(TrainerView&, Module&) {}
+  virtual void on_sanity_check_start(TrainerView&, Module&) {}
+  virtual void on_sanity_check_end(TrainerView&, Module&) {}
+  virtual void on_train_start(TrainerView&, Module&) {}
+  virtual void on_train_end(TrainerView&, Module&) {}
+  virtual void on_train_epoch_start(TrainerView&, Module&) {}
+  virtual void on_train_epoch_end(TrainerView&, Module&) {}
+  virtual void on_train_batch_start(TrainerView&, Module&, const Batch&, int64_t /*batch_idx*/) {}
+  virtual void on_train_batch_end(TrainerView&, Module&, const torch::Tensor& /*loss*/, const Batch&, int64_t /*batch_idx*/) {}
   // After everything a training batch logs: every on_train_batch_end, the validation it triggers
   // and, on an epoch's last batch, the epoch's end (on_train_epoch_end). Checkpoints are written
   // here, so a checkpoint always holds its step's whole log (docs/ARCHITECTURE.md, "The end of a step").
-  virtual void on_train_batch_complete(Trainer&, Module&) {}
-  virtual void on_validation_start(Trainer&, Module&) {}
-  virtual void on_validation_end(Trainer&, Module&) {}
-  virtual void on_validation_epoch_start(Trainer&, Module&) {}
-  virtual void on_validation_epoch_end(Trainer&, Module&) {}
-  virtual void on_validation_batch_start(Trainer&, Module&, const Batch&, int64_t) {}
-  virtual void on_validation_batch_end(Trainer&, Module&, const Batch&, int64_t) {}
-  virtual void on_test_start(Trainer&, Module&) {}
-  virtual void on_test_end(Trainer&, Module&) {}
-  virtual void on_test_epoch_start(Trainer&, Module&) {}
-  virtual void on_test_epoch_end(Trainer&, Module&) {}
-  virtual void on_test_batch_start(Trainer&, Module&, const Batch&, int64_t) {}
-  virtual void on_test_batch_end(Trainer&, Module&, const Batch&, int64_t) {}
-  virtual void on_predict_start(Trainer&, Module&) {}
-  virtual void on_predict_end(Trainer&, Module&) {}
-  virtual void on_predict_epoch_start(Trainer&, Module&) {}
-  virtual void on_predict_epoch_end(Trainer&, Module&) {}
-  virtual void on_predict_batch_start(Trainer&, Module&, const Batch&, int64_t) {}
-  virtual void on_predict_batch_end(Trainer&, Module&, const torch::Tensor& /*outputs*/, const Batch&, int64_t) {}
+  virtual void on_train_batch_complete(TrainerView&, Module&) {}
+  virtual void on_validation_start(TrainerView&, Module&) {}
+  virtual void on_validation_end(TrainerView&, Module&) {}
+  virtual void on_validation_epoch_start(TrainerView&, Module&) {}
+  virtual void on_validation_epoch_end(TrainerView&, Module&) {}
+  virtual void on_validation_batch_start(TrainerView&, Module&, const Batch&, int64_t) {}
+  virtual void on_validation_batch_end(TrainerView&, Module&, const Batch&, int64_t) {}
+  virtual void on_test_start(TrainerView&, Module&) {}
+  virtual void on_test_end(TrainerView&, Module&) {}
+  virtual void on_test_epoch_start(TrainerView&, Module&) {}
+  virtual void on_test_epoch_end(TrainerView&, Module&) {}
+  virtual void on_test_batch_start(TrainerView&, Module&, const Batch&, int64_t) {}
+  virtual void on_test_batch_end(TrainerView&, Module&, const Batch&, int64_t) {}
+  virtual void on_predict_start(TrainerView&, Module&) {}
+  virtual void on_predict_end(TrainerView&, Module&) {}
+  virtual void on_predict_epoch_start(TrainerView&, Module&) {}
+  virtual void on_predict_epoch_end(TrainerView&, Module&) {}
+  virtual void on_predict_batch_start(TrainerView&, Module&, const Batch&, int64_t) {}
+  virtual void on_predict_batch_end(TrainerView&, Module&, const torch::Tensor& /*outputs*/, const Batch&, int64_t) {}
   // The three hooks below run between the forward and the optimizer, inside what trainer.cuda_graphs
   // captures once and replays: a callback overriding any of them returns true from
   // uses_in_step_hooks(), and the trainer then refuses cuda_graphs naming it (its hooks would run at
   // capture only). on_train_batch_start/end and on_before_zero_grad run outside the graph, every step.
   virtual bool uses_in_step_hooks() const { return false; }
-  virtual void on_before_backward(Trainer&, Module&, const torch::Tensor& /*loss*/) {}
-  virtual void on_after_backward(Trainer&, Module&) {}
-  virtual void on_before_optimizer_step(Trainer&, Module&, torch::optim::Optimizer&) {}
-  virtual void on_before_zero_grad(Trainer&, Module&, torch::optim::Optimizer&) {}
-  virtual void on_exception(Trainer&, Module&, const std::exception&) {}
-  virtual void on_save_checkpoint(Trainer&, Module&, checkpoint::CheckpointData&) {}
-  virtual void on_load_checkpoint(Trainer&, Module&, const checkpoint::CheckpointData&) {}
+  virtual void on_before_backward(TrainerView&, Module&, const torch::Tensor& /*loss*/) {}
+  virtual void on_after_backward(TrainerView&, Module&) {}
+  virtual void on_before_optimizer_step(TrainerView&, Module&, torch::optim::Optimizer&) {}
+  virtual void on_before_zero_grad(TrainerView&, Module&, torch::optim::Optimizer&) {}
+  virtual void on_exception(TrainerView&, Module&, const std::exception&) {}
+  virtual void on_save_checkpoint(TrainerView&, Module&, checkpoint::CheckpointData&) {}
+  virtual void on_load_checkpoint(TrainerView&, Module&, const checkpoint::CheckpointData&) {}
 
   virtual nlohmann::json state_dict() const;
   virtual void load_state_dict(const nlohmann::json& state);

@@ -35,7 +35,7 @@ struct RngSnapshot {
 RngSnapshot snapshot_rng(bool cuda);
 
 // The start of a training step, recorded by whoever needs a checkpoint of it (NaN capture: the
-// failing step). A checkpoint made with it (Trainer::make_checkpoint(&start)) holds these instead of
+// failing step). A checkpoint made with it (StepAccess::make_checkpoint_at, trainer_view.h) holds these instead of
 // the live values: the loop counters, this process's generators (rng/cpu, rng/cuda/<i>, never the
 // gathered per-rank states), the model buffers named here (BatchNorm statistics later forwards may
 // have moved), the scheduler's position at loop.global_step, no partial accumulation and a clear

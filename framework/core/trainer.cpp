@@ -1,7 +1,8 @@
 #include "framework/core/trainer.h"
 
-// Trainer: construction, the fit / validate / test / predict entry points and signal handling.
-// The loops, the step and the state live in trainer_loops.cpp, trainer_step.cpp, trainer_state.cpp.
+// Trainer: construction (the loops wired to the step, the data and the callbacks), the fit /
+// validate / test / predict entry points and signal handling. The loops are fit_loop.cpp and
+// evaluation_loop.cpp; the step and the state are trainer_step.cpp and trainer_state.cpp.
 #include <atomic>
 #include <csignal>
 #include <cstdlib>
@@ -63,6 +64,19 @@ Trainer::Trainer(config::Experiment experiment, std::string resolved_config_yaml
     if (model) model->set_input_dtype(torch::kBFloat16);
   }
   collector_ = std::make_unique<logging::LogCollector>(device_);
+  // The loops: wired to this trainer's parts (the view callbacks get, the batch preparation).
+  LoopParts parts;
+  parts.view = this;
+  parts.module = module_.get();
+  parts.datamodule = datamodule_.get();
+  parts.collector = collector_.get();
+  parts.cfg = &exp_.trainer;
+  parts.device = device_;
+  parts.callbacks = &callbacks_;
+  parts.prepare_batch = [this](Batch b, int64_t idx) { return prepare_batch(std::move(b), idx); };
+  fit_loop_ = std::make_unique<FitLoop>(parts, *strategy_, world_size_);
+  eval_loop_ = std::make_unique<EvaluationLoop>(parts, fit_loop_->state());
+  fit_loop_->set_evaluation(eval_loop_.get());
   std::set<std::string> keys;
   for (auto& cb : callbacks_)
     if (!keys.insert(cb->state_key()).second)
@@ -86,28 +100,15 @@ void Trainer::add_callback(std::shared_ptr<Callback> callback) {
 
 Trainer::~Trainer() = default;
 
-void Trainer::request_stop(int exit_code) {
-  should_stop_ = true;
-  if (exit_code != kExitOk) stop_code_ = exit_code;
-}
-
 const std::map<std::string, double>& Trainer::metrics() const { return collector_->latest(); }
 void Trainer::drain_metrics() { collector_->drain(); }
 void Trainer::add_metric_consumer(logging::MetricConsumer* c) { collector_->add_consumer(c); }
 void Trainer::log_host(const std::vector<std::pair<std::string, double>>& values) {
-  collector_->emit_host(state_.global_step, state_.epoch, values);
+  collector_->emit_host(state().global_step, state().epoch, values);
 }
 
 void Trainer::log_host_at(int64_t step, int64_t epoch, const std::vector<std::pair<std::string, double>>& values) {
   collector_->emit_host(step, epoch, values);
-}
-
-int64_t Trainer::estimated_stepping_batches() const {
-  const auto& c = exp_.trainer;
-  int64_t per_epoch = (num_train_batches_ + c.accumulate_grad_batches - 1) / c.accumulate_grad_batches;
-  int64_t by_epochs = c.max_epochs >= 0 ? per_epoch * c.max_epochs : -1;
-  if (c.max_steps >= 0) return by_epochs >= 0 ? std::min(by_epochs, c.max_steps) : c.max_steps;
-  return by_epochs;
 }
 
 void Trainer::setup_common(Stage stage) {
@@ -120,19 +121,10 @@ void Trainer::setup_for_fit() {
   fit_setup_done_ = true;
   auto& c = exp_.trainer;
   setup_common(Stage::Fit);
-  train_loader_ = datamodule_->train_loader();
-  if (!train_loader_) throw std::runtime_error(fmt::format("data '{}' has no training set", exp_.data.node()["name"].Scalar()));
-  train_loader_->set_pin_memory(device_.is_cuda());
-  int64_t full = train_loader_->num_batches();
-  int64_t n = c.limit_train_batches.resolve(full);
-  if (c.overfit_batches.is_count ? c.overfit_batches.count > 0 : c.overfit_batches.fraction > 0.0) {
-    n = c.overfit_batches.resolve(full);
-    train_loader_->set_shuffle(false);
-  }
-  if (c.fast_dev_run > 0) n = std::min(full, c.fast_dev_run);
-  train_loader_->set_limit_batches(n);
-  num_train_batches_ = train_loader_->num_batches();
-  if (num_train_batches_ == 0) throw std::runtime_error("the training set yields no batches (check data and limit_train_batches)");
+  auto loader = datamodule_->train_loader();
+  if (!loader) throw std::runtime_error(fmt::format("data '{}' has no training set", exp_.data.node()["name"].Scalar()));
+  fit_loop_->setup(std::move(loader));
+  fit_loop_->set_run_batch([this](Batch b, int64_t idx) { return run_training_batch(std::move(b), idx); });
 
   auto setup = module_->configure_optimizers();
   optimizer_ = setup.optimizer;
@@ -154,6 +146,7 @@ void Trainer::setup_for_fit() {
   if (world_size_ > 1) pipeline_->set_flag_reducer([s = strategy_.get()](torch::Tensor& f) { s->reduce_max(f); });
   pipeline_->arm(pending_guard_);
   step_runner_ = std::make_unique<StepRunner>(*module_, *pipeline_, device_, c.precision);
+  eval_loop_->set_scheduler(scheduler_.get());
   if (c.cuda_graphs != "false") setup_cuda_graphs();
 }
 
@@ -170,55 +163,42 @@ int Trainer::fit(const std::optional<std::string>& ckpt_path) {
     check_resume_world_size(*ckpt_path, data);
     load_checkpoint_data(data, true, *ckpt_path);
     if (!resume_changes_.empty() && rank_ == 0)
-      fmt::print("strobe fit: resuming from {} (step {}) with changes: {}\n", *ckpt_path, state_.global_step, resume_changes_);
+      fmt::print("strobe fit: resuming from {} (step {}) with changes: {}\n", *ckpt_path, state().global_step, resume_changes_);
   }
   // Rank 0 alone writes the run's logs.
   if (!run_dir_.empty() && c.fast_dev_run == 0 && exp_.logger.csv && rank_ == 0) {
     // On resume, the rows logged up to the checkpoint are kept and anything a crashed continuation
     // wrote after it is dropped.
-    csv_ = std::make_unique<logging::CsvLogger>(run_dir_ + "/metrics.csv", ckpt_path ? state_.global_step : -1);
+    csv_ = std::make_unique<logging::CsvLogger>(run_dir_ + "/metrics.csv", ckpt_path ? state().global_step : -1);
     collector_->add_consumer(csv_.get());
   }
   if (!run_dir_.empty() && c.fast_dev_run == 0 && exp_.logger.tensorboard && rank_ == 0) {
     // On resume, TensorBoard's restart marker hides what a crashed continuation logged after the checkpoint.
-    tensorboard_ = std::make_unique<logging::TensorBoardLogger>(run_dir_, config_yaml_, ckpt_path ? state_.global_step : -1);
+    tensorboard_ = std::make_unique<logging::TensorBoardLogger>(run_dir_, config_yaml_, ckpt_path ? state().global_step : -1);
     collector_->add_consumer(tensorboard_.get());
   }
   install_signal_handlers();
-  start_time_ = std::chrono::steady_clock::now();
+  fit_loop_->start_clock();
   try {
     each([&](Callback& cb) { cb.on_fit_start(*this, *module_); });
     if (!ckpt_path && c.fast_dev_run == 0 && c.num_sanity_val_steps != 0 && datamodule_->val_loader()) {
       sanity_checking_ = true;
       each([&](Callback& cb) { cb.on_sanity_check_start(*this, *module_); });
-      run_eval(Stage::Validate, c.num_sanity_val_steps < 0 ? -1 : c.num_sanity_val_steps, true);
+      eval_loop_->run(Stage::Validate, c.num_sanity_val_steps < 0 ? -1 : c.num_sanity_val_steps, true);
       each([&](Callback& cb) { cb.on_sanity_check_end(*this, *module_); });
       sanity_checking_ = false;
     }
     each([&](Callback& cb) { cb.on_train_start(*this, *module_); });
     // From here a first signal finishes the step in progress and saves (before: it exits at once).
-    signals::set_current_step(state_.global_step);
+    signals::set_current_step(state().global_step);
     signals::enter_training_loop(run_dir_.empty() ? "nothing (no run directory)" : run_dir_ + "/checkpoints/last.ckpt");
-    while (!done()) {
-      if (state_.epoch_done) {
-        ++state_.epoch;
-        state_.batch_in_epoch = 0;
-        state_.epoch_done = false;
-      }
-      train_epoch();
-    }
+    fit_loop_->run();
     collector_->drain();
-    // Data parallel: the agreed code (a signal on any rank stops every rank, with its exit status).
-    if (world_size_ > 1 && agreed_stop_ > 1) stop_code_ = agreed_stop_;
-    int sig = world_size_ > 1 ? (agreed_stop_ >= 128 ? agreed_stop_ - 128 : 0) : signals::received();
-    if (sig != 0) {
-      stop_code_ = 128 + sig;
-      if (!run_dir_.empty()) {
-        save_checkpoint(run_dir_ + "/checkpoints/last.ckpt");
-        if (rank_ == 0)
-          fmt::print(stderr, "\nstrobe: {} received; saved {}/checkpoints/last.ckpt at step {}\n",
-                     sig == SIGINT ? "SIGINT" : "SIGTERM", run_dir_, state_.global_step);
-      }
+    if (int sig = fit_loop_->settle_stop(); sig != 0 && !run_dir_.empty()) {
+      save_checkpoint(run_dir_ + "/checkpoints/last.ckpt");
+      if (rank_ == 0)
+        fmt::print(stderr, "\nstrobe: {} received; saved {}/checkpoints/last.ckpt at step {}\n",
+                   sig == SIGINT ? "SIGINT" : "SIGTERM", run_dir_, state().global_step);
     }
     each([&](Callback& cb) { cb.on_train_end(*this, *module_); });
     collector_->drain();
@@ -231,7 +211,7 @@ int Trainer::fit(const std::optional<std::string>& ckpt_path) {
   }
   signals::leave_training_loop();
   strategy_->shutdown();  // every rank finished: nobody's exit is a failure any more
-  return stop_code_;
+  return fit_loop_->exit_code();
 }
 
 void Trainer::check_resume_world_size(const std::string& source, const checkpoint::CheckpointData& d) const {
@@ -261,7 +241,7 @@ std::optional<double> Trainer::rank0_value(std::optional<double> value) {
 int Trainer::validate(const std::optional<std::string>& ckpt_path) {
   setup_common(Stage::Validate);
   if (ckpt_path) load_checkpoint(*ckpt_path, false);
-  run_eval(Stage::Validate, -1, false);
+  eval_loop_->run(Stage::Validate, -1, false);
   each([&](Callback& cb) { cb.teardown(*this, *module_, Stage::Validate); });
   strategy_->shutdown();
   return kExitOk;
@@ -270,7 +250,7 @@ int Trainer::validate(const std::optional<std::string>& ckpt_path) {
 int Trainer::test(const std::optional<std::string>& ckpt_path) {
   setup_common(Stage::Test);
   if (ckpt_path) load_checkpoint(*ckpt_path, false);
-  run_eval(Stage::Test, -1, false);
+  eval_loop_->run(Stage::Test, -1, false);
   each([&](Callback& cb) { cb.teardown(*this, *module_, Stage::Test); });
   strategy_->shutdown();
   return kExitOk;

@@ -1,9 +1,21 @@
-// Trainer: the fit / validate / test / predict loops around a Module and a DataModule.
+// Trainer: the fit / validate / test / predict entry points around a Module and a DataModule. It
+// builds and wires its parts; each is a class of its own:
 //
-// The implementation is split by job: trainer.cpp (construction, the fit/validate/test/predict entry
-// points, signals), trainer_loops.cpp (epoch and evaluation loops), trainer_step.cpp (one training
-// batch and the optimizer step, through StepPipeline), trainer_state.cpp (the state connector:
-// checkpoints, resume, RNG).
+//   FitLoop         loops.h, fit_loop.cpp         epochs, the loop counters (TrainerState), the
+//                                                  training limits, when to validate, stopping
+//   EvaluationLoop  loops.h, evaluation_loop.cpp  one validation or test run
+//   StepRunner      step_runner.h                 one micro-batch, forward to update: the eager step
+//                                                  (with callbacks' and strategy hooks) and the
+//                                                  CUDA-graph capture (without) run the same code
+//   StepPipeline    step_pipeline.h               the device-side optimizer step (checks, clipping,
+//                                                  loss scaling, skip)
+//   GraphedStep     graph_step.h, trainer_graph.cpp  trainer.cuda_graphs: capture and replay
+//   StateConnector  state_connector.h, trainer_state.cpp  the one list of what a checkpoint holds
+//   TrainerView     trainer_view.h                what callbacks see (the Trainer implements it);
+//   StepAccess      trainer_view.h                NaN capture's narrow interface
+//
+// trainer.cpp: construction, the entry points, signals; trainer_step.cpp: a training batch
+// (prepare, StepRunner, the end of the optimizer step).
 //
 // Contract:
 // - The step path makes no host-device synchronization of its own: losses and metrics are logged
@@ -29,8 +41,6 @@
 //   (resume_compat.h): incompatible changes are a CheckpointError, allowed ones are listed.
 #pragma once
 
-#include <chrono>
-#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
@@ -43,6 +53,7 @@
 #include "framework/core/callback.h"
 #include "framework/core/datamodule.h"
 #include "framework/core/loop_state.h"
+#include "framework/core/loops.h"
 #include "framework/core/device_transfer.h"
 #include "framework/core/master_weights.h"
 #include "framework/core/module.h"
@@ -50,7 +61,7 @@
 #include "framework/core/state_connector.h"
 #include "framework/core/step_pipeline.h"
 #include "framework/core/step_runner.h"
-#include "framework/logging/device_readback.h"
+#include "framework/core/trainer_view.h"
 
 namespace strobe {
 
@@ -71,10 +82,7 @@ struct GraphedStep;
 // The SIGINT/SIGTERM received since fit() installed its handlers (0: none).
 int received_stop_signal();
 
-// Exit status of fit(): CONFIG.md's codes.
-enum ExitCode : int { kExitOk = 0, kExitFailure = 1, kExitUsage = 2, kExitNaN = 3, kExitSigint = 130, kExitSigterm = 143 };
-
-class Trainer {
+class Trainer : public TrainerView, public StepAccess {
  public:
   Trainer(config::Experiment experiment, std::string resolved_config_yaml, std::shared_ptr<Module> module,
           std::shared_ptr<DataModule> datamodule, std::vector<std::shared_ptr<Callback>> callbacks, std::string run_dir,
@@ -86,54 +94,49 @@ class Trainer {
   int test(const std::optional<std::string>& ckpt_path = std::nullopt);
   std::vector<torch::Tensor> predict(const std::optional<std::string>& ckpt_path = std::nullopt);
 
-  // --- the view callbacks and tools use ---
-  const TrainerState& state() const { return state_; }
-  const config::TrainerConfig& config() const { return exp_.trainer; }
+  // --- TrainerView (trainer_view.h: each member's contract) ---
+  const config::TrainerConfig& config() const override { return exp_.trainer; }
+  const std::string& run_dir() const override { return run_dir_; }
+  const torch::Device& device() const override { return device_; }
+  const TrainerState& state() const override { return fit_loop_->state(); }
+  int64_t accumulated_batches() const override { return accum_count_; }
+  int64_t num_training_batches() const override { return fit_loop_->num_batches(); }
+  int64_t estimated_stepping_batches() const override { return fit_loop_->estimated_stepping_batches(); }
+  bool sanity_checking() const override { return sanity_checking_; }
+  double last_input_wait_s() const override { return fit_loop_->last_input_wait_s(); }
+  bool is_global_zero() const override { return rank_ == 0; }
+  int64_t rank() const override { return rank_; }
+  int64_t world_size() const override { return world_size_; }
+  std::optional<double> rank0_value(std::optional<double> value) override;
+  const std::map<std::string, double>& metrics() const override;
+  void drain_metrics() override;
+  void log_host(const std::vector<std::pair<std::string, double>>& values) override;
+  void log_host_at(int64_t step, int64_t epoch, const std::vector<std::pair<std::string, double>>& values) override;
+  torch::optim::Optimizer* optimizer() override { return optimizer_.get(); }
+  LRScheduler* scheduler() override { return scheduler_.get(); }
+  DataModule& datamodule() override { return *datamodule_; }
+  void request_stop(int exit_code = kExitOk) override { fit_loop_->request_stop(exit_code); }
+  bool should_stop() const override { return fit_loop_->should_stop(); }
+  void save_checkpoint(const std::string& path) override;
+  checkpoint::CheckpointData make_checkpoint() override;
+  StepAccess& step_access() override { return *this; }
+
+  // --- StepAccess (NaN capture) ---
+  void arm_step_guard(const StepGuard& guard) override;
+  const StepPipeline& step_pipeline() const override;
+  checkpoint::CheckpointData make_checkpoint_at(const StepStart& start) override;
+
+  // --- for the programs that drive a run (runner, replay, tests) ---
   const config::Experiment& experiment() const { return exp_; }
-  const std::string& run_dir() const { return run_dir_; }
-  const torch::Device& device() const { return device_; }
-  bool should_stop() const { return should_stop_; }
-  void request_stop(int exit_code = kExitOk);
-  bool sanity_checking() const { return sanity_checking_; }
-  bool is_global_zero() const { return rank_ == 0; }
-  int64_t world_size() const { return world_size_; }
-  int64_t rank() const { return rank_; }
   distributed::Strategy& strategy() { return *strategy_; }
-  // Data parallel: rank 0's value on every rank (a decision read from rank-local values); a
-  // collective: every rank calls it at the same point. Identity with one process.
-  std::optional<double> rank0_value(std::optional<double> value);
-  // Host values of the latest delivered metrics (never forces a sync).
-  const std::map<std::string, double>& metrics() const;
-  // Waits for every pending metric copy (epoch-end decisions only).
-  void drain_metrics();
   Module& module() { return *module_; }
-  DataModule& datamodule() { return *datamodule_; }
-  torch::optim::Optimizer* optimizer() { return optimizer_.get(); }
-  LRScheduler* scheduler() { return scheduler_.get(); }
-  int64_t num_training_batches() const { return num_train_batches_; }
-  int64_t estimated_stepping_batches() const;
-  // The step pipeline (after setup_for_fit). Callbacks arm its guard with arm_step_guard(), which
-  // also works before the pipeline exists.
+  // The step pipeline (after setup_for_fit).
   StepPipeline& step_pipeline();
-  void arm_step_guard(const StepGuard& guard);
-  // Host seconds the training loop spent waiting for the loader's current batch (strobe bench's
-  // input-wait; read in on_train_batch_start).
-  double last_input_wait_s() const { return last_input_wait_s_; }
-  // Micro-batches already run in the current optimizer step (0 at a step boundary).
-  int64_t accumulated_batches() const { return accum_count_; }
   StateConnector& state_connector() { return connector_; }
   // Adds a callback after construction (replay's observer); its hooks run after the others'.
   void add_callback(std::shared_ptr<Callback> callback);
   void add_metric_consumer(logging::MetricConsumer* consumer);
-  // Host-side values (learning rate, throughput): delivered to the loggers at once.
-  void log_host(const std::vector<std::pair<std::string, double>>& values);
-  // The same for a given step's row (a callback that learns of a step's outcome later).
-  void log_host_at(int64_t step, int64_t epoch, const std::vector<std::pair<std::string, double>>& values);
-
   void set_resolved_config(std::string yaml) { config_yaml_ = std::move(yaml); }
-  void save_checkpoint(const std::string& path);
-  // The live state, or with `step_start` the state at that step's start (loop_state.h: StepStart).
-  checkpoint::CheckpointData make_checkpoint(const StepStart* step_start = nullptr);
   void load_checkpoint(const std::string& path, bool restore_training_state);
   // `source` names the data in error messages (a file, a capture).
   void load_checkpoint_data(const checkpoint::CheckpointData& data, bool restore_training_state, const std::string& source);
@@ -148,10 +151,6 @@ class Trainer {
 
  private:
   void setup_common(Stage stage);
-  void train_epoch();
-  void run_eval(Stage stage, int64_t limit, bool sanity);
-  bool should_validate_now(int64_t batch_in_epoch, bool epoch_end) const;
-  bool done() const;
   Batch prepare_batch(Batch batch, int64_t dataloader_idx);
   // After the update (eager or replayed): callbacks, zero_grad, counters, scheduler, logging.
   void finish_optimizer_step(bool zero_grads);
@@ -160,17 +159,12 @@ class Trainer {
   torch::Tensor run_graphed_batch(Batch batch, int64_t batch_idx);
   torch::Tensor run_eager_batch(Batch batch, int64_t batch_idx);  // `batch` on the device
   class EagerStepHooks;  // StepRunner's hooks in the eager loop: callbacks and the strategy
-  // Data parallel stop agreement: this rank's stop code (0 none, 1 stop, 3 NaN, 128+signal) is
-  // max-reduced on the device after every optimizer step and read kStopLag steps later (the event
-  // is long done: no stall), so every rank stops after the same step; at epoch ends it is agreed
-  // at once (blocking).
-  int local_stop_code() const;
-  void share_stop_code(bool blocking);
-  bool time_is_up() const;
   void install_signal_handlers();
   // A resume needs the checkpoint's number of processes; else CheckpointError (exit 2) on every rank.
   void check_resume_world_size(const std::string& source, const checkpoint::CheckpointData& data) const;
   void register_state();
+  // The live state, or with `step_start` the state at that step's start (loop_state.h: StepStart).
+  checkpoint::CheckpointData build_checkpoint(const StepStart* step_start);
   template <class F>
   void each(F&& f) {
     for (auto& cb : callbacks_) f(*cb);
@@ -187,8 +181,6 @@ class Trainer {
   int64_t rank_ = 0;
   int64_t world_size_ = 1;
   std::shared_ptr<distributed::Strategy> strategy_;
-  std::deque<DeviceReadback> pending_stops_;  // the all-reduced stop codes (0-d int32) on their way to the host
-  int agreed_stop_ = 0;  // the max over ranks of the stop codes read so far
 
   std::shared_ptr<torch::optim::Optimizer> optimizer_;
   std::shared_ptr<LRScheduler> scheduler_;
@@ -204,16 +196,11 @@ class Trainer {
   StepGuard pending_guard_;
   StateConnector connector_;
 
-  TrainerState state_;
-  int64_t num_train_batches_ = 0;
-  bool should_stop_ = false;
-  int stop_code_ = kExitOk;
+  std::unique_ptr<EvaluationLoop> eval_loop_;  // validation and test runs
+  std::unique_ptr<FitLoop> fit_loop_;          // the epochs, the loop counters and the stop state
   bool sanity_checking_ = false;
   bool fit_setup_done_ = false;
   int64_t accum_count_ = 0;
-  double last_input_wait_s_ = 0.0;
-  std::chrono::steady_clock::time_point start_time_;
-  std::shared_ptr<data::DataLoader> train_loader_;
   BatchTransfer transfer_;  // host-to-device copies on a copy stream (CUDA)
 };
 

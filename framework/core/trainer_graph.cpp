@@ -96,7 +96,7 @@ torch::Tensor Trainer::run_graphed_batch(Batch batch, int64_t batch_idx) {
   const bool warm = g.eager_steps >= GraphedStep::kWarmupSteps;
   const bool same_batch = g.graph->captured() && batch_key == g.batch_key;
   // An epoch's last batch is where a smaller batch comes: never the first one captured.
-  const bool last_of_epoch = batch_idx + 1 >= num_train_batches_;
+  const bool last_of_epoch = batch_idx + 1 >= fit_loop_->num_batches();
   // The optimizer's gradients (the fp32 masters' under bf16-master) and the model's, released.
   auto release_grads = [&] {
     optimizer_->zero_grad(true);

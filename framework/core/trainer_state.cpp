@@ -137,12 +137,9 @@ void Trainer::register_state() {
           d.blobs["loop"] = serialize_loop_state(at->loop);
           return;
         }
-        TrainerState s = state_;
-        if (start_time_.time_since_epoch().count() != 0)
-          s.elapsed_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time_).count();
-        d.blobs["loop"] = serialize_loop_state(s);
+        d.blobs["loop"] = serialize_loop_state(fit_loop_->saved_state());
       },
-      [this](const CheckpointData& d) { state_ = parse_loop_state(d.blob("loop")); },
+      [this](const CheckpointData& d) { fit_loop_->state() = parse_loop_state(d.blob("loop")); },
       Kind::Always);
   // Partial gradients of an unfinished accumulation window.
   connector_.add(
@@ -238,15 +235,18 @@ void Trainer::register_state() {
                                {"strobe_version", STROBE_VERSION},
                                {"device", device_.str()},
                                {"precision", exp_.trainer.precision},
-                               {"global_step", state_.global_step},
+                               {"global_step", state().global_step},
                                {"world_size", world_size_},
-                               {"epoch", state_.epoch}};
+                               {"epoch", state().epoch}};
         d.blobs["meta"] = meta.dump();
       },
       nullptr, Kind::Always);
 }
 
-checkpoint::CheckpointData Trainer::make_checkpoint(const StepStart* step_start) {
+checkpoint::CheckpointData Trainer::make_checkpoint() { return build_checkpoint(nullptr); }
+checkpoint::CheckpointData Trainer::make_checkpoint_at(const StepStart& start) { return build_checkpoint(&start); }
+
+checkpoint::CheckpointData Trainer::build_checkpoint(const StepStart* step_start) {
   checkpoint::CheckpointData d;
   connector_.save(d, step_start);
   each([&](Callback& cb) { cb.on_save_checkpoint(*this, *module_, d); });

@@ -19,6 +19,11 @@ StepPipeline& Trainer::step_pipeline() {
   return *pipeline_;
 }
 
+const StepPipeline& Trainer::step_pipeline() const {
+  if (!pipeline_) throw std::logic_error("Trainer::step_pipeline() before setup_for_fit()");
+  return *pipeline_;
+}
+
 void Trainer::arm_step_guard(const StepGuard& guard) {
   pending_guard_ |= guard;
   if (pipeline_) pipeline_->arm(pending_guard_);
@@ -56,11 +61,19 @@ void Trainer::finish_optimizer_step(bool zero_grads) {
     }
   }
   accum_count_ = 0;
-  ++state_.global_step;
-  if (scheduler_) scheduler_->step(state_.global_step);
-  bool emit = state_.global_step % exp_.trainer.log_every_n_steps == 0 || state_.global_step == 1;
-  collector_->end_step(state_.global_step, state_.epoch, emit);
-  share_stop_code(/*blocking=*/false);
+  auto& loop = fit_loop_->state();
+  ++loop.global_step;
+  if (scheduler_) scheduler_->step(loop.global_step);
+  bool emit = loop.global_step % exp_.trainer.log_every_n_steps == 0 || loop.global_step == 1;
+  collector_->end_step(loop.global_step, loop.epoch, emit);
+  fit_loop_->share_stop_code(/*blocking=*/false);
+}
+
+Batch Trainer::prepare_batch(Batch batch, int64_t idx) {
+  if (datamodule_->injected_batch() && module_->stage() == Stage::Fit && module_->training()) batch = *datamodule_->injected_batch();
+  batch = datamodule_->on_before_batch_transfer(std::move(batch), idx);
+  batch = transfer_(device_, [&] { return datamodule_->transfer_batch_to_device(batch, device_, idx); });
+  return datamodule_->on_after_batch_transfer(std::move(batch), idx);
 }
 
 torch::Tensor Trainer::run_training_batch(Batch host_batch, int64_t batch_idx) {
@@ -77,7 +90,7 @@ torch::Tensor Trainer::run_eager_batch(Batch batch, int64_t batch_idx) {
   StepRunner::Options options;
   options.first_micro_batch = accum_count_ == 0;
   options.last_micro_batch =
-      accum_count_ + 1 >= exp_.trainer.accumulate_grad_batches || batch_idx + 1 >= num_train_batches_;
+      accum_count_ + 1 >= exp_.trainer.accumulate_grad_batches || batch_idx + 1 >= fit_loop_->num_batches();
   options.hooks = &hooks;
   auto loss = step_runner_->run(batch, batch_idx, options);
   ++accum_count_;

@@ -90,7 +90,7 @@ class GradPeek : public Callback {
  public:
   std::string name() const override { return "grad_peek"; }
   bool uses_in_step_hooks() const override { return true; }
-  void on_after_backward(Trainer&, Module&) override {}
+  void on_after_backward(TrainerView&, Module&) override {}
 };
 std::shared_ptr<Callback> make_grad_peek(config::Section& cfg) {
   cfg.finish();

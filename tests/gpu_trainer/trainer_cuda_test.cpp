@@ -46,15 +46,15 @@ class SyncGuard : public Callback {
  public:
   explicit SyncGuard(int64_t from) : from_(from) {}
   std::string name() const override { return "sync_guard"; }
-  void on_train_batch_start(Trainer&, Module&, const Batch&, int64_t batch_idx) override {
+  void on_train_batch_start(TrainerView&, Module&, const Batch&, int64_t batch_idx) override {
     if (batch_idx >= from_) set(c10::cuda::SyncDebugMode::L_ERROR);
   }
-  void on_train_batch_end(Trainer&, Module&, const torch::Tensor&, const Batch&, int64_t batch_idx) override {
+  void on_train_batch_end(TrainerView&, Module&, const torch::Tensor&, const Batch&, int64_t batch_idx) override {
     if (batch_idx >= from_) ++g_guarded_steps;
   }
-  void on_validation_start(Trainer&, Module&) override { set(c10::cuda::SyncDebugMode::L_DISABLED); }
-  void on_train_end(Trainer&, Module&) override { set(c10::cuda::SyncDebugMode::L_DISABLED); }
-  void on_exception(Trainer&, Module&, const std::exception&) override { set(c10::cuda::SyncDebugMode::L_DISABLED); }
+  void on_validation_start(TrainerView&, Module&) override { set(c10::cuda::SyncDebugMode::L_DISABLED); }
+  void on_train_end(TrainerView&, Module&) override { set(c10::cuda::SyncDebugMode::L_DISABLED); }
+  void on_exception(TrainerView&, Module&, const std::exception&) override { set(c10::cuda::SyncDebugMode::L_DISABLED); }
 
  private:
   static void set(c10::cuda::SyncDebugMode m) { c10::cuda::warning_state().set_sync_debug_mode(m); }

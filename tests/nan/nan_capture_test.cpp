@@ -295,12 +295,12 @@ TEST(NanCapture, FiniteLossWithNaNGradientsIsCaughtByTheGradientCheck) {
 class StateRecorder : public Callback {
  public:
   std::string name() const override { return "state_recorder"; }
-  void on_train_batch_start(Trainer& t, Module& m, const Batch& b, int64_t) override {
+  void on_train_batch_start(TrainerView& t, Module& m, const Batch& b, int64_t) override {
     before = model_state(m);
     opt_before = t.make_checkpoint().blob("optimizer");
     bad_batch = b.at("image").flatten(1).mean().item<double>() > threshold;
   }
-  void on_train_batch_end(Trainer& t, Module& m, const torch::Tensor&, const Batch&, int64_t) override {
+  void on_train_batch_end(TrainerView& t, Module& m, const torch::Tensor&, const Batch&, int64_t) override {
     auto after = model_state(m);
     bool same = true;
     for (const auto& [k, v] : before) same = same && torch::equal(v, after.at(k));
@@ -413,7 +413,7 @@ TEST(NanCapture, AStepBegunBeforeAResumeMidAccumulationStopsWithoutACapture) {
     int64_t at = 0;
     std::string path;
     std::string name() const override { return "save_mid"; }
-    void on_train_batch_complete(Trainer& t, Module&) override {
+    void on_train_batch_complete(TrainerView& t, Module&) override {
       if (t.state().batch_in_epoch == at && t.accumulated_batches() == 1) checkpoint::save_checkpoint_file(path, t.make_checkpoint());
     }
   };

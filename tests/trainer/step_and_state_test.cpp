@@ -74,7 +74,7 @@ TEST(StateConnector, StepLogsTheMeanOfItsMicroBatches) {
   struct Recorder : Callback {
     std::vector<double>* out;
     std::string name() const override { return "recorder"; }
-    void on_train_batch_end(Trainer&, Module&, const torch::Tensor& loss, const Batch&, int64_t) override {
+    void on_train_batch_end(TrainerView&, Module&, const torch::Tensor& loss, const Batch&, int64_t) override {
       out->push_back(loss.item<double>());
     }
   };
@@ -131,7 +131,7 @@ TEST(StateConnector, AStepStartCheckpointHasEveryCheckpointsKeysWithTheStartsVal
   ASSERT_EQ(run->trainer->accumulated_batches(), 1);
 
   const auto live = run->trainer->make_checkpoint();
-  const auto at = run->trainer->make_checkpoint(&start);
+  const auto at = run->trainer->make_checkpoint_at(start);
   auto keys = [](const checkpoint::CheckpointData& d, bool partial) {
     std::set<std::string> out;
     for (const auto& kv : d.tensors)

@@ -1,0 +1,157 @@
+// The loops, as objects (Lightning's fit_loop and evaluation_loop are the model): each owns its
+// counters, limits and hooks; the Trainer builds them and wires them to the step, the data and the
+// callbacks (trainer.cpp). Either can be driven on its own: tests/trainer/loops_test.cpp does.
+//
+// FitLoop: epochs of training batches. It owns the loop counters (TrainerState, the checkpoint's
+// `loop` blob), the training limits (limit_train_batches, overfit_batches, fast_dev_run, max_steps,
+// max_epochs, max_time), when validation runs, and the stop state (callbacks' requests, signals,
+// and under data parallel the stop code agreed across ranks). One training batch is the Trainer's
+// (run_training_batch: hooks, StepRunner or a graph replay); the loop calls it through `run_batch`.
+//
+// EvaluationLoop: one validation or test run over its limited batches, in Lightning's hook order,
+// with the epoch's metrics waited for once at its end (early stopping, checkpoints and a plateau
+// scheduler decide on them).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include <torch/types.h>
+
+#include "framework/config/experiment.h"
+#include "framework/core/callback.h"
+#include "framework/core/datamodule.h"
+#include "framework/core/loop_state.h"
+#include "framework/core/module.h"
+#include "framework/data/batch.h"
+#include "framework/logging/device_readback.h"
+
+namespace strobe {
+
+class LRScheduler;
+class TrainerView;
+namespace logging {
+class LogCollector;
+}
+namespace data {
+class DataLoader;
+}
+namespace distributed {
+class Strategy;
+}
+
+// What both loops are wired to (the Trainer's parts, which outlive the loops).
+struct LoopParts {
+  TrainerView* view = nullptr;  // the callbacks' view of the trainer
+  Module* module = nullptr;
+  DataModule* datamodule = nullptr;
+  logging::LogCollector* collector = nullptr;
+  const config::TrainerConfig* cfg = nullptr;
+  torch::Device device{torch::kCPU};
+  const std::vector<std::shared_ptr<Callback>>* callbacks = nullptr;
+  // A loader's batch onto the device through the data module's hooks (the dataloader index second).
+  std::function<Batch(Batch, int64_t)> prepare_batch;
+
+  template <class F>
+  void each(F&& f) const {
+    for (auto& cb : *callbacks) f(*cb);
+  }
+};
+
+class EvaluationLoop {
+ public:
+  // `state`: the fit loop's counters (the logged step and epoch; validation runs are counted there).
+  EvaluationLoop(LoopParts parts, TrainerState& state);
+
+  // The scheduler a validation run feeds its monitored metric (reduce-on-plateau); null: none.
+  void set_scheduler(LRScheduler* scheduler) { scheduler_ = scheduler; }
+
+  // One run of `stage` (Validate or Test) over at most `limit` batches (-1: no limit beyond
+  // trainer.limit_{val,test}_batches and fast_dev_run). `sanity`: the sanity check before training,
+  // whose metrics are discarded and which counts no validation run. Returns the batches run (0: no
+  // loader, or a limit of 0, and then no hook ran). The module's train/eval mode is restored.
+  int64_t run(Stage stage, int64_t limit, bool sanity);
+
+  // Batches a run of `stage` would take under the limits above (0: no loader), without running it.
+  int64_t planned_batches(Stage stage, int64_t limit) const;
+
+ private:
+  LoopParts parts_;
+  TrainerState& state_;
+  LRScheduler* scheduler_ = nullptr;
+};
+
+class FitLoop {
+ public:
+  // One training batch (hooks, step, optimizer step when the window ends); returns its loss.
+  using RunBatch = std::function<torch::Tensor(Batch, int64_t)>;
+
+  // `strategy`: data parallel's stop agreement (one process: no collective is made).
+  FitLoop(LoopParts parts, distributed::Strategy& strategy, int64_t world_size);
+
+  // The validation runs' loop (its counters are this loop's state()); without one, never validates.
+  void set_evaluation(EvaluationLoop* evaluation) { evaluation_ = evaluation; }
+  // Takes the training loader and applies the training limits; throws when it yields no batches.
+  void setup(std::shared_ptr<data::DataLoader> loader);
+  void set_run_batch(RunBatch run_batch) { run_batch_ = std::move(run_batch); }
+
+  // --- counters ---
+  TrainerState& state() { return state_; }
+  const TrainerState& state() const { return state_; }
+  // The counters as a checkpoint records them: elapsed_s includes this process's training time.
+  TrainerState saved_state() const;
+  int64_t num_batches() const { return num_batches_; }  // training batches per epoch, after the limits
+  // Optimizer steps the fit takes under max_epochs and max_steps (-1: unbounded).
+  int64_t estimated_stepping_batches() const;
+  double last_input_wait_s() const { return last_input_wait_s_; }
+
+  // --- running ---
+  // max_time (and a checkpoint's elapsed time) counts from here: fit's start, sanity check included.
+  void start_clock() { start_time_ = std::chrono::steady_clock::now(); }
+  // Epochs until done(): the epoch rollover, then each batch's end in order (on_train_batch_end,
+  // the validation it triggers, the epoch's end, on_train_batch_complete: docs/ARCHITECTURE.md).
+  void run();
+  void run_epoch();
+  // A limit is reached or a stop was requested (data parallel: agreed by every rank).
+  bool done() const;
+  // Whether the batch that just ended (`batch_in_epoch` batches consumed) validates.
+  bool should_validate_now(int64_t batch_in_epoch, bool epoch_end) const;
+
+  // --- stopping ---
+  void request_stop(int exit_code);
+  bool should_stop() const { return should_stop_; }
+  // Data parallel: this rank's stop code (0 none, 1 stop, 3 NaN, 128+signal) is max-reduced on the
+  // device after every optimizer step and read kStopLag calls later (the copy is long done: no
+  // stall), so every rank stops after the same step; `blocking` (an epoch's end) agrees at once.
+  void share_stop_code(bool blocking);
+  // After run(): folds the agreed stop code (data parallel) and a signal into the exit code, and
+  // returns the signal that stopped the run (0: none).
+  int settle_stop();
+  // fit()'s status: kExitOk, a callback's requested code (kExitNaN), or 128 + the signal.
+  int exit_code() const { return stop_code_; }
+
+ private:
+  int local_stop_code() const;
+  bool time_is_up() const;
+
+  LoopParts parts_;
+  EvaluationLoop* evaluation_ = nullptr;
+  distributed::Strategy& strategy_;
+  int64_t world_size_;
+  RunBatch run_batch_;
+  std::shared_ptr<data::DataLoader> loader_;
+  TrainerState state_;
+  int64_t num_batches_ = 0;
+  double last_input_wait_s_ = 0.0;
+  std::chrono::steady_clock::time_point start_time_;
+  bool should_stop_ = false;
+  int stop_code_ = 0;
+  std::deque<DeviceReadback> pending_stops_;  // the all-reduced stop codes (0-d int32) on their way to the host
+  int agreed_stop_ = 0;                       // the max over ranks of the stop codes read so far
+};
+
+}  // namespace strobe

@@ -1,0 +1,115 @@
+"""Callbacks compile against TrainerView only (framework/core/trainer_view.h, docs/ARCHITECTURE.md).
+
+Every source and header under callbacks/ is followed through its project #include lines, transitively;
+reaching framework/core/trainer.h from any of them fails, printed as the chain of includes that gets
+there. The same rule holds for the headers a callback is written against (callback.h, trainer_view.h).
+
+A self test then plants `#include "framework/core/trainer.h"` two headers deep (into a copy of a header
+a callback includes) and requires exactly that chain to be reported, so a check that cannot fail does
+not pass.
+
+Usage: test_callback_view.py (STROBE_SOURCE_DIR: the source tree; default: the working directory)."""
+import os, re, shutil, sys, tempfile
+
+SRC = os.path.realpath(os.environ.get("STROBE_SOURCE_DIR", "."))
+FORBIDDEN = "framework/core/trainer.h"
+ROOTS = ["callbacks", "framework/core/callback.h", "framework/core/trainer_view.h"]
+INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"')
+
+
+def roots(src):
+    out = []
+    for r in ROOTS:
+        path = os.path.join(src, r)
+        if os.path.isdir(path):
+            out += sorted(os.path.join(r, f) for f in os.listdir(path) if f.endswith((".cpp", ".h")))
+        elif os.path.exists(path):
+            out.append(r)
+    return out
+
+
+def includes(src, rel):
+    """Project files `rel` includes: quoted includes that name a file of the tree (from its root or
+    from rel's folder), as paths relative to the root."""
+    out = []
+    with open(os.path.join(src, rel), encoding="utf-8") as f:
+        for line in f:
+            m = INCLUDE.match(line)
+            if not m:
+                continue
+            for cand in (m.group(1), os.path.normpath(os.path.join(os.path.dirname(rel), m.group(1)))):
+                if os.path.isfile(os.path.join(src, cand)):
+                    out.append(cand)
+                    break
+    return out
+
+
+def chains(src):
+    """[chain] for each root that reaches FORBIDDEN; a chain lists the files from the root to it."""
+    found = []
+    for root in roots(src):
+        parent, todo = {root: None}, [root]
+        while todo:
+            cur = todo.pop()
+            if cur == FORBIDDEN:
+                chain = [cur]
+                while parent[chain[-1]] is not None:
+                    chain.append(parent[chain[-1]])
+                found.append(list(reversed(chain)))
+                break
+            for inc in includes(src, cur):
+                if inc not in parent:
+                    parent[inc] = cur
+                    todo.append(inc)
+    return found
+
+
+def self_test(src):
+    """Plants the forbidden include into a copy of framework/core/loop_state.h (trainer_view.h includes
+    it; every callback includes trainer_view.h) and requires every callback to report the chain."""
+    tmp = tempfile.mkdtemp(prefix="strobe-callback-view-")
+    try:
+        for d in ("callbacks", "framework", "models", "tasks", "data"):
+            if os.path.isdir(os.path.join(src, d)):
+                shutil.copytree(os.path.join(src, d), os.path.join(tmp, d),
+                                ignore=shutil.ignore_patterns("*.cu", "*.cuh", "*.py", "*.md"))
+        if chains(tmp):
+            return ["self test: the copy of the tree already reaches trainer.h"]
+        planted = os.path.join(tmp, "framework/core/loop_state.h")
+        with open(planted, "a", encoding="utf-8") as f:
+            f.write('\n#include "framework/core/trainer.h"\n')
+        got = chains(tmp)
+        reported = {c[0] for c in got}
+        want = {r for r in roots(tmp) if r.startswith("callbacks/") and r.endswith(".cpp")}
+        if not want or not want <= reported:
+            return ["self test: a planted include of trainer.h was not reported for every callback",
+                    f"  not reported: {sorted(want - reported)}"]
+        for c in got:
+            if c[-2:] != ["framework/core/loop_state.h", FORBIDDEN]:
+                return [f"self test: wrong chain {' -> '.join(c)}"]
+        return []
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main():
+    files = roots(SRC)
+    if len([f for f in files if f.endswith(".cpp")]) < 5:
+        print(f"test_callback_view: only {len(files)} callback files under {SRC}/callbacks")
+        return 1
+    found = chains(SRC)
+    for c in found:
+        print("callbacks compile against TrainerView only, but: " + " -> ".join(c))
+    print(f"test_callback_view: {len(files)} files checked, {len(found)} reach {FORBIDDEN}")
+    if found:
+        return 1
+    problems = self_test(SRC)
+    if problems:
+        print("\n".join(problems))
+        return 1
+    print("test_callback_view: self test: a planted include of trainer.h is reported with its chain")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
