@@ -14,12 +14,18 @@
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/torch.h>
 
 #include "bench/lib/bench.h"
 #include "framework/checkpoint/checkpoint_io.h"
 #include "framework/config/config.h"
+#include "framework/core/callback.h"
 #include "framework/core/capture.h"
+#include "framework/core/datamodule.h"
+#include "framework/core/model.h"
+#include "framework/core/module.h"
+#include "framework/metrics/registry.h"
 #include "framework/core/signals.h"
 #include "framework/data/data_error.h"
 #include "runner/experiment_builder.h"
@@ -205,6 +211,43 @@ int run_replay(const ReplayArgs& a) {
   return 0;
 }
 
+// The components an experiment can name, by kind, as `strobe list` and `strobe --help` show them.
+const std::vector<std::pair<std::string, std::vector<std::string>>>& component_lists() {
+  static const std::vector<std::pair<std::string, std::vector<std::string>>> lists = {
+      {"models", strobe::model_registry().names()},
+      {"tasks", strobe::task_registry().names()},
+      {"data", strobe::data_registry().names()},
+      {"callbacks", strobe::callback_registry().names()},
+      {"metrics", strobe::metrics::metric_registry().names()}};
+  return lists;
+}
+
+std::string components_text() {
+  std::string out = "Components (strobe list KIND: one per line):\n";
+  for (const auto& [kind, names] : component_lists()) out += fmt::format("  {:<10} {}\n", kind + ":", fmt::join(names, ", "));
+  return out;
+}
+
+// strobe list [KIND]: every kind with its names, or KIND's names one per line (for scripts).
+int run_list(const std::string& kind) {
+  if (kind.empty()) {
+    fmt::print("{}", components_text());
+    return 0;
+  }
+  std::vector<std::string> kinds;
+  for (const auto& [k, names] : component_lists()) {
+    if (k == kind) {
+      for (const auto& n : names) fmt::print("{}\n", n);
+      return 0;
+    }
+    kinds.push_back(k);
+  }
+  std::string hint = strobe::config::closest_match(kind, kinds);
+  fmt::print(stderr, "strobe list: unknown kind '{}'{} (known: {})\n", kind,
+             hint.empty() ? "" : fmt::format("; did you mean '{}'?", hint), fmt::join(kinds, ", "));
+  return 2;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -254,6 +297,10 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   bench->add_option("--steps", bench_a.options.steps, "timed steps/calls (default: per suite; step: 50 on CUDA, 10 on CPU)")
       ->check(CLI::PositiveNumber);
+  std::string list_kind;
+  auto* list = app.add_subcommand("list", "list the models, tasks, data modules, callbacks and metrics an experiment can name");
+  list->add_option("kind", list_kind, "models | tasks | data | callbacks | metrics: that kind's names, one per line");
+  app.footer(components_text());
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -267,7 +314,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (app.get_subcommands().empty()) {
-    fmt::print(stderr, "strobe: a command is required (fit, validate, test, replay, export, bench)\nRun 'strobe --help' for usage.\n");
+    fmt::print(stderr, "strobe: a command is required (fit, validate, test, replay, export, bench, list)\nRun 'strobe --help' for usage.\n");
     return 2;
   }
   const std::string command = app.get_subcommands().front()->get_name();
@@ -289,6 +336,7 @@ int main(int argc, char** argv) {
     return 1;
   };
   try {
+    if (command == "list") return run_list(list_kind);
     if (command == "replay") return run_replay(replay_a);
     if (command == "bench") return strobe::bench::run_bench(bench_a.suites, bench_a.json, bench_a.options);
     if (command == "export") {

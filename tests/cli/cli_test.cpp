@@ -8,9 +8,15 @@
 #include <chrono>
 #include <thread>
 
+#include "framework/core/callback.h"
+#include "framework/core/datamodule.h"
+#include "framework/core/model.h"
+#include "framework/core/module.h"
+#include "framework/metrics/registry.h"
 #include "tests/cli/cli_test_util.h"
 #include "tests/source_path.h"
 
+using namespace strobe;
 using namespace strobe::testing;
 
 TEST(Cli, VersionAndHelp) {
@@ -20,6 +26,35 @@ TEST(Cli, VersionAndHelp) {
   r = strobe_cmd("--help");
   EXPECT_EQ(r.code, 0);
   EXPECT_NE(r.out.find("fit"), std::string::npos);
+}
+
+// strobe list: every registry's names, from the registries themselves (this test links the same
+// libstrobe), per kind one per line; --help shows them; an unknown kind is one line and exit 2.
+TEST(Cli, ListShowsEveryRegisteredComponentByKind) {
+  const std::vector<std::pair<std::string, std::vector<std::string>>> kinds = {
+      {"models", model_registry().names()},       {"tasks", task_registry().names()},
+      {"data", data_registry().names()},          {"callbacks", callback_registry().names()},
+      {"metrics", metrics::metric_registry().names()}};
+  auto all = strobe_cmd("list");
+  ASSERT_EQ(all.code, 0) << all.err;
+  auto help = strobe_cmd("--help");
+  for (const auto& [kind, names] : kinds) {
+    ASSERT_FALSE(names.empty()) << kind;
+    auto one = strobe_cmd("list " + kind);
+    EXPECT_EQ(one.code, 0) << kind << ": " << one.err;
+    std::string want;
+    for (const auto& n : names) want += n + "\n";
+    EXPECT_EQ(one.out, want) << kind;
+    std::string joined;
+    for (const auto& n : names) joined += (joined.empty() ? "" : ", ") + n;
+    EXPECT_NE(all.out.find(kind + ":"), std::string::npos) << all.out;
+    EXPECT_NE(all.out.find(joined), std::string::npos) << kind << " in strobe list:\n" << all.out;
+    EXPECT_NE(help.out.find(joined), std::string::npos) << kind << " in strobe --help";
+  }
+  auto bad = strobe_cmd("list modle");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_EQ(bad.out, "");
+  EXPECT_EQ(bad.err, "strobe list: unknown kind 'modle'; did you mean 'models'? (known: models, tasks, data, callbacks, metrics)\n");
 }
 
 TEST(Cli, UnknownKeyExitsTwoWithOneLine) {
