@@ -30,6 +30,7 @@
 #include "framework/data/data_error.h"
 #include "runner/experiment_builder.h"
 #include "runner/export.h"
+#include "runner/plugins.h"
 #include "runner/replay.h"
 
 namespace {
@@ -42,6 +43,7 @@ std::string version_string() {
 
 struct Common {
   std::string config;
+  std::vector<std::string> plugins;
   std::vector<std::string> sets;
   std::string ckpt;
   std::string run_dir;
@@ -52,6 +54,8 @@ struct Common {
 void add_common(CLI::App* cmd, Common& c, bool evaluates) {
   cmd->add_option("-c,--config", c.config, "experiment YAML file")->required();
   cmd->add_option("--set", c.sets, "override a key: --set trainer.max_steps=200 (repeatable)")->take_all();
+  cmd->add_option("--plugin", c.plugins, "load a plugin (a component library built with strobe_add_plugin; repeatable)")
+      ->take_all();
   cmd->add_option("--ckpt", c.ckpt,
                   evaluates ? "checkpoint to evaluate (required unless model.init_from names the weights)"
                             : "checkpoint to resume from");
@@ -111,6 +115,14 @@ void print_fit_summary(const strobe::Run& run, int rc, double seconds) {
 int run_command(const std::string& command, const Common& c, Progress& progress) {
   auto doc = strobe::config::Document::load_file(c.config);
   for (const auto& s : c.sets) doc.apply_override(s);
+  // --plugin joins the experiment's plugins: (so the resolved config records it), relative to here.
+  if (!c.plugins.empty()) {
+    YAML::Node root = doc.root().node();
+    YAML::Node list = root["plugins"];
+    if (!list.IsDefined() || list.IsNull()) list = YAML::Node(YAML::NodeType::Sequence);
+    for (const auto& p : c.plugins) list.push_back(std::filesystem::absolute(p).lexically_normal().string());
+    root["plugins"] = list;
+  }
   if (c.profile) {
     // --profile: trainer.profiler with its defaults, unless the config already sets it up.
     const YAML::Node root = doc.root().node();
@@ -212,14 +224,14 @@ int run_replay(const ReplayArgs& a) {
 }
 
 // The components an experiment can name, by kind, as `strobe list` and `strobe --help` show them.
-const std::vector<std::pair<std::string, std::vector<std::string>>>& component_lists() {
-  static const std::vector<std::pair<std::string, std::vector<std::string>>> lists = {
+// Read anew on each call: plugins loaded since add their names.
+std::vector<std::pair<std::string, std::vector<std::string>>> component_lists() {
+  return {
       {"models", strobe::model_registry().names()},
       {"tasks", strobe::task_registry().names()},
       {"data", strobe::data_registry().names()},
       {"callbacks", strobe::callback_registry().names()},
       {"metrics", strobe::metrics::metric_registry().names()}};
-  return lists;
 }
 
 std::string components_text() {
@@ -298,8 +310,10 @@ int main(int argc, char** argv) {
   bench->add_option("--steps", bench_a.options.steps, "timed steps/calls (default: per suite; step: 50 on CUDA, 10 on CPU)")
       ->check(CLI::PositiveNumber);
   std::string list_kind;
+  std::vector<std::string> list_plugins;
   auto* list = app.add_subcommand("list", "list the models, tasks, data modules, callbacks and metrics an experiment can name");
   list->add_option("kind", list_kind, "models | tasks | data | callbacks | metrics: that kind's names, one per line");
+  list->add_option("--plugin", list_plugins, "load a plugin first: its components are listed too (repeatable)")->take_all();
   app.footer(components_text());
   try {
     app.parse(argc, argv);
@@ -336,7 +350,10 @@ int main(int argc, char** argv) {
     return 1;
   };
   try {
-    if (command == "list") return run_list(list_kind);
+    if (command == "list") {
+      strobe::load_plugins(list_plugins);
+      return run_list(list_kind);
+    }
     if (command == "replay") return run_replay(replay_a);
     if (command == "bench") return strobe::bench::run_bench(bench_a.suites, bench_a.json, bench_a.options);
     if (command == "export") {
@@ -346,6 +363,9 @@ int main(int argc, char** argv) {
       return 0;
     }
     return run_command(command, c, progress);
+  } catch (const strobe::PluginError& e) {
+    fmt::print(stderr, "strobe: plugin error: {}\n", e.what());
+    return 2;
   } catch (const strobe::bench::BenchUsageError& e) {
     fmt::print(stderr, "strobe bench: {}\n", e.what());
     return 2;

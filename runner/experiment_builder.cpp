@@ -1,4 +1,5 @@
 #include "runner/experiment_builder.h"
+#include "runner/plugins.h"
 
 #include <filesystem>
 #include <fstream>
@@ -166,6 +167,8 @@ std::unique_ptr<Run> build_run(config::Document& doc, const RunOptions& options)
   auto run = std::make_unique<Run>();
   run->experiment = config::parse_experiment(doc);
   auto& exp = run->experiment;
+  // Before any component is built: the plugins' components join the registries (runner/plugins.h).
+  load_plugins(exp.plugins);
 
   DataContext ctx;
   ctx.seed = static_cast<uint64_t>(exp.seed);

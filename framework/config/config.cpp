@@ -1,4 +1,5 @@
 #include "framework/config/config.h"
+#include "framework/config/registry.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -139,6 +140,17 @@ const std::regex& float_re() {
 }
 
 }  // namespace
+
+}  // namespace strobe::config
+
+namespace strobe {
+RegistrationLog*& current_registration_log() {
+  static RegistrationLog* log = nullptr;
+  return log;
+}
+}  // namespace strobe
+
+namespace strobe::config {
 
 std::string closest_match(const std::string& word, const std::vector<std::string>& candidates) {
   std::string best;

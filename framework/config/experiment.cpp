@@ -1,5 +1,7 @@
 #include "framework/config/experiment.h"
 
+#include <algorithm>
+#include <filesystem>
 #include <regex>
 #include <sstream>
 
@@ -78,6 +80,30 @@ std::optional<InitFrom> parse_init_from(Section& model) {
   return f;
 }
 
+// `plugins: [PATH, ...]`: absolute paths, a relative one taken from the config file's directory; the
+// document then holds the absolute paths (the resolved config records where the plugins were).
+static std::vector<std::string> parse_plugins(Section& root, const std::string& config_file) {
+  root.accept("plugins");
+  std::vector<std::string> out;
+  if (!root.has("plugins") || root.is_null("plugins")) return out;
+  YAML::Node list = root.node()["plugins"];
+  if (!list.IsSequence()) root.fail("plugins", "expected a list of plugin files (shared libraries built with strobe_add_plugin)");
+  const std::filesystem::path base = std::filesystem::path(config_file).parent_path();
+  YAML::Node resolved(YAML::NodeType::Sequence);
+  for (const auto& item : list) {
+    if (!item.IsScalar() || item.Scalar().empty()) root.fail("plugins", "expected a list of plugin file paths");
+    std::filesystem::path p = item.Scalar();
+    if (p.is_relative()) p = base / p;
+    std::error_code ec;
+    const std::string abs = std::filesystem::absolute(p, ec).lexically_normal().string();
+    if (std::find(out.begin(), out.end(), abs) != out.end()) continue;
+    out.push_back(abs);
+    resolved.push_back(abs);
+  }
+  root.node()["plugins"] = resolved;
+  return out;
+}
+
 Experiment parse_experiment(Document& doc) {
   Section root = doc.root();
   Experiment e;
@@ -147,6 +173,7 @@ Experiment parse_experiment(Document& doc) {
   if (!e.model.has("name")) e.model.fail_here("missing required key 'name' (e.g. resnet, vit, decoder_lm, face_detector)");
   if (!e.data.has("name")) e.data.fail_here("missing required key 'name' (e.g. fashion_mnist, synthetic_images)");
   e.init_from = parse_init_from(e.model);
+  e.plugins = parse_plugins(root, doc.file());
   root.finish();
   return e;
 }

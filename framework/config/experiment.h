@@ -80,6 +80,9 @@ struct Experiment {
   Section task, model, data, optimizer, scheduler;
   std::vector<Section> callbacks;
   std::optional<InitFrom> init_from;  // model.init_from
+  // `plugins:` (and --plugin): component libraries to load before anything is built, as absolute
+  // paths (a relative one is taken from the config file's directory; the resolved config stores these).
+  std::vector<std::string> plugins;
 };
 
 // "DD:HH:MM:SS" (or fewer fields, "HH:MM:SS", "MM:SS", "SS") into seconds; nullopt on bad syntax.

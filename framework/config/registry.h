@@ -5,6 +5,9 @@
 //
 // Contract: names are unique per registry (a duplicate aborts at start-up, a programming error);
 // an unknown name gets one message naming the kind, the closest known name and the full list.
+// While a plugin loads (runner/plugins.h), a registration that fails — a name already registered, an
+// exception thrown by the registration — is recorded in the plugin's RegistrationLog instead, and
+// the loader reports it (exit 2) naming the plugin and the name; nothing aborts or terminates.
 #pragma once
 
 #include <cstdio>
@@ -21,6 +24,28 @@
 
 namespace strobe {
 
+// The failures of the registrations that run while a plugin loads (null: none loading).
+struct RegistrationLog {
+  std::vector<std::string> errors;
+};
+RegistrationLog*& current_registration_log();  // framework/config/config.cpp
+
+// Runs a STROBE_REGISTER line's registration: while a plugin loads, an exception escaping it is
+// recorded (it would otherwise leave dlopen through a static initialiser and terminate the process).
+template <class F>
+bool guarded_registration(const char* name, F&& add) {
+  RegistrationLog* log = current_registration_log();
+  if (log == nullptr) return add();
+  try {
+    return add();
+  } catch (const std::exception& e) {
+    log->errors.push_back(fmt::format("registering '{}' threw: {}", name, e.what()));
+  } catch (...) {
+    log->errors.push_back(fmt::format("registering '{}' threw a non-standard exception", name));
+  }
+  return false;
+}
+
 // Name -> factory of one kind of component, whatever the factory's signature.
 template <class Factory>
 class FactoryTable {
@@ -28,10 +53,15 @@ class FactoryTable {
   explicit FactoryTable(std::string kind) : kind_(std::move(kind)) {}
 
   bool add(const std::string& name, Factory factory) {
-    if (!factories_.emplace(name, std::move(factory)).second) {
+    if (factories_.count(name)) {
+      if (RegistrationLog* log = current_registration_log()) {
+        log->errors.push_back(fmt::format("{} '{}' is already registered (built in or by another plugin)", kind_, name));
+        return false;
+      }
       fmt::print(stderr, "internal error: {} '{}' registered twice\n", kind_, name);
       std::abort();
     }
+    factories_.emplace(name, std::move(factory));
     return true;
   }
 
@@ -86,7 +116,8 @@ class Registry : public FactoryTable<std::function<Product(config::Section&, Arg
 #define STROBE_CONCAT_INNER(a, b) a##b
 #define STROBE_CONCAT(a, b) STROBE_CONCAT_INNER(a, b)
 // STROBE_REGISTER(model_registry(), "resnet", make_resnet);
-#define STROBE_REGISTER(registry, name, factory) \
-  static const bool STROBE_CONCAT(strobe_registered_, __COUNTER__) = (registry).add(name, factory)
+#define STROBE_REGISTER(registry, name, factory)                                     \
+  static const bool STROBE_CONCAT(strobe_registered_, __COUNTER__) =                 \
+      ::strobe::guarded_registration(name, [] { return (registry).add(name, factory); })
 
 }  // namespace strobe

@@ -229,7 +229,7 @@ TEST(Config, EmptySetValueIsAnError) {
 
 TEST(Config, UnknownKeyMadeBySetBlamesTheSet) {
   EXPECT_EQ(error_of(kBase, {"foo.bar=3"}), "--set foo.bar=3: foo: unknown key (known keys: callbacks, data, logger, model, "
-                                            "name, optimizer, scheduler, seed, task, trainer)");
+                                            "name, optimizer, plugins, scheduler, seed, task, trainer)");
   EXPECT_EQ(error_of(kBase, {"trainer.bogus.x=3"}), "--set trainer.bogus.x=3: trainer.bogus: unknown key (known keys: "
                                                     "accumulate_grad_batches, check_val_every_n_epoch, cuda_graphs, default_root_dir, "
                                                     "deterministic, device, dist_timeout, enable_checkpointing, enable_progress_bar, "

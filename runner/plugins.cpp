@@ -1,0 +1,103 @@
+#include "runner/plugins.h"
+
+#include <dlfcn.h>
+#include <elf.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include "framework/config/registry.h"
+
+namespace strobe {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* kMarkerSection = ".strobe_plugin";
+constexpr const char* kMarkerPrefix = "strobe-plugin 1 ";
+
+std::string read_range(std::ifstream& in, uint64_t offset, uint64_t size, uint64_t file_size, const std::string& path) {
+  if (offset > file_size || size > file_size - offset)
+    throw PluginError(fmt::format("plugin {}: is not a valid shared library (a section lies outside the file)", path));
+  std::string out(size, '\0');
+  in.seekg(static_cast<std::streamoff>(offset));
+  in.read(out.data(), static_cast<std::streamsize>(size));
+  if (!in) throw PluginError(fmt::format("plugin {}: cannot be read", path));
+  return out;
+}
+
+}  // namespace
+
+PluginMarker read_plugin_marker(const std::string& path) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) throw PluginError(fmt::format("plugin {}: no such file", path));
+  const uint64_t file_size = fs::file_size(path, ec);
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw PluginError(fmt::format("plugin {}: cannot be read", path));
+  Elf64_Ehdr eh{};
+  in.read(reinterpret_cast<char*>(&eh), sizeof eh);
+  if (!in || std::memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0 || eh.e_ident[EI_CLASS] != ELFCLASS64 || eh.e_type != ET_DYN)
+    throw PluginError(fmt::format("plugin {}: is not a shared library (build it with strobe_add_plugin)", path));
+  if (eh.e_shentsize != sizeof(Elf64_Shdr) || eh.e_shnum == 0 || eh.e_shstrndx >= eh.e_shnum)
+    throw PluginError(fmt::format("plugin {}: is not a valid shared library (no section table)", path));
+  const std::string table = read_range(in, eh.e_shoff, uint64_t(eh.e_shnum) * sizeof(Elf64_Shdr), file_size, path);
+  std::vector<Elf64_Shdr> sections(eh.e_shnum);
+  std::memcpy(sections.data(), table.data(), table.size());
+  const auto& names_header = sections[eh.e_shstrndx];
+  const std::string names = read_range(in, names_header.sh_offset, names_header.sh_size, file_size, path);
+  for (const auto& sh : sections) {
+    if (sh.sh_name >= names.size() || std::strcmp(names.c_str() + sh.sh_name, kMarkerSection) != 0) continue;
+    std::string text = read_range(in, sh.sh_offset, std::min<uint64_t>(sh.sh_size, 4096), file_size, path);
+    text = text.substr(0, text.find('\0'));
+    PluginMarker m;
+    if (text.rfind(kMarkerPrefix, 0) == 0) {
+      std::istringstream fields(text.substr(std::strlen(kMarkerPrefix)));
+      for (std::string f; fields >> f;) {
+        if (f.rfind("strobe=", 0) == 0) m.strobe_version = f.substr(7);
+        if (f.rfind("torch=", 0) == 0) m.torch_version = f.substr(6);
+      }
+    }
+    if (m.strobe_version.empty() || m.torch_version.empty())
+      throw PluginError(fmt::format("plugin {}: its Strobe marker '{}' cannot be read (rebuild it with strobe_add_plugin)", path, text));
+    return m;
+  }
+  throw PluginError(fmt::format("plugin {}: has no Strobe marker: not built with strobe_add_plugin (find_package(Strobe))", path));
+}
+
+std::vector<std::string> load_plugins(const std::vector<std::string>& paths) {
+  static std::set<std::string> loaded;
+  std::vector<std::string> out;
+  for (const auto& given : paths) {
+    std::error_code ec;
+    const std::string path = fs::absolute(given, ec).lexically_normal().string();
+    out.push_back(path);
+    if (loaded.count(path)) continue;
+    const PluginMarker m = read_plugin_marker(given);
+    if (m.strobe_version != STROBE_VERSION || m.torch_version != TORCH_VERSION)
+      throw PluginError(fmt::format("plugin {}: built against Strobe {} with libtorch {}, but this is Strobe {} with libtorch {}: "
+                                    "rebuild it against this installation",
+                                    given, m.strobe_version, m.torch_version, STROBE_VERSION, TORCH_VERSION));
+    RegistrationLog log;
+    current_registration_log() = &log;
+    void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL);
+    current_registration_log() = nullptr;
+    if (handle == nullptr) {
+      const char* why = dlerror();
+      throw PluginError(fmt::format("plugin {}: cannot be loaded: {}", given, why ? why : "unknown error"));
+    }
+    loaded.insert(path);  // never unloaded: what registered stays registered
+    if (!log.errors.empty()) {
+      std::string all;
+      for (const auto& e : log.errors) all += (all.empty() ? "" : "; ") + e;
+      throw PluginError(fmt::format("plugin {}: {}", given, all));
+    }
+  }
+  return out;
+}
+
+}  // namespace strobe

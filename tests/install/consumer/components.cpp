@@ -1,0 +1,82 @@
+// Components written against the installed headers alone: a model, a metric and a callback with
+// state, each registered with one STROBE_REGISTER line.
+#include <cmath>
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include "framework/core/callback.h"
+#include "framework/core/model.h"
+#include "framework/core/trainer_view.h"
+#include "framework/metrics/registry.h"
+
+namespace consumer {
+
+// A gated residual MLP: x + W2(silu(W1 x) * (V x)) over flattened images, then a linear head.
+class GatedMlp : public strobe::Model {
+ public:
+  GatedMlp(int64_t in, int64_t hidden, int64_t classes) : strobe::Model("GatedMlp") {
+    w1_ = register_module("w1", torch::nn::Linear(in, hidden));
+    v_ = register_module("v", torch::nn::Linear(in, hidden));
+    w2_ = register_module("w2", torch::nn::Linear(hidden, in));
+    head_ = register_module("head", torch::nn::Linear(in, classes));
+  }
+  torch::Tensor forward(const strobe::Batch& batch) override {
+    auto x = input(batch.at("image")).flatten(1);
+    x = x + w2_->forward(torch::silu(w1_->forward(x)) * v_->forward(x));
+    return head_->forward(x);
+  }
+  std::string default_task() const override { return "classification"; }
+
+ private:
+  torch::nn::Linear w1_{nullptr}, v_{nullptr}, w2_{nullptr}, head_{nullptr};
+};
+
+std::shared_ptr<strobe::Model> make_gated_mlp(strobe::config::Section& cfg) {
+  const int64_t in = cfg.get_int("in_features", 64, 1);
+  const int64_t hidden = cfg.get_int("hidden", 32, 1);
+  const int64_t classes = cfg.get_int("num_classes", 4, 2);
+  cfg.finish();
+  return std::make_shared<GatedMlp>(in, hidden, classes);
+}
+STROBE_REGISTER(strobe::model_registry(), "consumer_gated_mlp", make_gated_mlp);
+
+// Mean absolute error of (prediction, target).
+class MeanAbsoluteError : public strobe::metrics::Metric {
+ public:
+  explicit MeanAbsoluteError(const strobe::metrics::MetricOptions& o) : Metric("consumer_mae", o.device) {
+    sum_ = add_state("sum", torch::zeros({}, torch::TensorOptions(o.device).dtype(torch::kFloat64)), Reduction::kSum);
+    count_ = add_state("count", torch::zeros({}, torch::TensorOptions(o.device).dtype(torch::kFloat64)), Reduction::kSum);
+  }
+  void update(const torch::Tensor& pred, const torch::Tensor& target) override {
+    state(sum_) += (pred.to(torch::kFloat64) - target.to(torch::kFloat64)).abs().sum();
+    state(count_) += static_cast<double>(pred.numel());
+  }
+  torch::Tensor compute() const override { return state(sum_) / state(count_); }
+
+ private:
+  size_t sum_ = 0, count_ = 0;
+};
+STROBE_REGISTER(strobe::metrics::metric_registry(), "consumer_mae", strobe::metrics::metric_factory<MeanAbsoluteError>());
+
+// Counts the optimizer steps it has seen; its count is checkpointed through state_dict.
+class StepCounter : public strobe::Callback {
+ public:
+  std::string name() const override { return "consumer_step_counter"; }
+  void on_train_batch_end(strobe::TrainerView& t, strobe::Module&, const torch::Tensor&, const strobe::Batch&,
+                          int64_t) override {
+    if (t.accumulated_batches() == 0) ++steps_;
+  }
+  nlohmann::json state_dict() const override { return {{"steps", steps_}}; }
+  void load_state_dict(const nlohmann::json& s) override { steps_ = s.at("steps").get<int64_t>(); }
+
+ private:
+  int64_t steps_ = 0;
+};
+std::shared_ptr<strobe::Callback> make_step_counter(strobe::config::Section& cfg) {
+  cfg.finish();
+  return std::make_shared<StepCounter>();
+}
+STROBE_REGISTER(strobe::callback_registry(), "consumer_step_counter", make_step_counter);
+
+}  // namespace consumer

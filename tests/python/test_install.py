@@ -1,0 +1,169 @@
+"""The installed package (README, 'Extending Strobe'; cmake/Install.cmake).
+
+`cmake --install` puts the build into a temporary prefix; then:
+- the installed headers are exactly closed under their project includes (every `#include "..."` of a
+  project header names an installed one) and hold no internal header (trainer.h);
+- the installed `strobe` runs from the prefix and lists what the build's lists;
+- a project outside the tree (a copy of tests/install/consumer) configures with find_package(Strobe)
+  and CMAKE_PREFIX_PATH = the prefix + libtorch, with no include path into the source tree, builds a
+  component library with strobe_add_plugin and a program, and the program finds its model, metric and
+  callback in libstrobe's registries beside the built-in ones, trains the model a step, computes the
+  metric and round-trips the callback's state;
+- the installed `strobe` loads the consumer's library as a plugin (`--plugin`, `plugins:`), lists its
+  model and trains it with its callback;
+- a package whose recorded libtorch version differs from the libtorch found is refused at configure
+  time with one line naming both versions.
+
+Usage: test_install.py (STROBE_SOURCE_DIR, STROBE_BUILD_DIR: the source and a built build tree)."""
+import json, os, re, shutil, subprocess, sys, tempfile
+
+SRC = os.path.realpath(os.environ.get("STROBE_SOURCE_DIR", "."))
+BUILD = os.path.realpath(os.environ.get("STROBE_BUILD_DIR", "build"))
+INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"')
+failures = []
+CONSUMER_YAML = """name: consumer
+plugins: [{plugin}]
+trainer:
+  max_steps: 4
+  max_epochs: -1
+  num_sanity_val_steps: 0
+  limit_val_batches: 0
+  enable_progress_bar: false
+  device: cpu
+model:
+  name: consumer_gated_mlp
+  in_features: 64
+  hidden: 16
+  num_classes: 4
+data:
+  name: synthetic_images
+  image_size: 8
+  channels: 1
+  num_classes: 4
+  num_samples: 64
+  batch_size: 8
+  num_workers: 1
+callbacks:
+  - name: consumer_step_counter
+"""
+
+
+def cache(key):
+    with open(os.path.join(BUILD, "CMakeCache.txt")) as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return line.split("=", 1)[1].strip()
+    return ""
+
+
+def run(cmd, **kw):
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=900, **kw)
+
+
+def check_headers(prefix):
+    inc = os.path.join(prefix, "include")
+    installed = set()
+    for root, _, files in os.walk(inc):
+        for f in files:
+            installed.add(os.path.relpath(os.path.join(root, f), inc))
+    if len(installed) < 10:
+        failures.append(f"only {len(installed)} headers installed under {inc}")
+    for h in sorted(installed):
+        with open(os.path.join(inc, h)) as f:
+            for n, line in enumerate(f, 1):
+                m = INCLUDE.match(line)
+                if m and os.path.isfile(os.path.join(SRC, m.group(1))) and m.group(1) not in installed:
+                    failures.append(f"{h}:{n}: includes {m.group(1)}, which is not installed")
+    for internal in ("framework/core/trainer.h", "runner/experiment_builder.h"):
+        if internal in installed:
+            failures.append(f"internal header {internal} is installed")
+    return installed
+
+
+def configure(consumer, build_dir, prefix):
+    torch_prefix = cache("CMAKE_PREFIX_PATH")
+    return run(["cmake", "-S", consumer, "-B", build_dir, "-G", cache("CMAKE_GENERATOR") or "Ninja",
+                f"-DCMAKE_CXX_COMPILER={cache('CMAKE_CXX_COMPILER')}", f"-DCMAKE_PREFIX_PATH={prefix};{torch_prefix}",
+                "-DCMAKE_BUILD_TYPE=Release", "-DCMAKE_EXPORT_COMPILE_COMMANDS=ON"])
+
+
+def main():
+    if not os.path.exists(os.path.join(BUILD, "lib", "libstrobe.so")):
+        print(f"test_install: {BUILD} has no lib/libstrobe.so: build it first")
+        return 1
+    with tempfile.TemporaryDirectory(prefix="strobe-install-") as tmp:
+        prefix = os.path.join(tmp, "prefix")
+        r = run(["cmake", "--install", BUILD, "--prefix", prefix])
+        if r.returncode != 0:
+            print(f"cmake --install failed:\n{r.stdout}\n{r.stderr}")
+            return 1
+        installed = check_headers(prefix)
+        print(f"test_install: {len(installed)} headers installed, closed under their includes")
+
+        mine = run([os.path.join(prefix, "bin", "strobe"), "list", "models"])
+        built = run([os.path.join(BUILD, "bin", "strobe"), "list", "models"])
+        if mine.returncode != 0 or mine.stdout != built.stdout or "mlp\n" not in mine.stdout:
+            failures.append(f"the installed strobe lists {mine.stdout!r} (exit {mine.returncode}: {mine.stderr.strip()}), "
+                            f"the build's {built.stdout!r}")
+
+        consumer = os.path.join(tmp, "consumer")
+        shutil.copytree(os.path.join(SRC, "tests", "install", "consumer"), consumer)
+        cbuild = os.path.join(tmp, "consumer-build")
+        r = configure(consumer, cbuild, prefix)
+        if r.returncode != 0:
+            print(f"configuring the consumer against {prefix} failed:\n{r.stdout}\n{r.stderr}")
+            return 1
+        r = run(["cmake", "--build", cbuild])
+        if r.returncode != 0:
+            print(f"building the consumer failed:\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}")
+            return 1
+        with open(os.path.join(cbuild, "compile_commands.json")) as f:
+            for entry in json.load(f):
+                if SRC in entry["command"]:
+                    failures.append(f"the consumer compiles with a path into the source tree: {entry['command']}")
+        r = run([os.path.join(cbuild, "consumer")])
+        print(r.stdout, end="")
+        want = ["model consumer_gated_mlp: loss", "metric consumer_mae: 0.500000", 'callback consumer_step_counter: state {"steps":7}']
+        if r.returncode != 0 or any(w not in r.stdout for w in want):
+            failures.append(f"the consumer program: exit {r.returncode}, stdout {r.stdout!r}, stderr {r.stderr!r}")
+
+        # The installed strobe loads the consumer's library as a plugin and trains its model with its callback.
+        lib = os.path.join(cbuild, "libconsumer_components.so")
+        r = run([os.path.join(prefix, "bin", "strobe"), "list", "models", "--plugin", lib])
+        if r.returncode != 0 or "consumer_gated_mlp\n" not in r.stdout:
+            failures.append(f"strobe list models --plugin {lib}: exit {r.returncode}, {r.stdout!r} {r.stderr!r}")
+        exp = os.path.join(tmp, "consumer.yaml")
+        with open(exp, "w") as f:
+            f.write(CONSUMER_YAML.format(plugin=lib))
+        r = run([os.path.join(prefix, "bin", "strobe"), "fit", "-c", exp, "--run-dir", os.path.join(tmp, "run")])
+        if r.returncode != 0:
+            failures.append(f"the installed strobe could not train the consumer's model: exit {r.returncode}\n{r.stdout}\n{r.stderr}")
+        else:
+            print("test_install: the installed strobe trained consumer_gated_mlp (plugin) for 4 steps")
+
+        # Another libtorch than the package records: refused at configure time, one line.
+        other = os.path.join(tmp, "other-prefix")
+        shutil.copytree(prefix, other, symlinks=True)
+        config = os.path.join(other, "lib", "cmake", "Strobe", "StrobeConfig.cmake")
+        text = open(config).read()
+        recorded = re.search(r'set\(Strobe_TORCH_VERSION "([^"]+)"\)', text)
+        if not recorded:
+            failures.append("StrobeConfig.cmake records no libtorch version")
+        else:
+            with open(config, "w") as f:
+                f.write(text.replace(recorded.group(0), 'set(Strobe_TORCH_VERSION "2.0.1")'))
+            r = configure(consumer, os.path.join(tmp, "other-build"), other)
+            lines = [l for l in r.stderr.splitlines() if "Strobe:" in l]
+            want = f"Strobe: this Strobe was built with libtorch 2.0.1, but CMAKE_PREFIX_PATH finds libtorch {recorded.group(1)}"
+            if r.returncode == 0 or len(lines) != 1 or want not in lines[0]:
+                failures.append(f"a package built with another libtorch: exit {r.returncode}, lines {lines}; want one line with {want!r}")
+            else:
+                print(f"test_install: refused: {lines[0].strip()}")
+    for f in failures:
+        print(f)
+    print(f"test_install: {len(failures)} failure(s)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
