@@ -84,7 +84,10 @@ def configure(consumer, build_dir, prefix):
     torch_prefix = cache("CMAKE_PREFIX_PATH")
     return run(["cmake", "-S", consumer, "-B", build_dir, "-G", cache("CMAKE_GENERATOR") or "Ninja",
                 f"-DCMAKE_CXX_COMPILER={cache('CMAKE_CXX_COMPILER')}", f"-DCMAKE_PREFIX_PATH={prefix};{torch_prefix}",
-                "-DCMAKE_BUILD_TYPE=Release", "-DCMAKE_EXPORT_COMPILE_COMMANDS=ON"])
+                "-DCMAKE_BUILD_TYPE=Release", "-DCMAKE_EXPORT_COMPILE_COMMANDS=ON",
+                # Ubuntu's GCC links --as-needed by default, which drops a linked plugin no symbol of
+                # which is used: the package must keep it on every toolchain.
+                "-DCMAKE_EXE_LINKER_FLAGS=-Wl,--as-needed"])
 
 
 def main():
