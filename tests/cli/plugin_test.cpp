@@ -48,7 +48,7 @@ optimizer:
   name: adamw
   lr: 0.01
 callbacks:
-  - name: plugin_step_counter
+  - name: consumer_step_counter
 )" + extra;
 }
 
@@ -57,16 +57,16 @@ TEST(PluginCli, APluginsComponentsTrainJoinTheListsAndAreRecorded) {
   ASSERT_TRUE(fs::exists(good)) << good;
   auto models = strobe_cmd("list models --plugin " + good);
   EXPECT_EQ(models.code, 0) << models.err;
-  EXPECT_NE(models.out.find("plugin_gated_mlp\n"), std::string::npos) << models.out;
+  EXPECT_NE(models.out.find("consumer_gated_mlp\n"), std::string::npos) << models.out;
   EXPECT_NE(models.out.find("mlp\n"), std::string::npos) << "the built-in models are listed beside the plugin's";
   auto callbacks = strobe_cmd("list callbacks --plugin " + good);
-  EXPECT_NE(callbacks.out.find("plugin_step_counter\n"), std::string::npos) << callbacks.out;
+  EXPECT_NE(callbacks.out.find("consumer_step_counter\n"), std::string::npos) << callbacks.out;
 
   // --plugin: trains, and the resolved config records the plugin's absolute path.
   const std::string dir = temp_dir("plugin-fit");
-  auto fit = strobe_cmd("fit -c " + write_config(plugin_yaml("plugin_gated_mlp")) + " --run-dir " + dir + " --plugin " + good);
+  auto fit = strobe_cmd("fit -c " + write_config(plugin_yaml("consumer_gated_mlp")) + " --run-dir " + dir + " --plugin " + good);
   ASSERT_EQ(fit.code, 0) << fit.err;
-  EXPECT_NE(fit.out.find("plugin_step_counter: 6 steps"), std::string::npos) << fit.out;
+  EXPECT_NE(fit.out.find("consumer_step_counter: 6 steps"), std::string::npos) << fit.out;
   const std::string resolved = slurp(dir + "/config.yaml");
   EXPECT_NE(resolved.find("plugins:"), std::string::npos) << resolved;
   EXPECT_NE(resolved.find(good), std::string::npos) << resolved;
@@ -76,20 +76,20 @@ TEST(PluginCli, APluginsComponentsTrainJoinTheListsAndAreRecorded) {
   const std::string rel = fs::relative(good, conf_dir).string();
   {
     std::ofstream f(conf_dir + "/exp.yaml");
-    f << plugin_yaml("plugin_gated_mlp", "plugins: [" + rel + "]\n");
+    f << plugin_yaml("consumer_gated_mlp", "plugins: [" + rel + "]\n");
   }
   auto fit2 = strobe_cmd("fit -c " + conf_dir + "/exp.yaml --run-dir " + temp_dir("plugin-fit2"));
   EXPECT_EQ(fit2.code, 0) << fit2.err;
-  EXPECT_NE(fit2.out.find("plugin_step_counter: 6 steps"), std::string::npos) << fit2.out;
+  EXPECT_NE(fit2.out.find("consumer_step_counter: 6 steps"), std::string::npos) << fit2.out;
 
   // A misspelt plugin model: the did-you-mean knows the plugin's names; without the plugin it is unknown.
-  auto typo = strobe_cmd("fit -c " + write_config(plugin_yaml("plugin_gated_mpl")) + " --plugin " + good);
+  auto typo = strobe_cmd("fit -c " + write_config(plugin_yaml("consumer_gated_mpl")) + " --plugin " + good);
   EXPECT_EQ(typo.code, 2);
-  EXPECT_NE(typo.err.find("did you mean 'plugin_gated_mlp'?"), std::string::npos) << typo.err;
+  EXPECT_NE(typo.err.find("did you mean 'consumer_gated_mlp'?"), std::string::npos) << typo.err;
   EXPECT_EQ(count_lines(typo.err), 1) << typo.err;
-  auto missing = strobe_cmd("fit -c " + write_config(plugin_yaml("plugin_gated_mlp")));
+  auto missing = strobe_cmd("fit -c " + write_config(plugin_yaml("consumer_gated_mlp")));
   EXPECT_EQ(missing.code, 2);
-  EXPECT_NE(missing.err.find("unknown model 'plugin_gated_mlp'"), std::string::npos) << missing.err;
+  EXPECT_NE(missing.err.find("unknown model 'consumer_gated_mlp'"), std::string::npos) << missing.err;
 }
 
 TEST(PluginCli, EveryBrokenPluginIsOneLineAndExitTwoBeforeAnythingRuns) {

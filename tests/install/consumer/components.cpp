@@ -1,6 +1,8 @@
 // Components written against the installed headers alone: a model, a metric and a callback with
-// state, each registered with one STROBE_REGISTER line.
+// state, each registered with one STROBE_REGISTER line. tests/cli/plugins builds this file in the
+// build tree too, as the plugin tests/cli/plugin_test.cpp trains.
 #include <cmath>
+#include <cstdio>
 
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
@@ -66,6 +68,9 @@ class StepCounter : public strobe::Callback {
   void on_train_batch_end(strobe::TrainerView& t, strobe::Module&, const torch::Tensor&, const strobe::Batch&,
                           int64_t) override {
     if (t.accumulated_batches() == 0) ++steps_;
+  }
+  void on_train_end(strobe::TrainerView& t, strobe::Module&) override {
+    if (t.is_global_zero()) std::printf("consumer_step_counter: %lld steps\n", static_cast<long long>(steps_));
   }
   nlohmann::json state_dict() const override { return {{"steps", steps_}}; }
   void load_state_dict(const nlohmann::json& s) override { steps_ = s.at("steps").get<int64_t>(); }
