@@ -12,8 +12,12 @@ namespace strobe {
 
 EvaluationLoop::EvaluationLoop(LoopParts parts, TrainerState& state) : parts_(std::move(parts)), state_(state) {}
 
+std::shared_ptr<data::DataLoader> EvaluationLoop::loader_of(Stage stage) const {
+  return stage == Stage::Validate ? parts_.datamodule->val_loader() : parts_.datamodule->test_loader();
+}
+
 int64_t EvaluationLoop::planned_batches(Stage stage, int64_t limit) const {
-  auto loader = stage == Stage::Validate ? parts_.datamodule->val_loader() : parts_.datamodule->test_loader();
+  auto loader = loader_of(stage);
   if (!loader) return 0;
   const auto& c = *parts_.cfg;
   int64_t n = (stage == Stage::Validate ? c.limit_val_batches : c.limit_test_batches).resolve(loader->num_batches());
@@ -23,7 +27,7 @@ int64_t EvaluationLoop::planned_batches(Stage stage, int64_t limit) const {
 }
 
 int64_t EvaluationLoop::run(Stage stage, int64_t limit, bool sanity) {
-  auto loader = stage == Stage::Validate ? parts_.datamodule->val_loader() : parts_.datamodule->test_loader();
+  auto loader = loader_of(stage);
   if (!loader) return 0;
   loader->set_pin_memory(parts_.device.is_cuda());
   loader->set_limit_batches(-1);

@@ -80,6 +80,8 @@ class EvaluationLoop {
   int64_t planned_batches(Stage stage, int64_t limit) const;
 
  private:
+  std::shared_ptr<data::DataLoader> loader_of(Stage stage) const;  // the data module's, or null
+
   LoopParts parts_;
   TrainerState& state_;
   LRScheduler* scheduler_ = nullptr;

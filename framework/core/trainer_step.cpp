@@ -5,6 +5,8 @@
 //   -> on_before_zero_grad -> zero_grad -> scheduler
 // The forward-to-update part is StepRunner's (step_runner.h), which CUDA-graph capture runs too;
 // under trainer.cuda_graphs the batch goes to run_graphed_batch (trainer_graph.cpp).
+#include <utility>
+
 #include <fmt/format.h>
 #include <torch/torch.h>
 
@@ -14,10 +16,7 @@
 
 namespace strobe {
 
-StepPipeline& Trainer::step_pipeline() {
-  if (!pipeline_) throw std::logic_error("Trainer::step_pipeline() before setup_for_fit()");
-  return *pipeline_;
-}
+StepPipeline& Trainer::step_pipeline() { return const_cast<StepPipeline&>(std::as_const(*this).step_pipeline()); }
 
 const StepPipeline& Trainer::step_pipeline() const {
   if (!pipeline_) throw std::logic_error("Trainer::step_pipeline() before setup_for_fit()");

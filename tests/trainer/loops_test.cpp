@@ -1,5 +1,5 @@
 // The loops on their own (loops.h): a FitLoop and an EvaluationLoop wired to a fake view, the tiny
-// experiment's data and module, and a stub step, with no Trainer. They keep the counters, honour the
+// experiment's data and module, and a step that only counts, with no Trainer. They keep the counters, honour the
 // limits, validate where val_check_interval says, stop on a callback's request, and run the
 // evaluation hooks in Lightning's order.
 #include <gtest/gtest.h>
@@ -43,7 +43,8 @@ struct LoopRig {
     view.on_stop = [this](int code) { fit->request_stop(code); };
     run->module->attach(&collector, Stage::Fit, true);
     fit->setup(run->datamodule->train_loader());
-    // The step, stubbed: one optimizer step per batch, as the Trainer's does without accumulation.
+    // The step: it records the batch and counts one optimizer step, as the Trainer's does without
+    // accumulation (the loops under test never look inside a step).
     fit->set_run_batch([this](Batch, int64_t idx) {
       steps.emplace_back(fit->state().epoch, idx);
       ++fit->state().global_step;
