@@ -359,6 +359,21 @@ class DDPStrategy final : public Strategy {
       monitor_->quiet();
       monitor_->stop();
     }
+    // Passing the barrier is not leaving it: another rank may still be reading its answer from the
+    // store rank 0 hosts. So every other rank says it is out, and rank 0 leaves once all have.
+    const std::string left = "strobe/" + next_key("left");
+    try {
+      if (rank() != 0) {
+        store_->set(left + "/" + std::to_string(rank()), std::vector<uint8_t>{1});
+      } else {
+        std::vector<std::string> keys;
+        for (int64_t r = 1; r < world_size(); ++r) keys.push_back(left + "/" + std::to_string(r));
+        store_->wait(keys, options_.timeout);
+      }
+    } catch (const std::exception& e) {
+      throw DistributedError(fmt::format("rank {} of {}: the other ranks did not finish within trainer.dist_timeout ({} s): {}",
+                                         rank(), world_size(), seconds(options_.timeout), one_line(short_error(e))));
+    }
     reducer_.reset();
     if (pg_) pg_->shutdown();
   }
