@@ -9,6 +9,7 @@
 
 #include "framework/config/config.h"
 #include "framework/core/datamodule.h"
+#include "tests/test_dirs.h"
 
 namespace strobe::testing {
 
@@ -20,12 +21,9 @@ inline std::shared_ptr<DataModule> build_data(const std::string& yaml, uint64_t 
   return data_registry().create(section, "", ctx);
 }
 
-// A fresh empty directory under the system temp dir.
+// A fresh empty directory under the system temp dir, removed when the test process ends.
 inline std::filesystem::path temp_dir(const std::string& name) {
-  auto dir = std::filesystem::temp_directory_path() / ("strobe_data_test_" + name + "_" + std::to_string(::getpid()));
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir;
+  return empty_test_dir("strobe_data_test_" + name + "_" + std::to_string(::getpid()));
 }
 
 // The message of what f throws; "no error" when it throws nothing.

@@ -17,19 +17,12 @@
 
 #include "framework/checkpoint/checkpoint_io.h"
 #include "tests/data/data_test_util.h"
+#include "tests/test_dirs.h"
 
 namespace strobe::testing {
 
-// A new, empty directory (mkdtemp: unique per call, so nothing is ever removed; std::filesystem's
-// remove_all binds to libtorch's copy, which crashes on non-empty directories).
-inline std::filesystem::path fresh_dir(const std::string& tag) {
-  auto base = std::filesystem::temp_directory_path() / "strobe-data-tests";
-  std::filesystem::create_directories(base);
-  std::string tmpl = (base / (tag + "-XXXXXX")).string();
-  std::vector<char> buf(tmpl.begin(), tmpl.end());
-  buf.push_back('\0');
-  return std::filesystem::path(mkdtemp(buf.data()));
-}
+// A new, empty folder, removed when the test process ends (tests/test_dirs.h).
+inline std::filesystem::path fresh_dir(const std::string& tag) { return new_test_dir("strobe-data-tests", tag); }
 
 inline std::string strobe_bin() {
   const char* b = std::getenv("STROBE_BIN");

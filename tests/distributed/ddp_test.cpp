@@ -19,6 +19,7 @@
 #include "framework/metrics/classification.h"
 #include "framework/metrics/collection.h"
 #include "tests/distributed/multiprocess.h"
+#include "tests/test_dirs.h"
 #include "tests/distributed/store_backend.h"
 
 namespace sd = strobe::distributed;
@@ -30,10 +31,7 @@ using std::chrono::milliseconds;
 namespace {
 
 std::string test_dir(const std::string& name) {
-  auto d = std::filesystem::temp_directory_path() / ("strobe_ddp_" + name + "_" + std::to_string(::getpid()));
-  std::filesystem::remove_all(d);
-  std::filesystem::create_directories(d);
-  return d.string();
+  return st::empty_test_dir("strobe_ddp_" + name + "_" + std::to_string(::getpid())).string();
 }
 
 sd::StrategyOptions cpu_options(milliseconds timeout = milliseconds(60000)) {

@@ -23,6 +23,7 @@
 #include "tests/distributed/multiprocess.h"
 #include "tests/distributed/store_backend.h"
 #include "tests/distributed/write_watch.h"
+#include "tests/test_dirs.h"
 
 namespace strobe {
 namespace {
@@ -140,9 +141,7 @@ struct Job {
 
 Job new_job(const std::string& name) {
   Job j;
-  j.dir = (fs::temp_directory_path() / fmt::format("strobe_ddp_trainer_{}_{}", name, ::getpid())).string();
-  checkpoint::remove_tree(j.dir);
-  fs::create_directories(j.dir);
+  j.dir = strobe::testing::empty_test_dir(fmt::format("strobe_ddp_trainer_{}_{}", name, ::getpid())).string();
   j.root = j.dir + "/root";
   return j;
 }

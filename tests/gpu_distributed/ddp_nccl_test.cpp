@@ -22,6 +22,7 @@
 #include "models/resnet.h"
 #include "models/vit.h"
 #include "tests/distributed/multiprocess.h"
+#include "tests/test_dirs.h"
 
 namespace sd = strobe::distributed;
 namespace st = strobe::testing;
@@ -32,10 +33,7 @@ namespace {
 constexpr int kSkip = 77;
 
 std::string test_dir(const std::string& name) {
-  auto d = std::filesystem::temp_directory_path() / ("strobe_gpu_ddp_" + name + "_" + std::to_string(::getpid()));
-  std::filesystem::remove_all(d);
-  std::filesystem::create_directories(d);
-  return d.string();
+  return st::empty_test_dir("strobe_gpu_ddp_" + name + "_" + std::to_string(::getpid())).string();
 }
 
 bool skipped(const std::vector<st::RankResult>& rs) {

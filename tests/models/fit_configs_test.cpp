@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 #include "tests/source_path.h"
+#include "tests/test_dirs.h"
 
 namespace {
 
@@ -36,9 +37,9 @@ std::optional<std::string> strobe_bin() {
 
 FitResult fit(const std::string& bin, const std::string& config, const std::string& tag, const std::string& sets = "") {
   FitResult r;
-  r.run_dir = fs::temp_directory_path() / ("strobe_fit_" + tag + "_" + std::to_string(::getpid()));
-  fs::remove_all(r.run_dir);
-  const fs::path log = r.run_dir.string() + ".log";
+  const fs::path dir = strobe::testing::new_test_dir("strobe-tests", "fit_" + tag);
+  r.run_dir = dir / "run";
+  const fs::path log = dir / "fit.log";
   std::string cmd = bin + " fit -c " + strobe::testing::source_path("configs/cpu/" + config) + " --run-dir " +
                     r.run_dir.string() + " --set trainer.enable_progress_bar=false --set trainer.log_every_n_steps=1 " + sets +
                     " > " + log.string() + " 2>&1";

@@ -14,6 +14,7 @@
 #include "framework/checkpoint/checkpoint_io.h"
 #include "framework/core/capture.h"
 #include "tests/source_path.h"
+#include "tests/test_dirs.h"
 
 namespace {
 
@@ -41,9 +42,7 @@ std::string strobe_bin() {
 TEST(NanCaptureCli, ResNet50PerClassBCEStopsWithACaptureThatReplaysExactlyAndNamesTheDivision) {
   const std::string bin = strobe_bin();
   ASSERT_TRUE(!bin.empty() && fs::exists(bin)) << "STROBE_BIN must name the strobe executable (set by ctest)";
-  const fs::path base = fs::temp_directory_path() / ("strobe_r50nan_" + std::to_string(::getpid()));
-  fs::remove_all(base);
-  fs::create_directories(base);
+  const fs::path base = strobe::testing::new_test_dir("strobe-tests", "r50nan");
   const std::string config = strobe::testing::source_path("configs/cpu/resnet50_nan.yaml");
 
   auto fit = sh(bin + " fit -c " + config + " --run-dir " + (base / "run").string() + " --set trainer.enable_progress_bar=false",

@@ -12,7 +12,7 @@
   timm / torchvision and give Strobe's logits.
 timm, torchvision and safetensors are comparison packages scripts/setup.sh installs: without them
 this test is skipped (exit 77) on a developer machine and fails under CI (CI=true)."""
-import os, subprocess, sys, tempfile
+import os, shutil, subprocess, sys, tempfile
 
 BUILD = os.environ.get("STROBE_BUILD_DIR", "build")
 STROBE = os.environ.get("STROBE_BIN", os.path.join(BUILD, "bin", "strobe"))
@@ -220,4 +220,8 @@ if check(r.returncode == 0, f"timm_weights.py failed: {r.stderr.strip()}"):
 for f in failures:
     print("FAIL:", f)
 print(f"test_pretrained: {len(compared)} logit comparisons ({'; '.join(compared)}); {len(failures)} failures")
+if failures or os.environ.get("STROBE_KEEP_TEST_DIRS"):
+    print("files kept in", tmp)
+else:
+    shutil.rmtree(tmp, ignore_errors=True)
 sys.exit(1 if failures else 0)

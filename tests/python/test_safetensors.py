@@ -6,7 +6,7 @@
 - `strobe export` of a resnet18 checkpoint loads strictly into torchvision's resnet18.
 The package is in the comparison packages scripts/setup.sh installs: without it this test is skipped
 (exit 77) on a developer machine and fails under CI (CI=true)."""
-import json, os, struct, subprocess, sys, tempfile, zlib
+import json, os, shutil, struct, subprocess, sys, tempfile, zlib
 
 BUILD = os.environ.get("STROBE_BUILD_DIR", "build")
 TOOL = os.path.join(BUILD, "bin", "strobe_safetensors_tool")
@@ -166,4 +166,8 @@ if r.returncode == 0:
 for f in failures:
     print("FAIL:", f)
 print(f"test_safetensors: {len(tensors)} tensors both ways, {len(hostile)} hostile files; {len(failures)} failures")
+if failures or os.environ.get("STROBE_KEEP_TEST_DIRS"):
+    print("files kept in", tmp)
+else:
+    shutil.rmtree(tmp, ignore_errors=True)
 sys.exit(1 if failures else 0)

@@ -19,6 +19,7 @@
 #include "framework/checkpoint/checkpoint_io.h"
 #include "framework/config/config.h"
 #include "runner/experiment_builder.h"
+#include "tests/test_dirs.h"
 
 namespace strobe::testing {
 
@@ -56,15 +57,8 @@ scheduler:
 )";
 }
 
-inline std::string temp_dir(const std::string& tag) {
-  auto base = std::filesystem::temp_directory_path() / "strobe-tests";
-  std::filesystem::create_directories(base);
-  std::string tmpl = (base / (tag + "-XXXXXX")).string();  // mkdtemp fills in the six X
-  std::vector<char> buf(tmpl.begin(), tmpl.end());
-  buf.push_back('\0');
-  if (!mkdtemp(buf.data())) throw std::runtime_error("mkdtemp " + tmpl + ": " + std::strerror(errno));
-  return std::string(buf.data());
-}
+// A new, empty folder, removed when the test process ends (tests/test_dirs.h).
+inline std::string temp_dir(const std::string& tag) { return new_test_dir("strobe-tests", tag).string(); }
 
 inline std::unique_ptr<Run> make_run(const std::string& yaml, const std::vector<std::string>& sets,
                                      const std::string& run_dir, std::optional<std::string> ckpt = std::nullopt) {
