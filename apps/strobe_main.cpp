@@ -49,6 +49,7 @@ struct Common {
   std::string run_dir;
   bool profile = false;
   bool overwrite = false;
+  bool allow_changed_plugins = false;
 };
 
 void add_common(CLI::App* cmd, Common& c, bool evaluates) {
@@ -56,6 +57,8 @@ void add_common(CLI::App* cmd, Common& c, bool evaluates) {
   cmd->add_option("--set", c.sets, "override a key: --set trainer.max_steps=200 (repeatable)")->take_all();
   cmd->add_option("--plugin", c.plugins, "load a plugin (a component library built with strobe_add_plugin; repeatable)")
       ->take_all();
+  cmd->add_flag("--allow-changed-plugins", c.allow_changed_plugins,
+                "go on when a plugin the checkpoint recorded has changed (said once and recorded in the run)");
   cmd->add_option("--ckpt", c.ckpt,
                   evaluates ? "checkpoint to evaluate (required unless model.init_from names the weights)"
                             : "checkpoint to resume from");
@@ -140,6 +143,7 @@ int run_command(const std::string& command, const Common& c, Progress& progress)
   if (!c.ckpt.empty()) opt.ckpt = c.ckpt;
   opt.create_run_dir = command == "fit";
   opt.overwrite = c.overwrite;
+  opt.allow_changed_plugins = c.allow_changed_plugins;
   if (command != "fit" && c.ckpt.empty()) {
     // validate/test evaluate a checkpoint, or the pretrained weights of model.init_from as they are.
     const YAML::Node root = doc.root().node();
@@ -148,10 +152,6 @@ int run_command(const std::string& command, const Common& c, Progress& progress)
     if (!init_from)
       throw strobe::config::ConfigError(fmt::format(
           "strobe {}: --ckpt is required (the checkpoint to evaluate), unless model.init_from names the weights", command));
-  }
-  if (!c.ckpt.empty()) {
-    // Refuse a bad checkpoint before any work starts.
-    strobe::checkpoint::load_checkpoint_file(c.ckpt);
   }
   auto run = strobe::build_run(doc, opt);
   progress.built = true;
@@ -196,10 +196,12 @@ struct ReplayArgs {
   std::string capture;
   std::string device;
   std::string report;
+  bool allow_changed_plugins = false;
 };
 
 int run_replay(const ReplayArgs& a) {
   strobe::capture::ReplayOptions opt;
+  opt.allow_changed_plugins = a.allow_changed_plugins;
   if (!a.device.empty()) {
     if (a.device != "cpu" && a.device.rfind("cuda", 0) != 0)
       throw strobe::config::ConfigError(fmt::format("--device: expected cpu, cuda or cuda:<index>, got '{}'", a.device));
@@ -285,6 +287,8 @@ int main(int argc, char** argv) {
   rep->add_option("capture", replay_a.capture, "capture directory: <run_dir>/nan (the latest capture) or nan/step_<N>")->required();
   rep->add_option("--device", replay_a.device, "cpu | cuda | cuda:<i> (default: the device it was captured on)");
   rep->add_option("--report", replay_a.report, "also write the report as JSON to this file");
+  rep->add_flag("--allow-changed-plugins", replay_a.allow_changed_plugins,
+                "go on when a plugin the capture recorded has changed (said once; the report notes it)");
   strobe::ExportOptions export_a;
   auto* exp = app.add_subcommand("export", "write a checkpoint's model weights as a safetensors file");
   exp->add_option("checkpoint", export_a.checkpoint, "a Strobe checkpoint (last.ckpt, a top-k checkpoint)")->required();

@@ -168,12 +168,35 @@ std::unique_ptr<Run> build_run(config::Document& doc, const RunOptions& options)
   run->experiment = config::parse_experiment(doc);
   auto& exp = run->experiment;
   // Before any component is built: the plugins' components join the registries (runner/plugins.h).
-  load_plugins(exp.plugins);
+  // A checkpoint (read here first, so a bad one is refused before any work) brings the plugins it
+  // was written with, at their recorded hashes.
+  const distributed::LaunchEnv env = options.launch_env ? *options.launch_env : distributed::launch_env_from_process();
+  std::vector<config::PluginSpec> plugins = exp.plugins;
+  if (options.ckpt) {
+    const auto data = checkpoint::load_checkpoint_file(*options.ckpt);
+    if (data.has_blob("config")) plugins = with_recorded_plugins(plugins, config::recorded_plugins(data.blob("config"), *options.ckpt));
+  }
+  if (!plugins.empty()) {
+    YAML::Node record(YAML::NodeType::Sequence);
+    exp.plugins.clear();
+    for (const auto& p : load_plugins(plugins, options.allow_changed_plugins)) {
+      if (!p.changed.empty()) {
+        if (env.rank == 0) fmt::print(stderr, "strobe: {}\n", p.changed);
+        run->plugin_changes.push_back(p.changed);
+      }
+      YAML::Node entry;
+      entry["path"] = p.spec.path;
+      entry["sha256"] = p.spec.sha256;
+      if (!p.spec.replaced_sha256.empty()) entry["replaced_sha256"] = p.spec.replaced_sha256;
+      record.push_back(entry);
+      exp.plugins.push_back(p.spec);
+    }
+    doc.root().node()["plugins"] = record;
+  }
 
   DataContext ctx;
   ctx.seed = static_cast<uint64_t>(exp.seed);
   // The distributed sampler: rank r takes its stride of every epoch's permutation.
-  const distributed::LaunchEnv env = options.launch_env ? *options.launch_env : distributed::launch_env_from_process();
   ctx.rank = env.rank;
   ctx.world_size = env.world_size;
   ctx.pin_memory = false;  // the trainer turns pinning on when it trains on CUDA

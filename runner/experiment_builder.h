@@ -30,6 +30,7 @@ struct Run {
   std::unique_ptr<Trainer> trainer;
   std::string run_dir;
   std::string resolved_yaml;  // the config with every default filled in
+  std::vector<std::string> plugin_changes;  // allowed changed plugins (--allow-changed-plugins), one line each
 };
 
 struct RunOptions {
@@ -38,10 +39,14 @@ struct RunOptions {
   std::optional<std::string> ckpt;      // --ckpt (fit resumes in the checkpoint's run directory)
   bool create_run_dir = true;           // false: no files at all (tests, validate/test)
   bool overwrite = false;               // --overwrite: a run directory holding another run is cleared first
+  bool allow_changed_plugins = false;   // --allow-changed-plugins (runner/plugins.h)
   // Who this process is; unset: the launcher's environment (torchrun, Slurm, or one process).
   std::shared_ptr<const distributed::LaunchEnv> launch_env;
 };
 
+// Plugins load first: the experiment's, and with a checkpoint (`ckpt`) also those its resolved config
+// recorded, each checked against its recorded hash (PluginError, exit 2; runner/plugins.h). The
+// document then records every loaded plugin as {path, sha256}.
 // Throws config::ConfigError for any bad key and for data that does not fit the model (classes,
 // channels, image size, vocabulary, sequence length: both keys named) or a batch that cannot fit in
 // the memory available; RunDirError when the run directory cannot be created, written or claimed

@@ -13,6 +13,7 @@
 #include "framework/checkpoint/checkpoint_io.h"
 #include "framework/checkpoint/safetensors.h"
 #include "framework/config/experiment.h"
+#include "runner/plugins.h"
 #include "framework/core/model.h"
 #include "framework/core/weight_names.h"
 
@@ -31,6 +32,9 @@ safetensors::NamedTensors rename_tensors(const ExportOptions& options, const che
   std::string family;
   try {
     auto doc = config::Document::load_string(data.blob("config"), options.checkpoint + " (saved config)");
+    // A plugin's model is built by its plugin (which may register its name sets too): load the
+    // plugins the checkpoint recorded, at their recorded hashes (PluginError, exit 2, otherwise).
+    load_plugins(config::recorded_plugins(data.blob("config"), options.checkpoint));
     config::Section section = doc.root().child("model");
     family = section.require_string("name");
     config::parse_init_from(section);  // accepts the key: the weights come from the checkpoint

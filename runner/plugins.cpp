@@ -3,14 +3,16 @@
 #include <dlfcn.h>
 #include <elf.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <set>
+#include <map>
 
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include "framework/checkpoint/sha256.h"
 #include "framework/config/registry.h"
 
 namespace strobe {
@@ -69,13 +71,66 @@ PluginMarker read_plugin_marker(const std::string& path) {
   throw PluginError(fmt::format("plugin {}: has no Strobe marker: not built with strobe_add_plugin (find_package(Strobe))", path));
 }
 
-std::vector<std::string> load_plugins(const std::vector<std::string>& paths) {
-  static std::set<std::string> loaded;
-  std::vector<std::string> out;
-  for (const auto& given : paths) {
+std::vector<LoadedPlugin> load_plugins(const std::vector<std::string>& paths) {
+  std::vector<config::PluginSpec> specs;
+  for (const auto& p : paths) specs.push_back(config::PluginSpec{p, "", "", ""});
+  return load_plugins(specs, false);
+}
+
+std::vector<config::PluginSpec> with_recorded_plugins(std::vector<config::PluginSpec> plugins,
+                                                      const std::vector<config::PluginSpec>& recorded) {
+  for (const auto& r : recorded) {
+    auto same = std::find_if(plugins.begin(), plugins.end(), [&](const auto& p) { return p.path == r.path; });
+    if (same == plugins.end())
+      same = std::find_if(plugins.begin(), plugins.end(),
+                          [&](const auto& p) { return fs::path(p.path).filename() == fs::path(r.path).filename(); });
+    if (same == plugins.end()) {
+      plugins.push_back(r);
+    } else if (!r.sha256.empty()) {
+      same->sha256 = r.sha256;
+      same->recorded_by = r.recorded_by;
+    }
+  }
+  return plugins;
+}
+
+std::vector<LoadedPlugin> load_plugins(const std::vector<config::PluginSpec>& plugins, bool allow_changed) {
+  // Absolute path -> the hash of what was loaded from it (what runs, whatever the file holds now).
+  static std::map<std::string, std::string> loaded;
+  std::vector<LoadedPlugin> out;
+  for (const auto& want : plugins) {
+    const std::string& given = want.path;
     std::error_code ec;
     const std::string path = fs::absolute(given, ec).lexically_normal().string();
-    out.push_back(path);
+    LoadedPlugin got;
+    got.spec.path = path;
+    if (auto it = loaded.find(path); it != loaded.end()) {
+      got.spec.sha256 = it->second;
+    } else {
+      try {
+        (void)read_plugin_marker(given);  // a missing or unreadable file is named before it is hashed
+      } catch (const PluginError& e) {
+        if (want.recorded_by.empty()) throw;
+        throw PluginError(fmt::format("{} (recorded by {})", e.what(), want.recorded_by));
+      }
+      try {
+        got.spec.sha256 = checkpoint::sha256_file(path);
+      } catch (const std::runtime_error& e) {
+        throw PluginError(fmt::format("plugin {}", e.what()));
+      }
+    }
+    if (!want.sha256.empty() && want.sha256 != got.spec.sha256) {
+      const std::string change = fmt::format("plugin {}: changed since {} recorded it (sha256 {} there, {} now)", given,
+                                             want.recorded_by.empty() ? "the run" : want.recorded_by, want.sha256,
+                                             got.spec.sha256);
+      if (!allow_changed)
+        throw PluginError(change + ": rebuild the plugin the run was made with, or pass --allow-changed-plugins to go on with this one");
+      got.changed = change + "; going on with it (--allow-changed-plugins): the run may not reproduce";
+      got.spec.replaced_sha256 = want.sha256;
+    } else {
+      got.spec.replaced_sha256 = want.replaced_sha256;
+    }
+    out.push_back(got);
     if (loaded.count(path)) continue;
     const PluginMarker m = read_plugin_marker(given);
     if (m.strobe_version != STROBE_VERSION || m.torch_version != TORCH_VERSION)
@@ -90,7 +145,7 @@ std::vector<std::string> load_plugins(const std::vector<std::string>& paths) {
       const char* why = dlerror();
       throw PluginError(fmt::format("plugin {}: cannot be loaded: {}", given, why ? why : "unknown error"));
     }
-    loaded.insert(path);  // never unloaded: what registered stays registered
+    loaded.emplace(path, got.spec.sha256);  // never unloaded: what registered stays registered
     if (!log.errors.empty()) {
       std::string all;
       for (const auto& e : log.errors) all += (all.empty() ? "" : "; ") + e;

@@ -11,11 +11,18 @@
 // whose one line names the plugin and the problem. A library that was loaded stays loaded (its
 // registrations cannot be taken back), including one whose registrations partly failed.
 // Loading the same file twice does nothing the second time.
+//
+// What a run loaded is recorded with the file's SHA-256 (the resolved config's `plugins:` entries
+// {path, sha256}, in config.yaml, in every checkpoint and capture). A plugin whose file no longer has
+// the recorded hash is refused naming both hashes, unless the caller allows changed plugins
+// (--allow-changed-plugins): then it loads, the change is said once and kept (replaced_sha256).
 #pragma once
 
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include "framework/config/experiment.h"
 
 namespace strobe {
 
@@ -33,7 +40,23 @@ struct PluginMarker {
 // ELF shared library, no marker, a marker it cannot read).
 PluginMarker read_plugin_marker(const std::string& path);
 
-// Loads each plugin in order (see the contract); returns the absolute paths loaded.
-std::vector<std::string> load_plugins(const std::vector<std::string>& paths);
+// A loaded plugin: its absolute path and the hash of what was loaded; `changed` says, in one line,
+// that an allowed changed plugin was loaded in place of the recorded one (empty otherwise).
+struct LoadedPlugin {
+  config::PluginSpec spec;  // path, sha256 (what was loaded), replaced_sha256 (the recorded one it replaced)
+  std::string changed;
+};
+
+// Loads each plugin in order (see the contract), checking each recorded hash; allow_changed: a changed
+// plugin loads instead, with `changed` set.
+std::vector<LoadedPlugin> load_plugins(const std::vector<config::PluginSpec>& plugins, bool allow_changed = false);
+// The same for plain paths (nothing recorded to check).
+std::vector<LoadedPlugin> load_plugins(const std::vector<std::string>& paths);
+
+// `plugins` with those the resolved config of a checkpoint or capture (`recorded`) names: a recorded
+// plugin also named here (same path, else same file name) takes the recorded hash; one not named here is
+// added from its recorded path. So a resume, validate, test or replay loads what the run was made with.
+std::vector<config::PluginSpec> with_recorded_plugins(std::vector<config::PluginSpec> plugins,
+                                                      const std::vector<config::PluginSpec>& recorded);
 
 }  // namespace strobe

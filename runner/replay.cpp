@@ -69,6 +69,7 @@ nlohmann::json replay_capture(const std::string& path, const ReplayOptions& opti
   RunOptions ro;
   ro.stage = Stage::Fit;
   ro.create_run_dir = false;
+  ro.allow_changed_plugins = options.allow_changed_plugins;
   auto run = build_run(doc, ro);
   auto observer = std::make_shared<GradientObserver>();
   run->trainer->add_callback(observer);
@@ -77,6 +78,7 @@ nlohmann::json replay_capture(const std::string& path, const ReplayOptions& opti
   const auto indices = info.value("batch_indices", std::vector<int64_t>{});
 
   nlohmann::json notes = nlohmann::json::array();
+  for (const auto& change : run->plugin_changes) notes.push_back(change);
   if (device != captured_device)
     notes.push_back(fmt::format("captured on {}, replayed on {}: bits may differ across devices", captured_device, device));
   for (const auto& p : run->module->net().named_parameters())

@@ -11,6 +11,7 @@ namespace strobe::capture {
 
 struct ReplayOptions {
   std::optional<std::string> device;  // cpu | cuda | cuda:<i>; default: the device it was captured on
+  bool allow_changed_plugins = false;   // load a plugin whose file changed since the capture (noted in the report)
 };
 
 // Re-runs the captured step. The report (JSON) holds: capture, step/epoch/batch indices, devices,

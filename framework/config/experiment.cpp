@@ -80,28 +80,78 @@ std::optional<InitFrom> parse_init_from(Section& model) {
   return f;
 }
 
-// `plugins: [PATH, ...]`: absolute paths, a relative one taken from the config file's directory; the
-// document then holds the absolute paths (the resolved config records where the plugins were).
-static std::vector<std::string> parse_plugins(Section& root, const std::string& config_file) {
+static bool is_sha256_hex(const std::string& s) {
+  return s.size() == 64 && std::all_of(s.begin(), s.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+}
+
+// `plugins: [PATH | {path: PATH, sha256: HEX}, ...]`: a relative path is taken from the config file's
+// directory; the document then holds absolute paths (the resolved config records where they were).
+static std::vector<PluginSpec> parse_plugins(Section& root, const std::string& config_file) {
   root.accept("plugins");
-  std::vector<std::string> out;
+  std::vector<PluginSpec> out;
   if (!root.has("plugins") || root.is_null("plugins")) return out;
   YAML::Node list = root.node()["plugins"];
-  if (!list.IsSequence()) root.fail("plugins", "expected a list of plugin files (shared libraries built with strobe_add_plugin)");
+  const char* expected = "expected a list of plugin files (shared libraries built with strobe_add_plugin), each a path or "
+                         "{path: PATH, sha256: HEX}";
+  if (!list.IsSequence()) root.fail("plugins", expected);
   const std::filesystem::path base = std::filesystem::path(config_file).parent_path();
   YAML::Node resolved(YAML::NodeType::Sequence);
-  for (const auto& item : list) {
-    if (!item.IsScalar() || item.Scalar().empty()) root.fail("plugins", "expected a list of plugin file paths");
-    std::filesystem::path p = item.Scalar();
+  for (size_t i = 0; i < list.size(); ++i) {
+    const YAML::Node item = list[i];
+    const std::string where = fmt::format("plugins[{}]", i);
+    PluginSpec spec;
+    std::string given;
+    if (item.IsScalar()) {
+      given = item.Scalar();
+    } else if (item.IsMap()) {
+      for (auto it = item.begin(); it != item.end(); ++it) {
+        const std::string key = it->first.Scalar();
+        if (key != "path" && key != "sha256" && key != "replaced_sha256")
+          root.fail(where, fmt::format("unknown key '{}' (a plugin entry holds path and sha256)", key));
+        if (!it->second.IsScalar()) root.fail(where + "." + key, "expected a string");
+      }
+      if (item["path"]) given = item["path"].Scalar();
+      for (auto [key, field] : {std::pair{"sha256", &spec.sha256}, std::pair{"replaced_sha256", &spec.replaced_sha256}}) {
+        if (!item[key]) continue;
+        *field = item[key].Scalar();
+        if (!is_sha256_hex(*field))
+          root.fail(where + "." + key, fmt::format("'{}' is not a SHA-256 (64 lowercase hex digits)", *field));
+      }
+      if (!spec.sha256.empty()) spec.recorded_by = config_file;
+    } else {
+      root.fail(where, expected);
+    }
+    if (given.empty()) root.fail(where, "expected a plugin file path");
+    std::filesystem::path p = given;
     if (p.is_relative()) p = base / p;
     std::error_code ec;
-    const std::string abs = std::filesystem::absolute(p, ec).lexically_normal().string();
-    if (std::find(out.begin(), out.end(), abs) != out.end()) continue;
-    out.push_back(abs);
-    resolved.push_back(abs);
+    spec.path = std::filesystem::absolute(p, ec).lexically_normal().string();
+    auto same = std::find_if(out.begin(), out.end(), [&](const PluginSpec& s) { return s.path == spec.path; });
+    if (same != out.end()) {
+      if (same->sha256.empty()) *same = spec;
+      continue;
+    }
+    out.push_back(spec);
+  }
+  for (const auto& s : out) {
+    if (s.sha256.empty()) {
+      resolved.push_back(s.path);
+      continue;
+    }
+    YAML::Node entry;
+    entry["path"] = s.path;
+    entry["sha256"] = s.sha256;
+    if (!s.replaced_sha256.empty()) entry["replaced_sha256"] = s.replaced_sha256;
+    resolved.push_back(entry);
   }
   root.node()["plugins"] = resolved;
   return out;
+}
+
+std::vector<PluginSpec> recorded_plugins(const std::string& resolved_yaml, const std::string& source) {
+  Document doc = Document::load_string(resolved_yaml, source);
+  Section root = doc.root();
+  return parse_plugins(root, source);
 }
 
 Experiment parse_experiment(Document& doc) {

@@ -72,6 +72,18 @@ struct InitFrom {
 // resolved config shows every key) and marks the key as known to the model section.
 std::optional<InitFrom> parse_init_from(Section& model);
 
+// One entry of `plugins:`. A plain entry is a path; the resolved config writes each loaded plugin as
+// {path, sha256} (its content hash when it was loaded), so whatever loads that config again — resume,
+// validate, test, replay — refuses a changed file instead of running other code silently.
+struct PluginSpec {
+  std::string path;             // absolute
+  std::string sha256;           // the hash recorded for it; empty: none recorded
+  std::string recorded_by;      // where that hash was recorded (a config file or a checkpoint)
+  std::string replaced_sha256;  // a run that went on with a changed plugin (--allow-changed-plugins): the hash before
+
+  bool operator==(const PluginSpec& o) const { return path == o.path && sha256 == o.sha256; }
+};
+
 struct Experiment {
   std::string name = "experiment";
   int64_t seed = 0;
@@ -82,8 +94,12 @@ struct Experiment {
   std::optional<InitFrom> init_from;  // model.init_from
   // `plugins:` (and --plugin): component libraries to load before anything is built, as absolute
   // paths (a relative one is taken from the config file's directory; the resolved config stores these).
-  std::vector<std::string> plugins;
+  std::vector<PluginSpec> plugins;
 };
+
+// The `plugins:` a resolved config (a checkpoint's or a capture's) recorded; `source` names it in
+// errors and in recorded_by. Throws ConfigError for an entry that is neither a path nor {path, sha256}.
+std::vector<PluginSpec> recorded_plugins(const std::string& resolved_yaml, const std::string& source);
 
 // "DD:HH:MM:SS" (or fewer fields, "HH:MM:SS", "MM:SS", "SS") into seconds; nullopt on bad syntax.
 std::optional<double> parse_duration(const std::string& text);

@@ -2,12 +2,18 @@
 // through `strobe fit --plugin` and through `plugins:` in the experiment (relative to the config
 // file), joins `strobe list` and the did-you-mean of an unknown name, and is recorded absolute in
 // the resolved config; every broken plugin is one line on stderr and exit 2, before anything runs.
+// Checkpoints and NaN captures record each plugin with its SHA-256: resume, validate and replay load
+// them again, and refuse a changed or missing one (naming it and both hashes) unless
+// --allow-changed-plugins, which goes on, says so once and records the change.
 #include <gtest/gtest.h>
 
 #include <filesystem>
 
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include "framework/checkpoint/checkpoint_io.h"
+#include "framework/checkpoint/sha256.h"
 #include "tests/cli/cli_test_util.h"
 
 using namespace strobe::testing;
@@ -123,6 +129,125 @@ TEST(PluginCli, EveryBrokenPluginIsOneLineAndExitTwoBeforeAnythingRuns) {
   EXPECT_EQ(fit.code, 2);
   EXPECT_EQ(count_lines(fit.err), 1) << fit.err;
   EXPECT_FALSE(fs::exists(run_dir)) << "a refused plugin left a run directory";
+}
+
+std::string copy_plugin(const std::string& dir) {
+  fs::create_directories(dir);
+  const std::string to = dir + "/libplugin_good.so";
+  fs::copy_file(plugin("plugin_good"), to, fs::copy_options::overwrite_existing);
+  return to;
+}
+
+// Another build of the plugin: still a loadable library, with other bytes (so another hash).
+void change_plugin(const std::string& path) {
+  std::ofstream(path, std::ios::binary | std::ios::app) << "rebuilt";
+}
+
+size_t count_of(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+TEST(PluginCli, CheckpointsRecordPluginHashesAndResumeRefusesAChangedOrMissingPlugin) {
+  const std::string dir = temp_dir("plugin-hash");
+  const std::string lib = copy_plugin(dir + "/lib");
+  const std::string before = strobe::checkpoint::sha256_file(lib);
+  const std::string run = dir + "/run";
+  auto fit = strobe_cmd("fit -c " + write_config(plugin_yaml("consumer_gated_mlp")) + " --run-dir " + run + " --plugin " + lib);
+  ASSERT_EQ(fit.code, 0) << fit.err;
+  const std::string record = "- path: " + lib + "\n    sha256: " + before;
+  EXPECT_NE(slurp(run + "/config.yaml").find(record), std::string::npos) << slurp(run + "/config.yaml");
+  const std::string ckpt = run + "/checkpoints/last.ckpt";
+  EXPECT_NE(strobe::checkpoint::load_checkpoint_file(ckpt).blob("config").find(record), std::string::npos);
+
+  // The resume names no plugin: the checkpoint's is loaded again (its model and callback build, and
+  // the callback's count goes on from the checkpoint's 6).
+  const std::string longer = write_config(plugin_yaml("consumer_gated_mlp") + "");
+  auto resume = strobe_cmd("fit -c " + longer + " --ckpt " + ckpt + " --set trainer.max_steps=8");
+  ASSERT_EQ(resume.code, 0) << resume.err;
+  EXPECT_NE(resume.out.find("consumer_step_counter: 8 steps"), std::string::npos) << resume.out;
+  auto val = strobe_cmd("validate -c " + longer + " --ckpt " + ckpt);
+  EXPECT_EQ(val.code, 0) << val.err;
+
+  // export: its own names need no plugin; another name set builds the model, through the plugin the
+  // checkpoint recorded (loaded by export itself), and asks it for that name set.
+  auto exported = strobe_cmd("export " + ckpt + " -o " + dir + "/w.safetensors");
+  EXPECT_EQ(exported.code, 0) << exported.err;
+  auto timm = strobe_cmd("export " + ckpt + " -o " + dir + "/t.safetensors --names timm");
+  EXPECT_EQ(timm.code, 2);
+  EXPECT_EQ(timm.err, "strobe export: --names timm: model 'consumer_gated_mlp' has no name set 'timm' (it has: strobe)\n");
+
+  change_plugin(lib);
+  const std::string after = strobe::checkpoint::sha256_file(lib);
+  ASSERT_NE(before, after);
+  const std::string changed = "strobe: plugin error: plugin " + lib + ": changed since " + ckpt + " recorded it (sha256 " +
+                              before + " there, " + after + " now): rebuild the plugin the run was made with, or pass "
+                              "--allow-changed-plugins to go on with this one\n";
+  for (const std::string cmd : {"fit", "validate", "test"}) {
+    auto r = strobe_cmd(cmd + " -c " + longer + " --ckpt " + ckpt + " --set trainer.max_steps=10");
+    EXPECT_EQ(r.code, 2) << cmd;
+    EXPECT_EQ(r.err, changed) << cmd;
+  }
+  // The same when the experiment names the plugin itself (its hash is the checkpoint's to check).
+  auto named = strobe_cmd("fit -c " + longer + " --ckpt " + ckpt + " --plugin " + lib + " --set trainer.max_steps=10");
+  EXPECT_EQ(named.code, 2);
+  EXPECT_EQ(named.err, changed);
+
+  // Allowed: said once, the run goes on with the new plugin, and its config and checkpoints record
+  // both hashes (a further resume with the same file then passes without the flag).
+  auto allowed = strobe_cmd("fit -c " + longer + " --ckpt " + ckpt + " --allow-changed-plugins --set trainer.max_steps=10");
+  ASSERT_EQ(allowed.code, 0) << allowed.err;
+  EXPECT_EQ(count_of(allowed.err, "changed since"), 1u) << allowed.err;
+  EXPECT_NE(allowed.err.find("going on with it (--allow-changed-plugins)"), std::string::npos) << allowed.err;
+  EXPECT_NE(allowed.out.find("consumer_step_counter: 10 steps"), std::string::npos) << allowed.out;
+  const std::string now = "- path: " + lib + "\n    sha256: " + after + "\n    replaced_sha256: " + before;
+  EXPECT_NE(slurp(run + "/config.yaml").find(now), std::string::npos) << slurp(run + "/config.yaml");
+  EXPECT_NE(strobe::checkpoint::load_checkpoint_file(ckpt).blob("config").find(now), std::string::npos);
+  auto again = strobe_cmd("fit -c " + longer + " --ckpt " + ckpt + " --set trainer.max_steps=12");
+  EXPECT_EQ(again.code, 0) << again.err;
+  EXPECT_EQ(again.err.find("changed since"), std::string::npos) << again.err;
+
+  // Missing: one line naming the plugin and the checkpoint that recorded it, flag or not.
+  fs::rename(lib, lib + ".gone");
+  for (const std::string flag : {"", " --allow-changed-plugins"}) {
+    auto r = strobe_cmd("fit -c " + longer + " --ckpt " + ckpt + " --set trainer.max_steps=14" + flag);
+    EXPECT_EQ(r.code, 2) << flag;
+    EXPECT_EQ(r.err, "strobe: plugin error: plugin " + lib + ": no such file (recorded by " + ckpt + ")\n") << flag;
+  }
+}
+
+TEST(PluginCli, ReplayLoadsTheCapturesPluginAndRefusesAChangedOne) {
+  const std::string dir = temp_dir("plugin-replay");
+  const std::string lib = copy_plugin(dir + "/lib");
+  const std::string before = strobe::checkpoint::sha256_file(lib);
+  // per_class_bce over 4 classes with batches of 2: a class is absent from the first batch, so its
+  // loss is 0/0 and the NaN capture stops the run there.
+  std::string yaml = plugin_yaml("consumer_gated_mlp", "task:\n  name: classification\n  loss: per_class_bce\n");
+  yaml.replace(yaml.find("batch_size: 8"), 13, "batch_size: 2");
+  const std::string callbacks = "  - name: consumer_step_counter\n";
+  yaml.replace(yaml.find(callbacks), callbacks.size(), callbacks + "  - name: nan_capture\n");
+  const std::string run = dir + "/run";
+  auto fit = strobe_cmd("fit -c " + write_config(yaml) + " --run-dir " + run + " --plugin " + lib);
+  ASSERT_EQ(fit.code, 3) << fit.err;
+  auto replay = strobe_cmd("replay " + run + "/nan --report " + dir + "/r.json");
+  ASSERT_EQ(replay.code, 0) << replay.err;
+  auto report = nlohmann::json::parse(slurp(dir + "/r.json"));
+  EXPECT_TRUE(report.at("exact").get<bool>()) << report.dump(1);
+  EXPECT_EQ(report.at("first_nonfinite").at("module").get<std::string>(), "task.loss") << report.dump(1);
+
+  change_plugin(lib);
+  const std::string after = strobe::checkpoint::sha256_file(lib);
+  auto refused = strobe_cmd("replay " + run + "/nan");
+  EXPECT_EQ(refused.code, 2);
+  EXPECT_EQ(count_lines(refused.err), 1) << refused.err;
+  EXPECT_NE(refused.err.find("plugin " + lib + ": changed since "), std::string::npos) << refused.err;
+  EXPECT_NE(refused.err.find("(sha256 " + before + " there, " + after + " now)"), std::string::npos) << refused.err;
+  auto allowed = strobe_cmd("replay " + run + "/nan --allow-changed-plugins --report " + dir + "/r2.json");
+  ASSERT_EQ(allowed.code, 0) << allowed.err;
+  EXPECT_EQ(count_of(allowed.err, "changed since"), 1u) << allowed.err;
+  const auto notes = nlohmann::json::parse(slurp(dir + "/r2.json")).at("notes").dump();
+  EXPECT_NE(notes.find("changed since"), std::string::npos) << notes;
 }
 
 }  // namespace
