@@ -78,6 +78,16 @@ TEST(SyntheticTokens, LengthsFollowTheSeedAndTargetsAreShiftedTokens) {
   EXPECT_EQ(b.meta.at("max_seqlen"), lengths.max().item<int64_t>());
 }
 
+TEST(SyntheticTokens, FixedLengthGivesFullSequencesWithoutPadding) {
+  auto dm = build_data("{name: synthetic_tokens, vocab_size: 40, max_seq_len: 12, fixed_length: true, num_samples: 16, "
+                       "batch_size: 8, num_workers: 0, collate: pad_to_max}");
+  auto b = dm->train_loader()->make_batch(0, 0);
+  ASSERT_EQ(b.at("tokens").sizes(), (std::vector<int64_t>{8, 12}));
+  EXPECT_GE(b.at("tokens").min().item<int64_t>(), 1) << "no pad token anywhere";
+  EXPECT_GE(b.at("targets").min().item<int64_t>(), 1) << "no ignored target anywhere";
+  EXPECT_TRUE(b.at("targets").narrow(1, 0, 11).equal(b.at("tokens").narrow(1, 1, 11)));
+}
+
 TEST(SyntheticTokens, CollateIsSelectableAndUnknownOnesAreConfigErrors) {
   for (const char* c : {"pad_to_max", "pad_to_longest", "pack"}) {
     auto dm = build_data(std::string("{name: synthetic_tokens, vocab_size: 40, max_seq_len: 12, num_samples: 8, batch_size: 4, num_workers: 0, collate: ") + c + "}");

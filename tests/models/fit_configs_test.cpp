@@ -114,6 +114,38 @@ TEST(FitCpuConfigs, DecoderLMTrainsWithEveryCollate) {
   }
 }
 
+// The llama CPU twin as it is (synthetic tokens: noise, nothing to learn, so only finite), then on
+// the fortunes text (bytes: learnable), packed and padded, with the same losses.
+TEST(FitCpuConfigs, LlamaTrainsPackedAndPadded) {
+  REQUIRE_STROBE_BIN(bin);
+  auto as_is = fit(bin, "llama_1b.yaml", "llama", "--set trainer.max_steps=6");
+  ASSERT_EQ(as_is.status, 0) << as_is.log;
+  for (double l : train_losses(as_is.run_dir / "metrics.csv")) EXPECT_TRUE(std::isfinite(l)) << as_is.log;
+  std::vector<std::vector<double>> curves;
+  for (const char* c : {"pack", "pad_to_max"}) {
+    auto r = fit(bin, "llama_1b.yaml", std::string("llama_text_") + c,
+                 std::string("--set 'data={name: text_file, max_seq_len: 64, batch_size: 16, num_workers: 1, collate: ") + c +
+                     "}' --set trainer.max_steps=20");
+    expect_trained(r);
+    curves.push_back(train_losses(r.run_dir / "metrics.csv"));
+  }
+  ASSERT_EQ(curves[0].size(), curves[1].size());
+  for (size_t i = 0; i < curves[0].size(); ++i) EXPECT_NEAR(curves[0][i], curves[1][i], 1e-4 * curves[0][i]) << "step " << i + 1;
+
+  // bf16-master trains it; an exploding learning rate is caught by NaN capture and replayed exactly.
+  auto bf16 = fit(bin, "llama_1b.yaml", "llama_bf16_master", "--set trainer.precision=bf16-master --set trainer.max_steps=6");
+  ASSERT_EQ(bf16.status, 0) << bf16.log;
+  for (double l : train_losses(bf16.run_dir / "metrics.csv")) EXPECT_TRUE(std::isfinite(l)) << bf16.log;
+  auto nan = fit(bin, "llama_1b.yaml", "llama_nan", "--set 'callbacks=[{name: nan_capture}]' --set optimizer.lr=1e25");
+  ASSERT_EQ(nan.status, 3) << nan.log;
+  const fs::path report = nan.run_dir.parent_path() / "replay.json";
+  const std::string cmd = bin + " replay " + (nan.run_dir / "nan").string() + " --report " + report.string() + " > /dev/null 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  std::ifstream in(report);
+  const std::string text((std::istreambuf_iterator<char>(in)), {});
+  EXPECT_NE(text.find("\"exact\": true"), std::string::npos) << text;
+}
+
 // precision bf16-master (what the GPU vit_l16 and decoder_lm_varlen configs use) through the CLI.
 TEST(FitCpuConfigs, Bf16MasterTrainsTheTransformers) {
   REQUIRE_STROBE_BIN(bin);

@@ -19,7 +19,7 @@ namespace {
 using Names = std::vector<std::string>;
 
 TEST(BuiltInComponents, EveryRegistryListsExactlyTheBuiltIns) {
-  EXPECT_EQ(model_registry().names(), (Names{"decoder_lm", "face_detector", "mlp", "resnet", "vit"}));
+  EXPECT_EQ(model_registry().names(), (Names{"decoder_lm", "face_detector", "llama", "mlp", "resnet", "vit"}));
   EXPECT_EQ(task_registry().names(), (Names{"classification", "detection", "language_modeling"}));
   EXPECT_EQ(data_registry().names(),
             (Names{"cifar10", "coco_boxes", "fashion_mnist", "image_folder", "synthetic_boxes", "synthetic_images",
@@ -37,7 +37,7 @@ TEST(BuiltInComponents, UnknownNamesGetTheClosestAndTheList) {
             "unknown metric 'f2'; did you mean 'f1'? (known: accuracy, cat, f1, fbeta, max, mean, mean_giou, mean_iou, "
             "min, perplexity, precision, recall, sum, token_accuracy)");
   EXPECT_EQ(model_registry().unknown_message("resnt"),
-            "unknown model 'resnt'; did you mean 'resnet'? (known: decoder_lm, face_detector, mlp, resnet, vit)");
+            "unknown model 'resnt'; did you mean 'resnet'? (known: decoder_lm, face_detector, llama, mlp, resnet, vit)");
 }
 
 }  // namespace
