@@ -111,4 +111,23 @@ torch::Tensor attention_varlen(const torch::Tensor& q, const torch::Tensor& k, c
   throw std::logic_error("attention_varlen: unknown backend");
 }
 
+TokenLayout token_layout(const Batch& batch, const char* model) {
+  const auto& tokens = batch.at("tokens");
+  TokenLayout out;
+  if (tokens.dim() == 1) {
+    TORCH_CHECK(batch.has("cu_seqlens") && batch.has("position_ids") && batch.meta.count("max_seqlen"), model,
+                ": packed tokens [T] need cu_seqlens, position_ids and meta max_seqlen (collate: pack)");
+    out.cu_seqlens = batch.at("cu_seqlens");
+    out.max_seqlen = batch.meta.at("max_seqlen");
+    out.positions = batch.at("position_ids");
+    return out;
+  }
+  TORCH_CHECK(tokens.dim() == 2, model, ": tokens must be [B, S] or packed [T], got ", tokens.sizes());
+  const auto rp = batch.meta.find("right_padded");
+  const bool right_padded = rp != batch.meta.end() && rp->second == 1;
+  if (batch.has("padding_mask") && !right_padded) out.key_padding_mask = batch.at("padding_mask");
+  out.positions = batch.has("position_ids") ? batch.at("position_ids") : torch::arange(tokens.size(1), tokens.options()).unsqueeze(0);
+  return out;
+}
+
 }  // namespace strobe::models

@@ -17,6 +17,8 @@
 
 #include <torch/types.h>
 
+#include "framework/data/batch.h"
+
 namespace strobe::models {
 
 enum class AttentionBackend { Math, Sdpa, Custom };
@@ -35,5 +37,24 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
 torch::Tensor attention_varlen(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                const torch::Tensor& cu_seqlens, int64_t max_seqlen, bool causal,
                                AttentionBackend backend);
+
+// How a token batch reaches attention (decoder_lm, llama), read from the token collates' layouts
+// (framework/data/collate_tokens.h):
+//   padded: batch["tokens"] [B, S]; "padding_mask" [B, S] (true = real token) becomes the key mask
+//           unless batch.meta["right_padded"] == 1: causal attention over right-padded sequences needs
+//           none (a real token at t only sees keys 0..t, all real; the outputs at padding positions
+//           change, and the loss ignores them), so every backend runs its plain causal kernel.
+//           Positions: "position_ids" [B, S], default [1, S] = 0..S-1 (broadcast over the batch).
+//   packed: batch["tokens"] [T] with "cu_seqlens" [n + 1] int32, "position_ids" [T] and meta
+//           "max_seqlen" (host); attention never crosses a sequence boundary.
+struct TokenLayout {
+  std::optional<torch::Tensor> key_padding_mask;
+  torch::Tensor cu_seqlens;  // defined: packed
+  int64_t max_seqlen = 0;
+  torch::Tensor positions;
+  bool packed() const { return cu_seqlens.defined(); }
+};
+// Throws c10::Error naming `model` for tokens of another rank or a packed batch missing its keys.
+TokenLayout token_layout(const Batch& batch, const char* model);
 
 }  // namespace strobe::models

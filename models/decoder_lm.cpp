@@ -23,13 +23,6 @@ class LayerNormNoBiasImpl : public nn::Module {
 };
 TORCH_MODULE(LayerNormNoBias);
 
-// Where attention gets its structure from: a padded batch (optional key mask) or a packed one.
-struct AttentionInput {
-  std::optional<torch::Tensor> key_padding_mask;
-  torch::Tensor cu_seqlens;  // defined: packed
-  int64_t max_seqlen = 0;
-};
-
 class DecoderBlockImpl : public nn::Module {
  public:
   DecoderBlockImpl(int64_t dim, int64_t heads, int64_t hidden, AttentionBackend backend, bool gelu_tanh, FusedOps mode)
@@ -42,7 +35,7 @@ class DecoderBlockImpl : public nn::Module {
     fc2 = register_module("fc2", nn::Linear(hidden, dim));
   }
 
-  torch::Tensor forward(torch::Tensor x, const AttentionInput& in) {
+  torch::Tensor forward(torch::Tensor x, const TokenLayout& in) {
     x = x + linear(proj, attend(norm1(x), in));
     return x + transformer_mlp(norm2(x), fc1, fc2, gelu_tanh_, false, FusedOps::kOff);
   }
@@ -50,7 +43,7 @@ class DecoderBlockImpl : public nn::Module {
   // The fused path (see vit.cpp): the residual stream is res + pending between blocks, and every
   // residual add runs inside strobe::add_layer_norm with the LayerNorm after it.
   std::pair<torch::Tensor, torch::Tensor> forward_fused(const torch::Tensor& res, const torch::Tensor& pending,
-                                                        const AttentionInput& in) {
+                                                        const TokenLayout& in) {
     torch::Tensor x, h;
     if (pending.defined()) {
       std::tie(x, h) = residual_layer_norm(res, pending, norm1->weight, {}, kEps);
@@ -69,7 +62,7 @@ class DecoderBlockImpl : public nn::Module {
   static constexpr double kEps = 1e-5;  // LayerNormNoBias's
 
   // Attention over the normalised h ([T, C] packed or [B, S, C]), before proj.
-  torch::Tensor attend(const torch::Tensor& x, const AttentionInput& in) {
+  torch::Tensor attend(const torch::Tensor& x, const TokenLayout& in) {
     const int64_t c = x.size(-1), hd = c / heads_;
     auto qkv_out = linear(qkv, x);
     torch::Tensor a;
@@ -105,28 +98,8 @@ class DecoderLM : public Model {
 
   torch::Tensor forward(const Batch& batch) override {
     const auto& tokens = batch.at("tokens");
-    AttentionInput in;
-    torch::Tensor positions;
-    if (tokens.dim() == 1) {
-      TORCH_CHECK(batch.has("cu_seqlens") && batch.has("position_ids") && batch.meta.count("max_seqlen"),
-                  "decoder_lm: packed tokens [T] need cu_seqlens, position_ids and meta max_seqlen (collate: pack)");
-      in.cu_seqlens = batch.at("cu_seqlens");
-      in.max_seqlen = batch.meta.at("max_seqlen");
-      positions = batch.at("position_ids");
-    } else {
-      TORCH_CHECK(tokens.dim() == 2, "decoder_lm: tokens must be [B, S] or packed [T], got ", tokens.sizes());
-      // Causal attention over right-padded sequences needs no mask: a real token at position t only
-      // sees keys 0..t, all real. Only the outputs at padding positions change (they attend to padding
-      // keys), and those are ignored by the loss (targets -100). Without the mask every backend runs
-      // its plain causal kernel (SDPA's flash/cuDNN, or strobe::flash_attention) instead of a masked
-      // fallback. A batch that does not declare right padding keeps the mask.
-      const auto rp = batch.meta.find("right_padded");
-      const bool right_padded = rp != batch.meta.end() && rp->second == 1;
-      if (batch.has("padding_mask") && !right_padded) in.key_padding_mask = batch.at("padding_mask");
-      positions = batch.has("position_ids") ? batch.at("position_ids")
-                                            : torch::arange(tokens.size(1), tokens.options()).unsqueeze(0);
-    }
-    auto x = embedding_(tokens) + positional_embedding_(positions);
+    const TokenLayout in = token_layout(batch, "decoder_lm");  // padded (mask only if not right-padded) or packed
+    auto x = embedding_(tokens) + positional_embedding_(in.positions);
     if (use_fused_ops(o_.fused_ops, x, "decoder_lm")) {
       torch::Tensor pending;
       for (auto& block : *blocks_) std::tie(x, pending) = block->as<DecoderBlock>()->forward_fused(x, pending, in);

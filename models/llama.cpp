@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "framework/config/config.h"
+#include "framework/core/weight_names.h"
 
 namespace strobe::models {
 namespace {
@@ -25,13 +26,6 @@ TORCH_MODULE(RMSNorm);
 
 nn::Linear bias_free(int64_t in, int64_t out) { return nn::Linear(nn::LinearOptions(in, out).bias(false)); }
 
-// Where attention gets its structure from: a padded batch (optional key mask) or a packed one.
-struct Structure {
-  std::optional<torch::Tensor> key_padding_mask;
-  torch::Tensor cu_seqlens;  // defined: packed
-  int64_t max_seqlen = 0;
-};
-
 class LlamaAttentionImpl : public nn::Module {
  public:
   LlamaAttentionImpl(int64_t dim, int64_t heads, int64_t kv_heads, AttentionBackend backend)
@@ -43,7 +37,7 @@ class LlamaAttentionImpl : public nn::Module {
   }
 
   // x [B, S, C] or packed [T, C]; cos/sin [B, S, D] or [T, D].
-  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin, const Structure& in) {
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin, const TokenLayout& in) {
     auto lead = x.sizes().vec();
     lead.pop_back();
     auto heads = [&](const torch::Tensor& t, int64_t n) {
@@ -93,7 +87,7 @@ class LlamaDecoderLayerImpl : public nn::Module {
     post_attention_layernorm = register_module("post_attention_layernorm", RMSNorm(o.embed_dim, o.norm_eps));
     mlp = register_module("mlp", LlamaMLP(o.embed_dim, ffn));
   }
-  torch::Tensor forward(torch::Tensor x, const torch::Tensor& cos, const torch::Tensor& sin, const Structure& in) {
+  torch::Tensor forward(torch::Tensor x, const torch::Tensor& cos, const torch::Tensor& sin, const TokenLayout& in) {
     x = x + self_attn->forward(input_layernorm(x), cos, sin, in);
     return x + mlp(post_attention_layernorm(x));
   }
@@ -126,25 +120,9 @@ class Llama : public Model {
 
   torch::Tensor forward(const Batch& batch) override {
     const auto& tokens = batch.at("tokens");
-    Structure in;
-    torch::Tensor positions;
-    if (tokens.dim() == 1) {
-      TORCH_CHECK(batch.has("cu_seqlens") && batch.has("position_ids") && batch.meta.count("max_seqlen"),
-                  "llama: packed tokens [T] need cu_seqlens, position_ids and meta max_seqlen (collate: pack)");
-      in.cu_seqlens = batch.at("cu_seqlens");
-      in.max_seqlen = batch.meta.at("max_seqlen");
-      positions = batch.at("position_ids");
-    } else {
-      TORCH_CHECK(tokens.dim() == 2, "llama: tokens must be [B, S] or packed [T], got ", tokens.sizes());
-      // Right-padded batches need no key mask under causal attention (models/decoder_lm.cpp says why).
-      const auto rp = batch.meta.find("right_padded");
-      const bool right_padded = rp != batch.meta.end() && rp->second == 1;
-      if (batch.has("padding_mask") && !right_padded) in.key_padding_mask = batch.at("padding_mask");
-      positions = batch.has("position_ids") ? batch.at("position_ids")
-                                            : torch::arange(tokens.size(1), tokens.options()).unsqueeze(0).expand(tokens.sizes());
-    }
+    const TokenLayout in = token_layout(batch, "llama");  // padded (mask only if not right-padded) or packed
     if (inv_freq_.device() != tokens.device()) inv_freq_ = inv_freq_.to(tokens.device());  // moved without on_device
-    const auto [cos, sin] = llama_ops::rope_tables(positions, inv_freq_);
+    const auto [cos, sin] = llama_ops::rope_tables(in.positions, inv_freq_);
     auto x = embed_tokens_(tokens);
     for (auto& layer : *layers_) x = layer->as<LlamaDecoderLayer>()->forward(x, cos, sin, in);
     x = norm_(x);
@@ -208,6 +186,112 @@ std::shared_ptr<Model> make_llama_from_config(config::Section& cfg) {
   return make_llama(o);
 }
 
+// Hugging Face's names: ours under "model.", the head as it is.
+NameMap llama_hf_names(const Model& model) {
+  return renamed(model, [](const std::string& n) { return n == "lm_head.weight" ? n : "model." + n; });
+}
+
+// config.json of LlamaForCausalLM, in the form Hugging Face's Llama checkpoints carry (rope_theta and
+// rope_scaling at the top level).
+nlohmann::json llama_hf_config_json(const YAML::Node& m) {
+  const int64_t dim = m["embed_dim"].as<int64_t>(), heads = m["num_heads"].as<int64_t>();
+  nlohmann::json c = {{"architectures", {"LlamaForCausalLM"}},
+                      {"model_type", "llama"},
+                      {"vocab_size", m["vocab_size"].as<int64_t>()},
+                      {"hidden_size", dim},
+                      {"intermediate_size", m["ffn_dim"].as<int64_t>()},
+                      {"num_hidden_layers", m["depth"].as<int64_t>()},
+                      {"num_attention_heads", heads},
+                      {"num_key_value_heads", m["num_kv_heads"].as<int64_t>()},
+                      {"head_dim", dim / heads},
+                      {"hidden_act", "silu"},
+                      {"max_position_embeddings", m["max_seq_len"].as<int64_t>()},
+                      {"rms_norm_eps", m["norm_eps"].as<double>()},
+                      {"rope_theta", m["rope_theta"].as<double>()},
+                      {"rope_scaling", nullptr},
+                      {"tie_word_embeddings", m["tie_embeddings"].as<bool>()},
+                      {"attention_bias", false},
+                      {"attention_dropout", 0.0},
+                      {"mlp_bias", false},
+                      {"initializer_range", m["init_std"].as<double>()},
+                      {"torch_dtype", "float32"}};
+  const YAML::Node rs = m["rope_scaling"];
+  if (rs && rs.IsMap())
+    c["rope_scaling"] = {{"rope_type", "llama3"},
+                         {"factor", rs["factor"].as<double>()},
+                         {"low_freq_factor", rs["low_freq_factor"].as<double>()},
+                         {"high_freq_factor", rs["high_freq_factor"].as<double>()},
+                         {"original_max_position_embeddings", rs["original_max_position_embeddings"].as<int64_t>()}};
+  return c;
+}
+
+// What a LlamaForCausalLM config.json must agree on with the model. Both spellings of the rotary
+// settings are read: rope_theta + rope_scaling (the hub's checkpoints) and rope_parameters
+// (transformers 5). max_position_embeddings only bounds max_seq_len: a shorter context is normal.
+HfConfigCheck llama_hf_config_check(const nlohmann::json& c, const YAML::Node& m) {
+  HfConfigCheck out;
+  auto differs = [&](const std::string& hf, const nlohmann::json& theirs, const std::string& ours, const std::string& mine) {
+    out.mismatches.push_back(fmt::format("{}: {} in config.json, model.{}: {}", hf, theirs.dump(), ours, mine));
+  };
+  auto integer = [&](const char* hf, const char* ours, std::optional<int64_t> fallback = std::nullopt) {
+    const int64_t mine = m[ours].as<int64_t>();
+    if (!c.contains(hf) || c[hf].is_null()) {
+      if (fallback && *fallback != mine) differs(hf, *fallback, ours, std::to_string(mine));
+      if (!fallback) out.mismatches.push_back(fmt::format("{}: missing from config.json (model.{}: {})", hf, ours, mine));
+      return;
+    }
+    if (!c[hf].is_number_integer() || c[hf].get<int64_t>() != mine) differs(hf, c[hf], ours, std::to_string(mine));
+  };
+  auto real = [&](const char* hf, const nlohmann::json& theirs, const char* ours, double mine) {
+    if (!theirs.is_number() || std::abs(theirs.get<double>() - mine) > 1e-9 * std::max(1.0, std::abs(mine)))
+      differs(hf, theirs, ours, fmt::format("{}", mine));
+  };
+  const std::string type = c.value("model_type", "llama");
+  if (type != "llama") out.mismatches.push_back(fmt::format("model_type: \"{}\" in config.json, not \"llama\"", type));
+  integer("vocab_size", "vocab_size");
+  integer("hidden_size", "embed_dim");
+  integer("intermediate_size", "ffn_dim");
+  integer("num_hidden_layers", "depth");
+  integer("num_attention_heads", "num_heads");
+  const int64_t heads = m["num_heads"].as<int64_t>(), dim = m["embed_dim"].as<int64_t>();
+  integer("num_key_value_heads", "num_kv_heads", c.value("num_attention_heads", heads));
+  if (c.contains("head_dim") && !c["head_dim"].is_null() && c["head_dim"] != dim / heads)
+    out.mismatches.push_back(fmt::format("head_dim: {} in config.json, but this model's is model.embed_dim / model.num_heads = {} "
+                                         "(a separate head_dim is not implemented)",
+                                         c["head_dim"].dump(), dim / heads));
+  real("rms_norm_eps", c.value("rms_norm_eps", nlohmann::json(1e-6)), "norm_eps", m["norm_eps"].as<double>());
+  const nlohmann::json params = c.contains("rope_parameters") && c["rope_parameters"].is_object() ? c["rope_parameters"]
+                                : c.contains("rope_scaling") && c["rope_scaling"].is_object()   ? c["rope_scaling"]
+                                                                                                : nlohmann::json::object();
+  const nlohmann::json theta = c.contains("rope_theta") ? c["rope_theta"] : params.value("rope_theta", nlohmann::json(10000.0));
+  real("rope_theta", theta, "rope_theta", m["rope_theta"].as<double>());
+  const std::string rope_type = params.value("rope_type", params.value("type", std::string("default")));
+  const YAML::Node rs = m["rope_scaling"];
+  const bool scaled = rs && rs.IsMap();
+  if (rope_type != "default" && rope_type != "llama3") {
+    out.mismatches.push_back(fmt::format("rope_scaling.rope_type: \"{}\" in config.json (this model implements llama3 only)", rope_type));
+  } else if ((rope_type == "llama3") != scaled) {
+    differs("rope_scaling.rope_type", rope_type, "rope_scaling", scaled ? "llama3" : "null");
+  } else if (scaled) {
+    for (const char* k : {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"})
+      real((std::string("rope_scaling.") + k).c_str(), params.value(k, nlohmann::json(nullptr)),
+           (std::string("rope_scaling.") + k).c_str(), rs[k].as<double>());
+  }
+  const bool tied = c.value("tie_word_embeddings", false);
+  if (tied != m["tie_embeddings"].as<bool>())
+    differs("tie_word_embeddings", tied, "tie_embeddings", m["tie_embeddings"].as<bool>() ? "true" : "false");
+  if (tied) out.ignore.push_back("lm_head.weight");  // a tied checkpoint may carry the head's copy
+  for (const char* k : {"attention_bias", "mlp_bias"})
+    if (c.value(k, false)) out.mismatches.push_back(fmt::format("{}: true in config.json (this model has no biases)", k));
+  const std::string act = c.value("hidden_act", std::string("silu"));
+  if (act != "silu") out.mismatches.push_back(fmt::format("hidden_act: \"{}\" in config.json (this model's MLP is SwiGLU: silu)", act));
+  if (c.contains("max_position_embeddings") && c["max_position_embeddings"].is_number_integer() &&
+      m["max_seq_len"].as<int64_t>() > c["max_position_embeddings"].get<int64_t>())
+    out.mismatches.push_back(fmt::format("max_position_embeddings: {} in config.json, below model.max_seq_len: {}",
+                                         c["max_position_embeddings"].get<int64_t>(), m["max_seq_len"].as<int64_t>()));
+  return out;
+}
+
 }  // namespace
 
 int64_t llama_ffn_dim(int64_t embed_dim) {
@@ -218,5 +302,7 @@ int64_t llama_ffn_dim(int64_t embed_dim) {
 std::shared_ptr<Model> make_llama(const LlamaOptions& options) { return std::make_shared<Llama>(options); }
 
 STROBE_REGISTER(model_registry(), "llama", make_llama_from_config);
+STROBE_REGISTER(name_map_registry(), "llama:hf", llama_hf_names);
+STROBE_REGISTER(hf_config_registry(), "llama", (HfConfigCodec{llama_hf_config_json, llama_hf_config_check}));
 
 }  // namespace strobe::models

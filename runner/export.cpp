@@ -2,7 +2,9 @@
 
 #include <sys/stat.h>
 
+#include <filesystem>
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <vector>
 
@@ -24,7 +26,7 @@ namespace {
 // The checkpoint's tensors under another name set: the model is built from the checkpoint's saved
 // config (its map depends on the configuration) and its map renames them.
 safetensors::NamedTensors rename_tensors(const ExportOptions& options, const checkpoint::CheckpointData& data,
-                                         const safetensors::NamedTensors& tensors) {
+                                         const safetensors::NamedTensors& tensors, std::optional<nlohmann::json>& hf_config) {
   const std::string flag = "--names " + options.names;
   if (!data.has_blob("config"))
     throw ExportError(fmt::format("{}: {} has no saved config to build its model from", flag, options.checkpoint));
@@ -39,6 +41,9 @@ safetensors::NamedTensors rename_tensors(const ExportOptions& options, const che
     family = section.require_string("name");
     config::parse_init_from(section);  // accepts the key: the weights come from the checkpoint
     model = model_registry().create(section, "");
+    // A transformers class: its config.json goes beside the weights.
+    if (options.names == "hf")
+      if (const HfConfigCodec* codec = hf_config_registry().find(family)) hf_config = codec->write(section.node());
   } catch (const config::ConfigError& e) {
     throw ExportError(fmt::format("{}: the checkpoint's saved model config does not build: {}", flag, e.what()));
   }
@@ -61,7 +66,8 @@ int export_weights(const ExportOptions& options) {
   if (tensors.empty())
     throw checkpoint::CheckpointError(fmt::format("{}: holds no model weights (no 'model/' tensors)", options.checkpoint));
 
-  if (options.names != "strobe") tensors = rename_tensors(options, data, tensors);
+  std::optional<nlohmann::json> hf_config;
+  if (options.names != "strobe") tensors = rename_tensors(options, data, tensors, hf_config);
 
   std::map<std::string, std::string> metadata{
       {"format", "pt"}, {"strobe.version", STROBE_VERSION}, {"strobe.names", options.names}};
@@ -82,6 +88,28 @@ int export_weights(const ExportOptions& options) {
   }
 
   struct stat st {};
+  if (hf_config) {
+    // A Hugging Face checkpoint directory: config.json + model.safetensors.
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    if (::stat(options.output.c_str(), &st) == 0) {
+      if (!S_ISDIR(st.st_mode))
+        throw ExportError(fmt::format("-o {}: exists and is not a directory (--names hf writes a directory: config.json + "
+                                      "model.safetensors)", options.output));
+      if (!fs::is_empty(options.output, ec) && !options.overwrite)
+        throw ExportError(fmt::format("-o {}: the directory holds files (pass --overwrite to replace its config.json and "
+                                      "model.safetensors)", options.output));
+    } else if (!fs::create_directories(options.output, ec)) {
+      throw ExportError(fmt::format("-o {}: cannot create the directory ({})", options.output, ec.message()));
+    }
+    try {
+      safetensors::write_file((fs::path(options.output) / "model.safetensors").string(), tensors, metadata);
+      checkpoint::write_file_atomic((fs::path(options.output) / "config.json").string(), hf_config->dump(2) + "\n");
+    } catch (const checkpoint::CheckpointError& e) {
+      throw ExportError(fmt::format("-o {}: cannot write it: {}", options.output, e.what()));
+    }
+    return static_cast<int>(tensors.size());
+  }
   if (::stat(options.output.c_str(), &st) == 0) {
     if (S_ISDIR(st.st_mode)) throw ExportError(fmt::format("-o {}: is a directory", options.output));
     if (!options.overwrite)

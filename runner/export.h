@@ -9,7 +9,7 @@ namespace strobe {
 
 struct ExportOptions {
   std::string checkpoint;  // a Strobe checkpoint (last.ckpt, a top-k file, a capture's checkpoint)
-  std::string output;      // the .safetensors file to write
+  std::string output;      // the .safetensors file to write (--names hf for a transformers model: a directory)
   bool overwrite = false;  // replace an existing output file
   std::string names = "strobe";  // the name set to write: strobe | timm | torchvision (per model)
 };
@@ -18,7 +18,9 @@ struct ExportOptions {
 // with metadata: format "pt", strobe.version, strobe.model (the resolved model config, YAML),
 // strobe.step, strobe.epoch and strobe.names. Another name set than strobe renames the tensors by the
 // model family's map (framework/core/weight_names.h), for which the model is built from the
-// checkpoint's saved config. Returns the number of tensors written. Throws
+// checkpoint's saved config. For `--names hf` of a family with a Hugging Face config (llama), the
+// output is a directory holding config.json and model.safetensors, which transformers'
+// from_pretrained loads. Returns the number of tensors written. Throws
 // checkpoint::CheckpointError for a file that is not a Strobe checkpoint or holds no model, and
 // ExportError for a name set the model has none of or cannot be mapped to, and for an output that
 // exists (without overwrite) or cannot be written.

@@ -1,7 +1,12 @@
 #include "runner/init_from.h"
 
+#include <filesystem>
+#include <fstream>
 #include <map>
+#include <set>
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 #include <fmt/format.h>
 #include <torch/torch.h>
@@ -21,15 +26,78 @@ void load_init_from(Model& model, config::Section& model_cfg, const config::Init
   } catch (const WeightNamesError& e) {
     init.fail("names", e.what());
   }
-  safetensors::File file;
-  try {
-    file = safetensors::read_file(f.path);
-  } catch (const checkpoint::CheckpointError& e) {
-    init.fail("path", e.what());  // "PATH: not a safetensors file: ..." / "PATH: cannot open (...)"
+  // The weights: a safetensors file, or a Hugging Face checkpoint directory (model.safetensors, or
+  // the shards model.safetensors.index.json lists).
+  namespace fs = std::filesystem;
+  std::vector<std::string> files;
+  fs::path dir;
+  std::error_code ec;
+  if (fs::is_directory(f.path, ec)) {
+    dir = f.path;
+    const fs::path single = dir / "model.safetensors", index = dir / "model.safetensors.index.json";
+    if (fs::exists(single, ec)) {
+      files.push_back(single.string());
+    } else if (fs::exists(index, ec)) {
+      nlohmann::json idx;
+      try {
+        std::ifstream in(index);
+        idx = nlohmann::json::parse(in);
+      } catch (const std::exception& e) {
+        init.fail("path", fmt::format("{}: not a valid shard index: {}", index.string(), e.what()));
+      }
+      if (!idx.contains("weight_map") || !idx["weight_map"].is_object())
+        init.fail("path", fmt::format("{}: has no weight_map", index.string()));
+      std::set<std::string> shards;
+      for (const auto& [name, shard] : idx["weight_map"].items()) {
+        if (!shard.is_string()) init.fail("path", fmt::format("{}: weight_map[\"{}\"] is not a file name", index.string(), name));
+        shards.insert(shard.get<std::string>());
+      }
+      for (const auto& shard : shards) files.push_back((dir / shard).string());
+    } else {
+      init.fail("path", fmt::format("{}: a directory without model.safetensors or model.safetensors.index.json", f.path));
+    }
+  } else {
+    files.push_back(f.path);
+    dir = fs::path(f.path).parent_path();
   }
   std::map<std::string, torch::Tensor> tensors;
-  for (auto& [name, t] : file.tensors) tensors.emplace(name, std::move(t));
-  const WeightsFit fit = load_named_weights(model, map, tensors, f.ignore, !f.strict);
+  for (const auto& path : files) {
+    safetensors::File file;
+    try {
+      file = safetensors::read_file(path);
+    } catch (const checkpoint::CheckpointError& e) {
+      init.fail("path", e.what());  // "PATH: not a safetensors file: ..." / "PATH: cannot open (...)"
+    }
+    for (auto& [name, t] : file.tensors) tensors.emplace(name, std::move(t));
+  }
+
+  // Hugging Face names: the config.json beside the weights must describe this model.
+  std::vector<std::string> ignore = f.ignore;
+  std::string checked;
+  if (const HfConfigCodec* codec = f.names == "hf" ? hf_config_registry().find(family) : nullptr) {
+    const fs::path config = dir / "config.json";
+    if (fs::exists(config, ec)) {
+      nlohmann::json hf;
+      try {
+        std::ifstream in(config);
+        hf = nlohmann::json::parse(in);
+      } catch (const std::exception& e) {
+        init.fail("path", fmt::format("{}: not valid JSON: {}", config.string(), e.what()));
+      }
+      const HfConfigCheck c = codec->check(hf, model_cfg.node());
+      if (!c.mismatches.empty()) {
+        std::string all;
+        for (const auto& m : c.mismatches) all += (all.empty() ? "" : "; ") + m;
+        init.fail("path", fmt::format("{} does not describe this model: {}", config.string(), all));
+      }
+      for (const auto& name : c.ignore)
+        if (tensors.count(name)) tensors.erase(name);
+      checked = "; config.json agrees";
+    } else {
+      checked = "; no config.json beside it: checked by names and shapes only";
+    }
+  }
+  const WeightsFit fit = load_named_weights(model, map, tensors, ignore, !f.strict);
   const std::string what = fmt::format("{} ({} names)", f.path, f.names);
   if (!fit.ok() && f.strict)
     model_cfg.fail("init_from", fmt::format("{} does not fit model '{}': {}; leave names out with "
@@ -43,8 +111,8 @@ void load_init_from(Model& model, config::Section& model_cfg, const config::Init
   std::string ignored;
   for (size_t i = 0; i < fit.ignored.size() && i < 10; ++i) ignored += (i ? ", " : "") + fit.ignored[i];
   if (fit.ignored.size() > 10) ignored += fmt::format(" and {} more", fit.ignored.size() - 10);
-  fmt::print("strobe: model.init_from: {} tensors loaded from {}{}\n", fit.loaded, what,
-             fit.ignored.empty() ? "" : fmt::format("; ignored {}: {}", fit.ignored.size(), ignored));
+  fmt::print("strobe: model.init_from: {} tensors loaded from {}{}{}\n", fit.loaded, what,
+             fit.ignored.empty() ? "" : fmt::format("; ignored {}: {}", fit.ignored.size(), ignored), checked);
   std::fflush(stdout);
 }
 

@@ -40,6 +40,11 @@ FactoryTable<NameMapFactory>& name_map_registry() {
   return r;
 }
 
+FactoryTable<HfConfigCodec>& hf_config_registry() {
+  static FactoryTable<HfConfigCodec> r("Hugging Face config");
+  return r;
+}
+
 std::vector<std::string> name_sets(const std::string& family) {
   std::vector<std::string> out{"strobe"};
   const std::string prefix = family + ":";

@@ -16,7 +16,9 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
 #include <torch/types.h>
+#include <yaml-cpp/yaml.h>
 
 #include "framework/config/registry.h"
 
@@ -77,5 +79,20 @@ WeightsFit load_named_weights(Model& model, const NameMap& map, const std::map<s
 // The model's tensors under the map's names, in the model's order (for writing a file).
 std::vector<std::pair<std::string, torch::Tensor>> rename_for_export(
     const NameMap& map, const std::map<std::string, torch::Tensor>& strobe_tensors);
+
+// Hugging Face's config.json for a model family whose "hf" name set is a transformers class: export
+// writes it beside the weights, and init_from checks a checkpoint's against the model.
+struct HfConfigCheck {
+  std::vector<std::string> mismatches;  // "hidden_size: 64 in config.json, model.embed_dim: 32"
+  std::vector<std::string> ignore;      // the file's tensors to leave out (a tied head's saved copy)
+};
+struct HfConfigCodec {
+  // config.json of a model built from `model` (the resolved `model:` section).
+  std::function<nlohmann::json(const YAML::Node& model)> write;
+  // What the model cannot be given a checkpoint with this config.json for.
+  std::function<HfConfigCheck(const nlohmann::json& config, const YAML::Node& model)> check;
+};
+// Keyed by model family: STROBE_REGISTER(hf_config_registry(), "llama", llama_hf_config).
+FactoryTable<HfConfigCodec>& hf_config_registry();
 
 }  // namespace strobe

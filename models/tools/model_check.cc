@@ -8,8 +8,9 @@
 // Every parameter and buffer must be present with the same shape, and every weight used: a naming
 // or shape mismatch is an error (exit 1) listing the offending names.
 // --logits: the model's `init_from` is loaded as `strobe fit` loads it (runner/init_from.h), and the
-// eval-mode output for IN's tensor "image" is written to OUT as "logits" (tests/python/
-// test_pretrained.py compares it with timm's and torchvision's). A config error is one line, exit 2.
+// eval-mode output for IN's batch ("image", or "tokens" with "position_ids", and "cu_seqlens" when
+// packed) is written to OUT as "logits" (tests/python/test_pretrained.py compares it with timm's and
+// torchvision's, test_hf_llama.py with transformers'). A config error is one line, exit 2.
 #include <iostream>
 #include <string>
 
@@ -34,10 +35,15 @@ int write_logits(const std::string& yaml, const std::string& in, const std::stri
   model->eval();
   torch::NoGradGuard guard;
   strobe::Batch batch;
-  for (const auto& [name, t] : strobe::safetensors::read_file(in).tensors)
-    if (name == "image") batch.tensors["image"] = t;
-  if (!batch.tensors.count("image")) throw std::runtime_error(in + ": has no tensor 'image'");
-  batch.meta["batch_size"] = batch.tensors["image"].size(0);
+  for (const auto& [name, t] : strobe::safetensors::read_file(in).tensors) batch.tensors[name] = t;
+  const char* input = batch.has("image") ? "image" : "tokens";
+  if (!batch.has(input)) throw std::runtime_error(in + ": has no tensor 'image' or 'tokens'");
+  batch.meta["batch_size"] = batch.tensors[input].size(0);
+  if (batch.has("cu_seqlens")) {  // packed tokens: the host-side facts the token collate would set
+    const auto cu = batch.tensors["cu_seqlens"].to(torch::kLong);
+    batch.meta["batch_size"] = cu.size(0) - 1;
+    batch.meta["max_seqlen"] = (cu.slice(0, 1) - cu.slice(0, 0, -1)).max().item<int64_t>();
+  }
   strobe::safetensors::write_file(out, {{"logits", model->forward(batch)}});
   return 0;
 }

@@ -143,3 +143,48 @@ TEST(CliExport, NamesWritesAnotherLibrarysNamesAndRefusesWhatItCannotBuild) {
 
 }  // namespace
 }  // namespace strobe
+
+namespace strobe {
+namespace {
+
+// --names hf of a llama: a Hugging Face checkpoint directory whose tensors are the checkpoint's
+// under HF's names (tests/python/test_hf_llama.py loads one in transformers); it never writes into
+// a directory that holds files unless --overwrite, nor over a file.
+TEST(CliExport, NamesHfWritesACheckpointDirectoryAndRefusesToWriteOverFiles) {
+  const std::string dir = testing::temp_dir("export-hf");
+  auto r = testing::strobe_cmd("fit -c " + testing::source_path("configs/cpu/llama_1b.yaml") + " --run-dir " + dir +
+                               "/run --set trainer.max_steps=2 --set trainer.enable_progress_bar=false");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string ckpt = dir + "/run/checkpoints/last.ckpt", out = dir + "/hf";
+  r = testing::strobe_cmd("export " + ckpt + " --names hf -o " + out);
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto file = safetensors::read_file(out + "/model.safetensors");
+  auto data = checkpoint::load_checkpoint_file(ckpt);
+  size_t model_tensors = 0;
+  for (const auto& [k, t] : data.tensors) {
+    if (k.rfind("model/", 0) != 0) continue;
+    ++model_tensors;
+    const std::string hf = "model." + k.substr(6);
+    bool found = false;
+    for (const auto& [name, ft] : file.tensors) found |= name == hf && torch::equal(ft, t);
+    EXPECT_TRUE(found) << hf;
+  }
+  EXPECT_EQ(file.tensors.size(), model_tensors) << "tied: no lm_head.weight beside model.embed_tokens.weight";
+  const std::string config = testing::slurp(out + "/config.json");
+  for (const char* key : {"\"LlamaForCausalLM\"", "\"num_key_value_heads\": 2", "\"tie_word_embeddings\": true",
+                          "\"rope_type\": \"llama3\"", "\"rope_theta\": 500000.0"})
+    EXPECT_NE(config.find(key), std::string::npos) << key << " not in\n" << config;
+
+  r = testing::strobe_cmd("export " + ckpt + " --names hf -o " + out);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(r.err, "strobe export: -o " + out + ": the directory holds files (pass --overwrite to replace its config.json "
+                    "and model.safetensors)\n");
+  r = testing::strobe_cmd("export " + ckpt + " --names hf -o " + out + " --overwrite");
+  EXPECT_EQ(r.code, 0) << r.err;
+  r = testing::strobe_cmd("export " + ckpt + " --names hf -o " + out + "/config.json");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("exists and is not a directory"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace strobe

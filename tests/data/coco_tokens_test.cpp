@@ -242,7 +242,7 @@ TEST(BadDataFiles, CorruptIdxAndCifarFilesExitTwoNamingTheFile) {
 namespace strobe {
 namespace {
 
-TEST(ExampleConfigs, FaceDetectorCocoAndDecoderLmTokenFileRun) {
+TEST(ExampleConfigs, FaceDetectorCocoAndTheTokenFileLMsRun) {
   const std::string src = strobe::testing::source_path("");
   auto dir = coco_fixture("ex_coco");
   const std::string ann = (dir / "ann.json").string();
@@ -264,6 +264,14 @@ TEST(ExampleConfigs, FaceDetectorCocoAndDecoderLmTokenFileRun) {
               " --set model.max_seq_len=64 --set model.embed_dim=32 --set model.depth=1 --set model.num_heads=2 --set model.attention=math"
               " --set data.batch_size=4 --set data.num_workers=1 --set trainer.max_steps=2 --set trainer.limit_val_batches=1"
               " --set trainer.device=cpu --set trainer.precision=32 --set scheduler.warmup_steps=1");
+  EXPECT_EQ(r.code, 0) << r.err;
+  r = run_cmd(strobe_bin() + " fit -c " + src + "/configs/llama_token_file.yaml --run-dir " + fresh_dir("ex_llama_run").string() +
+              " --set data.path=" + bin + " --set data.val_path=" + bin +
+              " --set data.eot_token=256 --set data.vocab_size=320 --set model.vocab_size=320 --set data.max_seq_len=64"
+              " --set model.max_seq_len=64 --set model.embed_dim=32 --set model.depth=1 --set model.num_heads=4"
+              " --set model.num_kv_heads=2 --set model.attention=math --set data.batch_size=4 --set data.num_workers=1"
+              " --set trainer.max_steps=2 --set trainer.limit_val_batches=1 --set trainer.device=cpu"
+              " --set trainer.precision=32 --set scheduler.warmup_steps=1");
   EXPECT_EQ(r.code, 0) << r.err;
 }
 

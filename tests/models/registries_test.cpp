@@ -29,7 +29,8 @@ TEST(BuiltInComponents, EveryRegistryListsExactlyTheBuiltIns) {
   EXPECT_EQ(metrics::metric_registry().names(),
             (Names{"accuracy", "cat", "f1", "fbeta", "max", "mean", "mean_giou", "mean_iou", "min", "perplexity",
                    "precision", "recall", "sum", "token_accuracy"}));
-  EXPECT_EQ(name_map_registry().names(), (Names{"resnet:timm", "resnet:torchvision", "vit:timm", "vit:torchvision"}));
+  EXPECT_EQ(name_map_registry().names(), (Names{"llama:hf", "resnet:timm", "resnet:torchvision", "vit:timm", "vit:torchvision"}));
+  EXPECT_EQ(hf_config_registry().names(), (Names{"llama"}));
 }
 
 TEST(BuiltInComponents, UnknownNamesGetTheClosestAndTheList) {

@@ -1,0 +1,225 @@
+"""Hugging Face's LlamaForCausalLM and Strobe's llama, both ways (docs/MODELS.md, "Hugging Face weights").
+
+- Random tiny LlamaConfigs (GQA 4 heads over 2, rope_theta 5e5, Llama-3 rope_scaling; tied and untied)
+  saved by transformers load through `model.init_from: {path: DIR, names: hf}` and give transformers'
+  logits in fp32 (relative error < 1e-5) on padded batches and on packed ones (per document).
+- The same checkpoint saved in shards (model.safetensors.index.json) loads the same; the bare
+  model.safetensors without config.json loads and says it was checked by names and shapes only; a
+  config.json that disagrees with the model (hidden_size) is exit 2 naming both values.
+- `strobe fit` trains from that checkpoint; `strobe export --names hf -o DIR` of the run writes a
+  directory that transformers' AutoModelForCausalLM.from_pretrained loads, with the logits of the
+  run's weights as Strobe computes them (read through a `--names strobe` export).
+
+Usage: test_hf_llama.py (STROBE_SOURCE_DIR, STROBE_BUILD_DIR). Needs transformers and safetensors
+(scripts/setup.sh installs them): without them the test fails under CI (CI=true), else it is skipped."""
+import os, shutil, subprocess, sys, tempfile
+
+BUILD = os.path.realpath(os.environ.get("STROBE_BUILD_DIR", "build"))
+STROBE = os.environ.get("STROBE_BIN", os.path.join(BUILD, "bin", "strobe"))
+CHECK = os.path.join(BUILD, "bin", "strobe_model_check")
+failures, compared = [], []
+
+try:
+    import torch
+    from safetensors.torch import save_file, load_file
+    import transformers
+    from transformers import LlamaConfig, LlamaForCausalLM, AutoModelForCausalLM
+except ImportError as e:
+    print(f"test_hf_llama: {e}")
+    sys.exit(1 if os.environ.get("CI") else 77)
+transformers.logging.set_verbosity_error()
+
+
+def check(ok, what):
+    if not ok:
+        failures.append(what)
+    return ok
+
+
+def rel(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 16}
+
+
+def hf_model(tied, seed):
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5, rope_theta=500000.0,
+                      rope_scaling=dict(ROPE), tie_word_embeddings=tied, attention_bias=False, mlp_bias=False)
+    m = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():  # random norms too, so a swapped norm weight shows
+        for n, p in m.named_parameters():
+            if n.endswith("norm.weight"):
+                p.uniform_(0.5, 1.5)
+    return m
+
+
+def model_yaml(tied, init_path=None, names="hf"):
+    y = ("name: llama\nvocab_size: 97\nembed_dim: 32\ndepth: 2\nnum_heads: 4\nnum_kv_heads: 2\nffn_dim: 48\n"
+         "max_seq_len: 64\nnorm_eps: 1.0e-5\nrope_theta: 500000\n"
+         "rope_scaling: {rope_type: llama3, factor: 8, low_freq_factor: 1, high_freq_factor: 4, "
+         "original_max_position_embeddings: 16}\n"
+         f"tie_embeddings: {'true' if tied else 'false'}\n")
+    if init_path:
+        y += f"init_from: {{path: {init_path}, names: {names}}}\n"
+    return y
+
+
+def strobe_logits(tmp, yaml, batch):
+    inp, out = os.path.join(tmp, "in.safetensors"), os.path.join(tmp, "out.safetensors")
+    save_file({k: v.contiguous() for k, v in batch.items()}, inp)
+    r = subprocess.run([CHECK, yaml, "--logits", inp, out], capture_output=True, text=True)
+    if r.returncode != 0:
+        return None, r.stderr.strip()
+    return load_file(out)["logits"], ""
+
+
+def batches():
+    g = torch.Generator().manual_seed(5)
+    lengths = [13, 5, 9]
+    docs = [torch.randint(1, 97, (n,), generator=g) for n in lengths]
+    padded = torch.zeros(len(docs), max(lengths), dtype=torch.long)
+    for i, d in enumerate(docs):
+        padded[i, :len(d)] = d
+    pos = torch.arange(max(lengths)).expand(len(docs), -1).contiguous()
+    cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32)
+    packed = {"tokens": torch.cat(docs), "cu_seqlens": cu, "position_ids": torch.cat([torch.arange(n) for n in lengths])}
+    return docs, {"tokens": padded, "position_ids": pos}, packed
+
+
+def compare(tag, hf, tmp, yaml):
+    """Strobe's logits from `yaml` against `hf` on padded and packed batches, per document."""
+    docs, padded, packed = batches()
+    with torch.no_grad():
+        want = [hf(d.unsqueeze(0)).logits[0] for d in docs]
+    got, err = strobe_logits(tmp, yaml, padded)
+    if not check(got is not None, f"{tag}: strobe_model_check failed: {err}"):
+        return
+    e = max(rel(got[i, :len(d)], want[i]) for i, d in enumerate(docs))
+    check(e < 1e-5, f"{tag} padded: relative error {e:.2e}")
+    got, err = strobe_logits(tmp, yaml, packed)
+    if not check(got is not None, f"{tag} packed: strobe_model_check failed: {err}"):
+        return
+    at, ep = 0, 0.0
+    for i, d in enumerate(docs):
+        ep = max(ep, rel(got[at:at + len(d)], want[i]))
+        at += len(d)
+    check(ep < 1e-5, f"{tag} packed: relative error {ep:.2e}")
+    compared.append(f"{tag} {max(e, ep):.1e}")
+
+
+def main():
+    tmp = tempfile.mkdtemp(prefix="strobe-hf-llama-")
+    for tied in (True, False):
+        tag = "tied" if tied else "untied"
+        hf = hf_model(tied, seed=1 if tied else 2)
+        d = os.path.join(tmp, f"hf_{tag}")
+        hf.save_pretrained(d, safe_serialization=True)
+        compare(f"transformers {tag} -> strobe", hf, tmp, model_yaml(tied, d))
+
+    # Shards; the bare file; a config.json that disagrees.
+    hf = hf_model(True, seed=3)
+    shards = os.path.join(tmp, "hf_shards")
+    hf.save_pretrained(shards, safe_serialization=True, max_shard_size="20KB")
+    check(os.path.exists(os.path.join(shards, "model.safetensors.index.json")), "transformers wrote no shard index")
+    compare("transformers sharded -> strobe", hf, tmp, model_yaml(True, shards))
+    bare = os.path.join(tmp, "bare")
+    os.makedirs(bare)
+    single = os.path.join(tmp, "hf_tied", "model.safetensors")
+    shutil.copy(single, os.path.join(bare, "model.safetensors"))
+    cfg = os.path.join(tmp, "fit.yaml")
+    base = ("name: hf_llama\nseed: 0\ntrainer: {max_steps: 4, max_epochs: -1, log_every_n_steps: 1, num_sanity_val_steps: 0, "
+            "limit_val_batches: 0, enable_progress_bar: false, device: cpu}\ntask: {name: language_modeling}\n"
+            "data: {name: synthetic_tokens, vocab_size: 97, max_seq_len: 32, num_samples: 64, num_val_samples: 0, "
+            "batch_size: 8, collate: pack, num_workers: 1}\noptimizer: {name: adamw, lr: 1.0e-3}\nmodel:\n")
+
+    def fit(model_yaml_text, run, head=None):
+        with open(cfg, "w") as f:
+            f.write((head or base) + "".join("  " + l + "\n" for l in model_yaml_text.splitlines()))
+        return subprocess.run([STROBE, "fit", "-c", cfg, "--run-dir", run], capture_output=True, text=True)
+
+    r = fit(model_yaml(True, os.path.join(bare, "model.safetensors")), os.path.join(tmp, "run_bare"))
+    check(r.returncode == 0 and "no config.json beside it: checked by names and shapes only" in r.stdout,
+          f"the bare file: exit {r.returncode}: {r.stdout}{r.stderr}")
+    wrong = os.path.join(tmp, "wrong")
+    shutil.copytree(os.path.join(tmp, "hf_tied"), wrong)
+    with open(os.path.join(wrong, "config.json")) as f:
+        text = f.read()
+    with open(os.path.join(wrong, "config.json"), "w") as f:
+        f.write(text.replace('"hidden_size": 32', '"hidden_size": 64'))
+    r = fit(model_yaml(True, wrong), os.path.join(tmp, "run_wrong"))
+    check(r.returncode == 2 and "hidden_size: 64 in config.json, model.embed_dim: 32" in r.stderr
+          and r.stderr.count("\n") == 1, f"a disagreeing config.json: exit {r.returncode}: {r.stderr}")
+
+    # Train from the checkpoint, export both ways, load the hf export in transformers.
+    run = os.path.join(tmp, "run")
+    r = fit(model_yaml(False, os.path.join(tmp, "hf_untied")), run)
+    if check(r.returncode == 0 and "config.json agrees" in r.stdout, f"fit from the HF checkpoint: {r.stdout}{r.stderr}"):
+        ckpt = os.path.join(run, "checkpoints", "last.ckpt")
+        out_hf, out_strobe = os.path.join(tmp, "export_hf"), os.path.join(tmp, "export.safetensors")
+        r1 = subprocess.run([STROBE, "export", ckpt, "--names", "hf", "-o", out_hf], capture_output=True, text=True)
+        r2 = subprocess.run([STROBE, "export", ckpt, "-o", out_strobe], capture_output=True, text=True)
+        if check(r1.returncode == 0 and r2.returncode == 0, f"export: {r1.stderr}{r2.stderr}"):
+            loaded = AutoModelForCausalLM.from_pretrained(out_hf, torch_dtype=torch.float32).eval()
+            trained = load_file(out_strobe)
+            check(not torch.equal(trained["embed_tokens.weight"], hf_model(False, 2).model.embed_tokens.weight.detach()),
+                  "the run did not change the weights: the export comparison would prove nothing")
+            compare("strobe run -> transformers", loaded, tmp, model_yaml(False, out_strobe, "strobe"))
+
+    train_curve(tmp, fit, base)
+
+    for f in failures:
+        print("FAIL:", f)
+    if failures or os.environ.get("STROBE_KEEP_TEST_DIRS"):
+        print("files kept in", tmp)
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"test_hf_llama: transformers {transformers.__version__}; {'; '.join(compared)}; {len(failures)} failures")
+    return 1 if failures else 0
+
+
+def train_curve(tmp, fit, base):
+    """Five AdamW steps of Strobe from the untied checkpoint equal a PyTorch loop over the transformers
+    model on the same packed batches (a token file read in order): the same losses to 1e-5."""
+    import numpy as np
+    g = torch.Generator().manual_seed(9)
+    eot, docs = 96, []
+    for i in range(20):
+        n = int(torch.randint(6, 20, (1,), generator=g))
+        docs.append(torch.cat([torch.randint(1, 96, (n,), generator=g), torch.tensor([eot])]))
+    path = os.path.join(tmp, "tokens.bin")
+    np.concatenate([d.numpy() for d in docs]).astype(np.uint16).tofile(path)
+    run = os.path.join(tmp, "run_curve")
+    data = (f"data: {{name: token_file, path: {path}, dtype: uint16, mode: documents, eot_token: {eot}, vocab_size: 97, "
+            "max_seq_len: 32, val_fraction: 0.0, collate: pack, batch_size: 4, shuffle: false, num_workers: 1}\n")
+    text = base.replace(base[base.index("data:"):base.index("optimizer:")], data)
+    text = text.replace("max_steps: 4", "max_steps: 5").replace("{name: adamw, lr: 1.0e-3}",
+                                                                "{name: adamw, lr: 1.0e-3, weight_decay: 0.1}")
+    r = fit(model_yaml(False, os.path.join(tmp, "hf_untied")), run, text)
+    if not check(r.returncode == 0, f"the curve run failed: {r.stderr}"):
+        return
+    import csv
+    with open(os.path.join(run, "metrics.csv")) as f:
+        strobe_losses = [float(row["train/loss"]) for row in csv.DictReader(f) if row.get("train/loss")]
+    hf = AutoModelForCausalLM.from_pretrained(os.path.join(tmp, "hf_untied"), torch_dtype=torch.float32).train()
+    opt = torch.optim.AdamW(hf.parameters(), lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1)
+    torch_losses = []
+    for step in range(5):
+        batch = docs[4 * step:4 * step + 4]
+        total = sum(len(d) - 1 for d in batch)
+        loss = sum(torch.nn.functional.cross_entropy(hf(d[:-1].unsqueeze(0)).logits[0], d[1:], reduction="sum")
+                   for d in batch) / total
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        torch_losses.append(loss.item())
+    worst = max(abs(a - b) / abs(b) for a, b in zip(strobe_losses, torch_losses)) if len(strobe_losses) == 5 else 1.0
+    check(worst < 1e-5, f"training losses differ (worst relative {worst:.1e}): strobe {strobe_losses}, torch {torch_losses}")
+    compared.append(f"5 AdamW steps vs a PyTorch loop {worst:.1e}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
