@@ -38,6 +38,8 @@ std::vector<Workload> default_workloads(bool cuda) {
       {"lm_pack", dir + "decoder_lm_varlen.yaml", {"data.collate=pack"}},
       {"lm_pad_to_max", dir + "decoder_lm_varlen.yaml", {"data.collate=pad_to_max"}},
       {"lm_pad_to_longest", dir + "decoder_lm_varlen.yaml", {"data.collate=pad_to_longest"}},
+      // Llama-3.2-1B's shape, full 2048-token sequences (as pytorch_baselines.py llama)
+      {"llama_1b", dir + "llama_1b.yaml", {}},
   };
 }
 
@@ -55,8 +57,14 @@ class StepTimer : public Callback {
  public:
   StepTimer(torch::Device device, int64_t last_step) : marks_(device), last_step_(last_step) {}
   std::string name() const override { return "bench_step_timer"; }
-  void on_train_batch_start(TrainerView& t, Module&, const Batch&, int64_t) override {
+  void on_train_batch_start(TrainerView& t, Module&, const Batch& batch, int64_t) override {
     wait_s_ += t.last_input_wait_s();
+    // Token batches: the tokens of each timed step and the longest sequence (host-known shapes).
+    if (batch.has("tokens")) {
+      const auto& tok = batch.at("tokens");
+      tokens_.push_back(tok.numel());
+      seq_len_ = std::max<int64_t>(seq_len_, tok.dim() == 2 ? tok.size(1) : batch.meta.count("max_seqlen") ? batch.meta.at("max_seqlen") : 0);
+    }
     if (t.accumulated_batches() != 0) return;
     marks_.record();
     wait_at_mark_.push_back(wait_s_);
@@ -70,9 +78,31 @@ class StepTimer : public Callback {
   }
   Marks marks_;
   std::vector<double> wait_at_mark_;
-  int64_t last_step_, batch_size_ = 0;
+  int64_t last_step_, batch_size_ = 0, seq_len_ = 0;
+  std::vector<int64_t> tokens_;  // per training batch
   double wait_s_ = 0;
 };
+
+// Dense bf16 peak of the device (FLOP/s) for model FLOP utilisation; 0 when not known.
+double peak_bf16_flops(const torch::Device& device) {
+  if (!device.is_cuda()) return 0;
+  const std::string name = device_name(device);
+  if (name.find("H100") != std::string::npos || name.find("H200") != std::string::npos) return 989.4e12;
+  if (name.find("A100") != std::string::npos) return 312e12;
+  return 0;
+}
+
+// Training FLOPs per token of a decoder (PaLM's appendix B): 6 N for the weights' matmuls and
+// 12 L d S for attention's (N: parameters other than the token embedding; L layers, width d,
+// sequence length S). Causal masking is not discounted, as in the convention.
+double decoder_flops_per_token(Module& m, const YAML::Node& model, int64_t seq_len) {
+  double n = 0;
+  for (const auto& p : m.net().named_parameters())
+    if (p.key().find("embed") == std::string::npos || p.key().find("weight") == std::string::npos) n += static_cast<double>(p.value().numel());
+  const YAML::Node depth = model["depth"], dim = model["embed_dim"];
+  const double attention = depth && dim ? 12.0 * depth.as<double>() * dim.as<double>() * static_cast<double>(seq_len) : 0;
+  return 6 * n + attention;
+}
 
 nlohmann::json run_workload(const Workload& w, const SuiteOptions& o, int64_t warmup, int64_t steps) {
   const std::string path = find_config(w.config, o.source_dir);
@@ -99,6 +129,7 @@ nlohmann::json run_workload(const Workload& w, const SuiteOptions& o, int64_t wa
   run->trainer->add_callback(timer);
   fmt::print(stderr, "strobe bench: step {}: {} warm-up + {} timed steps on {}\n", w.name, warmup, steps,
              run->trainer->device().str());
+  reset_peak_memory(run->trainer->device());
   const int rc = run->trainer->fit();
   if (rc != 0) throw std::runtime_error(fmt::format("step suite: {} stopped with exit status {}", w.name, rc));
   const std::vector<double> ms = timer->marks_.intervals_ms();
@@ -126,6 +157,24 @@ nlohmann::json run_workload(const Workload& w, const SuiteOptions& o, int64_t wa
                       {"step_ms_all", step_ms},
                       {"input_wait_ms_all", wait_ms}};
   if (timer->batch_size_ > 0 && s.median > 0) j["samples_per_s"] = static_cast<double>(timer->batch_size_) * 1e3 / s.median;
+  // Token workloads: tokens/s over the timed steps (mean step, what a user gets) and, for a decoder
+  // on a GPU whose peak is known, model FLOP utilisation. GPU: the peak memory allocated.
+  const auto& tokens = timer->tokens_;
+  if (!tokens.empty() && s.mean > 0 && tokens.size() >= static_cast<size_t>(warmup) + step_ms.size()) {
+    double timed = 0;
+    for (size_t i = static_cast<size_t>(warmup); i < static_cast<size_t>(warmup) + step_ms.size(); ++i) timed += static_cast<double>(tokens[i]);
+    const double per_step = timed / static_cast<double>(step_ms.size());
+    j["tokens_per_step"] = per_step;
+    j["tokens_per_s"] = per_step * 1e3 / s.mean;
+    const YAML::Node model = run->experiment.model.node();
+    const std::string family = model["name"].Scalar();
+    if (family == "llama" || family == "decoder_lm") {
+      const double flops = decoder_flops_per_token(*run->module, model, timer->seq_len_);
+      j["model_tflop_per_step"] = flops * per_step / 1e12;
+      if (const double peak = peak_bf16_flops(run->trainer->device()); peak > 0) j["mfu"] = flops * per_step * 1e3 / s.mean / peak;
+    }
+  }
+  if (run->trainer->device().is_cuda()) j["peak_memory_gib"] = peak_memory_bytes(run->trainer->device()) / double(1 << 30);
   return j;
 }
 

@@ -16,6 +16,7 @@
 #ifdef STROBE_TORCH_HAS_CUDA
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #endif
 
 namespace strobe::bench {
@@ -231,6 +232,31 @@ int run_bench(const std::vector<std::string>& names, const std::string& json_pat
   }
   fmt::print("{}", format_table(result));
   std::fflush(stdout);
+  return 0;
+}
+
+std::string device_name(const torch::Device& device) {
+#ifdef STROBE_TORCH_HAS_CUDA
+  if (device.is_cuda()) return at::cuda::getDeviceProperties(device.index() < 0 ? 0 : device.index())->name;
+#endif
+  return device.str();
+}
+
+void reset_peak_memory(const torch::Device& device) {
+#ifdef STROBE_TORCH_HAS_CUDA
+  if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device.index() < 0 ? 0 : device.index());
+#endif
+  (void)device;
+}
+
+double peak_memory_bytes(const torch::Device& device) {
+#ifdef STROBE_TORCH_HAS_CUDA
+  if (device.is_cuda()) {
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index() < 0 ? 0 : device.index());
+    return static_cast<double>(stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak);
+  }
+#endif
+  (void)device;
   return 0;
 }
 
