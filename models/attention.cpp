@@ -28,6 +28,10 @@ void check_custom_device(const torch::Tensor& q) {
 
 }  // namespace
 
+AttentionBackend read_attention_backend(config::Section& model) {
+  return parse_attention_backend(model.get_choice("attention", "math", {"custom", "sdpa", "math"}));
+}
+
 AttentionBackend parse_attention_backend(const std::string& name) {
   if (name == "math") return AttentionBackend::Math;
   if (name == "sdpa") return AttentionBackend::Sdpa;

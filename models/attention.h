@@ -17,6 +17,7 @@
 
 #include <torch/types.h>
 
+#include "framework/config/config.h"
 #include "framework/data/batch.h"
 
 namespace strobe::models {
@@ -25,6 +26,8 @@ enum class AttentionBackend { Math, Sdpa, Custom };
 
 // "math" | "sdpa" | "custom"; throws std::invalid_argument on anything else.
 AttentionBackend parse_attention_backend(const std::string& name);
+// The `attention:` key of a model section (default math); another value is a config error naming it.
+AttentionBackend read_attention_backend(config::Section& model);
 const char* attention_backend_name(AttentionBackend backend);
 
 // q [B, Sq, H, D], k/v [B, Sk, H, D] -> [B, Sq, H, D]. key_padding_mask: optional [B, Sk] bool,

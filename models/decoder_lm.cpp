@@ -127,12 +127,7 @@ std::shared_ptr<Model> make_decoder_lm_from_config(config::Section& cfg) {
   o.num_heads = cfg.get_int("num_heads", 16, 1);
   if (o.embed_dim % o.num_heads != 0) cfg.fail("num_heads", "must divide embed_dim (" + std::to_string(o.embed_dim) + ")");
   o.mlp_ratio = cfg.get_double("mlp_ratio", 4.0, 1e-3);
-  std::string attn = cfg.get_choice("attention", "math", {"custom", "sdpa", "math"});
-  try {
-    o.attention = parse_attention_backend(attn);
-  } catch (const std::exception& e) {
-    cfg.fail("attention", e.what());
-  }
+  o.attention = read_attention_backend(cfg);
   o.fused_ops = parse_fused_ops(cfg.get_choice("fused_ops", "auto", {"auto", "true", "false"}));
   o.gelu = cfg.get_choice("gelu", "erf", {"erf", "tanh"});
   cfg.finish();

@@ -177,11 +177,7 @@ std::shared_ptr<Model> make_llama_from_config(config::Section& cfg) {
     rs.finish();
     o.rope_scaling = s;
   }
-  try {
-    o.attention = parse_attention_backend(cfg.get_choice("attention", "math", {"custom", "sdpa", "math"}));
-  } catch (const std::exception& e) {
-    cfg.fail("attention", e.what());
-  }
+  o.attention = read_attention_backend(cfg);
   cfg.finish();
   return make_llama(o);
 }

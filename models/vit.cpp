@@ -157,12 +157,7 @@ std::shared_ptr<Model> make_vit_from_config(config::Section& cfg) {
   o.global_pool = cfg.get_choice("global_pool", o.class_token ? "token" : "avg", {"token", "avg"});
   if (o.global_pool == "token" && !o.class_token) cfg.fail("global_pool", "token pooling needs class_token: true");
   o.qkv_bias = cfg.get_bool("qkv_bias", true);
-  std::string attn = cfg.get_choice("attention", "math", {"custom", "sdpa", "math"});
-  try {
-    o.attention = parse_attention_backend(attn);
-  } catch (const std::exception& e) {
-    cfg.fail("attention", e.what());
-  }
+  o.attention = read_attention_backend(cfg);
   o.fused_ops = parse_fused_ops(cfg.get_choice("fused_ops", "auto", {"auto", "true", "false"}));
   o.gelu = cfg.get_choice("gelu", "erf", {"erf", "tanh"});
   cfg.finish();

@@ -32,23 +32,26 @@ void load_init_from(Model& model, config::Section& model_cfg, const config::Init
   std::vector<std::string> files;
   fs::path dir;
   std::error_code ec;
+  // A JSON file beside the weights; one that does not parse is a config error naming it.
+  auto read_json = [&](const fs::path& path, const char* what) {
+    try {
+      std::ifstream in(path);
+      return nlohmann::json::parse(in);
+    } catch (const std::exception& e) {
+      init.fail("path", fmt::format("{}: {}: {}", path.string(), what, e.what()));
+    }
+  };
   if (fs::is_directory(f.path, ec)) {
     dir = f.path;
     const fs::path single = dir / "model.safetensors", index = dir / "model.safetensors.index.json";
     if (fs::exists(single, ec)) {
       files.push_back(single.string());
     } else if (fs::exists(index, ec)) {
-      nlohmann::json idx;
-      try {
-        std::ifstream in(index);
-        idx = nlohmann::json::parse(in);
-      } catch (const std::exception& e) {
-        init.fail("path", fmt::format("{}: not a valid shard index: {}", index.string(), e.what()));
-      }
-      if (!idx.contains("weight_map") || !idx["weight_map"].is_object())
+      const nlohmann::json idx = read_json(index, "not a valid shard index");
+      if (!idx.contains("weight_map") || !idx.at("weight_map").is_object())
         init.fail("path", fmt::format("{}: has no weight_map", index.string()));
       std::set<std::string> shards;
-      for (const auto& [name, shard] : idx["weight_map"].items()) {
+      for (const auto& [name, shard] : idx.at("weight_map").items()) {
         if (!shard.is_string()) init.fail("path", fmt::format("{}: weight_map[\"{}\"] is not a file name", index.string(), name));
         shards.insert(shard.get<std::string>());
       }
@@ -72,19 +75,11 @@ void load_init_from(Model& model, config::Section& model_cfg, const config::Init
   }
 
   // Hugging Face names: the config.json beside the weights must describe this model.
-  std::vector<std::string> ignore = f.ignore;
   std::string checked;
   if (const HfConfigCodec* codec = f.names == "hf" ? hf_config_registry().find(family) : nullptr) {
     const fs::path config = dir / "config.json";
     if (fs::exists(config, ec)) {
-      nlohmann::json hf;
-      try {
-        std::ifstream in(config);
-        hf = nlohmann::json::parse(in);
-      } catch (const std::exception& e) {
-        init.fail("path", fmt::format("{}: not valid JSON: {}", config.string(), e.what()));
-      }
-      const HfConfigCheck c = codec->check(hf, model_cfg.node());
+      const HfConfigCheck c = codec->check(read_json(config, "not valid JSON"), model_cfg.node());
       if (!c.mismatches.empty()) {
         std::string all;
         for (const auto& m : c.mismatches) all += (all.empty() ? "" : "; ") + m;
@@ -97,7 +92,7 @@ void load_init_from(Model& model, config::Section& model_cfg, const config::Init
       checked = "; no config.json beside it: checked by names and shapes only";
     }
   }
-  const WeightsFit fit = load_named_weights(model, map, tensors, ignore, !f.strict);
+  const WeightsFit fit = load_named_weights(model, map, tensors, f.ignore, !f.strict);
   const std::string what = fmt::format("{} ({} names)", f.path, f.names);
   if (!fit.ok() && f.strict)
     model_cfg.fail("init_from", fmt::format("{} does not fit model '{}': {}; leave names out with "

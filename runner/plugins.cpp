@@ -104,11 +104,13 @@ std::vector<LoadedPlugin> load_plugins(const std::vector<config::PluginSpec>& pl
     const std::string path = fs::absolute(given, ec).lexically_normal().string();
     LoadedPlugin got;
     got.spec.path = path;
-    if (auto it = loaded.find(path); it != loaded.end()) {
-      got.spec.sha256 = it->second;
+    const auto already = loaded.find(path);
+    PluginMarker marker;
+    if (already != loaded.end()) {
+      got.spec.sha256 = already->second;
     } else {
       try {
-        (void)read_plugin_marker(given);  // a missing or unreadable file is named before it is hashed
+        marker = read_plugin_marker(given);  // a missing or unreadable file is named before it is hashed
       } catch (const PluginError& e) {
         if (want.recorded_by.empty()) throw;
         throw PluginError(fmt::format("{} (recorded by {})", e.what(), want.recorded_by));
@@ -131,8 +133,8 @@ std::vector<LoadedPlugin> load_plugins(const std::vector<config::PluginSpec>& pl
       got.spec.replaced_sha256 = want.replaced_sha256;
     }
     out.push_back(got);
-    if (loaded.count(path)) continue;
-    const PluginMarker m = read_plugin_marker(given);
+    if (already != loaded.end()) continue;
+    const PluginMarker& m = marker;
     if (m.strobe_version != STROBE_VERSION || m.torch_version != TORCH_VERSION)
       throw PluginError(fmt::format("plugin {}: built against Strobe {} with libtorch {}, but this is Strobe {} with libtorch {}: "
                                     "rebuild it against this installation",

@@ -49,6 +49,17 @@ def losses(run_dir):
         return {row["step"]: row["train/loss"] for row in csv.DictReader(f) if row.get("train/loss")}
 
 
+def replay(strobe, run_dir, report):
+    """`strobe replay` of the run's latest capture: the process, its JSON report and the report's
+    first non-finite op ({} when the replay failed or found none)."""
+    r = run([strobe, "replay", os.path.join(run_dir, "nan"), "--report", report])
+    rep = {}
+    if r.returncode == 0:
+        with open(report) as f:
+            rep = json.load(f)
+    return r, rep, rep.get("first_nonfinite") or {}
+
+
 def main():
     tmp = tempfile.mkdtemp(prefix="strobe-example-")
     project = os.path.join(tmp, "project")
@@ -104,12 +115,8 @@ def main():
     n = os.path.join(tmp, "nan")
     r = run(base + ["--run-dir", n, "--set=model.radius_floor=0.0025"])
     check(r.returncode == 3, f"the fault did not stop the run through NaN capture (exit {r.returncode}): {r.stderr}")
-    report = os.path.join(tmp, "replay.json")
-    r = run([strobe, "replay", os.path.join(n, "nan"), "--report", report])
+    r, rep, first = replay(strobe, n, os.path.join(tmp, "replay.json"))
     if check(r.returncode == 0, f"replay failed: {r.stderr}"):
-        with open(report) as f:
-            rep = json.load(f)
-        first = rep.get("first_nonfinite") or {}
         check(rep.get("exact") is True, f"replay is not exact: {rep}")
         check(first.get("module") == "radial" and "sqrt" in first.get("op", ""),
               f"replay names {first.get('op')} in {first.get('module')}, not aten::sqrt in radial")
@@ -155,12 +162,8 @@ def cuda(base, tmp, strobe):
     n = os.path.join(tmp, "cuda_nan")
     r = run(cu + ["--run-dir", n, "--set=trainer.cuda_graphs=true", "--set=model.radius_floor=0.0025"])
     check(r.returncode == 3, f"the fault under CUDA graphs: exit {r.returncode}: {r.stderr}")
-    report = os.path.join(tmp, "cuda_replay.json")
-    r = run([strobe, "replay", os.path.join(n, "nan"), "--report", report])
+    r, rep, first = replay(strobe, n, os.path.join(tmp, "cuda_replay.json"))
     if check(r.returncode == 0, f"replay on CUDA failed: {r.stderr}"):
-        with open(report) as f:
-            rep = json.load(f)
-        first = rep.get("first_nonfinite") or {}
         check(rep.get("exact") is True and first.get("module") == "radial",
               f"replay on CUDA: exact {rep.get('exact')}, module {first.get('module')}")
     print("test_example_project: CUDA graphs and CUDA replay checked")
