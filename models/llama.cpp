@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "framework/config/config.h"
+#include "framework/core/forensics.h"
 #include "framework/core/weight_names.h"
 
 namespace strobe::models {
@@ -12,11 +13,20 @@ namespace {
 
 namespace nn = torch::nn;
 
+// A block whose parameter-free ops (RMSNorm's pow and mean, rotary and attention, SwiGLU's silu)
+// `strobe replay` names by the block's path (`layers.3.input_layernorm`) instead of the module that
+// ran last: Llama sets `path` once its modules are registered.
+struct ScopedBlock {
+  std::string path;
+};
 
-class RMSNormImpl : public nn::Module {
+class RMSNormImpl : public nn::Module, public ScopedBlock {
  public:
   RMSNormImpl(int64_t dim, double eps) : eps_(eps) { weight = register_parameter("weight", torch::ones({dim})); }
-  torch::Tensor forward(const torch::Tensor& x) { return llama_ops::rms_norm(x, weight, eps_); }
+  torch::Tensor forward(const torch::Tensor& x) {
+    ModuleScope scope(path.c_str());
+    return llama_ops::rms_norm(x, weight, eps_);
+  }
   torch::Tensor weight;
 
  private:
@@ -26,7 +36,7 @@ TORCH_MODULE(RMSNorm);
 
 nn::Linear bias_free(int64_t in, int64_t out) { return nn::Linear(nn::LinearOptions(in, out).bias(false)); }
 
-class LlamaAttentionImpl : public nn::Module {
+class LlamaAttentionImpl : public nn::Module, public ScopedBlock {
  public:
   LlamaAttentionImpl(int64_t dim, int64_t heads, int64_t kv_heads, AttentionBackend backend)
       : heads_(heads), kv_heads_(kv_heads), head_dim_(dim / heads), backend_(backend) {
@@ -38,6 +48,7 @@ class LlamaAttentionImpl : public nn::Module {
 
   // x [B, S, C] or packed [T, C]; cos/sin [B, S, D] or [T, D].
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin, const TokenLayout& in) {
+    ModuleScope scope(path.c_str());
     auto lead = x.sizes().vec();
     lead.pop_back();
     auto heads = [&](const torch::Tensor& t, int64_t n) {
@@ -67,14 +78,17 @@ class LlamaAttentionImpl : public nn::Module {
 };
 TORCH_MODULE(LlamaAttention);
 
-class LlamaMLPImpl : public nn::Module {
+class LlamaMLPImpl : public nn::Module, public ScopedBlock {
  public:
   LlamaMLPImpl(int64_t dim, int64_t hidden) {
     gate_proj = register_module("gate_proj", bias_free(dim, hidden));
     up_proj = register_module("up_proj", bias_free(dim, hidden));
     down_proj = register_module("down_proj", bias_free(hidden, dim));
   }
-  torch::Tensor forward(const torch::Tensor& x) { return llama_ops::swiglu(x, gate_proj->weight, up_proj->weight, down_proj->weight); }
+  torch::Tensor forward(const torch::Tensor& x) {
+    ModuleScope scope(path.c_str());
+    return llama_ops::swiglu(x, gate_proj->weight, up_proj->weight, down_proj->weight);
+  }
   nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
 };
 TORCH_MODULE(LlamaMLP);
@@ -108,6 +122,9 @@ class Llama : public Model {
     // Tied: the head is the embedding's weight, used, never registered a second time (a second
     // registration would be stepped twice by the optimizer and saved twice).
     if (!o.tie_embeddings) lm_head_ = register_module("lm_head", bias_free(o.embed_dim, o.vocab_size));
+    for (auto& item : named_modules("", /*include_self=*/false)) {
+      if (auto* b = dynamic_cast<ScopedBlock*>(item.value().get())) b->path = item.key();
+    }
     torch::NoGradGuard no_grad;
     for (auto& m : modules(/*include_self=*/false)) {
       if (auto* l = m->as<nn::Linear>()) l->weight.normal_(0.0, o.init_std);
