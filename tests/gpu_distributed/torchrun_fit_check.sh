@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # GPU check of `strobe fit` launched by torchrun on 2 GPUs (NCCL), run by hand on a 2-GPU machine:
-#   bash tests/gpu_distributed/torchrun_fit_check.sh build/bin/strobe OUT_DIR
+#   bash tests/gpu_distributed/torchrun_fit_check.sh build/bin/strobe OUT_DIR [mlp|llama]
+# mlp (the default): an MLP on synthetic images. llama: a llama (GQA 4 heads over 2, tied embeddings,
+# math attention) on windows of a learnable token file (documents with a stride, written here), so
+# the validation loss tells weights apart; every window is full length, as the union-batch
+# equivalence needs (each rank's mean is over the same number of tokens).
 # 1. 2 ranks x batch 64 vs 1 process x batch 128, 24 steps (2 micro-batches, clipping, an epoch
 #    boundary with validation): the validation means match, and `strobe validate` of both final
 #    checkpoints (on one GPU) gives the same loss: the same parameters.
@@ -12,7 +16,8 @@
 # Prints PASS/FAIL per check; exits non-zero if any failed.
 set -uo pipefail
 BIN=$(realpath "$1")
-W=$(realpath -m "$2")/ddp
+WHAT=${3:-mlp}
+W=$(realpath -m "$2")/ddp-$WHAT
 rm -rf "$W" && mkdir -p "$W" && cd "$W" || exit 1
 export NCCL_NVLS_ENABLE=0
 TR=(python3 -m torch.distributed.run --nproc-per-node=2 --no-python "$BIN")
@@ -30,12 +35,32 @@ trainer:
   deterministic: true
   device: auto
   dist_timeout: 60
-model: {name: mlp, in_features: 768, hidden: [512, 256], num_classes: 10, dropout: 0.0}
-data: {name: synthetic_images, image_size: 16, channels: 3, num_classes: 10, num_samples: 2048,
-       num_val_samples: 512, noise: 2.0, batch_size: 64, num_workers: 2}
 optimizer: {name: adamw, lr: 0.001, fused: false}  # this check builds without our CUDA kernels
 scheduler: {name: none}
 EOF
+if [ "$WHAT" = llama ]; then
+  python3 - <<'EOF'
+import random, struct
+random.seed(7)
+toks = []
+while len(toks) < 150000:  # ~2070 training windows of 65 tokens: an epoch is 8 steps of 2 x 2 x 64
+    s, k, n = random.randint(1, 255), random.choice([1, 2, 3, 5]), random.randint(30, 200)
+    toks += [random.randint(1, 255) if random.random() < 0.1 else 1 + (s - 1 + i * k) % 255 for i in range(n)] + [0]
+open("strides.bin", "wb").write(struct.pack(f"<{len(toks)}H", *toks))
+EOF
+  cat >> cfg.yaml <<EOF
+model: {name: llama, vocab_size: 256, embed_dim: 128, depth: 2, num_heads: 4, num_kv_heads: 2, ffn_dim: 256,
+        max_seq_len: 64, rope_theta: 500000, tie_embeddings: true, attention: math}
+data: {name: token_file, path: $W/strides.bin, dtype: uint16, mode: windows, vocab_size: 256, max_seq_len: 64,
+       val_fraction: 0.1, collate: pad_to_max, batch_size: 64, num_workers: 2}
+EOF
+else
+  cat >> cfg.yaml <<'EOF'
+model: {name: mlp, in_features: 768, hidden: [512, 256], num_classes: 10, dropout: 0.0}
+data: {name: synthetic_images, image_size: 16, channels: 3, num_classes: 10, num_samples: 2048,
+       num_val_samples: 512, noise: 2.0, batch_size: 64, num_workers: 2}
+EOF
+fi
 fails=0
 check() {  # check NAME CONDITION-EXIT-STATUS DETAIL
   if [ "$2" = 0 ]; then echo "PASS $1 $3"; else echo "FAIL $1 $3"; fails=$((fails + 1)); fi
