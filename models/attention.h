@@ -30,6 +30,14 @@ AttentionBackend parse_attention_backend(const std::string& name);
 AttentionBackend read_attention_backend(config::Section& model);
 const char* attention_backend_name(AttentionBackend backend);
 
+// Before training (a model's on_device): whether `backend` can run heads of `head_dim` on `device`
+// under trainer.precision `precision`. `custom` on CUDA needs strobe_ops' CUDA kernels, bf16/fp16
+// activations (bf16-mixed, 16-mixed, bf16-master: not 32) and a head_dim they take (64 or 128);
+// anything else is a config::ConfigError naming model.attention, the value at fault and what would
+// run instead, so the run exits 2 before its first step instead of failing inside it.
+void check_attention_on_device(AttentionBackend backend, int64_t head_dim, const torch::Device& device,
+                               const std::string& precision);
+
 // q [B, Sq, H, D], k/v [B, Sk, H, D] -> [B, Sq, H, D]. key_padding_mask: optional [B, Sk] bool,
 // true for real tokens (keys that may be attended to); not with `custom`.
 torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, bool causal,

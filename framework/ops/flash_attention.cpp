@@ -471,6 +471,7 @@ std::tuple<Tensor, Tensor> flash_attention_varlen(const Tensor& q, const Tensor&
 
 #ifndef STROBE_OPS_WITH_CUDA
 bool flash_attention_uses_wgmma() { return false; }
+bool flash_attention_cuda_takes(int64_t, torch::ScalarType) { return false; }
 #endif
 
 }  // namespace strobe::ops

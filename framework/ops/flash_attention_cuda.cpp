@@ -170,6 +170,12 @@ std::tuple<Tensor, Tensor, Tensor> flash_bwd_cuda(
 
 bool flash_attention_uses_wgmma() { return cuda::flash_attention_uses_wgmma(); }
 
+bool flash_attention_cuda_takes(int64_t head_dim, torch::ScalarType dtype) {
+  if (dtype != at::kBFloat16 && dtype != at::kHalf) return false;
+  return cuda::flash_attention_supported(static_cast<int>(head_dim),
+                                         dtype == at::kBFloat16 ? cuda::DType::kBFloat16 : cuda::DType::kFloat16);
+}
+
 }  // namespace strobe::ops
 
 TORCH_LIBRARY_IMPL(strobe, CUDA, m) {

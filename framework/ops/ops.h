@@ -132,6 +132,10 @@ std::tuple<torch::Tensor, torch::Tensor> flash_attention_reference(
 // v3, backward v1; also on Hopper with STROBE_FLASH_ATTN=mma in the environment). false without
 // CUDA kernels.
 bool flash_attention_uses_wgmma();
+// Whether flash_attention's CUDA kernels take heads of this size in this dtype (head_dim 64 or 128,
+// bf16 or fp16); false in a build without them. `attention: custom` asks it before training
+// (models/attention.h, check_attention_on_device).
+bool flash_attention_cuda_takes(int64_t head_dim, torch::ScalarType dtype);
 
 // Fused conv3x3 (padding 1) + max-pool 2x2 (stride 2, floor) + ReLU (op strobe::conv3x3_maxpool_relu):
 // y = relu(max_pool2d(conv2d(x * input_scale, weight, bias, padding=1), 2)), computed in fp32

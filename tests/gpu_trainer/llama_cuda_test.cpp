@@ -160,3 +160,24 @@ TEST(LlamaCuda, NanIsCapturedAndReplaysExactlyOnCuda) {
     EXPECT_EQ(report["first_nonfinite"]["module"], "layers.0.input_layernorm") << report.dump(2);
   }
 }
+
+// What the custom kernels cannot run (head_dim 32; fp32 heads) is refused when the run is built,
+// naming model.attention, instead of failing inside the first step.
+TEST(LlamaCuda, CustomAttentionItsKernelsCannotRunIsAConfigErrorBeforeTraining) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  const std::string hd32 =
+      "{name: llama, vocab_size: 512, embed_dim: 256, depth: 2, num_heads: 8, num_kv_heads: 2, ffn_dim: 512, "
+      "max_seq_len: 128, attention: custom}";
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"model=" + hd32}, "custom on CUDA takes head_dim 64 or 128 (embed_dim / num_heads), this model's is 32"},
+      {{"model.attention=custom", "trainer.precision=32"}, "trainer.precision 32 gives fp32 ones"},
+  };
+  for (const auto& [sets, message] : cases) {
+    try {
+      auto run = make_run(llama_yaml(kFixedTokens, 4), sets, temp_dir("llama-refused"));
+      ADD_FAILURE() << "no error for " << message;
+    } catch (const config::ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+    }
+  }
+}

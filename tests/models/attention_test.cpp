@@ -1,7 +1,9 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "framework/ops/ops.h"
 #include "models/attention.h"
+#include "tests/models/model_test_util.h"
 
 namespace strobe::models {
 namespace {
@@ -85,6 +87,47 @@ TEST(Attention, CustomRejectsAKeyPaddingMask) {
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("custom takes no key padding mask"), std::string::npos) << e.what();
   }
+}
+
+// What `custom` cannot run on CUDA is a config error before training, from each transformer's
+// on_device (the Trainer calls it before the first step), not a kernel error inside the step. No
+// CUDA device is needed: the check reads the device's kind only.
+TEST(Attention, CustomOnCudaRefusesWhatItsKernelsCannotRunBeforeTraining) {
+  const torch::Device cuda(torch::kCUDA, 0);
+  auto error_of = [&](const std::string& yaml, const std::string& precision) -> std::string {
+    auto m = testing::build_model(yaml);
+    try {
+      m->on_device(cuda, precision);
+    } catch (const config::ConfigError& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  const std::string llama32 =
+      "{name: llama, vocab_size: 64, embed_dim: 64, depth: 1, num_heads: 2, num_kv_heads: 1, ffn_dim: 64, "
+      "max_seq_len: 16, attention: custom}";  // head_dim 32
+  const std::string vit48 =
+      "{name: vit, img_size: 16, patch_size: 8, num_classes: 2, embed_dim: 96, depth: 1, num_heads: 2, attention: custom}";
+  const std::string lm64 =
+      "{name: decoder_lm, vocab_size: 64, max_seq_len: 16, embed_dim: 128, depth: 1, num_heads: 2, attention: custom}";
+  if (!ops::built_with_cuda()) {
+    for (const auto& y : {llama32, vit48, lm64})
+      EXPECT_NE(error_of(y, "bf16-mixed").find("model.attention: custom on CUDA needs strobe_ops built with its CUDA kernels"),
+                std::string::npos);
+    GTEST_SKIP() << "strobe_ops built without CUDA kernels: the head_dim and precision checks need them";
+  }
+  EXPECT_EQ(error_of(llama32, "bf16-master"),
+            "model.attention: custom on CUDA takes head_dim 64 or 128 (embed_dim / num_heads), this model's is 32; "
+            "use attention: sdpa or change num_heads");
+  EXPECT_NE(error_of(vit48, "bf16-mixed").find("this model's is 48"), std::string::npos);
+  EXPECT_NE(error_of(lm64, "32").find("trainer.precision 32 gives fp32 ones"), std::string::npos);
+  EXPECT_EQ(error_of(lm64, "bf16-master"), "no error");
+  EXPECT_EQ(error_of(lm64, "16-mixed"), "no error");
+  // Other backends, and custom on the CPU (the reference), take any head_dim and precision.
+  EXPECT_EQ(error_of("{name: decoder_lm, vocab_size: 64, max_seq_len: 16, embed_dim: 96, depth: 1, num_heads: 2, attention: sdpa}", "32"),
+            "no error");
+  auto m = testing::build_model(vit48);
+  EXPECT_NO_THROW(m->on_device(torch::kCPU, "32"));
 }
 
 }  // namespace
