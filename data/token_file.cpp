@@ -10,17 +10,13 @@
 // Validation: val_path, or else the last val_fraction of the samples. With vocab_size > 0 every token
 // is checked (one pass at setup). Bad data (DataError naming the file): missing or unreadable file,
 // an empty file, a size that is not a multiple of the token width, a token >= vocab_size.
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <cstring>
+#include <memory>
 
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include "framework/checkpoint/mapped_file.h"
 #include "framework/core/datamodule.h"
 #include "framework/data/collate_tokens.h"
 #include "framework/data/data_error.h"
@@ -31,34 +27,16 @@ namespace {
 
 class MappedTokens {
  public:
-  MappedTokens(const std::string& path, int width) : path_(path), width_(width) {
-    int fd = ::open(path.c_str(), O_RDONLY);
-    if (fd < 0) throw DataError(fmt::format("{}: cannot open ({})", path, std::strerror(errno)));
-    struct stat st {};
-    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-      ::close(fd);
-      throw DataError(fmt::format("{}: not a regular file", path));
-    }
-    const auto bytes = static_cast<uint64_t>(st.st_size);
-    if (bytes == 0) {
-      ::close(fd);
-      throw DataError(fmt::format("{}: empty token file", path));
-    }
-    if (bytes % width != 0) {
-      ::close(fd);
+  MappedTokens(const std::string& path, int width) : path_(path), width_(width), map_(open(path)) {
+    const uint64_t bytes = map_->size();
+    if (bytes == 0) throw DataError(fmt::format("{}: empty token file", path));
+    if (bytes % width != 0)
       throw DataError(fmt::format("{}: {} bytes is not a multiple of the {}-byte token width (dtype uint{}); truncated, or the wrong dtype",
                                   path, bytes, width, width * 8));
-    }
-    void* p = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0);
-    ::close(fd);
-    if (p == MAP_FAILED) throw DataError(fmt::format("{}: mmap failed ({})", path, std::strerror(errno)));
-    ::madvise(p, bytes, MADV_RANDOM);
-    data_ = p;
+    map_->advise_random();
+    data_ = map_->data();
     bytes_ = bytes;
   }
-  ~MappedTokens() { ::munmap(data_, bytes_); }
-  MappedTokens(const MappedTokens&) = delete;
-  MappedTokens& operator=(const MappedTokens&) = delete;
 
   int64_t size() const { return static_cast<int64_t>(bytes_ / width_); }
   uint32_t at(int64_t i) const {
@@ -80,9 +58,18 @@ class MappedTokens {
   const std::string& path() const { return path_; }
 
  private:
+  static std::unique_ptr<checkpoint::MappedFile> open(const std::string& path) {
+    try {
+      return std::make_unique<checkpoint::MappedFile>(path);
+    } catch (const checkpoint::MapError& e) {
+      throw DataError(e.what());
+    }
+  }
+
   std::string path_;
   int width_;
-  void* data_ = nullptr;
+  std::unique_ptr<checkpoint::MappedFile> map_;
+  const char* data_ = nullptr;
   uint64_t bytes_ = 0;
 };
 

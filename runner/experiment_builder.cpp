@@ -3,6 +3,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <regex>
 
 #include <fmt/format.h>
@@ -172,9 +173,12 @@ std::unique_ptr<Run> build_run(config::Document& doc, const RunOptions& options)
   // was written with, at their recorded hashes.
   const distributed::LaunchEnv env = options.launch_env ? *options.launch_env : distributed::launch_env_from_process();
   std::vector<config::PluginSpec> plugins = exp.plugins;
+  // Read once: the trainer is handed the loaded checkpoint below instead of reading it again.
+  std::optional<checkpoint::CheckpointData> ckpt_data;
   if (options.ckpt) {
-    const auto data = checkpoint::load_checkpoint_file(*options.ckpt);
-    if (data.has_blob("config")) plugins = with_recorded_plugins(plugins, config::recorded_plugins(data.blob("config"), *options.ckpt));
+    ckpt_data = checkpoint::load_checkpoint_file(*options.ckpt);
+    if (ckpt_data->has_blob("config"))
+      plugins = with_recorded_plugins(plugins, config::recorded_plugins(ckpt_data->blob("config"), *options.ckpt));
   }
   if (!plugins.empty()) {
     YAML::Node record(YAML::NodeType::Sequence);
@@ -298,6 +302,7 @@ std::unique_ptr<Run> build_run(config::Document& doc, const RunOptions& options)
   run->resolved_yaml = doc.emit();
   *resolved = run->resolved_yaml;
   run->trainer->set_resolved_config(run->resolved_yaml);
+  if (ckpt_data) run->trainer->preload_checkpoint(*options.ckpt, std::move(*ckpt_data));
   return run;
 }
 

@@ -11,11 +11,14 @@
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
+#include <memory>
 #include <regex>
 #include <sstream>
 
 #include <fmt/format.h>
 #include <torch/torch.h>
+
+#include "framework/checkpoint/mapped_file.h"
 
 namespace strobe::checkpoint {
 namespace {
@@ -177,33 +180,39 @@ std::vector<std::string> remove_stale_temp_files(const std::string& dir) {
 }
 
 CheckpointData load_checkpoint_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw CheckpointError(fmt::format("{}: cannot open checkpoint ({})", path, std::strerror(errno)));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string file = ss.str();
-  const size_t head = 8 + 4 + 8, foot = 4 + 8;
-  if (file.size() < head || std::memcmp(file.data(), kMagic, 8) != 0)
+  // Mapped, not read: the payload is checked and deserialized in place, so the process holds the
+  // loaded tensors and no copy of the file (a bf16-master Llama-1B checkpoint is ~15 GB).
+  std::unique_ptr<MappedFile> mapped;
+  try {
+    mapped = std::make_unique<MappedFile>(path);
+  } catch (const MapError& e) {
+    const std::string why = e.what();
+    const std::string prefix = path + ": cannot open (";
+    throw CheckpointError(why.rfind(prefix, 0) == 0 ? path + ": cannot open checkpoint (" + why.substr(prefix.size()) : why);
+  }
+  const char* file = mapped->data();
+  const uint64_t size = mapped->size();
+  const uint64_t head = 8 + 4 + 8, foot = 4 + 8;
+  if (size < head || std::memcmp(file, kMagic, 8) != 0)
     throw CheckpointError(fmt::format("{}: not a Strobe checkpoint (bad magic)", path));
   uint32_t version;
   uint64_t len;
-  std::memcpy(&version, file.data() + 8, 4);
-  std::memcpy(&len, file.data() + 12, 8);
+  std::memcpy(&version, file + 8, 4);
+  std::memcpy(&len, file + 12, 8);
   if (version != kFormatVersion)
     throw CheckpointError(fmt::format("{}: checkpoint format version {} (this strobe reads {})", path, version, kFormatVersion));
-  if (file.size() != head + len + foot)
-    throw CheckpointError(fmt::format("{}: truncated or damaged checkpoint ({} bytes, expected {})", path, file.size(),
+  if (len > size || size != head + len + foot)
+    throw CheckpointError(fmt::format("{}: truncated or damaged checkpoint ({} bytes, expected {})", path, size,
                                       head + len + foot));
   uint32_t stored;
-  std::memcpy(&stored, file.data() + head + len, 4);
-  if (std::memcmp(file.data() + head + len + 4, kEndMagic, 8) != 0 || stored != crc32(file.data() + head, len))
+  std::memcpy(&stored, file + head + len, 4);
+  if (std::memcmp(file + head + len + 4, kEndMagic, 8) != 0 || stored != crc32(file + head, len))
     throw CheckpointError(fmt::format("{}: corrupted checkpoint (checksum mismatch)", path));
 
   CheckpointData data;
   try {
     torch::serialize::InputArchive archive;
-    std::istringstream is(file.substr(head, len));
-    archive.load_from(is, torch::kCPU);
+    archive.load_from(file + head, len, torch::kCPU);  // tensors are copied out of the mapping
     auto read_keys = [&](const char* name) {
       torch::Tensor t;
       archive.read(name, t);

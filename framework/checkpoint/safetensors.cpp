@@ -1,17 +1,13 @@
 #include "framework/checkpoint/safetensors.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <cstring>
+#include <memory>
 #include <utility>
 
 #include <fmt/format.h>
 
 #include "framework/checkpoint/checkpoint_io.h"
+#include "framework/checkpoint/mapped_file.h"
 #include "framework/checkpoint/safetensors_format.h"
 
 namespace strobe::safetensors {
@@ -45,47 +41,16 @@ bool st_from_torch(torch::ScalarType type, DType* out) {
   return false;
 }
 
-// The file's bytes, mapped read-only for the life of this object.
-class Mapping {
- public:
-  explicit Mapping(const std::string& path) {
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) throw CheckpointError(fmt::format("{}: cannot open ({})", path, std::strerror(errno)));
-    struct stat st {};
-    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-      ::close(fd);
-      throw CheckpointError(fmt::format("{}: not a regular file", path));
-    }
-    size_ = static_cast<uint64_t>(st.st_size);
-    if (size_ > 0) {
-      void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
-      if (p == MAP_FAILED) {
-        const int err = errno;
-        ::close(fd);
-        throw CheckpointError(fmt::format("{}: cannot map ({})", path, std::strerror(err)));
-      }
-      data_ = static_cast<const char*>(p);
-    }
-    ::close(fd);
-  }
-  ~Mapping() {
-    if (data_ != nullptr) ::munmap(const_cast<char*>(data_), size_);
-  }
-  Mapping(const Mapping&) = delete;
-  Mapping& operator=(const Mapping&) = delete;
-
-  const char* data() const { return data_ != nullptr ? data_ : ""; }
-  uint64_t size() const { return size_; }
-
- private:
-  const char* data_ = nullptr;
-  uint64_t size_ = 0;
-};
-
 }  // namespace
 
 File read_file(const std::string& path) {
-  Mapping map(path);
+  std::unique_ptr<checkpoint::MappedFile> mapped;
+  try {
+    mapped = std::make_unique<checkpoint::MappedFile>(path);
+  } catch (const checkpoint::MapError& e) {
+    throw CheckpointError(e.what());
+  }
+  const checkpoint::MappedFile& map = *mapped;
   Header header;
   try {
     header = parse_header(map.data(), map.size());

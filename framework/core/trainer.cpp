@@ -159,7 +159,7 @@ int Trainer::fit(const std::optional<std::string>& ckpt_path) {
   setup_for_fit();
   const auto& c = exp_.trainer;
   if (ckpt_path) {
-    auto data = checkpoint::load_checkpoint_file(*ckpt_path);
+    auto data = take_checkpoint(*ckpt_path);
     check_resume_world_size(*ckpt_path, data);
     load_checkpoint_data(data, true, *ckpt_path);
     if (!resume_changes_.empty() && rank_ == 0)

@@ -138,6 +138,10 @@ class Trainer : public TrainerView, public StepAccess {
   void add_metric_consumer(logging::MetricConsumer* consumer);
   void set_resolved_config(std::string yaml) { config_yaml_ = std::move(yaml); }
   void load_checkpoint(const std::string& path, bool restore_training_state);
+  // A checkpoint already read from `path` (build_run reads --ckpt for the plugins it recorded): the
+  // next fit/validate/test/predict given the same path loads these tensors instead of reading the
+  // file a second time, and lets them go once loaded.
+  void preload_checkpoint(std::string path, checkpoint::CheckpointData data);
   // `source` names the data in error messages (a file, a capture).
   void load_checkpoint_data(const checkpoint::CheckpointData& data, bool restore_training_state, const std::string& source);
   void restore_rng(const checkpoint::CheckpointData& data);
@@ -163,6 +167,8 @@ class Trainer : public TrainerView, public StepAccess {
   // A resume needs the checkpoint's number of processes; else CheckpointError (exit 2) on every rank.
   void check_resume_world_size(const std::string& source, const checkpoint::CheckpointData& data) const;
   void register_state();
+  // The preloaded checkpoint if it is `path`'s (handed over, not kept), else the file read now.
+  checkpoint::CheckpointData take_checkpoint(const std::string& path);
   // The live state, or with `step_start` the state at that step's start (loop_state.h: StepStart).
   checkpoint::CheckpointData build_checkpoint(const StepStart* step_start);
   template <class F>
@@ -202,6 +208,8 @@ class Trainer : public TrainerView, public StepAccess {
   bool fit_setup_done_ = false;
   int64_t accum_count_ = 0;
   BatchTransfer transfer_;  // host-to-device copies on a copy stream (CUDA)
+  std::string preloaded_path_;
+  std::unique_ptr<checkpoint::CheckpointData> preloaded_;  // preload_checkpoint, until taken
 };
 
 }  // namespace strobe

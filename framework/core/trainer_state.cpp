@@ -292,7 +292,21 @@ void Trainer::restore_rng(const checkpoint::CheckpointData& d) {
 }
 
 void Trainer::load_checkpoint(const std::string& path, bool restore_training_state) {
-  load_checkpoint_data(checkpoint::load_checkpoint_file(path), restore_training_state, path);
+  load_checkpoint_data(take_checkpoint(path), restore_training_state, path);
+}
+
+void Trainer::preload_checkpoint(std::string path, checkpoint::CheckpointData data) {
+  preloaded_path_ = std::move(path);
+  preloaded_ = std::make_unique<checkpoint::CheckpointData>(std::move(data));
+}
+
+checkpoint::CheckpointData Trainer::take_checkpoint(const std::string& path) {
+  if (preloaded_ && preloaded_path_ == path) {
+    checkpoint::CheckpointData data = std::move(*preloaded_);
+    preloaded_.reset();
+    return data;
+  }
+  return checkpoint::load_checkpoint_file(path);
 }
 
 void Trainer::load_checkpoint_data(const checkpoint::CheckpointData& d, bool restore_training_state, const std::string& source) {

@@ -79,3 +79,27 @@ TEST(Resume, CheckpointHoldsEverythingNeeded) {
   EXPECT_NE(d.blob("config").find("name: tiny"), std::string::npos);
   EXPECT_NE(d.blob("meta").find("\"global_step\":6"), std::string::npos) << d.blob("meta");
 }
+
+// A resume reads its checkpoint once: build_run reads it (for the plugins it recorded) and hands the
+// loaded tensors to the trainer, so a multi-GB checkpoint is not read twice. Proved by destroying
+// the file between the two: the resume still reproduces the straight run; the next resume of the
+// destroyed file is refused (it is read again: nothing was kept).
+TEST(Resume, TheCheckpointIsReadOnceByBuildRunAndFit) {
+  const auto& s = straight_run();
+  const std::string dir = temp_dir("read-once");
+  const std::string ckpt = dir + "/step=12.ckpt";
+  std::filesystem::copy_file(s.dir + "/checkpoints/step=12.ckpt", ckpt);
+  auto yaml = tiny_yaml() + "callbacks:\n  - name: model_checkpoint\n    every_n_steps: 6\n    save_top_k: -1\n";
+  auto run = make_run(yaml, {}, dir + "/run", ckpt);
+  std::ofstream(ckpt, std::ios::binary | std::ios::trunc) << "destroyed";
+  EXPECT_EQ(run->trainer->fit(ckpt), 0);
+  EXPECT_EQ(run->trainer->state().global_step, 24);
+  EXPECT_TRUE(bitwise_equal(params_of(*run->module), s.params));
+  auto again = make_run(yaml, {}, dir + "/run2");
+  try {
+    again->trainer->fit(ckpt);
+    FAIL() << "a destroyed checkpoint was loaded";
+  } catch (const checkpoint::CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("not a Strobe checkpoint"), std::string::npos) << e.what();
+  }
+}
