@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include "framework/checkpoint/checkpoint_io.h"
 #include "framework/checkpoint/mapped_file.h"
 #include "framework/core/datamodule.h"
 #include "framework/data/collate_tokens.h"
@@ -34,19 +35,17 @@ class MappedTokens {
       throw DataError(fmt::format("{}: {} bytes is not a multiple of the {}-byte token width (dtype uint{}); truncated, or the wrong dtype",
                                   path, bytes, width, width * 8));
     map_->advise_random();
-    data_ = map_->data();
-    bytes_ = bytes;
   }
 
-  int64_t size() const { return static_cast<int64_t>(bytes_ / width_); }
+  int64_t size() const { return static_cast<int64_t>(map_->size() / width_); }
   uint32_t at(int64_t i) const {
     if (width_ == 2) {
       uint16_t v;
-      std::memcpy(&v, static_cast<const char*>(data_) + 2 * i, 2);
+      std::memcpy(&v, map_->data() + 2 * i, 2);
       return v;
     }
     uint32_t v;
-    std::memcpy(&v, static_cast<const char*>(data_) + 4 * i, 4);
+    std::memcpy(&v, map_->data() + 4 * i, 4);
     return v;
   }
   torch::Tensor slice(int64_t begin, int64_t n) const {
@@ -61,7 +60,7 @@ class MappedTokens {
   static std::unique_ptr<checkpoint::MappedFile> open(const std::string& path) {
     try {
       return std::make_unique<checkpoint::MappedFile>(path);
-    } catch (const checkpoint::MapError& e) {
+    } catch (const checkpoint::CheckpointError& e) {  // a data file: the same message as a data error
       throw DataError(e.what());
     }
   }
@@ -69,8 +68,6 @@ class MappedTokens {
   std::string path_;
   int width_;
   std::unique_ptr<checkpoint::MappedFile> map_;
-  const char* data_ = nullptr;
-  uint64_t bytes_ = 0;
 };
 
 struct Layout {

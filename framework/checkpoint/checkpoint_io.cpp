@@ -11,7 +11,6 @@
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
-#include <memory>
 #include <regex>
 #include <sstream>
 
@@ -182,16 +181,9 @@ std::vector<std::string> remove_stale_temp_files(const std::string& dir) {
 CheckpointData load_checkpoint_file(const std::string& path) {
   // Mapped, not read: the payload is checked and deserialized in place, so the process holds the
   // loaded tensors and no copy of the file (a bf16-master Llama-1B checkpoint is ~15 GB).
-  std::unique_ptr<MappedFile> mapped;
-  try {
-    mapped = std::make_unique<MappedFile>(path);
-  } catch (const MapError& e) {
-    const std::string why = e.what();
-    const std::string prefix = path + ": cannot open (";
-    throw CheckpointError(why.rfind(prefix, 0) == 0 ? path + ": cannot open checkpoint (" + why.substr(prefix.size()) : why);
-  }
-  const char* file = mapped->data();
-  const uint64_t size = mapped->size();
+  const MappedFile mapped(path, "checkpoint");
+  const char* file = mapped.data();
+  const uint64_t size = mapped.size();
   const uint64_t head = 8 + 4 + 8, foot = 4 + 8;
   if (size < head || std::memcmp(file, kMagic, 8) != 0)
     throw CheckpointError(fmt::format("{}: not a Strobe checkpoint (bad magic)", path));

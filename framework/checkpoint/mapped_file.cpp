@@ -10,15 +10,18 @@
 
 #include <fmt/format.h>
 
+#include "framework/checkpoint/checkpoint_io.h"
+
 namespace strobe::checkpoint {
 
-MappedFile::MappedFile(const std::string& path) {
+MappedFile::MappedFile(const std::string& path, const std::string& kind) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw MapError(fmt::format("{}: cannot open ({})", path, std::strerror(errno)));
+  if (fd < 0)
+    throw CheckpointError(fmt::format("{}: cannot open{}{} ({})", path, kind.empty() ? "" : " ", kind, std::strerror(errno)));
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
-    throw MapError(fmt::format("{}: not a regular file", path));
+    throw CheckpointError(fmt::format("{}: not a regular file", path));
   }
   size_ = static_cast<uint64_t>(st.st_size);
   if (size_ > 0) {
@@ -26,7 +29,7 @@ MappedFile::MappedFile(const std::string& path) {
     if (p == MAP_FAILED) {
       const int err = errno;
       ::close(fd);
-      throw MapError(fmt::format("{}: cannot map ({})", path, std::strerror(err)));
+      throw CheckpointError(fmt::format("{}: cannot map ({})", path, std::strerror(err)));
     }
     data_ = static_cast<const char*>(p);
   }

@@ -4,21 +4,16 @@
 #pragma once
 
 #include <cstdint>
-#include <stdexcept>
 #include <string>
 
 namespace strobe::checkpoint {
 
-// Why a file could not be mapped; the message starts with the path ("PATH: cannot open (No such
-// file or directory)", "PATH: not a regular file", "PATH: cannot map (...)"). Callers rethrow it as
-// their own error kind (CheckpointError, DataError).
-struct MapError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
 class MappedFile {
  public:
-  explicit MappedFile(const std::string& path);
+  // Throws CheckpointError (checkpoint_io.h) starting with the path: "PATH: cannot open (No such
+  // file or directory)", "PATH: not a regular file", "PATH: cannot map (...)"; `kind` names the file
+  // in the first ("cannot open checkpoint (...)").
+  explicit MappedFile(const std::string& path, const std::string& kind = "");
   ~MappedFile();
   MappedFile(const MappedFile&) = delete;
   MappedFile& operator=(const MappedFile&) = delete;

@@ -1,7 +1,6 @@
 #include "framework/checkpoint/safetensors.h"
 
 #include <cstring>
-#include <memory>
 #include <utility>
 
 #include <fmt/format.h>
@@ -44,13 +43,7 @@ bool st_from_torch(torch::ScalarType type, DType* out) {
 }  // namespace
 
 File read_file(const std::string& path) {
-  std::unique_ptr<checkpoint::MappedFile> mapped;
-  try {
-    mapped = std::make_unique<checkpoint::MappedFile>(path);
-  } catch (const checkpoint::MapError& e) {
-    throw CheckpointError(e.what());
-  }
-  const checkpoint::MappedFile& map = *mapped;
+  const checkpoint::MappedFile map(path);
   Header header;
   try {
     header = parse_header(map.data(), map.size());
