@@ -76,7 +76,9 @@ class NaNCapture : public Callback {
       RingEntry e;
       e.partial = t.accumulated_batches() > 0;
       e.loop = t.state();
-      e.rng = snapshot_rng(t.device().is_cuda());
+      // The generators a checkpoint's rng entry holds (with CUDA present, its generators even for a
+      // CPU run), so a capture has the keys of any checkpoint.
+      e.rng = snapshot_rng(torch::cuda::is_available());
       ring_.push_back(std::move(e));
     }
     ring_.back().batches.push_back(batch);

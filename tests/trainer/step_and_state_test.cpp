@@ -124,7 +124,7 @@ TEST(StateConnector, AStepStartCheckpointHasEveryCheckpointsKeysWithTheStartsVal
   StepStart start;
   start.loop = run->trainer->state();
   start.loop.batch_in_epoch = 2;  // (the epoch loop counts batches; run_training_batch alone does not)
-  start.rng = snapshot_rng(false);
+  start.rng = snapshot_rng(torch::cuda::is_available());  // as NaN capture records it
   start.buffers["bn1.running_mean"] = torch::full({4}, 7.0f);
   run->trainer->run_training_batch(batches[2], 2);  // step 2 half way: partial gradients
   torch::rand({3});  // the generator moves on after the start
