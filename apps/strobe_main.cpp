@@ -2,7 +2,8 @@
 // capture or data argument or run directory, or data that cannot fit the model or the memory, all
 // found before training starts (one message on stderr); 3 stopped by a NaN capture; 130/143
 // interrupted by SIGINT/SIGTERM after saving last.ckpt; 1 any other failure, running out of memory
-// during the run included (one line naming the setting to lower).
+// during the run (one line naming the setting to lower) and a write that fails for want of disk,
+// quota or file size (one line naming the file) included.
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -212,14 +213,11 @@ int run_replay(const ReplayArgs& a) {
   auto report = strobe::capture::replay_capture(a.capture, opt);
   fmt::print("{}", strobe::capture::format_replay_report(report));
   if (!a.report.empty()) {
-    namespace fs = std::filesystem;
-    const std::string tmp = a.report + ".tmp";
-    {
-      std::ofstream out(tmp, std::ios::trunc);
-      if (!out) throw strobe::config::ConfigError(fmt::format("--report: cannot write '{}'", a.report));
-      out << report.dump(2) << "\n";
+    try {
+      strobe::checkpoint::write_file_atomic(a.report, report.dump(2) + "\n");
+    } catch (const strobe::checkpoint::CheckpointError& e) {
+      throw strobe::config::ConfigError(fmt::format("--report: cannot write '{}': {}", a.report, e.what()));
     }
-    fs::rename(tmp, a.report);
     fmt::print("report written to {}\n", a.report);
   }
   return 0;
@@ -379,6 +377,11 @@ int main(int argc, char** argv) {
   } catch (const strobe::RunDirError& e) {
     fmt::print(stderr, "strobe: run directory error: {}\n", e.what());
     return 2;
+  } catch (const strobe::checkpoint::WriteError& e) {
+    // The disk, a quota or the file-size limit: the run's input was fine, this machine could not hold
+    // its output (the previous file is kept; docs/CONFIG.md).
+    fmt::print(stderr, "strobe: write error: {}\n", e.what());
+    return 1;
   } catch (const c10::OutOfMemoryError& e) {
     return out_of_memory(e.what_without_backtrace());
   } catch (const std::bad_alloc& e) {

@@ -18,6 +18,7 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -248,10 +249,10 @@ class NaNCapture : public Callback {
     const fs::path tmp = base / fmt::format(".step_{}.tmp", step_number(e));
     checkpoint::remove_tree(tmp.string());
     fs::create_directories(tmp);
-    checkpoint::save_checkpoint_file((tmp / capture::kCheckpointFile).string(), d);
-    std::ofstream(tmp / "config.yaml") << d.blob("config");
-    {
-      std::ofstream s(tmp / "summary.txt");
+    try {
+      checkpoint::save_checkpoint_file((tmp / capture::kCheckpointFile).string(), d);
+      checkpoint::write_file_atomic((tmp / "config.yaml").string(), d.blob("config"));
+      std::ostringstream s;
       s << fmt::format("Non-finite {} at step {} (epoch {}, batch {} of the epoch), {} micro-batch(es), device {}, precision {}.\n",
                        loss_bad && grads_bad ? "loss and gradients" : loss_bad ? "loss" : "gradients", step_number(e),
                        e.loop.epoch, e.loop.batch_in_epoch, e.batches.size(), t.device().str(), t.config().precision);
@@ -263,6 +264,10 @@ class NaNCapture : public Callback {
       }
       s << "The weights, buffers and optimizer state are from before this step (its update was skipped on the device).\n"
         << fmt::format("Replay: strobe replay {}\n", final_dir.string());
+      checkpoint::write_file_atomic((tmp / "summary.txt").string(), s.str());
+    } catch (...) {
+      checkpoint::remove_tree(tmp.string());  // a capture is whole or absent
+      throw;
     }
     checkpoint::remove_tree(final_dir.string());
     fs::rename(tmp, final_dir);

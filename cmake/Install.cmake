@@ -6,17 +6,7 @@
 # prefix and builds a consumer against it alone.
 include(CMakePackageConfigHelpers)
 
-# What a component needs (Model, Module for tasks, DataModule/Dataset/Batch and the loader, Callback
-# and TrainerView, Metric and MetricCollection, the registries, config sections, ModuleScope for NaN
-# forensics), with every project header they include.
-set(STROBE_PUBLIC_HEADERS
-  framework/config/config.h framework/config/experiment.h framework/config/registry.h
-  framework/core/callback.h framework/core/datamodule.h framework/core/forensics.h framework/core/loop_state.h
-  framework/core/model.h
-  framework/core/module.h framework/core/step_pipeline.h framework/core/trainer_view.h
-  framework/data/batch.h framework/data/dataset.h framework/data/loader.h framework/data/sampler.h
-  framework/logging/log_sink.h framework/metrics/collection.h framework/metrics/metric.h
-  framework/metrics/registry.h)
+# STROBE_PUBLIC_HEADERS: CMakeLists.txt (their fingerprint is compiled into strobe: runner/plugins.h).
 foreach(header ${STROBE_PUBLIC_HEADERS})
   get_filename_component(dir ${header} DIRECTORY)
   install(FILES ${PROJECT_SOURCE_DIR}/${header} DESTINATION include/${dir})

@@ -1,7 +1,6 @@
 #include "models/vit.h"
 
 #include <optional>
-#include <regex>
 #include <utility>
 
 #include <torch/torch.h>
@@ -170,10 +169,13 @@ std::shared_ptr<Model> make_vit_from_config(config::Section& cfg) {
 
 // blocks.<i>.<rest> -> {i, rest}; nullopt for names outside the blocks.
 std::optional<std::pair<std::string, std::string>> block_part(const std::string& name) {
-  static const std::regex re(R"(^blocks\.(\d+)\.(.+)$)");
-  std::smatch m;
-  if (!std::regex_match(name, m, re)) return std::nullopt;
-  return std::make_pair(m[1].str(), m[2].str());
+  const std::string prefix = "blocks.";
+  if (name.rfind(prefix, 0) != 0) return std::nullopt;
+  const size_t dot = name.find('.', prefix.size());
+  if (dot == std::string::npos || dot + 1 == name.size()) return std::nullopt;
+  std::string index = name.substr(prefix.size(), dot - prefix.size());
+  if (!config::is_digits(index)) return std::nullopt;
+  return std::make_pair(index, name.substr(dot + 1));
 }
 
 std::string replace_prefix(const std::string& name, const std::string& from, const std::string& to) {

@@ -4,7 +4,6 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
-#include <regex>
 
 #include <fmt/format.h>
 #include <torch/torch.h>
@@ -63,8 +62,7 @@ std::optional<int64_t> model_int(config::Section& model, const std::string& key)
   if (!model.has(key) || model.is_null(key)) return std::nullopt;
   const YAML::Node n = model.node()[key];
   if (!n.IsScalar()) return std::nullopt;
-  static const std::regex int_re(R"(^[0-9]+$)");
-  if (!std::regex_match(n.Scalar(), int_re)) return std::nullopt;
+  if (!config::is_digits(n.Scalar()) || n.Scalar().size() > 18) return std::nullopt;
   return std::stoll(n.Scalar());
 }
 

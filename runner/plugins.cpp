@@ -4,6 +4,9 @@
 #include <elf.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -22,6 +25,14 @@ namespace fs = std::filesystem;
 
 constexpr const char* kMarkerSection = ".strobe_plugin";
 constexpr const char* kMarkerPrefix = "strobe-plugin 1 ";
+// The C++ library ABI, as the plugin marker's generated source (cmake/StrobePlugin.cmake) names it.
+#if defined(_LIBCPP_VERSION)
+constexpr const char* kCxxAbi = "libc++";
+#elif defined(_GLIBCXX_USE_CXX11_ABI) && _GLIBCXX_USE_CXX11_ABI
+constexpr const char* kCxxAbi = "libstdc++-cxx11";
+#else
+constexpr const char* kCxxAbi = "libstdc++-old";
+#endif
 
 std::string read_range(std::ifstream& in, uint64_t offset, uint64_t size, uint64_t file_size, const std::string& path) {
   if (offset > file_size || size > file_size - offset)
@@ -31,6 +42,29 @@ std::string read_range(std::ifstream& in, uint64_t offset, uint64_t size, uint64
   in.read(out.data(), static_cast<std::streamsize>(size));
   if (!in) throw PluginError(fmt::format("plugin {}: cannot be read", path));
   return out;
+}
+
+// The plugin being loaded, for the terminate handler: an exception thrown by a static initialiser
+// outside a STROBE_REGISTER line unwinds into the dynamic loader, which cannot pass it on, so
+// std::terminate runs before any catch around dlopen could see it.
+const std::string* g_loading = nullptr;
+
+[[noreturn]] void plugin_initialiser_threw() {
+  std::string what = "std::terminate was called";
+  if (std::exception_ptr e = std::current_exception()) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& x) {
+      what = x.what();
+    } catch (...) {
+      what = "an exception that is not a std::exception";
+    }
+  }
+  std::fflush(stdout);
+  fmt::print(stderr, "strobe: plugin error: plugin {}: a static initialiser threw while it loaded: {}\n",
+             g_loading ? *g_loading : std::string("?"), what);
+  std::fflush(stderr);
+  std::_Exit(2);
 }
 
 }  // namespace
@@ -62,6 +96,8 @@ PluginMarker read_plugin_marker(const std::string& path) {
       for (std::string f; fields >> f;) {
         if (f.rfind("strobe=", 0) == 0) m.strobe_version = f.substr(7);
         if (f.rfind("torch=", 0) == 0) m.torch_version = f.substr(6);
+        if (f.rfind("headers=", 0) == 0) m.headers = f.substr(8);
+        if (f.rfind("cxxabi=", 0) == 0) m.cxx_abi = f.substr(7);
       }
     }
     if (m.strobe_version.empty() || m.torch_version.empty())
@@ -139,9 +175,26 @@ std::vector<LoadedPlugin> load_plugins(const std::vector<config::PluginSpec>& pl
       throw PluginError(fmt::format("plugin {}: built against Strobe {} with libtorch {}, but this is Strobe {} with libtorch {}: "
                                     "rebuild it against this installation",
                                     given, m.strobe_version, m.torch_version, STROBE_VERSION, TORCH_VERSION));
+    // The same version can still be another ABI: edited public headers, another C++ library ABI.
+    if (m.headers.empty() || m.cxx_abi.empty())
+      throw PluginError(fmt::format("plugin {}: its marker has no ABI fingerprint (built by an older strobe_add_plugin): "
+                                    "rebuild it against this installation",
+                                    given));
+    if (m.headers != built_headers_fingerprint())
+      throw PluginError(fmt::format("plugin {}: built against other Strobe headers (fingerprint {}, this Strobe's {}): its "
+                                    "classes may not match this Strobe's; rebuild it against this installation",
+                                    given, m.headers, built_headers_fingerprint()));
+    if (m.cxx_abi != kCxxAbi)
+      throw PluginError(fmt::format("plugin {}: built for the C++ library ABI {}, but this Strobe uses {}: rebuild it against "
+                                    "this installation with the same C++ library (for libstdc++: _GLIBCXX_USE_CXX11_ABI={})",
+                                    given, m.cxx_abi, kCxxAbi, std::string(kCxxAbi) == "libstdc++-cxx11" ? 1 : 0));
     RegistrationLog log;
     current_registration_log() = &log;
+    g_loading = &given;
+    const std::terminate_handler previous = std::set_terminate(plugin_initialiser_threw);
     void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL);
+    std::set_terminate(previous);
+    g_loading = nullptr;
     current_registration_log() = nullptr;
     if (handle == nullptr) {
       const char* why = dlerror();

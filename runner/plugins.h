@@ -5,9 +5,13 @@
 //
 // Contract: a plugin is checked before any of its code runs. The file must be an ELF shared library
 // holding Strobe's marker (the `.strobe_plugin` section strobe_add_plugin adds: the Strobe and
-// libtorch versions it was built against), and those versions must be this Strobe's; then it is
+// libtorch versions it was built against, the fingerprint of the public headers it was compiled
+// against and its C++ library ABI), and all of them must be this Strobe's; then it is
 // loaded (RTLD_NOW | RTLD_GLOBAL) with its registrations recorded: a name that is already
-// registered, or a registration that throws, fails the load. Every failure is a PluginError (exit 2)
+// registered, or a registration that throws, fails the load. A static initialiser that throws
+// outside a STROBE_REGISTER line cannot be caught (the exception meets the dynamic loader, and
+// std::terminate runs): a terminate handler set around the load names the plugin and the exception's
+// text on stderr and exits 2. Every failure is a PluginError (exit 2)
 // whose one line names the plugin and the problem. A library that was loaded stays loaded (its
 // registrations cannot be taken back), including one whose registrations partly failed.
 // Loading the same file twice does nothing the second time.
@@ -31,10 +35,16 @@ class PluginError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// The marker strobe_add_plugin writes: "strobe-plugin 1 strobe=<version> torch=<version>".
+// The marker strobe_add_plugin writes: "strobe-plugin 1 strobe=<version> torch=<version>
+// headers=<fingerprint> cxxabi=<libstdc++-cxx11|libstdc++-old|libc++>".
 struct PluginMarker {
   std::string strobe_version, torch_version;
+  std::string headers;  // the fingerprint of the public headers it was compiled against
+  std::string cxx_abi;  // the C++ library ABI it was compiled for
 };
+
+// The fingerprint of the public headers this Strobe was built from (cmake/StrobePlugin.cmake).
+const char* built_headers_fingerprint();
 
 // Reads the marker of the file at `path` without loading it; throws PluginError (not a file, not an
 // ELF shared library, no marker, a marker it cannot read).

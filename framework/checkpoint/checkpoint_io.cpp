@@ -26,6 +26,16 @@ constexpr char kMagic[8] = {'S', 'T', 'R', 'O', 'B', 'E', 'C', 'K'};
 constexpr char kEndMagic[8] = {'E', 'N', 'D', 'S', 'T', 'R', 'O', 'B'};
 std::function<void(size_t)> g_write_observer;
 
+}  // namespace
+
+void throw_write_error(const std::string& path, const std::string& what, int err) {
+  const std::string text = fmt::format("{}: {} ({})", path, what, std::strerror(err));
+  if (err == ENOSPC || err == EDQUOT || err == EFBIG || err == EIO) throw WriteError(text);
+  throw CheckpointError(text);
+}
+
+namespace {
+
 void write_all(int fd, const char* p, size_t n, const std::string& path, size_t& written) {
   constexpr size_t kChunk = 1 << 20;
   while (n > 0) {
@@ -33,7 +43,7 @@ void write_all(int fd, const char* p, size_t n, const std::string& path, size_t&
     ssize_t w = ::write(fd, p, len);
     if (w < 0) {
       if (errno == EINTR) continue;
-      throw CheckpointError(fmt::format("{}: write failed ({})", path, std::strerror(errno)));
+      throw_write_error(path, "write failed", errno);
     }
     p += w, n -= static_cast<size_t>(w), written += static_cast<size_t>(w);
     if (g_write_observer) g_write_observer(written);
@@ -88,13 +98,15 @@ void write_spans_atomic(const std::string& path, const std::vector<ByteSpan>& pa
   std::error_code mk;
   fs::create_directories(dir, mk);
   if (mk) throw CheckpointError(fmt::format("{}: cannot create directory ({})", dir.string(), mk.message()));
+  remove_stale_temp_files(dir.string(), target.filename().string());
   fs::path tmp = dir / fmt::format(".{}.tmp.{}", target.filename().string(), ::getpid());
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw CheckpointError(fmt::format("{}: cannot create ({})", tmp.string(), std::strerror(errno)));
+  if (fd < 0) throw_write_error(tmp.string(), "cannot create", errno);
   size_t written = 0;
   try {
-    for (const ByteSpan& p : parts) write_all(fd, static_cast<const char*>(p.data), p.size, tmp.string(), written);
-    if (::fsync(fd) != 0) throw CheckpointError(fmt::format("{}: fsync failed ({})", tmp.string(), std::strerror(errno)));
+    // Errors name the target: the temp file is gone when the message is read, the previous file kept.
+    for (const ByteSpan& p : parts) write_all(fd, static_cast<const char*>(p.data), p.size, path, written);
+    if (::fsync(fd) != 0) throw_write_error(path, "fsync failed", errno);
   } catch (...) {
     ::close(fd);
     std::error_code ec;
@@ -106,7 +118,7 @@ void write_spans_atomic(const std::string& path, const std::vector<ByteSpan>& pa
     const int err = errno;
     std::error_code ec;
     fs::remove(tmp, ec);
-    throw CheckpointError(fmt::format("{}: rename failed ({})", path, std::strerror(err)));
+    throw_write_error(path, "rename failed", err);
   }
   int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd >= 0) {
@@ -160,7 +172,7 @@ void save_checkpoint_file(const std::string& path, const CheckpointData& data) {
 
 void write_file_atomic(const std::string& path, const std::string& bytes) { write_parts_atomic(path, {&bytes}); }
 
-std::vector<std::string> remove_stale_temp_files(const std::string& dir) {
+std::vector<std::string> remove_stale_temp_files(const std::string& dir, const std::string& only_for) {
   namespace fs = std::filesystem;
   static const std::regex tmp_re(R"(^\..+\.tmp\.([0-9]+)$)");
   std::vector<std::string> removed;
@@ -170,6 +182,7 @@ std::vector<std::string> remove_stale_temp_files(const std::string& dir) {
     const std::string name = e.path().filename().string();
     std::smatch m;
     if (!std::regex_match(name, m, tmp_re) || !e.is_regular_file(ec)) continue;
+    if (!only_for.empty() && name.compare(1, only_for.size() + 5, only_for + ".tmp.") != 0) continue;
     const long pid = std::strtol(m[1].str().c_str(), nullptr, 10);
     // A live writer other than this process may still rename its temp file into place.
     if (pid != ::getpid() && pid > 0 && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM)) continue;

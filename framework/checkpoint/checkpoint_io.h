@@ -23,6 +23,16 @@ struct CheckpointError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A write that failed at run time (ENOSPC, EDQUOT, EFBIG, EIO: the disk, the quota, the file-size
+// limit, the device): not bad input, so every command exits 1 with its one line (docs/CONFIG.md).
+// The atomic writers below leave the previous file at the path as it was and remove their temp file.
+struct WriteError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+// The error for a failed write of `path` (errno `err`): WriteError for the errors above, else
+// CheckpointError (a path that cannot be written: a missing directory, no permission).
+[[noreturn]] void throw_write_error(const std::string& path, const std::string& what, int err);
+
 // A flat, ordered map of named tensors and named byte strings (non-tensor state: cereal/JSON text).
 struct CheckpointData {
   std::map<std::string, torch::Tensor> tensors;
@@ -47,7 +57,9 @@ void write_spans_atomic(const std::string& path, const std::vector<ByteSpan>& pa
 
 // Removes the temp files (".<name>.tmp.<pid>") that a writer killed mid-write left in `dir`, skipping
 // those of a process that is still running; returns the names removed. Missing `dir`: nothing.
-std::vector<std::string> remove_stale_temp_files(const std::string& dir);
+// `only_for`: just the temp files of that file name. Every atomic write does this for its target
+// first, so killed writers' temporaries never pile up beside a file written again and again.
+std::vector<std::string> remove_stale_temp_files(const std::string& dir, const std::string& only_for = "");
 
 // Removes `path` and everything below it (no error if it does not exist). Use this, never
 // std::filesystem::remove_all: the torch wheel's libtorch.so exports its own copy of the

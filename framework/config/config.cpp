@@ -7,7 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <regex>
+#include <set>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -94,8 +94,19 @@ void check_expansion(const YAML::Node& n, const std::string& source, size_t& cou
     const YAML::Mark m = n.Mark();
     throw ConfigError(fmt::format("{}:{}:{}: nested deeper than {} levels", source, m.line + 1, m.column + 1, kMaxYamlDepth));
   }
+  if (n.IsScalar() && n.Scalar().size() > kMaxScalarBytes) {
+    const YAML::Mark m = n.Mark();
+    throw ConfigError(fmt::format("{}:{}:{}: a value of {} bytes; a value may hold at most {} bytes", source, m.line + 1,
+                                  m.column + 1, n.Scalar().size(), kMaxScalarBytes));
+  }
   if (n.IsMap()) {
     for (auto it = n.begin(); it != n.end(); ++it) {
+      if (it->first.IsScalar() && it->first.Scalar().size() > kMaxKeyChars) {
+        const YAML::Mark m = it->first.Mark();
+        throw ConfigError(fmt::format("{}:{}:{}: a key of {} characters ('{}'); a key may hold at most {}", source,
+                                      m.line + 1, m.column + 1, it->first.Scalar().size(), shown(it->first.Scalar()),
+                                      kMaxKeyChars));
+      }
       check_expansion(it->first, source, count, depth + 1);
       check_expansion(it->second, source, count, depth + 1);
     }
@@ -130,13 +141,67 @@ void check_duplicate_keys(const YAML::Node& n, const std::string& path, const st
   }
 }
 
-const std::regex& int_re() {
-  static const std::regex re(R"(^[-+]?(0|[1-9][0-9]*)$)");
-  return re;
+}  // namespace
+
+bool is_digits(std::string_view s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
-const std::regex& float_re() {
-  static const std::regex re(R"(^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?$)");
-  return re;
+
+namespace {
+
+// Reads a run of characters `ok` accepts from s[i]; returns how many.
+template <typename Pred>
+size_t eat(std::string_view s, size_t& i, Pred ok) {
+  const size_t start = i;
+  while (i < s.size() && ok(s[i])) ++i;
+  return i - start;
+}
+bool digit(char c) { return c >= '0' && c <= '9'; }
+bool eat_char(std::string_view s, size_t& i, const char* set) {
+  if (i < s.size() && s[i] != '\0' && std::strchr(set, s[i])) return ++i, true;
+  return false;
+}
+
+// [-+]?(\.D+|D+(\.D*)?)([eE][-+]?D+)? where D is `d` (a digit, or a digit or '_' for YAML 1.1),
+// with the integer part starting with a digit.
+template <typename Pred>
+bool is_decimal(std::string_view s, Pred d) {
+  size_t i = 0;
+  eat_char(s, i, "+-");
+  const size_t whole = (i < s.size() && digit(s[i])) ? eat(s, i, d) : 0;
+  if (eat_char(s, i, ".")) {
+    if (eat(s, i, d) == 0 && whole == 0) return false;
+  } else if (whole == 0) {
+    return false;
+  }
+  if (eat_char(s, i, "eE")) {
+    eat_char(s, i, "+-");
+    if (eat(s, i, digit) == 0) return false;
+  }
+  return i == s.size();
+}
+
+}  // namespace
+
+bool is_int_text(std::string_view s) {
+  if (!s.empty() && (s[0] == '+' || s[0] == '-')) s.remove_prefix(1);
+  return is_digits(s) && (s.size() == 1 || s[0] != '0');
+}
+
+bool is_float_text(std::string_view s) { return is_decimal(s, digit); }
+
+std::string shown(std::string_view s) {
+  constexpr size_t kShown = 60;
+  if (s.size() <= kShown) return std::string(s);
+  return fmt::format("{}... ({} characters)", s.substr(0, kShown), s.size());
+}
+
+namespace {
+
+// A key of a mapping or a dotted path: an identifier, or an index after the first segment.
+bool is_identifier(std::string_view s) {
+  if (s.empty() || !(std::isalpha(static_cast<unsigned char>(s[0])) || s[0] == '_')) return false;
+  return std::all_of(s.begin(), s.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
 }
 
 }  // namespace
@@ -259,10 +324,10 @@ int64_t Section::get_int(const std::string& key, int64_t def, int64_t min, int64
     if (max != INT64_MAX) return fmt::format(" <= {}", max);
     return std::string();
   };
-  if (!std::regex_match(s, int_re())) fail(key, fmt::format("expected an integer{}, got '{}'", range(), s));
+  if (!is_int_text(s)) fail(key, fmt::format("expected an integer{}, got '{}'", range(), shown(s)));
   errno = 0;
   long long x = std::strtoll(s.c_str(), nullptr, 10);
-  if (errno == ERANGE || x < min || x > max) fail(key, fmt::format("expected an integer{}, got {}", range(), s));
+  if (errno == ERANGE || x < min || x > max) fail(key, fmt::format("expected an integer{}, got {}", range(), shown(s)));
   return x;
 }
 
@@ -274,11 +339,11 @@ double Section::get_double(const std::string& key, double def, double min, doubl
   }
   YAML::Node v = scalar(key, "a number");
   const std::string& s = v.Scalar();
-  if (!std::regex_match(s, float_re())) fail(key, fmt::format("expected a number, got '{}'", s));
+  if (!is_float_text(s)) fail(key, fmt::format("expected a number, got '{}'", shown(s)));
   double x = std::strtod(s.c_str(), nullptr);
   if (!std::isfinite(x) || x < min || x > max) {
     std::string range = max < 1e308 ? fmt::format("in [{}, {}]", min, max) : fmt::format(">= {}", min);
-    fail(key, fmt::format("expected a number {}, got {}", range, s));
+    fail(key, fmt::format("expected a number {}, got {}", range, shown(s)));
   }
   return x;
 }
@@ -312,7 +377,7 @@ std::string Section::get_choice(const std::string& key, const std::string& def,
   std::string v = get_string(key, def);
   if (std::find(choices.begin(), choices.end(), v) != choices.end()) return v;
   std::string hint = closest_match(v, choices);
-  fail(key, fmt::format("expected one of {}, got '{}'{}", join(choices), v,
+  fail(key, fmt::format("expected one of {}, got '{}'{}", join(choices), shown(v),
                         hint.empty() ? "" : fmt::format(" (did you mean '{}'?)", hint)));
 }
 
@@ -328,9 +393,11 @@ std::vector<int64_t> Section::get_int_list(const std::string& key, const std::ve
   if (!v.IsSequence()) fail(key, "expected a list of integers");
   std::vector<int64_t> out;
   for (const auto& e : v) {
-    if (!e.IsScalar() || !std::regex_match(e.Scalar(), int_re()))
-      fail(key, fmt::format("expected a list of integers, got element '{}'", e.IsScalar() ? e.Scalar() : "?"));
+    if (!e.IsScalar() || !is_int_text(e.Scalar()))
+      fail(key, fmt::format("expected a list of integers, got element '{}'", e.IsScalar() ? shown(e.Scalar()) : "?"));
+    errno = 0;
     out.push_back(std::strtoll(e.Scalar().c_str(), nullptr, 10));
+    if (errno == ERANGE) fail(key, fmt::format("expected a list of integers, got element {}", shown(e.Scalar())));
   }
   return out;
 }
@@ -346,19 +413,21 @@ CountOrFraction Section::get_count_or_fraction(const std::string& key, CountOrFr
   }
   const std::string& s = scalar(key, "an integer count or a fraction").Scalar();
   CountOrFraction r;
-  if (std::regex_match(s, int_re())) {
+  if (is_int_text(s)) {
     r.is_count = true;
+    errno = 0;
     r.count = std::strtoll(s.c_str(), nullptr, 10);
-    if (r.count < 0) fail(key, fmt::format("expected a count >= 0 or a fraction in [0, 1], got {}", s));
+    if (r.count < 0 || errno == ERANGE)
+      fail(key, fmt::format("expected a count >= 0 or a fraction in [0, 1], got {}", shown(s)));
     return r;
   }
-  if (std::regex_match(s, float_re())) {
+  if (is_float_text(s)) {
     r.fraction = std::strtod(s.c_str(), nullptr);
     if (r.fraction < 0.0 || r.fraction > 1.0)
-      fail(key, fmt::format("expected a count >= 0 or a fraction in [0, 1], got {}", s));
+      fail(key, fmt::format("expected a count >= 0 or a fraction in [0, 1], got {}", shown(s)));
     return r;
   }
-  fail(key, fmt::format("expected an integer count or a fraction in [0, 1], got '{}'", s));
+  fail(key, fmt::format("expected an integer count or a fraction in [0, 1], got '{}'", shown(s)));
 }
 
 Section Section::child(const std::string& key) {
@@ -430,16 +499,34 @@ Document Document::load_file(const std::string& path) {
 
 void Document::apply_override(const std::string& assignment) {
   auto eq = assignment.find('=');
-  std::string text = "--set " + assignment;
+  // The --set as messages name it: whole, unless it is too long to read on one line.
+  const std::string text = "--set " + (assignment.size() > 1000 ? shown(assignment) : assignment);
   if (eq == std::string::npos || eq == 0)
     throw ConfigError(fmt::format("{}: expected KEY=VALUE with a dotted key, e.g. trainer.max_steps=100", text));
   std::string key = assignment.substr(0, eq), value = assignment.substr(eq + 1);
   // An empty value would parse as null, i.e. silently mean the default.
   if (value.find_first_not_of(" \t") == std::string::npos)
-    throw ConfigError(fmt::format("{}: empty value (to reset a key to its default write {}=null)", text, key));
-  static const std::regex key_re(R"(^[A-Za-z_][A-Za-z0-9_]*(\.([A-Za-z_][A-Za-z0-9_]*|[0-9]+))*$)");
-  if (!std::regex_match(key, key_re))
-    throw ConfigError(fmt::format("{}: '{}' is not a dotted key (expected e.g. trainer.max_steps)", text, key));
+    throw ConfigError(fmt::format("{}: empty value (to reset a key to its default write {}=null)", text, shown(key)));
+  // The bounds first: nothing below reads more than they allow (docs/CONFIG.md, "Limits").
+  if (value.size() > kMaxScalarBytes)
+    throw ConfigError(fmt::format("{}: a value of {} bytes; a value may hold at most {} bytes", text, value.size(),
+                                  kMaxScalarBytes));
+  std::vector<std::string> parts;
+  for (size_t at = 0;;) {
+    const size_t dot = key.find('.', at);
+    const size_t end = dot == std::string::npos ? key.size() : dot;
+    if (parts.size() == kMaxKeyDepth)
+      throw ConfigError(fmt::format("{}: a key of more than {} dotted parts", text, kMaxKeyDepth));
+    const std::string_view part(key.data() + at, end - at);
+    if (part.size() > kMaxKeyChars)
+      throw ConfigError(fmt::format("{}: a key part of {} characters ('{}'); a key may hold at most {}", text,
+                                    part.size(), shown(part), kMaxKeyChars));
+    if (!(is_identifier(part) || (!parts.empty() && is_digits(part))))
+      throw ConfigError(fmt::format("{}: '{}' is not a dotted key (expected e.g. trainer.max_steps)", text, shown(key)));
+    parts.emplace_back(part);
+    if (dot == std::string::npos) break;
+    at = dot + 1;
+  }
   YAML::Node parsed;
   try {
     parsed = YAML::Load(value);
@@ -454,9 +541,6 @@ void Document::apply_override(const std::string& assignment) {
     std::string what = e.what();
     throw ConfigError(text + what.substr(what.find(": ", text.size() + 1)));
   }
-  std::vector<std::string> parts;
-  std::stringstream ks(key);
-  for (std::string p; std::getline(ks, p, '.');) parts.push_back(p);
   // yaml-cpp nodes are handles: walk by re-binding copies, never by assigning through them.
   std::vector<YAML::Node> chain{root_};
   std::string walked;
@@ -495,19 +579,56 @@ Section Document::root() { return Section(root_, "", source_); }
 namespace {
 
 // YAML 1.1 and 1.2 core-schema resolution of a plain scalar: what a reader (yaml-cpp, PyYAML,
-// ruamel) would take it for if it were written without quotes.
+// ruamel) would take it for if it were written without quotes. Without std::regex: a value may be
+// 64 KiB long (see is_int_text).
 bool plain_reads_as_non_string(const std::string& s) {
-  static const std::regex re(
-      R"(^(~|null|Null|NULL|y|Y|yes|Yes|YES|n|N|no|No|NO|true|True|TRUE|false|False|FALSE|on|On|ON|off|Off|OFF)$|)"
-      R"(^[-+]?(0|[1-9][0-9_]*|0[0-7]+|0o[0-7]+|0x[0-9a-fA-F]+|0b[01]+)$|)"
-      R"(^[-+]?(\.[0-9]+|[0-9][0-9_]*(\.[0-9_]*)?)([eE][-+]?[0-9]+)?$|)"
-      R"(^[-+]?\.(inf|Inf|INF)$|^\.(nan|NaN|NAN)$|^[0-9][0-9_]*(:[0-5]?[0-9])+(\.[0-9_]*)?$)");
-  return s.empty() || std::regex_match(s, re);
+  static const std::set<std::string> words = {"~",   "null", "Null", "NULL", "y",     "Y",     "yes",   "Yes",
+                                              "YES", "n",    "N",    "no",   "No",    "NO",    "true",  "True",
+                                              "TRUE", "false", "False", "FALSE", "on", "On", "ON", "off", "Off", "OFF",
+                                              ".nan", ".NaN", ".NAN"};
+  if (s.empty() || words.count(s)) return true;
+  std::string_view v(s);
+  auto digit_ = [](char c) { return digit(c) || c == '_'; };
+  auto all = [](std::string_view t, auto ok) { return !t.empty() && std::all_of(t.begin(), t.end(), ok); };
+  // [-+]? then an integer in base 10 (with '_'), 8 (0 or 0o prefix), 16 (0x) or 2 (0b), or .inf.
+  std::string_view u = v;
+  if (u[0] == '+' || u[0] == '-') u.remove_prefix(1);
+  if (u == ".inf" || u == ".Inf" || u == ".INF") return true;
+  if (u == "0" || (!u.empty() && u[0] >= '1' && u[0] <= '9' && all(u, digit_))) return true;
+  auto octal = [](char c) { return c >= '0' && c <= '7'; };
+  if (u.size() > 1 && u[0] == '0' && all(u.substr(1), octal)) return true;
+  if (u.size() > 2 && u[0] == '0') {
+    const std::string_view body = u.substr(2);
+    if (u[1] == 'o' && all(body, octal)) return true;
+    if (u[1] == 'x' && all(body, [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) != 0; })) return true;
+    if (u[1] == 'b' && all(body, [](char c) { return c == '0' || c == '1'; })) return true;
+  }
+  // A decimal number (YAML 1.1 allows '_' in its digits).
+  if (is_decimal(v, digit_)) return true;
+  // Sexagesimal (YAML 1.1): [0-9][0-9_]*(:[0-5]?[0-9])+(\.[0-9_]*)?
+  size_t i = 0;
+  if (!digit(v[0])) return false;
+  eat(v, i, digit_);
+  size_t groups = 0;
+  while (i < v.size() && v[i] == ':') {
+    ++i;
+    if (i == v.size() || !digit(v[i])) return false;
+    const char first = v[i++];
+    if (first <= '5' && i < v.size() && digit(v[i])) ++i;
+    ++groups;
+  }
+  if (groups == 0) return false;
+  if (eat_char(v, i, ".")) eat(v, i, digit_);
+  return i == v.size();
 }
 
-const std::regex& long_float_re() {
-  static const std::regex re(R"(^[-+]?[0-9]*\.[0-9]{15,}$)");
-  return re;
+// [-+]?[0-9]*\.[0-9]{15,}: a double written with yaml-cpp's 17 digits.
+bool is_long_float(std::string_view s) {
+  size_t i = 0;
+  eat_char(s, i, "+-");
+  eat(s, i, digit);
+  if (!eat_char(s, i, ".")) return false;
+  return eat(s, i, digit) >= 15 && i == s.size();
 }
 
 void emit_node(YAML::Emitter& out, const YAML::Node& n) {
@@ -534,7 +655,7 @@ void emit_node(YAML::Emitter& out, const YAML::Node& n) {
       // text would otherwise read as a number, a boolean or null ("32", "1.0", "yes").
       if (n.Tag() == "!" && plain_reads_as_non_string(n.Scalar()))
         out << YAML::DoubleQuoted << n.Scalar();
-      else if (n.Tag().empty() && std::regex_match(n.Scalar(), long_float_re()))
+      else if (n.Tag().empty() && is_long_float(n.Scalar()))
         // A double a component stored with yaml-cpp's 17 digits (0.90000000000000002): the shortest
         // text that reads back as the same double.
         out << float_text(std::strtod(n.Scalar().c_str(), nullptr));

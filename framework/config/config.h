@@ -15,6 +15,7 @@
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <yaml-cpp/yaml.h>
@@ -24,6 +25,22 @@ namespace strobe::config {
 struct ConfigError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
+
+// What a config may hold (docs/CONFIG.md, "Limits"): longer input is refused with one line naming
+// where it is, before anything else reads it.
+constexpr size_t kMaxScalarBytes = 64 * 1024;  // one value (a YAML scalar, a --set value)
+constexpr size_t kMaxKeyChars = 128;           // one key, or one segment of a dotted --set key
+constexpr size_t kMaxKeyDepth = 64;            // segments of a dotted --set key (the YAML nesting bound)
+constexpr size_t kMaxRunNameBytes = 128;       // the run's `name` (a directory name)
+
+// Plain text tests, in time linear in the text and constant stack (std::regex recurses per
+// character and overflows the stack on long input): an optionally signed decimal integer without
+// leading zeros ("-12"), a decimal number ("1.5e-3", ".5", "2."), a run of ASCII digits ("007").
+bool is_int_text(std::string_view s);
+bool is_float_text(std::string_view s);
+bool is_digits(std::string_view s);
+// A value as a message shows it: whole when short, else its start and its length.
+std::string shown(std::string_view s);
 
 // Where the values of a document came from: the file, and which dotted paths --set replaced.
 struct SourceInfo {

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <regex>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -10,11 +9,16 @@
 namespace strobe::config {
 
 std::optional<double> parse_duration(const std::string& text) {
-  static const std::regex re(R"(^[0-9]{1,6}(:[0-9]{1,6}){0,3}$)");
-  if (!std::regex_match(text, re)) return std::nullopt;
+  // [0-9]{1,6}(:[0-9]{1,6}){0,3}
   std::vector<double> f;
-  std::stringstream ss(text);
-  for (std::string p; std::getline(ss, p, ':');) f.push_back(std::stod(p));
+  for (size_t at = 0;;) {
+    const size_t colon = text.find(':', at);
+    const std::string part = text.substr(at, colon == std::string::npos ? std::string::npos : colon - at);
+    if (!is_digits(part) || part.size() > 6 || f.size() == 4) return std::nullopt;
+    f.push_back(std::stod(part));
+    if (colon == std::string::npos) break;
+    at = colon + 1;
+  }
   static const double unit[] = {86400, 3600, 60, 1};
   double s = 0;
   for (size_t i = 0; i < f.size(); ++i) s += f[i] * unit[4 - f.size() + i];
@@ -160,9 +164,14 @@ Experiment parse_experiment(Document& doc) {
   e.name = root.get_string("name", "experiment");
   // One safe path component (runs go to <default_root_dir>/<name>/version_N): no '/', and not '.' or '..'
   // (nor any name of dots only), which would put the run beside or above default_root_dir.
-  static const std::regex name_re(R"(^[A-Za-z0-9_.\-]+$)");
-  if (!std::regex_match(e.name, name_re) || e.name.find_first_not_of('.') == std::string::npos)
-    root.fail("name", fmt::format("expected a run name of letters, digits, '_', '-', '.' (not dots alone), got '{}'", e.name));
+  if (e.name.size() > kMaxRunNameBytes)
+    root.fail("name", fmt::format("a run name of {} characters ('{}'); a run name may hold at most {}", e.name.size(),
+                                  shown(e.name), kMaxRunNameBytes));
+  const bool name_chars = !e.name.empty() && std::all_of(e.name.begin(), e.name.end(), [](char ch) {
+    return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '.' || ch == '-';
+  });
+  if (!name_chars || e.name.find_first_not_of('.') == std::string::npos)
+    root.fail("name", fmt::format("expected a run name of letters, digits, '_', '-', '.' (not dots alone), got '{}'", shown(e.name)));
   e.seed = root.get_int("seed", 0, 0, (int64_t(1) << 62));
 
   Section t = root.child("trainer");
@@ -171,7 +180,7 @@ Experiment parse_experiment(Document& doc) {
   c.max_steps = t.get_int("max_steps", -1, -1);
   if (auto mt = t.get_optional_string("max_time")) {
     c.max_time_s = parse_duration(*mt);
-    if (!c.max_time_s) t.fail("max_time", fmt::format("expected a duration \"DD:HH:MM:SS\", got '{}'", *mt));
+    if (!c.max_time_s) t.fail("max_time", fmt::format("expected a duration \"DD:HH:MM:SS\", got '{}'", shown(*mt)));
   }
   c.precision = t.get_choice("precision", "32", {"32", "bf16-mixed", "16-mixed", "bf16-master"});
   c.accumulate_grad_batches = t.get_int("accumulate_grad_batches", 1, 1);
@@ -197,9 +206,9 @@ Experiment parse_experiment(Document& doc) {
   }
   c.log_every_n_steps = t.get_int("log_every_n_steps", 50, 1);
   c.device = t.get_string("device", "auto");
-  static const std::regex dev_re(R"(^(auto|cpu|cuda(:[0-9]+)?)$)");
-  if (!std::regex_match(c.device, dev_re))
-    t.fail("device", fmt::format("expected auto, cpu, cuda or cuda:N, got '{}'", c.device));
+  const bool device_ok = c.device == "auto" || c.device == "cpu" || c.device == "cuda" ||
+                         (c.device.rfind("cuda:", 0) == 0 && is_digits(std::string_view(c.device).substr(5)));
+  if (!device_ok) t.fail("device", fmt::format("expected auto, cpu, cuda or cuda:N, got '{}'", shown(c.device)));
   c.deterministic = t.get_bool("deterministic", false);
   c.default_root_dir = t.get_string("default_root_dir", "runs");
   c.enable_progress_bar = t.get_bool("enable_progress_bar", true);

@@ -87,7 +87,7 @@ class FactoryTable {
     std::string hint = config::closest_match(name, known);
     std::string list;
     for (size_t i = 0; i < known.size(); ++i) list += (i ? ", " : "") + known[i];
-    return fmt::format("unknown {} '{}'{} (known: {})", kind_, name,
+    return fmt::format("unknown {} '{}'{} (known: {})", kind_, config::shown(name),
                        hint.empty() ? "" : fmt::format("; did you mean '{}'?", hint), list);
   }
 

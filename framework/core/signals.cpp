@@ -107,6 +107,9 @@ void install() {
   g_sigint_ignored = old.sa_handler == SIG_IGN;
   if (!g_sigint_ignored) handle(SIGINT);
   handle(SIGTERM);
+  // A file-size limit (ulimit -f) would kill the process mid-write: ignored, the write fails with
+  // EFBIG instead, and the writer removes its temp file and says which file (checkpoint::WriteError).
+  signal(SIGXFSZ, SIG_IGN);
 }
 
 bool sigint_inherited_ignored() { return g_sigint_ignored; }

@@ -14,6 +14,7 @@
 
 #include "framework/checkpoint/checkpoint_io.h"
 #include "framework/checkpoint/sha256.h"
+#include "runner/plugins.h"
 #include "tests/cli/cli_test_util.h"
 
 using namespace strobe::testing;
@@ -113,8 +114,16 @@ TEST(PluginCli, EveryBrokenPluginIsOneLineAndExitTwoBeforeAnythingRuns) {
       {plugin("plugin_other_version"), std::string("built against Strobe 0.0.9 with libtorch ") + TORCH_VERSION +
                                            ", but this is Strobe " + v + " with libtorch " + TORCH_VERSION +
                                            ": rebuild it against this installation"},
+      {plugin("plugin_other_headers"), std::string("built against other Strobe headers (fingerprint 0123456789abcdef, this "
+                                                   "Strobe's ") + strobe::built_headers_fingerprint() +
+                                           "): its classes may not match this Strobe's; rebuild it against this installation"},
+      {plugin("plugin_old_cxx_abi"), "built for the C++ library ABI libstdc++-old, but this Strobe uses libstdc++-cxx11: "
+                                     "rebuild it against this installation with the same C++ library (for libstdc++: "
+                                     "_GLIBCXX_USE_CXX11_ABI=1)"},
       {plugin("plugin_duplicate"), "model 'mlp' is already registered (built in or by another plugin)"},
       {plugin("plugin_throws"), "registering 'plugin_throwing_model' threw: the lookup table is missing"},
+      // Thrown outside a registration: std::terminate would abort; the handler names it, exit 2.
+      {plugin("plugin_initialiser_throws"), "a static initialiser threw while it loaded: cannot read plugin_settings.json"},
   };
   for (const auto& [path, why] : cases) {
     auto r = strobe_cmd("list models --plugin " + path);

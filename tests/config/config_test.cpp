@@ -357,3 +357,83 @@ TEST(Config, NestedAliasesAreRefusedBeforeTheyExpand) {
   EXPECT_EQ(error_of(deep).rfind("exp.yaml:6:", 0), 0u) << error_of(deep);
   EXPECT_NE(error_of(deep).find("nested deeper than 64 levels"), std::string::npos) << error_of(deep);
 }
+
+// The value tests run without std::regex (which recursed once per character and overflowed the
+// stack past ~50,000): the same answers as the grammar on short text, and long text is no crash.
+TEST(ConfigText, NumberTestsAgreeWithTheirGrammarAndTakeAnyLength) {
+  const std::regex int_re(R"(^[-+]?(0|[1-9][0-9]*)$)");
+  const std::regex float_re(R"(^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?$)");
+  const std::string alphabet = "0179+-.eE_x ";
+  std::srand(7);
+  int ints = 0, floats = 0;
+  for (int trial = 0; trial < 40000; ++trial) {
+    std::string s;
+    for (int n = std::rand() % 7; n > 0; --n) s += alphabet[std::rand() % alphabet.size()];
+    ASSERT_EQ(strobe::config::is_int_text(s), std::regex_match(s, int_re)) << "'" << s << "'";
+    ASSERT_EQ(strobe::config::is_float_text(s), std::regex_match(s, float_re)) << "'" << s << "'";
+    ints += strobe::config::is_int_text(s), floats += strobe::config::is_float_text(s);
+  }
+  EXPECT_GT(ints, 100);  // both answers were drawn many times
+  EXPECT_GT(floats, 500);
+  const std::string digits(500000, '7');
+  EXPECT_TRUE(strobe::config::is_int_text(digits));
+  EXPECT_TRUE(strobe::config::is_float_text("-" + digits + "." + digits + "e-" + digits));
+  EXPECT_FALSE(strobe::config::is_float_text(digits + "x"));
+  EXPECT_EQ(strobe::config::shown(digits), std::string(60, '7') + "... (500000 characters)");
+}
+
+// A string that a YAML reader would take for something else is written quoted in the resolved config
+// (YAML 1.1 too: octal, hex, binary, '_' in digits, sexagesimal, .inf/.nan); other strings are plain.
+TEST(ConfigResolved, StringsThatReadAsOtherTypesAreQuotedOthersArePlain) {
+  const std::vector<std::string> quoted = {"0x1F", "0o17", "017", "0b101", "1_000", "-7", "+3.5", "1:30", "1:30:05.5", "2.",
+                                           ".5",   "1e5",  ".inf", "-.Inf", ".NaN", "yes",  "Off", "~",    "null",      "1_0.2_5"};
+  const std::vector<std::string> plain = {"abc", "1:75", "0x", "0xG", "1e", "e5", "1.2.3", "0b2", "v1", "1:3a", "cuda:0"};
+  for (const auto& v : quoted) {
+    auto doc = Document::load_string(std::string(kBase) + "trainer:\n  default_root_dir: \"" + v + "\"\n", "exp.yaml");
+    parse_experiment(doc);
+    EXPECT_NE(doc.emit().find("default_root_dir: \"" + v + "\"\n"), std::string::npos) << v << "\n" << doc.emit();
+  }
+  for (const auto& v : plain) {
+    auto doc = Document::load_string(std::string(kBase) + "trainer:\n  default_root_dir: \"" + v + "\"\n", "exp.yaml");
+    parse_experiment(doc);
+    EXPECT_NE(doc.emit().find("default_root_dir: " + v + "\n"), std::string::npos) << v << "\n" << doc.emit();
+  }
+}
+
+// The bounds of docs/CONFIG.md ("Limits"): each refused in one line naming where, never a crash.
+TEST(ConfigLimits, LongValuesKeysAndNamesAreRefusedInOneLine) {
+  const std::string big(100000, '9'), under(60000, '9');
+  struct Case {
+    std::string yaml;
+    std::vector<std::string> sets;
+    std::string want;
+  };
+  std::string deep = "a";
+  for (int i = 0; i < 30000; ++i) deep += ".a";
+  const std::vector<Case> cases = {
+      {kBase, {"trainer.max_steps=" + big}, "a value of 100000 bytes; a value may hold at most 65536 bytes"},
+      {kBase, {"trainer.max_steps=" + under}, "trainer.max_steps: expected an integer >= -1, got " + std::string(60, '9') +
+                                                  "... (60000 characters)"},
+      {kBase, {"optimizer.lr=0." + under}, ""},  // a long number under the bound reads
+      {kBase, {deep + "=1"}, "a key of more than 64 dotted parts"},
+      {kBase, {"trainer." + std::string(129, 'k') + "=1"}, "a key part of 129 characters"},
+      {kBase, {"name=" + std::string(129, 'n')}, "name: a run name of 129 characters"},
+      {std::string(kBase) + "trainer:\n  max_steps: " + big + "\n", {}, "exp.yaml:7:14: a value of 100000 bytes"},
+      {std::string(kBase) + "trainer:\n  " + std::string(200, 'k') + ": 1\n", {}, "exp.yaml:7:3: a key of 200 characters"},
+      {std::string(kBase) + "trainer:\n  max_epochs: " + under + "\n", {}, "trainer.max_epochs: expected an integer >= -1"},
+      {std::string(kBase) + "trainer:\n  gradient_clip_val: " + under + "\n", {}, "trainer.gradient_clip_val: expected a number >= 0"},
+      {std::string(kBase) + "trainer:\n  max_time: \"" + under + "\"\n", {}, "trainer.max_time: expected a duration"},
+      {std::string(kBase) + "trainer:\n  device: cuda:" + under + "\n", {}, ""},
+      {"name: \"" + std::string(60000, 'n') + "\"\n" + std::string(kBase).substr(8), {}, "a run name of 60000 characters"},
+  };
+  for (const auto& c : cases) {
+    const std::string e = error_of(c.yaml, c.sets);
+    if (c.want.empty()) {
+      EXPECT_EQ(e, "") << e.substr(0, 300);
+      continue;
+    }
+    EXPECT_NE(e.find(c.want), std::string::npos) << e.substr(0, 300) << "\nwanted: " << c.want.substr(0, 200);
+    EXPECT_LT(e.size(), 400u) << "a message shows the start of a long value, not all of it";
+    EXPECT_EQ(e.find('\n'), std::string::npos);
+  }
+}

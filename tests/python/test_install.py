@@ -13,6 +13,8 @@
   model and trains it with its callback;
 - a package whose recorded libtorch version differs from the libtorch found is refused at configure
   time with one line naming both versions.
+- a plugin rebuilt against installed headers that differ from the package's own (a virtual added to
+  TrainerView) is refused by the installed `strobe` before it loads, with one line saying to rebuild.
 
 Usage: test_install.py (STROBE_SOURCE_DIR, STROBE_BUILD_DIR: the source and a built build tree)."""
 import json, os, re, shutil, subprocess, sys, tempfile
@@ -162,6 +164,29 @@ def main():
                 failures.append(f"a package built with another libtorch: exit {r.returncode}, lines {lines}; want one line with {want!r}")
             else:
                 print(f"test_install: refused: {lines[0].strip()}")
+
+        # Public headers that differ from the installed Strobe's own (a virtual added to TrainerView, as a
+        # newer or edited Strobe would have): the plugin rebuilt against them is refused before it loads,
+        # instead of crashing in a shifted vtable.
+        view = os.path.join(prefix, "include", "framework", "core", "trainer_view.h")
+        text = open(view).read()
+        head = "class TrainerView {\n public:\n"
+        if head not in text:
+            failures.append(f"{view} has no '{head.strip()}' to add a virtual to")
+        else:
+            with open(view, "w") as f:
+                f.write(text.replace(head, head + "  virtual void added_by_another_strobe() {}\n"))
+            r = run(["cmake", "--build", cbuild])
+            if r.returncode != 0:
+                failures.append(f"rebuilding the consumer against edited headers failed:\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}")
+            r = run([os.path.join(prefix, "bin", "strobe"), "list", "models", "--plugin", lib])
+            want = f"strobe: plugin error: plugin {lib}: built against other Strobe headers (fingerprint "
+            if r.returncode != 2 or r.stdout or not r.stderr.startswith(want) or r.stderr.count("\n") != 1 \
+                    or "rebuild it against this installation" not in r.stderr:
+                failures.append(f"a plugin built against edited headers: exit {r.returncode}, {r.stdout!r} {r.stderr!r}; "
+                                f"want exit 2 and one line starting {want!r}")
+            else:
+                print(f"test_install: refused: {r.stderr.strip()}")
     for f in failures:
         print(f)
     print(f"test_install: {len(failures)} failure(s)")

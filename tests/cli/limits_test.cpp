@@ -1,0 +1,98 @@
+// Limits and write failures through the real executable: a value too long for the config is one line
+// and exit 2, never a crash (std::regex once recursed per character until the stack overflowed); a
+// write the disk, a quota or the file-size limit refuses is one line naming the file and exit 1, the
+// previous file kept and no temporary left; stale temporaries of dead writers are removed by the
+// next writer of the same file (docs/CONFIG.md, "Limits" and "Exit codes").
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "tests/cli/cli_test_util.h"
+
+using namespace strobe::testing;
+namespace fs = std::filesystem;
+
+namespace {
+
+// The names in `dir` that start with '.' (temporaries).
+std::vector<std::string> hidden_files(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().filename().string()[0] == '.') out.push_back(e.path().filename().string());
+  return out;
+}
+
+}  // namespace
+
+TEST(CliLimits, LongValuesKeysAndNamesAreOneLineAndExitTwo) {
+  const std::string cfg = write_config(tiny_yaml());
+  std::string deep = "a";
+  for (int i = 0; i < 30000; ++i) deep += ".a";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--set trainer.max_steps=" + std::string(100000, '9'), "a value of 100000 bytes; a value may hold at most 65536 bytes"},
+      {"--set trainer.max_steps=" + std::string(60000, '9'), "trainer.max_steps: expected an integer >= -1, got 999"},
+      {"--set optimizer.lr=0." + std::string(60000, '1') + "x", "optimizer.lr: expected a number, got '0.111"},
+      {"--set " + deep + "=1", "a key of more than 64 dotted parts"},
+      {"--set name=" + std::string(60000, 'n'), "name: a run name of 60000 characters"},
+      {"--set model.name=" + std::string(60000, 'm'), "model.name: unknown model 'mmm"},
+  };
+  for (const auto& [args, want] : cases) {
+    auto r = strobe_cmd("fit -c " + cfg + " " + args + " --run-dir " + temp_dir("long"));
+    EXPECT_EQ(r.code, 2) << want;
+    EXPECT_EQ(count_lines(r.err), 1) << r.err.substr(0, 300);
+    EXPECT_LT(r.err.size(), 600u) << r.err.substr(0, 300);
+    EXPECT_NE(r.err.find(want), std::string::npos) << r.err.substr(0, 300) << "\nwanted: " << want;
+  }
+  // The same values in a file.
+  std::string yaml = tiny_yaml();
+  yaml.replace(yaml.find("name: tiny"), 10, "name: \"" + std::string(60000, 'x') + "\"");
+  auto r = strobe_cmd("fit -c " + write_config(yaml));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("exp.yaml:1:1: name: a run name of 60000 characters"), std::string::npos) << r.err.substr(0, 300);
+  yaml = tiny_yaml();
+  yaml.replace(yaml.find("lr: 0.01"), 8, "lr: 0." + std::string(70000, '1'));
+  r = strobe_cmd("fit -c " + write_config(yaml));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("exp.yaml:26:7: a value of 70002 bytes"), std::string::npos) << r.err.substr(0, 300);
+}
+
+TEST(CliWriteFailures, AFileSizeLimitFailsTheWriteNamingTheFileKeepsThePreviousAndExitsOne) {
+  const std::string cfg = write_config(tiny_yaml());
+  const std::string dir = temp_dir("write-limit");
+  const std::string big = " --set model.hidden=[512] --set trainer.max_epochs=-1";
+  auto r = strobe_cmd("fit -c " + cfg + " --run-dir " + dir + big + " --set trainer.max_steps=2");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string last = dir + "/checkpoints/last.ckpt";
+  const std::string before = slurp(last);
+  ASSERT_GT(before.size(), 200u * 1024);
+
+  // A resume whose next checkpoint meets `ulimit -f` (100 KiB): SIGXFSZ would kill it silently.
+  r = shell_cmd("ulimit -f 100; ", "fit -c " + cfg + " --ckpt " + last + big + " --set trainer.max_steps=4");
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_EQ(r.err.rfind("strobe: write error: " + dir + "/checkpoints/", 0), 0u) << r.err;
+  EXPECT_NE(r.err.find(".ckpt: write failed (File too large)\n"), std::string::npos) << r.err;
+  EXPECT_EQ(count_lines(r.err), 1) << r.err;
+  EXPECT_EQ(slurp(last), before) << "the previous last.ckpt was replaced";
+  EXPECT_EQ(hidden_files(dir + "/checkpoints"), std::vector<std::string>{}) << "a temporary was left behind";
+
+  // export: the same, and the next writer of the file removes what dead writers left beside it.
+  const std::string out = dir + "/w.safetensors";
+  r = strobe_cmd("export " + last + " -o " + out);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string exported = slurp(out);
+  ASSERT_GT(exported.size(), 100u * 1024);
+  const std::string dead = dir + "/.w.safetensors.tmp.2147483647";  // above any pid_max: gone
+  const std::string live = dir + "/.w.safetensors.tmp." + std::to_string(::getpid());
+  const std::string other = dir + "/.other.safetensors.tmp.2147483647";  // another file's: not this writer's
+  for (const auto& p : {dead, live, other}) std::ofstream(p) << "partial";
+  r = shell_cmd("ulimit -f 100; ", "export " + last + " -o " + out + " --overwrite");
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_EQ(r.err, "strobe: write error: " + out + ": write failed (File too large)\n");
+  EXPECT_EQ(slurp(out), exported) << "a failed export replaced its output";
+  EXPECT_FALSE(fs::exists(dead)) << "a dead writer's temporary stayed";
+  EXPECT_TRUE(fs::exists(live)) << "a live writer's temporary was removed";
+  EXPECT_TRUE(fs::exists(other));
+  EXPECT_EQ(hidden_files(dir).size(), 2u) << "the failed export left its temporary";
+}
+
