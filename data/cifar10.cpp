@@ -30,6 +30,7 @@ struct Split {
 Split read_batches(const std::vector<fs::path>& files) {
   std::vector<torch::Tensor> images, labels;
   for (const auto& f : files) {
+    require_regular_file(f.string());
     std::ifstream in(f, std::ios::binary | std::ios::ate);
     if (!in) throw DataError(fmt::format("{}: missing or unreadable (CIFAR-10 binary batch)", f.string()));
     const int64_t size = in.tellg();

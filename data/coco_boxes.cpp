@@ -40,6 +40,7 @@ struct CocoImage {
 };
 
 std::vector<CocoImage> read_coco(const std::string& ann_path, const std::string& image_dir, const BadSampleLog& log) {
+  require_regular_file(ann_path);
   std::ifstream in(ann_path);
   if (!in) throw DataError(fmt::format("{}: cannot open the annotation file", ann_path));
   json doc;

@@ -20,6 +20,7 @@
 namespace strobe::data {
 
 std::string read_maybe_gzipped(const std::string& path) {
+  require_regular_file(path);
   std::ifstream in(path, std::ios::binary);
   if (!in) throw DataError(fmt::format("{}: cannot open ({})", path, std::strerror(errno)));
   std::stringstream ss;

@@ -17,6 +17,7 @@
 
 #include "framework/core/datamodule.h"
 #include "framework/data/collate_tokens.h"
+#include "framework/data/data_error.h"
 #include "framework/data/dataset.h"
 
 namespace strobe::data {
@@ -44,6 +45,7 @@ std::string read_corpus(const std::string& path, const std::string& skip_suffix)
   }
   std::string corpus;
   for (const auto& f : files) {
+    require_regular_file(f.string());
     std::ifstream in(f, std::ios::binary);
     if (!in) throw std::runtime_error(fmt::format("{}: cannot open for reading", f.string()));
     std::ostringstream ss;

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include "framework/checkpoint/mapped_file.h"
 #include "framework/checkpoint/checkpoint_io.h"
 #include "framework/checkpoint/safetensors.h"
 #include "framework/core/weight_names.h"
@@ -35,8 +36,10 @@ void load_init_from(Model& model, config::Section& model_cfg, const config::Init
   // A JSON file beside the weights; one that does not parse is a config error naming it.
   auto read_json = [&](const fs::path& path, const char* what) {
     try {
-      std::ifstream in(path);
-      return nlohmann::json::parse(in);
+      const checkpoint::MappedFile file(path.string());  // a FIFO or a device is refused, never waited on
+      return nlohmann::json::parse(file.data(), file.data() + file.size());
+    } catch (const checkpoint::CheckpointError& e) {
+      init.fail("path", e.what());
     } catch (const std::exception& e) {
       init.fail("path", fmt::format("{}: {}: {}", path.string(), what, e.what()));
     }

@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include "framework/checkpoint/mapped_file.h"
 #include "framework/checkpoint/sha256.h"
 #include "framework/config/registry.h"
 
@@ -71,6 +72,8 @@ const std::string* g_loading = nullptr;
 
 PluginMarker read_plugin_marker(const std::string& path) {
   std::error_code ec;
+  if (const std::string kind = checkpoint::non_regular_kind(path); !kind.empty())
+    throw PluginError(fmt::format("plugin {}: is {}, not a shared library file", path, kind));
   if (!fs::is_regular_file(path, ec)) throw PluginError(fmt::format("plugin {}: no such file", path));
   const uint64_t file_size = fs::file_size(path, ec);
   std::ifstream in(path, std::ios::binary);

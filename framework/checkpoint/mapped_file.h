@@ -8,11 +8,19 @@
 
 namespace strobe::checkpoint {
 
+// What `path` is when it exists and is not a regular file, following symlinks: "a FIFO", "a
+// directory", "a character device", "a block device", "a socket"; "" for a regular file or a path
+// that cannot be stat'ed (its open says why). Every reader of a file a user names asks this first
+// (stat never blocks): a FIFO would block the open or the read forever, a device (/dev/zero) would be
+// read until memory runs out; both are refused in one line instead (docs/CONFIG.md, "Limits").
+std::string non_regular_kind(const std::string& path);
+
 class MappedFile {
  public:
   // Throws CheckpointError (checkpoint_io.h) starting with the path: "PATH: cannot open (No such
-  // file or directory)", "PATH: not a regular file", "PATH: cannot map (...)"; `kind` names the file
-  // in the first ("cannot open checkpoint (...)").
+  // file or directory)", "PATH: is a FIFO, not a regular file", "PATH: cannot map (...)"; `kind`
+  // names the file in the first ("cannot open checkpoint (...)"). Opened non-blocking: a FIFO is
+  // refused, never waited on.
   explicit MappedFile(const std::string& path, const std::string& kind = "");
   ~MappedFile();
   MappedFile(const MappedFile&) = delete;

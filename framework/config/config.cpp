@@ -1,12 +1,14 @@
 #include "framework/config/config.h"
 #include "framework/config/registry.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <set>
 #include <sstream>
 
@@ -486,15 +488,44 @@ Document Document::load_string(const std::string& text, const std::string& sourc
 }
 
 Document Document::load_file(const std::string& path) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec))
-    throw ConfigError(fmt::format("{}: is a directory, not a config file", path));
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw ConfigError(fmt::format("{}: cannot open config file ({})", path, std::strerror(errno)));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) throw ConfigError(fmt::format("{}: cannot read config file ({})", path, std::strerror(errno)));
-  return load_string(ss.str(), path);
+  // Non-blocking open, then fstat: a FIFO without a writer or a device never blocks the open. A
+  // regular file and a pipe (`-c <(cmd)`, `-c /dev/stdin`) are read, at most kMaxConfigBytes; any
+  // other kind (/dev/zero, a socket) is refused before a byte is read.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == EISDIR) throw ConfigError(fmt::format("{}: is a directory, not a config file", path));
+    throw ConfigError(fmt::format("{}: cannot open config file ({})", path, std::strerror(errno)));
+  }
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) throw ConfigError(fmt::format("{}: cannot read config file ({})", path, std::strerror(errno)));
+  if (S_ISDIR(st.st_mode)) throw ConfigError(fmt::format("{}: is a directory, not a config file", path));
+  if (!S_ISREG(st.st_mode) && !S_ISFIFO(st.st_mode))
+    throw ConfigError(fmt::format("{}: is not a regular file or a pipe (a device?): a config is read from a file or a pipe",
+                                  path));
+  const auto too_large = [&] {
+    return ConfigError(fmt::format("{}: more than {} bytes; a config file may hold at most {} bytes", path, kMaxConfigBytes,
+                                   kMaxConfigBytes));
+  };
+  if (S_ISREG(st.st_mode) && static_cast<uint64_t>(st.st_size) > kMaxConfigBytes) throw too_large();
+  // A pipe is read blocking: its writer may not have written yet (EOF comes when every writer is gone).
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  std::string text;
+  char buf[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw ConfigError(fmt::format("{}: cannot read config file ({})", path, std::strerror(errno)));
+    }
+    if (n == 0) break;
+    if (text.size() + static_cast<size_t>(n) > kMaxConfigBytes) throw too_large();
+    text.append(buf, static_cast<size_t>(n));
+  }
+  return load_string(text, path);
 }
 
 void Document::apply_override(const std::string& assignment) {

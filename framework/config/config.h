@@ -32,6 +32,7 @@ constexpr size_t kMaxScalarBytes = 64 * 1024;  // one value (a YAML scalar, a --
 constexpr size_t kMaxKeyChars = 128;           // one key, or one segment of a dotted --set key
 constexpr size_t kMaxKeyDepth = 64;            // segments of a dotted --set key (the YAML nesting bound)
 constexpr size_t kMaxRunNameBytes = 128;       // the run's `name` (a directory name)
+constexpr size_t kMaxConfigBytes = 4 << 20;    // a config file (-c), or what a pipe given to -c carries
 
 // Plain text tests, in time linear in the text and constant stack (std::regex recurses per
 // character and overflows the stack on long input): an optionally signed decimal integer without

@@ -85,11 +85,17 @@ NameMap make_name_map(const std::string& family, const std::string& names, const
 }
 
 std::string WeightsFit::describe() const {
+  // The first names of each kind and the count: a file of 100,000 stray tensors is one readable line.
+  constexpr size_t kShown = 10;
+  auto first = [&](const std::vector<std::string>& v) {
+    std::vector<std::string> head(v.begin(), v.begin() + std::min(v.size(), kShown));
+    return join(head) + (v.size() > kShown ? fmt::format(" and {} more", v.size() - kShown) : "");
+  };
   std::vector<std::string> parts;
-  if (!missing.empty()) parts.push_back(fmt::format("{} missing from the file: {}", missing.size(), join(missing)));
+  if (!missing.empty()) parts.push_back(fmt::format("{} missing from the file: {}", missing.size(), first(missing)));
   if (!unexpected.empty())
-    parts.push_back(fmt::format("{} not in the model: {}", unexpected.size(), join(unexpected)));
-  if (!misshaped.empty()) parts.push_back(fmt::format("{} of another shape: {}", misshaped.size(), join(misshaped)));
+    parts.push_back(fmt::format("{} not in the model: {}", unexpected.size(), first(unexpected)));
+  if (!misshaped.empty()) parts.push_back(fmt::format("{} of another shape: {}", misshaped.size(), first(misshaped)));
   std::string out;
   for (size_t i = 0; i < parts.size(); ++i) out += (i ? "; " : "") + parts[i];
   return out;

@@ -65,7 +65,8 @@ struct WeightsFit {
   std::vector<std::string> ignored;     // names `ignore` covered (either side)
   int64_t loaded = 0;                   // tensors copied into the model
   bool ok() const { return missing.empty() && unexpected.empty() && misshaped.empty(); }
-  // "2 missing: a, b; 1 unexpected: c; 1 mis-shaped: head.weight: [1000, 192] in the file, [10, 192] in the model"
+  // "2 missing from the file: a, b; 1 not in the model: c; 1 of another shape: head.weight: [1000, 192] in the
+  // file, [10, 192] in the model": the first 10 names of each kind, then "and N more".
   std::string describe() const;
 };
 

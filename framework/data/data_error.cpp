@@ -1,10 +1,17 @@
 #include "framework/data/data_error.h"
 
+#include "framework/checkpoint/mapped_file.h"
+
 #include <cstdio>
 
 #include <fmt/format.h>
 
 namespace strobe::data {
+
+void require_regular_file(const std::string& path) {
+  const std::string kind = checkpoint::non_regular_kind(path);
+  if (!kind.empty()) throw DataError(fmt::format("{}: is {}, not a regular file", path, kind));
+}
 
 void BadSampleLog::bad(const std::string& key, const std::string& what) const {
   if (mode_ == OnBadSample::Error) throw DataError(what);

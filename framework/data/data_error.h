@@ -17,6 +17,11 @@ struct DataError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Throws DataError "PATH: is a FIFO, not a regular file" when `path` exists and is not a regular file
+// (a FIFO would block the read forever, a device would be read until memory runs out). Every reader of
+// a data file calls it before opening (checkpoint::non_regular_kind: stat never blocks).
+void require_regular_file(const std::string& path);
+
 enum class OnBadSample { Error, Skip };
 
 class BadSampleLog {

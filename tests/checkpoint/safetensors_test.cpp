@@ -2,8 +2,10 @@
 // package itself is tests/python/test_safetensors.py; here: every dtype bit-exactly through our own
 // writer and reader, every refusal of a hostile header with its message, and atomic writes.
 #include <gtest/gtest.h>
+#include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -155,6 +157,30 @@ TEST(Safetensors, HostileFilesAreRefusedNamingTheFileAndTheProblem) {
   } catch (const checkpoint::CheckpointError& e) {
     EXPECT_NE(std::string(e.what()).find("tensor 'm' (BOOL) holds the byte 7 at element 1"), std::string::npos) << e.what();
   }
+}
+
+// The header check is linear in its entries: 100,000 of them (a duplicate name last, the worst case)
+// are read, or refused, in well under a second; nlohmann's callback parser took minutes (quadratic).
+TEST(Safetensors, AHeaderOf100000EntriesIsCheckedInLinearTime) {
+  const std::string dir = temp_dir("safetensors-many");
+  std::string header = "{";
+  constexpr int kEntries = 100000;
+  for (int i = 0; i < kEntries; ++i)
+    header += fmt::format(R"("t{}":{{"dtype":"U8","shape":[1],"data_offsets":[{},{}]}},)", i, i, i + 1);
+  std::string dup = header + R"("t7":{"dtype":"U8","shape":[1],"data_offsets":[100000,100001]}})";
+  header.back() = '}';
+  write_bytes(dir + "/many.safetensors", file_of(header, kEntries));
+  write_bytes(dir + "/dup.safetensors", file_of(dup, kEntries + 1));
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(st::read_file(dir + "/many.safetensors").tensors.size(), size_t(kEntries));
+  try {
+    st::read_file(dir + "/dup.safetensors");
+    ADD_FAILURE() << "a duplicate name was accepted";
+  } catch (const checkpoint::CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("the name 't7' appears twice"), std::string::npos) << e.what();
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(seconds, 5.0) << "100,000 entries read and refused in " << seconds << " s";
 }
 
 TEST(Safetensors, AFailedWriteLeavesThePreviousFileAndNoTempFile) {

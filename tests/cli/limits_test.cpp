@@ -2,11 +2,19 @@
 // and exit 2, never a crash (std::regex once recursed per character until the stack overflowed); a
 // write the disk, a quota or the file-size limit refuses is one line naming the file and exit 1, the
 // previous file kept and no temporary left; stale temporaries of dead writers are removed by the
-// next writer of the same file (docs/CONFIG.md, "Limits" and "Exit codes").
+// next writer of the same file; a FIFO or a device where a file is read is refused, never waited on
+// (docs/CONFIG.md, "Limits" and "Exit codes").
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include "framework/checkpoint/safetensors.h"
 
 #include "tests/cli/cli_test_util.h"
 
@@ -96,3 +104,70 @@ TEST(CliWriteFailures, AFileSizeLimitFailsTheWriteNamingTheFileKeepsThePreviousA
   EXPECT_EQ(hidden_files(dir).size(), 2u) << "the failed export left its temporary";
 }
 
+// Every place Strobe reads a file a user names, given a FIFO (no writer: an open or a read would block
+// forever) or a device (read until memory runs out): one line and exit 2, never a hang. Each command
+// runs under `timeout 20` so a hang fails the test instead of stalling the suite.
+TEST(CliNonRegularFiles, AFifoOrADeviceWhereAFileIsReadIsOneLineAndExitTwo) {
+  const std::string dir = temp_dir("fifo");
+  const std::string fifo = dir + "/fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  const std::string zero = dir + "/zero.yaml";
+  fs::create_symlink("/dev/zero", zero);
+  const std::string cfg = write_config(tiny_yaml());
+  // A Hugging Face directory whose shard index is a FIFO, one whose index names a FIFO shard.
+  fs::create_directories(dir + "/hf_index");
+  ASSERT_EQ(::mkfifo((dir + "/hf_index/model.safetensors.index.json").c_str(), 0644), 0);
+  fs::create_directories(dir + "/hf_shard");
+  std::ofstream(dir + "/hf_shard/model.safetensors.index.json") << R"({"weight_map": {"fc1.weight": "shard-1.safetensors"}})";
+  ASSERT_EQ(::mkfifo((dir + "/hf_shard/shard-1.safetensors").c_str(), 0644), 0);
+  fs::create_directories(dir + "/capture");
+  ASSERT_EQ(::mkfifo((dir + "/capture/capture.ckpt").c_str(), 0644), 0);
+  std::string text_yaml = tiny_yaml();  // data: a text file that is a FIFO (data is read before the model)
+  text_yaml.replace(text_yaml.find("data:\n"), text_yaml.find("optimizer:") - text_yaml.find("data:\n"),
+                    "data:\n  name: text_file\n  path: " + fifo + "\n");
+  const std::string text_data = write_config(text_yaml);
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"fit -c " + fifo, fifo + ": the config is empty"},
+      {"fit -c " + zero, zero + ": is not a regular file or a pipe (a device?)"},
+      {"fit -c " + cfg + " --set model.init_from=" + fifo, fifo + ": is a FIFO, not a regular file"},
+      {"fit -c " + cfg + " --set model.init_from=" + dir + "/hf_index", "model.safetensors.index.json: is a FIFO, not a regular file"},
+      {"fit -c " + cfg + " --set model.init_from=" + dir + "/hf_shard", "shard-1.safetensors: is a FIFO, not a regular file"},
+      {"fit -c " + cfg + " --ckpt " + fifo + " --run-dir " + dir + "/run", fifo + ": is a FIFO, not a regular file"},
+      {"validate -c " + cfg + " --ckpt " + fifo, fifo + ": is a FIFO, not a regular file"},
+      {"export " + fifo + " -o " + dir + "/w.safetensors", fifo + ": is a FIFO, not a regular file"},
+      {"replay " + dir + "/capture", "capture.ckpt: is a FIFO, not a regular file"},
+      {"list --plugin " + fifo, fifo + ": is a FIFO, not a shared library file"},
+      {"fit -c " + text_data, fifo + ": is a FIFO, not a regular file"},
+  };
+  for (const auto& [args, want] : cases) {
+    auto r = shell_cmd("timeout 20 ", args);
+    EXPECT_EQ(r.code, 2) << args << "\n" << r.err;
+    EXPECT_EQ(count_lines(r.err), 1) << args << "\n" << r.err;
+    EXPECT_NE(r.err.find(want), std::string::npos) << args << "\n" << r.err << "wanted: " << want;
+  }
+  // A pipe that carries a config is read (-c /dev/stdin, -c <(cmd)); one that carries too much is not.
+  auto piped = shell_cmd("cat " + cfg + " | timeout 60 ",
+                         "fit -c /dev/stdin --run-dir " + dir + "/piped --set trainer.max_steps=1 --set trainer.max_epochs=-1");
+  EXPECT_EQ(piped.code, 0) << piped.err;
+  auto flood = shell_cmd("yes 'a: 1' | head -c 5000000 | timeout 20 ", "fit -c /dev/stdin");
+  EXPECT_EQ(flood.code, 2) << flood.err;
+  EXPECT_EQ(flood.err, "strobe: config error: /dev/stdin: more than 4194304 bytes; a config file may hold at most 4194304 bytes\n");
+}
+
+// A weights file of 100,000 tensors the model does not have: refused in seconds, in a line that names
+// the first few and the count (the check was quadratic and the line listed all 100,000 names).
+TEST(CliNonRegularFiles, AWeightsFileOf100000StrayTensorsIsRefusedQuicklyInAShortLine) {
+  const std::string dir = temp_dir("many-tensors");
+  strobe::safetensors::NamedTensors tensors;
+  for (int i = 0; i < 100000; ++i) tensors.emplace_back(fmt::format("stray.{}", i), torch::zeros({1}));
+  strobe::safetensors::write_file(dir + "/w.safetensors", tensors, {});
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = strobe_cmd("fit -c " + write_config(tiny_yaml()) + " --set model.init_from=" + dir + "/w.safetensors");
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(r.code, 2) << r.err.substr(0, 400);
+  EXPECT_EQ(count_lines(r.err), 1);
+  EXPECT_LT(r.err.size(), 1500u) << r.err.substr(0, 400);
+  EXPECT_NE(r.err.find("100000 not in the model: stray.0, stray.1, stray.10, "), std::string::npos) << r.err.substr(0, 400);
+  EXPECT_NE(r.err.find(" and 99990 more"), std::string::npos) << r.err.substr(0, 400);
+  EXPECT_LT(seconds, 20.0);
+}
