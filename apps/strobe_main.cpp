@@ -42,6 +42,11 @@ std::string version_string() {
   return fmt::format("strobe {} (libtorch {}; {})", STROBE_VERSION, TORCH_VERSION, cuda);
 }
 
+// A path option given as "" would be silently ignored (no --run-dir, no --ckpt): refused by the parser.
+const CLI::Validator kNonEmpty(
+    [](std::string& v) { return v.empty() ? std::string("an empty path; give a path or leave the option out") : std::string(); },
+    "PATH");
+
 struct Common {
   std::string config;
   std::vector<std::string> plugins;
@@ -54,15 +59,17 @@ struct Common {
 };
 
 void add_common(CLI::App* cmd, Common& c, bool evaluates) {
-  cmd->add_option("-c,--config", c.config, "experiment YAML file")->required();
+  cmd->add_option("-c,--config", c.config, "experiment YAML file")->required()->check(kNonEmpty);
   cmd->add_option("--set", c.sets, "override a key: --set trainer.max_steps=200 (repeatable)")->take_all();
   cmd->add_option("--plugin", c.plugins, "load a plugin (a component library built with strobe_add_plugin; repeatable)")
-      ->take_all();
+      ->take_all()
+      ->check(kNonEmpty);
   cmd->add_flag("--allow-changed-plugins", c.allow_changed_plugins,
                 "go on when a plugin the checkpoint recorded has changed (said once and recorded in the run)");
   cmd->add_option("--ckpt", c.ckpt,
                   evaluates ? "checkpoint to evaluate (required unless model.init_from names the weights)"
-                            : "checkpoint to resume from");
+                            : "checkpoint to resume from")
+      ->check(kNonEmpty);
 }
 
 // Where the command is, for the out-of-memory advice (copies: the run is gone when the error lands).
@@ -81,6 +88,20 @@ bool is_allocation_failure(const std::string& what) {
   return false;
 }
 
+// Which limit ended a run that was not stopped by a NaN or a signal: the summary always says it.
+std::string stop_reason(const strobe::Trainer& t, int rc) {
+  if (rc == strobe::kExitNaN || rc == strobe::kExitSigint || rc == strobe::kExitSigterm) return "";
+  const auto& c = t.config();
+  const auto& s = t.state();
+  if (c.fast_dev_run > 0) return fmt::format("trainer.fast_dev_run: {} batch(es)", c.fast_dev_run);
+  if (c.max_steps >= 0 && s.global_step >= c.max_steps) return fmt::format("trainer.max_steps: {} reached", c.max_steps);
+  if (c.max_epochs >= 0 && s.epoch_done && s.epoch + 1 >= c.max_epochs)
+    return fmt::format("trainer.max_epochs: {} reached", c.max_epochs);
+  if (t.should_stop()) return "a callback stopped it (early_stopping, or a callback's request_stop)";
+  if (c.max_time_s) return "trainer.max_time reached";
+  return "";
+}
+
 // Final metrics, the best checkpoint of every monitoring model_checkpoint, last.ckpt, the run directory.
 void print_fit_summary(const strobe::Run& run, int rc, double seconds) {
   auto& t = *run.trainer;
@@ -91,7 +112,9 @@ void print_fit_summary(const strobe::Run& run, int rc, double seconds) {
                     : rc == strobe::kExitSigint ? "stopped by SIGINT"
                     : rc == strobe::kExitSigterm ? "stopped by SIGTERM"
                                                  : fmt::format("stopped (exit {})", rc);
-  fmt::print("strobe fit: {} at step {}, epoch {} in {:.1f} s\n", how, s.global_step, s.epoch, seconds);
+  const std::string why = stop_reason(t, rc);
+  fmt::print("strobe fit: {} at step {}, epoch {} in {:.1f} s{}\n", how, s.global_step, s.epoch, seconds,
+             why.empty() ? "" : fmt::format(" ({})", why));
   std::string metrics;
   for (const auto& kv : t.metrics()) metrics += fmt::format(" {}={:.6g}", kv.first, kv.second);
   if (!metrics.empty()) fmt::print("  final metrics:{}\n", metrics);
@@ -210,6 +233,27 @@ int run_replay(const ReplayArgs& a) {
       throw strobe::config::ConfigError(fmt::format("--device {}: no CUDA device is visible", a.device));
     opt.device = a.device;
   }
+  if (!a.report.empty()) {
+    // The report is never written over an input: the capture's own files (capture.ckpt, ...).
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    const fs::path report(a.report);
+    std::vector<fs::path> dirs{a.capture};
+    try {
+      dirs.push_back(strobe::capture::resolve_capture_dir(a.capture));
+    } catch (const strobe::checkpoint::CheckpointError&) {
+      // replay_capture below says what is wrong with it
+    }
+    for (const fs::path& dir : dirs) {
+      if (fs::exists(report, ec) && fs::equivalent(report, dir, ec))
+        throw strobe::config::ConfigError(fmt::format("--report {}: is the capture directory; write the report elsewhere", a.report));
+      for (const auto& e : fs::directory_iterator(dir, ec))
+        if (fs::exists(report, ec) && fs::equivalent(report, e.path(), ec))
+          throw strobe::config::ConfigError(fmt::format(
+              "--report {}: is the capture's {} (an input of the replay); write the report elsewhere", a.report,
+              e.path().filename().string()));
+    }
+  }
   auto report = strobe::capture::replay_capture(a.capture, opt);
   fmt::print("{}", strobe::capture::format_replay_report(report));
   if (!a.report.empty()) {
@@ -270,7 +314,8 @@ int main(int argc, char** argv) {
   Common fit_c, val_c, test_c;
   auto* fit = app.add_subcommand("fit", "train (and validate) a model; resumes with --ckpt");
   add_common(fit, fit_c, false);
-  fit->add_option("--run-dir", fit_c.run_dir, "run directory (default <default_root_dir>/<name>/version_<n>)");
+  fit->add_option("--run-dir", fit_c.run_dir, "run directory (default <default_root_dir>/<name>/version_<n>)")
+      ->check(kNonEmpty);
   fit->add_flag("--overwrite", fit_c.overwrite,
                 "start over in a run directory that holds another run: first remove its config.yaml, metrics.csv, "
                 "checkpoints, NaN captures and TensorBoard events");
@@ -282,23 +327,28 @@ int main(int argc, char** argv) {
   add_common(tst, test_c, true);
   ReplayArgs replay_a;
   auto* rep = app.add_subcommand("replay", "re-run the failing step of a NaN capture and name the first non-finite operation");
-  rep->add_option("capture", replay_a.capture, "capture directory: <run_dir>/nan (the latest capture) or nan/step_<N>")->required();
+  rep->add_option("capture", replay_a.capture, "capture directory: <run_dir>/nan (the latest capture) or nan/step_<N>")
+      ->required()
+      ->check(kNonEmpty);
   rep->add_option("--device", replay_a.device, "cpu | cuda | cuda:<i> (default: the device it was captured on)");
-  rep->add_option("--report", replay_a.report, "also write the report as JSON to this file");
+  rep->add_option("--report", replay_a.report, "also write the report as JSON to this file")->check(kNonEmpty);
   rep->add_flag("--allow-changed-plugins", replay_a.allow_changed_plugins,
                 "go on when a plugin the capture recorded has changed (said once; the report notes it)");
   strobe::ExportOptions export_a;
   auto* exp = app.add_subcommand("export", "write a checkpoint's model weights as a safetensors file");
-  exp->add_option("checkpoint", export_a.checkpoint, "a Strobe checkpoint (last.ckpt, a top-k checkpoint)")->required();
-  exp->add_option("-o,--output", export_a.output, "the .safetensors file to write")->required();
+  exp->add_option("checkpoint", export_a.checkpoint, "a Strobe checkpoint (last.ckpt, a top-k checkpoint)")
+      ->required()
+      ->check(kNonEmpty);
+  exp->add_option("-o,--output", export_a.output, "the .safetensors file to write (--names hf: the directory)")->required()->check(kNonEmpty);
   exp->add_flag("--overwrite", export_a.overwrite, "replace the output file if it exists");
   exp->add_option("--names", export_a.names,
-                  "the names to write: strobe (the model's own, default), timm or torchvision (docs/MODELS.md)");
+                  "the names to write: strobe (the model's own, default), timm, torchvision, or hf (a llama as a Hugging Face "
+                  "directory: -o DIR gets config.json + model.safetensors; docs/MODELS.md)");
   BenchArgs bench_a;
   auto* bench = app.add_subcommand(
       "bench", "time training steps and kernels: suites step, giou, attention, optimizer, metrics, nan_capture (default: all)");
   bench->add_option("suites", bench_a.suites, "suites to run (default: all)");
-  bench->add_option("--json", bench_a.json, "also write the results as JSON to this file");
+  bench->add_option("--json", bench_a.json, "also write the results as JSON to this file")->check(kNonEmpty);
   bench->add_option("-c,--config", bench_a.options.config, "step suite: time this config instead of the seed workloads");
   bench->add_option("--workload", bench_a.options.workloads,
                     "step suite: only these seed workloads (vit_l16, face_detector_giou, resnet50, lm_pack, lm_pad_to_max, "
@@ -315,7 +365,9 @@ int main(int argc, char** argv) {
   std::vector<std::string> list_plugins;
   auto* list = app.add_subcommand("list", "list the models, tasks, data modules, callbacks and metrics an experiment can name");
   list->add_option("kind", list_kind, "models | tasks | data | callbacks | metrics: that kind's names, one per line");
-  list->add_option("--plugin", list_plugins, "load a plugin first: its components are listed too (repeatable)")->take_all();
+  list->add_option("--plugin", list_plugins, "load a plugin first: its components are listed too (repeatable)")
+      ->take_all()
+      ->check(kNonEmpty);
   app.footer(components_text());
   try {
     app.parse(argc, argv);
@@ -325,6 +377,9 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
+  } catch (const CLI::ValidationError& e) {
+    fmt::print(stderr, "strobe: {}\n", e.what());  // names the option and says what to give: one line
+    return 2;
   } catch (const CLI::ParseError& e) {
     fmt::print(stderr, "strobe: {}\nRun 'strobe --help' for usage.\n", e.what());
     return 2;

@@ -209,6 +209,7 @@ std::unique_ptr<Run> build_run(config::Document& doc, const RunOptions& options)
   run->datamodule = data_registry().create(exp.data, "", ctx);
   if (options.stage == Stage::Fit) check_batch_memory(exp.data, *run->datamodule, ctx.seed);
   auto model = model_registry().create(exp.model, "");
+  std::optional<std::string> hf_source_config;  // the Hugging Face config.json the weights came with
   check_data_fits_model(exp.model, exp.data.node()["name"].Scalar(), run->datamodule->info());
   if (exp.init_from) {
     if (options.ckpt) {
@@ -216,7 +217,7 @@ std::unique_ptr<Run> build_run(config::Document& doc, const RunOptions& options)
         fmt::print(stderr, "strobe: model.init_from ({}) is ignored: the weights come from --ckpt {}\n",
                    exp.init_from->path, *options.ckpt);
     } else {
-      load_init_from(*model, exp.model, *exp.init_from, env.rank == 0);
+      hf_source_config = load_init_from(*model, exp.model, *exp.init_from, env.rank == 0);
     }
   }
   run->module = task_registry().create(exp.task, model->default_task(), model);
@@ -296,6 +297,7 @@ std::unique_ptr<Run> build_run(config::Document& doc, const RunOptions& options)
 
   run->trainer =
       std::make_unique<Trainer>(exp, "", run->module, run->datamodule, run->callbacks, run->run_dir, run->strategy);
+  if (hf_source_config) run->trainer->set_hf_source_config(*hf_source_config);
   if (options.stage == Stage::Fit) run->trainer->setup_for_fit();  // reads optimizer/scheduler keys
   run->resolved_yaml = doc.emit();
   *resolved = run->resolved_yaml;

@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <vector>
@@ -55,9 +56,48 @@ safetensors::NamedTensors rename_tensors(const ExportOptions& options, const che
   }
 }
 
+// The run's config.json when its weights came from a Hugging Face directory (blob `hf_config`): its
+// fields are kept (max_position_embeddings, bos/eos/pad token ids, anything transformers or a
+// tokenizer reads), and the model's own fields written over them, but for max_position_embeddings:
+// the source's context length, which bounds the run's max_seq_len, stays.
+nlohmann::json with_source_fields(const nlohmann::json& ours, const checkpoint::CheckpointData& data) {
+  if (!data.has_blob("hf_config")) return ours;
+  nlohmann::json merged = nlohmann::json::parse(data.blob("hf_config"), nullptr, false);
+  if (!merged.is_object()) return ours;
+  for (const auto& [key, value] : ours.items())
+    if (key != "max_position_embeddings" || !merged.contains(key)) merged[key] = value;
+  // transformers 5 spells torch_dtype "dtype": the weights' dtype is ours, under either name.
+  if (merged.contains("dtype") && ours.contains("torch_dtype")) merged["dtype"] = ours["torch_dtype"];
+  return merged;
+}
+
+// generation_config.json, as transformers derives it from a model config (GenerationConfig.
+// from_model_config): the token ids that generate() needs; none when config.json names none.
+std::optional<nlohmann::json> generation_config_of(const nlohmann::json& config) {
+  nlohmann::json g = {{"_from_model_config", true}};
+  for (const char* key : {"bos_token_id", "eos_token_id", "pad_token_id"})
+    if (config.contains(key) && !config[key].is_null()) g[key] = config[key];
+  if (g.size() == 1) return std::nullopt;
+  return g;
+}
+
+namespace fs = std::filesystem;
+
+// Whether `a` and `b` are the same existing file (a link or another spelling of it included).
+bool same_file(const fs::path& a, const fs::path& b) {
+  std::error_code ec;
+  return fs::exists(a, ec) && fs::exists(b, ec) && fs::equivalent(a, b, ec);
+}
+
 }  // namespace
 
 int export_weights(const ExportOptions& options) {
+  // The output is never an input: replacing it would destroy the checkpoint being read.
+  for (const fs::path& out : {fs::path(options.output), fs::path(options.output) / "model.safetensors",
+                              fs::path(options.output) / "config.json"})
+    if (same_file(out, options.checkpoint))
+      throw ExportError(fmt::format("-o {}: is the checkpoint being exported ({}); write the export elsewhere",
+                                    out.string(), options.checkpoint));
   checkpoint::CheckpointData data = checkpoint::load_checkpoint_file(options.checkpoint);
   safetensors::NamedTensors tensors;
   const std::string prefix = "model/";
@@ -68,6 +108,11 @@ int export_weights(const ExportOptions& options) {
 
   std::optional<nlohmann::json> hf_config;
   if (options.names != "strobe") tensors = rename_tensors(options, data, tensors, hf_config);
+  std::optional<nlohmann::json> generation_config;
+  if (hf_config) {
+    hf_config = with_source_fields(*hf_config, data);
+    generation_config = generation_config_of(*hf_config);
+  }
 
   std::map<std::string, std::string> metadata{
       {"format", "pt"}, {"strobe.version", STROBE_VERSION}, {"strobe.names", options.names}};
@@ -88,9 +133,12 @@ int export_weights(const ExportOptions& options) {
   }
 
   struct stat st {};
+  if (hf_config && fs::path(options.output).extension() == ".safetensors")
+    throw ExportError(fmt::format("-o {}: --names hf writes a directory (config.json + model.safetensors), not a "
+                                  ".safetensors file: give a directory name",
+                                  options.output));
   if (hf_config) {
     // A Hugging Face checkpoint directory: config.json + model.safetensors.
-    namespace fs = std::filesystem;
     std::error_code ec;
     if (::stat(options.output.c_str(), &st) == 0) {
       if (!S_ISDIR(st.st_mode))
@@ -103,8 +151,23 @@ int export_weights(const ExportOptions& options) {
       throw ExportError(fmt::format("-o {}: cannot create the directory ({})", options.output, ec.message()));
     }
     try {
-      safetensors::write_file((fs::path(options.output) / "model.safetensors").string(), tensors, metadata);
-      checkpoint::write_file_atomic((fs::path(options.output) / "config.json").string(), hf_config->dump(2) + "\n");
+      // Both files are written as temporaries and both targets checked before either is renamed: a
+      // failed export leaves an existing directory as it was (other files in it, a tokenizer, stay).
+      const std::string config_text = hf_config->dump(2) + "\n";
+      std::vector<std::unique_ptr<checkpoint::PendingWrite>> files;
+      files.push_back(safetensors::prepare_file((fs::path(options.output) / "model.safetensors").string(), tensors, metadata));
+      files.push_back(std::make_unique<checkpoint::PendingWrite>(
+          (fs::path(options.output) / "config.json").string(),
+          std::vector<checkpoint::ByteSpan>{{config_text.data(), config_text.size()}}));
+      const std::string generation_text = generation_config ? generation_config->dump(2) + "\n" : "";
+      if (generation_config)
+        files.push_back(std::make_unique<checkpoint::PendingWrite>(
+            (fs::path(options.output) / "generation_config.json").string(),
+            std::vector<checkpoint::ByteSpan>{{generation_text.data(), generation_text.size()}}));
+      for (const auto& file : files)
+        if (fs::is_directory(file->path(), ec))
+          throw ExportError(fmt::format("-o {}: {} is a directory; nothing was replaced", options.output, file->path()));
+      for (auto& file : files) file->commit();
     } catch (const checkpoint::CheckpointError& e) {
       throw ExportError(fmt::format("-o {}: cannot write it: {}", options.output, e.what()));
     }

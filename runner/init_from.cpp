@@ -18,7 +18,7 @@
 
 namespace strobe {
 
-void load_init_from(Model& model, config::Section& model_cfg, const config::InitFrom& f, bool speaks) {
+std::optional<std::string> load_init_from(Model& model, config::Section& model_cfg, const config::InitFrom& f, bool speaks) {
   const std::string family = model_cfg.node()["name"].Scalar();
   config::Section init = model_cfg.child("init_from");  // errors name the key and where it was set
   NameMap map;
@@ -79,10 +79,12 @@ void load_init_from(Model& model, config::Section& model_cfg, const config::Init
 
   // Hugging Face names: the config.json beside the weights must describe this model.
   std::string checked;
+  std::optional<std::string> source_config;
   if (const HfConfigCodec* codec = f.names == "hf" ? hf_config_registry().find(family) : nullptr) {
     const fs::path config = dir / "config.json";
     if (fs::exists(config, ec)) {
-      const HfConfigCheck c = codec->check(read_json(config, "not valid JSON"), model_cfg.node());
+      const nlohmann::json source = read_json(config, "not valid JSON");
+      const HfConfigCheck c = codec->check(source, model_cfg.node());
       if (!c.mismatches.empty()) {
         std::string all;
         for (const auto& m : c.mismatches) all += (all.empty() ? "" : "; ") + m;
@@ -91,6 +93,7 @@ void load_init_from(Model& model, config::Section& model_cfg, const config::Init
       for (const auto& name : c.ignore)
         if (tensors.count(name)) tensors.erase(name);
       checked = "; config.json agrees";
+      source_config = source.dump(2);
     } else {
       checked = "; no config.json beside it: checked by names and shapes only";
     }
@@ -102,7 +105,7 @@ void load_init_from(Model& model, config::Section& model_cfg, const config::Init
                                             "model.init_from.ignore (globs such as \"head.*\") or load what fits "
                                             "with model.init_from.strict: false",
                                             what, family, fit.describe()));
-  if (!speaks) return;
+  if (!speaks) return source_config;
   if (!fit.ok()) fmt::print(stderr, "strobe: warning: model.init_from: {} does not fit model '{}' (strict: false): {}\n",
                             what, family, fit.describe());
   // What `ignore` left out, the first ten by name (an error lists every name; this is a note).
@@ -112,6 +115,7 @@ void load_init_from(Model& model, config::Section& model_cfg, const config::Init
   fmt::print("strobe: model.init_from: {} tensors loaded from {}{}{}\n", fit.loaded, what,
              fit.ignored.empty() ? "" : fmt::format("; ignored {}: {}", fit.ignored.size(), ignored), checked);
   std::fflush(stdout);
+  return source_config;
 }
 
 }  // namespace strobe

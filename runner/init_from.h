@@ -2,6 +2,9 @@
 // it is spelled in (framework/core/weight_names.h), into a freshly built model.
 #pragma once
 
+#include <optional>
+#include <string>
+
 #include "framework/config/experiment.h"
 #include "framework/core/model.h"
 
@@ -13,6 +16,8 @@ namespace strobe {
 // cannot be mapped to (model.init_from.names), a file that cannot be read or is not safetensors
 // (model.init_from.path), and, with strict, every name and shape that does not fit, in one message.
 // With `speaks`, prints what was loaded (stdout) and, without strict, what did not fit (stderr).
-void load_init_from(Model& model, config::Section& model_cfg, const config::InitFrom& f, bool speaks);
+// Returns the text of the Hugging Face config.json the weights came with (names: hf, a config.json
+// that agrees with the model), which checkpoints keep (blob `hf_config`) for `export --names hf`.
+std::optional<std::string> load_init_from(Model& model, config::Section& model_cfg, const config::InitFrom& f, bool speaks);
 
 }  // namespace strobe

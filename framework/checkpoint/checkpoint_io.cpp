@@ -91,7 +91,7 @@ const torch::Tensor& CheckpointData::tensor(const std::string& k) const {
   return it->second;
 }
 
-void write_spans_atomic(const std::string& path, const std::vector<ByteSpan>& parts) {
+PendingWrite::PendingWrite(const std::string& path, const std::vector<ByteSpan>& parts) : path_(path) {
   namespace fs = std::filesystem;
   fs::path target(path);
   fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
@@ -99,7 +99,7 @@ void write_spans_atomic(const std::string& path, const std::vector<ByteSpan>& pa
   fs::create_directories(dir, mk);
   if (mk) throw CheckpointError(fmt::format("{}: cannot create directory ({})", dir.string(), mk.message()));
   remove_stale_temp_files(dir.string(), target.filename().string());
-  fs::path tmp = dir / fmt::format(".{}.tmp.{}", target.filename().string(), ::getpid());
+  const fs::path tmp = dir / fmt::format(".{}.tmp.{}", target.filename().string(), ::getpid());
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) throw_write_error(tmp.string(), "cannot create", errno);
   size_t written = 0;
@@ -109,23 +109,36 @@ void write_spans_atomic(const std::string& path, const std::vector<ByteSpan>& pa
     if (::fsync(fd) != 0) throw_write_error(path, "fsync failed", errno);
   } catch (...) {
     ::close(fd);
-    std::error_code ec;
-    fs::remove(tmp, ec);
+    ::unlink(tmp.c_str());
     throw;
   }
   ::close(fd);
-  if (::rename(tmp.c_str(), target.c_str()) != 0) {
+  tmp_ = tmp.string();
+}
+
+PendingWrite::~PendingWrite() {
+  if (!committed_ && !tmp_.empty()) ::unlink(tmp_.c_str());
+}
+
+void PendingWrite::commit() {
+  namespace fs = std::filesystem;
+  if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
     const int err = errno;
-    std::error_code ec;
-    fs::remove(tmp, ec);
-    throw_write_error(path, "rename failed", err);
+    ::unlink(tmp_.c_str());
+    committed_ = true;  // nothing left to remove
+    throw_write_error(path_, "rename failed", err);
   }
+  committed_ = true;
+  const fs::path target(path_);
+  const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
   int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd >= 0) {
     ::fsync(dfd);
     ::close(dfd);
   }
 }
+
+void write_spans_atomic(const std::string& path, const std::vector<ByteSpan>& parts) { PendingWrite(path, parts).commit(); }
 
 namespace {
 

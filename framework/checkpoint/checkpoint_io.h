@@ -55,6 +55,24 @@ struct ByteSpan {
 };
 void write_spans_atomic(const std::string& path, const std::vector<ByteSpan>& parts);
 
+// The same write in two halves, for an output of several files that must change together (a Hugging
+// Face export: model.safetensors and config.json): the constructor writes and fsyncs the temp file,
+// commit() renames it into place; destroyed uncommitted, it removes the temp file. So every file is
+// written, and every target checked, before the first rename.
+class PendingWrite {
+ public:
+  PendingWrite(const std::string& path, const std::vector<ByteSpan>& parts);
+  ~PendingWrite();
+  PendingWrite(const PendingWrite&) = delete;
+  PendingWrite& operator=(const PendingWrite&) = delete;
+  void commit();
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_, tmp_;
+  bool committed_ = false;
+};
+
 // Removes the temp files (".<name>.tmp.<pid>") that a writer killed mid-write left in `dir`, skipping
 // those of a process that is still running; returns the names removed. Missing `dir`: nothing.
 // `only_for`: just the temp files of that file name. Every atomic write does this for its target

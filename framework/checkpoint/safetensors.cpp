@@ -68,7 +68,8 @@ File read_file(const std::string& path) {
   return out;
 }
 
-void write_file(const std::string& path, const NamedTensors& tensors, const std::map<std::string, std::string>& metadata) {
+std::unique_ptr<checkpoint::PendingWrite> prepare_file(const std::string& path, const NamedTensors& tensors,
+                                                       const std::map<std::string, std::string>& metadata) {
   std::vector<TensorEntry> entries;
   std::vector<torch::Tensor> data;
   for (const auto& [name, tensor] : tensors) {
@@ -89,7 +90,11 @@ void write_file(const std::string& path, const NamedTensors& tensors, const std:
   }
   std::vector<checkpoint::ByteSpan> parts{{head.data(), head.size()}};
   for (const auto& t : data) parts.push_back({t.data_ptr(), static_cast<size_t>(t.nbytes())});
-  checkpoint::write_spans_atomic(path, parts);
+  return std::make_unique<checkpoint::PendingWrite>(path, parts);
+}
+
+void write_file(const std::string& path, const NamedTensors& tensors, const std::map<std::string, std::string>& metadata) {
+  prepare_file(path, tensors, metadata)->commit();
 }
 
 }  // namespace strobe::safetensors

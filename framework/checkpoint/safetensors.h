@@ -5,11 +5,14 @@
 #pragma once
 
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include <torch/types.h>
+
+#include "framework/checkpoint/checkpoint_io.h"
 
 namespace strobe::safetensors {
 
@@ -28,5 +31,8 @@ File read_file(const std::string& path);
 // a dtype safetensors has no code for, an I/O error); a failed write leaves an existing file as it was.
 void write_file(const std::string& path, const NamedTensors& tensors,
                 const std::map<std::string, std::string>& metadata = {});
+// The same, written to its temp file only: commit() puts it in place (checkpoint::PendingWrite).
+std::unique_ptr<checkpoint::PendingWrite> prepare_file(const std::string& path, const NamedTensors& tensors,
+                                                       const std::map<std::string, std::string>& metadata = {});
 
 }  // namespace strobe::safetensors

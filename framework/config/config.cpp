@@ -475,7 +475,14 @@ Document Document::load_string(const std::string& text, const std::string& sourc
   d.source_ = std::make_shared<SourceInfo>();
   d.source_->file = source_name;
   try {
-    d.root_ = YAML::Load(text);
+    // Every document, not the first alone: a second one (after a '---' or '...' line) would be ignored.
+    const std::vector<YAML::Node> docs = YAML::LoadAll(text);
+    if (docs.size() > 1) {
+      const YAML::Mark m = docs[1].Mark();
+      throw ConfigError(fmt::format("{}{}: a second YAML document (after a '---' or '...' line); a config is one document",
+                                    source_name, m.is_null() ? "" : fmt::format(":{}:{}", m.line + 1, m.column + 1)));
+    }
+    if (!docs.empty()) d.root_ = docs[0];
   } catch (const YAML::Exception& e) {
     throw ConfigError(fmt::format("{}:{}:{}: invalid YAML: {}", source_name, e.mark.line + 1, e.mark.column + 1, e.msg));
   }
@@ -531,7 +538,10 @@ Document Document::load_file(const std::string& path) {
 void Document::apply_override(const std::string& assignment) {
   auto eq = assignment.find('=');
   // The --set as messages name it: whole, unless it is too long to read on one line.
-  const std::string text = "--set " + (assignment.size() > 1000 ? shown(assignment) : assignment);
+  // (Line breaks written as \n: the message stays one line.)
+  std::string printable;
+  for (char ch : assignment.size() > 1000 ? shown(assignment) : assignment) printable += ch == '\n' ? std::string("\\n") : std::string(1, ch);
+  const std::string text = "--set " + printable;
   if (eq == std::string::npos || eq == 0)
     throw ConfigError(fmt::format("{}: expected KEY=VALUE with a dotted key, e.g. trainer.max_steps=100", text));
   std::string key = assignment.substr(0, eq), value = assignment.substr(eq + 1);
@@ -559,11 +569,24 @@ void Document::apply_override(const std::string& assignment) {
     at = dot + 1;
   }
   YAML::Node parsed;
+  size_t documents = 0;
   try {
-    parsed = YAML::Load(value);
+    const std::vector<YAML::Node> docs = YAML::LoadAll(value);
+    documents = docs.size();
+    if (!docs.empty()) parsed = docs[0];
   } catch (const YAML::Exception& e) {
     throw ConfigError(fmt::format("{}: value is not valid YAML: {}", text, e.msg));
   }
+  // A value YAML reads as no value at all ('---', '...', '# x': a marker or a comment) would silently
+  // mean the default; only a null spelt out means that.
+  const std::string trimmed = value.substr(value.find_first_not_of(" \t"));
+  static const std::set<std::string> nulls = {"null", "Null", "NULL", "~"};
+  if (documents > 1)
+    throw ConfigError(fmt::format("{}: YAML reads the value as two documents (a '---' or '...' line inside it); quote it", text));
+  if ((documents == 0 || parsed.IsNull()) && !nulls.count(trimmed.substr(0, trimmed.find_last_not_of(" \t") + 1)))
+    throw ConfigError(fmt::format("{}: YAML reads the value as no value (a document marker or a comment); quote it ({}='\"{}\"'), "
+                                  "or write {}=null for the default",
+                                  text, shown(key), shown(value), shown(key)));
   check_expansion(parsed, text);
   try {
     check_duplicate_keys(parsed, key, text);

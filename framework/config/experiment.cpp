@@ -176,8 +176,11 @@ Experiment parse_experiment(Document& doc) {
 
   Section t = root.child("trainer");
   TrainerConfig& c = e.trainer;
-  c.max_epochs = t.get_int("max_epochs", 1, -1);
+  // As Lightning: max_steps set and max_epochs not means as many epochs as the steps take (-1, so
+  // recorded in config.yaml); neither set means one epoch.
+  const bool epochs_given = t.has("max_epochs") && !t.is_null("max_epochs");
   c.max_steps = t.get_int("max_steps", -1, -1);
+  c.max_epochs = t.get_int("max_epochs", c.max_steps >= 0 && !epochs_given ? -1 : 1, -1);
   if (auto mt = t.get_optional_string("max_time")) {
     c.max_time_s = parse_duration(*mt);
     if (!c.max_time_s) t.fail("max_time", fmt::format("expected a duration \"DD:HH:MM:SS\", got '{}'", shown(*mt)));

@@ -137,6 +137,10 @@ class Trainer : public TrainerView, public StepAccess {
   void add_callback(std::shared_ptr<Callback> callback);
   void add_metric_consumer(logging::MetricConsumer* consumer);
   void set_resolved_config(std::string yaml) { config_yaml_ = std::move(yaml); }
+  // The Hugging Face config.json the initial weights came with (model.init_from, names: hf): every
+  // checkpoint keeps it (blob `hf_config`, restored on resume) so `export --names hf` writes its
+  // fields back (max_position_embeddings, bos/eos token ids, ...).
+  void set_hf_source_config(std::string json) { hf_source_config_ = std::move(json); }
   void load_checkpoint(const std::string& path, bool restore_training_state);
   // A checkpoint already read from `path` (build_run reads --ckpt for the plugins it recorded): the
   // next fit/validate/test/predict given the same path loads these tensors instead of reading the
@@ -178,6 +182,7 @@ class Trainer : public TrainerView, public StepAccess {
 
   config::Experiment exp_;
   std::string config_yaml_;
+  std::string hf_source_config_;  // empty: none
   std::string resume_changes_;  // the allowed config changes of the last resume, listed by fit()
   std::shared_ptr<Module> module_;
   std::shared_ptr<DataModule> datamodule_;

@@ -229,6 +229,15 @@ void Trainer::register_state() {
   connector_.add(
       "config", [this](CheckpointData& d, const StepStart*) { d.blobs["config"] = config_yaml_; }, nullptr, Kind::Always);
   connector_.add(
+      "hf_config",
+      [this](CheckpointData& d, const StepStart*) {
+        if (!hf_source_config_.empty()) d.blobs["hf_config"] = hf_source_config_;
+      },
+      [this](const CheckpointData& d) {
+        if (d.has_blob("hf_config")) hf_source_config_ = d.blob("hf_config");
+      },
+      Kind::Always);
+  connector_.add(
       "meta",
       [this](CheckpointData& d, const StepStart*) {
         nlohmann::json meta = {{"format_version", checkpoint::kFormatVersion},

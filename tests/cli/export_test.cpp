@@ -184,6 +184,36 @@ TEST(CliExport, NamesHfWritesACheckpointDirectoryAndRefusesToWriteOverFiles) {
   r = testing::strobe_cmd("export " + ckpt + " --names hf -o " + out + "/config.json");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("exists and is not a directory"), std::string::npos) << r.err;
+  r = testing::strobe_cmd("export " + ckpt + " --names hf -o " + dir + "/llama.safetensors");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(r.err, "strobe export: -o " + dir + "/llama.safetensors: --names hf writes a directory (config.json + "
+                    "model.safetensors), not a .safetensors file: give a directory name\n");
+  EXPECT_FALSE(std::filesystem::exists(dir + "/llama.safetensors"));
+
+  // A target that cannot be replaced (config.json is a directory): refused before either file is
+  // renamed: model.safetensors stays as it was, the directory's other files stay, no temporary is left.
+  const std::string weights = testing::slurp(out + "/model.safetensors");
+  std::filesystem::remove(out + "/config.json");
+  std::filesystem::create_directories(out + "/config.json");
+  std::ofstream(out + "/tokenizer.json") << "{}";
+  r = testing::strobe_cmd("fit -c " + testing::source_path("configs/cpu/llama_1b.yaml") + " --ckpt " + ckpt +
+                          " --set trainer.max_steps=3 --set trainer.enable_progress_bar=false");
+  ASSERT_EQ(r.code, 0) << r.err;  // other weights to export
+  r = testing::strobe_cmd("export " + ckpt + " --names hf -o " + out + " --overwrite");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(r.err, "strobe export: -o " + out + ": " + out + "/config.json is a directory; nothing was replaced\n");
+  EXPECT_EQ(testing::slurp(out + "/model.safetensors"), weights) << "model.safetensors was replaced";
+  EXPECT_TRUE(std::filesystem::exists(out + "/tokenizer.json"));
+  for (const auto& e : std::filesystem::directory_iterator(out))
+    EXPECT_NE(e.path().filename().string()[0], '.') << e.path() << " left behind";
+
+  // The output is never the input, --overwrite or not.
+  const std::string ckpt_bytes = testing::slurp(ckpt);
+  r = testing::strobe_cmd("export " + ckpt + " -o " + ckpt + " --overwrite");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(r.err, "strobe export: -o " + ckpt + ": is the checkpoint being exported (" + ckpt +
+                    "); write the export elsewhere\n");
+  EXPECT_EQ(testing::slurp(ckpt), ckpt_bytes);
 }
 
 }  // namespace

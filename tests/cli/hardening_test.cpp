@@ -339,7 +339,7 @@ TEST(CliConsole, FitEndsWithASummary) {
   auto r = strobe_cmd("fit -c " + cfg + " --run-dir " + dir);
   ASSERT_EQ(r.code, 0) << r.err;
   std::smatch m;
-  ASSERT_TRUE(std::regex_search(r.out, m, std::regex(R"(strobe fit: finished at step 24, epoch 1 in [0-9.]+ s\n)"))) << r.out;
+  ASSERT_TRUE(std::regex_search(r.out, m, std::regex(R"(strobe fit: finished at step 24, epoch 1 in [0-9.]+ s \(trainer.max_epochs: 2 reached\)\n)"))) << r.out;
   ASSERT_TRUE(std::regex_search(r.out, m, std::regex(R"(  final metrics:.* train/loss=([-0-9.e]+).* val/acc=([-0-9.e]+))"))) << r.out;
   const auto loss = read_csv(dir + "/metrics.csv", "train/loss");
   EXPECT_NEAR(std::stod(m[1]), std::stod(loss.rbegin()->second.at("train/loss")), 1e-5);

@@ -171,3 +171,61 @@ TEST(CliNonRegularFiles, AWeightsFileOf100000StrayTensorsIsRefusedQuicklyInAShor
   EXPECT_NE(r.err.find(" and 99990 more"), std::string::npos) << r.err.substr(0, 400);
   EXPECT_LT(seconds, 20.0);
 }
+
+// Input that YAML or the command line would silently drop (the default would apply instead): one line
+// and exit 2, before anything is written.
+TEST(CliSilentInput, WhatYamlOrTheCommandLineWouldIgnoreIsOneLineAndExitTwo) {
+  const std::string dir = temp_dir("silent");
+  const std::string cfg = write_config(tiny_yaml("  default_root_dir: " + dir + "/runs\n"));
+  const std::string second_doc = tiny_yaml() + "---\ntrainer:\n  max_epochs: 9\n";
+  const std::string after_end = tiny_yaml() + "...\noptimizer:\n  lr: 0.5\n";
+  const std::string second_line = "exp.yaml:" + std::to_string(count_lines(tiny_yaml()) + 2) + ":1: ";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"fit -c " + cfg + " --set name=---", "--set name=---: YAML reads the value as no value"},
+      {"fit -c " + cfg + " --set name=...", "--set name=...: YAML reads the value as no value"},
+      {"fit -c " + cfg + " --set 'optimizer.lr=# x'", "--set optimizer.lr=# x: YAML reads the value as no value"},
+      {"fit -c " + cfg + " --set 'name=a\n---\nb'", "YAML reads the value as two documents"},
+      {"fit -c " + write_config(second_doc), second_line + "a second YAML document (after a '---' or '...' line)"},
+      {"fit -c " + write_config(after_end), second_line + "a second YAML document"},
+      {"fit -c " + cfg + " --run-dir ''", "strobe: --run-dir: an empty path; give a path or leave the option out"},
+      {"fit -c " + cfg + " --ckpt ''", "strobe: --ckpt: an empty path"},
+      {"export '' -o " + dir + "/w.safetensors", "an empty path"},
+      {"replay " + dir + " --report ''", "strobe: --report: an empty path"},
+  };
+  for (const auto& [args, want] : cases) {
+    auto r = strobe_cmd(args);
+    EXPECT_EQ(r.code, 2) << args << "\n" << r.err;
+    EXPECT_EQ(count_lines(r.err), 1) << args << "\n" << r.err;
+    EXPECT_NE(r.err.find(want), std::string::npos) << args << "\n" << r.err << "wanted: " << want;
+  }
+  EXPECT_FALSE(fs::exists(dir + "/runs")) << "a refused command wrote a run";
+  // Only a null spelt out means the default.
+  auto null_name = strobe_cmd("fit -c " + cfg + " --set name=null --run-dir " + dir + "/null --set trainer.max_steps=1");
+  EXPECT_EQ(null_name.code, 0) << null_name.err;
+  EXPECT_NE(slurp(dir + "/null/config.yaml").find("name: experiment\n"), std::string::npos);
+}
+
+// max_steps without max_epochs trains until max_steps (Lightning's rule; config.yaml records -1), and
+// the summary says which limit ended the run.
+TEST(CliSilentInput, MaxStepsAloneIsNotCutShortByADefaultEpochAndTheSummarySaysWhatEnded) {
+  std::string yaml = tiny_yaml();
+  yaml.erase(yaml.find("  max_epochs: 2\n"), 16);
+  const std::string cfg = write_config(yaml);
+  const std::string dir = temp_dir("max-steps");
+  // 96 samples in batches of 8: 12 steps an epoch; 30 steps take three epochs.
+  auto r = strobe_cmd("fit -c " + cfg + " --run-dir " + dir + "/steps --set trainer.max_steps=30");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("strobe fit: finished at step 30, epoch 2 in "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(" s (trainer.max_steps: 30 reached)\n"), std::string::npos) << r.out;
+  EXPECT_NE(slurp(dir + "/steps/config.yaml").find("max_epochs: -1\n"), std::string::npos);
+  // Both set: the first reached ends the run, and the summary names it.
+  r = strobe_cmd("fit -c " + cfg + " --run-dir " + dir + "/epochs --set trainer.max_steps=30 --set trainer.max_epochs=2");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("strobe fit: finished at step 24, epoch 1 in "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(" s (trainer.max_epochs: 2 reached)\n"), std::string::npos) << r.out;
+  // Neither set: one epoch.
+  r = strobe_cmd("fit -c " + cfg + " --run-dir " + dir + "/default");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("strobe fit: finished at step 12, epoch 0 in "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(" s (trainer.max_epochs: 1 reached)\n"), std::string::npos) << r.out;
+}

@@ -437,3 +437,34 @@ TEST(ConfigLimits, LongValuesKeysAndNamesAreRefusedInOneLine) {
     EXPECT_EQ(e.find('\n'), std::string::npos);
   }
 }
+
+// As Lightning: max_steps without max_epochs trains until max_steps (max_epochs resolves to -1 and the
+// resolved config says so); neither means one epoch; a max_epochs given is kept.
+TEST(Config, MaxStepsAloneResolvesMaxEpochsToUnlimited) {
+  auto epochs = [](const std::string& trainer) {
+    auto doc = Document::load_string(std::string(kBase) + "trainer:\n" + trainer, "exp.yaml");
+    const auto e = parse_experiment(doc);
+    EXPECT_NE(doc.emit().find(fmt::format("max_epochs: {}\n", e.trainer.max_epochs)), std::string::npos) << doc.emit();
+    return e.trainer.max_epochs;
+  };
+  EXPECT_EQ(epochs("  max_steps: 40\n"), -1);
+  EXPECT_EQ(epochs("  max_steps: 0\n"), -1);
+  EXPECT_EQ(epochs("  max_steps: -1\n"), 1);
+  EXPECT_EQ(epochs("  log_every_n_steps: 1\n"), 1);
+  EXPECT_EQ(epochs("  max_steps: 40\n  max_epochs: 3\n"), 3);
+  EXPECT_EQ(epochs("  max_steps: 40\n  max_epochs: null\n"), -1);
+}
+
+// A config file is one YAML document; a --set value YAML reads as nothing (a marker, a comment) is an
+// error, not the default; null spelt out is the default.
+TEST(Config, SecondDocumentsAndValuesYamlReadsAsNothingAreRefused) {
+  EXPECT_NE(error_of(std::string(kBase) + "---\nname: other\n").find("exp.yaml:7:1: a second YAML document"), std::string::npos)
+      << error_of(std::string(kBase) + "---\nname: other\n");
+  EXPECT_NE(error_of(std::string(kBase) + "...\nname: other\n").find("a second YAML document"), std::string::npos);
+  EXPECT_EQ(error_of("---\n" + std::string(kBase) + "...\n"), "");  // markers around one document
+  for (const std::string v : {"---", "...", "# x", " # x", "--- # x"})
+    EXPECT_NE(error_of(kBase, {"name=" + v}).find("YAML reads the value as no value"), std::string::npos) << v;
+  EXPECT_NE(error_of(kBase, {"name=a\n---\nb"}).find("YAML reads the value as two documents"), std::string::npos);
+  for (const std::string v : {"null", "~", " NULL "}) EXPECT_EQ(error_of(kBase, {"name=" + v}), "") << v;
+  EXPECT_EQ(error_of(kBase, {"name='---'"}), "");
+}

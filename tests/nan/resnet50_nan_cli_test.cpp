@@ -3,6 +3,7 @@
 // `strobe fit` stops with exit 3 and writes nan/; `strobe replay` reproduces the step exactly and
 // names the division in the loss; the captured weights equal those of a run stopped one step
 // before the failure.
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -69,6 +70,21 @@ TEST(NanCaptureCli, ResNet50PerClassBCEStopsWithACaptureThatReplaysExactlyAndNam
   EXPECT_EQ(report["first_nonfinite"]["module"], "task.loss") << report.dump(2);
   EXPECT_EQ(report["first_nonfinite"]["phase"], "forward");
   EXPECT_EQ(report["global_step"].get<int64_t>(), step);
+
+  // The report never replaces an input: the capture's own files and its directory are refused, exit 2,
+  // before anything runs, and the capture stays as it was.
+  const std::string ckpt_file = cap + "/" + strobe::capture::kCheckpointFile;
+  std::ifstream before_in(ckpt_file, std::ios::binary);
+  const std::string before((std::istreambuf_iterator<char>(before_in)), {});
+  for (const std::string& target : {ckpt_file, cap + "/config.yaml", cap, (base / "run" / "nan").string()}) {
+    auto refused = sh(bin + " replay " + (base / "run" / "nan").string() + " --report " + target, base / "refused.log");
+    EXPECT_EQ(refused.status, 2) << target << "\n" << refused.log;
+    EXPECT_NE(refused.log.find("strobe: config error: --report " + target + ": is the capture"), std::string::npos)
+        << refused.log;
+    EXPECT_EQ(std::count(refused.log.begin(), refused.log.end(), '\n'), 1) << refused.log;
+  }
+  std::ifstream after_in(ckpt_file, std::ios::binary);
+  EXPECT_EQ(std::string((std::istreambuf_iterator<char>(after_in)), {}), before) << "the capture was changed";
 
   // A run stopped one step before the failure holds the same weights and BatchNorm statistics.
   auto ref = sh(bin + " fit -c " + config + " --run-dir " + (base / "ref").string() +

@@ -8,7 +8,9 @@
   config.json that disagrees with the model (hidden_size) is exit 2 naming both values.
 - `strobe fit` trains from that checkpoint; `strobe export --names hf -o DIR` of the run writes a
   directory that transformers' AutoModelForCausalLM.from_pretrained loads, with the logits of the
-  run's weights as Strobe computes them (read through a `--names strobe` export).
+  run's weights as Strobe computes them (read through a `--names strobe` export). Its config.json
+  keeps the source's fields (max_position_embeddings 128 over the run's max_seq_len 64, bos/eos token
+  ids), after a resume too, and generation_config.json lets transformers generate.
 - 200 AdamW steps on learnable documents give the loss curve of a PyTorch loop over the transformers
   model (the first 5 losses to 1e-5, all to 1e-3), falling in both.
 
@@ -25,7 +27,7 @@ try:
     import torch
     from safetensors.torch import save_file, load_file
     import transformers
-    from transformers import LlamaConfig, LlamaForCausalLM, AutoModelForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM, AutoModelForCausalLM, GenerationConfig
 except ImportError as e:
     print(f"test_hf_llama: {e}")
     sys.exit(1 if os.environ.get("CI") else 77)
@@ -46,11 +48,17 @@ ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq
         "original_max_position_embeddings": 16}
 
 
+# The untied source carries fields the model does not: a longer context than the run trains with and
+# its own token ids; an export of the run must keep them.
+SOURCE_FIELDS = {"max_position_embeddings": 128, "bos_token_id": 5, "eos_token_id": 6}
+
+
 def hf_model(tied, seed):
     torch.manual_seed(seed)
+    fields = {"max_position_embeddings": 64} if tied else dict(SOURCE_FIELDS)
     cfg = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5, rope_theta=500000.0,
-                      rope_scaling=dict(ROPE), tie_word_embeddings=tied, attention_bias=False, mlp_bias=False)
+                      num_key_value_heads=2, rms_norm_eps=1e-5, rope_theta=500000.0,
+                      rope_scaling=dict(ROPE), tie_word_embeddings=tied, attention_bias=False, mlp_bias=False, **fields)
     m = LlamaForCausalLM(cfg).eval()
     with torch.no_grad():  # random norms too, so a swapped norm weight shows
         for n, p in m.named_parameters():
@@ -170,6 +178,15 @@ def main():
             check(not torch.equal(trained["embed_tokens.weight"], hf_model(False, 2).model.embed_tokens.weight.detach()),
                   "the run did not change the weights: the export comparison would prove nothing")
             compare("strobe run -> transformers", loaded, tmp, model_yaml(False, out_strobe, "strobe"))
+            check_source_fields(loaded, out_hf, "the export")
+            # A resumed run keeps the source config.json in its checkpoints.
+            r = subprocess.run([STROBE, "fit", "-c", cfg, "--ckpt", ckpt, "--set", "trainer.max_steps=6"],
+                               capture_output=True, text=True)
+            out_resumed = os.path.join(tmp, "export_hf_resumed")
+            r1 = subprocess.run([STROBE, "export", ckpt, "--names", "hf", "-o", out_resumed], capture_output=True, text=True)
+            if check(r.returncode == 0 and r1.returncode == 0, f"resume and export: {r.stderr}{r1.stderr}"):
+                check_source_fields(AutoModelForCausalLM.from_pretrained(out_resumed, torch_dtype=torch.float32).eval(),
+                                    out_resumed, "the export after a resume")
 
     train_curve(tmp, fit, base)
 
@@ -181,6 +198,19 @@ def main():
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"test_hf_llama: transformers {transformers.__version__}; {'; '.join(compared)}; {len(failures)} failures")
     return 1 if failures else 0
+
+
+def check_source_fields(loaded, out, what):
+    """The source's config.json fields as transformers reads them back, and generate() working."""
+    got = {k: getattr(loaded.config, k) for k in SOURCE_FIELDS}
+    check(got == SOURCE_FIELDS, f"{what}: config.json {got}, the source had {SOURCE_FIELDS}")
+    gen = GenerationConfig.from_pretrained(out)
+    check(gen.bos_token_id == 5 and gen.eos_token_id == 6, f"{what}: generation_config.json bos {gen.bos_token_id}, "
+          f"eos {gen.eos_token_id}")
+    prompt = torch.tensor([[5, 10, 11]])
+    with torch.no_grad():
+        tokens = loaded.generate(prompt, max_new_tokens=4, min_new_tokens=4, do_sample=False)
+    check(tuple(tokens.shape) == (1, 7) and torch.equal(tokens[:, :3], prompt), f"{what}: generate gave {tokens}")
 
 
 def stride_documents(n, seed):

@@ -29,7 +29,7 @@ TEST(StateConnector, RegistersEveryPieceOfStateOnce) {
   auto run = make_run(tiny_yaml(), {}, "");
   auto names = run->trainer->state_connector().names();
   for (const char* n : {"model", "optimizer", "scheduler", "scaler", "loop", "accumulation", "logger", "step_guard", "rng",
-                        "callbacks", "config", "meta"})
+                        "callbacks", "hf_config", "config", "meta"})
     EXPECT_NE(std::find(names.begin(), names.end(), n), names.end()) << n;
   EXPECT_THROW(run->trainer->state_connector().add("model", nullptr, nullptr), std::logic_error);
 }
