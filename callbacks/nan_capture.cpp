@@ -15,6 +15,11 @@
 //   the next non-finite step is captured and stops the run like `stop`.
 // - Under 16-mixed an overflowing gradient is the loss scaler's normal business (skip, back off),
 //   so there only a non-finite loss counts.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <deque>
 #include <filesystem>
 #include <fstream>
@@ -245,8 +250,17 @@ class NaNCapture : public Callback {
     // Data parallel: every rank writes its own capture (its micro-batches and RNG, the weights every
     // rank shares): rank 0 to <dir>/step_<N>, rank r to <dir>/rank<r>/step_<N>.
     const fs::path base = t.is_global_zero() ? fs::path(dirpath_) : fs::path(dirpath_) / fmt::format("rank{}", t.rank());
-    const fs::path final_dir = base / fmt::format("step_{}", step_number(e));
-    const fs::path tmp = base / fmt::format(".step_{}.tmp", step_number(e));
+    // A capture never replaces another (a run sharing this dirpath that failed at the same step, an
+    // earlier attempt of this run): mkdir claims the first free name, step_<N>, then step_<N>.1, ...;
+    // the finished capture is renamed onto that empty directory. The temporary is this process's own.
+    fs::create_directories(base);
+    fs::path final_dir = base / fmt::format("step_{}", step_number(e));
+    for (int k = 1; ::mkdir(final_dir.c_str(), 0777) != 0; ++k) {
+      if (errno != EEXIST || k > 10000)
+        throw checkpoint::WriteError(fmt::format("{}: cannot create the capture directory ({})", final_dir.string(), std::strerror(errno)));
+      final_dir = base / fmt::format("step_{}.{}", step_number(e), k);
+    }
+    const fs::path tmp = base / fmt::format(".step_{}.tmp.{}", step_number(e), ::getpid());
     checkpoint::remove_tree(tmp.string());
     fs::create_directories(tmp);
     try {
@@ -267,10 +281,10 @@ class NaNCapture : public Callback {
       checkpoint::write_file_atomic((tmp / "summary.txt").string(), s.str());
     } catch (...) {
       checkpoint::remove_tree(tmp.string());  // a capture is whole or absent
+      ::rmdir(final_dir.c_str());
       throw;
     }
-    checkpoint::remove_tree(final_dir.string());
-    fs::rename(tmp, final_dir);
+    fs::rename(tmp, final_dir);  // onto the empty directory this capture claimed
     return final_dir.string();
   }
 

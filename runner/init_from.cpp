@@ -31,6 +31,7 @@ std::optional<std::string> load_init_from(Model& model, config::Section& model_c
   // the shards model.safetensors.index.json lists).
   namespace fs = std::filesystem;
   std::vector<std::string> files;
+  std::map<std::string, std::string> indexed;  // a shard index's tensor -> the shard file it names
   fs::path dir;
   std::error_code ec;
   // A JSON file beside the weights; one that does not parse is a config error naming it.
@@ -56,7 +57,16 @@ std::optional<std::string> load_init_from(Model& model, config::Section& model_c
       std::set<std::string> shards;
       for (const auto& [name, shard] : idx.at("weight_map").items()) {
         if (!shard.is_string()) init.fail("path", fmt::format("{}: weight_map[\"{}\"] is not a file name", index.string(), name));
-        shards.insert(shard.get<std::string>());
+        const std::string file = shard.get<std::string>();
+        // A shard is a file of this directory: never an absolute path or one that leaves it.
+        const fs::path p(file);
+        bool leaves = p.is_absolute() || p.empty();
+        for (const auto& part : p) leaves |= part == "..";
+        if (leaves)
+          init.fail("path", fmt::format("{}: weight_map[\"{}\"] names '{}', which is not a file of {}", index.string(), name,
+                                        file, dir.string()));
+        indexed[name] = (dir / file).string();
+        shards.insert(file);
       }
       for (const auto& shard : shards) files.push_back((dir / shard).string());
     } else {
@@ -74,7 +84,19 @@ std::optional<std::string> load_init_from(Model& model, config::Section& model_c
     } catch (const checkpoint::CheckpointError& e) {
       init.fail("path", e.what());  // "PATH: not a safetensors file: ..." / "PATH: cannot open (...)"
     }
-    for (auto& [name, t] : file.tensors) tensors.emplace(name, std::move(t));
+    for (auto& [name, t] : file.tensors) {
+      // Sharded: each tensor from the shard the index names, and from no other.
+      if (!indexed.empty()) {
+        const auto named = indexed.find(name);
+        if (named == indexed.end())
+          init.fail("path", fmt::format("{}: holds '{}', which model.safetensors.index.json does not list", path, name));
+        if (named->second != path)
+          init.fail("path", fmt::format("'{}' is in {} and the index names {} for it: a tensor in two shards, or an "
+                                        "index that does not describe its shards",
+                                        name, path, named->second));
+      }
+      tensors.emplace(name, std::move(t));
+    }
   }
 
   // Hugging Face names: the config.json beside the weights must describe this model.
@@ -112,8 +134,14 @@ std::optional<std::string> load_init_from(Model& model, config::Section& model_c
   std::string ignored;
   for (size_t i = 0; i < fit.ignored.size() && i < 10; ++i) ignored += (i ? ", " : "") + fit.ignored[i];
   if (fit.ignored.size() > 10) ignored += fmt::format(" and {} more", fit.ignored.size() - 10);
-  fmt::print("strobe: model.init_from: {} tensors loaded from {}{}{}\n", fit.loaded, what,
-             fit.ignored.empty() ? "" : fmt::format("; ignored {}: {}", fit.ignored.size(), ignored), checked);
+  fmt::print("strobe: model.init_from: {} tensors loaded from {}{}{}{}\n", fit.loaded, what,
+             fit.ignored.empty() ? "" : fmt::format("; ignored {}: {}", fit.ignored.size(), ignored),
+             fit.counts_absent.empty()
+                 ? ""
+                 : fmt::format("; {} BatchNorm num_batches_tracked absent from the file (the model's kept, as PyTorch "
+                               "does)",
+                               fit.counts_absent.size()),
+             checked);
   std::fflush(stdout);
   return source_config;
 }

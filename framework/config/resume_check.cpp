@@ -60,6 +60,11 @@ const char* incompatible_reason(const std::string& key) {
   };
   auto it = reasons.find(key);
   if (it != reasons.end()) return it->second;
+  // Model keys that keep every shape but change the function the weights compute: the rotary
+  // embedding (its base and scaling), the norms' epsilon, the GELU form.
+  for (const char* k : {"model.rope_theta", "model.rope_scaling", "model.norm_eps", "model.gelu"})
+    if (key == k || key.rfind(std::string(k) + ".", 0) == 0)
+      return "it changes the function the weights compute (the checkpoint's weights were trained with the other value)";
   // The optimizer's saved state restores its own hyper-parameters (lr, weight decay, betas, ...):
   // a changed value would be listed as a change and silently not applied.
   if (key.rfind("optimizer.", 0) == 0)

@@ -77,6 +77,20 @@ std::string weights_mismatch(const checkpoint::CheckpointData& data, const std::
   return fmt::format("{} ({})", out, tensors);
 }
 
+std::string function_changes(const checkpoint::CheckpointData& data, const std::string& current_yaml) {
+  if (current_yaml.empty() || !data.has_blob("config")) return "";
+  std::vector<std::string> keys;
+  try {
+    for (const auto& c : config::compare_for_resume(data.blob("config"), current_yaml).incompatible)
+      if (is_model_key(c.key)) keys.push_back(fmt::format("{}: checkpoint {}, config {}", c.key, c.before, c.after));
+  } catch (const config::ConfigError&) {
+    return "";
+  }
+  std::string out;
+  for (size_t i = 0; i < keys.size(); ++i) out += (i ? ", " : "") + keys[i];
+  return out.empty() ? out : out + " (they change the function the weights compute)";
+}
+
 std::string check_resume_compatible(const std::string& path, const checkpoint::CheckpointData& data,
                                     const std::string& current_yaml, torch::nn::Module& net) {
   const std::string mismatch = weights_mismatch(data, current_yaml, net);

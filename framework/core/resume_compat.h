@@ -21,6 +21,11 @@ namespace strobe {
 // mis-shaped tensor names, each with how many more there are.
 std::string weights_mismatch(const checkpoint::CheckpointData& data, const std::string& current_yaml, torch::nn::Module& net);
 
+// The model keys of the checkpoint's saved config that keep every shape but change the function the
+// weights compute (rope_theta, rope_scaling, norm_eps, gelu) and differ from `current_yaml`, as
+// "model.rope_theta: checkpoint 500000, config 10000"; "" when none (or either config is unknown).
+std::string function_changes(const checkpoint::CheckpointData& data, const std::string& current_yaml);
+
 // Returns the allowed changes as one text ("" when there are none). `current_yaml` empty (a program
 // that set no resolved config) or a checkpoint without a config: only the shapes are checked.
 std::string check_resume_compatible(const std::string& ckpt_path, const checkpoint::CheckpointData& data,

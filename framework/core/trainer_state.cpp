@@ -7,6 +7,7 @@
 #include <ATen/Context.h>
 #include <cereal/archives/portable_binary.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
@@ -325,9 +326,24 @@ void Trainer::load_checkpoint_data(const checkpoint::CheckpointData& d, bool res
   // Every load of weights is strict (validate/test too): all names and all shapes, or refused naming
   // the model config keys that differ, else the tensors.
   if (restore_training_state) {
+    // A resume restores the whole training state: a checkpoint without its config (the compatibility
+    // check), its optimizer state (fresh moments) or its loop counters would resume silently wrong.
+    std::vector<std::string> lacking;
+    if (!d.has_blob("config")) lacking.push_back("its config (blob 'config')");
+    if (optimizer_ && !d.has_blob("optimizer")) lacking.push_back("the optimizer state (blob 'optimizer')");
+    if (!d.has_blob("loop")) lacking.push_back("the loop counters (blob 'loop')");
+    if (!lacking.empty())
+      throw checkpoint::CheckpointError(fmt::format(
+          "{}: cannot resume from it: it lacks {}; a file of weights alone is for starting a new run (strobe export it, "
+          "then model.init_from)",
+          source, fmt::join(lacking, ", ")));
     resume_changes_ = check_resume_compatible(source, d, config_yaml_, module_->net());
   } else if (auto mismatch = weights_mismatch(d, config_yaml_, module_->net()); !mismatch.empty()) {
     throw checkpoint::CheckpointError(fmt::format("{}: the checkpoint's weights do not fit this model: {}", source, mismatch));
+  } else if (const std::string changed = function_changes(d, config_yaml_); !changed.empty() && is_global_zero()) {
+    // validate/test: the weights fit, but they are evaluated as another function than they were trained as.
+    fmt::print(stderr, "strobe: warning: {}: evaluated with model keys that differ from the checkpoint's config: {}\n", source,
+               changed);
   }
   connector_.load(d, restore_training_state, source);
   if (restore_training_state) each([&](Callback& cb) { cb.on_load_checkpoint(*this, *module_, d); });

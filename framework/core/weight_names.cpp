@@ -118,7 +118,16 @@ WeightsFit load_named_weights(Model& model, const NameMap& map, const std::map<s
     }
     auto it = file.find(e.external);
     if (it == file.end()) {
-      fit.missing.push_back(e.external);
+      // BatchNorm's step count, absent from files saved before PyTorch 0.4.1 and from converted or
+      // cleaned ones: PyTorch's strict load_state_dict fills it, and so does this (the model's own).
+      const std::string count = "num_batches_tracked";
+      const bool is_count = e.external.size() >= count.size() &&
+                            e.external.compare(e.external.size() - count.size(), count.size(), count) == 0 &&
+                            (e.external.size() == count.size() || e.external[e.external.size() - count.size() - 1] == '.');
+      if (is_count)
+        fit.counts_absent.push_back(e.external);
+      else
+        fit.missing.push_back(e.external);
       continue;
     }
     const torch::Tensor& target = targets.at(e.strobe);

@@ -63,6 +63,7 @@ struct WeightsFit {
   std::vector<std::string> unexpected;  // the file has it, the model does not
   std::vector<std::string> misshaped;   // "head.weight: [1000, 192] in the file, [10, 192] in the model"
   std::vector<std::string> ignored;     // names `ignore` covered (either side)
+  std::vector<std::string> counts_absent;  // BatchNorm num_batches_tracked the file lacks (kept, as PyTorch does)
   int64_t loaded = 0;                   // tensors copied into the model
   bool ok() const { return missing.empty() && unexpected.empty() && misshaped.empty(); }
   // "2 missing from the file: a, b; 1 not in the model: c; 1 of another shape: head.weight: [1000, 192] in the

@@ -14,9 +14,11 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include "framework/checkpoint/checkpoint_io.h"
 #include "framework/checkpoint/safetensors.h"
 
 #include "tests/cli/cli_test_util.h"
+#include "tests/source_path.h"
 
 using namespace strobe::testing;
 namespace fs = std::filesystem;
@@ -228,4 +230,49 @@ TEST(CliSilentInput, MaxStepsAloneIsNotCutShortByADefaultEpochAndTheSummarySaysW
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("strobe fit: finished at step 12, epoch 0 in "), std::string::npos) << r.out;
   EXPECT_NE(r.out.find(" s (trainer.max_epochs: 1 reached)\n"), std::string::npos) << r.out;
+}
+
+// A checkpoint that lacks what a resume restores is refused naming what is missing (it resumed with a
+// fresh optimizer, or without the compatibility check); a model key that keeps the shapes but changes
+// the function (rope_theta, rope_scaling) is refused on resume, and validate says it differs.
+TEST(CliResumeInput, IncompleteCheckpointsAndFunctionChangingKeysAreRefusedNamingWhat) {
+  const std::string dir = temp_dir("resume-input");
+  const std::string cfg = write_config(tiny_yaml());
+  auto r = strobe_cmd("fit -c " + cfg + " --run-dir " + dir + "/run --set trainer.max_steps=2");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string last = dir + "/run/checkpoints/last.ckpt";
+  for (const std::string blob : {"config", "optimizer", "loop"}) {
+    auto d = strobe::checkpoint::load_checkpoint_file(last);
+    d.blobs.erase(blob);
+    const std::string cut = dir + "/no-" + blob + ".ckpt";
+    strobe::checkpoint::save_checkpoint_file(cut, d);
+    r = strobe_cmd("fit -c " + cfg + " --ckpt " + cut + " --run-dir " + dir + "/resumed-" + blob +
+                   " --set trainer.max_steps=4 --set optimizer.lr=0.5");
+    EXPECT_EQ(r.code, 2) << blob << "\n" << r.err;
+    EXPECT_EQ(count_lines(r.err), 1) << r.err;
+    EXPECT_NE(r.err.find(cut + ": cannot resume from it: it lacks "), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("(blob '" + blob + "'); a file of weights alone is for starting a new run"), std::string::npos)
+        << r.err;
+  }
+
+  const std::string llama = strobe::testing::source_path("configs/cpu/llama_1b.yaml");
+  r = strobe_cmd("fit -c " + llama + " --run-dir " + dir + "/llama --set trainer.max_steps=2 --set trainer.enable_progress_bar=false");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string ckpt = dir + "/llama/checkpoints/last.ckpt";
+  for (const std::string& set : {"model.rope_theta=10000", "model.rope_scaling.factor=8"}) {
+    r = strobe_cmd("fit -c " + llama + " --ckpt " + ckpt + " --set trainer.max_steps=3 --set " + set);
+    EXPECT_EQ(r.code, 2) << set << "\n" << r.err;
+    const std::string key = set.substr(0, set.find('='));
+    EXPECT_NE(r.err.find(key + ": "), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("(it changes the function the weights compute"), std::string::npos) << r.err;
+  }
+  r = strobe_cmd("validate -c " + llama + " --ckpt " + ckpt + " --set model.rope_theta=10000");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("strobe: warning: " + ckpt + ": evaluated with model keys that differ from the checkpoint's config: "
+                       "model.rope_theta: checkpoint 500000, config 10000 (they change the function the weights compute)\n"),
+            std::string::npos)
+      << r.err;
+  r = strobe_cmd("validate -c " + llama + " --ckpt " + ckpt);
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.err.find("warning"), std::string::npos) << r.err;
 }

@@ -468,3 +468,19 @@ TEST(Config, SecondDocumentsAndValuesYamlReadsAsNothingAreRefused) {
   for (const std::string v : {"null", "~", " NULL "}) EXPECT_EQ(error_of(kBase, {"name=" + v}), "") << v;
   EXPECT_EQ(error_of(kBase, {"name='---'"}), "");
 }
+
+// Model keys that keep every shape but change the function the weights compute are incompatible
+// changes on resume, each named; a model key that does neither (attention's implementation) is not.
+TEST(ResumeCheck, KeysThatChangeTheModelsFunctionAreIncompatible) {
+  const std::string before = "model: {name: llama, rope_theta: 500000, rope_scaling: {factor: 32}, norm_eps: 1.0e-5, attention: math}\n";
+  const std::string after = "model: {name: llama, rope_theta: 10000, rope_scaling: {factor: 8}, norm_eps: 1.0e-6, attention: sdpa}\n";
+  const auto r = strobe::config::compare_for_resume(before, after);
+  std::vector<std::string> keys;
+  for (const auto& c : r.incompatible) {
+    keys.push_back(c.key);
+    EXPECT_NE(c.why.find("changes the function the weights compute"), std::string::npos) << c.key;
+  }
+  EXPECT_EQ(keys, (std::vector<std::string>{"model.norm_eps", "model.rope_scaling.factor", "model.rope_theta"}));
+  ASSERT_EQ(r.model_changes.size(), 1u);
+  EXPECT_EQ(r.model_changes[0].key, "model.attention");
+}

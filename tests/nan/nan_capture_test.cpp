@@ -8,6 +8,8 @@
 #include <fstream>
 
 #include <gtest/gtest.h>
+
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
@@ -365,6 +367,92 @@ TEST(NanCapture, ReplayRefusesWhatIsNotACapture) {
   fs::create_directories(fs::path(dir) / "step_3");
   std::ofstream(fs::path(dir) / "step_3" / capture::kCheckpointFile) << "truncated";
   EXPECT_THROW(capture::replay_capture(dir, {}), checkpoint::CheckpointError);
+}
+
+// Two runs sharing nan_capture.dirpath that fail at the same step: the second capture takes the next
+// free name (step_<N>.1) and the first stays byte for byte; both replay.
+TEST(NanCapture, RunsSharingACaptureDirectoryNeverReplaceEachOthersCaptures) {
+  auto means = batch_means(12);
+  const size_t bad = first_exceeding(means, 4);
+  ASSERT_LT(bad, means.size());
+  const auto shared = temp_dir("nan-shared");
+  const std::string callbacks = "[{name: nan_capture, dirpath: " + shared + "}]";
+  const fs::path first = fs::path(shared) / fmt::format("step_{}", bad + 1);
+  const fs::path second = fs::path(shared) / fmt::format("step_{}.1", bad + 1);
+  std::string before;
+  for (int run_index = 0; run_index < 2; ++run_index) {
+    auto run = make_run(probe_yaml("forward", threshold_first_bad_at(means, bad), callbacks), temp_dir("nan-shared-run"));
+    ASSERT_EQ(run->trainer->fit(), 3);
+    if (run_index == 0) {
+      std::ifstream in(first / capture::kCheckpointFile, std::ios::binary);
+      before.assign(std::istreambuf_iterator<char>(in), {});
+    }
+  }
+  std::ifstream in(first / capture::kCheckpointFile, std::ios::binary);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), before) << "the second run replaced the first's capture";
+  ASSERT_TRUE(fs::exists(second / capture::kCheckpointFile)) << second;
+  for (const auto& dir : {first, second}) EXPECT_TRUE(capture::replay_capture(dir.string(), {})["exact"].get<bool>()) << dir;
+  for (const auto& e : fs::directory_iterator(shared))
+    EXPECT_NE(e.path().filename().string()[0], '.') << e.path() << " left behind";
+}
+
+// A capture is checked against its own record before it is replayed: one whose record counts more
+// micro-batches than it holds (it was reported EXACT), a batch record that is not JSON, no batches, a
+// symlink loop: each a CheckpointError (exit 2) naming the file and what is wrong.
+TEST(NanCapture, ReplayRefusesAnIncompleteOrDamagedCaptureNamingWhatIsWrong) {
+  auto means = batch_means(12);
+  const size_t bad = first_exceeding(means, 4);
+  ASSERT_LT(bad, means.size());
+  const auto dir = temp_dir("nan-damaged");
+  {
+    auto run = make_run(probe_yaml("forward", threshold_first_bad_at(means, bad), "[{name: nan_capture}]"), dir);
+    ASSERT_EQ(run->trainer->fit(), 3);
+  }
+  const fs::path cap = fs::path(dir) / "nan" / fmt::format("step_{}", bad + 1);
+  const auto good = checkpoint::load_checkpoint_file((cap / capture::kCheckpointFile).string());
+  auto damaged = [&](const std::string& tag, const std::function<void(checkpoint::CheckpointData&)>& edit, const std::string& want) {
+    auto d = good;
+    edit(d);
+    const fs::path to = fs::path(dir) / tag;
+    checkpoint::save_checkpoint_file((to / capture::kCheckpointFile).string(), d);
+    try {
+      capture::replay_capture(to.string(), {});
+      ADD_FAILURE() << tag << ": replayed";
+    } catch (const checkpoint::CheckpointError& e) {
+      EXPECT_NE(std::string(e.what()).find((to / capture::kCheckpointFile).string() + ": " + want), std::string::npos)
+          << tag << ": " << e.what();
+    }
+  };
+  damaged("five", [](auto& d) {
+    auto info = nlohmann::json::parse(d.blob("capture"));
+    info["micro_batches"] = 5;
+    d.blobs["capture"] = info.dump();
+  }, "an incomplete capture: its record says 5 micro-batch(es), it holds 1");
+  damaged("not_json", [](auto& d) { d.blobs["capture_batches"] = "{not json"; },
+          "the capture's batch record (blob 'capture_batches') is not a JSON list");
+  damaged("none", [](auto& d) {
+    auto info = nlohmann::json::parse(d.blob("capture"));
+    info["micro_batches"] = 0;
+    d.blobs["capture"] = info.dump();
+    d.blobs["capture_batches"] = "[]";
+    for (auto it = d.tensors.begin(); it != d.tensors.end();)
+      it = it->first.rfind("capture/batch/", 0) == 0 ? d.tensors.erase(it) : std::next(it);
+  }, "the capture holds no batches");
+  damaged("no_count", [](auto& d) {
+    auto info = nlohmann::json::parse(d.blob("capture"));
+    info.erase("micro_batches");
+    d.blobs["capture"] = info.dump();
+  }, "the capture record has no micro_batches count");
+  const fs::path loop = fs::path(dir) / "loop";
+  fs::create_symlink(loop, loop);
+  try {
+    capture::replay_capture(loop.string(), {});
+    ADD_FAILURE() << "a symlink loop replayed";
+  } catch (const checkpoint::CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find(loop.string() + ": cannot be read (Too many levels of symbolic links)"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(NanCapture, TracerCostsNothingWhenNotInstalledAndNamesParameterModules) {

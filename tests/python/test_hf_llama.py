@@ -3,7 +3,8 @@
 - Random tiny LlamaConfigs (GQA 4 heads over 2, rope_theta 5e5, Llama-3 rope_scaling; tied and untied)
   saved by transformers load through `model.init_from: {path: DIR, names: hf}` and give transformers'
   logits in fp32 (relative error < 1e-5) on padded batches and on packed ones (per document).
-- The same checkpoint saved in shards (model.safetensors.index.json) loads the same; the bare
+- The same checkpoint saved in shards (model.safetensors.index.json) loads the same (a shard path
+  outside the directory, or a tensor in two shards, is refused); the bare
   model.safetensors without config.json loads and says it was checked by names and shapes only; a
   config.json that disagrees with the model (hidden_size) is exit 2 naming both values.
 - `strobe fit` trains from that checkpoint; `strobe export --names hf -o DIR` of the run writes a
@@ -16,7 +17,7 @@
 
 Usage: test_hf_llama.py (STROBE_SOURCE_DIR, STROBE_BUILD_DIR). Needs transformers and safetensors
 (scripts/setup.sh installs them): without them the test fails under CI (CI=true), else it is skipped."""
-import os, shutil, subprocess, sys, tempfile
+import json, os, shutil, subprocess, sys, tempfile
 
 BUILD = os.path.realpath(os.environ.get("STROBE_BUILD_DIR", "build"))
 STROBE = os.environ.get("STROBE_BIN", os.path.join(BUILD, "bin", "strobe"))
@@ -136,6 +137,39 @@ def main():
     hf.save_pretrained(shards, safe_serialization=True, max_shard_size="20KB")
     check(os.path.exists(os.path.join(shards, "model.safetensors.index.json")), "transformers wrote no shard index")
     compare("transformers sharded -> strobe", hf, tmp, model_yaml(True, shards))
+    # The index decides: a shard path outside the directory, and a tensor in two shards (another
+    # shard's values would load), are refused naming the problem.
+    with open(os.path.join(shards, "model.safetensors.index.json")) as f:
+        weight_map = json.load(f)["weight_map"]
+    first = sorted(weight_map)[0]
+    named = weight_map[first]
+    other = next(s for s in sorted(set(weight_map.values())) if s != named)
+
+    def refused(tag, edit, want):
+        d = os.path.join(tmp, tag)
+        shutil.copytree(shards, d)
+        edit(d)
+        got, err = strobe_logits(tmp, model_yaml(True, d), batches()[1])
+        check(got is None and want in err and err.count("\n") == 0, f"{tag}: {err!r}; want {want!r}")
+
+    def shard_path(bad):
+        def edit(d):
+            index = os.path.join(d, "model.safetensors.index.json")
+            with open(index) as f:
+                text = json.load(f)
+            text["weight_map"][first] = bad
+            with open(index, "w") as f:
+                json.dump(text, f)
+        return edit
+
+    def in_two_shards(d):
+        t = load_file(os.path.join(d, other))
+        t[first] = load_file(os.path.join(d, named))[first] + 1
+        save_file(t, os.path.join(d, other))
+
+    refused("shard_up", shard_path("../x.safetensors"), "names '../x.safetensors', which is not a file of")
+    refused("shard_abs", shard_path("/tmp/x.safetensors"), "names '/tmp/x.safetensors', which is not a file of")
+    refused("shard_twice", in_two_shards, f"'{first}' is in ")
     bare = os.path.join(tmp, "bare")
     os.makedirs(bare)
     single = os.path.join(tmp, "hf_tied", "model.safetensors")

@@ -133,6 +133,16 @@ ref = perturb(torchvision.models.resnet18(num_classes=10))
 path = save_state(ref, "tv_resnet18")
 compare("torchvision resnet18 <- init_from", RESNET + f"init_from: {{path: {path}, names: torchvision}}\n", ref, images64)
 
+# A file without BatchNorm's num_batches_tracked (saved before PyTorch 0.4.1, converted, cleaned):
+# PyTorch's strict load accepts it, and so does Strobe's strict init_from.
+stripped = {k: v.contiguous() for k, v in ref.state_dict().items() if not k.endswith("num_batches_tracked")}
+check(len(stripped) < len(ref.state_dict()), "resnet18 has no num_batches_tracked to leave out")
+torchvision.models.resnet18(num_classes=10).load_state_dict(stripped, strict=True)
+path = os.path.join(tmp, "tv_resnet18_no_counts.safetensors")
+save_file(stripped, path)
+compare("torchvision resnet18 without num_batches_tracked <- init_from",
+        RESNET + f"init_from: {{path: {path}, names: torchvision}}\n", ref, images64)
+
 ref = perturb(timm.create_model("resnet18", pretrained=False, num_classes=10))
 path = save_state(ref, "timm_resnet18")
 compare("timm resnet18 <- init_from", RESNET + f"init_from: {{path: {path}, names: timm}}\n", ref, images64)
