@@ -1,6 +1,8 @@
 #include "framework/config/config.h"
 #include "framework/config/registry.h"
 
+#include <yaml-cpp/eventhandler.h>
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -9,6 +11,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -115,6 +118,32 @@ void check_expansion(const YAML::Node& n, const std::string& source, size_t& cou
   } else if (n.IsSequence()) {
     for (auto it = n.begin(); it != n.end(); ++it) check_expansion(*it, source, count, depth + 1);
   }
+}
+
+// Where a second YAML document of `text` starts (its first node), if it has one. At most two calls of
+// the parser: yaml-cpp's LoadAll loops forever on some malformed input (found by the config fuzzer).
+std::optional<YAML::Mark> second_document(const std::string& text) {
+  struct FirstNode : YAML::EventHandler {
+    std::optional<YAML::Mark> mark;
+    void note(const YAML::Mark& m) {
+      if (!mark) mark = m;
+    }
+    void OnDocumentStart(const YAML::Mark&) override {}
+    void OnDocumentEnd() override {}
+    void OnNull(const YAML::Mark& m, YAML::anchor_t) override { note(m); }
+    void OnAlias(const YAML::Mark& m, YAML::anchor_t) override { note(m); }
+    void OnScalar(const YAML::Mark& m, const std::string&, YAML::anchor_t, const std::string&) override { note(m); }
+    void OnSequenceStart(const YAML::Mark& m, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override { note(m); }
+    void OnSequenceEnd() override {}
+    void OnMapStart(const YAML::Mark& m, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override { note(m); }
+    void OnMapEnd() override {}
+  };
+  std::stringstream in(text);
+  YAML::Parser parser(in);
+  FirstNode first, second;
+  if (!parser.HandleNextDocument(first)) return std::nullopt;
+  if (!parser.HandleNextDocument(second)) return std::nullopt;
+  return second.mark.value_or(YAML::Mark::null_mark());
 }
 
 void check_expansion(const YAML::Node& n, const std::string& source) {
@@ -475,14 +504,11 @@ Document Document::load_string(const std::string& text, const std::string& sourc
   d.source_ = std::make_shared<SourceInfo>();
   d.source_->file = source_name;
   try {
-    // Every document, not the first alone: a second one (after a '---' or '...' line) would be ignored.
-    const std::vector<YAML::Node> docs = YAML::LoadAll(text);
-    if (docs.size() > 1) {
-      const YAML::Mark m = docs[1].Mark();
+    d.root_ = YAML::Load(text);
+    // A second document (after a '---' or '...' line) would be ignored: refused, naming its line.
+    if (const auto second = second_document(text))
       throw ConfigError(fmt::format("{}{}: a second YAML document (after a '---' or '...' line); a config is one document",
-                                    source_name, m.is_null() ? "" : fmt::format(":{}:{}", m.line + 1, m.column + 1)));
-    }
-    if (!docs.empty()) d.root_ = docs[0];
+                                    source_name, second->is_null() ? "" : fmt::format(":{}:{}", second->line + 1, second->column + 1)));
   } catch (const YAML::Exception& e) {
     throw ConfigError(fmt::format("{}:{}:{}: invalid YAML: {}", source_name, e.mark.line + 1, e.mark.column + 1, e.msg));
   }
@@ -571,9 +597,8 @@ void Document::apply_override(const std::string& assignment) {
   YAML::Node parsed;
   size_t documents = 0;
   try {
-    const std::vector<YAML::Node> docs = YAML::LoadAll(value);
-    documents = docs.size();
-    if (!docs.empty()) parsed = docs[0];
+    parsed = YAML::Load(value);
+    documents = second_document(value) ? 2 : (parsed.IsDefined() && !parsed.IsNull()) ? 1 : 0;
   } catch (const YAML::Exception& e) {
     throw ConfigError(fmt::format("{}: value is not valid YAML: {}", text, e.msg));
   }
