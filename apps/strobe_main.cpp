@@ -233,10 +233,10 @@ int run_replay(const ReplayArgs& a) {
       throw strobe::config::ConfigError(fmt::format("--device {}: no CUDA device is visible", a.device));
     opt.device = a.device;
   }
-  if (!a.report.empty()) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!a.report.empty() && fs::exists(a.report, ec)) {
     // The report is never written over an input: the capture's own files (capture.ckpt, ...).
-    namespace fs = std::filesystem;
-    std::error_code ec;
     const fs::path report(a.report);
     std::vector<fs::path> dirs{a.capture};
     try {
@@ -245,10 +245,10 @@ int run_replay(const ReplayArgs& a) {
       // replay_capture below says what is wrong with it
     }
     for (const fs::path& dir : dirs) {
-      if (fs::exists(report, ec) && fs::equivalent(report, dir, ec))
+      if (fs::equivalent(report, dir, ec))
         throw strobe::config::ConfigError(fmt::format("--report {}: is the capture directory; write the report elsewhere", a.report));
       for (const auto& e : fs::directory_iterator(dir, ec))
-        if (fs::exists(report, ec) && fs::equivalent(report, e.path(), ec))
+        if (fs::equivalent(report, e.path(), ec))
           throw strobe::config::ConfigError(fmt::format(
               "--report {}: is the capture's {} (an input of the replay); write the report elsewhere", a.report,
               e.path().filename().string()));

@@ -166,7 +166,6 @@ bool has_image_extension(const std::string& path) {
 }
 
 std::string read_file_bytes(const std::string& path) {
-  require_regular_file(path);
   std::ifstream in(path, std::ios::binary);
   if (!in) fail(path, fmt::format("cannot open ({})", std::strerror(errno)));
   std::ostringstream ss;

@@ -56,14 +56,15 @@ nlohmann::json replay_capture(const std::string& path, const ReplayOptions& opti
   // The capture against its own record: one that lacks micro-batches would replay another step.
   if (!info.is_object() || !info.contains("micro_batches") || !info["micro_batches"].is_number_unsigned())
     throw checkpoint::CheckpointError(fmt::format("{}: the capture record has no micro_batches count", file));
-  {
-    const nlohmann::json metas = nlohmann::json::parse(d.blob("capture_batches"), nullptr, false);
-    const size_t held = metas.is_array() ? metas.size() : 0;
-    const size_t recorded = info["micro_batches"].get<size_t>();
-    if (metas.is_array() && held != recorded)
-      throw checkpoint::CheckpointError(fmt::format("{}: an incomplete capture: its record says {} micro-batch(es), it holds {}",
-                                                    file, recorded, held));
+  std::vector<Batch> batches;
+  try {
+    batches = get_batches(d);
+  } catch (const checkpoint::CheckpointError& e) {
+    throw checkpoint::CheckpointError(fmt::format("{}: {}", file, e.what()));
   }
+  if (const size_t recorded = info["micro_batches"].get<size_t>(); batches.size() != recorded)
+    throw checkpoint::CheckpointError(fmt::format("{}: an incomplete capture: its record says {} micro-batch(es), it holds {}",
+                                                  file, recorded, batches.size()));
   const std::string captured_device = info.value("device", "cpu");
   const std::string device = options.device.value_or(torch::Device(captured_device).is_cuda() && !torch::cuda::is_available()
                                                          ? std::string("cpu")
@@ -85,12 +86,6 @@ nlohmann::json replay_capture(const std::string& path, const ReplayOptions& opti
   auto observer = std::make_shared<GradientObserver>();
   run->trainer->add_callback(observer);
   run->trainer->load_checkpoint_data(d, /*restore_training_state=*/true, file);
-  std::vector<Batch> batches;
-  try {
-    batches = get_batches(d);
-  } catch (const checkpoint::CheckpointError& e) {
-    throw checkpoint::CheckpointError(fmt::format("{}: {}", file, e.what()));
-  }
   const auto indices = info.value("batch_indices", std::vector<int64_t>{});
 
   nlohmann::json notes = nlohmann::json::array();
