@@ -5,7 +5,8 @@
 // The top-k list holds paths relative to the run directory, so a run directory that was moved or
 // copied resumes with its own files: it never deletes the original's. A `dirpath` outside the run
 // directory is kept as an absolute path with the run directory that wrote it, and only files this
-// run directory wrote there are ever deleted.
+// run directory wrote there are ever deleted. `strobe fit` claims such a directory for the run
+// before it starts (runner/run_dir.h, CheckpointDirClaim): never another run's, locked while it runs.
 #include <filesystem>
 #include <utility>
 

@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <set>
 
 #include <fmt/format.h>
 #include <torch/torch.h>
@@ -270,6 +271,18 @@ std::unique_ptr<Run> build_run(config::Document& doc, const RunOptions& options)
         }
         check_run_dir_free(*run->claim, origin, options.stage == Stage::Fit ? options.ckpt : std::nullopt, options.overwrite);
         run->run_dir = run->claim->dir();
+        // A model_checkpoint dirpath outside the run directory is claimed as the run directory is
+        // (docs/CONFIG.md, "Run directory"): never another run's, locked while this run lives.
+        std::set<std::string> claimed;
+        for (auto& section : exp.callbacks) {
+          const YAML::Node n = section.node();
+          if (!n["name"] || n["name"].Scalar() != "model_checkpoint" || !n["dirpath"] || !n["dirpath"].IsScalar()) continue;
+          const std::string dirpath = n["dirpath"].Scalar();
+          if (dirpath.empty() || !claimed.insert(fs::absolute(dirpath).lexically_normal().string()).second) continue;
+          auto c = CheckpointDirClaim::claim(dirpath, run->run_dir, section.key_path("dirpath") + ":",
+                                             options.stage == Stage::Fit ? options.ckpt : std::nullopt, options.overwrite);
+          if (c) run->checkpoint_dirs.push_back(std::move(c));
+        }
       } catch (const RunDirError& e) {
         if (strategy.world_size() == 1) throw;
         error = e.what();

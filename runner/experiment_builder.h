@@ -22,6 +22,8 @@ struct LaunchEnv;
 struct Run {
   // Declared first, released last: the run directory stays locked until everything else is closed.
   std::shared_ptr<RunDirClaim> claim;  // fit, rank 0: the claimed and locked run directory
+  // fit, rank 0: model_checkpoint directories outside the run directory, claimed and locked as it is
+  std::vector<std::shared_ptr<CheckpointDirClaim>> checkpoint_dirs;
   config::Experiment experiment;
   std::shared_ptr<distributed::Strategy> strategy;  // one process, or this rank of a data-parallel job
   std::shared_ptr<Module> module;

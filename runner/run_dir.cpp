@@ -50,7 +50,8 @@ std::string real_path(const std::string& p) {
   char buf[PATH_MAX];
   if (::realpath(p.c_str(), buf)) return buf;
   std::error_code ec;
-  return fs::absolute(p, ec).lexically_normal().string();
+  const fs::path w = fs::weakly_canonical(fs::absolute(p, ec), ec);
+  return ec ? fs::absolute(p, ec).lexically_normal().string() : w.lexically_normal().string();
 }
 
 }  // namespace
@@ -161,6 +162,139 @@ void RunDirClaim::remove_run_files() const {
     if (e.is_directory() && e.path().filename().string().rfind("step_", 0) == 0) captures.push_back(e.path());
   for (const auto& p : captures) checkpoint::remove_tree(p.string());
   ::rmdir((d / "nan").c_str());
+}
+
+namespace {
+
+// A run directory: its config.yaml with its metrics.csv or with checkpoints in checkpoints/ (not a
+// claimed checkpoint directory of that name, which holds an owner file). A project directory that
+// holds the user's config.yaml is none.
+bool is_run_directory(const fs::path& d) {
+  std::error_code ec;
+  if (!fs::exists(d / "config.yaml", ec)) return false;
+  if (fs::exists(d / "metrics.csv", ec)) return true;
+  if (fs::exists(d / "checkpoints" / CheckpointDirClaim::kOwnerFile, ec)) return false;
+  for (const auto& e : fs::directory_iterator(d / "checkpoints", ec))
+    if (e.path().extension() == ".ckpt") return true;
+  return false;
+}
+
+// Locked by a live run (its run directory or checkpoint directory): a shared lock is refused.
+bool locked_by_live_run(const fs::path& d) {
+  const int fd = ::open(d.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return false;
+  const bool locked = ::flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+  ::close(fd);  // drops the probe's lock
+  return locked;
+}
+
+// The run directory a checkpoint directory's owner file names; nullopt when it has none.
+std::optional<std::string> read_owner(const fs::path& file) {
+  const int fd = ::open(file.c_str(), O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return std::nullopt;
+  struct stat st {};
+  std::string text;
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size <= 8192) {
+    text.resize(static_cast<size_t>(st.st_size));
+    const ssize_t n = ::read(fd, text.data(), text.size());
+    text.resize(n > 0 ? static_cast<size_t>(n) : 0);
+  }
+  ::close(fd);
+  const std::string key = "run_dir=";
+  if (text.rfind(key, 0) != 0) return std::string("an unknown run");
+  const size_t end = text.find('\n');
+  return text.substr(key.size(), end == std::string::npos ? std::string::npos : end - key.size());
+}
+
+bool lies_inside(const std::string& path, const std::string& dir) {
+  return path == dir || path.rfind(dir == "/" ? dir : dir + "/", 0) == 0;
+}
+
+}  // namespace
+
+std::unique_ptr<CheckpointDirClaim> CheckpointDirClaim::claim(const std::string& dir, const std::string& run_dir,
+                                                              const std::string& origin,
+                                                              const std::optional<std::string>& ckpt, bool overwrite) {
+  const std::string run = real_path(run_dir);
+  const std::string real = real_path(dir);
+  if (lies_inside(real, run)) return nullptr;
+  // Another run's directory, or a directory inside one (its checkpoints/): never ours to write.
+  std::error_code ec;
+  for (fs::path q = fs::path(real); !q.empty(); q = q.parent_path()) {
+    if (fs::is_directory(q, ec)) {
+      if (is_run_directory(q))
+        throw RunDirError(fmt::format("{} {}: lies in the run directory {} of another run; give the checkpoints a "
+                                      "directory of their own",
+                                      origin, dir, q.string()));
+      if (q.string() != real && locked_by_live_run(q))
+        throw RunDirError(fmt::format("{} {}: lies in {}, which a live run is writing to; give the checkpoints a "
+                                      "directory of their own",
+                                      origin, dir, q.string()));
+    }
+    if (q == q.parent_path()) break;
+  }
+  if (fs::exists(real, ec) && !fs::is_directory(real, ec))
+    throw RunDirError(fmt::format("{} {}: exists and is not a directory", origin, dir));
+  const std::string top = outermost_missing(real);
+  fs::create_directories(real, ec);
+  if (ec) throw RunDirError(fmt::format("{} {}: cannot create the checkpoint directory ({})", origin, dir, ec.message()));
+  std::unique_ptr<CheckpointDirClaim> c(new CheckpointDirClaim(real, top));
+  c->fd_ = ::open(real.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (c->fd_ < 0)
+    throw RunDirError(fmt::format("{} {}: cannot open the checkpoint directory ({})", origin, dir, std::strerror(errno)));
+  if (::flock(c->fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    if (err == EWOULDBLOCK)
+      throw RunDirError(fmt::format("{} {}: another run is writing checkpoints to this directory (it stays locked while "
+                                    "that run lives); wait for it to end or choose another directory",
+                                    origin, dir));
+    throw RunDirError(fmt::format("{} {}: cannot lock the checkpoint directory ({})", origin, dir, std::strerror(err)));
+  }
+  const fs::path owner_file = fs::path(real) / kOwnerFile;
+  const auto owner = read_owner(owner_file);
+  std::vector<fs::path> ckpts;
+  for (const auto& e : fs::directory_iterator(real, ec))
+    if (e.path().extension() == ".ckpt") ckpts.push_back(e.path());
+  std::sort(ckpts.begin(), ckpts.end());
+  // Resuming: from a checkpoint of this directory (the run takes the series over), or this run
+  // directory's own run from anywhere.
+  const bool resuming = ckpt && (lies_inside(real_path(*ckpt), real) || (owner && *owner == run));
+  if (!ckpts.empty() && !resuming) {
+    if (!overwrite) {
+      std::string list;
+      for (size_t i = 0; i < ckpts.size() && i < 3; ++i) list += (i ? ", " : "") + ckpts[i].filename().string();
+      if (ckpts.size() > 3) list += fmt::format(" and {} more", ckpts.size() - 3);
+      const std::string whose = owner ? (*owner == run ? "an earlier run in " + run : "the run " + *owner) : "another run";
+      throw RunDirError(fmt::format("{} {}: holds the checkpoints of {} ({}); to continue it pass --ckpt {}/last.ckpt, to "
+                                    "start over in it pass --overwrite, or choose another directory",
+                                    origin, dir, whose, list, dir));
+    }
+    for (const auto& p : ckpts) fs::remove(p, ec);
+  }
+  try {
+    checkpoint::write_file_atomic(owner_file.string(), "run_dir=" + run + "\n");
+  } catch (const checkpoint::CheckpointError& e) {
+    throw RunDirError(fmt::format("{} {}: the checkpoint directory is not writable ({})", origin, dir, e.what()));
+  }
+  return c;
+}
+
+CheckpointDirClaim::~CheckpointDirClaim() {
+  // A directory this claim created that holds nothing but its owner file goes, with the parents it created.
+  if (!created_top_.empty()) {
+    std::error_code ec;
+    size_t others = 0;
+    for (const auto& e : fs::directory_iterator(dir_, ec))
+      if (e.path().filename() != kOwnerFile) ++others;
+    if (!ec && others == 0) {
+      fs::remove(fs::path(dir_) / kOwnerFile, ec);
+      for (fs::path q = fs::path(dir_); !q.empty(); q = q.parent_path()) {
+        if (::rmdir(q.c_str()) != 0) break;
+        if (q == fs::path(created_top_) || q == q.parent_path()) break;
+      }
+    }
+  }
+  if (fd_ >= 0) ::close(fd_);
 }
 
 void check_run_dir_free(const RunDirClaim& claim, const std::string& origin, const std::optional<std::string>& ckpt,

@@ -13,6 +13,7 @@
 //   removed, with the parent directories the claim created.
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -52,6 +53,37 @@ class RunDirClaim {
   std::string dir_;
   std::string created_top_;  // the outermost directory this claim created ("" when none)
   std::string origin_;
+  int fd_ = -1;
+};
+
+// A checkpoint directory outside the run directory (`model_checkpoint.dirpath` elsewhere), claimed for
+// the run as the run directory is, so that no run replaces another's checkpoints:
+// - refused when it lies inside another run's directory (one holding config.yaml or metrics.csv, or
+//   locked by a live run), e.g. another run's checkpoints/;
+// - locked for the run's lifetime (flock on the directory itself): a second live run is refused;
+// - owned: `.strobe-owner` in it names the run directory whose checkpoints it holds. A directory
+//   owned by another run, or holding *.ckpt files of no known owner, is refused unless the fit
+//   resumes from a checkpoint inside it (the run then takes it over) or --overwrite (its *.ckpt
+//   files are removed first, and nothing else).
+// A claim that created the directory and left nothing but its owner file is removed with it.
+class CheckpointDirClaim {
+ public:
+  // `origin` names the key ("callbacks[1].dirpath"); `run_dir` is this run's (claimed) directory.
+  // Returns nullptr when `dir` lies inside `run_dir` (the run directory's claim covers it).
+  static std::unique_ptr<CheckpointDirClaim> claim(const std::string& dir, const std::string& run_dir,
+                                                   const std::string& origin, const std::optional<std::string>& ckpt,
+                                                   bool overwrite);
+  CheckpointDirClaim(const CheckpointDirClaim&) = delete;
+  CheckpointDirClaim& operator=(const CheckpointDirClaim&) = delete;
+  ~CheckpointDirClaim();
+
+  const std::string& dir() const { return dir_; }
+  static constexpr const char* kOwnerFile = ".strobe-owner";
+
+ private:
+  CheckpointDirClaim(std::string dir, std::string created_top) : dir_(std::move(dir)), created_top_(std::move(created_top)) {}
+  std::string dir_;
+  std::string created_top_;
   int fd_ = -1;
 };
 

@@ -2,7 +2,9 @@
 // files mean what they say (config.yaml, metrics.csv), and the console (progress bar, epochs, the
 // end-of-fit summary) tells the truth.
 #include <gtest/gtest.h>
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -14,6 +16,7 @@
 
 #include <fmt/format.h>
 
+#include "framework/checkpoint/checkpoint_io.h"
 #include "tests/cli/cli_test_util.h"
 
 using namespace strobe::testing;
@@ -429,17 +432,103 @@ TEST(CliCheckpoint, OutsideTheRunDirectoryOnlyThisRunsFilesAreDeleted) {
       write_config(tiny_yaml() + "callbacks:\n  - name: model_checkpoint\n    save_top_k: 1\n    dirpath: " + shared + "\n");
   auto r = strobe_cmd("fit -c " + cfg + " --run-dir " + x);
   ASSERT_EQ(r.code, 0) << r.err;
-  ASSERT_EQ(files_in(shared), (std::vector<std::string>{"epoch=1-step=24.ckpt", "last.ckpt"}));
+  ASSERT_EQ(files_in(shared), (std::vector<std::string>{".strobe-owner", "epoch=1-step=24.ckpt", "last.ckpt"}));
   std::filesystem::copy(x, y, std::filesystem::copy_options::recursive);
-  // (the checkpoint to resume from is the shared last.ckpt; the run directory is named)
-  std::filesystem::copy_file(shared + "/last.ckpt", y + "/from.ckpt");
-  r = strobe_cmd("fit -c " + cfg + " --ckpt " + y + "/from.ckpt --run-dir " + y + " --set trainer.max_epochs=3");
+  // The copy continues the series from the shared last.ckpt (a resume from the directory takes it
+  // over; its run directory holds the copied run, so --overwrite).
+  r = strobe_cmd("fit -c " + cfg + " --ckpt " + shared + "/last.ckpt --run-dir " + y + " --overwrite --set trainer.max_epochs=3");
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_EQ(files_in(shared), (std::vector<std::string>{"epoch=1-step=24.ckpt", "epoch=2-step=36.ckpt", "last.ckpt"}));
-  std::filesystem::copy_file(shared + "/last.ckpt", y + "/from2.ckpt");
-  r = strobe_cmd("fit -c " + cfg + " --ckpt " + y + "/from2.ckpt --run-dir " + y + " --set trainer.max_epochs=4");
+  EXPECT_EQ(files_in(shared), (std::vector<std::string>{".strobe-owner", "epoch=1-step=24.ckpt", "epoch=2-step=36.ckpt", "last.ckpt"}));
+  r = strobe_cmd("fit -c " + cfg + " --ckpt " + shared + "/last.ckpt --run-dir " + y + " --overwrite --set trainer.max_epochs=4");
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_EQ(files_in(shared), (std::vector<std::string>{"epoch=1-step=24.ckpt", "epoch=3-step=48.ckpt", "last.ckpt"}));
+  EXPECT_EQ(files_in(shared), (std::vector<std::string>{".strobe-owner", "epoch=1-step=24.ckpt", "epoch=3-step=48.ckpt", "last.ckpt"}));
+}
+
+// A dirpath outside the run directory is claimed as the run directory is: never inside another
+// run's directory, locked while its run lives, and holding one run's checkpoints: another run is
+// refused unless it resumes from there or passes --overwrite.
+TEST(CliCheckpoint, AnOutsideDirectoryIsClaimedLikeARunDirectory) {
+  namespace fs = std::filesystem;
+  const std::string root = temp_dir("ckptclaim");
+  const std::string a = root + "/a", b = root + "/b", shared = root + "/shared";
+  auto cfg_at = [&](const std::string& dirpath) {
+    return write_config(tiny_yaml() + "callbacks:\n  - name: model_checkpoint\n    dirpath: " + dirpath + "\n");
+  };
+  auto fit = [&](const std::string& cfg, const std::string& run, const std::string& extra = "") {
+    return strobe_cmd("fit -c " + cfg + " --run-dir " + run + " --set trainer.max_steps=2" + extra);
+  };
+  ASSERT_EQ(fit(write_config(tiny_yaml()), a).code, 0);
+  const std::string a_last = slurp(a + "/checkpoints/last.ckpt");
+  // Another run's checkpoints/, its run directory, a directory inside it: refused, nothing written,
+  // the refused run's own directory released.
+  for (const std::string& into : {a + "/checkpoints", a, a + "/checkpoints/sub"}) {
+    auto r = fit(cfg_at(into), b);
+    EXPECT_EQ(r.code, 2) << r.err;
+    EXPECT_EQ(r.err, "strobe: run directory error: callbacks[0].dirpath: " + into + ": lies in the run directory " + a +
+                         " of another run; give the checkpoints a directory of their own\n");
+    EXPECT_FALSE(fs::exists(b));
+  }
+  EXPECT_FALSE(fs::exists(a + "/checkpoints/sub"));
+  EXPECT_EQ(slurp(a + "/checkpoints/last.ckpt"), a_last);
+
+  // A directory holding another run's checkpoints.
+  const std::string cfg = cfg_at(shared);
+  ASSERT_EQ(fit(cfg, root + "/c").code, 0);
+  EXPECT_EQ(slurp(shared + "/.strobe-owner"), "run_dir=" + root + "/c\n");
+  const std::string c_last = slurp(shared + "/last.ckpt");
+  auto r = fit(cfg, b);
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_EQ(r.err, "strobe: run directory error: callbacks[0].dirpath: " + shared + ": holds the checkpoints of the run " +
+                       root + "/c (last.ckpt); to continue it pass --ckpt " + shared +
+                       "/last.ckpt, to start over in it pass --overwrite, or choose another directory\n");
+  EXPECT_EQ(slurp(shared + "/last.ckpt"), c_last);
+  EXPECT_FALSE(fs::exists(b));
+  // Checkpoints of no known run (the owner file gone) are refused as well.
+  fs::rename(shared + "/.strobe-owner", root + "/owner");
+  r = fit(cfg, b);
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find(": holds the checkpoints of another run (last.ckpt); "), std::string::npos) << r.err;
+  fs::rename(root + "/owner", shared + "/.strobe-owner");
+
+  // While a run holds the directory (or a directory above it) it is locked.
+  {
+    const int fd = ::open(shared.c_str(), O_RDONLY | O_DIRECTORY);
+    ASSERT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0);
+    r = fit(cfg, b, " --overwrite");
+    EXPECT_EQ(r.code, 2) << r.err;
+    EXPECT_EQ(r.err, "strobe: run directory error: callbacks[0].dirpath: " + shared +
+                         ": another run is writing checkpoints to this directory (it stays locked while that run lives); "
+                         "wait for it to end or choose another directory\n");
+    r = fit(cfg_at(shared + "/sub"), b);
+    EXPECT_EQ(r.code, 2) << r.err;
+    EXPECT_EQ(r.err, "strobe: run directory error: callbacks[0].dirpath: " + shared + "/sub: lies in " + shared +
+                         ", which a live run is writing to; give the checkpoints a directory of their own\n");
+    ::close(fd);
+  }
+  EXPECT_EQ(slurp(shared + "/last.ckpt"), c_last);
+  EXPECT_FALSE(fs::exists(shared + "/sub"));
+
+  // A resume from the directory takes the series over.
+  r = strobe_cmd("fit -c " + cfg + " --run-dir " + root + "/d --ckpt " + shared + "/last.ckpt --set trainer.max_steps=3");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(slurp(shared + "/.strobe-owner"), "run_dir=" + root + "/d\n");
+  // --overwrite starts over in it: the old checkpoints go, the user's files stay.
+  std::ofstream(shared + "/notes.txt") << "mine\n";
+  r = fit(cfg, b, " --overwrite --set trainer.max_steps=1");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(files_in(shared), (std::vector<std::string>{".strobe-owner", "last.ckpt", "notes.txt"}));
+  EXPECT_EQ(slurp(shared + "/.strobe-owner"), "run_dir=" + b + "\n");
+  EXPECT_NE(checkpoint::load_checkpoint_file(shared + "/last.ckpt").blob("meta").find("\"global_step\":1,"), std::string::npos);
+
+  // A project directory holding the user's config.yaml is no run directory: its checkpoints/ is
+  // claimed, and resumed from.
+  const std::string proj = root + "/proj";
+  fs::create_directories(proj);
+  fs::copy_file(cfg_at(proj + "/checkpoints"), proj + "/config.yaml");
+  ASSERT_EQ(fit(proj + "/config.yaml", root + "/e").code, 0);
+  r = fit(proj + "/config.yaml", root + "/f", " --ckpt " + proj + "/checkpoints/last.ckpt --set trainer.max_steps=3");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(slurp(proj + "/checkpoints/.strobe-owner"), "run_dir=" + root + "/f\n");
 }
 
 // --- the run directory: claimed, locked, never another run's -----------------------------------
