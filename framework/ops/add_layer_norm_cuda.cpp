@@ -20,13 +20,7 @@ using OptTensor = std::optional<Tensor>;
 bool present(const OptTensor& t) { return t.has_value() && t->defined(); }
 
 cuda::DType half_or_float(at::ScalarType s, const char* what) {
-  switch (s) {
-    case at::kFloat: return cuda::DType::kFloat32;
-    case at::kBFloat16: return cuda::DType::kBFloat16;
-    case at::kHalf: return cuda::DType::kFloat16;
-    default:
-      TORCH_CHECK(false, "add_layer_norm (CUDA): ", what, " must be float32, bfloat16 or float16, got ", s);
-  }
+  return detail::kernel_dtype(s, "add_layer_norm (CUDA)", what, detail::kFloatingTypes);
 }
 
 int checked_cols(const Tensor& x) {

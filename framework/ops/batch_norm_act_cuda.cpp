@@ -18,16 +18,9 @@ void batch_norm_act_check(const at::Tensor& x, const at::Tensor& weight, const a
 namespace {
 
 using at::Tensor;
-using cuda::BnDType;
+using cuda::DType;
 
-BnDType to_bn_dtype(at::ScalarType s) {
-  switch (s) {
-    case at::kFloat: return BnDType::kFloat32;
-    case at::kBFloat16: return BnDType::kBFloat16;
-    case at::kHalf: return BnDType::kFloat16;
-    default: TORCH_CHECK(false, "batch_norm_act (CUDA): x must be float32, bfloat16 or float16, got ", s);
-  }
-}
+DType to_bn_dtype(at::ScalarType s) { return detail::kernel_dtype(s, "batch_norm_act (CUDA)", "x", detail::kFloatingTypes); }
 
 bool aligned16(const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
 
@@ -55,7 +48,7 @@ std::tuple<Tensor, Tensor, Tensor> bna_fwd_cuda(const Tensor& x, const Tensor& w
                                             const std::optional<Tensor>& residual, double momentum, double eps,
                                             bool relu) {
   detail::batch_norm_act_check(x, weight, bias, running_mean, running_var, residual);
-  const BnDType dt = to_bn_dtype(x.scalar_type());
+  const DType dt = to_bn_dtype(x.scalar_type());
   const cuda::BnShape s = shape_of(x);
   check_activation(x, "x");
   const bool has_res = residual.has_value() && residual->defined();
@@ -80,7 +73,7 @@ std::tuple<Tensor, Tensor, Tensor> bna_fwd_cuda(const Tensor& x, const Tensor& w
 std::tuple<Tensor, Tensor, Tensor, Tensor> bna_bwd_cuda(const Tensor& grad_y, const Tensor& y, const Tensor& x,
                                                     const Tensor& weight, const Tensor& mean, const Tensor& invstd,
                                                     bool relu, bool residual_grad) {
-  const BnDType dt = to_bn_dtype(x.scalar_type());
+  const DType dt = to_bn_dtype(x.scalar_type());
   const cuda::BnShape s = shape_of(x);
   TORCH_CHECK(grad_y.sizes() == x.sizes() && y.sizes() == x.sizes() && grad_y.device() == x.device(),
               "batch_norm_act_bwd: grad_y and y must match x ", x.sizes());

@@ -1,5 +1,6 @@
 // CUDA glue of conv3x3_maxpool_relu_fwd / _bwd (kernels in cuda/conv_pool_kernels.cu).
 #include <ATen/ATen.h>
+#include <string>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
@@ -14,18 +15,14 @@ void conv_pool_check_inputs(const at::Tensor& x, const at::Tensor& weight, const
 namespace {
 
 using at::Tensor;
-using cuda::ConvPoolDType;
+using cuda::DType;
 
-ConvPoolDType to_cp_dtype(at::ScalarType s, const char* what) {
-  switch (s) {
-    case at::kFloat: return ConvPoolDType::kFloat32;
-    case at::kBFloat16: return ConvPoolDType::kBFloat16;
-    case at::kHalf: return ConvPoolDType::kFloat16;
-    case at::kByte: return ConvPoolDType::kUInt8;
-    default:
-      TORCH_CHECK(false, "conv3x3_maxpool_relu (CUDA): ", what,
-                  " must be float32, bfloat16, float16 (or uint8 for x), got ", s);
-  }
+// x may also be uint8 (raw pixels, scaled by input_scale); everything else is floating.
+DType to_cp_dtype(at::ScalarType s, const char* what) {
+  constexpr const char* op = "conv3x3_maxpool_relu (CUDA)";
+  if (std::string(what) == "x")
+    return detail::kernel_dtype(s, op, what, {DType::kFloat32, DType::kBFloat16, DType::kFloat16, DType::kUInt8});
+  return detail::kernel_dtype(s, op, what, detail::kFloatingTypes);
 }
 
 cuda::ConvPoolShape shape_of(const Tensor& x, const Tensor& weight) {
@@ -47,9 +44,8 @@ cuda::ConvPoolShape shape_of(const Tensor& x, const Tensor& weight) {
 std::tuple<Tensor, Tensor> cp_fwd_cuda(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                     double input_scale, at::ScalarType out_dtype) {
   detail::conv_pool_check_inputs(x, weight, bias);
-  const ConvPoolDType xdt = to_cp_dtype(x.scalar_type(), "x");
-  const ConvPoolDType ydt = to_cp_dtype(out_dtype, "out_dtype");
-  TORCH_CHECK(ydt != ConvPoolDType::kUInt8, "conv3x3_maxpool_relu: out_dtype must be floating");
+  const DType xdt = to_cp_dtype(x.scalar_type(), "x");
+  const DType ydt = to_cp_dtype(out_dtype, "out_dtype");
   const cuda::ConvPoolShape s = shape_of(x, weight);
   const c10::cuda::CUDAGuard guard(x.device());
   const Tensor xc = x.contiguous();
@@ -76,8 +72,8 @@ std::tuple<Tensor, Tensor, Tensor> cp_bwd_cuda(const Tensor& grad_y, const Tenso
               "conv3x3_maxpool_relu_bwd: all tensors must be on one device");
   TORCH_CHECK(!input_grad || at::isFloatingType(x.scalar_type()),
               "conv3x3_maxpool_relu_bwd: no input gradient for integer x");
-  const ConvPoolDType gydt = to_cp_dtype(grad_y.scalar_type(), "grad_y");
-  const ConvPoolDType xdt = to_cp_dtype(x.scalar_type(), "x");
+  const DType gydt = to_cp_dtype(grad_y.scalar_type(), "grad_y");
+  const DType xdt = to_cp_dtype(x.scalar_type(), "x");
   const c10::cuda::CUDAGuard guard(x.device());
   const cudaStream_t stream = detail::current_stream();
   const Tensor gy = grad_y.contiguous(), mc = mask.contiguous(), xc = x.contiguous();

@@ -17,14 +17,7 @@ using at::Tensor;
 using OptTensor = std::optional<Tensor>;
 
 cuda::DType logits_dtype(const Tensor& logits) {
-  switch (logits.scalar_type()) {
-    case at::kFloat: return cuda::DType::kFloat32;
-    case at::kBFloat16: return cuda::DType::kBFloat16;
-    case at::kHalf: return cuda::DType::kFloat16;
-    default:
-      TORCH_CHECK(false, "cross_entropy (CUDA): logits must be float32, bfloat16 or float16, got ",
-                  logits.scalar_type());
-  }
+  return detail::kernel_dtype(logits, "cross_entropy (CUDA)", "logits", detail::kFloatingTypes);
 }
 
 std::tuple<Tensor, Tensor> ce_fwd_cuda(const Tensor& logits, const Tensor& target, int64_t ignore_index) {

@@ -47,7 +47,7 @@ cuda::FlashAttnParams make_params(const Tensor& q, const Tensor& k, const Tensor
   TORCH_CHECK(q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf, op,
               ": q, k, v must be bfloat16 or float16, got ", q.scalar_type(),
               " (the tensor-core kernels have no fp32 path; use attention: sdpa or cast)");
-  cuda::DType dt = detail::kernel_dtype(q, "flash_attention", "q");
+  cuda::DType dt = detail::kernel_dtype(q, op, "q", {cuda::DType::kBFloat16, cuda::DType::kFloat16});
   TORCH_CHECK(cuda::flash_attention_supported(static_cast<int>(s.head_dim), dt), op,
               ": head_dim must be 64 or 128, got ", s.head_dim);
   TORCH_CHECK(q.numel() < kMaxInt * 8LL && k.numel() < kMaxInt * 8LL, op,

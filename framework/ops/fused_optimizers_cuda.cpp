@@ -27,6 +27,9 @@ namespace {
 using at::Tensor;
 using at::TensorList;
 
+constexpr std::initializer_list<cuda::DType> kGradTypes = {cuda::DType::kFloat32, cuda::DType::kBFloat16,
+                                                           cuda::DType::kFloat16, cuda::DType::kFloat64};
+
 // Written in place by the kernel, which walks memory flat: must be dense fp32 (no silent copies that
 // would drop the update), and laid out like the parameter (channels_last parameters are dense but
 // not contiguous; their state and gradients then share their strides).
@@ -70,7 +73,7 @@ void adam_cuda(const char* op, bool decoupled, TensorList params, TensorList gra
     cuda::AdamTensor& m = meta[i];
     m.param = inplace_fp32(params[i], params[i], op, "params", i);
     m.grad = g.data_ptr();
-    m.grad_dtype = detail::kernel_dtype(g, op, "grads");
+    m.grad_dtype = detail::kernel_dtype(g, op, "grads", kGradTypes);
     m.exp_avg = inplace_fp32(exp_avgs[i], params[i], op, "exp_avgs", i);
     m.exp_avg_sq = inplace_fp32(exp_avg_sqs[i], params[i], op, "exp_avg_sqs", i);
     m.max_exp_avg_sq = amsgrad ? inplace_fp32(max_exp_avg_sqs[i], params[i], op, "max_exp_avg_sqs", i)
@@ -119,7 +122,7 @@ void fused_sgd_cuda(TensorList params, TensorList grads, TensorList momentum_buf
     cuda::SgdTensor& m = meta[i];
     m.param = inplace_fp32(params[i], params[i], op, "params", i);
     m.grad = g.data_ptr();
-    m.grad_dtype = detail::kernel_dtype(g, op, "grads");
+    m.grad_dtype = detail::kernel_dtype(g, op, "grads", kGradTypes);
     m.momentum_buffer =
         with_momentum ? inplace_fp32(momentum_buffers[i], params[i], op, "momentum_buffers", i) : nullptr;
     m.step = with_momentum ? steps[i].data_ptr<float>() : nullptr;

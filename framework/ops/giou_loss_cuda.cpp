@@ -32,10 +32,7 @@ std::tuple<Tensor, Tensor, Tensor> giou_fwd_cuda(const Tensor& pred, const Tenso
   TORCH_CHECK(reduction == detail::kNone || reduction == detail::kMean ||
                   reduction == detail::kSum,
               "giou_loss: unknown reduction ", reduction);
-  TORCH_CHECK(pred.scalar_type() == at::kFloat || pred.scalar_type() == at::kHalf ||
-                  pred.scalar_type() == at::kBFloat16,
-              "giou_loss (CUDA): pred must be float32, float16 or bfloat16, got ",
-              pred.scalar_type());
+  detail::kernel_dtype(pred, "giou_loss (CUDA)", "pred", detail::kFloatingTypes);
   const c10::cuda::CUDAGuard guard(pred.device());
   const Tensor p = rows_aligned(pred), t = rows_aligned(target);
   const auto fopt = pred.options().dtype(at::kFloat);
@@ -43,8 +40,10 @@ std::tuple<Tensor, Tensor, Tensor> giou_fwd_cuda(const Tensor& pred, const Tenso
   cuda::GiouFwdParams params;
   params.pred = p.data_ptr();
   params.target = t.data_ptr();
-  params.pred_dtype = detail::kernel_dtype(p, "giou_loss", "pred");
-  params.target_dtype = detail::kernel_dtype(t, "giou_loss", "target");
+  params.pred_dtype = detail::kernel_dtype(p, "giou_loss (CUDA)", "pred", detail::kFloatingTypes);
+  params.target_dtype = detail::kernel_dtype(t, "giou_loss (CUDA)", "target",
+                                             {cuda::DType::kFloat32, cuda::DType::kBFloat16, cuda::DType::kFloat16,
+                                              cuda::DType::kFloat64});
   params.layout = static_cast<cuda::GiouLayout>(layout);
   params.rows = p.numel() / 4;
   params.target_rows = t.numel() / 4;
@@ -98,9 +97,7 @@ Tensor giou_bwd_cuda(const Tensor& grad_out, const Tensor& grad_box, const Tenso
   const c10::cuda::CUDAGuard guard(grad_box.device());
   const Tensor go = grad_out.to(at::kFloat).contiguous();
   Tensor grad_pred = at::empty(pred_shape, grad_box.options().dtype(pred_dtype));
-  cuda::DType dt{};
-  TORCH_CHECK(detail::to_kernel_dtype(pred_dtype, &dt) && dt != cuda::DType::kFloat64,
-              "giou_loss_bwd: unsupported pred dtype ", pred_dtype);
+  const cuda::DType dt = detail::kernel_dtype(pred_dtype, "giou_loss_bwd (CUDA)", "pred", detail::kFloatingTypes);
   C10_CUDA_CHECK(cuda::giou_bwd(go.data_ptr<float>(), per_box,
                                 per_box ? nullptr : scale.data_ptr<float>(),
                                 grad_box.data_ptr<float>(), grad_pred.data_ptr(), dt, rows,

@@ -13,16 +13,9 @@ namespace strobe::ops {
 namespace {
 
 using at::Tensor;
-using cuda::PoolDType;
+using cuda::DType;
 
-PoolDType to_pool_dtype(at::ScalarType s) {
-  switch (s) {
-    case at::kFloat: return PoolDType::kFloat32;
-    case at::kBFloat16: return PoolDType::kBFloat16;
-    case at::kHalf: return PoolDType::kFloat16;
-    default: TORCH_CHECK(false, "max_pool2d (CUDA): x must be float32, bfloat16 or float16, got ", s);
-  }
-}
+DType to_pool_dtype(at::ScalarType s) { return detail::kernel_dtype(s, "max_pool2d (CUDA)", "x", detail::kFloatingTypes); }
 
 cuda::PoolShape shape_of(at::IntArrayRef in, at::IntArrayRef out, const detail::PoolArgs& a, bool channels_last) {
   TORCH_CHECK(in[1] * in[2] * in[3] < (int64_t{1} << 31) && out[1] * out[2] * out[3] < (int64_t{1} << 31),
@@ -45,7 +38,7 @@ std::tuple<Tensor, Tensor> mp_fwd_cuda(const Tensor& x, at::IntArrayRef kernel_s
                                     at::IntArrayRef padding) {
   const detail::PoolArgs a = detail::pool_args(kernel_size, stride, padding);
   const auto sym = detail::pool_check(x, a);
-  const PoolDType dt = to_pool_dtype(x.scalar_type());
+  const DType dt = to_pool_dtype(x.scalar_type());
   const bool cl = detail::pool_channels_last(x);
   const std::vector<int64_t> out{x.size(0), x.size(1), sym[2].expect_int(), sym[3].expect_int()};
   const cuda::PoolShape s = shape_of(x.sizes(), out, a, cl);
@@ -69,7 +62,7 @@ Tensor mp_bwd_cuda(const Tensor& grad_y, const Tensor& index, at::IntArrayRef in
               "max_pool2d_bwd: grad_y and the uint8 index must be ", at::IntArrayRef(out), ", got ", grad_y.sizes(),
               " and ", index.sizes(), " ", index.scalar_type());
   TORCH_CHECK(grad_y.device() == index.device(), "max_pool2d_bwd: grad_y and index must be on one device");
-  const PoolDType dt = to_pool_dtype(grad_y.scalar_type());
+  const DType dt = to_pool_dtype(grad_y.scalar_type());
   const cuda::PoolShape s = shape_of(input_size, out, a, channels_last);
   const c10::cuda::CUDAGuard guard(grad_y.device());
   // (the incoming gradient may be in another layout, e.g. from a flatten; the index never is)

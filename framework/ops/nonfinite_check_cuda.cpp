@@ -24,7 +24,7 @@ std::tuple<at::Tensor, at::Tensor> nonfinite_check_cuda(at::TensorList tensors,
   meta.reserve(tensors.size());
   for (const at::Tensor& t : tensors) {
     const at::Tensor c = t.is_non_overlapping_and_dense() ? t : keep.emplace_back(t.contiguous());
-    meta.push_back({c.data_ptr(), c.numel(), detail::kernel_dtype(c, "nonfinite_check", "tensor")});
+    meta.push_back({c.data_ptr(), c.numel(), detail::kernel_dtype(c, "nonfinite_check (CUDA)", "tensor", {cuda::DType::kFloat32, cuda::DType::kBFloat16, cuda::DType::kFloat16, cuda::DType::kFloat64})});
   }
   const auto fopt = tensors[0].options().dtype(at::kFloat);
   const int64_t parts = cuda::nonfinite_num_partials(meta.data(), static_cast<int>(meta.size()));

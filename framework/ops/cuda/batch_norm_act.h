@@ -12,9 +12,10 @@
 
 #include <cuda_runtime_api.h>
 
+#include "framework/ops/cuda/dtype.h"
+
 namespace strobe::ops::cuda {
 
-enum class BnDType : uint8_t { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
 
 struct BnShape {
   int64_t rows = 0;
@@ -27,14 +28,14 @@ int64_t batch_norm_act_workspace(const BnShape& s);
 // mean/invstd of every channel over the rows (biased variance), running stats updated in place
 // (running = (1 - momentum) * running + momentum * stat, the variance unbiased), then
 // y = act(weight * (x - mean) * invstd + bias [+ residual]) with act = ReLU when relu, else identity.
-cudaError_t batch_norm_act_fwd(const void* x, const void* residual, BnDType dtype, const float* weight,
+cudaError_t batch_norm_act_fwd(const void* x, const void* residual, DType dtype, const float* weight,
                                const float* bias, float* running_mean, float* running_var, float momentum,
                                float eps, bool relu, void* y, float* mean, float* invstd, float* workspace,
                                const BnShape& s, cudaStream_t stream);
 
 // g = grad_y * (y > 0 when relu); grad_weight = sum(g * xhat), grad_bias = sum(g),
 // grad_x = weight * invstd * (g - mean(g) - xhat * mean(g * xhat)), grad_residual = g (when non-null).
-cudaError_t batch_norm_act_bwd(const void* grad_y, const void* y, const void* x, BnDType dtype,
+cudaError_t batch_norm_act_bwd(const void* grad_y, const void* y, const void* x, DType dtype,
                                const float* weight, const float* mean, const float* invstd, bool relu,
                                void* grad_x, void* grad_residual, float* grad_weight, float* grad_bias,
                                float* workspace, const BnShape& s, cudaStream_t stream);

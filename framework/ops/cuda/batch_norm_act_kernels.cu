@@ -18,64 +18,13 @@
 #include <algorithm>
 
 #include "framework/ops/cuda/batch_norm_act.h"
+#include "framework/ops/cuda/common.cuh"
 
 namespace strobe::ops::cuda {
 namespace {
 
 constexpr int kThreads = 256;
 constexpr int kVec = 8;
-
-template <typename T>
-struct Vec8;
-template <>
-struct Vec8<float> {
-  __device__ static void load(const float* p, float (&v)[kVec]) {
-    const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
-    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-  }
-  __device__ static void store(float* p, const float (&v)[kVec]) {
-    reinterpret_cast<float4*>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
-    reinterpret_cast<float4*>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
-  }
-};
-template <>
-struct Vec8<__nv_bfloat16> {
-  __device__ static void load(const __nv_bfloat16* p, float (&v)[kVec]) {
-    const uint4 raw = *reinterpret_cast<const uint4*>(p);
-    const auto* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 f = __bfloat1622float2(h[i]);
-      v[2 * i] = f.x, v[2 * i + 1] = f.y;
-    }
-  }
-  __device__ static void store(__nv_bfloat16* p, const float (&v)[kVec]) {
-    uint4 raw;
-    auto* h = reinterpret_cast<__nv_bfloat162*>(&raw);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
-    *reinterpret_cast<uint4*>(p) = raw;
-  }
-};
-template <>
-struct Vec8<__half> {
-  __device__ static void load(const __half* p, float (&v)[kVec]) {
-    const uint4 raw = *reinterpret_cast<const uint4*>(p);
-    const auto* h = reinterpret_cast<const __half2*>(&raw);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 f = __half22float2(h[i]);
-      v[2 * i] = f.x, v[2 * i + 1] = f.y;
-    }
-  }
-  __device__ static void store(__half* p, const float (&v)[kVec]) {
-    uint4 raw;
-    auto* h = reinterpret_cast<__half2*>(&raw);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) h[i] = __floats2half2_rn(v[2 * i], v[2 * i + 1]);
-    *reinterpret_cast<uint4*>(p) = raw;
-  }
-};
 
 __device__ inline void load_f8(const float* p, float (&v)[kVec]) { Vec8<float>::load(p, v); }
 
@@ -174,7 +123,7 @@ __global__ void __launch_bounds__(kThreads) reduce_kernel(const T* __restrict__ 
 // bwd: grad_weight, grad_bias and coef = (ga, c1, c2) of grad_x = ga * g - c1 - c2 * (x - mean).
 template <bool kBackward>
 __global__ void finalize_kernel(const float* __restrict__ part_a, const float* __restrict__ part_b, int blocks, int c,
-                                int64_t rows, const float* __restrict__ shift_src, BnDType dtype,
+                                int64_t rows, const float* __restrict__ shift_src, DType dtype,
                                 const float* __restrict__ weight, const float* __restrict__ bias, float momentum,
                                 float eps, float* running_mean, float* running_var, float* mean, float* invstd,
                                 float* grad_weight, float* grad_bias, float* coef) {
@@ -197,9 +146,9 @@ __global__ void finalize_kernel(const float* __restrict__ part_a, const float* _
   if constexpr (!kBackward) {
     (void)grad_weight, (void)grad_bias;
     float k;  // the shift the sums were taken around: x[row 0, ch]
-    if (dtype == BnDType::kFloat32) {
+    if (dtype == DType::kFloat32) {
       k = reinterpret_cast<const float*>(shift_src)[ch];
-    } else if (dtype == BnDType::kBFloat16) {
+    } else if (dtype == DType::kBFloat16) {
       k = __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(shift_src)[ch]);
     } else {
       k = __half2float(reinterpret_cast<const __half*>(shift_src)[ch]);
@@ -290,7 +239,7 @@ int64_t workspace_floats(const Tiling& t, const BnShape& s) {
 }
 
 template <typename T>
-cudaError_t fwd_impl(const void* x, const void* residual, BnDType dtype, const float* weight, const float* bias,
+cudaError_t fwd_impl(const void* x, const void* residual, DType dtype, const float* weight, const float* bias,
                      float* running_mean, float* running_var, float momentum, float eps, bool relu, void* y,
                      float* mean, float* invstd, float* ws, const BnShape& s, cudaStream_t stream) {
   const Tiling t = tiling(s);
@@ -327,7 +276,7 @@ cudaError_t bwd_impl(const void* grad_y, const void* y, const void* x, const flo
   reduce_kernel<T, true><<<grid, t.tile * t.lanes, smem, stream>>>(xt, gyt, yt, mean, invstd, relu, s.rows, s.c,
                                                                     t.tile, t.lanes, part_a, part_b);
   finalize_kernel<true><<<(s.c + 31) / 32, 256, 0, stream>>>(part_a, part_b, t.grid_x, s.c, s.rows, nullptr,
-                                                             BnDType::kFloat32, weight, nullptr, 0.f, 0.f, nullptr,
+                                                             DType::kFloat32, weight, nullptr, 0.f, 0.f, nullptr,
                                                              nullptr, const_cast<float*>(mean),
                                                              const_cast<float*>(invstd), grad_weight, grad_bias, coef);
   bwd_elemt_kernel<T><<<grid, t.tile * t.lanes, 0, stream>>>(gyt, yt, xt, coef, mean, relu, static_cast<T*>(grad_x),
@@ -340,38 +289,38 @@ cudaError_t bwd_impl(const void* grad_y, const void* y, const void* x, const flo
 
 int64_t batch_norm_act_workspace(const BnShape& s) { return workspace_floats(tiling(s), s); }
 
-cudaError_t batch_norm_act_fwd(const void* x, const void* residual, BnDType dtype, const float* weight,
+cudaError_t batch_norm_act_fwd(const void* x, const void* residual, DType dtype, const float* weight,
                                const float* bias, float* running_mean, float* running_var, float momentum,
                                float eps, bool relu, void* y, float* mean, float* invstd, float* workspace,
                                const BnShape& s, cudaStream_t stream) {
   if (s.rows < 1 || s.c < kVec || s.c % kVec != 0) return cudaErrorInvalidValue;
   switch (dtype) {
-    case BnDType::kFloat32:
+    case DType::kFloat32:
       return fwd_impl<float>(x, residual, dtype, weight, bias, running_mean, running_var, momentum, eps, relu, y, mean,
                              invstd, workspace, s, stream);
-    case BnDType::kBFloat16:
+    case DType::kBFloat16:
       return fwd_impl<__nv_bfloat16>(x, residual, dtype, weight, bias, running_mean, running_var, momentum, eps, relu, y,
                                      mean, invstd, workspace, s, stream);
-    case BnDType::kFloat16:
+    case DType::kFloat16:
       return fwd_impl<__half>(x, residual, dtype, weight, bias, running_mean, running_var, momentum, eps, relu, y, mean,
                               invstd, workspace, s, stream);
   }
   return cudaErrorInvalidValue;
 }
 
-cudaError_t batch_norm_act_bwd(const void* grad_y, const void* y, const void* x, BnDType dtype, const float* weight,
+cudaError_t batch_norm_act_bwd(const void* grad_y, const void* y, const void* x, DType dtype, const float* weight,
                                const float* mean, const float* invstd, bool relu, void* grad_x, void* grad_residual,
                                float* grad_weight, float* grad_bias, float* workspace, const BnShape& s,
                                cudaStream_t stream) {
   if (s.rows < 1 || s.c < kVec || s.c % kVec != 0) return cudaErrorInvalidValue;
   switch (dtype) {
-    case BnDType::kFloat32:
+    case DType::kFloat32:
       return bwd_impl<float>(grad_y, y, x, weight, mean, invstd, relu, grad_x, grad_residual, grad_weight, grad_bias,
                              workspace, s, stream);
-    case BnDType::kBFloat16:
+    case DType::kBFloat16:
       return bwd_impl<__nv_bfloat16>(grad_y, y, x, weight, mean, invstd, relu, grad_x, grad_residual, grad_weight,
                                      grad_bias, workspace, s, stream);
-    case BnDType::kFloat16:
+    case DType::kFloat16:
       return bwd_impl<__half>(grad_y, y, x, weight, mean, invstd, relu, grad_x, grad_residual, grad_weight,
                               grad_bias, workspace, s, stream);
   }

@@ -12,9 +12,10 @@
 
 #include <cuda_runtime_api.h>
 
+#include "framework/ops/cuda/dtype.h"
+
 namespace strobe::ops::cuda {
 
-enum class ConvPoolDType : uint8_t { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2, kUInt8 = 3 };
 
 struct ConvPoolShape {
   int64_t n = 0;
@@ -22,22 +23,22 @@ struct ConvPoolShape {
 };
 
 // y = relu(maxpool2x2(conv3x3_same(x * x_scale, weight) + bias)); accumulates in fp32.
-cudaError_t conv_pool_fwd(const void* x, ConvPoolDType x_dtype, float x_scale, const float* weight,
-                          const float* bias, void* y, ConvPoolDType y_dtype, uint8_t* mask,
+cudaError_t conv_pool_fwd(const void* x, DType x_dtype, float x_scale, const float* weight,
+                          const float* bias, void* y, DType y_dtype, uint8_t* mask,
                           const ConvPoolShape& s, cudaStream_t stream);
 
 // grad_x = x_scale * conv_transpose(unpool(grad_y, mask)), written in gx_dtype (every element).
-cudaError_t conv_pool_bwd_input(const void* grad_y, ConvPoolDType gy_dtype, const uint8_t* mask,
+cudaError_t conv_pool_bwd_input(const void* grad_y, DType gy_dtype, const uint8_t* mask,
                                 const float* weight, float x_scale, void* grad_x,
-                                ConvPoolDType gx_dtype, const ConvPoolShape& s,
+                                DType gx_dtype, const ConvPoolShape& s,
                                 cudaStream_t stream);
 
 // Floats of the workspace conv_pool_bwd_weight needs (per-block partial sums, reduced in a fixed
 // order afterwards: deterministic, no floating-point atomics).
 int64_t conv_pool_wgrad_workspace(const ConvPoolShape& s);
 // grad_weight [cout, cin, 3, 3] and grad_bias [cout] (fp32, overwritten).
-cudaError_t conv_pool_bwd_weight(const void* grad_y, ConvPoolDType gy_dtype, const uint8_t* mask,
-                                 const void* x, ConvPoolDType x_dtype, float x_scale,
+cudaError_t conv_pool_bwd_weight(const void* grad_y, DType gy_dtype, const uint8_t* mask,
+                                 const void* x, DType x_dtype, float x_scale,
                                  float* workspace, float* grad_weight, float* grad_bias,
                                  const ConvPoolShape& s, cudaStream_t stream);
 

@@ -15,28 +15,11 @@
 
 #include <algorithm>
 
+#include "framework/ops/cuda/common.cuh"
 #include "framework/ops/cuda/conv_pool.h"
 
 namespace strobe::ops::cuda {
 namespace {
-
-__device__ __forceinline__ float ld(const void* p, int64_t i, ConvPoolDType dt) {
-  switch (dt) {
-    case ConvPoolDType::kBFloat16:
-      return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
-    case ConvPoolDType::kFloat16: return __half2float(static_cast<const __half*>(p)[i]);
-    case ConvPoolDType::kUInt8: return static_cast<float>(static_cast<const uint8_t*>(p)[i]);
-    default: return static_cast<const float*>(p)[i];
-  }
-}
-
-__device__ __forceinline__ void st(void* p, int64_t i, float v, ConvPoolDType dt) {
-  switch (dt) {
-    case ConvPoolDType::kBFloat16: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16(v); break;
-    case ConvPoolDType::kFloat16: static_cast<__half*>(p)[i] = __float2half(v); break;
-    default: static_cast<float*>(p)[i] = v; break;
-  }
-}
 
 // ---- forward ------------------------------------------------------------------------------------
 constexpr int kFwdThreads = 128;
@@ -44,9 +27,9 @@ constexpr int kFwdCiChunk = 16;  // input channels whose weights are staged in s
 
 template <int COB>
 __global__ void __launch_bounds__(kFwdThreads)
-    fwd_kernel(const void* __restrict__ x, ConvPoolDType xdt, float xs,
+    fwd_kernel(const void* __restrict__ x, DType xdt, float xs,
                const float* __restrict__ wt, const float* __restrict__ bias, void* __restrict__ y,
-               ConvPoolDType ydt, uint8_t* __restrict__ mask, ConvPoolShape s) {
+               DType ydt, uint8_t* __restrict__ mask, ConvPoolShape s) {
   // [ci][co][12]: the 9 taps padded to 12 so each (ci, co) is three aligned float4 loads.
   __shared__ float4 sw[kFwdCiChunk * COB * 3];
   const int ho = s.h / 2, wo = s.w / 2;
@@ -86,7 +69,7 @@ __global__ void __launch_bounds__(kFwdThreads)
         for (int dx = 0; dx < 4; ++dx) {
           const int c = c0 + dx;
           v[dy][dx] = (rok && c >= 0 && c < s.w)
-                          ? ld(x, base + static_cast<int64_t>(r) * s.w + c, xdt) * xs
+                          ? load_as_float(x, base + static_cast<int64_t>(r) * s.w + c, xdt) * xs
                           : 0.f;
         }
       }
@@ -127,7 +110,7 @@ __global__ void __launch_bounds__(kFwdThreads)
     }
     const float out = m > 0.f ? m : (isnan(m) ? m : 0.f);
     const int64_t o = ((n * s.cout + co0 + co) * ho + po) * wo + qo;
-    st(y, o, out, ydt);
+    store_from_float(y, o, out, ydt);
     // ReLU's backward passes the gradient where !(y <= 0) (threshold_backward on the result).
     mask[o] = static_cast<uint8_t>(am | (m <= 0.f ? 0 : 4));
   }
@@ -139,9 +122,9 @@ constexpr int kBwdCoChunk = 32;  // output channels whose weights are staged at 
 
 template <int CIB>
 __global__ void __launch_bounds__(kBwdThreads)
-    bwd_input_kernel(const void* __restrict__ gy, ConvPoolDType gydt,
+    bwd_input_kernel(const void* __restrict__ gy, DType gydt,
                      const uint8_t* __restrict__ mask, const float* __restrict__ wt, float xs,
-                     void* __restrict__ gx, ConvPoolDType gxdt, ConvPoolShape s) {
+                     void* __restrict__ gx, DType gxdt, ConvPoolShape s) {
   __shared__ float4 sw[kBwdCoChunk * CIB * 3];  // [co][ci][12]
   const int ho = s.h / 2, wo = s.w / 2;
   const int hb = (s.h + 1) / 2, wb = (s.w + 1) / 2;
@@ -183,7 +166,7 @@ __global__ void __launch_bounds__(kBwdThreads)
             const int64_t o = pbase + static_cast<int64_t>(pr) * wo + pc;
             const int m = mask[o];
             if (m & 4) {
-              g[dy][dx] = ld(gy, o, gydt);
+              g[dy][dx] = load_as_float(gy, o, gydt);
               am[dy][dx] = m & 3;
             }
           }
@@ -231,7 +214,7 @@ __global__ void __launch_bounds__(kBwdThreads)
       for (int b = 0; b < 2; ++b) {
         const int i = 2 * bq + a, j = 2 * br + b;
         if (i < s.h && j < s.w) {
-          st(gx, ((n * s.cin + ci0 + ci) * s.h + i) * s.w + j, acc[ci][a * 2 + b] * xs, gxdt);
+          store_from_float(gx, ((n * s.cin + ci0 + ci) * s.h + i) * s.w + j, acc[ci][a * 2 + b] * xs, gxdt);
         }
       }
     }
@@ -281,8 +264,8 @@ WgradPlan wgrad_plan(const ConvPoolShape& s) {
 }
 
 __global__ void __launch_bounds__(kWgThreads)
-    wgrad_kernel(const void* __restrict__ gy, ConvPoolDType gydt, const uint8_t* __restrict__ mask,
-                 const void* __restrict__ x, ConvPoolDType xdt, float xs,
+    wgrad_kernel(const void* __restrict__ gy, DType gydt, const uint8_t* __restrict__ mask,
+                 const void* __restrict__ x, DType xdt, float xs,
                  float* __restrict__ partial, ConvPoolShape s, WgradPlan p) {
   extern __shared__ float smem[];
   float* sx = smem;
@@ -311,7 +294,7 @@ __global__ void __launch_bounds__(kWgThreads)
       const int gr = xr0 + r, gc = xc0 + c;
       float v = 0.f;
       if (gr >= 0 && gr < s.h && gc >= 0 && gc < s.w) {
-        v = ld(x, ((n * s.cin + cc) * s.h + gr) * static_cast<int64_t>(s.w) + gc, xdt) * xs;
+        v = load_as_float(x, ((n * s.cin + cc) * s.h + gr) * static_cast<int64_t>(s.w) + gc, xdt) * xs;
       }
       sx[cc * p.ps + r * rows + c] = v;
     }
@@ -323,7 +306,7 @@ __global__ void __launch_bounds__(kWgThreads)
       if (pr < ho && pc < wo) {
         const int64_t o = ((n * s.cout + co0 + col) * ho + pr) * static_cast<int64_t>(wo) + pc;
         const int m = mask[o];
-        if (m & 4) g = ld(gy, o, gydt);
+        if (m & 4) g = load_as_float(gy, o, gydt);
         a = m & 3;
       }
       sg[i] = g;
@@ -378,8 +361,8 @@ int pick_block(int c) { return c % 16 == 0 ? 16 : c % 4 == 0 ? 4 : 1; }
 
 }  // namespace
 
-cudaError_t conv_pool_fwd(const void* x, ConvPoolDType x_dtype, float x_scale, const float* weight,
-                          const float* bias, void* y, ConvPoolDType y_dtype, uint8_t* mask,
+cudaError_t conv_pool_fwd(const void* x, DType x_dtype, float x_scale, const float* weight,
+                          const float* bias, void* y, DType y_dtype, uint8_t* mask,
                           const ConvPoolShape& s, cudaStream_t stream) {
   const int64_t pix = static_cast<int64_t>(s.h / 2) * (s.w / 2);
   if (s.n == 0 || pix == 0) return cudaSuccess;
@@ -403,9 +386,9 @@ cudaError_t conv_pool_fwd(const void* x, ConvPoolDType x_dtype, float x_scale, c
   return cudaGetLastError();
 }
 
-cudaError_t conv_pool_bwd_input(const void* grad_y, ConvPoolDType gy_dtype, const uint8_t* mask,
+cudaError_t conv_pool_bwd_input(const void* grad_y, DType gy_dtype, const uint8_t* mask,
                                 const float* weight, float x_scale, void* grad_x,
-                                ConvPoolDType gx_dtype, const ConvPoolShape& s,
+                                DType gx_dtype, const ConvPoolShape& s,
                                 cudaStream_t stream) {
   const int64_t blocks = static_cast<int64_t>((s.h + 1) / 2) * ((s.w + 1) / 2);
   if (s.n == 0 || blocks == 0) return cudaSuccess;
@@ -434,8 +417,8 @@ int64_t conv_pool_wgrad_workspace(const ConvPoolShape& s) {
   return p.cc == 0 ? 0 : static_cast<int64_t>(p.gx) * p.entries;
 }
 
-cudaError_t conv_pool_bwd_weight(const void* grad_y, ConvPoolDType gy_dtype, const uint8_t* mask,
-                                 const void* x, ConvPoolDType x_dtype, float x_scale,
+cudaError_t conv_pool_bwd_weight(const void* grad_y, DType gy_dtype, const uint8_t* mask,
+                                 const void* x, DType x_dtype, float x_scale,
                                  float* workspace, float* grad_weight, float* grad_bias,
                                  const ConvPoolShape& s, cudaStream_t stream) {
   const WgradPlan p = wgrad_plan(s);

@@ -15,52 +15,11 @@
 #include <cstdint>
 #include <initializer_list>
 
+#include "framework/ops/cuda/common.cuh"
 #include "framework/ops/cuda/fused_norm.h"
 
 namespace strobe::ops::cuda {
 namespace {
-
-__device__ __forceinline__ float to_f(float v) { return v; }
-__device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <typename T> __device__ __forceinline__ T from_f(float v);
-template <> __device__ __forceinline__ float from_f<float>(float v) { return v; }
-template <> __device__ __forceinline__ __half from_f<__half>(float v) { return __float2half_rn(v); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
-
-__device__ __forceinline__ float ld_param(const void* p, int i, DType dt) {
-  switch (dt) {
-    case DType::kBFloat16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
-    case DType::kFloat16: return __half2float(static_cast<const __half*>(p)[i]);
-    default: return static_cast<const float*>(p)[i];
-  }
-}
-
-template <typename T, int N>
-struct alignas(sizeof(T) * N) Pack {
-  T v[N];
-};
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
-// Sum over the block, returned to every thread; the same order on every call (deterministic).
-// `sh` holds 32 floats; the leading __syncthreads makes back-to-back calls safe.
-__device__ __forceinline__ float block_sum(float v, float* sh) {
-  v = warp_sum(v);
-  __syncthreads();
-  if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
-  __syncthreads();
-  float t = 0.f;
-  const int nw = (blockDim.x + 31) >> 5;
-  for (int i = 0; i < nw; ++i) t += sh[i];
-  return t;
-}
 
 // Vectors of VEC elements per thread and iteration; ITERS vectors per thread at most.
 template <int VEC> struct Iters { static constexpr int value = VEC == 1 ? 4 : 1; };
@@ -119,8 +78,8 @@ __global__ void __launch_bounds__(1024) ln_fwd_kernel(LayerNormFwdParams p) {
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
       const int c = iv * VEC + j;
-      float o = (v[it][j] - mean) * rstd * ld_param(p.weight, c, p.param_dtype);
-      if (p.bias) o += ld_param(p.bias, c, p.param_dtype);
+      float o = (v[it][j] - mean) * rstd * load_as_float(p.weight, c, p.param_dtype);
+      if (p.bias) o += load_as_float(p.bias, c, p.param_dtype);
       yp.v[j] = from_f<T>(o);
     }
     reinterpret_cast<Pack<T, VEC>*>(y)[iv] = yp;
@@ -142,7 +101,7 @@ __global__ void __launch_bounds__(1024) ln_bwd_kernel(LayerNormBwdParams p) {
     const int iv = threadIdx.x + it * blockDim.x;
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
-      w[it][j] = iv < nvec ? ld_param(p.weight, iv * VEC + j, p.param_dtype) : 0.f;
+      w[it][j] = iv < nvec ? load_as_float(p.weight, iv * VEC + j, p.param_dtype) : 0.f;
       dw[it][j] = 0.f;
       db[it][j] = 0.f;
     }

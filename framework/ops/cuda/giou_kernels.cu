@@ -12,6 +12,7 @@
 //   1. seed: one thread per box, fp32 cast pass, ATen sum + mask sum (5+ launches).
 //   2. this: native-dtype loads, per-box gradient written in the forward pass, per-block partials
 //      (fixed-order tree) + one finalize block; backward is one scaling pass (3 launches total).
+#include "framework/ops/cuda/common.cuh"
 #include "framework/ops/cuda/launchers.h"
 
 #include <cuda_bf16.h>
@@ -37,9 +38,7 @@ __device__ __forceinline__ double to_double<__nv_bfloat16>(__nv_bfloat16 v) {
 }
 
 template <typename T>
-struct alignas(4 * sizeof(T)) Vec4 {
-  T v[4];
-};
+using Vec4 = Pack<T, 4>;
 
 // Rows are 4 contiguous elements starting at a multiple of 4, so a whole-row vector load is
 // aligned whenever the base pointer is (the glue passes storage-aligned contiguous tensors).
@@ -128,33 +127,13 @@ __global__ void __launch_bounds__(kThreads) giou_fwd_kernel(const GiouFwdParams 
   if (p.partial_sum == nullptr) return;
 
   // Fixed-shape tree: warp shuffles, then warp 0 over the warp sums.
-  float s = static_cast<float>(loss);
-  int c = valid;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    s += __shfl_down_sync(0xffffffffu, s, o);
-    c += __shfl_down_sync(0xffffffffu, c, o);
-  }
-  __shared__ float warp_sum[kThreads / 32];
-  __shared__ int warp_count[kThreads / 32];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (lane == 0) {
-    warp_sum[warp] = s;
-    warp_count[warp] = c;
-  }
-  __syncthreads();
-  if (warp == 0) {
-    s = lane < kThreads / 32 ? warp_sum[lane] : 0.f;
-    c = lane < kThreads / 32 ? warp_count[lane] : 0;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      s += __shfl_down_sync(0xffffffffu, s, o);
-      c += __shfl_down_sync(0xffffffffu, c, o);
-    }
-    if (lane == 0) {
-      p.partial_sum[blockIdx.x] = s;
-      p.partial_count[blockIdx.x] = c;
-    }
+  __shared__ float sh_s[kThreads / 32];
+  __shared__ int sh_c[kThreads / 32];
+  const float s = block_sum_to_thread0<kThreads>(static_cast<float>(loss), sh_s);
+  const int c = block_sum_to_thread0<kThreads>(valid, sh_c);
+  if (threadIdx.x == 0) {
+    p.partial_sum[blockIdx.x] = s;
+    p.partial_count[blockIdx.x] = c;
   }
 }
 
@@ -189,21 +168,6 @@ __global__ void __launch_bounds__(kFinalizeThreads)
 }
 
 template <typename TP>
-__device__ __forceinline__ TP from_float(float v);
-template <>
-__device__ __forceinline__ float from_float<float>(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ __half from_float<__half>(float v) {
-  return __float2half_rn(v);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
-
-template <typename TP>
 __global__ void __launch_bounds__(kThreads)
     giou_bwd_kernel(const float* grad_out, bool per_box, const float* scale, const float4* grad_box,
                     Vec4<TP>* grad_pred, int64_t rows) {
@@ -212,10 +176,10 @@ __global__ void __launch_bounds__(kThreads)
   const float k = per_box ? grad_out[row] : grad_out[0] * scale[0];
   const float4 g = grad_box[row];
   Vec4<TP> out;
-  out.v[0] = from_float<TP>(k * g.x);
-  out.v[1] = from_float<TP>(k * g.y);
-  out.v[2] = from_float<TP>(k * g.z);
-  out.v[3] = from_float<TP>(k * g.w);
+  out.v[0] = from_f<TP>(k * g.x);
+  out.v[1] = from_f<TP>(k * g.y);
+  out.v[2] = from_f<TP>(k * g.z);
+  out.v[3] = from_f<TP>(k * g.w);
   grad_pred[row] = out;
 }
 

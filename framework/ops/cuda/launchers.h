@@ -7,10 +7,9 @@
 
 #include <cuda_runtime_api.h>
 
-namespace strobe::ops::cuda {
+#include "framework/ops/cuda/dtype.h"
 
-// Element types the kernels read; the glue maps at::ScalarType onto these.
-enum class DType : uint8_t { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2, kFloat64 = 3 };
+namespace strobe::ops::cuda {
 
 // ---- GIoU loss ----------------------------------------------------------------------------------
 // How prediction row r finds its target row and whether it counts:

@@ -14,9 +14,10 @@
 
 #include <cuda_runtime_api.h>
 
+#include "framework/ops/cuda/dtype.h"
+
 namespace strobe::ops::cuda {
 
-enum class PoolDType : uint8_t { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
 
 struct PoolShape {
   int64_t n = 0;
@@ -27,15 +28,15 @@ struct PoolShape {
 
 // Whether the channels-last kernels may use 16-byte vectors: c a multiple of 16 / sizeof(element)
 // and every pointer 16-byte aligned (the launchers check it and fall back to scalar accesses).
-bool max_pool_vectorized(const PoolShape& s, PoolDType dtype, const void* a, const void* b, const void* index);
+bool max_pool_vectorized(const PoolShape& s, DType dtype, const void* a, const void* b, const void* index);
 
 // y = max over each window, index = its position (see above).
-cudaError_t max_pool_fwd(const void* x, void* y, uint8_t* index, PoolDType dtype, const PoolShape& s,
+cudaError_t max_pool_fwd(const void* x, void* y, uint8_t* index, DType dtype, const PoolShape& s,
                          cudaStream_t stream);
 
 // grad_x[i] = sum of grad_y over the outputs whose window chose element i, summed in fp32 in
 // row-major output order (a gather: every grad_x element written once, no atomics, deterministic).
-cudaError_t max_pool_bwd(const void* grad_y, const uint8_t* index, void* grad_x, PoolDType dtype,
+cudaError_t max_pool_bwd(const void* grad_y, const uint8_t* index, void* grad_x, DType dtype,
                          const PoolShape& s, cudaStream_t stream);
 
 }  // namespace strobe::ops::cuda

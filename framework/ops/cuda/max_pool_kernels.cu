@@ -13,24 +13,13 @@
 #include <algorithm>
 #include <climits>
 
+#include "framework/ops/cuda/common.cuh"
 #include "framework/ops/cuda/max_pool.h"
 
 namespace strobe::ops::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-
-__device__ __forceinline__ float to_f(float v) { return v; }
-__device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
-template <typename T>
-__device__ __forceinline__ T from_f(float v);
-template <>
-__device__ __forceinline__ float from_f<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
-template <>
-__device__ __forceinline__ __half from_f<__half>(float v) { return __float2half_rn(v); }
 
 // Raw storage of `Bytes` bytes, so one vector moves in a single load or store.
 template <int Bytes>
@@ -346,38 +335,38 @@ cudaError_t bwd_typed(const T* grad_y, const uint8_t* index, T* grad_x, const Po
 
 }  // namespace
 
-bool max_pool_vectorized(const PoolShape& s, PoolDType dtype, const void* a, const void* b, const void* index) {
-  const int vec = dtype == PoolDType::kFloat32 ? kVec<float> : kVec<__half>;
+bool max_pool_vectorized(const PoolShape& s, DType dtype, const void* a, const void* b, const void* index) {
+  const int vec = dtype == DType::kFloat32 ? kVec<float> : kVec<__half>;
   // index vectors are VEC bytes: aligned when the base is 16-byte aligned and c % VEC == 0
   return s.channels_last && s.c % vec == 0 && aligned16(a) && aligned16(b) && aligned16(index);
 }
 
-cudaError_t max_pool_fwd(const void* x, void* y, uint8_t* index, PoolDType dtype, const PoolShape& s,
+cudaError_t max_pool_fwd(const void* x, void* y, uint8_t* index, DType dtype, const PoolShape& s,
                          cudaStream_t stream) {
   if (s.n == 0 || s.c == 0 || s.oh == 0 || s.ow == 0) return cudaSuccess;
   const bool vec = max_pool_vectorized(s, dtype, x, y, index);
   switch (dtype) {
-    case PoolDType::kFloat32:
+    case DType::kFloat32:
       return fwd_typed(static_cast<const float*>(x), static_cast<float*>(y), index, s, vec, stream);
-    case PoolDType::kBFloat16:
+    case DType::kBFloat16:
       return fwd_typed(static_cast<const __nv_bfloat16*>(x), static_cast<__nv_bfloat16*>(y), index, s, vec, stream);
-    case PoolDType::kFloat16:
+    case DType::kFloat16:
       return fwd_typed(static_cast<const __half*>(x), static_cast<__half*>(y), index, s, vec, stream);
   }
   return cudaErrorInvalidValue;
 }
 
-cudaError_t max_pool_bwd(const void* grad_y, const uint8_t* index, void* grad_x, PoolDType dtype,
+cudaError_t max_pool_bwd(const void* grad_y, const uint8_t* index, void* grad_x, DType dtype,
                          const PoolShape& s, cudaStream_t stream) {
   if (s.n == 0 || s.c == 0 || s.h == 0 || s.w == 0) return cudaSuccess;
   const bool vec = max_pool_vectorized(s, dtype, grad_y, grad_x, index);
   switch (dtype) {
-    case PoolDType::kFloat32:
+    case DType::kFloat32:
       return bwd_typed(static_cast<const float*>(grad_y), index, static_cast<float*>(grad_x), s, vec, stream);
-    case PoolDType::kBFloat16:
+    case DType::kBFloat16:
       return bwd_typed(static_cast<const __nv_bfloat16*>(grad_y), index, static_cast<__nv_bfloat16*>(grad_x), s,
                        vec, stream);
-    case PoolDType::kFloat16:
+    case DType::kFloat16:
       return bwd_typed(static_cast<const __half*>(grad_y), index, static_cast<__half*>(grad_x), s, vec, stream);
   }
   return cudaErrorInvalidValue;

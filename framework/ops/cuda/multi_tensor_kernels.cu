@@ -7,6 +7,7 @@
 // when *found_nonfinite != 0 (read on the device: no host sync), and mirror torch::optim's order
 // of fp32 operations so that 100 steps agree to fp32 rounding. No --use_fast_math: sqrt and
 // division must round like ATen's.
+#include "framework/ops/cuda/common.cuh"
 #include "framework/ops/cuda/launchers.h"
 
 #include <cuda_bf16.h>
@@ -19,15 +20,6 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int64_t kChunk = 16384;  // elements per block: 16 float4 per thread
-
-__device__ __forceinline__ float load_as_float(const void* base, int64_t i, DType dt) {
-  switch (dt) {
-    case DType::kFloat16: return __half2float(static_cast<const __half*>(base)[i]);
-    case DType::kBFloat16: return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
-    case DType::kFloat64: return static_cast<float>(static_cast<const double*>(base)[i]);
-    default: return static_cast<const float*>(base)[i];
-  }
-}
 
 // Loads 4 consecutive elements starting at i (i a multiple of 4, base 16-byte aligned).
 __device__ __forceinline__ void load4_as_float(const void* base, int64_t i, DType dt, float out[4]) {
@@ -122,17 +114,8 @@ __global__ void __launch_bounds__(kThreads) nonfinite_kernel(const NonfiniteLaun
   }
   bad = __syncthreads_or(bad);
   if (L.with_norm) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) sumsq += __shfl_down_sync(0xffffffffu, sumsq, o);
-    __shared__ float warp_sum[kThreads / 32];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    if (lane == 0) warp_sum[warp] = sumsq;
-    __syncthreads();
-    if (warp == 0) {
-      sumsq = lane < kThreads / 32 ? warp_sum[lane] : 0.f;
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) sumsq += __shfl_down_sync(0xffffffffu, sumsq, o);
-    }
+    __shared__ float sh[kThreads / 32];
+    sumsq = block_sum_to_thread0<kThreads>(sumsq, sh);
   }
   if (threadIdx.x == 0) {
     L.partial_found[blockIdx.x] = bad;
