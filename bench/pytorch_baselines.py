@@ -4,7 +4,7 @@ repository so that a GPU call can run it beside strobe's benchmarks. Same worklo
 PyTorch baselines for Strobe's benchmark workloads (the seeds' workloads), run on a GPU machine.
 Run it in the same session as `strobe bench` so that ratios compare like with like.
 Each section is independent; results are printed and written as JSON to $OUT (or /tmp).
-Usage: python3 pytorch_baselines.py [giou] [attn] [vit] [lm] [nan] [metrics] [detector] [resnet50]
+Usage: python3 pytorch_baselines.py [giou] [attn] [vit] [lm] [nan] [metrics] [detector] [resnet50] [llama] [llama_plus] [vit_fp8] [llama_ops]
 """
 import json, math, os, sys, time, traceback, functools, random
 import torch, torch.nn as nn, torch.nn.functional as F
@@ -408,6 +408,244 @@ def resnet50_section():
             res["resnet50_b128.step_ms." + ("compiled" if compile_ else "eager") + (".channels_last" if cl else "")] = round(time_steps(step, warm=8, n=30), 1)
             del m, opt, mm; torch.cuda.empty_cache()
     R["resnet50"] = res
+
+# ---------------- Llama-style decoder (Llama-3.2-1B shape), the LM users train today ----------------
+class RMSNorm(nn.Module):
+    def __init__(self, d, eps=1e-5):
+        super().__init__(); self.eps = eps; self.weight = nn.Parameter(torch.ones(d))
+    def forward(self, x):
+        xf = x.float(); return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
+
+def rope_tables(S, hd, theta, device):
+    inv = 1.0 / (theta ** (torch.arange(0, hd, 2, device=device).float() / hd))
+    f = torch.outer(torch.arange(S, device=device).float(), inv); emb = torch.cat([f, f], -1)
+    return emb.cos(), emb.sin()
+
+def rotate_half(x):
+    x1, x2 = x.chunk(2, -1); return torch.cat([-x2, x1], -1)
+
+class LlamaBlock(nn.Module):
+    def __init__(s, d, h, kvh, ffn, eps):
+        super().__init__(); s.h, s.kvh, s.hd = h, kvh, d // h
+        s.input_layernorm = RMSNorm(d, eps); s.post_attention_layernorm = RMSNorm(d, eps)
+        s.q_proj = nn.Linear(d, h * s.hd, bias=False); s.k_proj = nn.Linear(d, kvh * s.hd, bias=False)
+        s.v_proj = nn.Linear(d, kvh * s.hd, bias=False); s.o_proj = nn.Linear(h * s.hd, d, bias=False)
+        s.gate_proj = nn.Linear(d, ffn, bias=False); s.up_proj = nn.Linear(d, ffn, bias=False); s.down_proj = nn.Linear(ffn, d, bias=False)
+    def forward(s, x, cos, sin):
+        B, S, D = x.shape; h = s.input_layernorm(x)
+        q = s.q_proj(h).view(B, S, s.h, s.hd).transpose(1, 2); k = s.k_proj(h).view(B, S, s.kvh, s.hd).transpose(1, 2)
+        v = s.v_proj(h).view(B, S, s.kvh, s.hd).transpose(1, 2)
+        q = q * cos + rotate_half(q) * sin; k = k * cos + rotate_half(k) * sin
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        x = x + s.o_proj(a.transpose(1, 2).reshape(B, S, D))
+        h = s.post_attention_layernorm(x)
+        return x + s.down_proj(F.silu(s.gate_proj(h)) * s.up_proj(h))
+
+class Llama(nn.Module):
+    def __init__(s, vocab=128256, d=2048, depth=16, h=32, kvh=8, ffn=8192, eps=1e-5, theta=500000.0, tie=True):
+        super().__init__(); s.theta = theta; s.hd = d // h
+        s.embed_tokens = nn.Embedding(vocab, d); s.layers = nn.ModuleList([LlamaBlock(d, h, kvh, ffn, eps) for _ in range(depth)])
+        s.norm = RMSNorm(d, eps); s.lm_head = nn.Linear(d, vocab, bias=False)
+        if tie: s.lm_head.weight = s.embed_tokens.weight
+    def forward(s, ids):
+        cos, sin = rope_tables(ids.shape[1], s.hd, s.theta, ids.device)
+        x = s.embed_tokens(ids)
+        for l in s.layers: x = l(x, cos.to(x.dtype), sin.to(x.dtype))
+        return s.lm_head(s.norm(x))
+
+@section("llama")
+def llama_section():
+    """Llama-3.2-1B shape (d 2048, 16 layers, 32 heads, 8 KV heads, SwiGLU 8192, vocab 128256, tied,
+    RoPE theta 5e5), batch 8 x 2048 tokens, bf16 autocast over fp32 weights, fused AdamW. Env LLAMA_TINY=1
+    shrinks it for a smoke test; LLAMA_B sets the batch (default 8)."""
+    res = {}
+    tiny = os.environ.get("LLAMA_TINY") == "1"
+    kw = dict(vocab=512, d=128, depth=2, h=4, kvh=2, ffn=256) if tiny else {}
+    B, S = (2, 64) if tiny else (int(os.environ.get("LLAMA_B", "8")), 2048)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, kw.get("vocab", 128256), (B, S + 1), generator=g).to(dev)
+    x, y = ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
+    for compile_ in (False, True):
+        torch.manual_seed(0); m = Llama(**kw).to(dev)
+        opt = torch.optim.AdamW(m.parameters(), lr=3e-4, weight_decay=0.1, fused=dev.type == "cuda")
+        mm = torch.compile(m) if compile_ else m
+        def step():
+            with torch.autocast(dev.type, dtype=torch.bfloat16):
+                logits = mm(x)
+            loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), y.view(-1))
+            opt.zero_grad(set_to_none=True); loss.backward(); opt.step()
+        if dev.type == "cuda": torch.cuda.reset_peak_memory_stats()
+        ms = time_steps(step, warm=3 if tiny else 5, n=3 if tiny else 15) if dev.type == "cuda" else 0.0
+        if dev.type != "cuda": step(); step()
+        key = f"llama1b_b{B}_s2048." + ("compiled" if compile_ else "eager")
+        res[key + ".step_ms"] = round(ms, 1)
+        if ms: res[key + ".tokens_per_s"] = round(B * S / ms * 1000)
+        if dev.type == "cuda": res[key + ".peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 1)
+        n = sum(p.numel() for p in m.parameters()); res["llama.params"] = n
+        del m, opt, mm
+        if dev.type == "cuda": torch.cuda.empty_cache()
+    R["llama"] = res
+
+# ---------------- stronger anchors: Liger-Kernel (Triton) and torchao float8 (need those wheels) ----------------
+@section("llama_plus")
+def llama_plus_section():
+    """The llama section's model with what a PyTorch user would add: (a) torch.compile of the body and
+    Liger-Kernel's fused linear cross-entropy for the head (no [tokens, vocab] logits); (b) torchao
+    float8 training (dynamic per-tensor scaling) on every Linear but the head, compiled."""
+    res = {}
+    tiny = os.environ.get("LLAMA_TINY") == "1"
+    kw = dict(vocab=512, d=128, depth=2, h=4, kvh=2, ffn=256) if tiny else {}
+    B, S = (2, 64) if tiny else (int(os.environ.get("LLAMA_B", "8")), 2048)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, kw.get("vocab", 128256), (B, S + 1), generator=g).to(dev)
+    x, y = ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
+    def body(m, ids_):
+        cos, sin = rope_tables(ids_.shape[1], m.hd, m.theta, ids_.device)
+        h = m.embed_tokens(ids_)
+        for l in m.layers: h = l(h, cos.to(h.dtype), sin.to(h.dtype))
+        return m.norm(h)
+    try:
+        from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+        torch.manual_seed(0); m = Llama(**kw).to(dev)
+        opt = torch.optim.AdamW(m.parameters(), lr=3e-4, weight_decay=0.1, fused=True)
+        cbody = torch.compile(lambda ids_: body(m, ids_)); flce = LigerFusedLinearCrossEntropyLoss()
+        def step():
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                h = cbody(x)
+                loss = flce(m.lm_head.weight, h.reshape(-1, h.shape[-1]), y.view(-1))
+            opt.zero_grad(set_to_none=True); loss.backward(); opt.step()
+        torch.cuda.reset_peak_memory_stats(); ms = time_steps(step, warm=5, n=15)
+        k = f"llama1b_b{B}_s2048.compiled_liger_flce"; res[k + ".step_ms"] = round(ms, 1)
+        res[k + ".tokens_per_s"] = round(B * S / ms * 1000); res[k + ".peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 1)
+        del m, opt, cbody; torch.cuda.empty_cache()
+    except Exception as ex: res["liger.error"] = repr(ex)[:300]; traceback.print_exc()
+    try:
+        from torchao.float8 import convert_to_float8_training
+        torch.manual_seed(0); m = Llama(**kw).to(dev)
+        convert_to_float8_training(m, module_filter_fn=lambda mod, fqn: fqn != "lm_head")
+        opt = torch.optim.AdamW(m.parameters(), lr=3e-4, weight_decay=0.1, fused=True); mm = torch.compile(m)
+        def step8():
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                logits = mm(x)
+            loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), y.view(-1))
+            opt.zero_grad(set_to_none=True); loss.backward(); opt.step()
+        torch.cuda.reset_peak_memory_stats(); ms = time_steps(step8, warm=5, n=15)
+        k = f"llama1b_b{B}_s2048.compiled_torchao_float8"; res[k + ".step_ms"] = round(ms, 1)
+        res[k + ".tokens_per_s"] = round(B * S / ms * 1000); res[k + ".peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 1)
+        del m, opt, mm; torch.cuda.empty_cache()
+    except Exception as ex: res["float8.error"] = repr(ex)[:300]; traceback.print_exc()
+    R["llama_plus"] = res
+
+@section("vit_fp8")
+def vit_fp8_section():
+    """The vit section's ViT-L/16 b128 with torchao float8 training on every Linear but the head, compiled."""
+    from timm.models.vision_transformer import VisionTransformer
+    from torchao.float8 import convert_to_float8_training
+    res = {}
+    torch.manual_seed(0)
+    m = VisionTransformer(img_size=224, patch_size=16, embed_dim=1024, depth=24, num_heads=16, class_token=False, global_pool="avg").to(dev)
+    convert_to_float8_training(m, module_filter_fn=lambda mod, fqn: fqn != "head" and isinstance(mod, nn.Linear))
+    opt = torch.optim.SGD(m.parameters(), lr=1e-3); mm = torch.compile(m)
+    x = torch.randn(128, 3, 224, 224, device=dev); y = torch.randint(0, 1000, (128,), device=dev)
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = F.cross_entropy(mm(x), y)
+        opt.zero_grad(set_to_none=True); loss.backward(); opt.step()
+    res["vit_l16_b128.step_ms.compiled_torchao_float8"] = round(time_steps(step), 1)
+    R["vit_fp8"] = res
+
+@section("llama_ops")
+def llama_ops_section():
+    """Per-op anchors at the Llama-3.2-1B training shape (batch 8 x 2048 = 16384 tokens, d 2048, 32
+    heads / 8 KV heads of 64, ffn 8192, vocab 128256), bf16, forward + backward, median ms: PyTorch
+    eager, torch.compile, Liger-Kernel (needs its wheel) and, for the memory-bound ops, the time the
+    bytes they must move take at the H200's 4.8 TB/s. Attention: SDPA with enable_gqa per backend, and
+    cuDNN on K/V expanded to 32 heads. Head: linear + cross-entropy with logits vs Liger's fused chunks
+    (time and peak memory above the inputs)."""
+    res = {}
+    T, D, H, KV, HD, FF, V = 8 * 2048, 2048, 32, 8, 64, 8192, 128256
+    bw = 4.8e12 if "H200" in torch.cuda.get_device_name() else 3.35e12  # HBM bandwidth of the card
+    res["hbm_tb_per_s"] = bw / 1e12
+    def fb(f, *xs):  # forward + backward with a random gradient for every output
+        xs = [x.detach().requires_grad_(x.is_floating_point()) for x in xs]
+        outs = f(*xs); outs = list(outs) if isinstance(outs, tuple) else [outs]
+        gs = [torch.randn_like(o) for o in outs]
+        def run():
+            for x in xs: x.grad = None
+            o = f(*xs); o = list(o) if isinstance(o, tuple) else [o]
+            torch.autograd.backward(o, gs)
+        return bench(run, warmup=5, rep=20)
+    def put(name, fn):
+        try: res[name] = round(fn(), 3)
+        except Exception as ex: res[name + ".error"] = repr(ex)[:200]; traceback.print_exc()
+    try:
+        import liger_kernel.ops as LK
+    except Exception as ex:
+        LK = None; res["liger.error"] = repr(ex)[:200]
+    # RMSNorm with the residual add: y = rmsnorm(x + r) * w, s = x + r
+    x = torch.randn(T, D, device=dev, dtype=torch.bfloat16); r = torch.randn_like(x); w = torch.rand(D, device=dev, dtype=torch.bfloat16) + 0.5
+    def add_rms(x, r, w):
+        s_ = x + r; sf = s_.float()
+        return (sf * torch.rsqrt(sf.pow(2).mean(-1, keepdim=True) + 1e-5)).to(s_.dtype) * w, s_
+    put("add_rmsnorm.eager_ms", lambda: fb(add_rms, x, r, w))
+    put("add_rmsnorm.compiled_ms", lambda: fb(torch.compile(add_rms), x, r, w))
+    if LK: put("add_rmsnorm.liger_ms", lambda: fb(lambda a, b, c: LK.LigerFusedAddRMSNormFunction.apply(a, b, c, 1e-5), x, r, w))
+    # fwd reads x, r, writes y, s; bwd reads dy, ds, s (or x, r), writes dx(=dr) : ~9 x T x D x 2 bytes
+    res["add_rmsnorm.bytes_bound_ms"] = round(9 * T * D * 2 / bw * 1e3, 3)
+    # RoPE (Hugging Face rotate-half) on q [8, 32, 2048, 64] and k [8, 8, 2048, 64]
+    q = torch.randn(8, H, 2048, HD, device=dev, dtype=torch.bfloat16); k = torch.randn(8, KV, 2048, HD, device=dev, dtype=torch.bfloat16)
+    cos, sin = rope_tables(2048, HD, 500000.0, dev); cos, sin = cos.to(torch.bfloat16), sin.to(torch.bfloat16)
+    def rope(q, k):
+        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+    put("rope_qk.eager_ms", lambda: fb(rope, q, k))
+    put("rope_qk.compiled_ms", lambda: fb(torch.compile(rope), q, k))
+    if LK: put("rope_qk.liger_ms", lambda: fb(lambda a, b: LK.LigerRopeFunction.apply(a, b, cos[None], sin[None]), q, k))
+    res["rope_qk.bytes_bound_ms"] = round(4 * (q.numel() + k.numel()) * 2 / bw * 1e3, 3)
+    # SwiGLU on one [T, 2 x ffn] projection output: silu(gate) * up
+    gu = torch.randn(T, 2 * FF, device=dev, dtype=torch.bfloat16)
+    def swiglu(gu):
+        g_, u_ = gu.chunk(2, -1); return F.silu(g_) * u_
+    put("swiglu.eager_ms", lambda: fb(swiglu, gu))
+    put("swiglu.compiled_ms", lambda: fb(torch.compile(swiglu), gu))
+    if LK: put("swiglu.liger_ms", lambda: fb(lambda a: LK.LigerSiLUMulFunction.apply(*a.chunk(2, -1)), gu))
+    res["swiglu.bytes_bound_ms"] = round((3 * T * FF + 4 * T * FF) * 2 / bw * 1e3, 3)  # fwd: read 2, write 1; bwd: read 3 (dy, g, u), write 2 -> ~7 x T x FF
+    del x, r, gu
+    # attention, causal, GQA 32/8 heads, fwd + bwd
+    qa = torch.randn(8, H, 2048, HD, device=dev, dtype=torch.bfloat16); ka = torch.randn(8, KV, 2048, HD, device=dev, dtype=torch.bfloat16); va = torch.randn_like(ka)
+    from torch.nn.attention import sdpa_kernel, SDPBackend
+    for nm, be in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+        def gqa(q, k, v, be=be):
+            with sdpa_kernel([be]): return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        put(f"attn_gqa.{nm}_ms", lambda: fb(gqa, qa, ka, va))
+    def cudnn_expanded(q, k, v):
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            return F.scaled_dot_product_attention(q, k.repeat_interleave(H // KV, 1), v.repeat_interleave(H // KV, 1), is_causal=True)
+    put("attn_gqa.cudnn_expanded_kv_ms", lambda: fb(cudnn_expanded, qa, ka, va))
+    res["attn_gqa.tflop_per_call"] = round(attn_flops(8, H, 2048, HD, causal=True) * 3.5 / 1e12, 3)
+    del qa, ka, va; torch.cuda.empty_cache()
+    # head: hidden [T, D] x W [V, D] -> mean cross-entropy, bf16 weights
+    hd = torch.randn(T, D, device=dev, dtype=torch.bfloat16) * 0.5; W = torch.randn(V, D, device=dev, dtype=torch.bfloat16) * 0.02
+    y = torch.randint(0, V, (T,), device=dev)
+    def head(h, W): return F.cross_entropy((h @ W.t()).float(), y)
+    def mem(f):
+        torch.cuda.synchronize(); torch.cuda.reset_peak_memory_stats(); base = torch.cuda.memory_allocated()
+        f(); torch.cuda.synchronize(); return round((torch.cuda.max_memory_allocated() - base) / 2**30, 2)
+    def fbh(f):
+        h_, W_ = hd.detach().requires_grad_(), W.detach().requires_grad_()
+        def run():
+            h_.grad = None; W_.grad = None; f(h_, W_).backward()
+        return run
+    put("linear_ce.eager_ms", lambda: bench(fbh(head), warmup=3, rep=10))
+    try: res["linear_ce.eager_peak_gib"] = mem(fbh(head))
+    except Exception as ex: res["linear_ce.eager_peak.error"] = repr(ex)[:200]
+    put("linear_ce.compiled_ms", lambda: bench(fbh(torch.compile(head)), warmup=3, rep=10))
+    if LK:
+        def flce(h, W): return LK.LigerFusedLinearCrossEntropyFunction.apply(h, W, y)[0]
+        put("linear_ce.liger_flce_ms", lambda: bench(fbh(flce), warmup=3, rep=10))
+        try: res["linear_ce.liger_flce_peak_gib"] = mem(fbh(flce))
+        except Exception as ex: res["linear_ce.liger_peak.error"] = repr(ex)[:200]
+    res["linear_ce.gemm_tflop"] = round(3 * 2 * T * D * V / 1e12, 2)
+    R["llama_ops"] = res
 
 if __name__ == "__main__":
     want = sys.argv[1:] or ["giou", "attn", "vit", "lm", "nan", "metrics", "detector"]

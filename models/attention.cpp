@@ -67,10 +67,50 @@ const char* attention_backend_name(AttentionBackend backend) {
   return "?";
 }
 
-torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, bool causal,
+namespace {
+
+// [..., H_kv, D] -> [..., H_kv * n_rep, D], query head h reading K/V head h / n_rep (Hugging Face's
+// repeat_kv order): a copy, for the backends that take as many K/V heads as query heads.
+torch::Tensor expand_kv(const torch::Tensor& x, int64_t n_rep) {
+  if (n_rep == 1) return x;
+  auto sizes = x.sizes().vec();
+  auto expanded = sizes;
+  expanded.insert(expanded.end() - 1, n_rep);  // [..., H_kv, n_rep, D]
+  sizes[sizes.size() - 2] *= n_rep;
+  return x.unsqueeze(-2).expand(expanded).reshape(sizes);
+}
+
+// Query heads per K/V head; an error unless the K/V heads divide the query heads.
+int64_t kv_groups(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const char* what) {
+  const int64_t hq = q.size(-2), hk = k.size(-2);
+  TORCH_CHECK(v.size(-2) == hk && hk > 0 && hq % hk == 0, what, ": k and v need the same number of heads, a divisor of "
+              "q's (", hq, "), got ", hk, " and ", v.size(-2));
+  return hq / hk;
+}
+
+}  // namespace
+
+torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k_in, const torch::Tensor& v_in, bool causal,
                         const std::optional<torch::Tensor>& key_padding_mask, AttentionBackend backend) {
-  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "attention: q, k, v must be [B, S, H, D], got ",
-              q.sizes(), ", ", k.sizes(), ", ", v.sizes());
+  TORCH_CHECK(q.dim() == 4 && k_in.dim() == 4 && v_in.dim() == 4, "attention: q, k, v must be [B, S, H, D], got ",
+              q.sizes(), ", ", k_in.sizes(), ", ", v_in.sizes());
+  const int64_t groups = kv_groups(q, k_in, v_in, "attention");
+  if (backend == AttentionBackend::Sdpa) {
+    // SDPA takes [B, H, S, D]: transposed views of our layout; its flash/cuDNN kernels read the
+    // strided views directly and their output transposes back to a contiguous [B, S, H, D]. Grouped
+    // K/V heads go in as they are (enable_gqa): no copy at the query heads' count.
+    auto t = [](const torch::Tensor& x) { return x.transpose(1, 2); };
+    const bool gqa = groups > 1;
+    if (!key_padding_mask) {
+      return at::scaled_dot_product_attention(t(q), t(k_in), t(v_in), /*attn_mask=*/{}, /*dropout_p=*/0.0, causal,
+                                              std::nullopt, gqa)
+          .transpose(1, 2);
+    }
+    auto mask = allowed_mask(q.size(1), k_in.size(1), causal, *key_padding_mask);
+    return at::scaled_dot_product_attention(t(q), t(k_in), t(v_in), mask, 0.0, /*is_causal=*/false, std::nullopt, gqa)
+        .transpose(1, 2);
+  }
+  const torch::Tensor k = expand_kv(k_in, groups), v = expand_kv(v_in, groups);
   switch (backend) {
     case AttentionBackend::Math: {
       if (!key_padding_mask) {
@@ -86,17 +126,8 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
       auto out = std::get<0>(at::_scaled_dot_product_attention_math(f(q), f(k), f(v), additive));
       return out.transpose(1, 2).to(dt);
     }
-    case AttentionBackend::Sdpa: {
-      // SDPA takes [B, H, S, D]: transposed views of our layout; its flash/cuDNN kernels read the
-      // strided views directly and their output transposes back to a contiguous [B, S, H, D].
-      auto t = [](const torch::Tensor& x) { return x.transpose(1, 2); };
-      if (!key_padding_mask) {
-        return at::scaled_dot_product_attention(t(q), t(k), t(v), /*attn_mask=*/{}, /*dropout_p=*/0.0, causal)
-            .transpose(1, 2);
-      }
-      auto mask = allowed_mask(q.size(1), k.size(1), causal, *key_padding_mask);
-      return at::scaled_dot_product_attention(t(q), t(k), t(v), mask, 0.0, /*is_causal=*/false).transpose(1, 2);
-    }
+    case AttentionBackend::Sdpa:
+      break;  // above
     case AttentionBackend::Custom:
       if (key_padding_mask) {
         throw std::runtime_error(
@@ -108,25 +139,28 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
   throw std::logic_error("attention: unknown backend");
 }
 
-torch::Tensor attention_varlen(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+torch::Tensor attention_varlen(const torch::Tensor& q, const torch::Tensor& k_in, const torch::Tensor& v_in,
                                const torch::Tensor& cu_seqlens, int64_t max_seqlen, bool causal,
                                AttentionBackend backend) {
-  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "attention_varlen: q, k, v must be [T, H, D], got ",
-              q.sizes(), ", ", k.sizes(), ", ", v.sizes());
+  TORCH_CHECK(q.dim() == 3 && k_in.dim() == 3 && v_in.dim() == 3, "attention_varlen: q, k, v must be [T, H, D], got ",
+              q.sizes(), ", ", k_in.sizes(), ", ", v_in.sizes());
+  const int64_t groups = kv_groups(q, k_in, v_in, "attention_varlen");
   TORCH_CHECK(cu_seqlens.dim() == 1 && cu_seqlens.size(0) >= 2, "attention_varlen: cu_seqlens must be [n + 1], got ",
               cu_seqlens.sizes());
   const auto cu = cu_seqlens.to(torch::kInt32);
   const bool half = q.scalar_type() == torch::kBFloat16 || q.scalar_type() == torch::kHalf;
+  if (backend == AttentionBackend::Sdpa && q.is_cuda() && half) {
+    // The FlashAttention-2 varlen kernel behind torch.nn.attention.varlen (differentiable); it takes
+    // grouped K/V heads as they are.
+    auto out = at::_flash_attention_forward(q, k_in, v_in, cu, cu, max_seqlen, max_seqlen, 0.0, causal, false);
+    return std::get<0>(out);
+  }
+  const torch::Tensor k = expand_kv(k_in, groups), v = expand_kv(v_in, groups);
   switch (backend) {
     case AttentionBackend::Custom:
       check_custom_device(q);
       return std::get<0>(ops::flash_attention_varlen(q, k, v, cu, cu, max_seqlen, max_seqlen, causal));
     case AttentionBackend::Sdpa:
-      if (q.is_cuda() && half) {
-        // The FlashAttention-2 varlen kernel behind torch.nn.attention.varlen (differentiable).
-        auto out = at::_flash_attention_forward(q, k, v, cu, cu, max_seqlen, max_seqlen, 0.0, causal, false);
-        return std::get<0>(out);
-      }
       [[fallthrough]];
     case AttentionBackend::Math:
       return std::get<0>(ops::flash_attention_reference(q, k, v, cu, cu, max_seqlen, max_seqlen, causal));

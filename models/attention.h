@@ -38,8 +38,10 @@ const char* attention_backend_name(AttentionBackend backend);
 void check_attention_on_device(AttentionBackend backend, int64_t head_dim, const torch::Device& device,
                                const std::string& precision);
 
-// q [B, Sq, H, D], k/v [B, Sk, H, D] -> [B, Sq, H, D]. key_padding_mask: optional [B, Sk] bool,
-// true for real tokens (keys that may be attended to); not with `custom`.
+// q [B, Sq, H, D], k/v [B, Sk, H_kv, D] -> [B, Sq, H, D]. key_padding_mask: optional [B, Sk] bool,
+// true for real tokens (keys that may be attended to); not with `custom`. Grouped-query K/V
+// (H_kv dividing H; query head h reads K/V head h / (H / H_kv)): `sdpa` takes them as they are
+// (enable_gqa, and the varlen FlashAttention-2 kernel), `math` and `custom` get copies expanded to H.
 torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, bool causal,
                         const std::optional<torch::Tensor>& key_padding_mask, AttentionBackend backend);
 

@@ -7,6 +7,7 @@
 #include "framework/config/config.h"
 #include "framework/core/forensics.h"
 #include "framework/core/weight_names.h"
+#include "framework/ops/ops.h"
 
 namespace strobe::models {
 namespace {
@@ -34,6 +35,16 @@ class RMSNormImpl : public nn::Module, public ScopedBlock {
 };
 TORCH_MODULE(RMSNorm);
 
+// (res + delta, norm(res + delta)) through strobe::add_rms_norm, named by the norm's path for
+// `strobe replay`. The two take their promoted dtype first, as ATen's `res + delta` does: under
+// autocast (bf16-mixed) the residual stream is fp32 while the projections return bf16.
+std::tuple<torch::Tensor, torch::Tensor> residual_rms_norm(const torch::Tensor& res, const torch::Tensor& delta,
+                                                          RMSNormImpl& norm, double eps) {
+  ModuleScope scope(norm.path.c_str());
+  const auto dt = at::promote_types(res.scalar_type(), delta.scalar_type());
+  return ops::add_rms_norm(res.to(dt), delta.to(dt), norm.weight, eps);
+}
+
 nn::Linear bias_free(int64_t in, int64_t out) { return nn::Linear(nn::LinearOptions(in, out).bias(false)); }
 
 class LlamaAttentionImpl : public nn::Module, public ScopedBlock {
@@ -60,8 +71,7 @@ class LlamaAttentionImpl : public nn::Module, public ScopedBlock {
     auto q = llama_ops::apply_rotary(heads(at::linear(x, q_proj->weight), heads_), cos, sin);
     auto k = llama_ops::apply_rotary(heads(at::linear(x, k_proj->weight), kv_heads_), cos, sin);
     auto v = heads(at::linear(x, v_proj->weight), kv_heads_);
-    k = llama_ops::repeat_kv(k, heads_ / kv_heads_);
-    v = llama_ops::repeat_kv(v, heads_ / kv_heads_);
+    // Grouped K/V heads as they are: attention() expands them only for backends that need it.
     torch::Tensor a = in.cu_seqlens.defined()
                           ? attention_varlen(q, k, v, in.cu_seqlens, in.max_seqlen, /*causal=*/true, backend_)
                           : attention(q, k, v, /*causal=*/true, in.key_padding_mask, backend_);
@@ -105,6 +115,24 @@ class LlamaDecoderLayerImpl : public nn::Module {
     x = x + self_attn->forward(input_layernorm(x), cos, sin, in);
     return x + mlp(post_attention_layernorm(x));
   }
+
+  // The fused path: the residual stream is res + pending between blocks, and every residual add runs
+  // inside strobe::add_rms_norm with the RMSNorm after it (one read of both, the sum written once).
+  // Returns (the stream before this block's MLP output is added, that output).
+  std::pair<torch::Tensor, torch::Tensor> forward_fused(const torch::Tensor& res, const torch::Tensor& pending,
+                                                        const torch::Tensor& cos, const torch::Tensor& sin,
+                                                        const TokenLayout& in, double eps) {
+    torch::Tensor x, h;
+    if (pending.defined()) {
+      std::tie(x, h) = residual_rms_norm(res, pending, *input_layernorm, eps);
+    } else {
+      ModuleScope scope(input_layernorm->path.c_str());
+      x = res;
+      h = ops::rms_norm(res, input_layernorm->weight, eps);
+    }
+    std::tie(x, h) = residual_rms_norm(x, self_attn->forward(h, cos, sin, in), *post_attention_layernorm, eps);
+    return {x, mlp(h)};
+  }
   RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
   LlamaAttention self_attn{nullptr};
   LlamaMLP mlp{nullptr};
@@ -144,14 +172,33 @@ class Llama : public Model {
     if (inv_freq_.device() != tokens.device()) inv_freq_ = inv_freq_.to(tokens.device());  // moved without on_device
     const auto [cos, sin] = llama_ops::rope_tables(in.positions, inv_freq_);
     auto x = embed_tokens_(tokens);
+    const auto& head = o_.tie_embeddings ? embed_tokens_->weight : lm_head_->weight;
+    if (use_fused(x)) {
+      torch::Tensor pending;
+      for (auto& layer : *layers_)
+        std::tie(x, pending) = layer->as<LlamaDecoderLayer>()->forward_fused(x, pending, cos, sin, in, o_.norm_eps);
+      return at::linear(std::get<1>(residual_rms_norm(x, pending, *norm_, o_.norm_eps)), head);
+    }
     for (auto& layer : *layers_) x = layer->as<LlamaDecoderLayer>()->forward(x, cos, sin, in);
     x = norm_(x);
-    return at::linear(x, o_.tie_embeddings ? embed_tokens_->weight : lm_head_->weight);
+    return at::linear(x, head);
   }
 
   std::string default_task() const override { return "language_modeling"; }
 
  private:
+  // model.fused_ops (models/fused_ops.h): auto takes the fused RMSNorm where its CUDA kernel takes the
+  // stream (and the norm weights do not promote it: y keeps the stream's dtype); true always (the
+  // ATen reference on CPU), false never.
+  bool use_fused(const torch::Tensor& x) const {
+    if (!use_fused_ops(o_.fused_ops, x, "llama")) return false;
+    const bool promotes = at::promote_types(x.scalar_type(), norm_->weight.scalar_type()) != x.scalar_type();
+    TORCH_CHECK(!(promotes && o_.fused_ops == FusedOps::kOn), "llama: fused_ops: true: strobe::add_rms_norm keeps the ",
+                "stream's dtype, but the ", norm_->weight.scalar_type(), " norm weights would promote the ",
+                x.scalar_type(), " stream; set model.fused_ops: auto or false");
+    return !promotes;
+  }
+
   LlamaOptions o_;
   nn::Embedding embed_tokens_{nullptr};
   nn::ModuleList layers_{nullptr};
@@ -198,6 +245,7 @@ std::shared_ptr<Model> make_llama_from_config(config::Section& cfg) {
     o.rope_scaling = s;
   }
   o.attention = read_attention_backend(cfg);
+  o.fused_ops = parse_fused_ops(cfg.get_choice("fused_ops", "auto", {"auto", "true", "false"}));
   cfg.finish();
   return make_llama(o);
 }

@@ -10,10 +10,12 @@
 // positions come from "position_ids" (restarting per document when packed) and feed the rotary
 // tables. Output: logits [B, S, vocab] or [T, vocab].
 //
-// Attention: the models/attention.h backends. They take one K/V head per query head, so K and V are
-// expanded (repeat_kv) before attention: a copy of (num_heads / num_kv_heads) times the K/V tensors
-// per layer, kept for the backward (at the Llama-3.2-1B shape, batch 8 x 2048 in bf16: 2 x 8 x 2048
-// x 32 x 64 x 2 bytes = 128 MiB per layer instead of 32 MiB, 2 GiB over 16 layers).
+// Attention: the models/attention.h backends, given the K/V heads as they are: `sdpa` attends with
+// grouped K/V natively (no copy); `math` and `custom` expand them to the query heads first.
+//
+// fused_ops (auto | true | false, models/fused_ops.h): every residual add and the RMSNorm after it
+// run as strobe::add_rms_norm (one kernel forward, one backward), in the same numerics as the ATen
+// path; parameters and names are the same either way.
 #pragma once
 
 #include <memory>
@@ -21,6 +23,7 @@
 
 #include "framework/core/model.h"
 #include "models/attention.h"
+#include "models/fused_ops.h"
 #include "models/llama_ops.h"
 
 namespace strobe::models {
@@ -33,6 +36,7 @@ struct LlamaOptions {
   std::optional<llama_ops::Llama3RopeScaling> rope_scaling;
   bool tie_embeddings = false;
   AttentionBackend attention = AttentionBackend::Math;
+  FusedOps fused_ops = FusedOps::kAuto;  // models/fused_ops.h
   double init_std = 0.02;  // HF's initializer_range: every Linear and Embedding weight ~ N(0, std)
 };
 

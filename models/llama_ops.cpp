@@ -43,15 +43,6 @@ at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Te
   return x * c + rotated * s;
 }
 
-at::Tensor repeat_kv(const at::Tensor& x, int64_t n_rep) {
-  if (n_rep == 1) return x;
-  auto sizes = x.sizes().vec();
-  auto expanded_sizes = sizes;
-  expanded_sizes.insert(expanded_sizes.end() - 1, n_rep);  // [..., H_kv, n_rep, D]
-  sizes[sizes.size() - 2] *= n_rep;
-  return x.unsqueeze(-2).expand(expanded_sizes).reshape(sizes);
-}
-
 at::Tensor swiglu(const at::Tensor& x, const at::Tensor& gate_weight, const at::Tensor& up_weight,
                   const at::Tensor& down_weight) {
   return at::linear(at::silu(at::linear(x, gate_weight)) * at::linear(x, up_weight), down_weight);

@@ -1,7 +1,7 @@
 // The operations of the llama model (models/llama.cpp), in one place: RMSNorm, the rotary tables and
-// their application, grouped-query K/V expansion and the SwiGLU MLP. Each is written with ATen ops in
-// the numerics of Hugging Face's LlamaForCausalLM (fp32 RMS statistics, fp32 rotary angles in HF's
-// order), so its weights give its logits. This is the seam where fused kernels replace them: the
+// their application and the SwiGLU MLP (grouped-query K/V go to models/attention.h as they are).
+// Each is written with ATen ops in the numerics of Hugging Face's LlamaForCausalLM (fp32 RMS
+// statistics, fp32 rotary angles in HF's order), so its weights give its logits. This is the seam where fused kernels replace them: the
 // model calls nothing else for these steps.
 #pragma once
 
@@ -34,10 +34,6 @@ std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& positions, const
 // x * cos + rotate_half(x) * sin for x [..., H, D] (cos/sin [..., D], broadcast over the heads and
 // cast to x's dtype): HF's rotate-half convention, on the two halves of each head.
 at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
-
-// [..., H_kv, D] -> [..., H_kv * n_rep, D], query head h reading K/V head h / n_rep (HF's repeat_kv
-// order). A copy of n_rep times the K/V: until the attention kernels take grouped heads natively.
-at::Tensor repeat_kv(const at::Tensor& x, int64_t n_rep);
 
 // down(silu(gate(x)) * up(x)), bias-free.
 at::Tensor swiglu(const at::Tensor& x, const at::Tensor& gate_weight, const at::Tensor& up_weight,

@@ -11,7 +11,8 @@ L2 holds). Prints a table and writes $OUT/fused_norm_bench.json. Usage (GPU mach
   python3 bench/ops/fused_norm_bench.py BUILD_DIR/lib/libstrobe_ops.so [mlp]
 MLP: fc1 -> gelu(tanh) -> fc2 fwd+bwd, ATen's F.linear / F.gelu / F.linear vs ops.fused_mlp (cuBLASLt
 GELU_AUX_BIAS / DGELU_BGRAD epilogues), vit_l16 [25088, 1024] -> 4096 and decoder_lm [16384, 1024] -> 4096.
-With `mlp` only the MLP rows run.
+With `mlp` only the MLP rows run. With `rms` only llama's add + RMSNorm [16384, 2048] (eager, torch.compile,
+ops.add_rms_norm; HBM_TBS sets the bandwidth the bound is computed at).
 """
 import json, os, statistics, sys
 
@@ -138,7 +139,58 @@ def mlp_case(tag, rows, c, h):
     row(f"{tag} MLP fwd+bwd [{rows}, {c}] -> {h} -> {c}", timeit(aten, sets), timeit(ours, sets))
 
 
+def rms_case(tag, rows, c):
+    """llama's residual add + RMSNorm (Hugging Face's numerics), fwd+bwd with gradients into both
+    outputs: eager ATen, torch.compile of the same function (mode default, dynamic=False), and
+    ops.add_rms_norm. Kernel time is what the CUDA events see around one call."""
+    sets = []
+    for _ in range(4):
+        x = torch.randn(rows, c, device=dev, dtype=bf16, requires_grad=True)
+        d = torch.randn(rows, c, device=dev, dtype=bf16, requires_grad=True)
+        sets.append((x, d, torch.randn(rows, c, device=dev, dtype=bf16), torch.randn(rows, c, device=dev, dtype=bf16)))
+    w = (torch.rand(c, device=dev) + 0.5).to(bf16).requires_grad_()
+
+    def hf(x, d):
+        s = x + d
+        sf = s.float()
+        return s, w * (sf * torch.rsqrt(sf.pow(2).mean(-1, keepdim=True) + 1e-5)).to(s.dtype)
+
+    compiled = torch.compile(hf, dynamic=False)
+
+    def eager_fb(x, d, gy, gs):
+        torch.autograd.backward(list(hf(x, d)), [gs, gy])
+
+    def compiled_fb(x, d, gy, gs):
+        torch.autograd.backward(list(compiled(x, d)), [gs, gy])
+
+    def ours_fb(x, d, gy, gs):
+        torch.autograd.backward(list(ops.add_rms_norm(x, d, w, 1e-5)), [gs, gy])
+
+    def eager_f(x, d, gy, gs):
+        with torch.no_grad():
+            hf(x, d)
+
+    def ours_f(x, d, gy, gs):
+        with torch.no_grad():
+            ops.add_rms_norm(x, d, w, 1e-5)
+
+    gb = rows * c * 2 / 1e9
+    bw = float(os.environ.get("HBM_TBS", "3.35"))  # H100 SXM; 4.8 on an H200
+    t_c, t_o = timeit(compiled_fb, sets), timeit(ours_fb, sets)
+    row(f"{tag} add+RMSNorm fwd [{rows}, {c}]", timeit(eager_f, sets), timeit(ours_f, sets),
+        f"(HBM bound {4 * gb / bw:.3f} ms at {bw} TB/s)")
+    row(f"{tag} add+RMSNorm fwd+bwd [{rows}, {c}] vs eager", timeit(eager_fb, sets), t_o,
+        f"(HBM bound {8 * gb / bw:.3f} ms)")
+    row(f"{tag} add+RMSNorm fwd+bwd [{rows}, {c}] vs torch.compile", t_c, t_o)
+    w.grad = None
+
+
 print(R["device"])
+if "rms" in sys.argv[2:]:
+    rms_case("llama_1b", 16384, 2048)
+    with open(os.path.join(os.environ.get("OUT", "/tmp"), "fused_norm_bench_rms.json"), "w") as f:
+        json.dump(R, f, indent=1)
+    sys.exit(0)
 if "mlp" in sys.argv[2:] or len(sys.argv) == 2:
     mlp_case("vit_l16", 25088, 1024, 4096)
     mlp_case("decoder_lm", 16384, 1024, 4096)

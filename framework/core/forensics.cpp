@@ -5,6 +5,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include <ATen/SequenceNumber.h>
 #include <ATen/record_function.h>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -113,6 +114,7 @@ struct OpContext : at::ObserverContext {
   std::vector<at::Tensor> inputs;  // copies for in-place ops: their inputs are overwritten
   std::vector<std::string> input_names;
   bool inputs_finite = true;
+  int64_t seq_begin = -1;  // a top-level forward op: the autograd sequence number when it began
 };
 
 std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
@@ -170,6 +172,7 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
       }
       if (ctx->note == "owns a parameter input") impl.last_module = ctx->module;
       if (depth == 0 && fn.seqNr() >= 0) impl.forward_of_seq[fn.seqNr()] = {name, ctx->module};
+      if (depth == 0) ctx->seq_begin = static_cast<int64_t>(at::sequence_number::peek());
     }
   }
   if (ctx->check) {
@@ -206,6 +209,14 @@ void on_op_end(const at::RecordFunction& fn, at::ObserverContext* raw) {
   {
     std::lock_guard<std::mutex> lock(impl.mu);
     ++impl.ops;
+    // Every autograd node a top-level forward op created (its own, those of the ops a composite or a
+    // custom autograd Function runs inside it, whose numbers need not be the one the op began with)
+    // belongs to that op: its backward is attributed to the op's module.
+    if (ctx->seq_begin >= 0) {
+      const auto end = static_cast<int64_t>(at::sequence_number::peek());
+      for (int64_t q = ctx->seq_begin; q < end && q < ctx->seq_begin + 4096; ++q)
+        impl.forward_of_seq.emplace(q, std::make_pair(std::string(fn.name()), ctx->module));
+    }
     if (impl.first || !ctx->check) {
       t_busy = false;
       return;

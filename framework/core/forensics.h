@@ -7,8 +7,9 @@
 //   The module is found by identity: an op that takes a parameter belongs to that parameter's
 //   module (`layer3.1.conv2`); other ops belong to the innermost ModuleScope (`task.loss`, or a
 //   model block that declares one), else they are reported as following the last module seen.
-//   Backward ops inherit the module of the forward op they differentiate (RecordFunction's
-//   sequence number links the two).
+//   Backward ops inherit the module of the forward op they differentiate: every autograd node a
+//   top-level op creates (its own, or those of the ops a composite or a custom autograd Function such
+//   as a fused op runs inside it) is linked to it by the node's sequence number.
 // - ModuleScope is an RAII marker that code (tasks, model blocks) places around a region. It costs
 //   one thread-local read when no tracer is installed: the tracer exists only while replaying.
 #pragma once

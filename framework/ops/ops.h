@@ -198,6 +198,18 @@ std::tuple<torch::Tensor, torch::Tensor> add_layer_norm(const torch::Tensor& x, 
 torch::Tensor layer_norm(const torch::Tensor& x, const torch::Tensor& weight,
                          const std::optional<torch::Tensor>& bias = {}, double eps = 1e-5);
 
+// Fused residual add + RMSNorm (op strobe::add_rms_norm) in Hugging Face's LlamaRMSNorm numerics:
+// sum = x + delta (x's dtype), rstd = 1 / sqrt(mean(sum^2) + eps) in fp32, y = weight * (sum * rstd)
+// with the normalised row rounded to x's dtype before the product and the product rounded again.
+// x and delta share shape and dtype (fp32/bf16/fp16; also fp64 on CPU); weight [C] of a dtype that
+// does not promote x's (y keeps x's dtype). Differentiable in x, delta, weight: d x = d delta =
+// d sum + d RMSNorm(sum) in one pass. CUDA: C <= 4096, dweight deterministic. CPU and Meta: ATen (the
+// reference). Returns (sum, y). docs/OPS.md.
+std::tuple<torch::Tensor, torch::Tensor> add_rms_norm(const torch::Tensor& x, const torch::Tensor& delta,
+                                                      const torch::Tensor& weight, double eps = 1e-6);
+// The same RMSNorm without the add (op strobe::rms_norm).
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps = 1e-6);
+
 // Softmax cross-entropy (op strobe::cross_entropy) over logits [N, V] (fp32/bf16/fp16; fp64 on CPU)
 // and int64 targets [N]: per row logsumexp(logits) - logits[target], rows with target ==
 // ignore_index count 0 and are left out of the mean (mean of zero rows: NaN, as PyTorch).

@@ -75,6 +75,16 @@ TORCH_LIBRARY(strobe, m) {
   m.def(
       "add_layer_norm_bwd(Tensor dy, Tensor? dsum, Tensor input, Tensor mean, Tensor rstd, "
       "Tensor weight, bool has_bias) -> (Tensor dx, Tensor dweight, Tensor dbias)");
+  // sum = x + delta, y = RMSNorm(sum) * weight over the last dim in Hugging Face's numerics, fused
+  // forward and backward; rms_norm is the same without delta (docs/OPS.md).
+  m.def("add_rms_norm(Tensor x, Tensor delta, Tensor weight, float eps=1e-6) -> (Tensor sum, Tensor y)");
+  m.def("rms_norm(Tensor x, Tensor weight, float eps=1e-6) -> Tensor");
+  // Internal halves: the forward also returns the fp32 1 / rms of every row (x.shape[:-1]); sum is
+  // undefined without delta. The backward's dx includes dsum.
+  m.def("add_rms_norm_fwd(Tensor x, Tensor? delta, Tensor weight, float eps) -> (Tensor y, Tensor rstd, Tensor sum)");
+  m.def(
+      "add_rms_norm_bwd(Tensor dy, Tensor? dsum, Tensor input, Tensor rstd, Tensor weight) -> "
+      "(Tensor dx, Tensor dweight)");
   // Softmax cross-entropy over logits [N, V] with int64 targets [N]; fp32 loss (docs/OPS.md).
   m.def(
       "cross_entropy(Tensor logits, Tensor target, int ignore_index=-100, str reduction=\"mean\") "

@@ -1,4 +1,4 @@
-// add_layer_norm's and cross_entropy's CUDA kernels against float64 references (at::layer_norm /
+// add_layer_norm's, add_rms_norm's and cross_entropy's CUDA kernels against float64 references (at::layer_norm /
 // cross_entropy and autograd in double on the CPU), fresh random inputs, the caching allocator
 // poisoned with NaN first so an unwritten output element fails; NaN inputs must come out NaN.
 // Bounds (relative error of the whole tensor): fp32 1e-5, bf16 / fp16 outputs and gradients 8e-3
@@ -140,6 +140,98 @@ TEST(AddLayerNormCudaErrors, TooWideAndDoubleAreErrors) {
   EXPECT_THROW(strobe::ops::layer_norm(torch::randn({2, 4097}, o), torch::ones({4097}, o)), c10::Error);
   EXPECT_THROW(strobe::ops::layer_norm(torch::randn({2, 16}, o.dtype(torch::kDouble)), torch::ones({16}, o)),
                c10::Error);
+}
+
+// ---- add_rms_norm / rms_norm (the RMS mode of the same kernels) ---------------------------------
+// Bounds: fp32 1e-5; bf16 / fp16 y (rounded twice: the normalised row, then its product with the
+// weight) 1e-2, dx 8e-3, dweight 8e-3 when the weight is 16-bit (1e-5 in fp32). Against Hugging
+// Face's ATen sequence on the same GPU: within one 16-bit rounding step of it (8e-3), exact never
+// asked (rsqrt and the order of the row sum differ).
+class AddRmsNormCuda : public ::testing::TestWithParam<LnCase> {};
+
+TEST_P(AddRmsNormCuda, MatchesFloat64ReferenceForwardAndBackward) {
+  SKIP_WITHOUT_CUDA();
+  const LnCase c = GetParam();
+  const bool lowp = c.dtype != torch::kFloat;
+  const double pbound = c.param_dtype != torch::kFloat ? 8e-3 : 1e-5;
+  for (int rep = 0; rep < 2; ++rep) {
+    poison_allocator();
+    const Tensor x = make(c, c.misaligned, 2.0, 0.5).requires_grad_();
+    const Tensor d = make(c, c.misaligned, 1.0, 0.0).requires_grad_();
+    const Tensor w = (torch::randn({c.cols}) * 0.5 + 1).to(kCuda, c.param_dtype).requires_grad_();
+    Tensor sum, y;
+    if (c.delta) {
+      std::tie(sum, y) = strobe::ops::add_rms_norm(x, d, w, 1e-6);
+      EXPECT_TRUE(torch::equal(sum, (x + d).detach())) << "sum";
+    } else {
+      y = strobe::ops::rms_norm(x, w, 1e-6);
+    }
+    ASSERT_EQ(y.scalar_type(), c.dtype);
+    const Tensor in = (c.delta ? sum : x).detach();
+    const Tensor xf = in.to(torch::kFloat);
+    const Tensor hf = w.detach() * (xf * torch::rsqrt(xf.pow(2).mean(-1, true) + 1e-6)).to(c.dtype);
+    EXPECT_LT(rel_err(y, hf.to(torch::kDouble)), lowp ? 8e-3 : 1e-6) << "y against Hugging Face's ops";
+    const Tensor s64 = in.to(torch::kCPU, torch::kDouble).requires_grad_();
+    const Tensor w64 = w.detach().to(torch::kCPU, torch::kDouble).requires_grad_();
+    const Tensor y64 = w64 * (s64 * torch::rsqrt(s64.pow(2).mean(-1, true) + 1e-6));
+    EXPECT_LT(rel_err(y, y64), lowp ? 1e-2 : 1e-5) << "y";
+
+    const Tensor gy = torch::randn({c.rows, c.cols}, torch::TensorOptions(kCuda).dtype(c.dtype));
+    const Tensor gs = torch::randn({c.rows, c.cols}, torch::TensorOptions(kCuda).dtype(c.dtype));
+    Tensor l = (y * gy).sum();
+    if (c.delta) l = l + (sum * gs).sum();
+    l.backward();
+    (y64 * gy.to(torch::kCPU, torch::kDouble)).sum().backward();
+    Tensor dx64 = s64.grad();
+    if (c.delta) dx64 = dx64 + gs.to(torch::kCPU, torch::kDouble);
+    EXPECT_LT(rel_err(x.grad(), dx64), lowp ? 8e-3 : 1e-5) << "dx";
+    if (c.delta) EXPECT_TRUE(torch::equal(x.grad(), d.grad())) << "ddelta == dx";
+    EXPECT_EQ(w.grad().scalar_type(), c.param_dtype);
+    EXPECT_LT(rel_err(w.grad(), w64.grad()), lowp ? 8e-3 : pbound) << "dweight";
+
+    const Tensor dw1 = w.grad().clone();
+    w.mutable_grad() = Tensor();
+    Tensor y2 = c.delta ? std::get<1>(strobe::ops::add_rms_norm(x, d, w, 1e-6)) : strobe::ops::rms_norm(x, w, 1e-6);
+    (y2 * gy).sum().backward();
+    EXPECT_TRUE(torch::equal(w.grad(), dw1)) << "dweight not deterministic";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, AddRmsNormCuda,
+    ::testing::Values(LnCase{16384, 2048, true, false, torch::kBFloat16, torch::kBFloat16, false},
+                      LnCase{4096, 2048, false, false, torch::kBFloat16, torch::kBFloat16, false},
+                      LnCase{515, 4096, true, false, torch::kFloat, torch::kFloat, false},
+                      LnCase{300, 4096, true, false, torch::kBFloat16, torch::kBFloat16, true},
+                      LnCase{129, 1000, true, false, torch::kBFloat16, torch::kBFloat16, false},
+                      LnCase{1, 1, true, false, torch::kFloat, torch::kFloat, false},
+                      LnCase{2048, 768, true, false, torch::kHalf, torch::kHalf, false},
+                      LnCase{64, 1024, true, false, torch::kFloat, torch::kBFloat16, true}));
+
+TEST(AddRmsNormCudaNan, NanComesOutNanAndWideOrPromotingInputsAreErrors) {
+  SKIP_WITHOUT_CUDA();
+  const auto o = torch::TensorOptions(kCuda).dtype(torch::kBFloat16);
+  Tensor x = torch::randn({8, 2048}, o);
+  x[3][100] = NAN;
+  const Tensor w = torch::ones({2048}, o).requires_grad_();
+  const Tensor xr = x.clone().requires_grad_();
+  auto [s, y] = strobe::ops::add_rms_norm(xr, torch::zeros_like(x), w, 1e-5);
+  const Tensor yc = y.cpu();
+  EXPECT_TRUE(torch::isnan(yc[3]).all().item<bool>());
+  EXPECT_TRUE(torch::isfinite(yc[2]).all().item<bool>());
+  y.backward(torch::randn({8, 2048}, o));
+  EXPECT_TRUE(torch::isnan(xr.grad()[3].cpu()).all().item<bool>());
+  EXPECT_TRUE(torch::isnan(w.grad().cpu()).any().item<bool>()) << "a NaN row must reach dweight";
+  // A NaN in the incoming gradient reaches dx's row and dweight.
+  const Tensor x2 = torch::randn({8, 2048}, o).requires_grad_();
+  const Tensor w2 = torch::ones({2048}, o).requires_grad_();
+  Tensor gy = torch::randn({8, 2048}, o);
+  gy[5][9] = NAN;
+  strobe::ops::rms_norm(x2, w2, 1e-5).backward(gy);
+  EXPECT_TRUE(torch::isnan(x2.grad()[5].cpu()).all().item<bool>());
+  EXPECT_TRUE(torch::isnan(w2.grad()[9].cpu()).item<bool>());
+  EXPECT_THROW(strobe::ops::rms_norm(torch::randn({2, 4097}, o), torch::ones({4097}, o)), c10::Error);
+  EXPECT_THROW(strobe::ops::rms_norm(torch::randn({2, 16}, o), torch::ones({16}, o.dtype(torch::kFloat))), c10::Error);
 }
 
 struct CeCase {

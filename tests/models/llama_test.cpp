@@ -122,10 +122,13 @@ TEST(Llama, Llama3RopeScalingMatchesTheFormulaPerFrequency) {
   EXPECT_GT(blended, 0) << "all three bands must be exercised";
 }
 
+// math expands the K/V heads itself; sdpa takes them as they are (enable_gqa).
 TEST(Llama, GroupedQueryAttentionIsMultiHeadWithKVHeadsRepeatedInHfOrder) {
+  for (const std::string backend : {"math", "sdpa"}) {
+  SCOPED_TRACE(backend);
   torch::manual_seed(1);
-  auto gqa = build_model(llama_yaml());
-  auto mha = build_model(llama_yaml("", 4, 4));
+  auto gqa = build_model(llama_yaml("attention: " + backend + "\n"));
+  auto mha = build_model(llama_yaml("attention: " + backend + "\n", 4, 4));
   auto g = gqa->named_parameters();
   torch::NoGradGuard no_grad;
   for (auto& p : mha->named_parameters()) {
@@ -144,6 +147,38 @@ TEST(Llama, GroupedQueryAttentionIsMultiHeadWithKVHeadsRepeatedInHfOrder) {
   auto k = mha->named_parameters()["layers.0.self_attn.k_proj.weight"];
   k.copy_(k.view({4, 8, 32}).flip(0).reshape({32, 32}));
   EXPECT_GT(rel_err(gqa->forward(tokens_batch(tokens)), mha->forward(tokens_batch(tokens))), 1e-3);
+  }
+}
+
+// fused_ops: true runs every residual add and RMSNorm as strobe::add_rms_norm (on the CPU its ATen
+// reference, Hugging Face's sequence of ops): the same logits bit for bit as the ATen path, and the
+// same gradients to fp32 rounding (the backward is one formula instead of autograd's chain).
+TEST(Llama, FusedOpsGiveTheAtenPathsLogitsAndGradients) {
+  for (const std::string tie : {"false", "true"}) {
+    SCOPED_TRACE("tie_embeddings " + tie);
+    torch::manual_seed(4);
+    auto aten = build_model(llama_yaml("fused_ops: false\ntie_embeddings: " + tie + "\n"));
+    auto fused = build_model(llama_yaml("fused_ops: true\ntie_embeddings: " + tie + "\n"));
+    strobe::testing::copy_weights(*aten, *fused);
+    // Norm weights away from 1, so a weight applied in the wrong place shows.
+    {
+      torch::NoGradGuard no_grad;
+      for (auto* m : {aten.get(), fused.get()})
+        for (auto& p : m->named_parameters())
+          if (p.key().find("norm") != std::string::npos) p.value().copy_(torch::linspace(0.5, 1.5, p.value().numel()));
+    }
+    const auto tokens = torch::randint(1, 97, {3, 11});
+    const auto la = aten->forward(tokens_batch(tokens)), lf = fused->forward(tokens_batch(tokens));
+    EXPECT_TRUE(torch::equal(la, lf)) << rel_err(lf, la);
+    const auto g = torch::randn(la.sizes());
+    (la * g).sum().backward();
+    (lf * g).sum().backward();
+    auto fp = fused->named_parameters();
+    for (const auto& p : aten->named_parameters()) {
+      ASSERT_TRUE(fp[p.key()].grad().defined()) << p.key();
+      EXPECT_LT(rel_err(fp[p.key()].grad(), p.value().grad()), 2e-6) << p.key();
+    }
+  }
 }
 
 TEST(Llama, PaddedPackedAndPerSequenceLogitsAgreeOnEveryBackendAndAreCausal) {

@@ -17,6 +17,7 @@
 #include "framework/config/config.h"
 #include "framework/core/capture.h"
 #include "framework/core/forensics.h"
+#include "framework/ops/ops.h"
 #include "framework/core/model.h"
 #include "runner/experiment_builder.h"
 #include "runner/replay.h"
@@ -474,6 +475,26 @@ TEST(NanCapture, TracerCostsNothingWhenNotInstalledAndNamesParameterModules) {
   EXPECT_FALSE(at::hasGlobalCallbacks());
 }
 
+// A fused op's backward (a custom autograd Function: strobe::add_rms_norm) inherits the module of
+// its forward, as ATen's backward functions do.
+TEST(NanCapture, TracerNamesTheModuleOfAFusedOpsBackward) {
+  struct Net : torch::nn::Module {
+    Net() { norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({8}))); }
+    torch::nn::LayerNorm norm{nullptr};
+  };
+  auto net = std::make_shared<Net>();
+  const auto x = torch::randn({3, 8}).requires_grad_();
+  auto gy = torch::randn({3, 8});
+  gy[1][2] = NAN;
+  NonFiniteTracer tracer(*net);
+  const auto y = strobe::ops::rms_norm(x, net->norm->weight, 1e-6);
+  y.backward(gy);
+  auto first = tracer.first();
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(first->phase, "backward");
+  EXPECT_EQ(first->op, "strobe::add_rms_norm_bwd");
+  EXPECT_EQ(first->module, "norm") << first->note;
+}
 
 // A run resumed from a checkpoint taken mid-way through gradient accumulation: the step that began
 // before the resume is still checked, but its first micro-batches are not in this process, so a

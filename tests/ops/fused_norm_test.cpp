@@ -118,6 +118,94 @@ TEST(AddLayerNormCpu, BadInputsAreErrors) {
   EXPECT_THROW(strobe::ops::layer_norm(torch::ones({2, 8}, torch::kLong), torch::ones({8})), c10::Error);
 }
 
+// ---- add_rms_norm / rms_norm ------------------------------------------------------------------
+
+// y = w * x / sqrt(mean(x^2) + eps) in float64 autograd: the independent reference.
+Tensor rms_norm_64(const Tensor& x64, const Tensor& w64, double eps) {
+  return w64 * (x64 * torch::rsqrt(x64.pow(2).mean(-1, true) + eps));
+}
+
+// Hugging Face's LlamaRMSNorm.forward, written out: fp32 statistics, the normalised row cast to the
+// input dtype, then multiplied by the weight in the promoted dtype.
+Tensor hf_rms_norm(const Tensor& x, const Tensor& w, double eps) {
+  const Tensor xf = x.to(torch::kFloat);
+  return w * (xf * torch::rsqrt(xf.pow(2).mean(-1, true) + eps)).to(x.scalar_type());
+}
+
+class AddRmsNormCpu : public ::testing::TestWithParam<LnCase> {};
+
+// Bounds: fp32 1e-5 on every tensor. bf16/fp16: y is rounded twice (the normalised row, then the
+// product with the weight), 1e-2; dx (rounded once) 8e-3; dweight (summed from the rounded row) 8e-3.
+// On the CPU the forward is Hugging Face's own sequence of ATen ops: equal to it bit for bit.
+TEST_P(AddRmsNormCpu, MatchesFloat64ReferenceAndHuggingFaceExactly) {
+  const LnCase c = GetParam();
+  torch::manual_seed(11);
+  const int64_t ch = c.shape.back();
+  const bool lowp = c.dtype != torch::kFloat;
+  const Tensor x = (torch::randn(c.shape) * 2 + 0.5).to(c.dtype).requires_grad_();
+  const Tensor d = torch::randn(c.shape).to(c.dtype).requires_grad_();
+  const Tensor w = (torch::randn({ch}) * 0.5 + 1).to(c.dtype).requires_grad_();
+  Tensor sum, y;
+  if (c.delta) {
+    std::tie(sum, y) = strobe::ops::add_rms_norm(x, d, w, 1e-6);
+    EXPECT_TRUE(torch::equal(sum, (x + d).detach())) << "sum";
+  } else {
+    y = strobe::ops::rms_norm(x, w, 1e-6);
+  }
+  ASSERT_EQ(y.scalar_type(), c.dtype);
+  const Tensor in = (c.delta ? sum : x).detach();
+  EXPECT_TRUE(torch::equal(y.detach(), hf_rms_norm(in, w.detach(), 1e-6))) << "not Hugging Face's numerics";
+
+  const Tensor s64 = in.to(torch::kDouble).requires_grad_();
+  const Tensor w64 = w.detach().to(torch::kDouble).requires_grad_();
+  const Tensor y64 = rms_norm_64(s64, w64, 1e-6);
+  EXPECT_LT(rel_err(y, y64), lowp ? 1e-2 : 1e-5) << "y";
+  const Tensor gy = torch::randn(c.shape).to(c.dtype);
+  const Tensor gs = torch::randn(c.shape).to(c.dtype);
+  Tensor loss = (y.to(torch::kDouble) * gy.to(torch::kDouble)).sum();
+  if (c.delta) loss = loss + (sum.to(torch::kDouble) * gs.to(torch::kDouble)).sum();
+  loss.backward();
+  (y64 * gy.to(torch::kDouble)).sum().backward();
+  Tensor dx64 = s64.grad();
+  if (c.delta) dx64 = dx64 + gs.to(torch::kDouble);
+  EXPECT_LT(rel_err(x.grad(), dx64), lowp ? 8e-3 : 1e-5) << "dx";
+  if (c.delta) EXPECT_TRUE(torch::equal(x.grad(), d.grad())) << "ddelta == dx";
+  ASSERT_EQ(w.grad().scalar_type(), c.dtype);
+  EXPECT_LT(rel_err(w.grad(), w64.grad()), lowp ? 8e-3 : 1e-5) << "dweight";
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, AddRmsNormCpu,
+                         ::testing::Values(LnCase{{4, 9, 64}, true, false, torch::kFloat},
+                                           LnCase{{4, 9, 64}, false, false, torch::kFloat},
+                                           LnCase{{1, 1}, true, false, torch::kFloat},
+                                           LnCase{{37, 1000}, true, false, torch::kFloat},
+                                           LnCase{{3, 5, 96}, true, false, torch::kBFloat16},
+                                           LnCase{{6, 33}, false, false, torch::kBFloat16},
+                                           LnCase{{5, 40}, true, false, torch::kHalf}));
+
+TEST(AddRmsNormCpu, NanPropagatesToItsRowAndBadInputsAreErrors) {
+  Tensor x = torch::randn({3, 16});
+  x[1][4] = NAN;
+  auto [s, y] = strobe::ops::add_rms_norm(x, torch::zeros_like(x), torch::ones({16}));
+  EXPECT_TRUE(torch::isnan(y[1]).all().item<bool>());
+  EXPECT_TRUE(torch::isfinite(y[0]).all().item<bool>());
+  Tensor w = torch::ones({16});
+  w[2] = NAN;
+  EXPECT_TRUE(torch::isnan(strobe::ops::rms_norm(torch::randn({2, 16}), w).select(1, 2)).all().item<bool>());
+  const Tensor xb = torch::randn({2, 8}).to(torch::kBFloat16);
+  EXPECT_THROW(strobe::ops::rms_norm(xb, torch::ones({7}, torch::kBFloat16)), c10::Error);
+  EXPECT_THROW(strobe::ops::add_rms_norm(xb, torch::randn({2, 8}), torch::ones({8}, torch::kBFloat16)), c10::Error);
+  EXPECT_THROW(strobe::ops::rms_norm(torch::ones({2, 8}, torch::kLong), torch::ones({8})), c10::Error);
+  // An fp32 weight would promote bf16 activations (y keeps x's dtype): refused, naming both.
+  try {
+    strobe::ops::rms_norm(xb, torch::ones({8}));
+    ADD_FAILURE() << "no error";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("a Float weight would promote the BFloat16 activations"), std::string::npos)
+        << e.what();
+  }
+}
+
 struct CeCase {
   int64_t n, v;
   const char* reduction;

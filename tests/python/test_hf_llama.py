@@ -13,7 +13,9 @@
   keeps the source's fields (max_position_embeddings 128 over the run's max_seq_len 64, bos/eos token
   ids), after a resume too, and generation_config.json lets transformers generate.
 - 200 AdamW steps on learnable documents give the loss curve of a PyTorch loop over the transformers
-  model (the first 5 losses to 1e-5, all to 1e-3), falling in both.
+  model (the first 5 losses to 1e-5, all to 1e-3), falling in both. The logits are checked on the
+  ATen path and on the fused one (`fused_ops: true`: strobe::add_rms_norm, its CPU reference here);
+  the curve runs the fused one.
 
 Usage: test_hf_llama.py (STROBE_SOURCE_DIR, STROBE_BUILD_DIR). Needs transformers and safetensors
 (scripts/setup.sh installs them): without them the test fails under CI (CI=true), else it is skipped."""
@@ -68,8 +70,9 @@ def hf_model(tied, seed):
     return m
 
 
-def model_yaml(tied, init_path=None, names="hf"):
-    y = ("name: llama\nvocab_size: 97\nembed_dim: 32\ndepth: 2\nnum_heads: 4\nnum_kv_heads: 2\nffn_dim: 48\n"
+def model_yaml(tied, init_path=None, names="hf", fused=False):
+    y = (f"name: llama\nfused_ops: {'true' if fused else 'false'}\n"
+         "vocab_size: 97\nembed_dim: 32\ndepth: 2\nnum_heads: 4\nnum_kv_heads: 2\nffn_dim: 48\n"
          "max_seq_len: 64\nnorm_eps: 1.0e-5\nrope_theta: 500000\n"
          "rope_scaling: {rope_type: llama3, factor: 8, low_freq_factor: 1, high_freq_factor: 4, "
          "original_max_position_embeddings: 16}\n"
@@ -130,6 +133,7 @@ def main():
         d = os.path.join(tmp, f"hf_{tag}")
         hf.save_pretrained(d, safe_serialization=True)
         compare(f"transformers {tag} -> strobe", hf, tmp, model_yaml(tied, d))
+        compare(f"transformers {tag} -> strobe fused", hf, tmp, model_yaml(tied, d, fused=True))
 
     # Shards; the bare file; a config.json that disagrees.
     hf = hf_model(True, seed=3)
@@ -278,7 +282,7 @@ def train_curve(tmp, fit, base):
     text = base.replace(base[base.index("data:"):base.index("optimizer:")], data)
     text = text.replace("max_steps: 4", f"max_steps: {steps}").replace("{name: adamw, lr: 1.0e-3}",
                                                                        "{name: adamw, lr: 3.0e-3, weight_decay: 0.1}")
-    r = fit(model_yaml(False, os.path.join(tmp, "hf_untied")), run, text)
+    r = fit(model_yaml(False, os.path.join(tmp, "hf_untied"), fused=True), run, text)
     if not check(r.returncode == 0, f"the curve run failed: {r.stderr}"):
         return
     import csv

@@ -98,6 +98,8 @@ def run(device):
         opcheck(ops.add_layer_norm.default, (x, d, w, b, 1e-6), tag=f"add_layer_norm {device} {dt}")
         opcheck(ops.add_layer_norm.default, (x, d, w), tag=f"add_layer_norm no bias {device} {dt}")
         opcheck(ops.layer_norm.default, (x, w, b), tag=f"layer_norm {device} {dt}")
+        opcheck(ops.add_rms_norm.default, (x, d, w, 1e-6), tag=f"add_rms_norm {device} {dt}")
+        opcheck(ops.rms_norm.default, (x, w), tag=f"rms_norm {device} {dt}")
         lg = torch.randn(11, 37, device=device, dtype=dt, requires_grad=True)
         tg = torch.randint(0, 37, (11,), device=device)
         tg[3] = -100

@@ -1,5 +1,5 @@
-// Launchers of the fused residual-add + LayerNorm kernels (op strobe::add_layer_norm,
-// framework/ops/add_layer_norm*.cpp) and the fused cross-entropy kernels (op strobe::cross_entropy,
+// Launchers of the fused residual-add + LayerNorm / RMSNorm kernels (ops strobe::add_layer_norm and
+// strobe::add_rms_norm, framework/ops/add_layer_norm*.cpp, add_rms_norm.cpp) and the fused cross-entropy kernels (op strobe::cross_entropy,
 // framework/ops/cross_entropy*.cpp): raw pointers, sizes and a stream only, no torch header. Every
 // launcher enqueues on `stream` and never syncs.
 #pragma once
@@ -30,6 +30,9 @@ struct LayerNormFwdParams {
   float eps = 1e-5f;
   DType dtype = DType::kFloat32;
   DType param_dtype = DType::kFloat32;
+  // RMSNorm (op strobe::add_rms_norm) in Hugging Face's numerics: rstd = 1 / sqrt(mean(sum^2) + eps),
+  // y = T(T(sum * rstd) * weight) (two roundings); no centring, no bias, mean may be null.
+  bool rms = false;
 };
 
 // Largest `cols` the kernels take (each thread holds at most 4 scalars or one 16-byte vector of
@@ -52,6 +55,9 @@ struct LayerNormBwdParams {
   int cols = 0;
   DType dtype = DType::kFloat32;
   DType param_dtype = DType::kFloat32;
+  // RMSNorm's backward: dx = dsum + rstd * (g - xhat * mean(g * xhat)), g = dy * weight,
+  // xhat = sum * rstd; dweight = sum over rows of dy * T(xhat); mean and dbias unused.
+  bool rms = false;
 };
 // Floats of workspace the backward needs: per-block partial sums of dweight / dbias, reduced in a
 // fixed order by a second kernel (deterministic, no floating-point atomics). The number of blocks

@@ -24,7 +24,9 @@ namespace {
 // Vectors of VEC elements per thread and iteration; ITERS vectors per thread at most.
 template <int VEC> struct Iters { static constexpr int value = VEC == 1 ? 4 : 1; };
 
-template <typename T, int VEC>
+// RMS: RMSNorm in Hugging Face's numerics (no centring; sum / rstd from the mean square; the
+// normalised row rounded to T, then multiplied by the weight and rounded again).
+template <typename T, int VEC, bool RMS>
 __global__ void __launch_bounds__(1024) ln_fwd_kernel(LayerNormFwdParams p) {
   constexpr int ITERS = Iters<VEC>::value;
   __shared__ float sh[32];
@@ -57,7 +59,7 @@ __global__ void __launch_bounds__(1024) ln_fwd_kernel(LayerNormFwdParams p) {
     for (int j = 0; j < VEC; ++j) s += v[it][j];
   }
   const float inv_c = 1.f / static_cast<float>(p.cols);
-  const float mean = block_sum(s, sh) * inv_c;
+  const float mean = RMS ? 0.f : block_sum(s, sh) * inv_c;
   float q = 0.f;
 #pragma unroll
   for (int it = 0; it < ITERS; ++it) {
@@ -78,6 +80,10 @@ __global__ void __launch_bounds__(1024) ln_fwd_kernel(LayerNormFwdParams p) {
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
       const int c = iv * VEC + j;
+      if (RMS) {
+        yp.v[j] = from_f<T>(to_f(from_f<T>(v[it][j] * rstd)) * load_as_float(p.weight, c, p.param_dtype));
+        continue;
+      }
       float o = (v[it][j] - mean) * rstd * load_as_float(p.weight, c, p.param_dtype);
       if (p.bias) o += load_as_float(p.bias, c, p.param_dtype);
       yp.v[j] = from_f<T>(o);
@@ -85,12 +91,14 @@ __global__ void __launch_bounds__(1024) ln_fwd_kernel(LayerNormFwdParams p) {
     reinterpret_cast<Pack<T, VEC>*>(y)[iv] = yp;
   }
   if (threadIdx.x == 0) {
-    p.mean[row] = mean;
+    if (p.mean) p.mean[row] = mean;
     p.rstd[row] = rstd;
   }
 }
 
-template <typename T, int VEC>
+// RMS: xhat = sum * rstd; dx = rstd * (g - xhat * mean(g * xhat)); dweight sums dy * xhat rounded to
+// T (the normalised row the forward multiplied by the weight); no dbias.
+template <typename T, int VEC, bool RMS>
 __global__ void __launch_bounds__(1024) ln_bwd_kernel(LayerNormBwdParams p) {
   constexpr int ITERS = Iters<VEC>::value;
   __shared__ float sh[32];
@@ -109,7 +117,7 @@ __global__ void __launch_bounds__(1024) ln_bwd_kernel(LayerNormBwdParams p) {
   const float inv_c = 1.f / static_cast<float>(p.cols);
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
     const int64_t off = row * p.cols;
-    const float mean = p.mean[row], rstd = p.rstd[row];
+    const float mean = RMS ? 0.f : p.mean[row], rstd = p.rstd[row];
     float xh[ITERS][VEC], g[ITERS][VEC];
     float a1 = 0.f, a2 = 0.f;
 #pragma unroll
@@ -124,13 +132,17 @@ __global__ void __launch_bounds__(1024) ln_bwd_kernel(LayerNormBwdParams p) {
         xh[it][j] = (to_f(sp.v[j]) - mean) * rstd;
         g[it][j] = dy * w[it][j];
         a1 += g[it][j] * xh[it][j];
+        if (RMS) {
+          dw[it][j] += dy * to_f(from_f<T>(xh[it][j]));
+          continue;
+        }
         a2 += g[it][j];
         dw[it][j] += dy * xh[it][j];
         db[it][j] += dy;
       }
     }
     const float c1 = block_sum(a1, sh) * inv_c;
-    const float c2 = block_sum(a2, sh) * inv_c;
+    const float c2 = RMS ? 0.f : block_sum(a2, sh) * inv_c;
 #pragma unroll
     for (int it = 0; it < ITERS; ++it) {
       const int iv = threadIdx.x + it * blockDim.x;
@@ -157,7 +169,7 @@ __global__ void __launch_bounds__(1024) ln_bwd_kernel(LayerNormBwdParams p) {
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
       pw[iv * VEC + j] = dw[it][j];
-      pb[iv * VEC + j] = db[it][j];
+      if (!RMS) pb[iv * VEC + j] = db[it][j];
     }
   }
 }
@@ -211,8 +223,13 @@ template <typename T>
 cudaError_t launch_fwd(const LayerNormFwdParams& p, int vec, cudaStream_t stream) {
   const int threads = threads_for(p.cols, vec);
   const dim3 grid(static_cast<unsigned>(p.rows));
-  if (vec == 1) ln_fwd_kernel<T, 1><<<grid, threads, 0, stream>>>(p);
-  else ln_fwd_kernel<T, 16 / sizeof(T)><<<grid, threads, 0, stream>>>(p);
+  if (p.rms) {
+    if (vec == 1) ln_fwd_kernel<T, 1, true><<<grid, threads, 0, stream>>>(p);
+    else ln_fwd_kernel<T, 16 / sizeof(T), true><<<grid, threads, 0, stream>>>(p);
+  } else {
+    if (vec == 1) ln_fwd_kernel<T, 1, false><<<grid, threads, 0, stream>>>(p);
+    else ln_fwd_kernel<T, 16 / sizeof(T), false><<<grid, threads, 0, stream>>>(p);
+  }
   return cudaGetLastError();
 }
 
@@ -220,8 +237,13 @@ template <typename T>
 cudaError_t launch_bwd(const LayerNormBwdParams& p, int vec, int64_t groups, cudaStream_t stream) {
   const int threads = threads_for(p.cols, vec);
   const dim3 grid(static_cast<unsigned>(groups));
-  if (vec == 1) ln_bwd_kernel<T, 1><<<grid, threads, 0, stream>>>(p);
-  else ln_bwd_kernel<T, 16 / sizeof(T)><<<grid, threads, 0, stream>>>(p);
+  if (p.rms) {
+    if (vec == 1) ln_bwd_kernel<T, 1, true><<<grid, threads, 0, stream>>>(p);
+    else ln_bwd_kernel<T, 16 / sizeof(T), true><<<grid, threads, 0, stream>>>(p);
+  } else {
+    if (vec == 1) ln_bwd_kernel<T, 1, false><<<grid, threads, 0, stream>>>(p);
+    else ln_bwd_kernel<T, 16 / sizeof(T), false><<<grid, threads, 0, stream>>>(p);
+  }
   return cudaGetLastError();
 }
 
@@ -332,7 +354,7 @@ cudaError_t layer_norm_bwd(const LayerNormBwdParams& p, cudaStream_t stream) {
     default: return cudaErrorInvalidValue;
   }
   if (e != cudaSuccess) return e;
-  const dim3 grid((p.cols + 31) / 32, p.dbias ? 2 : 1);
+  const dim3 grid((p.cols + 31) / 32, p.dbias && !p.rms ? 2 : 1);
   ln_param_reduce_kernel<<<grid, dim3(32, 8), 0, stream>>>(p.workspace, static_cast<int>(groups), p.cols,
                                                            p.dweight, p.dbias);
   return cudaGetLastError();
