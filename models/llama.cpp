@@ -58,7 +58,9 @@ class LlamaAttentionImpl : public nn::Module, public ScopedBlock {
   }
 
   // x [B, S, C] or packed [T, C]; cos/sin [B, S, D] or [T, D].
-  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin, const TokenLayout& in) {
+  // fused: q and k rotated by strobe::rotary_qk in one kernel (cos / sin then have one row per token).
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin, const TokenLayout& in,
+                        bool fused = false) {
     ModuleScope scope(path.c_str());
     auto lead = x.sizes().vec();
     lead.pop_back();
@@ -68,8 +70,13 @@ class LlamaAttentionImpl : public nn::Module, public ScopedBlock {
       shape.push_back(head_dim_);
       return t.view(shape);
     };
-    auto q = llama_ops::apply_rotary(heads(at::linear(x, q_proj->weight), heads_), cos, sin);
-    auto k = llama_ops::apply_rotary(heads(at::linear(x, k_proj->weight), kv_heads_), cos, sin);
+    torch::Tensor q = heads(at::linear(x, q_proj->weight), heads_), k = heads(at::linear(x, k_proj->weight), kv_heads_);
+    if (fused) {
+      std::tie(q, k) = ops::rotary_qk(q, k, cos, sin);
+    } else {
+      q = llama_ops::apply_rotary(q, cos, sin);
+      k = llama_ops::apply_rotary(k, cos, sin);
+    }
     auto v = heads(at::linear(x, v_proj->weight), kv_heads_);
     // Grouped K/V heads as they are: attention() expands them only for backends that need it.
     torch::Tensor a = in.cu_seqlens.defined()
@@ -130,7 +137,7 @@ class LlamaDecoderLayerImpl : public nn::Module {
       x = res;
       h = ops::rms_norm(res, input_layernorm->weight, eps);
     }
-    std::tie(x, h) = residual_rms_norm(x, self_attn->forward(h, cos, sin, in), *post_attention_layernorm, eps);
+    std::tie(x, h) = residual_rms_norm(x, self_attn->forward(h, cos, sin, in, /*fused=*/true), *post_attention_layernorm, eps);
     return {x, mlp(h)};
   }
   RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
@@ -174,9 +181,16 @@ class Llama : public Model {
     auto x = embed_tokens_(tokens);
     const auto& head = o_.tie_embeddings ? embed_tokens_->weight : lm_head_->weight;
     if (use_fused(x)) {
+      // strobe::rotary_qk takes one table row per token: the [1, S, D] tables of default positions are
+      // expanded over the batch once per forward (a few MiB), not per layer.
+      auto c = cos, s = sin;
+      if (c.dim() == 3 && c.size(0) != tokens.size(0)) {
+        c = c.expand({tokens.size(0), c.size(1), c.size(2)}).contiguous();
+        s = s.expand({tokens.size(0), s.size(1), s.size(2)}).contiguous();
+      }
       torch::Tensor pending;
       for (auto& layer : *layers_)
-        std::tie(x, pending) = layer->as<LlamaDecoderLayer>()->forward_fused(x, pending, cos, sin, in, o_.norm_eps);
+        std::tie(x, pending) = layer->as<LlamaDecoderLayer>()->forward_fused(x, pending, c, s, in, o_.norm_eps);
       return at::linear(std::get<1>(residual_rms_norm(x, pending, *norm_, o_.norm_eps)), head);
     }
     for (auto& layer : *layers_) x = layer->as<LlamaDecoderLayer>()->forward(x, cos, sin, in);

@@ -185,9 +185,48 @@ def rms_case(tag, rows, c):
     w.grad = None
 
 
+def rope_case(tag, b, s, hq, hk, d):
+    """llama's rotary embedding on q [b, s, hq, d] and k [b, s, hk, d] (Hugging Face's rotate-half),
+    fwd+bwd: eager ATen, torch.compile of the same function, ops.rotary_qk (both tensors, one kernel)."""
+    ang = torch.rand(b, s, d, device=dev) * 100
+    cos, sin = ang.cos(), ang.sin()
+    sets = []
+    for _ in range(4):
+        q = torch.randn(b, s, hq, d, device=dev, dtype=bf16, requires_grad=True)
+        k = torch.randn(b, s, hk, d, device=dev, dtype=bf16, requires_grad=True)
+        sets.append((q, k, torch.randn_like(q), torch.randn_like(k)))
+
+    def rot(x):
+        h = x.shape[-1] // 2
+        return torch.cat([-x[..., h:], x[..., :h]], -1)
+
+    def hf(q, k):
+        c, s_ = cos.unsqueeze(-2).to(q.dtype), sin.unsqueeze(-2).to(q.dtype)
+        return q * c + rot(q) * s_, k * c + rot(k) * s_
+
+    compiled = torch.compile(hf, dynamic=False)
+
+    def eager_fb(q, k, gq, gk):
+        torch.autograd.backward(list(hf(q, k)), [gq, gk])
+
+    def compiled_fb(q, k, gq, gk):
+        torch.autograd.backward(list(compiled(q, k)), [gq, gk])
+
+    def ours_fb(q, k, gq, gk):
+        torch.autograd.backward(list(ops.rotary_qk(q, k, cos, sin)), [gq, gk])
+
+    gb = b * s * (hq + hk) * d * 2 / 1e9
+    bw = float(os.environ.get("HBM_TBS", "3.35"))
+    t_o = timeit(ours_fb, sets)
+    row(f"{tag} rotary q+k fwd+bwd [{b}x{s}, {hq}+{hk} heads, {d}] vs eager", timeit(eager_fb, sets), t_o,
+        f"(HBM bound {4 * gb / bw:.3f} ms at {bw} TB/s)")
+    row(f"{tag} rotary q+k fwd+bwd vs torch.compile", timeit(compiled_fb, sets), t_o)
+
+
 print(R["device"])
 if "rms" in sys.argv[2:]:
     rms_case("llama_1b", 16384, 2048)
+    rope_case("llama_1b", 8, 2048, 32, 8, 64)
     with open(os.path.join(os.environ.get("OUT", "/tmp"), "fused_norm_bench_rms.json"), "w") as f:
         json.dump(R, f, indent=1)
     sys.exit(0)

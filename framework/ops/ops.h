@@ -210,6 +210,17 @@ std::tuple<torch::Tensor, torch::Tensor> add_rms_norm(const torch::Tensor& x, co
 // The same RMSNorm without the add (op strobe::rms_norm).
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps = 1e-6);
 
+// Rotary position embedding of q and k in one op (op strobe::rotary_qk), Hugging Face's rotate-half
+// convention: x * cos + rotate_half(x) * sin per head, cos / sin cast to x's dtype and every product
+// and sum rounded to it as transformers' ATen ops round them (the backward as autograd rounds it:
+// bit for bit on CPU and CUDA). q [..., Hq, D], k [..., Hk, D] (one dtype: fp32/bf16/fp16, also fp64
+// on CPU; D even), cos / sin [..., D] with q's leading dimensions (one row per token, e.g. from the
+// batch's position ids, so packed sequences restart per document). Differentiable in q and k; the
+// backward is the inverse rotation and keeps only cos / sin. CUDA: one kernel for both, no copy of
+// the rotated half. Returns (q', k'). docs/OPS.md.
+std::tuple<torch::Tensor, torch::Tensor> rotary_qk(const torch::Tensor& q, const torch::Tensor& k,
+                                                   const torch::Tensor& cos, const torch::Tensor& sin);
+
 // Softmax cross-entropy (op strobe::cross_entropy) over logits [N, V] (fp32/bf16/fp16; fp64 on CPU)
 // and int64 targets [N]: per row logsumexp(logits) - logits[target], rows with target ==
 // ignore_index count 0 and are left out of the mean (mean of zero rows: NaN, as PyTorch).

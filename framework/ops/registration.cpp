@@ -85,6 +85,11 @@ TORCH_LIBRARY(strobe, m) {
   m.def(
       "add_rms_norm_bwd(Tensor dy, Tensor? dsum, Tensor input, Tensor rstd, Tensor weight) -> "
       "(Tensor dx, Tensor dweight)");
+  // Rotary position embedding of q [..., Hq, D] and k [..., Hk, D] with cos / sin [..., D] (one row per
+  // token) in Hugging Face's rotate-half convention and numerics (docs/OPS.md).
+  m.def("rotary_qk(Tensor q, Tensor k, Tensor cos, Tensor sin) -> (Tensor q_out, Tensor k_out)");
+  // Internal: the rotation (backward=False) or its inverse, the gradient (backward=True).
+  m.def("rotary_qk_apply(Tensor q, Tensor k, Tensor cos, Tensor sin, bool backward) -> (Tensor q_out, Tensor k_out)");
   // Softmax cross-entropy over logits [N, V] with int64 targets [N]; fp32 loss (docs/OPS.md).
   m.def(
       "cross_entropy(Tensor logits, Tensor target, int ignore_index=-100, str reduction=\"mean\") "

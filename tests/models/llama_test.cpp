@@ -150,9 +150,10 @@ TEST(Llama, GroupedQueryAttentionIsMultiHeadWithKVHeadsRepeatedInHfOrder) {
   }
 }
 
-// fused_ops: true runs every residual add and RMSNorm as strobe::add_rms_norm (on the CPU its ATen
-// reference, Hugging Face's sequence of ops): the same logits bit for bit as the ATen path, and the
-// same gradients to fp32 rounding (the backward is one formula instead of autograd's chain).
+// fused_ops: true runs every residual add and RMSNorm as strobe::add_rms_norm and the rotary
+// embedding as strobe::rotary_qk (on the CPU their ATen references, Hugging Face's sequence of ops):
+// the same logits bit for bit as the ATen path, padded and packed, and the same gradients to fp32
+// rounding (the norm's backward is one formula instead of autograd's chain).
 TEST(Llama, FusedOpsGiveTheAtenPathsLogitsAndGradients) {
   for (const std::string tie : {"false", "true"}) {
     SCOPED_TRACE("tie_embeddings " + tie);
@@ -166,6 +167,13 @@ TEST(Llama, FusedOpsGiveTheAtenPathsLogitsAndGradients) {
       for (auto* m : {aten.get(), fused.get()})
         for (auto& p : m->named_parameters())
           if (p.key().find("norm") != std::string::npos) p.value().copy_(torch::linspace(0.5, 1.5, p.value().numel()));
+    }
+    // Packed documents (positions restart per document): the rotary tables have one row per token.
+    auto samples = strobe::testing::token_samples({5, 13, 1, 9}, 97);
+    auto packed = data::collate_tokens_packed(samples);
+    {
+      torch::NoGradGuard no_grad;
+      EXPECT_TRUE(torch::equal(aten->forward(packed), fused->forward(packed)));
     }
     const auto tokens = torch::randint(1, 97, {3, 11});
     const auto la = aten->forward(tokens_batch(tokens)), lf = fused->forward(tokens_batch(tokens));

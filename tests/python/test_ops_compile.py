@@ -100,6 +100,10 @@ def run(device):
         opcheck(ops.layer_norm.default, (x, w, b), tag=f"layer_norm {device} {dt}")
         opcheck(ops.add_rms_norm.default, (x, d, w, 1e-6), tag=f"add_rms_norm {device} {dt}")
         opcheck(ops.rms_norm.default, (x, w), tag=f"rms_norm {device} {dt}")
+        rq = torch.randn(3, 5, 4, 8, device=device, dtype=dt, requires_grad=True)
+        rk = torch.randn(3, 5, 2, 8, device=device, dtype=dt, requires_grad=True)
+        ang = torch.rand(3, 5, 8, device=device)
+        opcheck(ops.rotary_qk.default, (rq, rk, ang.cos(), ang.sin()), tag=f"rotary_qk {device} {dt}")
         lg = torch.randn(11, 37, device=device, dtype=dt, requires_grad=True)
         tg = torch.randint(0, 37, (11,), device=device)
         tg[3] = -100
