@@ -102,9 +102,13 @@ class LlamaMLPImpl : public nn::Module, public ScopedBlock {
     up_proj = register_module("up_proj", bias_free(dim, hidden));
     down_proj = register_module("down_proj", bias_free(hidden, dim));
   }
-  torch::Tensor forward(const torch::Tensor& x) {
+  // fused: gate and up in one GEMM against the two weights stacked (the parameters stay apart, so names,
+  // init_from, export and checkpoints are unchanged), then strobe::swiglu on its [..., 2 x ffn] output.
+  torch::Tensor forward(const torch::Tensor& x, bool fused = false) {
     ModuleScope scope(path.c_str());
-    return llama_ops::swiglu(x, gate_proj->weight, up_proj->weight, down_proj->weight);
+    if (!fused) return llama_ops::swiglu(x, gate_proj->weight, up_proj->weight, down_proj->weight);
+    const auto gate_up = at::linear(x, at::cat({gate_proj->weight, up_proj->weight}, 0));
+    return at::linear(ops::swiglu(gate_up), down_proj->weight);
   }
   nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
 };
@@ -138,7 +142,7 @@ class LlamaDecoderLayerImpl : public nn::Module {
       h = ops::rms_norm(res, input_layernorm->weight, eps);
     }
     std::tie(x, h) = residual_rms_norm(x, self_attn->forward(h, cos, sin, in, /*fused=*/true), *post_attention_layernorm, eps);
-    return {x, mlp(h)};
+    return {x, mlp->forward(h, /*fused=*/true)};
   }
   RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
   LlamaAttention self_attn{nullptr};

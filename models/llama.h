@@ -14,9 +14,10 @@
 // grouped K/V natively (no copy); `math` and `custom` expand them to the query heads first.
 //
 // fused_ops (auto | true | false, models/fused_ops.h): every residual add and the RMSNorm after it
-// run as strobe::add_rms_norm (one kernel forward, one backward), and q and k are rotated by
-// strobe::rotary_qk (one kernel for both), in the same numerics as the ATen path; parameters and
-// names are the same either way.
+// run as strobe::add_rms_norm (one kernel forward, one backward), q and k are rotated by
+// strobe::rotary_qk (one kernel for both), and the MLP's gate and up projections run as one GEMM
+// (the weights stacked per forward) followed by strobe::swiglu, in the same numerics as the ATen
+// path; parameters and names are the same either way.
 #pragma once
 
 #include <memory>

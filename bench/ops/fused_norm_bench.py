@@ -223,10 +223,33 @@ def rope_case(tag, b, s, hq, hk, d):
     row(f"{tag} rotary q+k fwd+bwd vs torch.compile", timeit(compiled_fb, sets), t_o)
 
 
+def swiglu_case(tag, rows, f):
+    """llama's SwiGLU on one [rows, 2 x f] projection output, fwd+bwd: eager silu(gate) * up (the
+    two halves as views), torch.compile of the same function, ops.swiglu."""
+    sets = []
+    for _ in range(4):
+        gu = torch.randn(rows, 2 * f, device=dev, dtype=bf16, requires_grad=True)
+        sets.append((gu, torch.randn(rows, f, device=dev, dtype=bf16)))
+
+    def hf(gu):
+        g, u = gu.chunk(2, -1)
+        return F.silu(g) * u
+
+    compiled = torch.compile(hf, dynamic=False)
+    gb = rows * f * 2 / 1e9
+    bw = float(os.environ.get("HBM_TBS", "3.35"))
+    t_o = timeit(lambda gu, dy: ops.swiglu(gu).backward(dy), sets)
+    # fwd reads 2, writes 1; bwd reads 3 (dy, gate, up), writes 2
+    row(f"{tag} SwiGLU fwd+bwd [{rows}, 2 x {f}] vs eager", timeit(lambda gu, dy: hf(gu).backward(dy), sets), t_o,
+        f"(HBM bound {8 * gb / bw:.3f} ms at {bw} TB/s)")
+    row(f"{tag} SwiGLU fwd+bwd vs torch.compile", timeit(lambda gu, dy: compiled(gu).backward(dy), sets), t_o)
+
+
 print(R["device"])
 if "rms" in sys.argv[2:]:
     rms_case("llama_1b", 16384, 2048)
     rope_case("llama_1b", 8, 2048, 32, 8, 64)
+    swiglu_case("llama_1b", 16384, 8192)
     with open(os.path.join(os.environ.get("OUT", "/tmp"), "fused_norm_bench_rms.json"), "w") as f:
         json.dump(R, f, indent=1)
     sys.exit(0)

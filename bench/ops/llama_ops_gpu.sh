@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# GPU-machine calls for the llama kernels (strobe::add_rms_norm, strobe::rotary_qk, grouped K/V through SDPA, and the
+# GPU-machine calls for the llama kernels (strobe::add_rms_norm, rotary_qk, swiglu, grouped K/V through SDPA, and the
 # shared kernel home every op now uses). Phases (first argument):
 #   tests  build; every CUDA op test (test_gpu_ops: all kernels share cuda/common.cuh); the llama GPU
 #          tests (bf16 vs the float64 reference on every backend, CUDA graphs, bf16-master vs fp32,
 #          NaN capture + replay, fused vs ATen curve); compute-sanitizer memcheck on the small
-#          add_rms_norm and rotary_qk cases; opcheck of every op on CUDA.
-#   bench  the add + RMSNorm and rotary ops vs eager / torch.compile (fused_norm_bench.py rms); then
+#          add_rms_norm, rotary_qk and swiglu cases; opcheck of every op on CUDA.
+#   bench  the add + RMSNorm, rotary and SwiGLU ops vs eager / torch.compile (fused_norm_bench.py rms); then
 #          `strobe bench step` on configs/llama_1b.yaml with the fused ops on (auto) and off
 #          (model.fused_ops=false), and pytorch_baselines.py llama (eager, torch.compile) in the same call.
 # Logs under $OUT.   bash bench/ops/llama_ops_gpu.sh tests|bench [BUILD_DIR]   (project root, .gpu/ beside it)
@@ -30,7 +30,7 @@ if [ "$phase" = tests ]; then
   timeout 240 "$B/bin/test_gpu_ops" > "$out/test_gpu_ops.log" 2>&1
   echo "test_gpu_ops rc=$?"; grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|rel_err|Expected|Which is|which is" "$out/test_gpu_ops.log" | head -40
   timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 "$B/bin/test_gpu_ops" \
-    --gtest_filter='Shapes/AddRmsNormCuda.*/4:Shapes/AddRmsNormCuda.*/5:Shapes/AddRmsNormCuda.*/7:AddRmsNormCudaNan.*:Shapes/RotaryCuda.*/4:Shapes/RotaryCuda.*/5:RotaryCudaNan.*' \
+    --gtest_filter='Shapes/AddRmsNormCuda.*/4:Shapes/AddRmsNormCuda.*/5:Shapes/AddRmsNormCuda.*/7:AddRmsNormCudaNan.*:Shapes/RotaryCuda.*/4:Shapes/RotaryCuda.*/5:RotaryCudaNan.*:Shapes/SwigluCuda.*/2:Shapes/SwigluCuda.*/5:SwigluCudaNan.*' \
     > "$out/memcheck.log" 2>&1
   echo "memcheck rc=$?"; tail -3 "$out/memcheck.log"
   timeout 200 "$B/bin/test_gpu_models" --gtest_filter='*Llama*:GpuFusedOps*' > "$out/test_gpu_models.log" 2>&1
@@ -43,7 +43,7 @@ fi
 
 if [ "$phase" = bench ]; then
   case "$(nvidia-smi --query-gpu=name --format=csv,noheader)" in *H200*) export HBM_TBS=4.8 ;; *) export HBM_TBS=3.35 ;; esac
-  timeout 240 python3 bench/ops/fused_norm_bench.py "$B/lib/libstrobe_ops.so" rms 2>&1 | grep -v Warning | tail -8
+  timeout 240 python3 bench/ops/fused_norm_bench.py "$B/lib/libstrobe_ops.so" rms 2>&1 | grep -v Warning | tail -10
   for mode in on off; do
     args=""; [ $mode = off ] && args="--set model.fused_ops=false"
     echo "== strobe bench step llama_1b fused $mode"

@@ -221,6 +221,14 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, doub
 std::tuple<torch::Tensor, torch::Tensor> rotary_qk(const torch::Tensor& q, const torch::Tensor& k,
                                                    const torch::Tensor& cos, const torch::Tensor& sin);
 
+// SwiGLU of one projection output (op strobe::swiglu): gate_up [..., 2 x F] holds gate in its first F
+// columns and up in its last F (one GEMM against the two weights stacked); returns silu(gate) * up
+// [..., F] in gate_up's dtype (fp32/bf16/fp16; also fp64 on CPU). The CPU kernel is transformers'
+// `act_fn(gate) * up` op for op; CUDA rounds where ATen rounds (within one rounding of ATen's own
+// CUDA ops, which may fuse a multiply-add). Differentiable; the backward recomputes silu(gate) from
+// the saved gate_up instead of keeping it. docs/OPS.md.
+torch::Tensor swiglu(const torch::Tensor& gate_up);
+
 // Softmax cross-entropy (op strobe::cross_entropy) over logits [N, V] (fp32/bf16/fp16; fp64 on CPU)
 // and int64 targets [N]: per row logsumexp(logits) - logits[target], rows with target ==
 // ignore_index count 0 and are left out of the mean (mean of zero rows: NaN, as PyTorch).

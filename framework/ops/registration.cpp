@@ -90,6 +90,11 @@ TORCH_LIBRARY(strobe, m) {
   m.def("rotary_qk(Tensor q, Tensor k, Tensor cos, Tensor sin) -> (Tensor q_out, Tensor k_out)");
   // Internal: the rotation (backward=False) or its inverse, the gradient (backward=True).
   m.def("rotary_qk_apply(Tensor q, Tensor k, Tensor cos, Tensor sin, bool backward) -> (Tensor q_out, Tensor k_out)");
+  // silu(gate) * up over one [..., 2 x F] projection output (gate first), fused forward and backward.
+  m.def("swiglu(Tensor gate_up) -> Tensor");
+  // Internal halves: the backward recomputes silu(gate) and returns d gate_up ([..., 2 x F]).
+  m.def("swiglu_fwd(Tensor gate_up) -> Tensor");
+  m.def("swiglu_bwd(Tensor dy, Tensor gate_up) -> Tensor");
   // Softmax cross-entropy over logits [N, V] with int64 targets [N]; fp32 loss (docs/OPS.md).
   m.def(
       "cross_entropy(Tensor logits, Tensor target, int ignore_index=-100, str reduction=\"mean\") "

@@ -150,10 +150,10 @@ TEST(Llama, GroupedQueryAttentionIsMultiHeadWithKVHeadsRepeatedInHfOrder) {
   }
 }
 
-// fused_ops: true runs every residual add and RMSNorm as strobe::add_rms_norm and the rotary
-// embedding as strobe::rotary_qk (on the CPU their ATen references, Hugging Face's sequence of ops):
-// the same logits bit for bit as the ATen path, padded and packed, and the same gradients to fp32
-// rounding (the norm's backward is one formula instead of autograd's chain).
+// fused_ops: true runs every residual add and RMSNorm as strobe::add_rms_norm, the rotary embedding as
+// strobe::rotary_qk and the MLP as one gate+up GEMM and strobe::swiglu (on the CPU the ops' ATen
+// references, Hugging Face's sequence of ops): the ATen path's logits to 1e-6, padded and packed (the
+// stacked GEMM may sum its dot products in another order, an fp32 rounding), and its gradients to 1e-5.
 TEST(Llama, FusedOpsGiveTheAtenPathsLogitsAndGradients) {
   for (const std::string tie : {"false", "true"}) {
     SCOPED_TRACE("tie_embeddings " + tie);
@@ -173,18 +173,18 @@ TEST(Llama, FusedOpsGiveTheAtenPathsLogitsAndGradients) {
     auto packed = data::collate_tokens_packed(samples);
     {
       torch::NoGradGuard no_grad;
-      EXPECT_TRUE(torch::equal(aten->forward(packed), fused->forward(packed)));
+      EXPECT_LT(rel_err(fused->forward(packed), aten->forward(packed)), 1e-6);
     }
     const auto tokens = torch::randint(1, 97, {3, 11});
     const auto la = aten->forward(tokens_batch(tokens)), lf = fused->forward(tokens_batch(tokens));
-    EXPECT_TRUE(torch::equal(la, lf)) << rel_err(lf, la);
+    EXPECT_LT(rel_err(lf, la), 1e-6);
     const auto g = torch::randn(la.sizes());
     (la * g).sum().backward();
     (lf * g).sum().backward();
     auto fp = fused->named_parameters();
     for (const auto& p : aten->named_parameters()) {
       ASSERT_TRUE(fp[p.key()].grad().defined()) << p.key();
-      EXPECT_LT(rel_err(fp[p.key()].grad(), p.value().grad()), 2e-6) << p.key();
+      EXPECT_LT(rel_err(fp[p.key()].grad(), p.value().grad()), 1e-5) << p.key();
     }
   }
 }

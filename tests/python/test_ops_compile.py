@@ -104,6 +104,8 @@ def run(device):
         rk = torch.randn(3, 5, 2, 8, device=device, dtype=dt, requires_grad=True)
         ang = torch.rand(3, 5, 8, device=device)
         opcheck(ops.rotary_qk.default, (rq, rk, ang.cos(), ang.sin()), tag=f"rotary_qk {device} {dt}")
+        gu = torch.randn(3, 5, 2 * 24, device=device, dtype=dt, requires_grad=True)
+        opcheck(ops.swiglu.default, (gu,), tag=f"swiglu {device} {dt}")
         lg = torch.randn(11, 37, device=device, dtype=dt, requires_grad=True)
         tg = torch.randint(0, 37, (11,), device=device)
         tg[3] = -100
