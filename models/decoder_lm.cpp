@@ -97,16 +97,23 @@ class DecoderLM : public Model {
   }
 
   torch::Tensor forward(const Batch& batch) override {
+    const auto head = forward_head_input(batch);
+    return linear(output_, head.hidden);
+  }
+
+  bool has_head_input() const override { return true; }
+  HeadInput forward_head_input(const Batch& batch) override {
     const auto& tokens = batch.at("tokens");
     const TokenLayout in = token_layout(batch, "decoder_lm");  // padded (mask only if not right-padded) or packed
     auto x = embedding_(tokens) + positional_embedding_(in.positions);
     if (use_fused_ops(o_.fused_ops, x, "decoder_lm")) {
       torch::Tensor pending;
       for (auto& block : *blocks_) std::tie(x, pending) = block->as<DecoderBlock>()->forward_fused(x, pending, in);
-      return linear(output_, x + pending);  // no final LayerNorm (the seed's model): a plain add
+      x = x + pending;  // no final LayerNorm (the seed's model): a plain add
+    } else {
+      for (auto& block : *blocks_) x = block->as<DecoderBlock>()->forward(x, in);
     }
-    for (auto& block : *blocks_) x = block->as<DecoderBlock>()->forward(x, in);
-    return linear(output_, x);
+    return {x, output_->weight, output_->bias};
   }
 
   std::string default_task() const override { return "language_modeling"; }

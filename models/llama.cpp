@@ -178,6 +178,12 @@ class Llama : public Model {
   }
 
   torch::Tensor forward(const Batch& batch) override {
+    const auto head = forward_head_input(batch);
+    return at::linear(head.hidden, head.weight);
+  }
+
+  bool has_head_input() const override { return true; }
+  HeadInput forward_head_input(const Batch& batch) override {
     const auto& tokens = batch.at("tokens");
     const TokenLayout in = token_layout(batch, "llama");  // padded (mask only if not right-padded) or packed
     if (inv_freq_.device() != tokens.device()) inv_freq_ = inv_freq_.to(tokens.device());  // moved without on_device
@@ -195,11 +201,10 @@ class Llama : public Model {
       torch::Tensor pending;
       for (auto& layer : *layers_)
         std::tie(x, pending) = layer->as<LlamaDecoderLayer>()->forward_fused(x, pending, c, s, in, o_.norm_eps);
-      return at::linear(std::get<1>(residual_rms_norm(x, pending, *norm_, o_.norm_eps)), head);
+      return {std::get<1>(residual_rms_norm(x, pending, *norm_, o_.norm_eps)), head, std::nullopt};
     }
     for (auto& layer : *layers_) x = layer->as<LlamaDecoderLayer>()->forward(x, cos, sin, in);
-    x = norm_(x);
-    return at::linear(x, head);
+    return {norm_(x), head, std::nullopt};
   }
 
   std::string default_task() const override { return "language_modeling"; }

@@ -4,6 +4,9 @@
 // sequences (mean over real tokens). Logs the loss as a device tensor (no host reads).
 // fused_loss (auto | true | false): strobe::cross_entropy over the logits in their own dtype (fp32
 // loss; one kernel each way) instead of ATen's on an fp32 copy; auto = on CUDA with the CUDA kernels.
+// fused_linear_loss (false | true): the head and the loss as ops::linear_cross_entropy from the
+// model's head input (Model::forward_head_input: llama, decoder_lm), chunk by chunk, never building
+// the [tokens, vocabulary] logits; the same loss, for training, validation and `strobe replay`.
 #include <torch/torch.h>
 
 #include "framework/core/forensics.h"
@@ -18,8 +21,8 @@ constexpr int64_t kIgnoreIndex = -100;
 
 class LanguageModelingTask : public Module {
  public:
-  LanguageModelingTask(std::shared_ptr<Model> model, std::string fused_loss)
-      : model_(std::move(model)), fused_loss_(std::move(fused_loss)) {}
+  LanguageModelingTask(std::shared_ptr<Model> model, std::string fused_loss, bool fused_linear)
+      : model_(std::move(model)), fused_loss_(std::move(fused_loss)), fused_linear_(fused_linear) {}
 
   torch::nn::Module& net() override { return *model_; }
 
@@ -33,14 +36,24 @@ class LanguageModelingTask : public Module {
         torch::nn::functional::CrossEntropyFuncOptions().ignore_index(kIgnoreIndex));
   }
 
+  // The batch's mean next-token loss: through the logits, or (fused_linear_loss) from the head input.
+  torch::Tensor batch_loss(const Batch& batch) {
+    if (!fused_linear_) return loss(model_->forward(batch), batch.at("targets"));
+    const auto head = model_->forward_head_input(batch);
+    ModuleScope scope("task.loss");
+    const auto& w = head.weight;
+    return ops::linear_cross_entropy(head.hidden.reshape({-1, head.hidden.size(-1)}).to(w.scalar_type()), w, head.bias,
+                                     batch.at("targets").reshape({-1}).to(torch::kLong), kIgnoreIndex);
+  }
+
   torch::Tensor training_step(const Batch& batch, int64_t) override {
-    auto l = loss(model_->forward(batch), batch.at("targets"));
+    auto l = batch_loss(batch);
     log("train/loss", l.detach(), LogOptions{true, std::nullopt, true});
     return l;
   }
 
   void evaluate(const Batch& batch, const std::string& prefix) {
-    auto l = loss(model_->forward(batch), batch.at("targets")).detach();
+    auto l = batch_loss(batch).detach();
     log(prefix + "/loss", l, LogOptions{std::nullopt, std::nullopt, true});
   }
 
@@ -54,13 +67,18 @@ class LanguageModelingTask : public Module {
 
   std::shared_ptr<Model> model_;
   std::string fused_loss_;
+  bool fused_linear_;
 };
 
 std::shared_ptr<Module> make_language_modeling(config::Section& cfg, std::shared_ptr<Model> model) {
   cfg.get_choice("loss", "cross_entropy", {"cross_entropy"});
   std::string fused = cfg.get_choice("fused_loss", "auto", {"auto", "true", "false"});
+  const bool fused_linear = cfg.get_bool("fused_linear_loss", false);
+  if (fused_linear && !model->has_head_input())
+    cfg.fail("fused_linear_loss", "needs a model that hands its head's input to the loss (llama, decoder_lm); " +
+                                      model->name() + " has none");
   cfg.finish();
-  return std::make_shared<LanguageModelingTask>(std::move(model), fused);
+  return std::make_shared<LanguageModelingTask>(std::move(model), fused, fused_linear);
 }
 
 STROBE_REGISTER(task_registry(), "language_modeling", make_language_modeling);

@@ -4,9 +4,11 @@
 
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 
 #include <torch/nn/module.h>
+#include <torch/types.h>
 
 #include "framework/config/registry.h"
 #include "framework/data/batch.h"
@@ -23,6 +25,18 @@ class Model : public torch::nn::Module {
   // parameters (and before bf16-master converts them): a model may change their memory layout there
   // (resnet: channels_last on CUDA under a reduced precision). `precision` is trainer.precision.
   virtual void on_device(const torch::Device& /*device*/, const std::string& /*precision*/) {}
+  // The language-model head's input, for a loss that never builds the logits (language_modeling's
+  // `fused_linear_loss`, ops::linear_cross_entropy): forward(batch) == linear(hidden, weight, bias).
+  // Models with such a head (llama, decoder_lm) override both; the others have none.
+  struct HeadInput {
+    torch::Tensor hidden;  // [..., C]
+    torch::Tensor weight;  // [V, C] (a tied head: the embedding's own weight)
+    std::optional<torch::Tensor> bias;
+  };
+  virtual bool has_head_input() const { return false; }
+  virtual HeadInput forward_head_input(const Batch& /*batch*/) {
+    throw std::logic_error(name() + " has no language-model head to hand to a fused loss");
+  }
   // precision bf16-master: floating inputs are cast to the weights' dtype at the model's entry
   // (models call input() on what they read from the batch). Unset: inputs are used as given.
   void set_input_dtype(std::optional<c10::ScalarType> dtype) { input_dtype_ = dtype; }

@@ -95,6 +95,15 @@ TORCH_LIBRARY(strobe, m) {
   // Internal halves: the backward recomputes silu(gate) and returns d gate_up ([..., 2 x F]).
   m.def("swiglu_fwd(Tensor gate_up) -> Tensor");
   m.def("swiglu_bwd(Tensor dy, Tensor gate_up) -> Tensor");
+  // The LM head and its cross-entropy without the logits: hidden [N, C], weight [V, C], bias [V]?,
+  // int64 target [N]; the mean fp32 loss over tokens not ignored (docs/OPS.md). chunk_rows 0: automatic.
+  m.def(
+      "linear_cross_entropy(Tensor hidden, Tensor weight, Tensor? bias, Tensor target, int ignore_index=-100, "
+      "int chunk_rows=0) -> Tensor");
+  // Internal: the loss and, with with_grad, its gradients (dweight / dbias in fp32 accumulators).
+  m.def(
+      "linear_cross_entropy_fwd(Tensor hidden, Tensor weight, Tensor? bias, Tensor target, int ignore_index, "
+      "int chunk_rows, bool with_grad) -> (Tensor loss, Tensor dhidden, Tensor dweight, Tensor dbias)");
   // Softmax cross-entropy over logits [N, V] with int64 targets [N]; fp32 loss (docs/OPS.md).
   m.def(
       "cross_entropy(Tensor logits, Tensor target, int ignore_index=-100, str reduction=\"mean\") "

@@ -114,6 +114,53 @@ TEST(TransformerFused, FusedLossGivesTheSameLossAndGradients) {
   }
 }
 
+// task.fused_linear_loss: the head and the loss as strobe::linear_cross_entropy from the model's head
+// input (never the logits) give the loss and every parameter's gradient of the logits path: llama
+// (tied and untied head, padded and packed) and decoder_lm (a head with a bias); validation too. A
+// model without such a head is a config error naming the key.
+TEST(TransformerFused, FusedLinearLossGivesTheSameLossAndGradients) {
+  torch::manual_seed(25);
+  std::vector<Sample> samples = testing::token_samples({5, 9, 3}, 50);
+  auto padded_samples = samples, packed_samples = samples;
+  const Batch padded = data::collate_tokens_padded(padded_samples, 0), packed = data::collate_tokens_packed(packed_samples);
+  for (const std::string model : {"{name: llama, vocab_size: 50, embed_dim: 32, depth: 2, num_heads: 4, num_kv_heads: 2, "
+                                  "ffn_dim: 48, max_seq_len: 16, tie_embeddings: true}",
+                                  "{name: llama, vocab_size: 50, embed_dim: 32, depth: 1, num_heads: 4, ffn_dim: 48, "
+                                  "max_seq_len: 16}",
+                                  "{name: decoder_lm, vocab_size: 50, max_seq_len: 16, embed_dim: 32, depth: 1, num_heads: 4}"}) {
+    auto net = build_model(model);
+    auto on = build_task("{name: language_modeling, fused_linear_loss: true}", net);
+    auto off = build_task("{name: language_modeling, fused_linear_loss: false}", net);
+    for (const Batch* batch : {&padded, &packed}) {
+      SCOPED_TRACE(model + (batch == &packed ? " packed" : " padded"));
+      net->zero_grad();
+      const torch::Tensor lon = on->training_step(*batch, 0);
+      lon.backward();
+      std::vector<torch::Tensor> g_on;
+      for (auto& p : net->parameters()) g_on.push_back(p.grad().clone());
+      net->zero_grad();
+      const torch::Tensor loff = off->training_step(*batch, 0);
+      loff.backward();
+      EXPECT_NEAR(lon.item<double>(), loff.item<double>(), 1e-6 * std::abs(loff.item<double>()));
+      auto ps = net->named_parameters();
+      size_t i = 0;
+      for (auto& p : ps) {
+        EXPECT_TRUE(torch::allclose(g_on[i], p.value().grad(), 1e-4, 1e-7)) << p.key();
+        ++i;
+      }
+    }
+  }
+  try {
+    build_task("{name: language_modeling, fused_linear_loss: true}",
+               build_model("{name: vit, img_size: 16, patch_size: 4, num_classes: 7, embed_dim: 32, depth: 1, num_heads: 4}"));
+    ADD_FAILURE() << "no error";
+  } catch (const config::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("fused_linear_loss: needs a model that hands its head's input to the loss"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(TransformerFused, GeluTanhFusedMlpMatchesAtenAndDiffersFromErf) {
   for (const char* model : {"{name: vit, img_size: 16, patch_size: 4, num_classes: 7, embed_dim: 32, depth: 2, num_heads: 4",
                             "{name: decoder_lm, vocab_size: 50, max_seq_len: 16, embed_dim: 32, depth: 2, num_heads: 4"}) {

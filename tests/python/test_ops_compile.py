@@ -106,6 +106,11 @@ def run(device):
         opcheck(ops.rotary_qk.default, (rq, rk, ang.cos(), ang.sin()), tag=f"rotary_qk {device} {dt}")
         gu = torch.randn(3, 5, 2 * 24, device=device, dtype=dt, requires_grad=True)
         opcheck(ops.swiglu.default, (gu,), tag=f"swiglu {device} {dt}")
+        lh = torch.randn(13, 16, device=device, dtype=dt, requires_grad=True)
+        lw = torch.randn(37, 16, device=device, dtype=dt, requires_grad=True)
+        lt = torch.randint(0, 37, (13,), device=device)
+        lt[::4] = -100
+        opcheck(ops.linear_cross_entropy.default, (lh, lw, None, lt, -100, 5), tag=f"linear_cross_entropy {device} {dt}")
         lg = torch.randn(11, 37, device=device, dtype=dt, requires_grad=True)
         tg = torch.randint(0, 37, (11,), device=device)
         tg[3] = -100
