@@ -80,5 +80,57 @@ TEST(ResumeFixture, AnEarlierStrobesCheckpointResumesBitExactlyToTheStraightRun)
   }
 }
 
+// Every key of a checkpoint, "tensor <name>" or "blob <name>", sorted.
+std::vector<std::string> checkpoint_keys(const checkpoint::CheckpointData& d) {
+  std::vector<std::string> keys;
+  for (const auto& kv : d.tensors) keys.push_back("tensor " + kv.first);
+  for (const auto& kv : d.blobs) keys.push_back("blob " + kv.first);
+  std::sort(keys.begin(), keys.end());
+  return keys;
+}
+
+// The keys a new checkpoint writes, in full (docs/ARCHITECTURE.md, "The checkpoint layout"), for the
+// fixture's experiment (bf16-master, AdamW, cosine, four callbacks, CPU): a key added, renamed or
+// dropped fails here first, and the fixture written by an earlier build holds the same keys (plus
+// the partial gradients and logged sums of the step it was taken in).
+TEST(ResumeFixture, ANewCheckpointWritesExactlyTheDocumentedKeys) {
+  const std::string cfg = testing::source_path("tests/fixtures/resume/resume.yaml");
+  const std::string dir = testing::temp_dir("checkpoint_keys");
+  auto r = testing::strobe_cmd("fit -c " + cfg + " --run-dir " + dir + "/run --set trainer.max_steps=8 --set callbacks.1.dirpath=" +
+                               dir + "/every4");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto data = checkpoint::load_checkpoint_file(dir + "/run/checkpoints/last.ckpt");
+  const std::vector<std::string> want = {
+      "blob accumulation", "blob callbacks", "blob config", "blob logger", "blob loop", "blob meta", "blob optimizer",
+      "blob scheduler", "tensor model/fc0.bias", "tensor model/fc0.weight", "tensor model/fc1.bias",
+      "tensor model/fc1.weight", "tensor model/head.bias", "tensor model/head.weight", "tensor rng/cpu",
+      "tensor step/sticky"};
+  const auto got = checkpoint_keys(data);
+  EXPECT_EQ(got, want) << [&] {
+    std::string s;
+    for (const auto& k : got) s += "\"" + k + "\", ";
+    return s;
+  }();
+  const auto meta = nlohmann::json::parse(data.blob("meta")), callbacks = nlohmann::json::parse(data.blob("callbacks"));
+  std::vector<std::string> meta_keys;
+  for (const auto& kv : meta.items()) meta_keys.push_back(kv.key());
+  std::sort(meta_keys.begin(), meta_keys.end());
+  EXPECT_EQ(meta_keys, (std::vector<std::string>{"device", "epoch", "format_version", "global_step", "precision",
+                                                 "strobe_version", "world_size"}));
+  std::vector<std::string> callback_keys;
+  for (const auto& kv : callbacks.items()) callback_keys.push_back(kv.key());
+  EXPECT_EQ(callback_keys, (std::vector<std::string>{"early_stopping[monitor=val/loss,mode=min]",
+                                                     "model_checkpoint[monitor=,mode=min]",
+                                                     "model_checkpoint[monitor=val/loss,mode=min]", "nan_capture",
+                                                     "save_config"}));
+  // The earlier build's fixture: the same keys, and what a checkpoint taken inside an accumulation
+  // window adds (the step's partial gradients and partial logged sums).
+  std::vector<std::string> fixture;
+  const auto fixture_data = checkpoint::load_checkpoint_file(testing::source_path("tests/fixtures/resume/step8.ckpt"));
+  for (const auto& k : checkpoint_keys(fixture_data))
+    if (k.rfind("tensor accumulation/grad/", 0) != 0 && k.rfind("tensor logger/step/", 0) != 0) fixture.push_back(k);
+  EXPECT_EQ(fixture, want);
+}
+
 }  // namespace
 }  // namespace strobe
