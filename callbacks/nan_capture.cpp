@@ -1,5 +1,5 @@
 // nan_capture: catches the first non-finite training step and keeps everything that reproduces it
-// (DESIGN.md "NaNCapture"; seed: shared/seeds/nan-capture-callback.txt).
+// (docs/NAN_CAPTURE.md; docs/ARCHITECTURE.md, "NaN capture and replay").
 //
 // - Per step, with no host sync and no deep copy: a ring of the last `keep_last` steps holds the
 //   micro-batches as the loader produced them (references to immutable host tensors), the CPU and

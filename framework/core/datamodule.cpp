@@ -4,16 +4,6 @@
 
 namespace strobe {
 
-const char* stage_name(Stage s) {
-  switch (s) {
-    case Stage::Fit: return "fit";
-    case Stage::Validate: return "validate";
-    case Stage::Test: return "test";
-    case Stage::Predict: return "predict";
-  }
-  return "?";
-}
-
 Batch DataModule::transfer_batch_to_device(const Batch& batch, const torch::Device& device, int64_t) {
   return batch.to(device, /*non_blocking=*/device.is_cuda());
 }

@@ -16,7 +16,6 @@
 namespace strobe {
 
 enum class Stage { Fit, Validate, Test, Predict };
-const char* stage_name(Stage s);
 
 // What a data factory needs besides its config section.
 struct DataContext {

@@ -63,7 +63,7 @@ struct NonFiniteEvent {
 
 class NonFiniteTracer {
  public:
-  // `net` provides the parameter -> module-path map; `prefix` is prepended ("model").
+  // `net` provides the parameter -> module-path map (paths as net.named_modules() spells them).
   explicit NonFiniteTracer(torch::nn::Module& net);
   ~NonFiniteTracer();  // removes the observer
   NonFiniteTracer(const NonFiniteTracer&) = delete;

@@ -1,5 +1,5 @@
-// StateConnector: the one place where everything a checkpoint must hold is registered (DESIGN.md,
-// "the state connector"). Save, resume, NaN capture and replay all go through it, so they serialise
+// StateConnector: the one place where everything a checkpoint must hold is registered
+// (docs/ARCHITECTURE.md, "The state connector"). Save, resume, NaN capture and replay all go through it, so they serialise
 // the same state; a new piece of state (a loop counter, a flag, a callback) is one add() call. NaN
 // capture asks for a step's start through the same entries (save with a StepStart): one place knows
 // the checkpoint's layout, and the keys of a capture are those of any checkpoint.

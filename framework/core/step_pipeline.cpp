@@ -72,10 +72,6 @@ void StepPipeline::reset_sticky() {
   if (sticky_.defined()) sticky_.zero_();
 }
 
-void StepPipeline::set_sticky(const torch::Tensor& value) {
-  if (sticky_.defined()) sticky_.copy_(value);
-}
-
 std::vector<torch::Tensor> StepPipeline::snapshot_buffers() const {
   // One flat copy per dtype: a handful of launches, whatever the number of BatchNorm layers.
   std::vector<torch::Tensor> flat;

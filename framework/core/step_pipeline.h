@@ -1,4 +1,4 @@
-// StepPipeline: the device-side sequence of one optimizer step (DESIGN.md, "the step pipeline").
+// StepPipeline: the device-side sequence of one optimizer step (docs/ARCHITECTURE.md, "The step path").
 //
 //   begin_step()          first micro-batch of a step: snapshot buffers when a guard wants them
 //   prepare_backward(l)   per micro-batch: l / accumulate * loss scale; the loss check (device flag)
@@ -100,7 +100,6 @@ class StepPipeline {
   // 0-d float32 device flag (1 = every update is skipped) of the sticky guard.
   const torch::Tensor& sticky_flag() const { return sticky_; }
   void reset_sticky();
-  void set_sticky(const torch::Tensor& value);
 
   // The buffers in snapshot order, and a snapshot unflattened into tensors of their shapes.
   const std::vector<torch::Tensor>& buffers() const { return buffers_; }

@@ -18,8 +18,6 @@
 
 namespace strobe::distributed {
 
-bool nccl_available() { return STROBE_HAVE_NCCL != 0; }
-
 c10::intrusive_ptr<c10d::Backend> make_nccl_backend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                                     std::chrono::milliseconds timeout) {
 #if STROBE_HAVE_NCCL

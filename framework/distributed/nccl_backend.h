@@ -13,9 +13,6 @@ class Store;
 
 namespace strobe::distributed {
 
-// True when this build can create ProcessGroupNCCL.
-bool nccl_available();
-
 // ProcessGroupNCCL over `store` with `timeout` as its collective timeout (the watchdog aborts a
 // collective that does not finish within it). Throws DistributedError when NCCL is not built in.
 c10::intrusive_ptr<c10d::Backend> make_nccl_backend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,

@@ -74,7 +74,6 @@ void LogCollector::deliver(Slot& s) {
   }
   s.busy = false;
   pending_.pop_front();
-  ++delivered_;
   for (auto* c : consumers_) c->consume(row);
 }
 

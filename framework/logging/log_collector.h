@@ -58,7 +58,6 @@ class LogCollector : public LogSink {
   // checkpoint taken mid-epoch resumes with the same epoch means.
   void save_state(checkpoint::CheckpointData& out) const;
   void load_state(const checkpoint::CheckpointData& in);
-  int64_t rows_delivered() const { return delivered_; }
 
  private:
   struct Slot;
@@ -88,7 +87,6 @@ class LogCollector : public LogSink {
   size_t next_slot_ = 0;
   std::vector<MetricConsumer*> consumers_;
   std::map<std::string, double> latest_;
-  int64_t delivered_ = 0;
 };
 
 }  // namespace strobe::logging
