@@ -26,6 +26,7 @@ class ModelCheckpoint : public Callback {
  public:
   std::string name() const override { return "model_checkpoint"; }
   std::string state_key() const override { return fmt::format("model_checkpoint[monitor={},mode={}]", monitor_, mode_); }
+  std::string checkpoint_dir() const override { return dirpath_; }
 
   ModelCheckpoint(std::string monitor, std::string mode, int64_t top_k, bool save_last, int64_t every_n_steps,
                   int64_t every_n_epochs, std::string dirpath)

@@ -271,15 +271,16 @@ std::unique_ptr<Run> build_run(config::Document& doc, const RunOptions& options)
         }
         check_run_dir_free(*run->claim, origin, options.stage == Stage::Fit ? options.ckpt : std::nullopt, options.overwrite);
         run->run_dir = run->claim->dir();
-        // A model_checkpoint dirpath outside the run directory is claimed as the run directory is
-        // (docs/CONFIG.md, "Run directory"): never another run's, locked while this run lives.
+        // A callback's checkpoint directory outside the run directory is claimed as the run directory
+        // is (docs/CONFIG.md, "Run directory"): never another run's, locked while this run lives. The
+        // configured callbacks come first in run->callbacks, in their config order.
         std::set<std::string> claimed;
-        for (auto& section : exp.callbacks) {
-          const YAML::Node n = section.node();
-          if (!n["name"] || n["name"].Scalar() != "model_checkpoint" || !n["dirpath"] || !n["dirpath"].IsScalar()) continue;
-          const std::string dirpath = n["dirpath"].Scalar();
+        for (size_t i = 0; i < run->callbacks.size(); ++i) {
+          const std::string dirpath = run->callbacks[i]->checkpoint_dir();
           if (dirpath.empty() || !claimed.insert(fs::absolute(dirpath).lexically_normal().string()).second) continue;
-          auto c = CheckpointDirClaim::claim(dirpath, run->run_dir, section.key_path("dirpath") + ":",
+          const std::string origin = i < exp.callbacks.size() ? exp.callbacks[i].key_path("dirpath") + ":"
+                                                              : run->callbacks[i]->name() + ": checkpoint directory";
+          auto c = CheckpointDirClaim::claim(dirpath, run->run_dir, origin,
                                              options.stage == Stage::Fit ? options.ckpt : std::nullopt, options.overwrite);
           if (c) run->checkpoint_dirs.push_back(std::move(c));
         }

@@ -31,13 +31,41 @@ std::string outermost_missing(const fs::path& p) {
   return top.string();
 }
 
-// Errors name `shown`: the run directory the user would have got.
-void create_dirs(const fs::path& p, const std::string& origin, const std::string& shown) {
+// Errors name `shown`: the `noun` ("run directory") the user would have got.
+void create_dirs(const fs::path& p, const std::string& origin, const std::string& shown, const char* noun = "run directory") {
   std::error_code ec;
   if (fs::exists(p, ec) && !fs::is_directory(p, ec))
     throw RunDirError(fmt::format("{} {}: exists and is not a directory", origin, p.string()));
   fs::create_directories(p, ec);
-  if (ec) throw RunDirError(fmt::format("{} {}: cannot create the run directory ({})", origin, shown, ec.message()));
+  if (ec) throw RunDirError(fmt::format("{} {}: cannot create the {} ({})", origin, shown, noun, ec.message()));
+}
+
+// Opens `dir` and locks it exclusively for as long as the returned descriptor stays open (flock on
+// the directory itself: the kernel drops it when the process dies). A directory another live run
+// holds is refused: "another run is <busy> (it stays locked ...)". Errors name `shown` and `noun`.
+int lock_directory(const std::string& dir, const std::string& origin, const std::string& shown, const char* noun,
+                   const char* busy) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) throw RunDirError(fmt::format("{} {}: cannot open the {} ({})", origin, shown, noun, std::strerror(errno)));
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    ::close(fd);
+    if (err == EWOULDBLOCK)
+      throw RunDirError(fmt::format("{} {}: another run is {} (it stays locked while that run lives); wait for it to end "
+                                    "or choose another directory",
+                                    origin, shown, busy));
+    throw RunDirError(fmt::format("{} {}: cannot lock the {} ({})", origin, shown, noun, std::strerror(err)));
+  }
+  return fd;
+}
+
+// Removes `dir` and the parents up to `top` that a claim created, while they are empty.
+void remove_created(const std::string& dir, const std::string& top) {
+  std::error_code ec;
+  for (fs::path q = fs::absolute(dir, ec).lexically_normal(); !q.empty(); q = q.parent_path()) {
+    if (::rmdir(q.c_str()) != 0) break;  // not empty (or gone): stop
+    if (q == fs::path(top) || q == q.parent_path()) break;
+  }
 }
 
 bool is_empty_dir(const std::string& dir) {
@@ -67,28 +95,12 @@ RunDirClaim::RunDirClaim(RunDirClaim&& o) noexcept
 
 RunDirClaim::~RunDirClaim() {
   // A claim still empty (a run refused before it wrote anything) goes, with the parents it created.
-  if (!created_top_.empty() && is_empty_dir(dir_)) {
-    const fs::path top = fs::path(created_top_);
-    std::error_code ec;
-    for (fs::path q = fs::absolute(dir_, ec).lexically_normal(); !q.empty(); q = q.parent_path()) {
-      if (::rmdir(q.c_str()) != 0) break;  // not empty (or gone): stop
-      if (q == top || q == q.parent_path()) break;
-    }
-  }
+  if (!created_top_.empty() && is_empty_dir(dir_)) remove_created(dir_, created_top_);
   if (fd_ >= 0) ::close(fd_);  // releases the lock
 }
 
 void RunDirClaim::lock() {
-  fd_ = ::open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd_ < 0) throw RunDirError(fmt::format("{} {}: cannot open the run directory ({})", origin_, dir_, std::strerror(errno)));
-  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
-    const int err = errno;
-    if (err == EWOULDBLOCK)
-      throw RunDirError(fmt::format("{} {}: another run is writing to this run directory (it stays locked while that run "
-                                    "lives); wait for it to end or choose another directory",
-                                    origin_, dir_));
-    throw RunDirError(fmt::format("{} {}: cannot lock the run directory ({})", origin_, dir_, std::strerror(err)));
-  }
+  fd_ = lock_directory(dir_, origin_, dir_, "run directory", "writing to this run directory");
   // Writable: a probe file, removed at once.
   const std::string probe = fmt::format("{}/.write-probe.tmp.{}", dir_, ::getpid());
   const int pfd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -233,23 +245,10 @@ std::unique_ptr<CheckpointDirClaim> CheckpointDirClaim::claim(const std::string&
     }
     if (q == q.parent_path()) break;
   }
-  if (fs::exists(real, ec) && !fs::is_directory(real, ec))
-    throw RunDirError(fmt::format("{} {}: exists and is not a directory", origin, dir));
   const std::string top = outermost_missing(real);
-  fs::create_directories(real, ec);
-  if (ec) throw RunDirError(fmt::format("{} {}: cannot create the checkpoint directory ({})", origin, dir, ec.message()));
+  create_dirs(dir, origin, dir, "checkpoint directory");
   std::unique_ptr<CheckpointDirClaim> c(new CheckpointDirClaim(real, top));
-  c->fd_ = ::open(real.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (c->fd_ < 0)
-    throw RunDirError(fmt::format("{} {}: cannot open the checkpoint directory ({})", origin, dir, std::strerror(errno)));
-  if (::flock(c->fd_, LOCK_EX | LOCK_NB) != 0) {
-    const int err = errno;
-    if (err == EWOULDBLOCK)
-      throw RunDirError(fmt::format("{} {}: another run is writing checkpoints to this directory (it stays locked while "
-                                    "that run lives); wait for it to end or choose another directory",
-                                    origin, dir));
-    throw RunDirError(fmt::format("{} {}: cannot lock the checkpoint directory ({})", origin, dir, std::strerror(err)));
-  }
+  c->fd_ = lock_directory(real, origin, dir, "checkpoint directory", "writing checkpoints to this directory");
   const fs::path owner_file = fs::path(real) / kOwnerFile;
   const auto owner = read_owner(owner_file);
   std::vector<fs::path> ckpts;
@@ -288,10 +287,7 @@ CheckpointDirClaim::~CheckpointDirClaim() {
       if (e.path().filename() != kOwnerFile) ++others;
     if (!ec && others == 0) {
       fs::remove(fs::path(dir_) / kOwnerFile, ec);
-      for (fs::path q = fs::path(dir_); !q.empty(); q = q.parent_path()) {
-        if (::rmdir(q.c_str()) != 0) break;
-        if (q == fs::path(created_top_) || q == q.parent_path()) break;
-      }
+      remove_created(dir_, created_top_);
     }
   }
   if (fd_ >= 0) ::close(fd_);

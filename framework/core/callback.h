@@ -33,6 +33,10 @@ class Callback {
   virtual ~Callback() = default;
   virtual std::string name() const = 0;
   virtual std::string state_key() const { return name(); }
+  // A directory this callback writes checkpoints to ("" for none or the run directory's own): `strobe
+  // fit` claims one outside the run directory as it claims the run directory (docs/CONFIG.md, "Run
+  // directory"): never another run's, locked while this run lives.
+  virtual std::string checkpoint_dir() const { return ""; }
 
   virtual void setup(TrainerView&, Module&, Stage) {}
   virtual void teardown(TrainerView&, Module&, Stage) {}
