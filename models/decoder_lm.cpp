@@ -101,7 +101,7 @@ class DecoderLM : public Model {
     return linear(output_, head.hidden);
   }
 
-  bool has_head_input() const override { return true; }
+  int64_t head_input_vocab() const override { return o_.vocab_size; }
   HeadInput forward_head_input(const Batch& batch) override {
     const auto& tokens = batch.at("tokens");
     const TokenLayout in = token_layout(batch, "decoder_lm");  // padded (mask only if not right-padded) or packed

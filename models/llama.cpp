@@ -182,7 +182,7 @@ class Llama : public Model {
     return at::linear(head.hidden, head.weight);
   }
 
-  bool has_head_input() const override { return true; }
+  int64_t head_input_vocab() const override { return o_.vocab_size; }
   HeadInput forward_head_input(const Batch& batch) override {
     const auto& tokens = batch.at("tokens");
     const TokenLayout in = token_layout(batch, "llama");  // padded (mask only if not right-padded) or packed

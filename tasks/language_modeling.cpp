@@ -4,9 +4,10 @@
 // sequences (mean over real tokens). Logs the loss as a device tensor (no host reads).
 // fused_loss (auto | true | false): strobe::cross_entropy over the logits in their own dtype (fp32
 // loss; one kernel each way) instead of ATen's on an fp32 copy; auto = on CUDA with the CUDA kernels.
-// fused_linear_loss (false | true): the head and the loss as ops::linear_cross_entropy from the
+// fused_linear_loss (auto | true | false): the head and the loss as ops::linear_cross_entropy from the
 // model's head input (Model::forward_head_input: llama, decoder_lm), chunk by chunk, never building
 // the [tokens, vocabulary] logits; the same loss, for training, validation and `strobe replay`.
+// auto = on CUDA with the CUDA kernels for a vocabulary of at least kFusedLinearMinVocab tokens.
 #include <torch/torch.h>
 
 #include "framework/core/forensics.h"
@@ -18,11 +19,15 @@ namespace strobe {
 namespace {
 
 constexpr int64_t kIgnoreIndex = -100;
+// fused_linear_loss: auto's threshold. At Llama-3.2-1B's 128,256 tokens the fused head is as fast as
+// the logits path and saves 6 GiB (docs/PERFORMANCE.md); below this the logits are small and the
+// logits path's one-kernel cross-entropy is the better fit for the short rows.
+constexpr int64_t kFusedLinearMinVocab = 32768;
 
 class LanguageModelingTask : public Module {
  public:
-  LanguageModelingTask(std::shared_ptr<Model> model, std::string fused_loss, bool fused_linear)
-      : model_(std::move(model)), fused_loss_(std::move(fused_loss)), fused_linear_(fused_linear) {}
+  LanguageModelingTask(std::shared_ptr<Model> model, std::string fused_loss, std::string fused_linear)
+      : model_(std::move(model)), fused_loss_(std::move(fused_loss)), fused_linear_(std::move(fused_linear)) {}
 
   torch::nn::Module& net() override { return *model_; }
 
@@ -38,7 +43,7 @@ class LanguageModelingTask : public Module {
 
   // The batch's mean next-token loss: through the logits, or (fused_linear_loss) from the head input.
   torch::Tensor batch_loss(const Batch& batch) {
-    if (!fused_linear_) return loss(model_->forward(batch), batch.at("targets"));
+    if (!use_fused_linear(batch)) return loss(model_->forward(batch), batch.at("targets"));
     const auto head = model_->forward_head_input(batch);
     ModuleScope scope("task.loss");
     const auto& w = head.weight;
@@ -64,17 +69,21 @@ class LanguageModelingTask : public Module {
   bool use_fused_loss(const torch::Tensor& logits) const {
     return use_fused_cross_entropy(fused_loss_, logits, "language_modeling");
   }
+  bool use_fused_linear(const Batch& batch) const {
+    if (fused_linear_ != "auto") return fused_linear_ == "true";
+    return model_->head_input_vocab() >= kFusedLinearMinVocab && batch.at("tokens").is_cuda() && ops::built_with_cuda();
+  }
 
   std::shared_ptr<Model> model_;
   std::string fused_loss_;
-  bool fused_linear_;
+  std::string fused_linear_;
 };
 
 std::shared_ptr<Module> make_language_modeling(config::Section& cfg, std::shared_ptr<Model> model) {
   cfg.get_choice("loss", "cross_entropy", {"cross_entropy"});
   std::string fused = cfg.get_choice("fused_loss", "auto", {"auto", "true", "false"});
-  const bool fused_linear = cfg.get_bool("fused_linear_loss", false);
-  if (fused_linear && !model->has_head_input())
+  std::string fused_linear = cfg.get_choice("fused_linear_loss", "auto", {"auto", "true", "false"});
+  if (fused_linear == "true" && model->head_input_vocab() == 0)
     cfg.fail("fused_linear_loss", "needs a model that hands its head's input to the loss (llama, decoder_lm); " +
                                       model->name() + " has none");
   cfg.finish();

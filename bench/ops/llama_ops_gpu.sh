@@ -5,10 +5,13 @@
 #          tests (bf16 vs the float64 reference on every backend, CUDA graphs, bf16-master vs fp32,
 #          NaN capture + replay, fused vs ATen curve); compute-sanitizer memcheck on the small
 #          add_rms_norm, rotary_qk and swiglu cases; opcheck of every op on CUDA.
+#   lce    strobe::linear_cross_entropy: its CUDA tests and memcheck, linear_ce_bench.py (vs the logits
+#          path eager / torch.compile and Liger's fused linear cross-entropy, when .gpu/whl holds its
+#          wheel), then `strobe bench step` on llama_1b with task.fused_linear_loss true and false.
 #   bench  the add + RMSNorm, rotary and SwiGLU ops vs eager / torch.compile (fused_norm_bench.py rms); then
 #          `strobe bench step` on configs/llama_1b.yaml with the fused ops on (auto) and off
 #          (model.fused_ops=false), and pytorch_baselines.py llama (eager, torch.compile) in the same call.
-# Logs under $OUT.   bash bench/ops/llama_ops_gpu.sh tests|bench [BUILD_DIR]   (project root, .gpu/ beside it)
+# Logs under $OUT.   bash bench/ops/llama_ops_gpu.sh tests|lce|bench [BUILD_DIR]   (project root, .gpu/ beside it)
 # Env: STEPS (30), WARMUP (10), LLAMA_B (8), SKIP_BASELINE=1.
 set -uo pipefail
 out=${OUT:-/tmp/out}; mkdir -p "$out"
@@ -39,6 +42,26 @@ if [ "$phase" = tests ]; then
   echo "test_gpu_trainer rc=$?"; grep -E "^\[  (PASSED|FAILED) |Failure|Expected|Which is|which is|loss" "$out/test_gpu_trainer.log" | head -30
   STROBE_BUILD_DIR="$B" timeout 200 python3 tests/python/test_ops_compile.py > "$out/opcheck.log" 2>&1
   echo "opcheck rc=$?"; grep -E "FAIL|passed" "$out/opcheck.log" | head -20
+fi
+
+if [ "$phase" = lce ]; then
+  case "$(nvidia-smi --query-gpu=name --format=csv,noheader)" in *H200*) export HBM_TBS=4.8 ;; *) export HBM_TBS=3.35 ;; esac
+  timeout 120 "$B/bin/test_gpu_ops" --gtest_filter='LinearCrossEntropy*' > "$out/test_lce.log" 2>&1
+  echo "test_gpu_ops LinearCrossEntropy* rc=$?"; grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|Expected|Which is|which is" "$out/test_lce.log" | head -20
+  timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 "$B/bin/test_gpu_ops" \
+    --gtest_filter='LinearCrossEntropyCuda.ScalarPath*:LinearCrossEntropyCuda.NonFinite*' > "$out/memcheck_lce.log" 2>&1
+  echo "memcheck rc=$?"; tail -3 "$out/memcheck_lce.log"
+  if ls .gpu/whl/*.whl > /dev/null 2>&1; then
+    python3 -m pip install -q --no-deps --no-index --target /tmp/pyx .gpu/whl/*.whl > /dev/null 2>&1; export PYTHONPATH=/tmp/pyx
+  fi
+  timeout 300 python3 bench/ops/linear_ce_bench.py "$B/lib/libstrobe_ops.so" 2>&1 | grep -v -i warning | tail -20
+  for mode in true false; do
+    echo "== strobe bench step llama_1b task.fused_linear_loss=$mode"
+    timeout 200 "$B/bin/strobe" bench step --workload llama_1b --warmup "${WARMUP:-10}" --steps "${STEPS:-30}" \
+      --set data.batch_size="${LLAMA_B:-8}" --set task.fused_linear_loss=$mode --json "$out/llama_lce_$mode.json" \
+      > "$out/llama_lce_$mode.log" 2>&1
+    echo "rc=$?"; tail -6 "$out/llama_lce_$mode.log"
+  done
 fi
 
 if [ "$phase" = bench ]; then

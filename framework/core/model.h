@@ -27,13 +27,14 @@ class Model : public torch::nn::Module {
   virtual void on_device(const torch::Device& /*device*/, const std::string& /*precision*/) {}
   // The language-model head's input, for a loss that never builds the logits (language_modeling's
   // `fused_linear_loss`, ops::linear_cross_entropy): forward(batch) == linear(hidden, weight, bias).
-  // Models with such a head (llama, decoder_lm) override both; the others have none.
+  // Models with such a head (llama, decoder_lm) override both; the others have none (0).
   struct HeadInput {
     torch::Tensor hidden;  // [..., C]
     torch::Tensor weight;  // [V, C] (a tied head: the embedding's own weight)
     std::optional<torch::Tensor> bias;
   };
-  virtual bool has_head_input() const { return false; }
+  // The head's output size (the vocabulary) when the model has such a head, else 0.
+  virtual int64_t head_input_vocab() const { return 0; }
   virtual HeadInput forward_head_input(const Batch& /*batch*/) {
     throw std::logic_error(name() + " has no language-model head to hand to a fused loss");
   }

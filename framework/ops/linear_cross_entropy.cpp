@@ -1,10 +1,11 @@
 // linear_cross_entropy: the language-model head and its cross-entropy in one op that never builds the
 // [tokens, vocabulary] logits (docs/OPS.md). Chunk by chunk over the tokens: the chunk's logits (one
-// GEMM), its log-sum-exp and loss in fp32, then, when a gradient is wanted, softmax minus one-hot
-// written in place, scaled by 1 / (valid tokens) (a device scalar: no host read), and the two GEMMs
-// into d hidden's rows and d weight. The backward only scales what the forward computed by the
-// incoming gradient. The same ATen code runs on every device (the CPU kernel is the reference); on
-// CUDA with 16-bit weights d weight accumulates in fp32 through cuBLAS's bf16 -> fp32 GEMM.
+// GEMM, in hidden's dtype), its log-sum-exp and loss in fp32, then, when a gradient is wanted, softmax
+// minus one-hot written in place, scaled by 1 / (valid tokens) (a device scalar: no host read), and
+// the two GEMMs into d hidden's rows and d weight. The backward only scales what the forward computed
+// by the incoming gradient. On the CPU (the reference) the middle part is ATen ops over fp32 logits;
+// on CUDA it is one kernel per chunk (cross_entropy_rows, two reads of the chunk and one write), and
+// with 16-bit weights d weight accumulates in fp32 through cuBLAS's bf16 -> fp32 GEMM.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/autograd.h>
@@ -13,6 +14,13 @@
 #include "framework/ops/ops.h"
 
 namespace strobe::ops {
+#ifdef STROBE_OPS_WITH_CUDA
+namespace detail {
+void lce_rows_cuda(at::Tensor& logits, const at::Tensor& target, const at::Tensor& inv_count, at::Tensor& loss_rows,
+                   int64_t ignore_index, bool grad);
+at::Tensor lce_scale_cuda(const at::Tensor& t, const at::Tensor& scale);
+}  // namespace detail
+#endif
 namespace {
 
 using at::Tensor;
@@ -36,61 +44,97 @@ void lce_check(const Tensor& h, const Tensor& w, const OptTensor& b, const Tenso
   TORCH_CHECK(chunk_rows >= 0, "linear_cross_entropy: chunk_rows must be >= 0 (0: automatic), got ", chunk_rows);
 }
 
-// Rows per chunk: chunk_rows, or so that a chunk's fp32 logits stay near 256 MiB (at least 1).
-int64_t lce_rows(int64_t chunk_rows, int64_t vocab) {
+// Rows per chunk: chunk_rows, or so that a chunk's logits stay near `bytes` (at least 1 row; a
+// multiple of 128 from 128 rows up, for the GEMMs' tiles).
+int64_t lce_rows(int64_t chunk_rows, int64_t vocab, int64_t elem_bytes, int64_t bytes) {
   if (chunk_rows > 0) return chunk_rows;
-  return std::max<int64_t>(1, (int64_t{1} << 26) / std::max<int64_t>(1, vocab));
+  const int64_t rows = std::max<int64_t>(1, bytes / std::max<int64_t>(1, vocab * elem_bytes));
+  return rows >= 128 ? rows / 128 * 128 : rows;
 }
 
 // (loss, dhidden, dweight, dbias): the mean loss over tokens whose target is not ignore_index (fp32;
-// fp64 for fp64), and when with_grad the gradients of that loss (dhidden in hidden's dtype, dweight
-// and dbias in fp32 / fp64 accumulators).
+// fp64 for fp64), and when with_grad the gradients of that loss in the dtypes of hidden, weight and
+// bias (dweight and dbias accumulate in fp32 / fp64 and are rounded once at the end).
 std::tuple<Tensor, Tensor, Tensor, Tensor> lce_fwd(const Tensor& h, const Tensor& w, const OptTensor& b,
                                                    const Tensor& target, int64_t ignore_index, int64_t chunk_rows,
                                                    bool with_grad) {
   lce_check(h, w, b, target, chunk_rows);
   at::NoGradGuard no_grad;
-  const auto cd = h.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  const int64_t n = h.size(0), v = w.size(0), rows = lce_rows(chunk_rows, v);
-  const Tensor valid = target != ignore_index;
+  const auto hdt = h.scalar_type();
+  const auto cd = hdt == at::kDouble ? at::kDouble : at::kFloat;
+#ifdef STROBE_OPS_WITH_CUDA
+  // CUDA: one kernel per chunk for the loss and softmax - onehot (in place over the chunk's logits).
+  const bool kernel = h.is_cuda() && hdt != at::kDouble;
+#else
+  const bool kernel = false;
+#endif
+  const int64_t n = h.size(0), v = w.size(0);
+  // The ATen path's fp32 logits near 256 MiB a chunk (523 rows at 128,256 tokens -> 512); the kernel's
+  // 16-bit logits near 512 MiB (2,048 rows: at 1,024 the GEMMs ran 10% slower on an H200, at 4,096
+  // no faster and d weight's fp32 accumulator no longer bounds the peak; docs/PERFORMANCE.md).
+  const int64_t rows = kernel ? lce_rows(chunk_rows, v, h.element_size(), int64_t{1} << 29)
+                              : lce_rows(chunk_rows, v, at::elementSize(cd), int64_t{1} << 28);
+  const Tensor tgt = target.contiguous();
+  const Tensor valid = tgt != ignore_index;
   // Mean over the valid tokens, as PyTorch: 0 / 0 = NaN when none is.
   const Tensor count = valid.sum().to(cd);
   const Tensor inv_count = count.reciprocal();
-  Tensor loss_sum = at::zeros({}, h.options().dtype(cd));
+  const bool lowp_cuda = h.is_cuda() && (hdt == at::kBFloat16 || hdt == at::kHalf);
+  Tensor loss_sum = kernel ? Tensor() : at::zeros({}, h.options().dtype(cd));
+  Tensor loss_rows = kernel ? at::empty({n}, h.options().dtype(at::kFloat)) : Tensor();
   Tensor dh, dw, db;
-  const bool lowp_cuda = h.is_cuda() && (h.scalar_type() == at::kBFloat16 || h.scalar_type() == at::kHalf);
   if (with_grad) {
-    dh = at::empty_like(h, at::MemoryFormat::Contiguous);
-    dw = at::zeros(w.sizes(), w.options().dtype(cd));
+    dh = at::empty(h.sizes(), h.options().memory_format(at::MemoryFormat::Contiguous));
+    // d weight: written by the first chunk's GEMM, accumulated by the others (zeros if no chunk).
+    dw = n == 0 ? at::zeros(w.sizes(), w.options().dtype(cd)) : at::empty(w.sizes(), w.options().dtype(cd));
     if (lce_present(b)) db = at::zeros(b->sizes(), b->options().dtype(cd));
   }
   const Tensor wc = w.contiguous();
   for (int64_t r0 = 0; r0 < n; r0 += rows) {
     const int64_t m = std::min(rows, n - r0);
     const Tensor hc = h.narrow(0, r0, m);
-    const Tensor tc = target.narrow(0, r0, m);
-    const Tensor vc = valid.narrow(0, r0, m);
-    // The chunk's logits as the unfused head computes them (in hidden's dtype), then fp32.
-    Tensor logits = at::linear(hc, wc, lce_present(b) ? *b : Tensor()).to(cd);
-    const Tensor lse = at::logsumexp(logits, -1);
-    const Tensor safe_t = at::where(vc, tc, at::zeros_like(tc));
-    const Tensor picked = logits.gather(1, safe_t.unsqueeze(1)).squeeze(1);
-    loss_sum += at::where(vc, lse - picked, at::zeros_like(lse)).sum();
-    if (!with_grad) continue;
-    // softmax - onehot, scaled by valid / count, in place over the chunk's logits.
-    logits.sub_(lse.unsqueeze(1)).exp_();
-    logits.scatter_add_(1, safe_t.unsqueeze(1), at::full({m, 1}, -1.0, logits.options()));
-    logits.mul_((vc.to(cd) * inv_count).unsqueeze(1));
-    const Tensor g = logits.to(h.scalar_type());
-    dh.narrow(0, r0, m).copy_(at::mm(g, wc));
-    if (lowp_cuda) {
-      at::addmm_out(dw, dw, g.t(), hc, at::kFloat);  // bf16 / fp16 GEMM accumulating in fp32
+    const Tensor tc = tgt.narrow(0, r0, m);
+    // The chunk's logits as the unfused head computes them, in hidden's dtype.
+    Tensor z = at::linear(hc, wc, lce_present(b) ? *b : Tensor());
+    Tensor g;  // d logits of the chunk, in hidden's dtype
+#ifdef STROBE_OPS_WITH_CUDA
+    if (kernel) {
+      Tensor lr = loss_rows.narrow(0, r0, m);
+      detail::lce_rows_cuda(z, tc, inv_count.to(at::kFloat), lr, ignore_index, with_grad);
+      if (!with_grad) continue;
+      g = z;
+      if (db.defined()) db.add_(at::sum(g, {0}, false, cd));
+    }
+#endif
+    if (!kernel) {
+      const Tensor vc = valid.narrow(0, r0, m);
+      Tensor logits = z.to(cd);
+      const Tensor lse = at::logsumexp(logits, -1);
+      const Tensor safe_t = at::where(vc, tc, at::zeros_like(tc));
+      const Tensor picked = logits.gather(1, safe_t.unsqueeze(1)).squeeze(1);
+      loss_sum += at::where(vc, lse - picked, at::zeros_like(lse)).sum();
+      if (!with_grad) continue;
+      // softmax - onehot, scaled by 1 / count (0 for an ignored row), in place over the chunk's logits.
+      logits.sub_(lse.unsqueeze(1)).exp_();
+      logits.scatter_add_(1, safe_t.unsqueeze(1), at::full({m, 1}, -1.0, logits.options()));
+      logits.mul_(at::where(vc, inv_count, at::zeros_like(inv_count)).unsqueeze(1));  // ignored rows: 0, as PyTorch
+      g = logits.to(hdt);
+      if (db.defined()) db.add_(logits.sum(0));
+    }
+    Tensor dh_rows = dh.narrow(0, r0, m);
+    at::mm_out(dh_rows, g, wc);
+    if (lowp_cuda) {  // bf16 / fp16 GEMM with an fp32 output
+      if (r0 == 0) at::mm_out(dw, g.t(), hc, at::kFloat);
+      else at::addmm_out(dw, dw, g.t(), hc, at::kFloat);
+    } else if (r0 == 0) {
+      at::mm_out(dw, g.t().to(cd), hc.to(cd));
     } else {
       dw.addmm_(g.t().to(cd), hc.to(cd));
     }
-    if (db.defined()) db.add_(logits.sum(0));
   }
-  return {loss_sum * inv_count, dh, dw, db};
+  Tensor loss = kernel ? (loss_rows.sum() * inv_count.to(at::kFloat)) : loss_sum * inv_count;
+  if (!with_grad) return {loss, Tensor(), Tensor(), Tensor()};
+  return {loss, dh, dw.to(w.scalar_type()), db.defined() ? db.to(b->scalar_type()) : db};
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> lce_fwd_meta(const Tensor& h, const Tensor& w, const OptTensor& b,
@@ -101,8 +145,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> lce_fwd_meta(const Tensor& h, const T
   const auto cd = h.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   Tensor loss = at::empty({}, h.options().dtype(cd));
   if (!with_grad) return {loss, Tensor(), Tensor(), Tensor()};
-  return {loss, at::empty_symint(h.sym_sizes(), h.options()), at::empty_symint(w.sym_sizes(), w.options().dtype(cd)),
-          lce_present(b) ? at::empty_symint(b->sym_sizes(), b->options().dtype(cd)) : Tensor()};
+  return {loss, at::empty_symint(h.sym_sizes(), h.options()), at::empty_symint(w.sym_sizes(), w.options()),
+          lce_present(b) ? at::empty_symint(b->sym_sizes(), b->options()) : Tensor()};
 }
 
 using LceSig = std::tuple<Tensor, Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const OptTensor&, const Tensor&,
@@ -110,6 +154,24 @@ using LceSig = std::tuple<Tensor, Tensor, Tensor, Tensor>(const Tensor&, const T
 const c10::TypedOperatorHandle<LceSig>& lce_fwd_op() {
   static const auto op =
       c10::Dispatcher::singleton().findSchemaOrThrow("strobe::linear_cross_entropy_fwd", "").typed<LceSig>();
+  return op;
+}
+
+Tensor lce_scale(const Tensor& t, const Tensor& g) {
+#ifdef STROBE_OPS_WITH_CUDA
+  // CUDA: one vectorised kernel that reads the fp32 scalar on the device (ATen's mixed-dtype multiply
+  // is a generic, unvectorised kernel: ~1 ms for Llama-3.2-1B's head weight).
+  if (t.is_cuda() && g.is_cuda() && g.scalar_type() == at::kFloat && t.is_contiguous() && t.scalar_type() != at::kDouble)
+    return detail::lce_scale_cuda(t, g);
+#endif
+  return t * g.to(t.device());
+}
+Tensor lce_scale_meta(const Tensor& t, const Tensor& /*g*/) { return at::empty_like(t); }
+
+const c10::TypedOperatorHandle<Tensor(const Tensor&, const Tensor&)>& lce_scale_op() {
+  static const auto op = c10::Dispatcher::singleton()
+                              .findSchemaOrThrow("strobe::linear_cross_entropy_scale", "")
+                              .typed<Tensor(const Tensor&, const Tensor&)>();
   return op;
 }
 
@@ -121,19 +183,15 @@ class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossE
     const bool with_grad = h.requires_grad() || w.requires_grad() || (lce_present(b) && b->requires_grad());
     auto [loss, dh, dw, db] = lce_fwd_op().call(h, w, b, target, ignore_index, chunk_rows, with_grad);
     ctx->save_for_backward({dh, dw, db});
-    ctx->saved_data["w_dtype"] = w.scalar_type();
     return loss;
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const Tensor& g = grads[0];  // a scalar
-    const auto wdt = ctx->saved_data["w_dtype"].toScalarType();
-    auto scaled = [&](const Tensor& t, at::ScalarType dt) {
-      return t.defined() ? (t.to(g.scalar_type()) * g).to(dt) : Tensor();
-    };
-    return {scaled(saved[0], saved[0].defined() ? saved[0].scalar_type() : wdt), scaled(saved[1], wdt),
-            scaled(saved[2], wdt), Tensor(), Tensor(), Tensor()};
+    // Each gradient times the incoming scalar, in the gradient's own dtype (no fp32 copy).
+    auto scaled = [&](const Tensor& t) { return t.defined() ? lce_scale_op().call(t, g) : t; };
+    return {scaled(saved[0]), scaled(saved[1]), scaled(saved[2]), Tensor(), Tensor(), Tensor()};
   }
 };
 
@@ -162,12 +220,15 @@ TORCH_LIBRARY_IMPL(strobe, Autograd, m) { m.impl("linear_cross_entropy", &strobe
 TORCH_LIBRARY_IMPL(strobe, CPU, m) {
   m.impl("linear_cross_entropy", &strobe::ops::lce_nograd);
   m.impl("linear_cross_entropy_fwd", &strobe::ops::lce_fwd);
+  m.impl("linear_cross_entropy_scale", &strobe::ops::lce_scale);
 }
 TORCH_LIBRARY_IMPL(strobe, CUDA, m) {
   m.impl("linear_cross_entropy", &strobe::ops::lce_nograd);
   m.impl("linear_cross_entropy_fwd", &strobe::ops::lce_fwd);
+  m.impl("linear_cross_entropy_scale", &strobe::ops::lce_scale);
 }
 TORCH_LIBRARY_IMPL(strobe, Meta, m) {
   m.impl("linear_cross_entropy", &strobe::ops::lce_nograd);
   m.impl("linear_cross_entropy_fwd", &strobe::ops::lce_fwd_meta);
+  m.impl("linear_cross_entropy_scale", &strobe::ops::lce_scale_meta);
 }

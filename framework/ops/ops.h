@@ -233,12 +233,14 @@ torch::Tensor swiglu(const torch::Tensor& gate_up);
 // strobe::linear_cross_entropy): the mean over tokens whose target is not ignore_index of
 // logsumexp(z) - z[target], z = hidden @ weight^T (+ bias) computed in hidden's dtype as the unfused
 // head computes it, the loss in fp32 (fp64 for fp64). hidden [N, C] and weight [V, C] share a dtype;
-// target int64 [N]. Works chunk by chunk over the tokens (chunk_rows; 0 keeps a chunk's fp32 logits
-// near 256 MiB) and computes the gradients in the forward (softmax - onehot scaled by 1 / valid
-// tokens, a device scalar: no host read, CUDA-graph safe); the backward only scales them by the
-// incoming gradient. d weight is accumulated in fp32 (V x C x 4 bytes: 0.98 GiB for Llama-3.2-1B's
-// head) and cast to weight's dtype at the end. A tied head passes the embedding's own weight, so its
-// gradient reaches the embedding once. No tokens valid: NaN, as PyTorch. docs/OPS.md.
+// target int64 [N]. Works chunk by chunk over the tokens (chunk_rows; 0: a chunk's logits near 512
+// MiB on CUDA, where one kernel per chunk computes the loss and softmax - onehot in place, near 256
+// MiB of fp32 on the CPU) and computes the gradients in the forward (softmax - onehot scaled by
+// 1 / valid tokens, a device scalar: no host read, CUDA-graph safe); the backward only scales them by
+// the incoming gradient. d weight is accumulated in fp32 (V x C x 4 bytes: 0.98 GiB for
+// Llama-3.2-1B's head) and cast to weight's dtype at the end of the forward. A tied head passes the
+// embedding's own weight, so its gradient reaches the embedding once. No tokens valid: NaN, as
+// PyTorch (zero gradients). docs/OPS.md.
 torch::Tensor linear_cross_entropy(const torch::Tensor& hidden, const torch::Tensor& weight,
                                    const std::optional<torch::Tensor>& bias, const torch::Tensor& target,
                                    int64_t ignore_index = -100, int64_t chunk_rows = 0);

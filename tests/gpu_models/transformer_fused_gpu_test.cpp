@@ -91,5 +91,67 @@ TEST(GpuFusedOps, DecoderLmLossCurveMatchesAten) {
   expect_same_curve(on, off, "decoder_lm");
 }
 
+// task.fused_linear_loss on the GPU, llama with bf16 weights: auto takes the fused head
+// (strobe::linear_cross_entropy) at a vocabulary of 32,768 tokens and the logits path below it: the
+// loss and every gradient equal those of `true` (resp. `false`) bit for bit. The fused head's gradients
+// are the logits path's within bf16 rounding, and 40 AdamW steps of each give the same curve.
+TEST(GpuFusedOps, FusedLinearLossAutoFollowsTheVocabularyAndMatchesTheLogitsPath) {
+  REQUIRE_CUDA_KERNELS();
+  torch::manual_seed(33);
+  auto grads_of = [](const std::string& task_yaml, Model& init, const std::string& model_yaml, const Batch& batch) {
+    auto model = testing::build_model(model_yaml);
+    testing::copy_weights(init, *model);
+    model->to(torch::kCUDA, torch::kBFloat16);
+    auto task = build_task(task_yaml, model);
+    torch::Tensor l = task->training_step(batch, 0);
+    l.backward();
+    std::vector<torch::Tensor> out{l.detach()};
+    for (auto& p : model->parameters()) out.push_back(p.grad());
+    return out;
+  };
+  auto same = [](const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+    for (size_t i = 0; i < a.size(); ++i)
+      if (!torch::equal(a[i], b[i])) return false;
+    return true;
+  };
+  for (const int64_t vocab : {32768, 32767}) {
+    SCOPED_TRACE(vocab);
+    const std::string m = "{name: llama, vocab_size: " + std::to_string(vocab) +
+                          ", embed_dim: 64, depth: 1, num_heads: 4, num_kv_heads: 2, ffn_dim: 96, max_seq_len: 64}";
+    auto init = testing::build_model(m);
+    std::vector<Sample> samples = testing::token_samples({64, 40, 64, 23}, vocab);
+    Batch batch = data::collate_tokens_packed(samples);
+    for (auto& kv : batch.tensors) kv.second = kv.second.to(torch::kCUDA);
+    const auto a = grads_of("{name: language_modeling}", *init, m, batch);
+    const auto on = grads_of("{name: language_modeling, fused_linear_loss: true}", *init, m, batch);
+    const auto off = grads_of("{name: language_modeling, fused_linear_loss: false}", *init, m, batch);
+    if (vocab >= 32768) {
+      EXPECT_TRUE(same(a, on)) << "auto takes the fused head";
+      EXPECT_FALSE(same(a, off));
+    } else {
+      EXPECT_TRUE(same(a, off)) << "auto takes the logits path";
+      EXPECT_FALSE(same(a, on));
+    }
+    for (size_t i = 0; i < on.size(); ++i) {
+      const double rel = ((on[i].to(torch::kDouble) - off[i].to(torch::kDouble)).norm() /
+                          off[i].to(torch::kDouble).norm()).item<double>();
+      EXPECT_LT(rel, 1.5e-2) << "tensor " << i << " (0: the loss)";
+    }
+  }
+  const std::string m = "{name: llama, vocab_size: 32768, embed_dim: 64, depth: 2, num_heads: 4, num_kv_heads: 2, "
+                        "ffn_dim: 96, max_seq_len: 64, tie_embeddings: true}";
+  auto init = testing::build_model(m);
+  std::vector<Batch> batches;
+  for (int i = 0; i < 2; ++i) {
+    std::vector<Sample> samples = testing::token_samples({64, 37, 64, 50, 11, 64}, 512);
+    Batch b = data::collate_tokens_packed(samples);
+    for (auto& kv : b.tensors) kv.second = kv.second.to(torch::kCUDA);
+    batches.push_back(b);
+  }
+  const auto off = train(m, "{name: language_modeling, fused_linear_loss: false}", *init, batches, 40);
+  const auto on = train(m, "{name: language_modeling, fused_linear_loss: true}", *init, batches, 40);
+  expect_same_curve(on, off, "llama fused_linear_loss");
+}
+
 }  // namespace
 }  // namespace strobe

@@ -116,8 +116,9 @@ TEST(TransformerFused, FusedLossGivesTheSameLossAndGradients) {
 
 // task.fused_linear_loss: the head and the loss as strobe::linear_cross_entropy from the model's head
 // input (never the logits) give the loss and every parameter's gradient of the logits path: llama
-// (tied and untied head, padded and packed) and decoder_lm (a head with a bias); validation too. A
-// model without such a head is a config error naming the key.
+// (tied and untied head, padded and packed) and decoder_lm (a head with a bias); validation too. auto
+// keeps the logits path on the CPU. `true` with a model without such a head is a config error naming
+// the key.
 TEST(TransformerFused, FusedLinearLossGivesTheSameLossAndGradients) {
   torch::manual_seed(25);
   std::vector<Sample> samples = testing::token_samples({5, 9, 3}, 50);
@@ -149,6 +150,17 @@ TEST(TransformerFused, FusedLinearLossGivesTheSameLossAndGradients) {
         ++i;
       }
     }
+  }
+  {  // auto keeps the logits path on the CPU, at any vocabulary (the GPU test covers CUDA's rule)
+    auto net = build_model("{name: llama, vocab_size: 40000, embed_dim: 16, depth: 1, num_heads: 2, ffn_dim: 24, max_seq_len: 16}");
+    std::vector<Sample> big = testing::token_samples({7, 4}, 40000);
+    const Batch b = data::collate_tokens_packed(big);
+    const torch::Tensor la = build_task("{name: language_modeling}", net)->training_step(b, 0);
+    const torch::Tensor lf = build_task("{name: language_modeling, fused_linear_loss: false}", net)->training_step(b, 0);
+    EXPECT_TRUE(torch::equal(la, lf));
+    // auto with a model that has no such head is not an error.
+    build_task("{name: language_modeling, fused_linear_loss: auto}",
+               build_model("{name: vit, img_size: 16, patch_size: 4, num_classes: 7, embed_dim: 32, depth: 1, num_heads: 4}"));
   }
   try {
     build_task("{name: language_modeling, fused_linear_loss: true}",

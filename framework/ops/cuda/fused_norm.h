@@ -99,4 +99,30 @@ struct CrossEntropyBwdParams {
 };
 cudaError_t cross_entropy_bwd(const CrossEntropyBwdParams& p, cudaStream_t stream);
 
+// One chunk of strobe::linear_cross_entropy (framework/ops/linear_cross_entropy.cpp): logits
+// [rows, classes] contiguous (fp32, fp16, bf16), target [rows] int64. One block per row, two reads of
+// the row: loss[r] = lse - logits[r][t] as cross_entropy_fwd (fp32; 0 for t == ignore_index, NaN
+// for a target outside [0, classes)); with `grad`, then the row overwritten in place by
+// (exp(logits[r][j] - lse) - (j == t)) * inv_count[0], rounded once to the logits' dtype (0 for an
+// ignored row). inv_count is one fp32 value on the device (1 / tokens not ignored): no host read.
+// The block's max / sum combine in a fixed order: bitwise reproducible.
+struct CrossEntropyRowsParams {
+  void* logits = nullptr;
+  const int64_t* target = nullptr;
+  const float* inv_count = nullptr;
+  float* loss = nullptr;  // [rows]
+  int64_t rows = 0;
+  int64_t classes = 0;
+  int64_t ignore_index = -100;
+  bool grad = false;
+  DType dtype = DType::kFloat32;
+};
+cudaError_t cross_entropy_rows(const CrossEntropyRowsParams& p, cudaStream_t stream);
+// y[i] = x[i] * scale[0] for n contiguous elements of `dtype` (fp32, fp16, bf16): the product of the
+// element and the fp32 scale in fp32, rounded once (ATen would round the scale to 16 bits first);
+// scale is read on the device.
+// linear_cross_entropy's backward: the saved gradients times the incoming one, no host read.
+cudaError_t scale_by_device_scalar(const void* x, void* y, int64_t n, const float* scale, DType dtype,
+                                   cudaStream_t stream);
+
 }  // namespace strobe::ops::cuda

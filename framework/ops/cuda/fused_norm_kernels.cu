@@ -313,6 +313,116 @@ __global__ void __launch_bounds__(256) ce_bwd_kernel(CrossEntropyBwdParams p) {
   }
 }
 
+// ---- one chunk of linear_cross_entropy: loss and softmax - onehot in place, one block per row -----
+constexpr int kCeRowThreads = 512;
+
+// (m, s) += (m2, s2) for online log-sum-exp pairs (s = sum of exp(x - m)); NaN wins; a side that saw
+// nothing (m = -inf, s = 0) adds nothing.
+__device__ __forceinline__ void lse_merge(float& m, float& s, float m2, float s2) {
+  const float mm = (m2 > m || m2 != m2) ? m2 : m;
+  const float t1 = m == -INFINITY ? 0.f : s * expf(m - mm);
+  const float t2 = m2 == -INFINITY ? 0.f : s2 * expf(m2 - mm);
+  m = mm;
+  s = t1 + t2;
+}
+
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kCeRowThreads) ce_rows_kernel(CrossEntropyRowsParams p) {
+  __shared__ float sh_m[kCeRowThreads / 32], sh_s[kCeRowThreads / 32];
+  __shared__ float sh_lse;
+  const int64_t row = blockIdx.x;
+  T* x = static_cast<T*>(p.logits) + row * p.classes;
+  const int64_t t = p.target[row];
+  const bool ignored = t == p.ignore_index, bad = !ignored && (t < 0 || t >= p.classes);
+  // The target's logit, read before any thread overwrites the row.
+  const float xt = (threadIdx.x == 0 && !ignored && !bad) ? to_f(x[t]) : 0.f;
+  // Pass 1: per thread, online max / sum of exp over its vectors (one rescale per vector).
+  float m = -INFINITY, s = 0.f;
+  const int64_t nvec = p.classes / VEC;
+  for (int64_t i = threadIdx.x; i < nvec; i += kCeRowThreads) {
+    const Pack<T, VEC> v = reinterpret_cast<const Pack<T, VEC>*>(x)[i];
+    float f[VEC], vm = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      f[j] = to_f(v.v[j]);
+      vm = (f[j] > vm || f[j] != f[j]) ? f[j] : vm;
+    }
+    float vs = 0.f;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) vs += expf(f[j] - vm);
+    lse_merge(m, s, vm, vs);
+  }
+  // Butterfly over the warp, then warp 0 over the warps' pairs in warp order.
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+    lse_merge(m, s, m2, s2);
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) sh_m[warp] = m, sh_s[warp] = s;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float bm = sh_m[0], bs = sh_s[0];
+    for (int w = 1; w < kCeRowThreads / 32; ++w) lse_merge(bm, bs, sh_m[w], sh_s[w]);
+    const float lse = bm + logf(bs);
+    sh_lse = lse;
+    p.loss[row] = ignored ? 0.f : bad ? NAN : lse - xt;
+  }
+  if (!p.grad) return;
+  __syncthreads();
+  const float lse = sh_lse;
+  // Pass 2: the row becomes (softmax - onehot) * inv_count, rounded once.
+  const float scale = ignored ? 0.f : bad ? NAN : p.inv_count[0];
+  for (int64_t i = threadIdx.x; i < nvec; i += kCeRowThreads) {
+    Pack<T, VEC> v = reinterpret_cast<const Pack<T, VEC>*>(x)[i];
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      const int64_t col = i * VEC + j;
+      const float pr = ignored ? 0.f : expf(to_f(v.v[j]) - lse);
+      v.v[j] = from_f<T>((pr - (col == t ? 1.f : 0.f)) * scale);
+    }
+    reinterpret_cast<Pack<T, VEC>*>(x)[i] = v;
+  }
+}
+
+template <typename T>
+cudaError_t launch_ce_rows(const CrossEntropyRowsParams& p, cudaStream_t stream) {
+  constexpr int kVec = 16 / sizeof(T);
+  const bool vec = p.classes % kVec == 0 && reinterpret_cast<uintptr_t>(p.logits) % 16 == 0;
+  const dim3 grid(static_cast<unsigned>(p.rows));
+  if (vec) ce_rows_kernel<T, kVec><<<grid, kCeRowThreads, 0, stream>>>(p);
+  else ce_rows_kernel<T, 1><<<grid, kCeRowThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <typename T, int VEC>
+__global__ void __launch_bounds__(256) scale_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t n,
+                                                    const float* __restrict__ scale) {
+  const float a = scale[0];
+  const int64_t nvec = n / VEC;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * 256 + threadIdx.x; i < nvec; i += static_cast<int64_t>(gridDim.x) * 256) {
+    Pack<T, VEC> v = reinterpret_cast<const Pack<T, VEC>*>(x)[i];
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) v.v[j] = from_f<T>(__fmul_rn(to_f(v.v[j]), a));
+    reinterpret_cast<Pack<T, VEC>*>(y)[i] = v;
+  }
+  // The tail of a length that is not a multiple of VEC (VEC > 1 only when both pointers are aligned).
+  for (int64_t i = nvec * VEC + static_cast<int64_t>(blockIdx.x) * 256 + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * 256)
+    y[i] = from_f<T>(__fmul_rn(to_f(x[i]), a));
+}
+
+template <typename T>
+cudaError_t launch_scale(const void* x, void* y, int64_t n, const float* scale, cudaStream_t stream) {
+  constexpr int kVec = 16 / sizeof(T);
+  const bool vec = reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0;
+  const int64_t items = vec ? std::max<int64_t>(1, n / kVec) : n;
+  const unsigned grid = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>((items + 255) / 256, 132 * 16)));
+  if (vec) scale_kernel<T, kVec><<<grid, 256, 0, stream>>>(static_cast<const T*>(x), static_cast<T*>(y), n, scale);
+  else scale_kernel<T, 1><<<grid, 256, 0, stream>>>(static_cast<const T*>(x), static_cast<T*>(y), n, scale);
+  return cudaGetLastError();
+}
+
 template <typename P>
 dim3 ce_grid(const P& p) {
   return dim3(static_cast<unsigned>((p.rows + kCeRowsPerBlock - 1) / kCeRowsPerBlock));
@@ -380,6 +490,27 @@ cudaError_t cross_entropy_bwd(const CrossEntropyBwdParams& p, cudaStream_t strea
     default: return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
+}
+
+cudaError_t cross_entropy_rows(const CrossEntropyRowsParams& p, cudaStream_t stream) {
+  if (p.rows == 0) return cudaSuccess;
+  switch (p.dtype) {
+    case DType::kFloat32: return launch_ce_rows<float>(p, stream);
+    case DType::kFloat16: return launch_ce_rows<__half>(p, stream);
+    case DType::kBFloat16: return launch_ce_rows<__nv_bfloat16>(p, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+cudaError_t scale_by_device_scalar(const void* x, void* y, int64_t n, const float* scale, DType dtype,
+                                   cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  switch (dtype) {
+    case DType::kFloat32: return launch_scale<float>(x, y, n, scale, stream);
+    case DType::kFloat16: return launch_scale<__half>(x, y, n, scale, stream);
+    case DType::kBFloat16: return launch_scale<__nv_bfloat16>(x, y, n, scale, stream);
+    default: return cudaErrorInvalidValue;
+  }
 }
 
 }  // namespace strobe::ops::cuda

@@ -1,0 +1,123 @@
+"""strobe::linear_cross_entropy against the logits path at Llama-3.2-1B's head (hidden [16384, 2048],
+weight [128256, 2048], bf16, mean cross-entropy over int64 targets), forward + backward, one GPU:
+  eager     F.cross_entropy((h @ W.t()).float(), y), as a PyTorch training loop computes it
+  compiled  torch.compile of the same function
+  liger     Liger-Kernel's LigerFusedLinearCrossEntropyFunction (when its wheel is installed)
+  strobe    ops.linear_cross_entropy(h, W, None, y) with chunk_rows 0 (automatic) and fixed sizes
+CUDA events around each call, warm-ups, median (and mean) of REP calls over two fresh input sets;
+peak memory above the inputs (gradients included, as the PyTorch anchors count it); then the
+profiler's kernel times of one Strobe call, grouped (GEMMs, the cross_entropy_rows kernel, the rest),
+with the kernel's HBM bound (the bf16 logits read twice and written once). Usage (GPU machine):
+  python3 bench/ops/linear_ce_bench.py BUILD_DIR/lib/libstrobe_ops.so   (HBM_TBS: bandwidth, TB/s)
+Writes $OUT/linear_ce_bench.json.
+"""
+import json, os, statistics, sys
+
+import torch
+import torch.nn.functional as F
+
+torch.ops.load_library(sys.argv[1])
+ops = torch.ops.strobe
+dev, bf16 = "cuda", torch.bfloat16
+T, D, V = int(os.environ.get("LCE_T", 16384)), 2048, 128256
+REP = int(os.environ.get("REP", 10))
+bw = float(os.environ.get("HBM_TBS", "4.8")) * 1e12
+R = {"device": torch.cuda.get_device_name(), "shape": [T, D, V], "rows": []}
+
+sets = []
+for _ in range(2):
+    h = (torch.randn(T, D, device=dev, dtype=bf16) * 0.5).requires_grad_()
+    W = (torch.randn(V, D, device=dev, dtype=bf16) * 0.02).requires_grad_()
+    y = torch.randint(0, V, (T,), device=dev)
+    y[::9] = -100
+    sets.append((h, W, y))
+
+
+def step(f, h, W, y):
+    h.grad = None; W.grad = None
+    f(h, W, y).backward()
+
+
+def timeit(f, warmup=3):
+    for i in range(warmup):
+        step(f, *sets[i % 2])
+    torch.cuda.synchronize()
+    ts = []
+    for i in range(REP):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record(); step(f, *sets[i % 2]); e.record(); torch.cuda.synchronize()
+        ts.append(s.elapsed_time(e))
+    return statistics.median(ts), statistics.mean(ts)
+
+
+def peak_gib(f):
+    h, W, y = sets[0]
+    h.grad = None; W.grad = None
+    torch.cuda.synchronize(); torch.cuda.reset_peak_memory_stats(); base = torch.cuda.memory_allocated()
+    f(h, W, y).backward(); torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2**30
+
+
+def eager(h, W, y):
+    return F.cross_entropy((h @ W.t()).float(), y)
+
+
+def strobe(chunk):
+    return lambda h, W, y: ops.linear_cross_entropy(h, W, None, y, -100, chunk)
+
+
+cases = [("eager (logits path)", eager), ("torch.compile (logits path)", torch.compile(eager))]
+try:
+    from liger_kernel.ops.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyFunction as LF
+    cases.append(("Liger fused linear cross-entropy", lambda h, W, y: LF.apply(h, W, y)[0]))
+except Exception as ex:  # the wheel is optional
+    R["liger_error"] = repr(ex)[:200]
+    print("liger:", R["liger_error"])
+for c in (0, 512, 2048, 4096):
+    cases.append((f"strobe chunk_rows={c}" + (" (auto)" if c == 0 else ""), strobe(c)))
+
+# Correctness at this shape first: Strobe's loss and gradients against the eager logits path.
+h, W, y = sets[0]
+step(eager, h, W, y); ref = (eager(h, W, y).detach(), h.grad.clone(), W.grad.clone())
+step(strobe(0), h, W, y); got = (strobe(0)(h, W, y).detach(), h.grad.clone(), W.grad.clone())
+rel = [((a.double() - b.double()).norm() / b.double().norm()).item() for a, b in zip(got, ref)]
+R["rel_err_vs_eager"] = {"loss": rel[0], "dhidden": rel[1], "dweight": rel[2]}
+print(f"rel. error vs the eager logits path: loss {rel[0]:.2e}  dhidden {rel[1]:.2e}  dweight {rel[2]:.2e}")
+del ref, got
+torch.cuda.empty_cache()
+
+gemm_tflop = 3 * 2 * T * D * V / 1e12
+for name, f in cases:
+    try:
+        med, mean = timeit(f)
+        pk = peak_gib(f)
+    except Exception as ex:
+        print(f"{name}: {ex!r}"[:300]); R["rows"].append({"name": name, "error": repr(ex)[:300]}); continue
+    R["rows"].append({"name": name, "median_ms": round(med, 2), "mean_ms": round(mean, 2), "peak_gib": round(pk, 2),
+                      "gemm_tflops": round(gemm_tflop / med * 1e3, 1)})
+    print(f"{name:40s} median {med:7.2f} ms  mean {mean:7.2f} ms  peak +{pk:5.2f} GiB  ({gemm_tflop / med * 1e3:5.0f} TFLOP/s of GEMM)")
+    torch.cuda.empty_cache()
+
+# Kernel times of one automatic-chunk call from the profiler.
+from torch.profiler import profile, ProfilerActivity
+h, W, y = sets[1]
+step(strobe(0), h, W, y); torch.cuda.synchronize()
+with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    step(strobe(0), h, W, y); torch.cuda.synchronize()
+groups = {}
+for ev in prof.key_averages():
+    if ev.device_type != torch.autograd.DeviceType.CUDA:
+        continue
+    n = ev.key
+    g = ("cross_entropy_rows kernel" if "ce_rows_kernel" in n else
+         "GEMMs" if any(k in n.lower() for k in ("gemm", "nvjet", "xmma", "cutlass", "sm90")) else "other: " + n[:60])
+    groups[g] = groups.get(g, 0.0) + ev.device_time_total / 1e3  # us -> ms
+R["profile_ms"] = {k: round(v, 3) for k, v in sorted(groups.items(), key=lambda kv: -kv[1])}
+bound = 3 * T * V * 2 / bw * 1e3
+R["ce_rows_hbm_bound_ms"] = round(bound, 3)
+print("profile of one strobe call (kernel ms):")
+for k, v in R["profile_ms"].items():
+    print(f"  {k:70s} {v:8.3f}")
+print(f"  cross_entropy_rows HBM bound (2 reads + 1 write of bf16 logits at {bw / 1e12:.2f} TB/s): {bound:.3f} ms")
+with open(os.path.join(os.environ.get("OUT", "/tmp"), "linear_ce_bench.json"), "w") as fh:
+    json.dump(R, fh, indent=1)
