@@ -4,7 +4,7 @@
 # `trainer.profiler: {steps: [A, B]}`, then bench/e2e/trace_top.py on the trace (kernels by name and
 # category, per step). Traces and JSON summaries stay in $RUNS (default /tmp/strobe_prof); tables go to stdout.
 #   bash bench/e2e/profile_gpu.sh                      # all workloads
-#   WORKLOADS="vit_l16 resnet50" bash bench/e2e/profile_gpu.sh
+#   WORKLOADS="vit_l16 resnet50" bash bench/e2e/profile_gpu.sh   (also: llama_1b)
 #   EXTRA="--set trainer.precision=bf16-mixed" WORKLOADS=resnet50 bash bench/e2e/profile_gpu.sh
 #   RECORD_SHAPES=true WHO="CUDAFunctor_add direct_copy" bash bench/e2e/profile_gpu.sh   # who launched them
 set -uo pipefail
@@ -24,6 +24,7 @@ for w in $WORKLOADS; do
     resnet50) cfg=configs/resnet50_nan.yaml
       sets=(--set task.loss=cross_entropy --set 'callbacks=[]' --set optimizer.name=sgd --set optimizer.lr=0.001 --set optimizer.momentum=0.9) ;;
     lm_pack|lm_pad_to_max|lm_pad_to_longest) cfg=configs/decoder_lm_varlen.yaml; sets=(--set "data.collate=${w#lm_}") ;;
+    llama_1b) cfg=configs/llama_1b.yaml; sets=() ;;
     *) echo "unknown workload $w"; rc=2; continue ;;
   esac
   rm -rf "$runs/$w"; mkdir -p "$runs/$w"

@@ -8,10 +8,13 @@
 #   lce    strobe::linear_cross_entropy: its CUDA tests and memcheck, linear_ce_bench.py (vs the logits
 #          path eager / torch.compile and Liger's fused linear cross-entropy, when .gpu/whl holds its
 #          wheel), then `strobe bench step` on llama_1b with task.fused_linear_loss true and false.
+#   attn   the flash-attention kernels (their shared prologue lives in cuda/flash_common.cuh):
+#          test_gpu_attention under the wgmma and the mma.sync family, compute-sanitizer memcheck
+#          and racecheck on *ForSanitizer*, opcheck of every op, bench_attention.py (both families).
 #   bench  the add + RMSNorm, rotary and SwiGLU ops vs eager / torch.compile (fused_norm_bench.py rms); then
 #          `strobe bench step` on configs/llama_1b.yaml with the fused ops on (auto) and off
-#          (model.fused_ops=false), and pytorch_baselines.py llama (eager, torch.compile) in the same call.
-# Logs under $OUT.   bash bench/ops/llama_ops_gpu.sh tests|lce|bench [BUILD_DIR]   (project root, .gpu/ beside it)
+#          (model.fused_ops=false, task.fused_linear_loss=false), and pytorch_baselines.py llama (eager, torch.compile) in the same call.
+# Logs under $OUT.   bash bench/ops/llama_ops_gpu.sh tests|lce|attn|bench [BUILD_DIR]   (project root, .gpu/ beside it)
 # Env: STEPS (30), WARMUP (10), LLAMA_B (8), SKIP_BASELINE=1.
 set -uo pipefail
 out=${OUT:-/tmp/out}; mkdir -p "$out"
@@ -25,7 +28,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 t0=$(date +%s)
 cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" \
   -DCMAKE_CUDA_COMPILER="$(command -v nvcc)" > "$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
-cmake --build "$B" -j"$(nproc)" --target strobe strobe_ops test_gpu_ops test_gpu_models test_gpu_trainer \
+cmake --build "$B" -j"$(nproc)" --target strobe strobe_ops test_gpu_ops test_gpu_models test_gpu_trainer test_gpu_attention \
   > "$out/build.log" 2>&1 || { grep -B2 -A12 -m5 error "$out/build.log" | head -60; exit 1; }
 echo "configure+build: $(( $(date +%s) - t0 )) s"
 
@@ -64,11 +67,29 @@ if [ "$phase" = lce ]; then
   done
 fi
 
+if [ "$phase" = attn ]; then
+  for fam in wgmma mma; do
+    STROBE_FLASH_ATTN=$fam timeout 150 "$B/bin/test_gpu_attention" > "$out/test_attn_$fam.log" 2>&1
+    echo "test_gpu_attention ($fam) rc=$?"; grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|Expected|Which is|which is" "$out/test_attn_$fam.log" | head -10
+  done
+  for tool in memcheck racecheck; do
+    timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 "$B/bin/test_gpu_attention" --gtest_filter='*ForSanitizer*' \
+      > "$out/$tool.log" 2>&1
+    echo "$tool rc=$?"; tail -2 "$out/$tool.log"
+  done
+  STROBE_BUILD_DIR="$B" timeout 200 python3 tests/python/test_ops_compile.py > "$out/opcheck.log" 2>&1
+  echo "opcheck rc=$?"; grep -E "FAIL|passed" "$out/opcheck.log" | head -20
+  for fam in wgmma mma; do
+    echo "== bench_attention.py ($fam)"
+    STROBE_FLASH_ATTN=$fam STROBE_BUILD_DIR="$B" OUT="$out" timeout 150 python3 bench/attention/bench_attention.py 2>&1 | grep -v -i warn | tail -9
+  done
+fi
+
 if [ "$phase" = bench ]; then
   case "$(nvidia-smi --query-gpu=name --format=csv,noheader)" in *H200*) export HBM_TBS=4.8 ;; *) export HBM_TBS=3.35 ;; esac
   timeout 240 python3 bench/ops/fused_norm_bench.py "$B/lib/libstrobe_ops.so" rms 2>&1 | grep -v Warning | tail -10
   for mode in on off; do
-    args=""; [ $mode = off ] && args="--set model.fused_ops=false"
+    args=""; [ $mode = off ] && args="--set model.fused_ops=false --set task.fused_linear_loss=false"
     echo "== strobe bench step llama_1b fused $mode"
     # shellcheck disable=SC2086
     timeout 200 "$B/bin/strobe" bench step --workload llama_1b --warmup "${WARMUP:-10}" --steps "${STEPS:-30}" \
