@@ -119,19 +119,12 @@ void print_fit_summary(const strobe::Run& run, int rc, double seconds) {
   for (const auto& kv : t.metrics()) metrics += fmt::format(" {}={:.6g}", kv.first, kv.second);
   if (!metrics.empty()) fmt::print("  final metrics:{}\n", metrics);
   for (const auto& cb : run.callbacks) {
-    if (cb->name() != "model_checkpoint") continue;
-    auto st = cb->state_dict();
-    const std::string kept = st.value("best_path", "");  // relative to the run directory, unless outside it
-    const std::string monitor = st.value("monitor", "");
-    if (kept.empty()) continue;
-    const std::string best = st["writers"].contains(kept) ? kept : run.run_dir + "/" + kept;
-    if (!std::filesystem::exists(best)) continue;
-    if (monitor.empty()) {
-      fmt::print("  latest checkpoint: {}\n", best);
-    } else {
-      double score = st["best_k"].value(kept, 0.0);
-      fmt::print("  best checkpoint: {} ({}={:.6g})\n", best, monitor, score);
-    }
+    const auto best = cb->best_checkpoint(run.run_dir);
+    if (!best || !std::filesystem::exists(best->path)) continue;
+    if (best->monitor.empty())
+      fmt::print("  latest checkpoint: {}\n", best->path);
+    else
+      fmt::print("  best checkpoint: {} ({}={:.6g})\n", best->path, best->monitor, best->score);
   }
   if (std::filesystem::exists(run.run_dir + "/checkpoints/last.ckpt"))
     fmt::print("  last checkpoint: {}/checkpoints/last.ckpt\n", run.run_dir);

@@ -93,8 +93,17 @@ class ModelCheckpoint : public Callback {
     if (enabled(t)) save_last(t);
   }
 
+  std::optional<SavedCheckpoint> best_checkpoint(const std::string& run_dir) const override {
+    if (best_path_.empty()) return std::nullopt;
+    SavedCheckpoint c;
+    c.path = writers_.count(best_path_) ? best_path_ : run_dir + "/" + best_path_;
+    c.monitor = monitor_;
+    if (auto it = best_k_.find(best_path_); it != best_k_.end()) c.score = it->second;
+    return c;
+  }
+
   // best_k / best_path: run-relative paths (outside the run directory: absolute, with their writer
-  // in "writers"). The run summary resolves best_path against the run directory.
+  // in "writers"); best_checkpoint() resolves them.
   nlohmann::json state_dict() const override {
     return {{"best_k", best_k_},   {"best_path", best_path_}, {"writers", writers_}, {"paths", "run-relative"},
             {"last_step_saved", last_step_saved_}, {"monitor", monitor_}};

@@ -32,6 +32,7 @@
 #include "framework/checkpoint/checkpoint_io.h"
 #include "framework/core/callback.h"
 #include "framework/core/capture.h"
+#include "framework/core/checkpoint_view.h"
 #include "framework/core/step_pipeline.h"
 #include "framework/core/trainer_view.h"
 #include "framework/logging/device_readback.h"
@@ -265,7 +266,7 @@ class NaNCapture : public Callback {
     fs::create_directories(tmp);
     try {
       checkpoint::save_checkpoint_file((tmp / capture::kCheckpointFile).string(), d);
-      checkpoint::write_file_atomic((tmp / "config.yaml").string(), d.blob("config"));
+      checkpoint::write_file_atomic((tmp / "config.yaml").string(), CheckpointView(d, final_dir.string()).require_config());
       std::ostringstream s;
       s << fmt::format("Non-finite {} at step {} (epoch {}, batch {} of the epoch), {} micro-batch(es), device {}, precision {}.\n",
                        loss_bad && grads_bad ? "loss and gradients" : loss_bad ? "loss" : "gradients", step_number(e),

@@ -11,6 +11,7 @@
 
 #include "callbacks/profiler.h"
 #include "framework/checkpoint/checkpoint_io.h"
+#include "framework/core/checkpoint_view.h"
 #include "framework/distributed/strategy.h"
 #include "runner/init_from.h"
 
@@ -176,8 +177,8 @@ std::unique_ptr<Run> build_run(config::Document& doc, const RunOptions& options)
   std::optional<checkpoint::CheckpointData> ckpt_data;
   if (options.ckpt) {
     ckpt_data = checkpoint::load_checkpoint_file(*options.ckpt);
-    if (ckpt_data->has_blob("config"))
-      plugins = with_recorded_plugins(plugins, config::recorded_plugins(ckpt_data->blob("config"), *options.ckpt));
+    if (const std::string* saved = CheckpointView(*ckpt_data, *options.ckpt).config())
+      plugins = with_recorded_plugins(plugins, config::recorded_plugins(*saved, *options.ckpt));
   }
   if (!plugins.empty()) {
     YAML::Node record(YAML::NodeType::Sequence);

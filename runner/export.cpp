@@ -17,6 +17,7 @@
 #include "framework/checkpoint/safetensors.h"
 #include "framework/config/experiment.h"
 #include "runner/plugins.h"
+#include "framework/core/checkpoint_view.h"
 #include "framework/core/model.h"
 #include "framework/core/weight_names.h"
 
@@ -26,18 +27,19 @@ namespace {
 
 // The checkpoint's tensors under another name set: the model is built from the checkpoint's saved
 // config (its map depends on the configuration) and its map renames them.
-safetensors::NamedTensors rename_tensors(const ExportOptions& options, const checkpoint::CheckpointData& data,
+safetensors::NamedTensors rename_tensors(const ExportOptions& options, const CheckpointView& view,
                                          const safetensors::NamedTensors& tensors, std::optional<nlohmann::json>& hf_config) {
   const std::string flag = "--names " + options.names;
-  if (!data.has_blob("config"))
+  const std::string* saved = view.config();
+  if (saved == nullptr)
     throw ExportError(fmt::format("{}: {} has no saved config to build its model from", flag, options.checkpoint));
   std::shared_ptr<Model> model;
   std::string family;
   try {
-    auto doc = config::Document::load_string(data.blob("config"), options.checkpoint + " (saved config)");
+    auto doc = config::Document::load_string(*saved, options.checkpoint + " (saved config)");
     // A plugin's model is built by its plugin (which may register its name sets too): load the
     // plugins the checkpoint recorded, at their recorded hashes (PluginError, exit 2, otherwise).
-    load_plugins(config::recorded_plugins(data.blob("config"), options.checkpoint));
+    load_plugins(config::recorded_plugins(*saved, options.checkpoint));
     config::Section section = doc.root().child("model");
     family = section.require_string("name");
     config::parse_init_from(section);  // accepts the key: the weights come from the checkpoint
@@ -60,9 +62,9 @@ safetensors::NamedTensors rename_tensors(const ExportOptions& options, const che
 // fields are kept (max_position_embeddings, bos/eos/pad token ids, anything transformers or a
 // tokenizer reads), and the model's own fields written over them, but for max_position_embeddings:
 // the source's context length, which bounds the run's max_seq_len, stays.
-nlohmann::json with_source_fields(const nlohmann::json& ours, const checkpoint::CheckpointData& data) {
-  if (!data.has_blob("hf_config")) return ours;
-  nlohmann::json merged = nlohmann::json::parse(data.blob("hf_config"), nullptr, false);
+nlohmann::json with_source_fields(const nlohmann::json& ours, const CheckpointView& view) {
+  if (view.hf_config() == nullptr) return ours;
+  nlohmann::json merged = nlohmann::json::parse(*view.hf_config(), nullptr, false);
   if (!merged.is_object()) return ours;
   for (const auto& [key, value] : ours.items())
     if (key != "max_position_embeddings" || !merged.contains(key)) merged[key] = value;
@@ -98,39 +100,34 @@ int export_weights(const ExportOptions& options) {
     if (same_file(out, options.checkpoint))
       throw ExportError(fmt::format("-o {}: is the checkpoint being exported ({}); write the export elsewhere",
                                     out.string(), options.checkpoint));
-  checkpoint::CheckpointData data = checkpoint::load_checkpoint_file(options.checkpoint);
+  const checkpoint::CheckpointData data = checkpoint::load_checkpoint_file(options.checkpoint);
+  const CheckpointView view(data, options.checkpoint);
   safetensors::NamedTensors tensors;
-  const std::string prefix = "model/";
-  for (const auto& [key, tensor] : data.tensors)
-    if (key.rfind(prefix, 0) == 0) tensors.emplace_back(key.substr(prefix.size()), tensor);
+  for (const auto& [name, tensor] : view.model_tensors()) tensors.emplace_back(name, tensor);
   if (tensors.empty())
     throw checkpoint::CheckpointError(fmt::format("{}: holds no model weights (no 'model/' tensors)", options.checkpoint));
 
   std::optional<nlohmann::json> hf_config;
-  if (options.names != "strobe") tensors = rename_tensors(options, data, tensors, hf_config);
+  if (options.names != "strobe") tensors = rename_tensors(options, view, tensors, hf_config);
   std::optional<nlohmann::json> generation_config;
   if (hf_config) {
-    hf_config = with_source_fields(*hf_config, data);
+    hf_config = with_source_fields(*hf_config, view);
     generation_config = generation_config_of(*hf_config);
   }
 
   std::map<std::string, std::string> metadata{
       {"format", "pt"}, {"strobe.version", STROBE_VERSION}, {"strobe.names", options.names}};
-  if (data.has_blob("config")) {
-    YAML::Node model = YAML::Load(data.blob("config"))["model"];
+  if (view.config() != nullptr) {
+    YAML::Node model = YAML::Load(*view.config())["model"];
     if (model.IsDefined()) {
       YAML::Emitter out;
       out << model;
       metadata["strobe.model"] = out.c_str();
     }
   }
-  if (data.has_blob("meta")) {
-    auto meta = nlohmann::json::parse(data.blob("meta"), nullptr, false);
-    if (meta.is_object()) {
-      if (meta.contains("global_step")) metadata["strobe.step"] = meta["global_step"].dump();
-      if (meta.contains("epoch")) metadata["strobe.epoch"] = meta["epoch"].dump();
-    }
-  }
+  const CheckpointMeta meta = view.meta();
+  if (meta.global_step) metadata["strobe.step"] = std::to_string(*meta.global_step);
+  if (meta.epoch) metadata["strobe.epoch"] = std::to_string(*meta.epoch);
 
   struct stat st {};
   if (hf_config && fs::path(options.output).extension() == ".safetensors")

@@ -9,6 +9,7 @@
 #include "framework/checkpoint/checkpoint_io.h"
 #include "framework/config/config.h"
 #include "framework/core/capture.h"
+#include "framework/core/checkpoint_view.h"
 #include "framework/core/forensics.h"
 #include "runner/experiment_builder.h"
 
@@ -45,7 +46,8 @@ nlohmann::json replay_capture(const std::string& path, const ReplayOptions& opti
   const std::string dir = resolve_capture_dir(path);
   const std::string file = (fs::path(dir) / kCheckpointFile).string();
   auto d = checkpoint::load_checkpoint_file(file);
-  if (!d.has_blob("capture") || !d.has_blob("capture_batches") || !d.has_blob("config"))
+  const CheckpointView view(d, file);
+  if (!d.has_blob("capture") || !d.has_blob("capture_batches") || view.config() == nullptr)
     throw checkpoint::CheckpointError(fmt::format("{}: a checkpoint but not a NaN capture (no capture record)", file));
   nlohmann::json info;
   try {
@@ -70,7 +72,7 @@ nlohmann::json replay_capture(const std::string& path, const ReplayOptions& opti
                                                          ? std::string("cpu")
                                                          : captured_device);
 
-  auto doc = config::Document::load_string(d.blob("config"), file + " (resolved config)");
+  auto doc = config::Document::load_string(view.require_config(), file + " (resolved config)");
   // The step alone: no callbacks, files, progress bar or loggers; the captured device unless asked.
   doc.apply_override("callbacks=[]");
   doc.apply_override("trainer.enable_checkpointing=false");

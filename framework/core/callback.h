@@ -7,6 +7,7 @@
 
 #include <exception>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <nlohmann/json_fwd.hpp>
@@ -37,6 +38,14 @@ class Callback {
   // fit` claims one outside the run directory as it claims the run directory (docs/CONFIG.md, "Run
   // directory"): never another run's, locked while this run lives.
   virtual std::string checkpoint_dir() const { return ""; }
+  // A checkpointing callback's best checkpoint so far, for the run summary: its path (a file inside
+  // `run_dir` joined to it), the monitored metric and its score ("" and 0 without a monitor: the
+  // latest). nullopt for other callbacks, or before one was written.
+  struct SavedCheckpoint {
+    std::string path, monitor;
+    double score = 0;
+  };
+  virtual std::optional<SavedCheckpoint> best_checkpoint(const std::string& /*run_dir*/) const { return std::nullopt; }
 
   virtual void setup(TrainerView&, Module&, Stage) {}
   virtual void teardown(TrainerView&, Module&, Stage) {}

@@ -9,6 +9,7 @@
 
 #include "framework/config/config.h"
 #include "framework/config/resume_check.h"
+#include "framework/core/checkpoint_view.h"
 
 namespace strobe {
 
@@ -33,21 +34,21 @@ std::string weights_mismatch(const checkpoint::CheckpointData& data, const std::
   std::map<std::string, torch::Tensor> own;
   for (const auto& p : net.named_parameters()) own.emplace(p.key(), p.value());
   for (const auto& b : net.named_buffers()) own.emplace(b.key(), b.value());
+  const CheckpointView view(data, "");
   std::vector<std::string> missing, unexpected, misshaped;
   std::string first_shape;
   for (const auto& [name, t] : own) {
-    auto it = data.tensors.find("model/" + name);
-    if (it == data.tensors.end()) {
+    const torch::Tensor* saved = view.model_tensor(name);
+    if (saved == nullptr) {
       missing.push_back(name);
-    } else if (it->second.sizes() != t.sizes()) {
+    } else if (saved->sizes() != t.sizes()) {
       if (misshaped.empty())
-        first_shape = fmt::format("'{}' is {} in the checkpoint, {} in the model", name, c10::str(it->second.sizes()), c10::str(t.sizes()));
+        first_shape = fmt::format("'{}' is {} in the checkpoint, {} in the model", name, c10::str(saved->sizes()), c10::str(t.sizes()));
       misshaped.push_back(name);
     }
   }
-  const std::string prefix = "model/";
-  for (auto it = data.tensors.lower_bound(prefix); it != data.tensors.end() && it->first.rfind(prefix, 0) == 0; ++it)
-    if (!own.count(it->first.substr(prefix.size()))) unexpected.push_back(it->first.substr(prefix.size()));
+  for (const auto& [name, t] : view.model_tensors())
+    if (!own.count(name)) unexpected.push_back(name);
   if (missing.empty() && unexpected.empty() && misshaped.empty()) return "";
 
   std::vector<std::string> parts;
@@ -60,9 +61,9 @@ std::string weights_mismatch(const checkpoint::CheckpointData& data, const std::
 
   // The model keys of the checkpoint's own config that differ from the current config, when both are known.
   std::vector<std::string> keys;
-  if (!current_yaml.empty() && data.has_blob("config")) {
+  if (!current_yaml.empty() && view.config() != nullptr) {
     try {
-      auto r = config::compare_for_resume(data.blob("config"), current_yaml);
+      auto r = config::compare_for_resume(*view.config(), current_yaml);
       for (const auto* list : {&r.incompatible, &r.model_changes, &r.allowed})
         for (const auto& c : *list)
           if (is_model_key(c.key)) keys.push_back(fmt::format("{}: checkpoint {}, config {}", c.key, c.before, c.after));
@@ -78,10 +79,11 @@ std::string weights_mismatch(const checkpoint::CheckpointData& data, const std::
 }
 
 std::string function_changes(const checkpoint::CheckpointData& data, const std::string& current_yaml) {
-  if (current_yaml.empty() || !data.has_blob("config")) return "";
+  const std::string* saved = CheckpointView(data, "").config();
+  if (current_yaml.empty() || saved == nullptr) return "";
   std::vector<std::string> keys;
   try {
-    for (const auto& c : config::compare_for_resume(data.blob("config"), current_yaml).incompatible)
+    for (const auto& c : config::compare_for_resume(*saved, current_yaml).incompatible)
       if (is_model_key(c.key)) keys.push_back(fmt::format("{}: checkpoint {}, config {}", c.key, c.before, c.after));
   } catch (const config::ConfigError&) {
     return "";
@@ -96,9 +98,10 @@ std::string check_resume_compatible(const std::string& path, const checkpoint::C
   const std::string mismatch = weights_mismatch(data, current_yaml, net);
 
   config::ResumeCheck r;
-  if (!current_yaml.empty() && data.has_blob("config")) {
+  const std::string* saved = CheckpointView(data, path).config();
+  if (!current_yaml.empty() && saved != nullptr) {
     try {
-      r = config::compare_for_resume(data.blob("config"), current_yaml);
+      r = config::compare_for_resume(*saved, current_yaml);
     } catch (const config::ConfigError& e) {
       throw checkpoint::CheckpointError(fmt::format("{}: {}", path, e.what()));
     }

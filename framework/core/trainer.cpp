@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "framework/checkpoint/checkpoint_io.h"
+#include "framework/core/checkpoint_view.h"
 #include "framework/core/graph_step.h"
 #include "framework/core/precision.h"
 #include "framework/core/signals.h"
@@ -215,12 +216,7 @@ int Trainer::fit(const std::optional<std::string>& ckpt_path) {
 }
 
 void Trainer::check_resume_world_size(const std::string& source, const checkpoint::CheckpointData& d) const {
-  int64_t saved = 1;
-  if (d.has_blob("meta")) {
-    auto meta = nlohmann::json::parse(d.blob("meta"), nullptr, false);
-    if (meta.is_object() && meta.contains("world_size") && meta["world_size"].is_number_integer())
-      saved = meta["world_size"].get<int64_t>();
-  }
+  const int64_t saved = CheckpointView(d, source).meta().world_size;
   if (saved == world_size_) return;
   // Every rank reads the same file and takes this branch: end in order, then the same exit 2 everywhere.
   strategy_->shutdown();

@@ -12,6 +12,7 @@
 #include <torch/torch.h>
 
 #include "framework/checkpoint/checkpoint_io.h"
+#include "framework/core/checkpoint_view.h"
 #include "framework/core/precision.h"
 #include "framework/core/resume_compat.h"
 #include "framework/core/trainer.h"
@@ -77,17 +78,19 @@ void Trainer::register_state() {
       [this](CheckpointData& d, const StepStart* at) {
         // bf16-master: the fp32 masters, under the parameters' names.
         for (const auto& p : module_->net().named_parameters())
-          d.tensors["model/" + p.key()] = (masters_ ? masters_->master_of(p.value()) : p.value()).detach();
+          d.tensors[checkpoint_keys::kModelPrefix + p.key()] = (masters_ ? masters_->master_of(p.value()) : p.value()).detach();
         for (const auto& b : module_->net().named_buffers()) {
           const auto* before = at && at->buffers.count(b.key()) ? &at->buffers.at(b.key()) : nullptr;
-          d.tensors["model/" + b.key()] = before ? *before : b.value();
+          d.tensors[checkpoint_keys::kModelPrefix + b.key()] = before ? *before : b.value();
         }
       },
       [this](const CheckpointData& d) {
         // Names and shapes were checked, both ways, before any state was restored
         // (load_checkpoint_data: weights_mismatch).
         torch::NoGradGuard ng;
-        auto load_into = [&](const std::string& key, torch::Tensor target) { target.copy_(d.tensor("model/" + key)); };
+        auto load_into = [&](const std::string& key, torch::Tensor target) {
+          target.copy_(d.tensor(checkpoint_keys::kModelPrefix + key));
+        };
         for (auto& p : module_->net().named_parameters())
           load_into(p.key(), masters_ ? masters_->master_of(p.value()) : p.value());
         for (auto& b : module_->net().named_buffers()) load_into(b.key(), b.value());
@@ -216,30 +219,32 @@ void Trainer::register_state() {
       },
       [this](const CheckpointData& d) { restore_rng(d); });
   connector_.add(
-      "callbacks",
+      checkpoint_keys::kCallbacks,
       [this](CheckpointData& d, const StepStart*) {
         nlohmann::json cbs = nlohmann::json::object();
         for (auto& cb : callbacks_) cbs[cb->state_key()] = cb->state_dict();
-        d.blobs["callbacks"] = cbs.dump();
+        d.blobs[checkpoint_keys::kCallbacks] = cbs.dump();
       },
       [this](const CheckpointData& d) {
-        auto cbs = nlohmann::json::parse(d.blob("callbacks"));
+        const auto cbs = CheckpointView(d, "the checkpoint").callback_states();
         for (auto& cb : callbacks_)
           if (cbs.contains(cb->state_key())) cb->load_state_dict(cbs.at(cb->state_key()));
       });
   connector_.add(
-      "config", [this](CheckpointData& d, const StepStart*) { d.blobs["config"] = config_yaml_; }, nullptr, Kind::Always);
+      checkpoint_keys::kConfig,
+      [this](CheckpointData& d, const StepStart*) { d.blobs[checkpoint_keys::kConfig] = config_yaml_; }, nullptr,
+      Kind::Always);
   connector_.add(
-      "hf_config",
+      checkpoint_keys::kHfConfig,
       [this](CheckpointData& d, const StepStart*) {
-        if (!hf_source_config_.empty()) d.blobs["hf_config"] = hf_source_config_;
+        if (!hf_source_config_.empty()) d.blobs[checkpoint_keys::kHfConfig] = hf_source_config_;
       },
       [this](const CheckpointData& d) {
-        if (d.has_blob("hf_config")) hf_source_config_ = d.blob("hf_config");
+        if (const std::string* hf = CheckpointView(d, "the checkpoint").hf_config()) hf_source_config_ = *hf;
       },
       Kind::Always);
   connector_.add(
-      "meta",
+      checkpoint_keys::kMeta,
       [this](CheckpointData& d, const StepStart*) {
         nlohmann::json meta = {{"format_version", checkpoint::kFormatVersion},
                                {"strobe_version", STROBE_VERSION},
@@ -248,7 +253,7 @@ void Trainer::register_state() {
                                {"global_step", state().global_step},
                                {"world_size", world_size_},
                                {"epoch", state().epoch}};
-        d.blobs["meta"] = meta.dump();
+        d.blobs[checkpoint_keys::kMeta] = meta.dump();
       },
       nullptr, Kind::Always);
 }
