@@ -1,6 +1,12 @@
 #include "framework/data/loader.h"
 
+#include <condition_variable>
+#include <exception>
+#include <map>
+#include <mutex>
 #include <stdexcept>
+#include <thread>
+#include <vector>
 
 #include <fmt/format.h>
 #include <torch/torch.h>
@@ -9,12 +15,27 @@
 
 namespace strobe::data {
 
+struct DataLoader::Impl {
+  std::vector<int64_t> order;  // this epoch's indices
+  int64_t epoch = 0, next_to_make = 0, next_to_yield = 0, end = 0;
+  uint64_t generation = 0;
+  bool stopping = false;
+  std::map<int64_t, Batch> ready;
+  std::exception_ptr error;
+  std::mutex mu;
+  std::condition_variable cv_made, cv_space;
+  std::vector<std::thread> workers;
+
+  void worker_loop(const DataLoader& loader, uint64_t gen);
+};
+
 DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, CollateFn collate, LoaderOptions options)
     : dataset_(std::move(dataset)),
       collate_(std::move(collate)),
       opt_(options),
       sampler_(dataset_->size(), SamplerOptions{options.shuffle, options.drop_last, options.seed, options.rank,
-                                                options.world_size}) {
+                                                options.world_size}),
+      impl_(std::make_unique<Impl>()) {
   if (opt_.batch_size < 1) throw std::invalid_argument("loader: batch_size must be >= 1");
   if (opt_.num_workers < 0) throw std::invalid_argument("loader: num_workers must be >= 0");
   if (opt_.prefetch_factor < 1) opt_.prefetch_factor = 1;
@@ -30,8 +51,8 @@ int64_t DataLoader::num_batches() const {
 
 Batch DataLoader::make_batch(int64_t epoch, int64_t batch_index) const {
   std::vector<int64_t> other_epoch;
-  const std::vector<int64_t>* order_ptr = &order_;
-  if (epoch != epoch_ || order_.empty()) {
+  const std::vector<int64_t>* order_ptr = &impl_->order;
+  if (epoch != impl_->epoch || impl_->order.empty()) {
     other_epoch = sampler_.indices(epoch);
     order_ptr = &other_epoch;
   }
@@ -59,78 +80,80 @@ Batch DataLoader::make_batch(int64_t epoch, int64_t batch_index) const {
 
 void DataLoader::start(int64_t epoch, int64_t first_batch) {
   stop();
-  std::unique_lock<std::mutex> lock(mu_);
-  epoch_ = epoch;
-  order_ = sampler_.indices(epoch);
-  end_ = num_batches();
-  next_to_make_ = next_to_yield_ = std::min(first_batch, end_);
-  ready_.clear();
-  error_ = nullptr;
-  stopping_ = false;
-  ++generation_;
-  for (int64_t w = 0; w < opt_.num_workers; ++w)
-    workers_.emplace_back(&DataLoader::worker_loop, this, w, generation_);
+  Impl& m = *impl_;
+  std::unique_lock<std::mutex> lock(m.mu);
+  m.epoch = epoch;
+  m.order = sampler_.indices(epoch);
+  m.end = num_batches();
+  m.next_to_make = m.next_to_yield = std::min(first_batch, m.end);
+  m.ready.clear();
+  m.error = nullptr;
+  m.stopping = false;
+  ++m.generation;
+  for (int64_t w = 0; w < opt_.num_workers; ++w) m.workers.emplace_back(&Impl::worker_loop, &m, std::cref(*this), m.generation);
 }
 
-void DataLoader::worker_loop(int64_t /*worker_id*/, uint64_t generation) {
+void DataLoader::Impl::worker_loop(const DataLoader& loader, uint64_t gen) {
   // Workers make batches in index order; the bound keeps at most num_workers * prefetch_factor
   // batches ahead of the consumer.
-  const int64_t capacity = opt_.num_workers * opt_.prefetch_factor;
+  const int64_t capacity = loader.opt_.num_workers * loader.opt_.prefetch_factor;
   for (;;) {
     int64_t index;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_space_.wait(lock, [&] { return stopping_ || next_to_make_ - next_to_yield_ < capacity || next_to_make_ >= end_; });
-      if (stopping_ || generation != generation_ || next_to_make_ >= end_ || error_) return;
-      index = next_to_make_++;
+      std::unique_lock<std::mutex> lock(mu);
+      cv_space.wait(lock, [&] { return stopping || next_to_make - next_to_yield < capacity || next_to_make >= end; });
+      if (stopping || gen != generation || next_to_make >= end || error) return;
+      index = next_to_make++;
     }
     try {
-      Batch b = make_batch(epoch_, index);
-      std::lock_guard<std::mutex> lock(mu_);
-      if (generation != generation_) return;
-      ready_.emplace(index, std::move(b));
+      Batch b = loader.make_batch(epoch, index);
+      std::lock_guard<std::mutex> lock(mu);
+      if (gen != generation) return;
+      ready.emplace(index, std::move(b));
     } catch (...) {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!error_) error_ = std::current_exception();
+      std::lock_guard<std::mutex> lock(mu);
+      if (!error) error = std::current_exception();
     }
-    cv_made_.notify_all();
+    cv_made.notify_all();
   }
 }
 
 std::optional<Batch> DataLoader::next() {
+  Impl& m = *impl_;
   if (opt_.num_workers == 0) {
-    if (next_to_yield_ >= end_) return std::nullopt;
-    return make_batch(epoch_, next_to_yield_++);
+    if (m.next_to_yield >= m.end) return std::nullopt;
+    return make_batch(m.epoch, m.next_to_yield++);
   }
-  std::unique_lock<std::mutex> lock(mu_);
-  if (next_to_yield_ >= end_) return std::nullopt;
-  cv_made_.wait(lock, [&] { return error_ || ready_.count(next_to_yield_) > 0; });
-  if (error_) {
-    auto e = error_;
+  std::unique_lock<std::mutex> lock(m.mu);
+  if (m.next_to_yield >= m.end) return std::nullopt;
+  m.cv_made.wait(lock, [&] { return m.error || m.ready.count(m.next_to_yield) > 0; });
+  if (m.error) {
+    auto e = m.error;
     lock.unlock();
     stop();
     std::rethrow_exception(e);
   }
-  auto it = ready_.find(next_to_yield_);
+  auto it = m.ready.find(m.next_to_yield);
   Batch b = std::move(it->second);
-  ready_.erase(it);
-  ++next_to_yield_;
+  m.ready.erase(it);
+  ++m.next_to_yield;
   lock.unlock();
-  cv_space_.notify_all();
+  m.cv_space.notify_all();
   return b;
 }
 
 void DataLoader::stop() {
+  Impl& m = *impl_;
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    stopping_ = true;
+    std::lock_guard<std::mutex> lock(m.mu);
+    m.stopping = true;
   }
-  cv_space_.notify_all();
-  cv_made_.notify_all();
-  for (auto& t : workers_) t.join();
-  workers_.clear();
-  std::lock_guard<std::mutex> lock(mu_);
-  ready_.clear();
+  m.cv_space.notify_all();
+  m.cv_made.notify_all();
+  for (auto& t : m.workers) t.join();
+  m.workers.clear();
+  std::lock_guard<std::mutex> lock(m.mu);
+  m.ready.clear();
 }
 
 }  // namespace strobe::data

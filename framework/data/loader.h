@@ -4,18 +4,13 @@
 // num_workers and of where the epoch was started (start(e, first_batch) resumes mid-epoch without
 // replaying). With pin_memory the batches come in page-locked memory so the host-to-device copy can
 // be non-blocking. At most `num_workers * prefetch_factor` batches are held ahead of the consumer.
+// The worker threads, the queue and their locks live behind a pimpl (loader.cpp): a component that
+// names a DataLoader (framework/core/datamodule.h) includes no threading header through it.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
-#include <deque>
-#include <exception>
-#include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
-#include <thread>
-#include <vector>
 
 #include "framework/data/dataset.h"
 #include "framework/data/sampler.h"
@@ -59,22 +54,13 @@ class DataLoader {
   void stop();
 
  private:
-  void worker_loop(int64_t worker_id, uint64_t generation);
+  struct Impl;  // the epoch's order and position, the prefetch queue, the workers (loader.cpp)
 
   std::shared_ptr<const Dataset> dataset_;
   CollateFn collate_;
   LoaderOptions opt_;
   DistributedSampler sampler_;
-
-  std::vector<int64_t> order_;  // this epoch's indices
-  int64_t epoch_ = 0, next_to_make_ = 0, next_to_yield_ = 0, end_ = 0;
-  uint64_t generation_ = 0;
-  bool stopping_ = false;
-  std::map<int64_t, Batch> ready_;
-  std::exception_ptr error_;
-  std::mutex mu_;
-  std::condition_variable cv_made_, cv_space_;
-  std::vector<std::thread> workers_;
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace strobe::data

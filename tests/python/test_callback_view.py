@@ -8,6 +8,11 @@ A self test then plants `#include "framework/core/trainer.h"` two headers deep (
 a callback includes) and requires exactly that chain to be reported, so a check that cannot fail does
 not pass.
 
+Second rule: the headers a component is written against (callback.h, datamodule.h and what they
+include) bring no threading header (<thread>, <mutex>, <condition_variable>): the data loader's
+workers stay behind its pimpl (framework/data/loader.cpp). Its self test plants `#include <mutex>`
+into a copy of framework/data/loader.h and requires it to be reported.
+
 Usage: test_callback_view.py (STROBE_SOURCE_DIR: the source tree; default: the working directory)."""
 import os, re, shutil, sys, tempfile
 
@@ -15,6 +20,9 @@ SRC = os.path.realpath(os.environ.get("STROBE_SOURCE_DIR", "."))
 FORBIDDEN = "framework/core/trainer.h"
 ROOTS = ["callbacks", "framework/core/callback.h", "framework/core/trainer_view.h"]
 INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"')
+SYSTEM_INCLUDE = re.compile(r'^\s*#\s*include\s*<([^>]+)>')
+COMPONENT_HEADERS = ["framework/core/callback.h", "framework/core/datamodule.h"]
+THREADING = {"thread", "mutex", "condition_variable"}
 
 
 def roots(src):
@@ -92,6 +100,39 @@ def self_test(src):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def threading_includes(src):
+    """(header, system header) for each threading header reachable from COMPONENT_HEADERS."""
+    found, seen, todo = [], set(COMPONENT_HEADERS), list(COMPONENT_HEADERS)
+    while todo:
+        cur = todo.pop()
+        with open(os.path.join(src, cur), encoding="utf-8") as f:
+            for line in f:
+                m = SYSTEM_INCLUDE.match(line)
+                if m and m.group(1) in THREADING:
+                    found.append((cur, m.group(1)))
+        for inc in includes(src, cur):
+            if inc not in seen:
+                seen.add(inc)
+                todo.append(inc)
+    return sorted(found)
+
+
+def threading_self_test(src):
+    tmp = tempfile.mkdtemp(prefix="strobe-component-headers-")
+    try:
+        for d in ("framework", "data"):
+            if os.path.isdir(os.path.join(src, d)):
+                shutil.copytree(os.path.join(src, d), os.path.join(tmp, d),
+                                ignore=shutil.ignore_patterns("*.cu", "*.cuh", "*.py", "*.md", "*.cpp"))
+        with open(os.path.join(tmp, "framework/data/loader.h"), "a", encoding="utf-8") as f:
+            f.write("\n#include <mutex>\n")
+        if ("framework/data/loader.h", "mutex") not in threading_includes(tmp):
+            return ["self test: a planted #include <mutex> in framework/data/loader.h was not reported"]
+        return []
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def main():
     files = roots(SRC)
     if len([f for f in files if f.endswith(".cpp")]) < 5:
@@ -108,6 +149,16 @@ def main():
         print("\n".join(problems))
         return 1
     print("test_callback_view: self test: a planted include of trainer.h is reported with its chain")
+    bad = threading_includes(SRC)
+    for header, sys_header in bad:
+        print(f"a component's headers include no threading header, but {header} includes <{sys_header}>")
+    if bad:
+        return 1
+    problems = threading_self_test(SRC)
+    if problems:
+        print("\n".join(problems))
+        return 1
+    print("test_callback_view: no threading header under callback.h or datamodule.h; self test: a planted one is reported")
     return 0
 
 
