@@ -317,6 +317,30 @@ nlohmann::json llama_hf_config_json(const YAML::Node& m) {
 // (transformers 5). max_position_embeddings only bounds max_seq_len: a shorter context is normal.
 HfConfigCheck llama_hf_config_check(const nlohmann::json& c, const YAML::Node& m) {
   HfConfigCheck out;
+  // A value of the wrong JSON type is a mismatch naming its key, never an exception; null is unset.
+  auto json_type = [](const nlohmann::json& v) -> std::string {
+    return v.is_object() ? "an object" : v.is_array() ? "an array" : v.is_string() ? "a string"
+           : v.is_boolean() ? "a boolean" : v.is_number() ? "a number" : "null";
+  };
+  if (!c.is_object()) {
+    out.mismatches.push_back(fmt::format("it is {}, not a JSON object", json_type(c)));
+    return out;
+  }
+  auto typed = [&](const nlohmann::json& obj, const std::string& where, const char* key, bool (nlohmann::json::*is)() const noexcept,
+                   const char* expected) {
+    if (!obj.contains(key) || obj[key].is_null()) return false;
+    if ((obj[key].*is)()) return true;
+    out.mismatches.push_back(fmt::format("{}{}: {} in config.json is {}, expected {}", where, key, obj[key].dump(),
+                                         json_type(obj[key]), expected));
+    return false;
+  };
+  auto text = [&](const nlohmann::json& obj, const std::string& where, const char* key, const std::string& fallback) {
+    return typed(obj, where, key, &nlohmann::json::is_string, "a string") ? obj[key].get<std::string>() : fallback;
+  };
+  auto flag = [&](const char* key) {
+    return typed(c, "", key, &nlohmann::json::is_boolean, "true or false") && c[key].get<bool>();
+  };
+  for (const char* k : {"rope_scaling", "rope_parameters"}) typed(c, "", k, &nlohmann::json::is_object, "an object");
   auto differs = [&](const std::string& hf, const nlohmann::json& theirs, const std::string& ours, const std::string& mine) {
     out.mismatches.push_back(fmt::format("{}: {} in config.json, model.{}: {}", hf, theirs.dump(), ours, mine));
   };
@@ -333,7 +357,7 @@ HfConfigCheck llama_hf_config_check(const nlohmann::json& c, const YAML::Node& m
     if (!theirs.is_number() || std::abs(theirs.get<double>() - mine) > 1e-9 * std::max(1.0, std::abs(mine)))
       differs(hf, theirs, ours, fmt::format("{}", mine));
   };
-  const std::string type = c.value("model_type", "llama");
+  const std::string type = text(c, "", "model_type", "llama");
   if (type != "llama") out.mismatches.push_back(fmt::format("model_type: \"{}\" in config.json, not \"llama\"", type));
   integer("vocab_size", "vocab_size");
   integer("hidden_size", "embed_dim");
@@ -341,7 +365,9 @@ HfConfigCheck llama_hf_config_check(const nlohmann::json& c, const YAML::Node& m
   integer("num_hidden_layers", "depth");
   integer("num_attention_heads", "num_heads");
   const int64_t heads = m["num_heads"].as<int64_t>(), dim = m["embed_dim"].as<int64_t>();
-  integer("num_key_value_heads", "num_kv_heads", c.value("num_attention_heads", heads));
+  integer("num_key_value_heads", "num_kv_heads",
+          c.contains("num_attention_heads") && c["num_attention_heads"].is_number_integer() ? c["num_attention_heads"].get<int64_t>()
+                                                                                             : heads);
   if (c.contains("head_dim") && !c["head_dim"].is_null() && c["head_dim"] != dim / heads)
     out.mismatches.push_back(fmt::format("head_dim: {} in config.json, but this model's is model.embed_dim / model.num_heads = {} "
                                          "(a separate head_dim is not implemented)",
@@ -352,7 +378,7 @@ HfConfigCheck llama_hf_config_check(const nlohmann::json& c, const YAML::Node& m
                                                                                                 : nlohmann::json::object();
   const nlohmann::json theta = c.contains("rope_theta") ? c["rope_theta"] : params.value("rope_theta", nlohmann::json(10000.0));
   real("rope_theta", theta, "rope_theta", m["rope_theta"].as<double>());
-  const std::string rope_type = params.value("rope_type", params.value("type", std::string("default")));
+  const std::string rope_type = text(params, "rope_scaling.", "rope_type", text(params, "rope_scaling.", "type", "default"));
   const YAML::Node rs = m["rope_scaling"];
   const bool scaled = rs && rs.IsMap();
   if (rope_type != "default" && rope_type != "llama3") {
@@ -364,13 +390,15 @@ HfConfigCheck llama_hf_config_check(const nlohmann::json& c, const YAML::Node& m
       real((std::string("rope_scaling.") + k).c_str(), params.value(k, nlohmann::json(nullptr)),
            (std::string("rope_scaling.") + k).c_str(), rs[k].as<double>());
   }
-  const bool tied = c.value("tie_word_embeddings", false);
-  if (tied != m["tie_embeddings"].as<bool>())
+  const bool tie_typed = !c.contains("tie_word_embeddings") || c["tie_word_embeddings"].is_null() ||
+                         c["tie_word_embeddings"].is_boolean();
+  const bool tied = flag("tie_word_embeddings");
+  if (tie_typed && tied != m["tie_embeddings"].as<bool>())
     differs("tie_word_embeddings", tied, "tie_embeddings", m["tie_embeddings"].as<bool>() ? "true" : "false");
   if (tied) out.ignore.push_back("lm_head.weight");  // a tied checkpoint may carry the head's copy
   for (const char* k : {"attention_bias", "mlp_bias"})
-    if (c.value(k, false)) out.mismatches.push_back(fmt::format("{}: true in config.json (this model has no biases)", k));
-  const std::string act = c.value("hidden_act", std::string("silu"));
+    if (flag(k)) out.mismatches.push_back(fmt::format("{}: true in config.json (this model has no biases)", k));
+  const std::string act = text(c, "", "hidden_act", "silu");
   if (act != "silu") out.mismatches.push_back(fmt::format("hidden_act: \"{}\" in config.json (this model's MLP is SwiGLU: silu)", act));
   if (c.contains("max_position_embeddings") && c["max_position_embeddings"].is_number_integer() &&
       m["max_seq_len"].as<int64_t>() > c["max_position_embeddings"].get<int64_t>())

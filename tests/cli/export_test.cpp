@@ -4,10 +4,14 @@
 // in torchvision's resnet18 (strict).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "framework/checkpoint/checkpoint_io.h"
 #include "framework/checkpoint/safetensors.h"
@@ -174,6 +178,38 @@ TEST(CliExport, NamesHfWritesACheckpointDirectoryAndRefusesToWriteOverFiles) {
   for (const char* key : {"\"LlamaForCausalLM\"", "\"num_key_value_heads\": 2", "\"tie_word_embeddings\": true",
                           "\"rope_type\": \"llama3\"", "\"rope_theta\": 500000.0"})
     EXPECT_NE(config.find(key), std::string::npos) << key << " not in\n" << config;
+
+  // That directory as model.init_from with a config.json of the wrong shape: exit 2 before any step,
+  // one line naming the file and the key (never the JSON library's exception text).
+  const nlohmann::json good = nlohmann::json::parse(config);
+  auto with = [&](const char* key, const nlohmann::json& value) {
+    nlohmann::json j = good;
+    j[key] = value;
+    return j.dump();
+  };
+  int n = 0;
+  for (const auto& [json, says] : std::vector<std::pair<std::string, std::string>>{
+           {"[1, 2]", "it is an array, not a JSON object"},
+           {with("tie_word_embeddings", "true"), "tie_word_embeddings: \"true\" in config.json is a string, expected true or false"},
+           {with("hidden_act", nlohmann::json::array({"silu"})), "hidden_act: [\"silu\"] in config.json is an array, expected a string"},
+           {with("rope_scaling", "llama3"), "rope_scaling: \"llama3\" in config.json is a string, expected an object"},
+           {with("model_type", 7), "model_type: 7 in config.json is a number, expected a string"}}) {
+    std::ofstream(out + "/config.json", std::ios::trunc) << json;
+    r = testing::strobe_cmd("fit -c " + testing::source_path("configs/cpu/llama_1b.yaml") + " --run-dir " + dir + "/bad" +
+                            std::to_string(n++) + " --set 'model.init_from={path: " + out + ", names: hf}' --set trainer.max_steps=1");
+    EXPECT_EQ(r.code, 2) << json << "\n" << r.err;
+    EXPECT_NE(r.err.find(out + "/config.json does not describe this model: " + says), std::string::npos) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  }
+  // One that cannot be read says why (a directory here; a file without read permission says so too).
+  std::filesystem::remove(out + "/config.json");
+  std::filesystem::create_directories(out + "/config.json");
+  r = testing::strobe_cmd("fit -c " + testing::source_path("configs/cpu/llama_1b.yaml") + " --run-dir " + dir +
+                          "/bad_dir --set 'model.init_from={path: " + out + ", names: hf}' --set trainer.max_steps=1");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find(out + "/config.json: is a directory, not a regular file"), std::string::npos) << r.err;
+  std::filesystem::remove(out + "/config.json");
+  std::ofstream(out + "/config.json", std::ios::trunc) << config;
 
   r = testing::strobe_cmd("export " + ckpt + " --names hf -o " + out);
   EXPECT_EQ(r.code, 2);
