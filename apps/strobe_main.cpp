@@ -4,6 +4,7 @@
 // interrupted by SIGINT/SIGTERM after saving last.ckpt; 1 any other failure, running out of memory
 // during the run (one line naming the setting to lower) and a write that fails for want of disk,
 // quota or file size (one line naming the file) included.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -362,6 +363,18 @@ int main(int argc, char** argv) {
       ->take_all()
       ->check(kNonEmpty);
   app.footer(components_text());
+  // A mistyped command (`strobe fti -c x.yaml`): name it and the closest command, instead of
+  // CLI11's list of every argument it did not expect.
+  if (argc > 1 && argv[1][0] != '-') {
+    std::vector<std::string> commands;
+    for (const auto* sub : app.get_subcommands([](const CLI::App*) { return true; })) commands.push_back(sub->get_name());
+    if (std::find(commands.begin(), commands.end(), argv[1]) == commands.end()) {
+      const std::string hint = strobe::config::closest_match(argv[1], commands);
+      fmt::print(stderr, "strobe: unknown command '{}'{} (commands: {})\nRun 'strobe --help' for usage.\n", argv[1],
+                 hint.empty() ? "" : fmt::format("; did you mean '{}'?", hint), fmt::join(commands, ", "));
+      return 2;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

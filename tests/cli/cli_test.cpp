@@ -26,6 +26,15 @@ TEST(Cli, VersionAndHelp) {
   r = strobe_cmd("--help");
   EXPECT_EQ(r.code, 0);
   EXPECT_NE(r.out.find("fit"), std::string::npos);
+  // A mistyped command names the closest one, then the usage hint; nothing starts.
+  r = strobe_cmd("fti -c nowhere.yaml");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(r.err,
+            "strobe: unknown command 'fti'; did you mean 'fit'? (commands: fit, validate, test, replay, export, bench, list)\n"
+            "Run 'strobe --help' for usage.\n");
+  r = strobe_cmd("xyzzy");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(r.err.rfind("strobe: unknown command 'xyzzy' (commands: fit,", 0), 0u) << r.err;
 }
 
 // strobe list: every registry's names, from the registries themselves (this test links the same
