@@ -5,6 +5,7 @@
 // during the run (one line naming the setting to lower) and a write that fails for want of disk,
 // quota or file size (one line naming the file) included.
 #include <algorithm>
+#include <string_view>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -278,6 +279,21 @@ std::string components_text() {
   return out;
 }
 
+// An error message as one readable line (docs/CONFIG.md): control characters and bytes that are not
+// UTF-8 escaped (config::escaped), and a message over 1,500 characters cut in the middle, saying how
+// much (a 1 MB tensor name or a YAML value with a newline stays one line).
+std::string one_line(std::string_view s) {
+  std::string out = strobe::config::escaped(s);
+  constexpr size_t kMax = 1500, kHead = 1000, kTail = 300;
+  if (out.size() <= kMax) return out;
+  auto boundary = [&](size_t pos) {  // never inside a UTF-8 sequence
+    while (pos < out.size() && (static_cast<unsigned char>(out[pos]) & 0xc0) == 0x80) ++pos;
+    return pos;
+  };
+  const size_t head = boundary(kHead), tail = boundary(out.size() - kTail);
+  return out.substr(0, head) + fmt::format(" [... {} characters left out ...] ", tail - head) + out.substr(tail);
+}
+
 // strobe list [KIND]: every kind with its names, or KIND's names one per line (for scripts).
 int run_list(const std::string& kind) {
   if (kind.empty()) {
@@ -293,7 +309,7 @@ int run_list(const std::string& kind) {
     kinds.push_back(k);
   }
   std::string hint = strobe::config::closest_match(kind, kinds);
-  fmt::print(stderr, "strobe list: unknown kind '{}'{} (known: {})\n", kind,
+  fmt::print(stderr, "strobe list: unknown kind '{}'{} (known: {})\n", one_line(kind),
              hint.empty() ? "" : fmt::format("; did you mean '{}'?", hint), fmt::join(kinds, ", "));
   return 2;
 }
@@ -370,7 +386,7 @@ int main(int argc, char** argv) {
     for (const auto* sub : app.get_subcommands([](const CLI::App*) { return true; })) commands.push_back(sub->get_name());
     if (std::find(commands.begin(), commands.end(), argv[1]) == commands.end()) {
       const std::string hint = strobe::config::closest_match(argv[1], commands);
-      fmt::print(stderr, "strobe: unknown command '{}'{} (commands: {})\nRun 'strobe --help' for usage.\n", argv[1],
+      fmt::print(stderr, "strobe: unknown command '{}'{} (commands: {})\nRun 'strobe --help' for usage.\n", one_line(argv[1]),
                  hint.empty() ? "" : fmt::format("; did you mean '{}'?", hint), fmt::join(commands, ", "));
       return 2;
     }
@@ -384,10 +400,10 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ValidationError& e) {
-    fmt::print(stderr, "strobe: {}\n", e.what());  // names the option and says what to give: one line
+    fmt::print(stderr, "strobe: {}\n", one_line(e.what()));  // names the option and says what to give: one line
     return 2;
   } catch (const CLI::ParseError& e) {
-    fmt::print(stderr, "strobe: {}\nRun 'strobe --help' for usage.\n", e.what());
+    fmt::print(stderr, "strobe: {}\nRun 'strobe --help' for usage.\n", one_line(e.what()));
     return 2;
   }
   if (app.get_subcommands().empty()) {
@@ -427,45 +443,45 @@ int main(int argc, char** argv) {
     }
     return run_command(command, c, progress);
   } catch (const strobe::PluginError& e) {
-    fmt::print(stderr, "strobe: plugin error: {}\n", e.what());
+    fmt::print(stderr, "strobe: plugin error: {}\n", one_line(e.what()));
     return 2;
   } catch (const strobe::bench::BenchUsageError& e) {
-    fmt::print(stderr, "strobe bench: {}\n", e.what());
+    fmt::print(stderr, "strobe bench: {}\n", one_line(e.what()));
     return 2;
   } catch (const strobe::ExportError& e) {
-    fmt::print(stderr, "strobe export: {}\n", e.what());
+    fmt::print(stderr, "strobe export: {}\n", one_line(e.what()));
     return 2;
   } catch (const strobe::RunDirError& e) {
-    fmt::print(stderr, "strobe: run directory error: {}\n", e.what());
+    fmt::print(stderr, "strobe: run directory error: {}\n", one_line(e.what()));
     return 2;
   } catch (const strobe::checkpoint::WriteError& e) {
     // The disk, a quota or the file-size limit: the run's input was fine, this machine could not hold
     // its output (the previous file is kept; docs/CONFIG.md).
-    fmt::print(stderr, "strobe: write error: {}\n", e.what());
+    fmt::print(stderr, "strobe: write error: {}\n", one_line(e.what()));
     return 1;
   } catch (const c10::OutOfMemoryError& e) {
     return out_of_memory(e.what_without_backtrace());
   } catch (const std::bad_alloc& e) {
     return out_of_memory(e.what());
   } catch (const strobe::config::ConfigError& e) {
-    fmt::print(stderr, "strobe: config error: {}\n", e.what());
+    fmt::print(stderr, "strobe: config error: {}\n", one_line(e.what()));
     return 2;
   } catch (const strobe::checkpoint::CheckpointError& e) {
-    fmt::print(stderr, "strobe: checkpoint error: {}\n", e.what());
+    fmt::print(stderr, "strobe: checkpoint error: {}\n", one_line(e.what()));
     return 2;
   } catch (const strobe::data::DataError& e) {
-    fmt::print(stderr, "strobe: data error: {}\n", e.what());
+    fmt::print(stderr, "strobe: data error: {}\n", one_line(e.what()));
     return 2;
   } catch (const c10::Error& e) {
     const std::string what = e.what_without_backtrace();
     // libtorch's CPU allocator reports a failed allocation as a plain c10::Error.
     if (is_allocation_failure(what)) return out_of_memory(what);
-    fmt::print(stderr, "strobe: error: {}\n", what);
+    fmt::print(stderr, "strobe: error: {}\n", one_line(what));
     return 1;
   } catch (const std::exception& e) {
     const std::string what = e.what();
     if (is_allocation_failure(what)) return out_of_memory(what);
-    fmt::print(stderr, "strobe: error: {}\n", what);
+    fmt::print(stderr, "strobe: error: {}\n", one_line(what));
     return 1;
   }
 }

@@ -221,10 +221,43 @@ bool is_int_text(std::string_view s) {
 
 bool is_float_text(std::string_view s) { return is_decimal(s, digit); }
 
+std::string escaped(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x80) {
+      if (c == '\n') out += "\\n";
+      else if (c == '\r') out += "\\r";
+      else if (c == '\t') out += "\\t";
+      else if (c == 0) out += "\\0";
+      else if (c < 0x20 || c == 0x7f) out += fmt::format("\\x{:02x}", c);
+      else out += static_cast<char>(c);
+      ++i;
+      continue;
+    }
+    // A well-formed UTF-8 sequence is kept as it is; anything else byte by byte as \xNN.
+    const size_t len = (c & 0xe0) == 0xc0 ? 2 : (c & 0xf0) == 0xe0 ? 3 : (c & 0xf8) == 0xf0 ? 4 : 0;
+    bool ok = len > 0 && i + len <= s.size() && (len != 2 || c >= 0xc2);
+    for (size_t k = 1; ok && k < len; ++k) ok = (static_cast<unsigned char>(s[i + k]) & 0xc0) == 0x80;
+    if (ok) {
+      out.append(s.substr(i, len));
+      i += len;
+    } else {
+      out += fmt::format("\\x{:02x}", c);
+      ++i;
+    }
+  }
+  return out;
+}
+
 std::string shown(std::string_view s) {
   constexpr size_t kShown = 60;
-  if (s.size() <= kShown) return std::string(s);
-  return fmt::format("{}... ({} characters)", s.substr(0, kShown), s.size());
+  std::string e = escaped(s);
+  if (e.size() <= kShown) return e;
+  size_t cut = kShown;  // never inside a UTF-8 sequence
+  while (cut < e.size() && (static_cast<unsigned char>(e[cut]) & 0xc0) == 0x80) ++cut;
+  return fmt::format("{}... ({} characters)", e.substr(0, cut), s.size());
 }
 
 namespace {

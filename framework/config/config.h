@@ -40,7 +40,10 @@ constexpr size_t kMaxConfigBytes = 4 << 20;    // a config file (-c), or what a 
 bool is_int_text(std::string_view s);
 bool is_float_text(std::string_view s);
 bool is_digits(std::string_view s);
-// A value as a message shows it: whole when short, else its start and its length.
+// Text as a one-line message can show it: control characters escaped (\n, \t, \0, \xNN) and bytes
+// that are not UTF-8 as \xNN; well-formed UTF-8 kept.
+std::string escaped(std::string_view s);
+// A value as a message shows it: escaped, whole when short, else its start and its length.
 std::string shown(std::string_view s);
 
 // Where the values of a document came from: the file, and which dotted paths --set replaced.

@@ -87,7 +87,9 @@ TEST(Cli, BadInputsExitTwoWithOneLine) {
       {"fit -c " + cfg + " --set 'data={name: fashion_mnist, root: /nonexistent}'", "data.root: '/nonexistent' is not a directory"},
       {"fit -c " + cfg + " --ckpt /nonexistent.ckpt", "/nonexistent.ckpt: cannot open checkpoint"},
       {"fit -c " + cfg + " --bogus", "The following argument was not expected: --bogus"},
-      {"frobnicate", "The following argument was not expected: frobnicate"},
+      {"frobnicate", "strobe: unknown command 'frobnicate' (commands: fit,"},
+      // What a message quotes is escaped to one line, here a kind with a newline in it.
+      {"list \"$(printf 'x\\ny')\"", "strobe list: unknown kind 'x\\ny' (known:"},
       {"test -c " + cfg, "--ckpt is required"},
   };
   for (const auto& c : cases) {

@@ -84,6 +84,17 @@ TEST(Config, ChoiceSuggestsClosest) {
       << err;
 }
 
+// A value quoted in a message is one printable line: control characters and NUL escaped, bytes that
+// are not UTF-8 as \xNN (UTF-8 kept), a long one cut to its start and its length.
+TEST(Config, QuotedValuesAreEscapedAndCut) {
+  EXPECT_EQ(strobe::config::shown(std::string("vi\nt\0x\t\x7f", 8)), "vi\\nt\\0x\\t\\x7f");
+  EXPECT_EQ(strobe::config::shown("caf\xc3\xa9 \xff\xfe"), "caf\xc3\xa9 \\xff\\xfe");
+  EXPECT_EQ(strobe::config::shown(std::string(1000000, 'a')), std::string(60, 'a') + "... (1000000 characters)");
+  std::string err = error_of(std::string(kBase) + "trainer:\n  precision: \"bf\\n16\"\n");
+  EXPECT_NE(err.find("got 'bf\\n16'"), std::string::npos) << err;
+  EXPECT_EQ(err.find('\n'), std::string::npos) << err;
+}
+
 TEST(Config, MissingFileIsOneLine) {
   try {
     Document::load_file("/nonexistent/exp.yaml");
