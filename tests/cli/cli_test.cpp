@@ -99,6 +99,18 @@ TEST(Cli, BadInputsExitTwoWithOneLine) {
     EXPECT_LE(count_lines(r.err), 2) << r.err;
     EXPECT_EQ(r.err.find("Exception raised from"), std::string::npos) << r.err;
   }
+  // A message over 1,500 characters (here a 3,000-character config path) is cut in the middle,
+  // keeping its start and its end and saying how much was left out.
+  std::string long_path = "/nonexistent";
+  for (int i = 0; i < 30; ++i) long_path += "/" + std::string(99, 'p');
+  long_path += "/x.yaml";
+  auto r = strobe_cmd("fit -c " + long_path);
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_EQ(count_lines(r.err), 1) << r.err;
+  EXPECT_LT(r.err.size(), 1400u) << r.err.size();
+  EXPECT_EQ(r.err.rfind("strobe: config error: /nonexistent/ppp", 0), 0u) << r.err.substr(0, 100);
+  EXPECT_NE(r.err.find(" characters left out ...] "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("/x.yaml: cannot open config file (No such file or directory)\n"), std::string::npos) << r.err;
 }
 
 TEST(Cli, CorruptedCheckpointIsRefused) {
