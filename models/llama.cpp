@@ -1,5 +1,7 @@
 #include "models/llama.h"
 
+#include <optional>
+
 #include <torch/torch.h>
 
 #include <fmt/format.h>
@@ -337,8 +339,11 @@ HfConfigCheck llama_hf_config_check(const nlohmann::json& c, const YAML::Node& m
   auto text = [&](const nlohmann::json& obj, const std::string& where, const char* key, const std::string& fallback) {
     return typed(obj, where, key, &nlohmann::json::is_string, "a string") ? obj[key].get<std::string>() : fallback;
   };
-  auto flag = [&](const char* key) {
-    return typed(c, "", key, &nlohmann::json::is_boolean, "true or false") && c[key].get<bool>();
+  // A boolean field: its value, false when unset, nullopt when of the wrong type (already reported).
+  auto flag = [&](const char* key) -> std::optional<bool> {
+    if (!c.contains(key) || c[key].is_null()) return false;
+    if (!typed(c, "", key, &nlohmann::json::is_boolean, "true or false")) return std::nullopt;
+    return c[key].get<bool>();
   };
   for (const char* k : {"rope_scaling", "rope_parameters"}) typed(c, "", k, &nlohmann::json::is_object, "an object");
   auto differs = [&](const std::string& hf, const nlohmann::json& theirs, const std::string& ours, const std::string& mine) {
@@ -390,14 +395,13 @@ HfConfigCheck llama_hf_config_check(const nlohmann::json& c, const YAML::Node& m
       real((std::string("rope_scaling.") + k).c_str(), params.value(k, nlohmann::json(nullptr)),
            (std::string("rope_scaling.") + k).c_str(), rs[k].as<double>());
   }
-  const bool tie_typed = !c.contains("tie_word_embeddings") || c["tie_word_embeddings"].is_null() ||
-                         c["tie_word_embeddings"].is_boolean();
-  const bool tied = flag("tie_word_embeddings");
-  if (tie_typed && tied != m["tie_embeddings"].as<bool>())
+  const std::optional<bool> tie = flag("tie_word_embeddings");
+  const bool tied = tie.value_or(false);
+  if (tie && tied != m["tie_embeddings"].as<bool>())
     differs("tie_word_embeddings", tied, "tie_embeddings", m["tie_embeddings"].as<bool>() ? "true" : "false");
   if (tied) out.ignore.push_back("lm_head.weight");  // a tied checkpoint may carry the head's copy
   for (const char* k : {"attention_bias", "mlp_bias"})
-    if (flag(k)) out.mismatches.push_back(fmt::format("{}: true in config.json (this model has no biases)", k));
+    if (flag(k).value_or(false)) out.mismatches.push_back(fmt::format("{}: true in config.json (this model has no biases)", k));
   const std::string act = text(c, "", "hidden_act", "silu");
   if (act != "silu") out.mismatches.push_back(fmt::format("hidden_act: \"{}\" in config.json (this model's MLP is SwiGLU: silu)", act));
   if (c.contains("max_position_embeddings") && c["max_position_embeddings"].is_number_integer() &&

@@ -596,11 +596,9 @@ Document Document::load_file(const std::string& path) {
 
 void Document::apply_override(const std::string& assignment) {
   auto eq = assignment.find('=');
-  // The --set as messages name it: whole, unless it is too long to read on one line.
-  // (Line breaks written as \n: the message stays one line.)
-  std::string printable;
-  for (char ch : assignment.size() > 1000 ? shown(assignment) : assignment) printable += ch == '\n' ? std::string("\\n") : std::string(1, ch);
-  const std::string text = "--set " + printable;
+  // The --set as messages name it: whole (escaped: the message stays one line), unless it is too
+  // long to read on one line.
+  const std::string text = "--set " + (assignment.size() > 1000 ? shown(assignment) : escaped(assignment));
   if (eq == std::string::npos || eq == 0)
     throw ConfigError(fmt::format("{}: expected KEY=VALUE with a dotted key, e.g. trainer.max_steps=100", text));
   std::string key = assignment.substr(0, eq), value = assignment.substr(eq + 1);

@@ -100,7 +100,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> lce_fwd(const Tensor& h, const Tensor
 #ifdef STROBE_OPS_WITH_CUDA
     if (kernel) {
       Tensor lr = loss_rows.narrow(0, r0, m);
-      detail::lce_rows_cuda(z, tc, inv_count.to(at::kFloat), lr, ignore_index, with_grad);
+      detail::lce_rows_cuda(z, tc, inv_count, lr, ignore_index, with_grad);  // kernel: cd is fp32
       if (!with_grad) continue;
       g = z;
       if (db.defined()) db.add_(at::sum(g, {0}, false, cd));
@@ -132,7 +132,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> lce_fwd(const Tensor& h, const Tensor
       dw.addmm_(g.t().to(cd), hc.to(cd));
     }
   }
-  Tensor loss = kernel ? (loss_rows.sum() * inv_count.to(at::kFloat)) : loss_sum * inv_count;
+  Tensor loss = kernel ? loss_rows.sum() * inv_count : loss_sum * inv_count;
   if (!with_grad) return {loss, Tensor(), Tensor(), Tensor()};
   return {loss, dh, dw.to(w.scalar_type()), db.defined() ? db.to(b->scalar_type()) : db};
 }

@@ -250,6 +250,16 @@ cudaError_t launch_bwd(const LayerNormBwdParams& p, int vec, int64_t groups, cud
 // ---- cross-entropy ------------------------------------------------------------------------------
 constexpr int kCeRowsPerBlock = 8;  // one warp per row
 
+// (m, s) += (m2, s2) for online log-sum-exp pairs (s = sum of exp(x - m)); NaN wins; a side that saw
+// nothing (m = -inf, s = 0) adds nothing.
+__device__ __forceinline__ void lse_merge(float& m, float& s, float m2, float s2) {
+  const float mm = (m2 > m || m2 != m2) ? m2 : m;
+  const float t1 = m == -INFINITY ? 0.f : s * expf(m - mm);
+  const float t2 = m2 == -INFINITY ? 0.f : s2 * expf(m2 - mm);
+  m = mm;
+  s = t1 + t2;
+}
+
 template <typename T>
 __global__ void __launch_bounds__(256) ce_fwd_kernel(CrossEntropyFwdParams p) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kCeRowsPerBlock + (threadIdx.x >> 5);
@@ -270,13 +280,9 @@ __global__ void __launch_bounds__(256) ce_fwd_kernel(CrossEntropyFwdParams p) {
   }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
-    const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
-    const float mm = (m2 > m || m2 != m2) ? m2 : m;
     // A lane that saw nothing has m = -inf, s = 0: its term vanishes (guard -inf - -inf = NaN).
-    const float t1 = m == -INFINITY ? 0.f : s * expf(m - mm);
-    const float t2 = m2 == -INFINITY ? 0.f : s2 * expf(m2 - mm);
-    m = mm;
-    s = t1 + t2;
+    const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+    lse_merge(m, s, m2, s2);
   }
   const float lse = m + logf(s);
   if (lane == 0) {
@@ -315,16 +321,6 @@ __global__ void __launch_bounds__(256) ce_bwd_kernel(CrossEntropyBwdParams p) {
 
 // ---- one chunk of linear_cross_entropy: loss and softmax - onehot in place, one block per row -----
 constexpr int kCeRowThreads = 512;
-
-// (m, s) += (m2, s2) for online log-sum-exp pairs (s = sum of exp(x - m)); NaN wins; a side that saw
-// nothing (m = -inf, s = 0) adds nothing.
-__device__ __forceinline__ void lse_merge(float& m, float& s, float m2, float s2) {
-  const float mm = (m2 > m || m2 != m2) ? m2 : m;
-  const float t1 = m == -INFINITY ? 0.f : s * expf(m - mm);
-  const float t2 = m2 == -INFINITY ? 0.f : s2 * expf(m2 - mm);
-  m = mm;
-  s = t1 + t2;
-}
 
 template <typename T, int VEC>
 __global__ void __launch_bounds__(kCeRowThreads) ce_rows_kernel(CrossEntropyRowsParams p) {
