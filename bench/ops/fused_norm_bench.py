@@ -39,6 +39,25 @@ def timeit(fn, sets, warmup=10, rep=50):
     return statistics.median(ts)
 
 
+def kernel_ms(fn, sets, pattern, rep=20):
+    """Mean device time per launch (ms) of each kernel whose name contains `pattern`, from the profiler
+    over `rep` calls of fn: kernel time alone, without launch gaps."""
+    from torch.profiler import profile, ProfilerActivity
+    for i in range(3):
+        fn(*sets[i % len(sets)])
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for i in range(rep):
+            fn(*sets[i % len(sets)])
+        torch.cuda.synchronize()
+    out = {}
+    for e in prof.key_averages():
+        if pattern in e.key:
+            total = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+            out[e.key] = total / e.count / 1e3
+    return out
+
+
 def row(name, ms_aten, ms_ours, extra=""):
     r = {"name": name, "aten_ms": round(ms_aten, 4), "strobe_ms": round(ms_ours, 4), "speedup": round(ms_aten / ms_ours, 2)}
     R["results"].append(r)
@@ -221,6 +240,12 @@ def rope_case(tag, b, s, hq, hk, d):
     row(f"{tag} rotary q+k fwd+bwd [{b}x{s}, {hq}+{hk} heads, {d}] vs eager", timeit(eager_fb, sets), t_o,
         f"(HBM bound {4 * gb / bw:.3f} ms at {bw} TB/s)")
     row(f"{tag} rotary q+k fwd+bwd vs torch.compile", timeit(compiled_fb, sets), t_o)
+    for name, ms in sorted(kernel_ms(ours_fb, sets, "rotary").items()):
+        direction = "backward" if "true>" in name else "forward"
+        print(f"{tag} rotary kernel ({direction}) {ms:.4f} ms per launch from the profiler: {ms / (2 * gb / bw):.2f}x "
+              f"its HBM bound {2 * gb / bw:.4f} ms")
+        R["results"].append({"name": f"{tag} rotary kernel {direction}", "kernel_ms": round(ms, 4),
+                             "bound_ms": round(2 * gb / bw, 4)})
 
 
 def swiglu_case(tag, rows, f):

@@ -73,7 +73,7 @@ try:
 except Exception as ex:  # the wheel is optional
     R["liger_error"] = repr(ex)[:200]
     print("liger:", R["liger_error"])
-for c in (0, 512, 2048, 4096):
+for c in (0, 1024, 1536, 1792, 2048, 4096):
     cases.append((f"strobe chunk_rows={c}" + (" (auto)" if c == 0 else ""), strobe(c)))
 
 # Correctness at this shape first: Strobe's loss and gradients against the eager logits path.

@@ -1,5 +1,5 @@
 // strobe_model_check MODEL_YAML [REFERENCE.pt]
-// strobe_model_check MODEL_YAML --logits IN.safetensors OUT.safetensors
+// strobe_model_check MODEL_YAML --logits IN.safetensors OUT.safetensors [--device DEVICE]
 // Builds the model described by MODEL_YAML (a `model:` section as YAML text) and prints one JSON line:
 //   {"parameters": N}                                                 without a reference;
 //   {"parameters": N, "max_abs_diff": d, "max_abs_expected": m, ...} with one.
@@ -10,7 +10,8 @@
 // --logits: the model's `init_from` is loaded as `strobe fit` loads it (runner/init_from.h), and the
 // eval-mode output for IN's batch ("image", or "tokens" with "position_ids", and "cu_seqlens" when
 // packed) is written to OUT as "logits" (tests/python/test_pretrained.py compares it with timm's and
-// torchvision's, test_hf_llama.py with transformers'). A config error is one line, exit 2.
+// torchvision's, test_hf_llama.py with transformers'), computed on DEVICE (default cpu: e.g. cuda).
+// A config error is one line, exit 2.
 #include <iostream>
 #include <string>
 
@@ -26,16 +27,17 @@
 
 namespace {
 
-int write_logits(const std::string& yaml, const std::string& in, const std::string& out) {
+int write_logits(const std::string& yaml, const std::string& in, const std::string& out, const torch::Device& device) {
   auto doc = strobe::config::Document::load_string(yaml, "model");
   auto section = doc.root();
   const auto init_from = strobe::config::parse_init_from(section);
   auto model = strobe::model_registry().create(section, "");
   if (init_from) strobe::load_init_from(*model, section, *init_from, false);
+  model->to(device);
   model->eval();
   torch::NoGradGuard guard;
   strobe::Batch batch;
-  for (const auto& [name, t] : strobe::safetensors::read_file(in).tensors) batch.tensors[name] = t;
+  for (const auto& [name, t] : strobe::safetensors::read_file(in).tensors) batch.tensors[name] = t.to(device);
   const char* input = batch.has("image") ? "image" : "tokens";
   if (!batch.has(input)) throw std::runtime_error(in + ": has no tensor 'image' or 'tokens'");
   batch.meta["batch_size"] = batch.tensors[input].size(0);
@@ -44,16 +46,16 @@ int write_logits(const std::string& yaml, const std::string& in, const std::stri
     batch.meta["batch_size"] = cu.size(0) - 1;
     batch.meta["max_seqlen"] = (cu.slice(0, 1) - cu.slice(0, 0, -1)).max().item<int64_t>();
   }
-  strobe::safetensors::write_file(out, {{"logits", model->forward(batch)}});
+  strobe::safetensors::write_file(out, {{"logits", model->forward(batch).cpu()}});
   return 0;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc == 5 && std::string(argv[2]) == "--logits") {
+  if ((argc == 5 || (argc == 7 && std::string(argv[5]) == "--device")) && std::string(argv[2]) == "--logits") {
     try {
-      return write_logits(argv[1], argv[3], argv[4]);
+      return write_logits(argv[1], argv[3], argv[4], torch::Device(argc == 7 ? argv[6] : "cpu"));
     } catch (const strobe::config::ConfigError& e) {
       std::cerr << "strobe_model_check: config error: " << e.what() << "\n";
       return 2;
@@ -64,7 +66,7 @@ int main(int argc, char** argv) {
   }
   if (argc < 2 || argc > 3) {
     std::cerr << "usage: strobe_model_check MODEL_YAML [REFERENCE.pt]\n"
-                 "       strobe_model_check MODEL_YAML --logits IN.safetensors OUT.safetensors\n";
+                 "       strobe_model_check MODEL_YAML --logits IN.safetensors OUT.safetensors [--device DEVICE]\n";
     return 2;
   }
   try {

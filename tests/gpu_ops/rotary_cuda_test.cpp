@@ -3,7 +3,7 @@
 // (fp32 1e-6, bf16 / fp16 8e-3: the roundings of the tables, the two products and their sum), with
 // the caching allocator poisoned with NaN first so an unwritten output element fails. Llama's shapes
 // (32 query heads over 8 K/V heads, head_dim 64) padded and packed, head_dim 128, an unaligned
-// head_dim (the scalar path), fp32 / bf16 / fp16.
+// head_dim (the scalar path), fp32 / bf16 / fp16, and tables whose halves differ.
 #include <cmath>
 
 #include <gtest/gtest.h>
@@ -30,6 +30,7 @@ struct RotCase {
   std::vector<int64_t> lead;
   int64_t hq, hk, d;
   torch::ScalarType dtype;
+  bool hf_tables = true;  // false: independent random cos / sin for each half (the op's general rule)
 };
 void PrintTo(const RotCase& c, std::ostream* os) {
   for (auto l : c.lead) *os << l << "x";
@@ -54,7 +55,8 @@ TEST_P(RotaryCuda, IsHuggingFacesRotaryBitForBitAndMatchesFloat64) {
     const Tensor inv = torch::pow(500000.0, -torch::arange(0, c.d, 2, torch::TensorOptions(kCuda)).to(torch::kFloat) / c.d);
     const Tensor f = pos.unsqueeze(-1) * inv;
     const Tensor emb = torch::cat({f, f}, -1);
-    const Tensor cos = emb.cos(), sin = emb.sin();
+    const Tensor cos = c.hf_tables ? emb.cos() : torch::rand(emb.sizes(), emb.options()) * 2 - 1;
+    const Tensor sin = c.hf_tables ? emb.sin() : torch::rand(emb.sizes(), emb.options()) * 2 - 1;
     auto [qo, ko] = strobe::ops::rotary_qk(q, k, cos, sin);
     ASSERT_EQ(qo.scalar_type(), c.dtype);
     const Tensor q2 = q.detach().clone().requires_grad_(), k2 = k.detach().clone().requires_grad_();
@@ -82,7 +84,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, RotaryCuda,
                          ::testing::Values(RotCase{{8, 2048}, 32, 8, 64, torch::kBFloat16},
                                            RotCase{{16384}, 32, 8, 64, torch::kBFloat16},
                                            RotCase{{3, 77}, 8, 2, 128, torch::kFloat},
-                                           RotCase{{5, 9}, 4, 4, 64, torch::kHalf},
+                                           RotCase{{5, 9}, 4, 4, 64, torch::kHalf, false},
                                            RotCase{{37}, 6, 3, 12, torch::kBFloat16},
                                            RotCase{{1}, 1, 1, 2, torch::kFloat}));
 

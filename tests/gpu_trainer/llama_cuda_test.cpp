@@ -1,7 +1,8 @@
 // The llama model through the trainer on CUDA (GQA 8 heads over 2, head_dim 64, tied embeddings,
 // as configs/llama_1b.yaml at a smaller shape; the custom kernel takes head_dim 64 or 128 on CUDA):
 // - CUDA graphs: on full fixed-length sequences a graphed bf16-master run gives the losses of an
-//   eager one, on the sdpa and custom attention backends (as close as a second eager run is);
+//   eager one, on the sdpa and custom attention backends and with the fused LM head at a 32k
+//   vocabulary (as close as a second eager run is);
 // - bf16-master beside fp32, and the fused ops (strobe::add_rms_norm) beside the ATen path: 100
 //   steps on a learnable token file, the mean absolute difference of the two loss curves over the
 //   last 50 steps below 2% of the loss, both learning;
@@ -84,13 +85,20 @@ std::string write_stride_documents(const std::string& dir, int64_t docs) {
 
 TEST(LlamaCuda, AGraphedRunGivesTheLossesOfAnEagerOneOnSdpaAndCustomAttention) {
   SKIP_WITHOUT_CUDA_DEVICE();
-  for (const std::string backend : {"sdpa", "custom"}) {
+  // The third: the fused LM head (strobe::linear_cross_entropy, its loss count on the device) at a
+  // 32,768-token vocabulary, inside the graph.
+  const std::vector<std::pair<std::string, std::vector<std::string>>> variants = {
+      {"sdpa", {"model.attention=sdpa"}},
+      {"custom", {"model.attention=custom"}},
+      {"sdpa + fused head at 32k", {"model.attention=sdpa", "model.vocab_size=32768", "task.fused_linear_loss=true"}}};
+  for (const auto& [backend, sets] : variants) {
     std::vector<double> runs[3];  // eager, eager again, graphed
     for (int r = 0; r < 3; ++r) {
       const bool graphed = r == 2;
       std::string dir = temp_dir("llama-graphs");
-      auto run = make_run(llama_yaml(kFixedTokens, 40),
-                          {"model.attention=" + backend, std::string("trainer.cuda_graphs=") + (graphed ? "true" : "false")}, dir);
+      auto overrides = sets;
+      overrides.push_back(std::string("trainer.cuda_graphs=") + (graphed ? "true" : "false"));
+      auto run = make_run(llama_yaml(kFixedTokens, 40), overrides, dir);
       ASSERT_EQ(run->trainer->fit(), 0) << backend << " run " << r;
       if (graphed) {
         EXPECT_EQ(run->trainer->graph_captures(), 1) << backend;

@@ -16,6 +16,11 @@
   model (the first 5 losses to 1e-5, all to 1e-3), falling in both. The logits are checked on the
   ATen path and on the fused one (`fused_ops: true`: strobe::add_rms_norm, its CPU reference here);
   the curve runs the fused one.
+- On a CUDA machine (torch.cuda.is_available()), the same on the GPU in fp32 with TF32 off on both
+  sides: the logits of both paths against transformers' on the GPU (relative error < 1e-5), and 200
+  steps of Strobe on CUDA with every fused op and the fused LM head (strobe::linear_cross_entropy)
+  against the PyTorch loop on CUDA (the first 5 losses to 1e-5, all to 1e-3). Without CUDA this part
+  says so and is left out.
 
 Usage: test_hf_llama.py (STROBE_SOURCE_DIR, STROBE_BUILD_DIR). Needs transformers and safetensors
 (scripts/setup.sh installs them): without them the test fails under CI (CI=true), else it is skipped."""
@@ -35,6 +40,9 @@ except ImportError as e:
     print(f"test_hf_llama: {e}")
     sys.exit(1 if os.environ.get("CI") else 77)
 transformers.logging.set_verbosity_error()
+# The PyTorch loops are tiny: a few threads, so that tests running beside this one (ctest -j) on a
+# many-core machine do not starve each other's thread pools.
+torch.set_num_threads(min(4, os.cpu_count() or 1))
 
 
 def check(ok, what):
@@ -82,10 +90,10 @@ def model_yaml(tied, init_path=None, names="hf", fused=False):
     return y
 
 
-def strobe_logits(tmp, yaml, batch):
+def strobe_logits(tmp, yaml, batch, device="cpu"):
     inp, out = os.path.join(tmp, "in.safetensors"), os.path.join(tmp, "out.safetensors")
     save_file({k: v.contiguous() for k, v in batch.items()}, inp)
-    r = subprocess.run([CHECK, yaml, "--logits", inp, out], capture_output=True, text=True)
+    r = subprocess.run([CHECK, yaml, "--logits", inp, out, "--device", device], capture_output=True, text=True)
     if r.returncode != 0:
         return None, r.stderr.strip()
     return load_file(out)["logits"], ""
@@ -104,17 +112,19 @@ def batches():
     return docs, {"tokens": padded, "position_ids": pos}, packed
 
 
-def compare(tag, hf, tmp, yaml):
-    """Strobe's logits from `yaml` against `hf` on padded and packed batches, per document."""
+def compare(tag, hf, tmp, yaml, device="cpu"):
+    """Strobe's logits from `yaml` against `hf` on padded and packed batches, per document, both on
+    `device`."""
     docs, padded, packed = batches()
+    hf = hf.to(device)
     with torch.no_grad():
-        want = [hf(d.unsqueeze(0)).logits[0] for d in docs]
-    got, err = strobe_logits(tmp, yaml, padded)
+        want = [hf(d.unsqueeze(0).to(device)).logits[0].cpu() for d in docs]
+    got, err = strobe_logits(tmp, yaml, padded, device)
     if not check(got is not None, f"{tag}: strobe_model_check failed: {err}"):
         return
     e = max(rel(got[i, :len(d)], want[i]) for i, d in enumerate(docs))
     check(e < 1e-5, f"{tag} padded: relative error {e:.2e}")
-    got, err = strobe_logits(tmp, yaml, packed)
+    got, err = strobe_logits(tmp, yaml, packed, device)
     if not check(got is not None, f"{tag} packed: strobe_model_check failed: {err}"):
         return
     at, ep = 0, 0.0
@@ -227,6 +237,10 @@ def main():
                                     out_resumed, "the export after a resume")
 
     train_curve(tmp, fit, base)
+    if torch.cuda.is_available():
+        on_cuda(tmp, fit, base)
+    else:
+        print("test_hf_llama: no CUDA device here: the GPU part (fp32 logits and the 200-step curve on CUDA) is left out")
 
     for f in failures:
         print("FAIL:", f)
@@ -266,33 +280,52 @@ def stride_documents(n, seed):
     return docs
 
 
-def train_curve(tmp, fit, base):
+def on_cuda(tmp, fit, base):
+    """The logits and the curve again on the GPU, fp32 with TF32 off on both sides (Strobe keeps
+    libtorch's default, full fp32 matmuls: a TF32 matmul would miss these bounds)."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    for tied in (True, False):
+        tag = "tied" if tied else "untied"
+        d = os.path.join(tmp, f"hf_{tag}")
+        hf = AutoModelForCausalLM.from_pretrained(d, torch_dtype=torch.float32).eval()
+        compare(f"transformers {tag} -> strobe on cuda", hf, tmp, model_yaml(tied, d), "cuda")
+        compare(f"transformers {tag} -> strobe fused on cuda", hf, tmp, model_yaml(tied, d, fused=True), "cuda")
+    train_curve(tmp, fit, base.replace("device: cpu", "device: cuda"), "cuda")
+
+
+def train_curve(tmp, fit, base, device="cpu"):
     """200 AdamW steps of Strobe from the untied checkpoint beside a PyTorch loop over the transformers
     model on the same packed batches (a token file of learnable documents read in order, 4 a step):
     the first 5 losses equal to 1e-5, all 200 to 1e-3 (fp32 rounding compounds over the steps), and
-    both curves fall below 70% of their start."""
+    both curves fall below 70% of their start. On CUDA Strobe runs the fused LM head as well."""
     import numpy as np
     steps, eot = 200, 96
     docs = stride_documents(4 * steps, seed=9)
     path = os.path.join(tmp, "tokens.bin")
     np.concatenate([d.numpy() for d in docs]).astype(np.uint16).tofile(path)
-    run = os.path.join(tmp, "run_curve")
+    run = os.path.join(tmp, "run_curve_" + device)
     data = (f"data: {{name: token_file, path: {path}, dtype: uint16, mode: documents, eot_token: {eot}, vocab_size: 97, "
             "max_seq_len: 32, val_fraction: 0.0, collate: pack, batch_size: 4, shuffle: false, num_workers: 1}\n")
     text = base.replace(base[base.index("data:"):base.index("optimizer:")], data)
     text = text.replace("max_steps: 4", f"max_steps: {steps}").replace("{name: adamw, lr: 1.0e-3}",
                                                                        "{name: adamw, lr: 3.0e-3, weight_decay: 0.1}")
+    if device == "cuda":  # the fused head too (at this vocabulary auto would keep the logits path)
+        text = text.replace("task: {name: language_modeling}", "task: {name: language_modeling, fused_linear_loss: true}")
     r = fit(model_yaml(False, os.path.join(tmp, "hf_untied"), fused=True), run, text)
     if not check(r.returncode == 0, f"the curve run failed: {r.stderr}"):
         return
+    with open(os.path.join(run, "config.yaml")) as f:  # the run trained where it was asked to
+        resolved = f.read()
+    check(f"device: {device}" in resolved, f"the {device} curve run's config.yaml does not say device: {device}")
     import csv
     with open(os.path.join(run, "metrics.csv")) as f:
         strobe_losses = [float(row["train/loss"]) for row in csv.DictReader(f) if row.get("train/loss")]
-    hf = AutoModelForCausalLM.from_pretrained(os.path.join(tmp, "hf_untied"), torch_dtype=torch.float32).train()
+    hf = AutoModelForCausalLM.from_pretrained(os.path.join(tmp, "hf_untied"), torch_dtype=torch.float32).to(device).train()
     opt = torch.optim.AdamW(hf.parameters(), lr=3e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1)
     torch_losses = []
     for step in range(steps):
-        batch = docs[4 * step:4 * step + 4]
+        batch = [d.to(device) for d in docs[4 * step:4 * step + 4]]
         total = sum(len(d) - 1 for d in batch)
         loss = sum(torch.nn.functional.cross_entropy(hf(d[:-1].unsqueeze(0)).logits[0], d[1:], reduction="sum")
                    for d in batch) / total
@@ -303,14 +336,14 @@ def train_curve(tmp, fit, base):
     if not check(len(strobe_losses) == steps, f"strobe logged {len(strobe_losses)} losses, not {steps}"):
         return
     diffs = [abs(a - b) / abs(b) for a, b in zip(strobe_losses, torch_losses)]
-    check(max(diffs[:5]) < 1e-5, f"the first 5 losses differ (worst relative {max(diffs[:5]):.1e})")
-    check(max(diffs) < 1e-3, f"the 200-step curves part (worst relative {max(diffs):.1e} at step {diffs.index(max(diffs)) + 1})")
+    check(max(diffs[:5]) < 1e-5, f"{device}: the first 5 losses differ (worst relative {max(diffs[:5]):.1e})")
+    check(max(diffs) < 1e-3, f"{device}: the 200-step curves part (worst relative {max(diffs):.1e} at step {diffs.index(max(diffs)) + 1})")
     def mean(v):
         return sum(v) / len(v)
     start, end_strobe, end_torch = mean(torch_losses[:10]), mean(strobe_losses[-10:]), mean(torch_losses[-10:])
     check(end_strobe < 0.7 * mean(strobe_losses[:10]) and end_torch < 0.7 * start,
           f"the loss did not fall: strobe {mean(strobe_losses[:10]):.3f} -> {end_strobe:.3f}, torch {start:.3f} -> {end_torch:.3f}")
-    compared.append(f"{steps} AdamW steps vs a PyTorch loop: loss {start:.3f} -> {end_torch:.3f} (torch), "
+    compared.append(f"{device}: {steps} AdamW steps vs a PyTorch loop: loss {start:.3f} -> {end_torch:.3f} (torch), "
                     f"{end_strobe:.3f} (strobe), first 5 within {max(diffs[:5]):.1e}, all within {max(diffs):.1e}")
 
 
