@@ -68,8 +68,8 @@ class NaNCapture : public Callback {
     if (dirpath_.empty() && !t.run_dir().empty()) dirpath_ = (fs::path(t.run_dir()) / "nan").string();
     StepGuard g;
     // 16-mixed: a non-finite gradient is an overflow the loss scaler handles; only the loss counts.
-    g.check_grads = check_grads_ && t.config().precision != "16-mixed";
-    g.check_loss = check_loss_ || (check_grads_ && t.config().precision == "16-mixed");
+    g.check_grads = check_grads_ && t.config().precision != Precision::k16Mixed;
+    g.check_loss = check_loss_ || (check_grads_ && t.config().precision == Precision::k16Mixed);
     g.sticky = stop_ || (max_skips_ > 0 && skips_ >= max_skips_);
     g.restore_buffers = !g.sticky;
     g.snapshot_buffers = true;
@@ -239,7 +239,7 @@ class NaNCapture : public Callback {
                            {"batch_indices", e.batch_indices},
                            {"micro_batches", e.batches.size()},
                            {"device", t.device().str()},
-                           {"precision", t.config().precision},
+                           {"precision", to_string(t.config().precision)},
                            {"loss_nonfinite", loss_bad},
                            {"grads_nonfinite", grads_bad},
                            {"grads_checked", e.record.grad_norms.defined()},
@@ -270,7 +270,7 @@ class NaNCapture : public Callback {
       std::ostringstream s;
       s << fmt::format("Non-finite {} at step {} (epoch {}, batch {} of the epoch), {} micro-batch(es), device {}, precision {}.\n",
                        loss_bad && grads_bad ? "loss and gradients" : loss_bad ? "loss" : "gradients", step_number(e),
-                       e.loop.epoch, e.loop.batch_in_epoch, e.batches.size(), t.device().str(), t.config().precision);
+                       e.loop.epoch, e.loop.batch_in_epoch, e.batches.size(), t.device().str(), to_string(t.config().precision));
       for (size_t i = 0; i < losses.size(); ++i) s << fmt::format("loss of micro-batch {}: {}\n", i, losses[i]["value"].get<std::string>());
       if (!grads.empty()) {
         s << fmt::format("{} non-finite gradient(s):", grads.size());

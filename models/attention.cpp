@@ -30,16 +30,16 @@ void check_custom_device(const torch::Tensor& q) {
 }  // namespace
 
 void check_attention_on_device(AttentionBackend backend, int64_t head_dim, const torch::Device& device,
-                               const std::string& precision) {
+                               Precision precision) {
   if (backend != AttentionBackend::Custom || !device.is_cuda()) return;
   if (!ops::built_with_cuda())
     throw config::ConfigError(
         "model.attention: custom on CUDA needs strobe_ops built with its CUDA kernels (this build has none); use sdpa");
-  if (precision == "32")
+  if (precision == Precision::k32)
     throw config::ConfigError(
         "model.attention: custom runs bf16/fp16 heads on CUDA, and trainer.precision 32 gives fp32 ones; use "
         "bf16-mixed, bf16-master or 16-mixed, or attention: sdpa");
-  const auto dtype = precision == "16-mixed" ? torch::kHalf : torch::kBFloat16;
+  const auto dtype = precision == Precision::k16Mixed ? torch::kHalf : torch::kBFloat16;
   if (!ops::flash_attention_cuda_takes(head_dim, dtype))
     throw config::ConfigError(fmt::format(
         "model.attention: custom on CUDA takes head_dim 64 or 128 (embed_dim / num_heads), this model's is {}; use "

@@ -18,6 +18,7 @@
 #include <torch/types.h>
 
 #include "framework/config/config.h"
+#include "framework/config/precision.h"
 #include "framework/data/batch.h"
 
 namespace strobe::models {
@@ -36,7 +37,7 @@ const char* attention_backend_name(AttentionBackend backend);
 // anything else is a config::ConfigError naming model.attention, the value at fault and what would
 // run instead, so the run exits 2 before its first step instead of failing inside it.
 void check_attention_on_device(AttentionBackend backend, int64_t head_dim, const torch::Device& device,
-                               const std::string& precision);
+                               Precision precision);
 
 // q [B, Sq, H, D], k/v [B, Sk, H_kv, D] -> [B, Sq, H, D]. key_padding_mask: optional [B, Sk] bool,
 // true for real tokens (keys that may be attended to); not with `custom`. Grouped-query K/V

@@ -174,7 +174,7 @@ class Llama : public Model {
     inv_freq_ = llama_ops::rope_inv_freq(o.embed_dim / o.num_heads, o.rope_theta, o.rope_scaling, torch::kCPU);
   }
 
-  void on_device(const torch::Device& device, const std::string& precision) override {
+  void on_device(const torch::Device& device, Precision precision) override {
     check_attention_on_device(o_.attention, o_.embed_dim / o_.num_heads, device, precision);
     inv_freq_ = inv_freq_.to(device);
   }

@@ -128,9 +128,9 @@ class ResNet : public Model {
     }
   }
 
-  void on_device(const torch::Device& device, const std::string& precision) override {
+  void on_device(const torch::Device& device, Precision precision) override {
     // auto: NHWC where cuDNN's tensor-core kernels want it (bf16/fp16 on CUDA); fp32 stays NCHW.
-    channels_last_ = memory_format_ == "channels_last" || (memory_format_ == "auto" && device.is_cuda() && precision != "32");
+    channels_last_ = memory_format_ == "channels_last" || (memory_format_ == "auto" && device.is_cuda() && precision != Precision::k32);
     if (!channels_last_) return;
     torch::NoGradGuard no_grad;
     // In place (set_data): the same parameter objects, now NHWC; the optimizer is built after this.

@@ -130,7 +130,7 @@ class ViT : public Model {
 
   std::string default_task() const override { return "classification"; }
 
-  void on_device(const torch::Device& device, const std::string& precision) override {
+  void on_device(const torch::Device& device, Precision precision) override {
     check_attention_on_device(o_.attention, o_.embed_dim / o_.num_heads, device, precision);
   }
   const ViTOptions& options() const { return o_; }

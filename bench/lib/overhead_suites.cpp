@@ -96,7 +96,7 @@ struct MetricsBench {
     opt->zero_grad(true);
     torch::Tensor logits, loss;
     {
-      strobe::AutocastGuard autocast(device, args.precision);
+      strobe::AutocastGuard autocast(device, strobe::parse_precision(args.precision));
       logits = model->forward(batch);
       loss = torch::cross_entropy_loss(logits, target);
     }

@@ -147,7 +147,7 @@ nlohmann::json run_workload(const Workload& w, const SuiteOptions& o, int64_t wa
                       {"config", w.config},
                       {"overrides", w.sets},
                       {"device", run->trainer->device().str()},
-                      {"precision", run->experiment.trainer.precision},
+                      {"precision", to_string(run->experiment.trainer.precision)},
                       {"batch_size", timer->batch_size_},
                       {"warmup_steps", warmup},
                       {"steps", static_cast<int64_t>(step_ms.size())},

@@ -185,7 +185,7 @@ Experiment parse_experiment(Document& doc) {
     c.max_time_s = parse_duration(*mt);
     if (!c.max_time_s) t.fail("max_time", fmt::format("expected a duration \"DD:HH:MM:SS\", got '{}'", shown(*mt)));
   }
-  c.precision = t.get_choice("precision", "32", {"32", "bf16-mixed", "16-mixed", "bf16-master"});
+  c.precision = parse_precision(t.get_choice("precision", "32", {"32", "bf16-mixed", "16-mixed", "bf16-master"}));
   c.accumulate_grad_batches = t.get_int("accumulate_grad_batches", 1, 1);
   c.gradient_clip_val = t.get_double("gradient_clip_val", 0.0, 0.0);
   c.gradient_clip_algorithm = t.get_choice("gradient_clip_algorithm", "norm", {"norm", "value"});

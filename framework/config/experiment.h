@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "framework/config/config.h"
+#include "framework/config/precision.h"
 
 namespace strobe::config {
 
@@ -24,7 +25,7 @@ struct TrainerConfig {
   int64_t max_epochs = 1;  // -1: unlimited
   int64_t max_steps = -1;  // optimizer steps; -1: unlimited
   std::optional<double> max_time_s;
-  std::string precision = "32";  // 32 | bf16-mixed | 16-mixed | bf16-master (docs/CONFIG.md)
+  Precision precision = Precision::k32;  // trainer.precision (docs/CONFIG.md)
   int64_t accumulate_grad_batches = 1;
   double gradient_clip_val = 0.0;
   std::string gradient_clip_algorithm = "norm";

@@ -10,6 +10,7 @@
 #include <torch/nn/module.h>
 #include <torch/types.h>
 
+#include "framework/config/precision.h"
 #include "framework/config/registry.h"
 #include "framework/data/batch.h"
 
@@ -23,8 +24,9 @@ class Model : public torch::nn::Module {
   virtual std::string default_task() const = 0;
   // Called once the trainer has moved the model to its device, before the optimizer sees the
   // parameters (and before bf16-master converts them): a model may change their memory layout there
-  // (resnet: channels_last on CUDA under a reduced precision). `precision` is trainer.precision.
-  virtual void on_device(const torch::Device& /*device*/, const std::string& /*precision*/) {}
+  // (resnet: channels_last on CUDA under a reduced precision). `precision` is trainer.precision
+  // (framework/config/precision.h).
+  virtual void on_device(const torch::Device& /*device*/, Precision /*precision*/) {}
   // The language-model head's input, for a loss that never builds the logits (language_modeling's
   // `fused_linear_loss`, ops::linear_cross_entropy): forward(batch) == linear(hidden, weight, bias).
   // Models with such a head (llama, decoder_lm) override both; the others have none (0).

@@ -5,12 +5,12 @@
 
 namespace strobe {
 
-AutocastGuard::AutocastGuard(const torch::Device& device, const std::string& precision) : type_(device.type()) {
-  if (precision == "32" || precision == "bf16-master") return;  // bf16-master: bf16 weights, no autocast
+AutocastGuard::AutocastGuard(const torch::Device& device, Precision precision) : type_(device.type()) {
+  if (!autocasts(precision)) return;  // 32, and bf16-master: bf16 weights, no autocast
   active_ = true;
   prev_enabled_ = at::autocast::is_autocast_enabled(type_);
   prev_dtype_ = at::autocast::get_autocast_dtype(type_);
-  at::autocast::set_autocast_dtype(type_, precision == "16-mixed" ? at::kHalf : at::kBFloat16);
+  at::autocast::set_autocast_dtype(type_, precision == Precision::k16Mixed ? at::kHalf : at::kBFloat16);
   at::autocast::set_autocast_enabled(type_, true);
   at::autocast::increment_nesting();
 }

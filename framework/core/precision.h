@@ -7,12 +7,14 @@
 #include <nlohmann/json_fwd.hpp>
 #include <torch/types.h>
 
+#include "framework/config/precision.h"
+
 namespace strobe {
 
 // Enables autocast for `device` with the precision's dtype for the guard's lifetime.
 class AutocastGuard {
  public:
-  AutocastGuard(const torch::Device& device, const std::string& precision);
+  AutocastGuard(const torch::Device& device, Precision precision);
   ~AutocastGuard();
   AutocastGuard(const AutocastGuard&) = delete;
   AutocastGuard& operator=(const AutocastGuard&) = delete;

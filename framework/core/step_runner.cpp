@@ -8,8 +8,8 @@
 
 namespace strobe {
 
-StepRunner::StepRunner(Module& module, StepPipeline& pipeline, torch::Device device, std::string precision)
-    : module_(module), pipeline_(pipeline), device_(device), precision_(std::move(precision)) {}
+StepRunner::StepRunner(Module& module, StepPipeline& pipeline, torch::Device device, Precision precision)
+    : module_(module), pipeline_(pipeline), device_(device), precision_(precision) {}
 
 torch::Tensor StepRunner::run(const Batch& batch, int64_t batch_idx, const Options& options) {
   Hooks none;

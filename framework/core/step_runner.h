@@ -54,7 +54,7 @@ class StepRunner {
     bool require_loss = false;      // a training_step without a loss is an error (the captured step)
   };
 
-  StepRunner(Module& module, StepPipeline& pipeline, torch::Device device, std::string precision);
+  StepRunner(Module& module, StepPipeline& pipeline, torch::Device device, Precision precision);
 
   // Runs the micro-batch `batch` (on the device). Returns the loss, detached (undefined when
   // training_step returned none: nothing is backpropagated, the step still ends when `last`).
@@ -64,7 +64,7 @@ class StepRunner {
   Module& module_;
   StepPipeline& pipeline_;
   torch::Device device_;
-  std::string precision_;
+  Precision precision_;
 };
 
 }  // namespace strobe

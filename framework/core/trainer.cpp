@@ -48,7 +48,7 @@ Trainer::Trainer(config::Experiment experiment, std::string resolved_config_yaml
   device_ = strategy_->device();
   rank_ = strategy_->rank();
   world_size_ = strategy_->world_size();
-  if (exp_.trainer.precision == "16-mixed" && !device_.is_cuda())
+  if (exp_.trainer.precision == Precision::k16Mixed && !device_.is_cuda())
     throw config::ConfigError("trainer.precision: 16-mixed needs a CUDA device (use bf16-mixed on CPU)");
   if (exp_.trainer.deterministic) {
     setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", 0);
@@ -60,7 +60,7 @@ Trainer::Trainer(config::Experiment experiment, std::string resolved_config_yaml
   module_->net().to(device_);
   auto* model = dynamic_cast<Model*>(&module_->net());
   if (model) model->on_device(device_, exp_.trainer.precision);
-  if (exp_.trainer.precision == "bf16-master") {
+  if (exp_.trainer.precision == Precision::kBf16Master) {
     masters_ = std::make_unique<MasterWeights>(module_->net());
     if (model) model->set_input_dtype(torch::kBFloat16);
   }
@@ -103,7 +103,6 @@ Trainer::~Trainer() = default;
 
 const std::map<std::string, double>& Trainer::metrics() const { return collector_->latest(); }
 void Trainer::drain_metrics() { collector_->drain(); }
-void Trainer::add_metric_consumer(logging::MetricConsumer* c) { collector_->add_consumer(c); }
 void Trainer::log_host(const std::vector<std::pair<std::string, double>>& values) {
   collector_->emit_host(state().global_step, state().epoch, values);
 }
@@ -142,7 +141,7 @@ void Trainer::setup_for_fit() {
     optimizer_ = build_optimizer(exp_.optimizer, params, device_, &optimizer_info_);
   }
   if (!scheduler_) scheduler_ = build_scheduler(exp_.scheduler, *optimizer_, estimated_stepping_batches());
-  if (c.precision == "16-mixed") scaler_ = std::make_unique<GradScaler>(device_);
+  if (c.precision == Precision::k16Mixed) scaler_ = std::make_unique<GradScaler>(device_);
   pipeline_ = std::make_unique<StepPipeline>(exp_.trainer, module_->net(), *optimizer_, scaler_.get(), masters_.get());
   if (world_size_ > 1) pipeline_->set_flag_reducer([s = strategy_.get()](torch::Tensor& f) { s->reduce_max(f); });
   pipeline_->arm(pending_guard_);

@@ -135,7 +135,6 @@ class Trainer : public TrainerView, public StepAccess {
   StateConnector& state_connector() { return connector_; }
   // Adds a callback after construction (replay's observer); its hooks run after the others'.
   void add_callback(std::shared_ptr<Callback> callback);
-  void add_metric_consumer(logging::MetricConsumer* consumer);
   void set_resolved_config(std::string yaml) { config_yaml_ = std::move(yaml); }
   // The Hugging Face config.json the initial weights came with (model.init_from, names: hf): every
   // checkpoint keeps it (blob `hf_config`, restored on resume) so `export --names hf` writes its
@@ -148,7 +147,6 @@ class Trainer : public TrainerView, public StepAccess {
   void preload_checkpoint(std::string path, checkpoint::CheckpointData data);
   // `source` names the data in error messages (a file, a capture).
   void load_checkpoint_data(const checkpoint::CheckpointData& data, bool restore_training_state, const std::string& source);
-  void restore_rng(const checkpoint::CheckpointData& data);
 
   // Lets an embedding program (tests, replay) run single steps with the full step path.
   void setup_for_fit();
@@ -158,6 +156,8 @@ class Trainer : public TrainerView, public StepAccess {
   int64_t graph_replays() const;
 
  private:
+  // Restores this process's generators from a checkpoint's rng/ entries (the state connector's "rng").
+  void restore_rng(const checkpoint::CheckpointData& data);
   void setup_common(Stage stage);
   Batch prepare_batch(Batch batch, int64_t dataloader_idx);
   // After the update (eager or replayed): callbacks, zero_grad, counters, scheduler, logging.

@@ -249,7 +249,7 @@ void Trainer::register_state() {
         nlohmann::json meta = {{"format_version", checkpoint::kFormatVersion},
                                {"strobe_version", STROBE_VERSION},
                                {"device", device_.str()},
-                               {"precision", exp_.trainer.precision},
+                               {"precision", to_string(exp_.trainer.precision)},
                                {"global_step", state().global_step},
                                {"world_size", world_size_},
                                {"epoch", state().epoch}};

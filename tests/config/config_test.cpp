@@ -39,7 +39,7 @@ TEST(Config, ParsesTrainerKeysAndFillsDefaults) {
   auto doc = Document::load_string(std::string(kBase) + "trainer:\n  max_steps: 200\n  precision: bf16-mixed\n  limit_val_batches: 5\n  val_check_interval: 0.25\n", "exp.yaml");
   auto e = parse_experiment(doc);
   EXPECT_EQ(e.trainer.max_steps, 200);
-  EXPECT_EQ(e.trainer.precision, "bf16-mixed");
+  EXPECT_EQ(e.trainer.precision, strobe::Precision::kBf16Mixed);
   EXPECT_TRUE(e.trainer.limit_val_batches.is_count);
   EXPECT_EQ(e.trainer.limit_val_batches.count, 5);
   EXPECT_FALSE(e.trainer.val_check_interval.is_count);
@@ -122,7 +122,7 @@ TEST(Config, SetOverridesAnyKeyAndCreatesSections) {
   doc.apply_override("trainer.precision=bf16-mixed");
   auto e = parse_experiment(doc);
   EXPECT_EQ(e.trainer.max_steps, 200);
-  EXPECT_EQ(e.trainer.precision, "bf16-mixed");
+  EXPECT_EQ(e.trainer.precision, strobe::Precision::kBf16Mixed);
   EXPECT_EQ(e.model.get_int("depth", 18), 34);
 }
 
@@ -194,7 +194,7 @@ TEST(ConfigResolved, DefaultsKeepTheirTypeWhenWrittenAndReadAgain) {
   EXPECT_FALSE(e2.trainer.val_check_interval.is_count);
   EXPECT_DOUBLE_EQ(e2.trainer.val_check_interval.fraction, 1.0);
   EXPECT_FALSE(e2.trainer.limit_train_batches.is_count);
-  EXPECT_EQ(e2.trainer.precision, "32");
+  EXPECT_EQ(e2.trainer.precision, strobe::Precision::k32);
   EXPECT_EQ(flat(again.emit()), f);
 }
 

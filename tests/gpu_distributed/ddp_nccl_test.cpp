@@ -273,7 +273,7 @@ TEST(GpuDDP, ScalingBenchmark) {
         auto step = [&] {
           torch::Tensor loss;
           {
-            strobe::AutocastGuard ac(dev, "bf16-mixed");
+            strobe::AutocastGuard ac(dev, strobe::Precision::kBf16Mixed);
             loss = torch::cross_entropy_loss(net->forward(batch), labels);
           }
           strategy->pre_backward();

@@ -152,7 +152,7 @@ TEST(BatchNormActCuda, ResNet50UnderBf16AutocastIsAsCloseToFp32AsTheAtenPathAlon
   auto fused = resnet("auto"), aten = resnet("false"), ref = resnet("false");
   for (auto* m : {fused.get(), aten.get(), ref.get()}) {
     m->to(kCuda);
-    m->on_device(kCuda, "bf16-mixed");
+    m->on_device(kCuda, strobe::Precision::kBf16Mixed);
     m->train();
   }
   std::vector<Tensor> images, targets;

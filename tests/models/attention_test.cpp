@@ -97,7 +97,7 @@ TEST(Attention, CustomOnCudaRefusesWhatItsKernelsCannotRunBeforeTraining) {
   auto error_of = [&](const std::string& yaml, const std::string& precision) -> std::string {
     auto m = testing::build_model(yaml);
     try {
-      m->on_device(cuda, precision);
+      m->on_device(cuda, parse_precision(precision));
     } catch (const config::ConfigError& e) {
       return e.what();
     }
@@ -127,7 +127,7 @@ TEST(Attention, CustomOnCudaRefusesWhatItsKernelsCannotRunBeforeTraining) {
   EXPECT_EQ(error_of("{name: decoder_lm, vocab_size: 64, max_seq_len: 16, embed_dim: 96, depth: 1, num_heads: 2, attention: sdpa}", "32"),
             "no error");
   auto m = testing::build_model(vit48);
-  EXPECT_NO_THROW(m->on_device(torch::kCPU, "32"));
+  EXPECT_NO_THROW(m->on_device(torch::kCPU, Precision::k32));
 }
 
 }  // namespace

@@ -50,9 +50,9 @@ TEST(ResNet, ChannelsLastGivesTheSameOutputsAndGradients) {
   auto nhwc = build_model(base + "channels_last}");
   auto autofmt = build_model(base + "auto}");
   testing::copy_weights(*plain, *nhwc);
-  plain->on_device(torch::kCPU, "32");
-  nhwc->on_device(torch::kCPU, "32");
-  autofmt->on_device(torch::kCUDA, "32");  // auto: fp32 stays NCHW even on CUDA (nothing is moved here)
+  plain->on_device(torch::kCPU, Precision::k32);
+  nhwc->on_device(torch::kCPU, Precision::k32);
+  autofmt->on_device(torch::kCUDA, Precision::k32);  // auto: fp32 stays NCHW even on CUDA (nothing is moved here)
   const auto cl = at::MemoryFormat::ChannelsLast;
   int64_t converted = 0;
   for (const auto& p : nhwc->parameters())

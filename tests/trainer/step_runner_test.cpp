@@ -70,7 +70,7 @@ struct RunnerRig {
     optimizer = std::make_unique<torch::optim::SGD>(module.net().parameters(), torch::optim::SGDOptions(0.1));
     pipeline = std::make_unique<StepPipeline>(cfg, module.net(), *optimizer, nullptr);
     pipeline->arm(guard);
-    runner = std::make_unique<StepRunner>(module, *pipeline, torch::kCPU, "32");
+    runner = std::make_unique<StepRunner>(module, *pipeline, torch::kCPU, Precision::k32);
   }
   std::vector<torch::Tensor> params() {
     std::vector<torch::Tensor> out;

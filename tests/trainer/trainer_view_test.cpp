@@ -57,19 +57,19 @@ TEST(TrainerView, LrMonitorReadsTheViewsOptimizerAndLogsThroughIt) {
 
 TEST(TrainerView, NanCaptureArmsItsGuardThroughStepAccessByTheViewsPrecision) {
   ViewModule module;
-  for (const std::string precision : {"32", "16-mixed"}) {
+  for (const Precision precision : {Precision::k32, Precision::k16Mixed}) {
     FakeView view;
     view.cfg.precision = precision;
     auto cb = callback_from("name: nan_capture\n");
     cb->setup(view, module, Stage::Validate);
     EXPECT_TRUE(view.guards.empty()) << "armed outside fit";
     cb->setup(view, module, Stage::Fit);
-    ASSERT_EQ(view.guards.size(), 1u) << precision;
+    ASSERT_EQ(view.guards.size(), 1u) << to_string(precision);
     const auto& g = view.guards[0];
     // 16-mixed: non-finite gradients are the loss scaler's overflows; the loss is checked instead.
-    EXPECT_EQ(g.check_grads, precision == "32") << precision;
-    EXPECT_TRUE(g.check_loss || g.check_grads) << precision;
-    EXPECT_TRUE(g.snapshot_buffers) << precision;
+    EXPECT_EQ(g.check_grads, precision == Precision::k32) << to_string(precision);
+    EXPECT_TRUE(g.check_loss || g.check_grads) << to_string(precision);
+    EXPECT_TRUE(g.snapshot_buffers) << to_string(precision);
   }
 }
 
