@@ -20,10 +20,10 @@ namespace fs = std::filesystem;
 namespace {
 
 // Observes the replayed step just before the optimizer: which gradients are non-finite.
-class GradientObserver : public Callback {
+class GradientObserver : public Callback, public InStepHooks {
  public:
   std::string name() const override { return "replay_observer"; }
-  bool uses_in_step_hooks() const override { return true; }
+  InStepHooks* in_step_hooks() override { return this; }
   void on_before_optimizer_step(TrainerView&, Module& m, torch::optim::Optimizer&) override {
     seen = true;
     for (const auto& p : m.net().named_parameters()) {

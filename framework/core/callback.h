@@ -29,6 +29,18 @@ namespace checkpoint {
 struct CheckpointData;
 }
 
+// The hooks that run between the forward and the optimizer, inside what trainer.cuda_graphs captures
+// once and replays (docs/ARCHITECTURE.md, "CUDA graphs"). A callback with any of them implements this
+// interface as well and returns itself from Callback::in_step_hooks(); such a callback makes
+// cuda_graphs refuse the run (true) or train eagerly (auto).
+class InStepHooks {
+ public:
+  virtual ~InStepHooks() = default;
+  virtual void on_before_backward(TrainerView&, Module&, const torch::Tensor& /*loss*/) {}
+  virtual void on_after_backward(TrainerView&, Module&) {}
+  virtual void on_before_optimizer_step(TrainerView&, Module&, torch::optim::Optimizer&) {}
+};
+
 class Callback {
  public:
   virtual ~Callback() = default;
@@ -81,14 +93,12 @@ class Callback {
   virtual void on_predict_epoch_end(TrainerView&, Module&) {}
   virtual void on_predict_batch_start(TrainerView&, Module&, const Batch&, int64_t) {}
   virtual void on_predict_batch_end(TrainerView&, Module&, const torch::Tensor& /*outputs*/, const Batch&, int64_t) {}
-  // The three hooks below run between the forward and the optimizer, inside what trainer.cuda_graphs
-  // captures once and replays: a callback overriding any of them returns true from
-  // uses_in_step_hooks(), and the trainer then refuses cuda_graphs naming it (its hooks would run at
-  // capture only). on_train_batch_start/end and on_before_zero_grad run outside the graph, every step.
-  virtual bool uses_in_step_hooks() const { return false; }
-  virtual void on_before_backward(TrainerView&, Module&, const torch::Tensor& /*loss*/) {}
-  virtual void on_after_backward(TrainerView&, Module&) {}
-  virtual void on_before_optimizer_step(TrainerView&, Module&, torch::optim::Optimizer&) {}
+  // The hooks that run inside the step (InStepHooks, below), or null (the default): a callback that
+  // has them returns its InStepHooks here. The trainer calls them only through this, so a callback
+  // cannot have in-step hooks without saying so, and trainer.cuda_graphs refuses a run whose
+  // callbacks return one (a replayed graph would skip them). on_train_batch_start/end and
+  // on_before_zero_grad run outside the graph, every step.
+  virtual InStepHooks* in_step_hooks() { return nullptr; }
   virtual void on_before_zero_grad(TrainerView&, Module&, torch::optim::Optimizer&) {}
   virtual void on_exception(TrainerView&, Module&, const std::exception&) {}
   virtual void on_save_checkpoint(TrainerView&, Module&, checkpoint::CheckpointData&) {}

@@ -65,7 +65,7 @@ void Trainer::setup_cuda_graphs() {
       return fmt::format("needs accumulate_grad_batches: 1 (got {}): a captured step is one micro-batch",
                          exp_.trainer.accumulate_grad_batches);
     for (const auto& cb : callbacks_)
-      if (cb->uses_in_step_hooks())
+      if (cb->in_step_hooks() != nullptr)
         return fmt::format("callback '{}' runs hooks inside the step (on_before_backward, on_after_backward or "
                            "on_before_optimizer_step), which a replayed graph would skip",
                            cb->name());

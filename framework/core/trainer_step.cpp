@@ -35,15 +35,23 @@ class Trainer::EagerStepHooks : public StepRunner::Hooks {
   // Accumulation micro-batches all-reduce nothing; the step's last one carries the sum.
   void before_forward(bool last_micro_batch) override { t_.strategy_->set_grad_sync(last_micro_batch); }
   void before_backward(const torch::Tensor& loss) override {
-    t_.each([&](Callback& cb) { cb.on_before_backward(t_, *t_.module_, loss); });
+    t_.each([&](Callback& cb) {
+      if (InStepHooks* h = cb.in_step_hooks()) h->on_before_backward(t_, *t_.module_, loss);
+    });
     t_.strategy_->pre_backward();
   }
-  void after_backward() override { t_.each([&](Callback& cb) { cb.on_after_backward(t_, *t_.module_); }); }
+  void after_backward() override {
+    t_.each([&](Callback& cb) {
+      if (InStepHooks* h = cb.in_step_hooks()) h->on_after_backward(t_, *t_.module_);
+    });
+  }
   void before_optimizer_step() override {
     // Data parallel: the gradients are the mean over ranks from here on (the all-reduces ran inside
     // the last backward); callbacks, the non-finite check and clipping see the reduced ones.
     t_.strategy_->finish_grad_sync();
-    t_.each([&](Callback& cb) { cb.on_before_optimizer_step(t_, *t_.module_, *t_.optimizer_); });
+    t_.each([&](Callback& cb) {
+      if (InStepHooks* h = cb.in_step_hooks()) h->on_before_optimizer_step(t_, *t_.module_, *t_.optimizer_);
+    });
   }
 
  private:

@@ -86,10 +86,10 @@ std::map<int64_t, double> losses(const std::string& dir) {
 }
 
 // A callback with an in-step hook (cuda_graphs must refuse it).
-class GradPeek : public Callback {
+class GradPeek : public Callback, public InStepHooks {
  public:
   std::string name() const override { return "grad_peek"; }
-  bool uses_in_step_hooks() const override { return true; }
+  InStepHooks* in_step_hooks() override { return this; }
   void on_after_backward(TrainerView&, Module&) override {}
 };
 std::shared_ptr<Callback> make_grad_peek(config::Section& cfg) {

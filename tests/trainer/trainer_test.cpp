@@ -17,9 +17,10 @@ std::vector<std::string>& hook_log() {
   return log;
 }
 
-class Recorder : public Callback {
+class Recorder : public Callback, public InStepHooks {
  public:
   std::string name() const override { return "recorder"; }
+  InStepHooks* in_step_hooks() override { return this; }
 #define REC(hook, ...) \
   void hook(__VA_ARGS__) override { hook_log().push_back(#hook); }
   REC(setup, TrainerView&, Module&, Stage)
