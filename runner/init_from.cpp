@@ -1,5 +1,6 @@
 #include "runner/init_from.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -17,6 +18,44 @@
 #include "framework/core/weight_names.h"
 
 namespace strobe {
+
+namespace {
+
+// The `ignore` globs that would leave out what does not fit, as the user would write them: for tensors
+// of another shape (a new head) their modules ("fc.*" for a ResNet, "head.*" for a ViT), else the
+// missing and unexpected names themselves; three at most.
+std::string ignore_hint(const WeightsFit& fit) {
+  std::vector<std::string> globs;
+  auto add = [&](const std::string& g) {
+    if (globs.size() < 3 && std::find(globs.begin(), globs.end(), g) == globs.end()) globs.push_back(g);
+  };
+  for (const auto& m : fit.misshaped) {
+    const std::string name = m.substr(0, m.find(": "));
+    const auto dot = name.rfind('.');
+    add(dot == std::string::npos ? name : name.substr(0, dot) + ".*");
+  }
+  for (const auto* names : {&fit.missing, &fit.unexpected})
+    for (const auto& n : *names) add(n);
+  std::string out;
+  for (const auto& g : globs) out += (out.empty() ? "[\"" : ", \"") + g + "\"";
+  return out + "]";
+}
+
+// A file in another name set than the one given: Hugging Face's checkpoints name the body
+// "model.<...>" (LlamaForCausalLM), which `names: strobe` never matches.
+std::string names_hint(const std::string& names, const std::string& family, const WeightsFit& fit) {
+  if (names == "hf" || fit.unexpected.empty()) return "";
+  size_t hf_like = 0;
+  for (const auto& n : fit.unexpected) hf_like += n.rfind("model.", 0) == 0;
+  if (2 * hf_like < fit.unexpected.size()) return "";
+  const bool has_hf = name_map_registry().find(family + ":hf") != nullptr;
+  return fmt::format("the file's names start with 'model.', as a Hugging Face checkpoint's do: {}; ",
+                     has_hf ? "set model.init_from.names: hf"
+                            : fmt::format("model '{}' has no Hugging Face name set (names: hf)", family));
+}
+
+}  // namespace
+
 
 std::optional<std::string> load_init_from(Model& model, config::Section& model_cfg, const config::InitFrom& f, bool speaks) {
   const std::string family = model_cfg.node()["name"].Scalar();
@@ -123,10 +162,11 @@ std::optional<std::string> load_init_from(Model& model, config::Section& model_c
   const WeightsFit fit = load_named_weights(model, map, tensors, f.ignore, !f.strict);
   const std::string what = fmt::format("{} ({} names)", f.path, f.names);
   if (!fit.ok() && f.strict)
-    model_cfg.fail("init_from", fmt::format("{} does not fit model '{}': {}; leave names out with "
-                                            "model.init_from.ignore (globs such as \"head.*\") or load what fits "
+    model_cfg.fail("init_from", fmt::format("{} does not fit model '{}': {}; {}leave names out with "
+                                            "model.init_from.ignore (here: {}) or load what fits "
                                             "with model.init_from.strict: false",
-                                            what, family, fit.describe()));
+                                            what, family, fit.describe(), names_hint(f.names, family, fit),
+                                            ignore_hint(fit)));
   if (!speaks) return source_config;
   if (!fit.ok()) fmt::print(stderr, "strobe: warning: model.init_from: {} does not fit model '{}' (strict: false): {}\n",
                             what, family, fit.describe());

@@ -91,9 +91,26 @@ TEST(InitFrom, EveryNameThatDoesNotFitIsListedInOneErrorWithExitTwo) {
         "1 not in the model: extra.weight",
         "2 of another shape: head.weight: [10, 16] in the file, [6, 16] in the model, head.bias: [10] in the file, [6] "
         "in the model",
-        "model.init_from.ignore", "model.init_from.strict: false"})
+        "model.init_from.ignore (here: [\"head.*\", \"fc1.bias\", \"extra.weight\"])", "model.init_from.strict: false"})
     EXPECT_NE(r.err.find(want), std::string::npos) << want << "\n" << r.err;
   EXPECT_FALSE(std::filesystem::exists(run_dir)) << "refused before the run directory is claimed";
+  // The hint names the modules of this file's misfits (a ResNet's head is fc.*, not head.*).
+  auto other = mlp_file_tensors(/*num_classes=*/6);
+  other["fc0.weight"] = torch::zeros({other.at("fc0.weight").size(0) + 1, other.at("fc0.weight").size(1)});
+  r = strobe_cmd("fit -c " + cfg + " --run-dir " + run_dir + " --set model.num_classes=6 --set model.init_from=" +
+                 write_weights(dir, other, "fc0.safetensors"));
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("model.init_from.ignore (here: [\"fc0.*\"])"), std::string::npos) << r.err;
+  // Hugging Face's spelling ("model." before every name) under names: strobe says so.
+  std::map<std::string, torch::Tensor> hf_spelled;
+  for (const auto& [name, t] : mlp_file_tensors(/*num_classes=*/6)) hf_spelled["model." + name] = t;
+  r = strobe_cmd("fit -c " + cfg + " --run-dir " + run_dir + " --set model.num_classes=6 --set model.init_from=" +
+                 write_weights(dir, hf_spelled, "hf_spelled.safetensors"));
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("the file's names start with 'model.', as a Hugging Face checkpoint's do: model 'mlp' has no "
+                       "Hugging Face name set (names: hf)"),
+            std::string::npos)
+      << r.err;
 
   // `ignore` globs cover names on both sides, as the file spells them; the rest loads.
   auto run = make_run(tiny_yaml(), {"model.num_classes=6",

@@ -181,6 +181,10 @@ def main():
         t[first] = load_file(os.path.join(d, named))[first] + 1
         save_file(t, os.path.join(d, other))
 
+    # Hugging Face's names read as Strobe's: the error says which name set the file is in.
+    got, err = strobe_logits(tmp, model_yaml(True, os.path.join(tmp, "hf_tied"), names="strobe"), batches()[1])
+    check(got is None and "the file's names start with 'model.', as a Hugging Face checkpoint's do: set "
+          "model.init_from.names: hf" in err and err.count("\n") == 0, f"names: strobe on a transformers directory: {err!r}")
     refused("shard_up", shard_path("../x.safetensors"), "names '../x.safetensors', which is not a file of")
     refused("shard_abs", shard_path("/tmp/x.safetensors"), "names '/tmp/x.safetensors', which is not a file of")
     refused("shard_twice", in_two_shards, f"'{first}' is in ")
