@@ -137,7 +137,8 @@ std::vector<LoadedPlugin> load_plugins(const std::vector<config::PluginSpec>& pl
   // Absolute path -> the hash of what was loaded from it (what runs, whatever the file holds now).
   static std::map<std::string, std::string> loaded;
   std::vector<LoadedPlugin> out;
-  for (const auto& want : plugins) {
+  // One plugin; a PluginError names the config file and line of a `plugins:` entry before it.
+  auto load_one = [&](const config::PluginSpec& want) {
     const std::string& given = want.path;
     std::error_code ec;
     const std::string path = fs::absolute(given, ec).lexically_normal().string();
@@ -172,7 +173,7 @@ std::vector<LoadedPlugin> load_plugins(const std::vector<config::PluginSpec>& pl
       got.spec.replaced_sha256 = want.replaced_sha256;
     }
     out.push_back(got);
-    if (already != loaded.end()) continue;
+    if (already != loaded.end()) return;
     const PluginMarker& m = marker;
     if (m.strobe_version != STROBE_VERSION || m.torch_version != TORCH_VERSION)
       throw PluginError(fmt::format("plugin {}: built against Strobe {} with libtorch {}, but this is Strobe {} with libtorch {}: "
@@ -208,6 +209,14 @@ std::vector<LoadedPlugin> load_plugins(const std::vector<config::PluginSpec>& pl
       std::string all;
       for (const auto& e : log.errors) all += (all.empty() ? "" : "; ") + e;
       throw PluginError(fmt::format("plugin {}: {}", given, all));
+    }
+  };
+  for (const auto& want : plugins) {
+    try {
+      load_one(want);
+    } catch (const PluginError& e) {
+      if (want.listed_at.empty()) throw;
+      throw PluginError(want.listed_at + ": " + e.what());
     }
   }
   return out;

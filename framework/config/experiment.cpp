@@ -104,6 +104,8 @@ static std::vector<PluginSpec> parse_plugins(Section& root, const std::string& c
     const YAML::Node item = list[i];
     const std::string where = fmt::format("plugins[{}]", i);
     PluginSpec spec;
+    if (!item.Mark().is_null())  // a node the YAML text holds (not one set by the program, e.g. recorded plugins)
+      spec.listed_at = fmt::format("{}:{}:{}: {}", config_file, item.Mark().line + 1, item.Mark().column + 1, where);
     std::string given;
     if (item.IsScalar()) {
       given = item.Scalar();
@@ -155,7 +157,9 @@ static std::vector<PluginSpec> parse_plugins(Section& root, const std::string& c
 std::vector<PluginSpec> recorded_plugins(const std::string& resolved_yaml, const std::string& source) {
   Document doc = Document::load_string(resolved_yaml, source);
   Section root = doc.root();
-  return parse_plugins(root, source);
+  std::vector<PluginSpec> out = parse_plugins(root, source);
+  for (auto& spec : out) spec.listed_at.clear();  // a recorded entry is named by recorded_by, not a line of YAML text
+  return out;
 }
 
 Experiment parse_experiment(Document& doc) {

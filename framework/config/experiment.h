@@ -81,6 +81,7 @@ struct PluginSpec {
   std::string sha256;           // the hash recorded for it; empty: none recorded
   std::string recorded_by;      // where that hash was recorded (a config file or a checkpoint)
   std::string replaced_sha256;  // a run that went on with a changed plugin (--allow-changed-plugins): the hash before
+  std::string listed_at;        // "FILE:LINE:COL: plugins[i]" for an entry of a config's `plugins:` list
 
   bool operator==(const PluginSpec& o) const { return path == o.path && sha256 == o.sha256; }
 };

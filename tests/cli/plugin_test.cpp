@@ -7,6 +7,7 @@
 // --allow-changed-plugins, which goes on, says so once and records the change.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include <nlohmann/json.hpp>
@@ -109,6 +110,7 @@ TEST(PluginCli, EveryBrokenPluginIsOneLineAndExitTwoBeforeAnythingRuns) {
   const std::string v = STROBE_VERSION;
   const std::vector<std::pair<std::string, std::string>> cases = {
       {dir + "/libmissing.so", "no such file"},
+      {dir, "is a directory, not a shared library file"},
       {text, "is not a shared library (build it with strobe_add_plugin)"},
       {plugin("plugin_unmarked"), "has no Strobe marker: not built with strobe_add_plugin (find_package(Strobe))"},
       {plugin("plugin_other_version"), std::string("built against Strobe 0.0.9 with libtorch ") + TORCH_VERSION +
@@ -138,6 +140,15 @@ TEST(PluginCli, EveryBrokenPluginIsOneLineAndExitTwoBeforeAnythingRuns) {
   EXPECT_EQ(fit.code, 2);
   EXPECT_EQ(count_lines(fit.err), 1) << fit.err;
   EXPECT_FALSE(fs::exists(run_dir)) << "a refused plugin left a run directory";
+  // An entry of `plugins:` in the experiment is named by its file, line and column.
+  const std::string yaml = plugin_yaml("mlp", "plugins: [" + dir + "/libmissing.so]\n");
+  const size_t line = std::count(yaml.begin(), yaml.begin() + yaml.find("plugins: ["), '\n') + 1;
+  const std::string cfg = write_config(yaml);
+  fit = strobe_cmd("fit -c " + cfg + " --run-dir " + run_dir);
+  EXPECT_EQ(fit.code, 2);
+  EXPECT_EQ(fit.err, "strobe: plugin error: " + cfg + ":" + std::to_string(line) + ":11: plugins[0]: plugin " + dir +
+                         "/libmissing.so: no such file\n");
+  EXPECT_FALSE(fs::exists(run_dir));
 }
 
 std::string copy_plugin(const std::string& dir) {
