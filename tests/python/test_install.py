@@ -165,6 +165,33 @@ def main():
             else:
                 print(f"test_install: refused: {lines[0].strip()}")
 
+        # No libtorch in CMAKE_PREFIX_PATH: the package finds the one Strobe was built with where the
+        # build found it; where that is gone, one line names the Python whose torch prints the prefix.
+        def configure_without_torch(pkg, build_dir):
+            return run(["cmake", "-S", consumer, "-B", build_dir, "-G", cache("CMAKE_GENERATOR") or "Ninja",
+                        f"-DCMAKE_CXX_COMPILER={cache('CMAKE_CXX_COMPILER')}", f"-DCMAKE_PREFIX_PATH={pkg}"])
+        r = configure_without_torch(prefix, os.path.join(tmp, "no-torch-prefix"))
+        if r.returncode != 0:
+            failures.append(f"configuring with the package alone (no torch prefix): exit {r.returncode}\n{r.stderr[-2000:]}")
+        gone = os.path.join(tmp, "gone-prefix")
+        shutil.copytree(prefix, gone, symlinks=True)
+        config = os.path.join(gone, "lib", "cmake", "Strobe", "StrobeConfig.cmake")
+        text = open(config).read()
+        recorded_dir = re.search(r'set\(Strobe_TORCH_DIR "([^"]+)"\)', text)
+        recorded_py = re.search(r'set\(Strobe_TORCH_PYTHON "([^"]*)"\)', text)
+        if not recorded_dir or not recorded_py or not recorded_py.group(1):
+            failures.append("StrobeConfig.cmake records no libtorch directory or no Python")
+        else:
+            with open(config, "w") as f:
+                f.write(text.replace(recorded_dir.group(0), 'set(Strobe_TORCH_DIR "/nonexistent/torch")'))
+            r = configure_without_torch(gone, os.path.join(tmp, "gone-build"))
+            lines = [l for l in r.stderr.splitlines() if "Strobe:" in l]
+            want = f"the Python this Strobe was built with prints it: {recorded_py.group(1)} -c 'import torch; "
+            if r.returncode == 0 or len(lines) != 1 or want not in lines[0]:
+                failures.append(f"no libtorch to be found: exit {r.returncode}, lines {lines}; want one line with {want!r}")
+            else:
+                print(f"test_install: refused: {lines[0].strip()}")
+
         # Public headers that differ from the installed Strobe's own (a virtual added to TrainerView, as a
         # newer or edited Strobe would have): the plugin rebuilt against them is refused before it loads,
         # instead of crashing in a shifted vtable.
