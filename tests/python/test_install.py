@@ -147,23 +147,33 @@ def main():
             print("test_install: the installed strobe trained consumer_gated_mlp (plugin) for 4 steps")
 
         # Another libtorch than the package records: refused at configure time, one line.
-        other = os.path.join(tmp, "other-prefix")
-        shutil.copytree(prefix, other, symlinks=True)
-        config = os.path.join(other, "lib", "cmake", "Strobe", "StrobeConfig.cmake")
-        text = open(config).read()
-        recorded = re.search(r'set\(Strobe_TORCH_VERSION "([^"]+)"\)', text)
+        def edited_package(name, pattern, replacement):
+            """A copy of the installed package whose StrobeConfig.cmake has `pattern`'s match replaced
+            (None, None when the config holds no match)."""
+            pkg = os.path.join(tmp, name)
+            shutil.copytree(prefix, pkg, symlinks=True)
+            config = os.path.join(pkg, "lib", "cmake", "Strobe", "StrobeConfig.cmake")
+            text = open(config).read()
+            m = re.search(pattern, text)
+            if m:
+                with open(config, "w") as f:
+                    f.write(text.replace(m.group(0), replacement))
+            return (pkg, m) if m else (None, None)
+
+        def expect_refused(r, want, what):
+            lines = [l for l in r.stderr.splitlines() if "Strobe:" in l]
+            if r.returncode == 0 or len(lines) != 1 or want not in lines[0]:
+                failures.append(f"{what}: exit {r.returncode}, lines {lines}; want one line with {want!r}")
+            else:
+                print(f"test_install: refused: {lines[0].strip()}")
+
+        other, recorded = edited_package("other-prefix", r'set\(Strobe_TORCH_VERSION "([^"]+)"\)', 'set(Strobe_TORCH_VERSION "2.0.1")')
         if not recorded:
             failures.append("StrobeConfig.cmake records no libtorch version")
         else:
-            with open(config, "w") as f:
-                f.write(text.replace(recorded.group(0), 'set(Strobe_TORCH_VERSION "2.0.1")'))
-            r = configure(consumer, os.path.join(tmp, "other-build"), other)
-            lines = [l for l in r.stderr.splitlines() if "Strobe:" in l]
-            want = f"Strobe: this Strobe was built with libtorch 2.0.1, but CMAKE_PREFIX_PATH finds libtorch {recorded.group(1)}"
-            if r.returncode == 0 or len(lines) != 1 or want not in lines[0]:
-                failures.append(f"a package built with another libtorch: exit {r.returncode}, lines {lines}; want one line with {want!r}")
-            else:
-                print(f"test_install: refused: {lines[0].strip()}")
+            expect_refused(configure(consumer, os.path.join(tmp, "other-build"), other),
+                           f"Strobe: this Strobe was built with libtorch 2.0.1, but CMAKE_PREFIX_PATH finds libtorch {recorded.group(1)}",
+                           "a package built with another libtorch")
 
         # No libtorch in CMAKE_PREFIX_PATH: the package finds the one Strobe was built with where the
         # build found it; where that is gone, one line names the Python whose torch prints the prefix.
@@ -173,24 +183,14 @@ def main():
         r = configure_without_torch(prefix, os.path.join(tmp, "no-torch-prefix"))
         if r.returncode != 0:
             failures.append(f"configuring with the package alone (no torch prefix): exit {r.returncode}\n{r.stderr[-2000:]}")
-        gone = os.path.join(tmp, "gone-prefix")
-        shutil.copytree(prefix, gone, symlinks=True)
-        config = os.path.join(gone, "lib", "cmake", "Strobe", "StrobeConfig.cmake")
-        text = open(config).read()
-        recorded_dir = re.search(r'set\(Strobe_TORCH_DIR "([^"]+)"\)', text)
-        recorded_py = re.search(r'set\(Strobe_TORCH_PYTHON "([^"]*)"\)', text)
-        if not recorded_dir or not recorded_py or not recorded_py.group(1):
+        python = re.search(r'set\(Strobe_TORCH_PYTHON "([^"]+)"\)', open(os.path.join(prefix, "lib", "cmake", "Strobe", "StrobeConfig.cmake")).read())
+        gone, recorded = edited_package("gone-prefix", r'set\(Strobe_TORCH_DIR "([^"]+)"\)', 'set(Strobe_TORCH_DIR "/nonexistent/torch")')
+        if not recorded or not python:
             failures.append("StrobeConfig.cmake records no libtorch directory or no Python")
         else:
-            with open(config, "w") as f:
-                f.write(text.replace(recorded_dir.group(0), 'set(Strobe_TORCH_DIR "/nonexistent/torch")'))
-            r = configure_without_torch(gone, os.path.join(tmp, "gone-build"))
-            lines = [l for l in r.stderr.splitlines() if "Strobe:" in l]
-            want = f"the Python this Strobe was built with prints it: {recorded_py.group(1)} -c 'import torch; "
-            if r.returncode == 0 or len(lines) != 1 or want not in lines[0]:
-                failures.append(f"no libtorch to be found: exit {r.returncode}, lines {lines}; want one line with {want!r}")
-            else:
-                print(f"test_install: refused: {lines[0].strip()}")
+            expect_refused(configure_without_torch(gone, os.path.join(tmp, "gone-build")),
+                           f"the Python this Strobe was built with prints it: {python.group(1)} -c 'import torch; ",
+                           "no libtorch to be found")
 
         # Public headers that differ from the installed Strobe's own (a virtual added to TrainerView, as a
         # newer or edited Strobe would have): the plugin rebuilt against them is refused before it loads,
