@@ -386,7 +386,7 @@ int main(int argc, char** argv) {
     for (const auto* sub : app.get_subcommands([](const CLI::App*) { return true; })) commands.push_back(sub->get_name());
     if (std::find(commands.begin(), commands.end(), argv[1]) == commands.end()) {
       const std::string hint = strobe::config::closest_match(argv[1], commands);
-      fmt::print(stderr, "strobe: unknown command '{}'{} (commands: {})\nRun 'strobe --help' for usage.\n", one_line(argv[1]),
+      fmt::print(stderr, "strobe: unknown command '{}'{} (commands: {}); run 'strobe --help' for usage\n", one_line(argv[1]),
                  hint.empty() ? "" : fmt::format("; did you mean '{}'?", hint), fmt::join(commands, ", "));
       return 2;
     }
@@ -403,11 +403,11 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "strobe: {}\n", one_line(e.what()));  // names the option and says what to give: one line
     return 2;
   } catch (const CLI::ParseError& e) {
-    fmt::print(stderr, "strobe: {}\nRun 'strobe --help' for usage.\n", one_line(e.what()));
+    fmt::print(stderr, "strobe: {}; run 'strobe --help' for usage\n", one_line(e.what()));
     return 2;
   }
   if (app.get_subcommands().empty()) {
-    fmt::print(stderr, "strobe: a command is required (fit, validate, test, replay, export, bench, list)\nRun 'strobe --help' for usage.\n");
+    fmt::print(stderr, "strobe: a command is required (fit, validate, test, replay, export, bench, list); run 'strobe --help' for usage\n");
     return 2;
   }
   const std::string command = app.get_subcommands().front()->get_name();
