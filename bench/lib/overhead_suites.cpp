@@ -87,6 +87,7 @@ struct Metrics {
 struct MetricsBench {
   MetricsOverheadOptions args;
   torch::Device device;
+  strobe::Precision precision;  // args.precision, parsed once (not per step)
   std::shared_ptr<strobe::Model> model;
   std::unique_ptr<torch::optim::SGD> opt;
   strobe::Batch batch;
@@ -96,7 +97,7 @@ struct MetricsBench {
     opt->zero_grad(true);
     torch::Tensor logits, loss;
     {
-      strobe::AutocastGuard autocast(device, strobe::parse_precision(args.precision));
+      strobe::AutocastGuard autocast(device, precision);
       logits = model->forward(batch);
       loss = torch::cross_entropy_loss(logits, target);
     }
@@ -175,7 +176,7 @@ callbacks: {1}
 nlohmann::json metrics_overhead(const MetricsOverheadOptions& args) {
   const torch::Device device(args.device);
   torch::manual_seed(0);
-  MetricsBench b{args, device, nullptr, nullptr, {}, {}};
+  MetricsBench b{args, device, strobe::parse_precision(args.precision), nullptr, nullptr, {}, {}};
   strobe::models::ResNetOptions ro;
   ro.depth = 18;
   ro.num_classes = args.classes;

@@ -50,12 +50,8 @@ def kernel_ms(fn, sets, pattern, rep=20):
         for i in range(rep):
             fn(*sets[i % len(sets)])
         torch.cuda.synchronize()
-    out = {}
-    for e in prof.key_averages():
-        if pattern in e.key:
-            total = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
-            out[e.key] = total / e.count / 1e3
-    return out
+    return {e.key: e.device_time_total / e.count / 1e3 for e in prof.key_averages()
+            if e.device_type == torch.autograd.DeviceType.CUDA and pattern in e.key}
 
 
 def row(name, ms_aten, ms_ours, extra=""):
