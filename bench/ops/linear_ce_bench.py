@@ -7,9 +7,12 @@ weight [128256, 2048], bf16, mean cross-entropy over int64 targets), forward + b
 CUDA events around each call, warm-ups, median (and mean) of REP calls over two fresh input sets;
 peak memory above the inputs (gradients included, as the PyTorch anchors count it); then the
 profiler's kernel times of one Strobe call, grouped (GEMMs, the cross_entropy_rows kernel, the rest),
-with the kernel's HBM bound (the bf16 logits read twice and written once). Usage (GPU machine):
+with the kernel's HBM bound (the bf16 logits read twice and written once); the automatic call
+replayed from a CUDA graph (the GPU's own time); one call's timeline (the GPU's span against its
+kernels, the longest waits between kernels, slow host runtime calls, host synchronisations); and
+the 6th of 6 back-to-back calls of Strobe and torch.compile under the profiler. Usage (GPU machine):
   python3 bench/ops/linear_ce_bench.py BUILD_DIR/lib/libstrobe_ops.so   (HBM_TBS: bandwidth, TB/s)
-Writes $OUT/linear_ce_bench.json.
+Writes $OUT/linear_ce_bench.json and the two traces.
 """
 import json, os, statistics, sys
 
@@ -76,6 +79,31 @@ except Exception as ex:  # the wheel is optional
 for c in (0, 1024, 1536, 1792, 2048, 4096):
     cases.append((f"strobe chunk_rows={c}" + (" (auto)" if c == 0 else ""), strobe(c)))
 
+# The automatic call captured once in a CUDA graph and replayed: the GPU's own time, without the
+# host's launches and allocations between its kernels.
+def graphed_ms():
+    h, W, y = sets[0]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step(strobe(0), h, W, y)
+    torch.cuda.current_stream().wait_stream(side)
+    h.grad = None; W.grad = None
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        strobe(0)(h, W, y).backward()
+    g.replay(); torch.cuda.synchronize()
+    ts = []
+    for _ in range(REP):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record(); g.replay(); e.record(); torch.cuda.synchronize()
+        ts.append(s.elapsed_time(e))
+    h.grad = None; W.grad = None
+    del g
+    return statistics.median(ts), statistics.mean(ts)
+
+
 # Correctness at this shape first: Strobe's loss and gradients against the eager logits path.
 h, W, y = sets[0]
 step(eager, h, W, y); ref = (eager(h, W, y).detach(), h.grad.clone(), W.grad.clone())
@@ -98,6 +126,15 @@ for name, f in cases:
     print(f"{name:40s} median {med:7.2f} ms  mean {mean:7.2f} ms  peak +{pk:5.2f} GiB  ({gemm_tflop / med * 1e3:5.0f} TFLOP/s of GEMM)")
     torch.cuda.empty_cache()
 
+try:
+    med, mean = graphed_ms()
+    R["rows"].append({"name": "strobe chunk_rows=0 (auto), CUDA graph replay", "median_ms": round(med, 2),
+                      "mean_ms": round(mean, 2), "gemm_tflops": round(gemm_tflop / med * 1e3, 1)})
+    print(f"{'strobe auto, CUDA graph replay':40s} median {med:7.2f} ms  mean {mean:7.2f} ms")
+except Exception as ex:
+    print(f"graph replay: {ex!r}"[:300])
+torch.cuda.empty_cache()
+
 # Kernel times of one automatic-chunk call from the profiler.
 from torch.profiler import profile, ProfilerActivity
 h, W, y = sets[1]
@@ -119,5 +156,60 @@ print("profile of one strobe call (kernel ms):")
 for k, v in R["profile_ms"].items():
     print(f"  {k:70s} {v:8.3f}")
 print(f"  cross_entropy_rows HBM bound (2 reads + 1 write of bf16 logits at {bw / 1e12:.2f} TB/s): {bound:.3f} ms")
+
+# The timeline of one automatic call (CPU and CUDA activities): the GPU's span from its first kernel
+# to its last against the sum of its kernels, the longest waits between kernels with their
+# neighbours, and the host's CUDA runtime calls that took long (an allocation, a synchronisation).
+with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    step(strobe(0), h, W, y); torch.cuda.synchronize()
+trace = os.path.join(os.environ.get("OUT", "/tmp"), "linear_ce_trace.json")
+prof.export_chrome_trace(trace)
+with open(trace) as fh:
+    tev = json.load(fh)["traceEvents"]
+gpu = sorted((e for e in tev if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")), key=lambda e: e["ts"])
+if gpu:
+    span = gpu[-1]["ts"] + gpu[-1]["dur"] - gpu[0]["ts"]
+    busy = sum(e["dur"] for e in gpu)
+    gaps = sorted(((b["ts"] - (a["ts"] + a["dur"]), a["name"][:50], b["name"][:50]) for a, b in zip(gpu, gpu[1:])),
+                  reverse=True)
+    R["timeline_ms"] = {"gpu_span": round(span / 1e3, 3), "kernels": round(busy / 1e3, 3), "kernel_count": len(gpu),
+                        "gaps": [[round(g / 1e3, 3), a, b] for g, a, b in gaps[:10]]}
+    print(f"timeline: GPU span {span / 1e3:.2f} ms, kernels {busy / 1e3:.2f} ms ({len(gpu)}), longest gaps:")
+    for g, a, b in gaps[:10]:
+        print(f"  {g / 1e3:7.3f} ms  after {a}  before {b}")
+slow = sorted((e for e in tev if e.get("cat") == "cuda_runtime" and e.get("dur", 0) > 50), key=lambda e: -e["dur"])
+R["slow_runtime_calls_ms"] = [[e["name"], round(e["dur"] / 1e3, 3)] for e in slow[:10]]
+for e in slow[:10]:
+    print(f"  host: {e['name']} {e['dur'] / 1e3:.3f} ms")
+# Back to back, as the timed loop runs them: the last of 6 calls' kernel time and GPU span, for
+# Strobe and torch.compile (a GPU kept busy clocks lower than one that runs a single call).
+def sustained(f):
+    with profile(activities=[ProfilerActivity.CUDA]) as p:
+        for i in range(6):
+            step(f, *sets[i % 2])
+        torch.cuda.synchronize()
+    path = os.path.join(os.environ.get("OUT", "/tmp"), "linear_ce_sustained_trace.json")
+    p.export_chrome_trace(path)
+    with open(path) as fh:
+        ks = sorted((e for e in json.load(fh)["traceEvents"] if e.get("cat") in ("kernel", "gpu_memset", "gpu_memcpy")),
+                    key=lambda e: e["ts"])
+    n = len(ks) // 6
+    last = ks[-n:]
+    return round(sum(e["dur"] for e in last) / 1e3, 3), round((last[-1]["ts"] + last[-1]["dur"] - last[0]["ts"]) / 1e3, 3)
+
+
+R["sustained_last_call_ms"] = {}
+for name, f in (("strobe auto", strobe(0)), ("torch.compile", cases[1][1])):
+    ksum, span = sustained(f)
+    R["sustained_last_call_ms"][name] = {"kernels": ksum, "span": span}
+    print(f"back to back, 6th call: {name}: kernels {ksum:.2f} ms, GPU span {span:.2f} ms")
+torch.cuda.set_sync_debug_mode("warn")
+import warnings
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    step(strobe(0), h, W, y)
+torch.cuda.set_sync_debug_mode(0)
+R["host_syncs"] = [str(w.message)[:120] for w in caught]
+print(f"host synchronisations in one call: {len(caught)}", *R["host_syncs"][:3], sep="\n  ")
 with open(os.path.join(os.environ.get("OUT", "/tmp"), "linear_ce_bench.json"), "w") as fh:
     json.dump(R, fh, indent=1)

@@ -1,0 +1,185 @@
+// The llama's fused path under data parallelism over NCCL on 2 GPUs, end to end as `strobe fit` runs
+// it (build_run, Trainer::fit): every fused op (add + RMSNorm, rotary, SwiGLU, grouped K/V) and the
+// fused LM head (strobe::linear_cross_entropy, whose gradients are made in the forward with each
+// rank's 1 / count on its device) with a tied embedding. 2 ranks x 4 sequences end where one process
+// with the 8 of them ends. Skips (with the reason) without 2 visible GPUs; the parent never touches
+// CUDA (its forked children could not initialize it).
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <execinfo.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <fstream>
+
+#include "framework/checkpoint/checkpoint_io.h"
+#include "framework/config/config.h"
+#include "framework/core/model.h"
+#include "runner/experiment_builder.h"
+#include "tests/distributed/multiprocess.h"
+#include "tests/test_dirs.h"
+
+namespace strobe {
+namespace llama_nccl {
+
+namespace st = strobe::testing;
+
+constexpr int kSkipCode = 77;
+
+std::string yaml(const std::string& root, const std::string& precision) {
+  return fmt::format(R"(name: ddp_llama
+seed: 11
+trainer:
+  max_epochs: 2
+  max_steps: 8
+  accumulate_grad_batches: 2
+  log_every_n_steps: 1
+  num_sanity_val_steps: 0
+  enable_progress_bar: false
+  device: auto
+  precision: "{}"
+  dist_timeout: 120
+  default_root_dir: {}
+model:
+  name: llama
+  vocab_size: 1000
+  embed_dim: 128
+  depth: 2
+  num_heads: 4
+  num_kv_heads: 2
+  ffn_dim: 256
+  max_seq_len: 64
+  rope_theta: 500000
+  tie_embeddings: true
+  attention: sdpa
+  fused_ops: true
+data:
+  name: synthetic_tokens
+  vocab_size: 1000
+  max_seq_len: 64
+  fixed_length: true
+  num_samples: 64
+  num_val_samples: 16
+  batch_size: 4
+  collate: pad_to_max
+  num_workers: 0
+task:
+  fused_linear_loss: true
+optimizer:
+  name: sgd
+  lr: 0.5
+  momentum: 0.9
+scheduler:
+  name: none
+)",
+                     precision, root);
+}
+
+// A rank that crashes prints where (its stderr comes back in the failure message), then dies of it.
+void backtrace_on_crash() {
+  for (int sig : {SIGSEGV, SIGBUS, SIGABRT, SIGFPE}) {
+    std::signal(sig, [](int s) {
+      void* frames[64];
+      const int n = ::backtrace(frames, 64);
+      ::backtrace_symbols_fd(frames, n, STDERR_FILENO);
+      std::signal(s, SIG_DFL);
+      std::raise(s);
+    });
+  }
+}
+
+// One `strobe fit` per rank (world 1: the single-process reference, also in a child); each writes
+// its parameters (on the CPU) and its metrics to dir.
+std::vector<st::RankResult> fit(int world, const std::string& dir, const std::string& precision,
+                                const std::vector<std::string>& sets) {
+  auto body = [&](int rank) {
+    // No OpenMP thread pool in a forked child (libgomp is not fork-safe): as the CPU ranks of TrainerDDP.
+    torch::set_num_threads(1);
+    if (torch::cuda::device_count() < 2) return kSkipCode;
+    auto doc = config::Document::load_string(yaml(dir + "/root", precision), "ddp_llama.yaml");
+    for (const auto& s : sets) doc.apply_override(s);
+    auto run = build_run(doc, RunOptions{});
+    auto& t = *run->trainer;
+    auto snapshot = [&] {
+      std::vector<torch::Tensor> v;
+      for (auto& p : t.module().net().parameters()) v.push_back(p.detach().to(torch::kCPU, torch::kFloat).clone());
+      return v;
+    };
+    const auto initial = snapshot();
+    const int rc = t.fit(std::nullopt);
+    const auto params = snapshot();
+    int64_t unmoved = 0;  // parameters that training left as they were
+    for (size_t i = 0; i < params.size(); ++i) unmoved += torch::equal(params[i], initial[i]);
+    nlohmann::json out = {{"rc", rc}, {"global_step", t.state().global_step}, {"metrics", t.metrics()}, {"unmoved", unmoved}};
+    torch::save(params, fmt::format("{}/params{}.pt", dir, rank));
+    std::ofstream(fmt::format("{}/rank{}.json", dir, rank)) << out.dump(1);
+    return rc;
+  };
+  return st::run_ranks(world, body, dir, std::chrono::seconds(240), backtrace_on_crash);
+}
+
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream in(path);
+  return nlohmann::json::parse(in, nullptr, false);
+}
+
+std::vector<torch::Tensor> load_params(const std::string& path) {
+  std::vector<torch::Tensor> v;
+  torch::load(v, path);
+  return v;
+}
+
+}  // namespace llama_nccl
+
+TEST(GpuDDP, LlamaFusedOpsAndFusedHeadOverNcclMatchOneProcessOnTheUnionBatch) {
+#ifndef STROBE_TORCH_HAS_CUDA
+  GTEST_SKIP() << "built without STROBE_TORCH_HAS_CUDA (a libtorch without CUDA)";
+#else
+  namespace ln = llama_nccl;
+  namespace st = strobe::testing;
+  for (const std::string precision : {"bf16-master", "32"}) {
+    const std::string base = st::empty_test_dir("strobe_gpu_ddp_llama_" + precision + "_" + std::to_string(::getpid())).string();
+    const std::string two = base + "/two", one = base + "/one";
+    auto rs = ln::fit(2, two, precision, {});
+    bool skip = false;
+    for (auto& r : rs) skip |= r.exit_code == ln::kSkipCode;
+    if (skip) GTEST_SKIP() << "fewer than 2 CUDA devices visible";
+    for (auto& r : rs) ASSERT_EQ(r.exit_code, 0) << precision << "\n" << describe(rs);
+    auto r1 = ln::fit(1, one, precision, {"data.batch_size=8"});
+    ASSERT_EQ(r1[0].exit_code, 0) << precision << "\n" << describe(r1);
+    auto j0 = ln::read_json(two + "/rank0.json"), j1 = ln::read_json(two + "/rank1.json"),
+         js = ln::read_json(one + "/rank0.json");
+    ASSERT_EQ(j0["global_step"], 8) << precision;
+    ASSERT_EQ(js["global_step"], 8) << precision;
+    auto p0 = ln::load_params(two + "/params0.pt"), p1 = ln::load_params(two + "/params1.pt"),
+         ps = ln::load_params(one + "/params0.pt");
+    ASSERT_EQ(p0.size(), ps.size());
+    ASSERT_EQ(p0.size(), 1u + 2 * 9 + 1) << "embed_tokens, 9 per layer, norm: the tied head is the embedding";
+    // Both ranks hold bitwise the same weights. fp32 (cuBLAS without TF32): the weights within the
+    // reduction's rounding; SGD, unlike AdamW, is not invariant to the gradients' scale, so a rank
+    // that averaged wrongly (its 1 / count, the world size) would show. bf16-master: a bf16 forward
+    // over 4 sequences rounds unlike one over 8, so the model is compared through its validation loss.
+    const bool fp32 = precision == "32";
+    for (size_t i = 0; i < p0.size(); ++i) {
+      EXPECT_TRUE(torch::equal(p0[i], p1[i])) << precision << " parameter " << i << " differs between ranks";
+      EXPECT_TRUE(p0[i].isfinite().all().item<bool>()) << precision << " parameter " << i;
+      if (!fp32) continue;
+      const double worst = (p0[i] - ps[i]).abs().max().item<double>() / std::max(ps[i].abs().max().item<double>(), 1e-3);
+      EXPECT_LT(worst, 1e-4) << precision << " parameter " << i;
+    }
+    const double val = j0["metrics"]["val/loss"].get<double>(), val1 = j1["metrics"]["val/loss"].get<double>(),
+                 val_one = js["metrics"]["val/loss"].get<double>();
+    std::cout << "[ llama ddp nccl ] " << precision << ": val/loss 2 ranks " << val << ", 1 process " << val_one << "\n";
+    EXPECT_EQ(val, val1) << precision << ": the ranks' validation losses differ";
+    EXPECT_NEAR(val, val_one, (fp32 ? 1e-5 : 1e-3) * val_one) << precision;
+    // Not a run that stood still: every parameter moved, on both sides.
+    EXPECT_EQ(j0["unmoved"], 0) << precision;
+    EXPECT_EQ(js["unmoved"], 0) << precision;
+    checkpoint::remove_tree(base);
+  }
+#endif
+}
+
+}  // namespace strobe
