@@ -5,7 +5,8 @@
 // the two GEMMs into d hidden's rows and d weight. The backward only scales what the forward computed
 // by the incoming gradient. On the CPU (the reference) the middle part is ATen ops over fp32 logits;
 // on CUDA it is one kernel per chunk (cross_entropy_rows, two reads of the chunk and one write), and
-// with 16-bit weights d weight accumulates in fp32 through cuBLAS's bf16 -> fp32 GEMM.
+// with 16-bit weights d weight accumulates in fp32 through cuBLAS's bf16 -> fp32 GEMM. The forward
+// keeps d weight in that accumulator; the backward scales and rounds it in one pass, then releases it.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/autograd.h>
@@ -18,7 +19,7 @@ namespace strobe::ops {
 namespace detail {
 void lce_rows_cuda(at::Tensor& logits, const at::Tensor& target, const at::Tensor& inv_count, at::Tensor& loss_rows,
                    int64_t ignore_index, bool grad);
-at::Tensor lce_scale_cuda(const at::Tensor& t, const at::Tensor& scale);
+at::Tensor lce_scale_cuda(const at::Tensor& t, const at::Tensor& scale, at::ScalarType dtype);
 }  // namespace detail
 #endif
 namespace {
@@ -53,8 +54,9 @@ int64_t lce_rows(int64_t chunk_rows, int64_t vocab, int64_t elem_bytes, int64_t 
 }
 
 // (loss, dhidden, dweight, dbias): the mean loss over tokens whose target is not ignore_index (fp32;
-// fp64 for fp64), and when with_grad the gradients of that loss in the dtypes of hidden, weight and
-// bias (dweight and dbias accumulate in fp32 / fp64 and are rounded once at the end).
+// fp64 for fp64), and when with_grad the gradients of that loss: dhidden in hidden's dtype, dweight
+// and dbias in the dtype they accumulate in (fp32; fp64 for fp64), rounded to the weight's dtype
+// by the backward's scaling (one rounding of the scaled value).
 std::tuple<Tensor, Tensor, Tensor, Tensor> lce_fwd(const Tensor& h, const Tensor& w, const OptTensor& b,
                                                    const Tensor& target, int64_t ignore_index, int64_t chunk_rows,
                                                    bool with_grad) {
@@ -134,7 +136,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> lce_fwd(const Tensor& h, const Tensor
   }
   Tensor loss = kernel ? loss_rows.sum() * inv_count : loss_sum * inv_count;
   if (!with_grad) return {loss, Tensor(), Tensor(), Tensor()};
-  return {loss, dh, dw.to(w.scalar_type()), db.defined() ? db.to(b->scalar_type()) : db};
+  return {loss, dh, dw, db};
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> lce_fwd_meta(const Tensor& h, const Tensor& w, const OptTensor& b,
@@ -145,8 +147,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> lce_fwd_meta(const Tensor& h, const T
   const auto cd = h.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   Tensor loss = at::empty({}, h.options().dtype(cd));
   if (!with_grad) return {loss, Tensor(), Tensor(), Tensor()};
-  return {loss, at::empty_symint(h.sym_sizes(), h.options()), at::empty_symint(w.sym_sizes(), w.options()),
-          lce_present(b) ? at::empty_symint(b->sym_sizes(), b->options()) : Tensor()};
+  return {loss, at::empty_symint(h.sym_sizes(), h.options()), at::empty_symint(w.sym_sizes(), w.options().dtype(cd)),
+          lce_present(b) ? at::empty_symint(b->sym_sizes(), b->options().dtype(cd)) : Tensor()};
 }
 
 using LceSig = std::tuple<Tensor, Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const OptTensor&, const Tensor&,
@@ -157,24 +159,30 @@ const c10::TypedOperatorHandle<LceSig>& lce_fwd_op() {
   return op;
 }
 
-Tensor lce_scale(const Tensor& t, const Tensor& g) {
+// t * g rounded once to dtype (t: dtype itself, or its fp32 / fp64 accumulator), g a scalar tensor.
+Tensor lce_scale(const Tensor& t, const Tensor& g, at::ScalarType dtype) {
 #ifdef STROBE_OPS_WITH_CUDA
-  // CUDA: one vectorised kernel that reads the fp32 scalar on the device (ATen's mixed-dtype multiply
-  // is a generic, unvectorised kernel: ~1 ms for Llama-3.2-1B's head weight).
-  if (t.is_cuda() && g.is_cuda() && g.scalar_type() == at::kFloat && t.is_contiguous() && t.scalar_type() != at::kDouble)
-    return detail::lce_scale_cuda(t, g);
+  // CUDA: one vectorised kernel that reads the fp32 scalar on the device and rounds from fp32 in the
+  // same pass (ATen's mixed-dtype multiply is a generic, unvectorised kernel: ~1 ms for
+  // Llama-3.2-1B's head weight, and a separate rounding another pass over it).
+  if (t.is_cuda() && g.is_cuda() && g.scalar_type() == at::kFloat && t.is_contiguous() && t.scalar_type() != at::kDouble &&
+      dtype != at::kDouble && (t.scalar_type() == dtype || t.scalar_type() == at::kFloat))
+    return detail::lce_scale_cuda(t, g, dtype);
 #endif
-  return t * g.to(t.device());
+  return (t * g.to(t.device())).to(dtype);
 }
-Tensor lce_scale_meta(const Tensor& t, const Tensor& /*g*/) { return at::empty_like(t); }
+Tensor lce_scale_meta(const Tensor& t, const Tensor& /*g*/, at::ScalarType dtype) { return at::empty_like(t, t.options().dtype(dtype)); }
 
-const c10::TypedOperatorHandle<Tensor(const Tensor&, const Tensor&)>& lce_scale_op() {
+using LceScaleSig = Tensor(const Tensor&, const Tensor&, at::ScalarType);
+const c10::TypedOperatorHandle<LceScaleSig>& lce_scale_op() {
   static const auto op = c10::Dispatcher::singleton()
                               .findSchemaOrThrow("strobe::linear_cross_entropy_scale", "")
-                              .typed<Tensor(const Tensor&, const Tensor&)>();
+                              .typed<LceScaleSig>();
   return op;
 }
 
+// The forward computes the gradients; they wait in saved_data (not save_for_backward: the backward
+// releases d weight's fp32 accumulator as soon as it has rounded it, rather than when the node dies).
 class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossEntropyFunction> {
  public:
   static Tensor forward(torch::autograd::AutogradContext* ctx, const Tensor& h, const Tensor& w, const OptTensor& b,
@@ -182,16 +190,32 @@ class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossE
     at::AutoDispatchBelowADInplaceOrView guard;
     const bool with_grad = h.requires_grad() || w.requires_grad() || (lce_present(b) && b->requires_grad());
     auto [loss, dh, dw, db] = lce_fwd_op().call(h, w, b, target, ignore_index, chunk_rows, with_grad);
-    ctx->save_for_backward({dh, dw, db});
+    ctx->saved_data["dh"] = dh;
+    ctx->saved_data["dw"] = dw;
+    ctx->saved_data["db"] = db;
+    ctx->saved_data["w_dtype"] = static_cast<int64_t>(w.scalar_type());
     return loss;
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    const auto saved = ctx->get_saved_variables();
+    TORCH_CHECK(ctx->saved_data.count("dw"),
+                "linear_cross_entropy: a second backward through the same forward (retain_graph) is not supported: "
+                "its gradients are made by the forward and released by the first backward");
     const Tensor& g = grads[0];  // a scalar
-    // Each gradient times the incoming scalar, in the gradient's own dtype (no fp32 copy).
-    auto scaled = [&](const Tensor& t) { return t.defined() ? lce_scale_op().call(t, g) : t; };
-    return {scaled(saved[0]), scaled(saved[1]), scaled(saved[2]), Tensor(), Tensor(), Tensor()};
+    const auto w_dtype = static_cast<at::ScalarType>(ctx->saved_data["w_dtype"].toInt());
+    // Each gradient times the incoming scalar, rounded once to its input's dtype; each saved gradient
+    // released once scaled (d weight first: its fp32 accumulator is the largest).
+    auto take = [&](const char* key, int input, std::optional<at::ScalarType> dtype) {
+      const c10::IValue v = ctx->saved_data[key];
+      ctx->saved_data.erase(key);
+      const Tensor t = v.isTensor() ? v.toTensor() : Tensor();
+      return t.defined() && ctx->needs_input_grad(input) ? lce_scale_op().call(t, g, dtype.value_or(t.scalar_type()))
+                                                         : Tensor();
+    };
+    Tensor dw = take("dw", 1, w_dtype);
+    Tensor db = take("db", 2, w_dtype);
+    Tensor dh = take("dh", 0, std::nullopt);
+    return {dh, dw, db, Tensor(), Tensor(), Tensor()};
   }
 };
 

@@ -1,6 +1,7 @@
 // CUDA glue of linear_cross_entropy's kernels (cuda/fused_norm_kernels.cu): one chunk's loss per row
 // and, with grad, softmax - onehot written over its logits in place (cross_entropy_rows); the
-// backward's saved gradient times the incoming scalar gradient (scale_by_device_scalar).
+// backward's gradients times the incoming scalar gradient, d weight rounded from its fp32
+// accumulator in the same pass (scale_by_device_scalar).
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 
@@ -31,15 +32,16 @@ void lce_rows_cuda(at::Tensor& logits, const at::Tensor& target, const at::Tenso
   C10_CUDA_CHECK(cuda::cross_entropy_rows(p, current_stream()));
 }
 
-at::Tensor lce_scale_cuda(const at::Tensor& t, const at::Tensor& scale) {
-  TORCH_CHECK(t.is_contiguous() && scale.scalar_type() == at::kFloat && scale.numel() == 1 && scale.is_cuda(),
+at::Tensor lce_scale_cuda(const at::Tensor& t, const at::Tensor& scale, at::ScalarType dtype) {
+  TORCH_CHECK(t.is_contiguous() && scale.scalar_type() == at::kFloat && scale.numel() == 1 && scale.is_cuda() &&
+                  (dtype == t.scalar_type() || t.scalar_type() == at::kFloat),
               "linear_cross_entropy (CUDA): internal scale arguments out of shape");
   const c10::cuda::CUDAGuard guard(t.device());
-  at::Tensor y = at::empty_like(t);
+  at::Tensor y = at::empty_like(t, t.options().dtype(dtype));
   const at::Tensor s = scale.contiguous();
-  C10_CUDA_CHECK(cuda::scale_by_device_scalar(t.data_ptr(), y.data_ptr(), t.numel(), s.data_ptr<float>(),
-                                              kernel_dtype(t, "linear_cross_entropy (CUDA)", "gradient", kFloatingTypes),
-                                              current_stream()));
+  C10_CUDA_CHECK(cuda::scale_by_device_scalar(t.data_ptr(), kernel_dtype(t, "linear_cross_entropy (CUDA)", "gradient", kFloatingTypes),
+                                              y.data_ptr(), kernel_dtype(y, "linear_cross_entropy (CUDA)", "gradient", kFloatingTypes),
+                                              t.numel(), s.data_ptr<float>(), current_stream()));
   return y;
 }
 

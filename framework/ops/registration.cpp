@@ -100,12 +100,13 @@ TORCH_LIBRARY(strobe, m) {
   m.def(
       "linear_cross_entropy(Tensor hidden, Tensor weight, Tensor? bias, Tensor target, int ignore_index=-100, "
       "int chunk_rows=0) -> Tensor");
-  // Internal: the loss and, with with_grad, its gradients (in the dtypes of hidden, weight and bias).
+  // Internal: the loss and, with with_grad, its gradients (dhidden in hidden's dtype; dweight and dbias
+  // in their fp32 accumulator, fp64 for fp64).
   m.def(
       "linear_cross_entropy_fwd(Tensor hidden, Tensor weight, Tensor? bias, Tensor target, int ignore_index, "
       "int chunk_rows, bool with_grad) -> (Tensor loss, Tensor dhidden, Tensor dweight, Tensor dbias)");
-  // Internal: its backward, grad * scale in grad's dtype (scale: the incoming fp32 scalar gradient).
-  m.def("linear_cross_entropy_scale(Tensor grad, Tensor scale) -> Tensor");
+  // Internal: its backward, grad * scale rounded once to dtype (scale: the incoming scalar gradient).
+  m.def("linear_cross_entropy_scale(Tensor grad, Tensor scale, ScalarType dtype) -> Tensor");
   // Softmax cross-entropy over logits [N, V] with int64 targets [N]; fp32 loss (docs/OPS.md).
   m.def(
       "cross_entropy(Tensor logits, Tensor target, int ignore_index=-100, str reduction=\"mean\") "

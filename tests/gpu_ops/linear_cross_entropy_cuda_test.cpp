@@ -4,7 +4,8 @@
 // gradients 1e-4 (TF32 off: cuBLAS's fp32 GEMMs); bf16 / fp16 loss 1e-3, gradients 1.5e-2 (16-bit
 // logits and products, as the unfused head has them). A 2048-token batch over a 32,000-token
 // vocabulary in chunks of 512 rows with ignored targets; a 1,001-token vocabulary (not a multiple of
-// 8: the kernel's scalar path) with a bias, automatic chunks and an incoming gradient of 0.37; NaN,
+// 8: the kernel's scalar path) with a bias, automatic chunks and an incoming gradient of 0.37 (d weight
+// and d bias: their fp32 accumulators scaled and rounded once, bit for bit); NaN,
 // a target out of range, no target at all, and two runs bit for bit.
 #include <cmath>
 
@@ -82,6 +83,20 @@ TEST(LinearCrossEntropyCuda, ScalarPathWithBiasAndWithoutGradient) {
     EXPECT_LT(rel_err(b.grad(), b64.grad()), lowp ? 1.5e-2 : 1e-4) << "dbias";
     EXPECT_EQ(w.grad().scalar_type(), dt);
     torch::NoGradGuard no_grad;
+    {
+      // d weight and d bias: the forward's fp32 accumulators times 0.37, rounded once (the backward's
+      // kernel: 16-byte vectors, and the scalar tail of the bias's 1,001 elements).
+      static const auto fwd = c10::Dispatcher::singleton()
+                                  .findSchemaOrThrow("strobe::linear_cross_entropy_fwd", "")
+                                  .typed<std::tuple<Tensor, Tensor, Tensor, Tensor>(
+                                      const Tensor&, const Tensor&, const std::optional<Tensor>&, const Tensor&, int64_t,
+                                      int64_t, bool)>();
+      auto [l32, dh, dw32, db32] = fwd.call(h, w, b, t, -1, 0, true);
+      ASSERT_EQ(dw32.scalar_type(), torch::kFloat);
+      const Tensor s = torch::full({}, 0.37f, torch::TensorOptions(kCuda));
+      EXPECT_TRUE(torch::equal(w.grad(), (dw32 * s).to(dt))) << "d weight: one rounding of the scaled fp32 value";
+      EXPECT_TRUE(torch::equal(b.grad(), (db32 * s).to(dt))) << "d bias: one rounding of the scaled fp32 value";
+    }
     EXPECT_TRUE(torch::equal(strobe::ops::linear_cross_entropy(h, w, b, t, -1), loss))
         << "the loss without a gradient is the training loss bit for bit";
   }

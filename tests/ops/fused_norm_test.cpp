@@ -382,6 +382,45 @@ TEST(LinearCrossEntropyCpu, NanAndNoValidTokensGiveNanAndBadInputsAreErrors) {
   EXPECT_THROW(strobe::ops::linear_cross_entropy(torch::randn({6, 8}), w, torch::zeros({10}), t), c10::Error);
 }
 
+// The forward makes the gradients and the backward hands them out once, rounded from the fp32
+// accumulator (bf16 weight: d weight is the fp32 one times the incoming gradient, rounded once);
+// only the inputs that want a gradient get one; a second backward through the same forward is one
+// clear error, not the first backward's gradients again.
+TEST(LinearCrossEntropyCpu, BackwardRoundsOnceGivesOnlyWantedGradientsAndRefusesASecondPass) {
+  torch::manual_seed(4);
+  const Tensor h = torch::randn({9, 8}).to(torch::kBFloat16).requires_grad_();
+  const Tensor w = (torch::randn({13, 8}) * 0.5).to(torch::kBFloat16).requires_grad_();
+  const Tensor t = torch::randint(0, 13, {9}, torch::kLong);
+  const Tensor loss = strobe::ops::linear_cross_entropy(h, w, std::nullopt, t) * 3.0;
+  loss.backward({}, /*retain_graph=*/true);
+  ASSERT_EQ(w.grad().scalar_type(), torch::kBFloat16);
+  auto [l32, dh32, dw32, db32] = [&] {
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("strobe::linear_cross_entropy_fwd", "")
+                               .typed<std::tuple<Tensor, Tensor, Tensor, Tensor>(
+                                   const Tensor&, const Tensor&, const std::optional<Tensor>&, const Tensor&, int64_t,
+                                   int64_t, bool)>();
+    torch::NoGradGuard ng;
+    return op.call(h.detach(), w.detach(), std::nullopt, t, -100, 0, true);
+  }();
+  ASSERT_EQ(dw32.scalar_type(), torch::kFloat) << "d weight waits in its fp32 accumulator";
+  EXPECT_TRUE(torch::equal(w.grad(), (dw32 * 3.0).to(torch::kBFloat16))) << "one rounding of the scaled fp32 value";
+  EXPECT_TRUE(torch::equal(h.grad(), (dh32 * 3.0).to(torch::kBFloat16)));
+  try {
+    loss.backward();
+    ADD_FAILURE() << "a second backward through the same forward went through";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what_without_backtrace()).find("second backward through the same forward"), std::string::npos)
+        << e.what_without_backtrace();
+  }
+  // A frozen head: only hidden gets a gradient.
+  const Tensor h2 = h.detach().clone().requires_grad_();
+  const Tensor w2 = w.detach().clone();
+  strobe::ops::linear_cross_entropy(h2, w2, std::nullopt, t).backward();
+  EXPECT_TRUE(h2.grad().defined());
+  EXPECT_FALSE(w2.grad().defined());
+}
+
 struct CeCase {
   int64_t n, v;
   const char* reduction;

@@ -118,11 +118,12 @@ struct CrossEntropyRowsParams {
   DType dtype = DType::kFloat32;
 };
 cudaError_t cross_entropy_rows(const CrossEntropyRowsParams& p, cudaStream_t stream);
-// y[i] = x[i] * scale[0] for n contiguous elements of `dtype` (fp32, fp16, bf16): the product of the
-// element and the fp32 scale in fp32, rounded once (ATen would round the scale to 16 bits first);
-// scale is read on the device.
-// linear_cross_entropy's backward: the saved gradients times the incoming one, no host read.
-cudaError_t scale_by_device_scalar(const void* x, void* y, int64_t n, const float* scale, DType dtype,
+// y[i] = x[i] * scale[0] for n contiguous elements: x and y of one type (fp32, fp16, bf16), or x fp32
+// and y fp16 / bf16; the product of the element and the fp32 scale in fp32, rounded once to y's type
+// (ATen would round the scale to 16 bits first); scale is read on the device.
+// linear_cross_entropy's backward: the gradients its forward made (d weight still in its fp32
+// accumulator) times the incoming one, no host read.
+cudaError_t scale_by_device_scalar(const void* x, DType x_dtype, void* y, DType y_dtype, int64_t n, const float* scale,
                                    cudaStream_t stream);
 
 }  // namespace strobe::ops::cuda

@@ -391,31 +391,35 @@ cudaError_t launch_ce_rows(const CrossEntropyRowsParams& p, cudaStream_t stream)
   return cudaGetLastError();
 }
 
-template <typename T, int VEC>
-__global__ void __launch_bounds__(256) scale_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t n,
+// y = x * scale[0], the product in fp32 rounded once to y's type (x: the same type, or the fp32
+// accumulator of a 16-bit gradient). VEC elements per item: 16 bytes of the narrower type.
+template <typename Tin, typename Tout, int VEC>
+__global__ void __launch_bounds__(256) scale_kernel(const Tin* __restrict__ x, Tout* __restrict__ y, int64_t n,
                                                     const float* __restrict__ scale) {
   const float a = scale[0];
   const int64_t nvec = n / VEC;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * 256 + threadIdx.x; i < nvec; i += static_cast<int64_t>(gridDim.x) * 256) {
-    Pack<T, VEC> v = reinterpret_cast<const Pack<T, VEC>*>(x)[i];
+    const Pack<Tin, VEC> v = reinterpret_cast<const Pack<Tin, VEC>*>(x)[i];
+    Pack<Tout, VEC> o;
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) v.v[j] = from_f<T>(__fmul_rn(to_f(v.v[j]), a));
-    reinterpret_cast<Pack<T, VEC>*>(y)[i] = v;
+    for (int j = 0; j < VEC; ++j) o.v[j] = from_f<Tout>(__fmul_rn(to_f(v.v[j]), a));
+    reinterpret_cast<Pack<Tout, VEC>*>(y)[i] = o;
   }
   // The tail of a length that is not a multiple of VEC (VEC > 1 only when both pointers are aligned).
   for (int64_t i = nvec * VEC + static_cast<int64_t>(blockIdx.x) * 256 + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * 256)
-    y[i] = from_f<T>(__fmul_rn(to_f(x[i]), a));
+    y[i] = from_f<Tout>(__fmul_rn(to_f(x[i]), a));
 }
 
-template <typename T>
+template <typename Tin, typename Tout>
 cudaError_t launch_scale(const void* x, void* y, int64_t n, const float* scale, cudaStream_t stream) {
-  constexpr int kVec = 16 / sizeof(T);
-  const bool vec = reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0;
+  constexpr int kVec = 16 / (sizeof(Tin) < sizeof(Tout) ? sizeof(Tin) : sizeof(Tout));
+  const bool vec = reinterpret_cast<uintptr_t>(x) % (sizeof(Tin) * kVec) == 0 &&
+                   reinterpret_cast<uintptr_t>(y) % (sizeof(Tout) * kVec) == 0;
   const int64_t items = vec ? std::max<int64_t>(1, n / kVec) : n;
   const unsigned grid = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>((items + 255) / 256, 132 * 16)));
-  if (vec) scale_kernel<T, kVec><<<grid, 256, 0, stream>>>(static_cast<const T*>(x), static_cast<T*>(y), n, scale);
-  else scale_kernel<T, 1><<<grid, 256, 0, stream>>>(static_cast<const T*>(x), static_cast<T*>(y), n, scale);
+  if (vec) scale_kernel<Tin, Tout, kVec><<<grid, 256, 0, stream>>>(static_cast<const Tin*>(x), static_cast<Tout*>(y), n, scale);
+  else scale_kernel<Tin, Tout, 1><<<grid, 256, 0, stream>>>(static_cast<const Tin*>(x), static_cast<Tout*>(y), n, scale);
   return cudaGetLastError();
 }
 
@@ -498,13 +502,21 @@ cudaError_t cross_entropy_rows(const CrossEntropyRowsParams& p, cudaStream_t str
   }
 }
 
-cudaError_t scale_by_device_scalar(const void* x, void* y, int64_t n, const float* scale, DType dtype,
+cudaError_t scale_by_device_scalar(const void* x, DType x_dtype, void* y, DType y_dtype, int64_t n, const float* scale,
                                    cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  switch (dtype) {
-    case DType::kFloat32: return launch_scale<float>(x, y, n, scale, stream);
-    case DType::kFloat16: return launch_scale<__half>(x, y, n, scale, stream);
-    case DType::kBFloat16: return launch_scale<__nv_bfloat16>(x, y, n, scale, stream);
+  if (x_dtype == y_dtype) {
+    switch (x_dtype) {
+      case DType::kFloat32: return launch_scale<float, float>(x, y, n, scale, stream);
+      case DType::kFloat16: return launch_scale<__half, __half>(x, y, n, scale, stream);
+      case DType::kBFloat16: return launch_scale<__nv_bfloat16, __nv_bfloat16>(x, y, n, scale, stream);
+      default: return cudaErrorInvalidValue;
+    }
+  }
+  if (x_dtype != DType::kFloat32) return cudaErrorInvalidValue;
+  switch (y_dtype) {
+    case DType::kFloat16: return launch_scale<float, __half>(x, y, n, scale, stream);
+    case DType::kBFloat16: return launch_scale<float, __nv_bfloat16>(x, y, n, scale, stream);
     default: return cudaErrorInvalidValue;
   }
 }
