@@ -1,4 +1,4 @@
-// EvaluationLoop (loops.h): one validation or test run.
+// EvaluationLoop (loops.h): one validation or test run; PredictLoop: one prediction run.
 #include <fmt/format.h>
 #include <torch/torch.h>
 
@@ -59,7 +59,7 @@ int64_t EvaluationLoop::run(Stage stage, int64_t limit, bool sanity) {
       parts_.each([&](Callback& cb) { cb.on_validation_batch_start(t, module, *b, i); });
     else
       parts_.each([&](Callback& cb) { cb.on_test_batch_start(t, module, *b, i); });
-    Batch batch = parts_.prepare_batch(std::move(*b), 0);
+    Batch batch = parts_.prepare(std::move(*b), 0);
     module.set_current_batch_size(batch.batch_size());
     {
       AutocastGuard ac(parts_.device, parts_.cfg->precision);
@@ -104,6 +104,39 @@ int64_t EvaluationLoop::run(Stage stage, int64_t limit, bool sanity) {
   module.attach(&collector, Stage::Fit, true);
   if (was_training) module.net().train();
   return ran;
+}
+
+std::vector<torch::Tensor> PredictLoop::run() {
+  auto& t = *parts_.view;
+  auto& module = *parts_.module;
+  auto loader = parts_.datamodule->predict_loader();
+  std::vector<torch::Tensor> out;
+  if (!loader) return out;
+  loader->set_limit_batches(-1);
+  const int64_t n = parts_.cfg->limit_predict_batches.resolve(loader->num_batches());
+  module.net().eval();
+  module.attach(parts_.collector, Stage::Predict, false);
+  torch::NoGradGuard ng;
+  parts_.each([&](Callback& cb) { cb.on_predict_start(t, module); });
+  parts_.each([&](Callback& cb) { cb.on_predict_epoch_start(t, module); });
+  loader->start(0, 0);
+  for (int64_t i = 0; i < n; ++i) {
+    auto b = loader->next();
+    if (!b) break;
+    parts_.each([&](Callback& cb) { cb.on_predict_batch_start(t, module, *b, i); });
+    Batch batch = parts_.prepare(std::move(*b), 0);
+    torch::Tensor y;
+    {
+      AutocastGuard ac(parts_.device, parts_.cfg->precision);
+      y = module.predict_step(batch, i);
+    }
+    parts_.each([&](Callback& cb) { cb.on_predict_batch_end(t, module, y, batch, i); });
+    out.push_back(y);
+  }
+  loader->stop();
+  parts_.each([&](Callback& cb) { cb.on_predict_epoch_end(t, module); });
+  parts_.each([&](Callback& cb) { cb.on_predict_end(t, module); });
+  return out;
 }
 
 }  // namespace strobe

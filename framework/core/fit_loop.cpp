@@ -1,16 +1,26 @@
-// FitLoop (loops.h): epochs of training batches with periodic validation, and the stop state.
+// FitLoop (loops.h): epochs of training batches with periodic validation, the optimizer step's
+// progress, and the stop state; BatchPreparer, the loops' way onto the device.
 #include <fmt/format.h>
 #include <torch/torch.h>
 
 #include "framework/core/fault_points.h"
 #include "framework/core/loops.h"
+#include "framework/core/optim.h"
 #include "framework/core/signals.h"
+#include "framework/core/step_runner.h"
 #include "framework/core/trainer_view.h"
 #include "framework/data/loader.h"
 #include "framework/distributed/strategy.h"
 #include "framework/logging/log_collector.h"
 
 namespace strobe {
+
+Batch BatchPreparer::prepare(Batch batch, int64_t idx) {
+  if (datamodule_.injected_batch() && module_.stage() == Stage::Fit && module_.training()) batch = *datamodule_.injected_batch();
+  batch = datamodule_.on_before_batch_transfer(std::move(batch), idx);
+  batch = transfer_(device_, [&] { return datamodule_.transfer_batch_to_device(batch, device_, idx); });
+  return datamodule_.on_after_batch_transfer(std::move(batch), idx);
+}
 
 FitLoop::FitLoop(LoopParts parts, distributed::Strategy& strategy, int64_t world_size)
     : parts_(std::move(parts)), strategy_(strategy), world_size_(world_size) {}
@@ -144,11 +154,11 @@ void FitLoop::run_epoch() {
     signals::set_current_step(state_.global_step + 1);  // the step a stop signal's message names
     // A signal answered with "finishing step <global_step>" (the step before this one) stops here:
     // the batch is not consumed, so a resume starts with it. (Data parallel: done() below, agreed.)
-    if (world_size_ == 1 && t.accumulated_batches() == 0 && signals::received() != 0 &&
+    if (world_size_ == 1 && accum_count_ == 0 && signals::received() != 0 &&
         signals::announced_step() <= state_.global_step)
       break;
     const Batch host_batch = *b;  // tensor handles only: the hooks after the step see the batch
-    torch::Tensor loss = run_batch_(std::move(*b), idx);
+    torch::Tensor loss = run_batch(std::move(*b), idx);
     ++state_.batch_in_epoch;
     ++state_.batches_seen;
     const bool last = state_.batch_in_epoch >= num_batches_;
@@ -171,10 +181,41 @@ void FitLoop::run_epoch() {
     parts_.each([&](Callback& cb) { cb.on_train_batch_complete(t, module); });
     fault_point("after_checkpoint", state_.global_step);
     if (last) break;
-    if (t.accumulated_batches() == 0 && done()) break;
+    if (accum_count_ == 0 && done()) break;
   }
   loader_->stop();
   share_stop_code(/*blocking=*/true);  // every rank leaves the epoch here: agree on stopping now
+}
+
+torch::Tensor FitLoop::run_batch(Batch host_batch, int64_t batch_idx) {
+  if (!runner_) throw std::logic_error("FitLoop::run_batch without a runner (set_runner)");
+  auto& t = *parts_.view;
+  auto& module = *parts_.module;
+  module.attach(parts_.collector, Stage::Fit, true);
+  parts_.collector->set_training(true);
+  parts_.each([&](Callback& cb) { cb.on_train_batch_start(t, module, host_batch, batch_idx); });
+  MicroBatch mb;
+  mb.index = batch_idx;
+  mb.first = accum_count_ == 0;
+  mb.epoch_last = batch_idx + 1 >= num_batches_;
+  mb.last = accum_count_ + 1 >= parts_.cfg->accumulate_grad_batches || mb.epoch_last;
+  torch::Tensor loss = runner_->run(parts_.prepare(std::move(host_batch), 0), mb);
+  ++accum_count_;
+  if (mb.last) finish_optimizer_step();
+  return loss;
+}
+
+void FitLoop::finish_optimizer_step() {
+  auto& t = *parts_.view;
+  if (torch::optim::Optimizer* opt = t.optimizer())
+    parts_.each([&](Callback& cb) { cb.on_before_zero_grad(t, *parts_.module, *opt); });
+  runner_->zero_grad();
+  accum_count_ = 0;
+  ++state_.global_step;
+  if (LRScheduler* scheduler = t.scheduler()) scheduler->step(state_.global_step);
+  const bool emit = state_.global_step % parts_.cfg->log_every_n_steps == 0 || state_.global_step == 1;
+  parts_.collector->end_step(state_.global_step, state_.epoch, emit);
+  share_stop_code(/*blocking=*/false);
 }
 
 }  // namespace strobe

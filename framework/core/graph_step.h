@@ -1,4 +1,5 @@
-// GraphedStep: the state of trainer.cuda_graphs (trainer_graph.cpp runs it).
+// GraphedRunner: trainer.cuda_graphs, a TrainingRunner (step_runner.h) that FitLoop calls like the
+// eager one; GraphedStep: its captured state (graph_step.cpp).
 //
 // The whole optimizer step — forward, loss, backward, the step pipeline's checks, clipping, loss
 // scaling and the fused optimizer (with the master-weight copy under bf16-master) — is captured once
@@ -23,7 +24,12 @@
 
 #include "framework/core/module.h"
 #include "framework/core/step_pipeline.h"
+#include "framework/core/step_runner.h"
 #include "framework/data/batch.h"
+
+namespace torch::optim {
+class Optimizer;
+}
 
 namespace strobe {
 
@@ -65,6 +71,33 @@ struct GraphedStep {
   StepRecord record;  // the captured step's record (its tensors are the graph's outputs)
   int64_t eager_steps = 0;  // steps run eagerly in this process (warm-up counts them)
   int64_t captures = 0, replays = 0;
+};
+
+// Replays the captured step for every batch of the captured signature; captures after the warm-up
+// (and anew when the batch's signature or the armed step guard changes); runs other batches through
+// `eager`. `optimizer`: Strobe's fused optimizer (its lr read from the device: schedules keep
+// working); `collector`: where the module's logged values go (recorded at capture, handed over after
+// each replay).
+class GraphedRunner : public TrainingRunner {
+ public:
+  GraphedRunner(EagerRunner& eager, StepRunner& step, Module& module, StepPipeline& pipeline,
+                torch::optim::Optimizer& optimizer, LogSink& collector, torch::Device device);
+  ~GraphedRunner() override;
+  torch::Tensor run(Batch batch, const MicroBatch& mb) override;
+  void zero_grad() override;
+  int64_t captures() const { return g_.captures; }
+  int64_t replays() const { return g_.replays; }
+
+ private:
+  EagerRunner& eager_;
+  StepRunner& step_;
+  Module& module_;
+  StepPipeline& pipeline_;
+  torch::optim::Optimizer& optimizer_;
+  LogSink& collector_;
+  torch::Device device_;
+  GraphedStep g_;
+  bool last_eager_ = false;  // the last step ran eagerly: its gradients are released as the eager loop's
 };
 
 }  // namespace strobe

@@ -5,18 +5,19 @@
 // FitLoop: epochs of training batches. It owns the loop counters (TrainerState, the checkpoint's
 // `loop` blob), the training limits (limit_train_batches, overfit_batches, fast_dev_run, max_steps,
 // max_epochs, max_time), when validation runs, and the stop state (callbacks' requests, signals,
-// and under data parallel the stop code agreed across ranks). One training batch is the Trainer's
-// (run_training_batch: hooks, StepRunner or a graph replay); the loop calls it through `run_batch`.
+// and under data parallel the stop code agreed across ranks), and the optimizer step's progress: the
+// accumulation window, global_step, the scheduler's step and the end of each optimizer step. One
+// step's path runs downward: FitLoop::run_batch -> its TrainingRunner (step_runner.h: eager, or the
+// graphed one) -> StepRunner -> StepPipeline -> the optimizer; callbacks are reached through the view.
 //
 // EvaluationLoop: one validation or test run over its limited batches, in Lightning's hook order,
 // with the epoch's metrics waited for once at its end (early stopping, checkpoints and a plateau
-// scheduler decide on them).
+// scheduler decide on them). PredictLoop: one prediction run.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <deque>
-#include <functional>
 #include <memory>
 #include <vector>
 
@@ -25,6 +26,7 @@
 #include "framework/config/experiment.h"
 #include "framework/core/callback.h"
 #include "framework/core/datamodule.h"
+#include "framework/core/device_transfer.h"
 #include "framework/core/loop_state.h"
 #include "framework/core/module.h"
 #include "framework/data/batch.h"
@@ -34,6 +36,7 @@ namespace strobe {
 
 class LRScheduler;
 class TrainerView;
+class TrainingRunner;
 namespace logging {
 class LogCollector;
 }
@@ -44,6 +47,22 @@ namespace distributed {
 class Strategy;
 }
 
+// A loader's batch onto the device through the data module's hooks: on_before_batch_transfer,
+// transfer_batch_to_device (on a copy stream on CUDA: device_transfer.h), on_after_batch_transfer;
+// a batch the data module injects (replay) stands in for a training batch.
+class BatchPreparer {
+ public:
+  BatchPreparer(DataModule& datamodule, Module& module, torch::Device device)
+      : datamodule_(datamodule), module_(module), device_(device) {}
+  Batch prepare(Batch batch, int64_t dataloader_idx);
+
+ private:
+  DataModule& datamodule_;
+  Module& module_;
+  torch::Device device_;
+  BatchTransfer transfer_;
+};
+
 // What both loops are wired to (the Trainer's parts, which outlive the loops).
 struct LoopParts {
   TrainerView* view = nullptr;  // the callbacks' view of the trainer
@@ -53,8 +72,11 @@ struct LoopParts {
   const config::TrainerConfig* cfg = nullptr;
   torch::Device device{torch::kCPU};
   const std::vector<std::shared_ptr<Callback>>* callbacks = nullptr;
-  // A loader's batch onto the device through the data module's hooks (the dataloader index second).
-  std::function<Batch(Batch, int64_t)> prepare_batch;
+  BatchPreparer* preparer = nullptr;  // null: batches stay as the loader made them (tests)
+
+  Batch prepare(Batch batch, int64_t dataloader_idx) const {
+    return preparer ? preparer->prepare(std::move(batch), dataloader_idx) : batch;
+  }
 
   template <class F>
   void each(F&& f) const {
@@ -87,11 +109,20 @@ class EvaluationLoop {
   LRScheduler* scheduler_ = nullptr;
 };
 
+// PredictLoop: one prediction run over the data module's predict loader (trainer.limit_predict_batches),
+// in Lightning's hook order, without gradients, under the run's precision; returns each batch's
+// predict_step output. The module is left in eval mode.
+class PredictLoop {
+ public:
+  explicit PredictLoop(LoopParts parts) : parts_(std::move(parts)) {}
+  std::vector<torch::Tensor> run();
+
+ private:
+  LoopParts parts_;
+};
+
 class FitLoop {
  public:
-  // One training batch (hooks, step, optimizer step when the window ends); returns its loss.
-  using RunBatch = std::function<torch::Tensor(Batch, int64_t)>;
-
   // `strategy`: data parallel's stop agreement (one process: no collective is made).
   FitLoop(LoopParts parts, distributed::Strategy& strategy, int64_t world_size);
 
@@ -99,7 +130,8 @@ class FitLoop {
   void set_evaluation(EvaluationLoop* evaluation) { evaluation_ = evaluation; }
   // Takes the training loader and applies the training limits; throws when it yields no batches.
   void setup(std::shared_ptr<data::DataLoader> loader);
-  void set_run_batch(RunBatch run_batch) { run_batch_ = std::move(run_batch); }
+  // What runs each training micro-batch (the Trainer's eager or graphed runner, or a test's).
+  void set_runner(TrainingRunner* runner) { runner_ = runner; }
 
   // --- counters ---
   TrainerState& state() { return state_; }
@@ -110,6 +142,10 @@ class FitLoop {
   // Optimizer steps the fit takes under max_epochs and max_steps (-1: unbounded).
   int64_t estimated_stepping_batches() const;
   double last_input_wait_s() const { return last_input_wait_s_; }
+  // Micro-batches of the optimizer step in progress run so far (0 between optimizer steps); a
+  // checkpoint's `accumulation` blob restores it.
+  int64_t accumulated_batches() const { return accum_count_; }
+  void set_accumulated_batches(int64_t n) { accum_count_ = n; }
 
   // --- running ---
   // max_time (and a checkpoint's elapsed time) counts from here: fit's start, sanity check included.
@@ -118,6 +154,12 @@ class FitLoop {
   // the validation it triggers, the epoch's end, on_train_batch_complete: docs/ARCHITECTURE.md).
   void run();
   void run_epoch();
+  // One training batch from the loader (`batch_idx` in its epoch): on_train_batch_start, onto the
+  // device, the runner's micro-batch and, when it ends the accumulation window (or the epoch), the
+  // end of the optimizer step: on_before_zero_grad, the runner's zero_grad, global_step, the
+  // scheduler, the step's log row, the stop agreement. Returns the loss (detached). The epoch's
+  // counters are run_epoch's: a program may run single batches through this (replay, tests).
+  torch::Tensor run_batch(Batch host_batch, int64_t batch_idx);
   // A limit is reached or a stop was requested (data parallel: agreed by every rank).
   bool done() const;
   // Whether the batch that just ended (`batch_in_epoch` batches consumed) validates.
@@ -139,12 +181,14 @@ class FitLoop {
  private:
   int local_stop_code() const;
   bool time_is_up() const;
+  void finish_optimizer_step();
 
   LoopParts parts_;
   EvaluationLoop* evaluation_ = nullptr;
   distributed::Strategy& strategy_;
   int64_t world_size_;
-  RunBatch run_batch_;
+  TrainingRunner* runner_ = nullptr;
+  int64_t accum_count_ = 0;
   std::shared_ptr<data::DataLoader> loader_;
   TrainerState state_;
   int64_t num_batches_ = 0;

@@ -6,6 +6,7 @@
 
 #include "framework/core/master_weights.h"
 #include "framework/core/precision.h"
+#include "framework/distributed/strategy.h"
 
 #if STROBE_HAS_OPS
 #include "framework/ops/fused_optimizers.h"
@@ -166,10 +167,10 @@ void StepPipeline::step() {
   if (guard_.check_grads) rec.grad_nonfinite = grad_flag;
   if (guard_.check_loss) rec.loss_nonfinite = loss_flag_;
   torch::Tensor loss_verdict = loss_flag_;
-  if (guard_.check_loss && reduce_flag_) {
+  if (guard_.check_loss && strategy_) {
     // Every rank joins the reduction, also one whose micro-batches logged no loss.
     loss_verdict = loss_flag_.defined() ? loss_flag_.clone() : torch::zeros({}, sticky_.options());
-    reduce_flag_(loss_verdict);
+    strategy_->reduce_max(loss_verdict);
   }
   torch::Tensor verdict;
   if (guard_.check_grads) verdict = max_defined(verdict, grad_flag);

@@ -23,7 +23,6 @@
 //   state of the failing step itself.
 #pragma once
 
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -43,6 +42,9 @@ namespace strobe {
 
 class GradScaler;
 class MasterWeights;
+namespace distributed {
+class Strategy;
+}
 
 // What a callback (NaN capture) asks of the step; arm() ORs requests together.
 struct StepGuard {
@@ -87,7 +89,8 @@ class StepPipeline {
   // Data parallel: merges a flag computed from rank-local values (the loss check) across ranks,
   // in place on the device (Strategy::reduce_max), so every rank takes the same skip decision.
   // Gradient flags need none: the gradients are already reduced. The record keeps the local flag.
-  void set_flag_reducer(std::function<void(torch::Tensor&)> reducer) { reduce_flag_ = std::move(reducer); }
+  // `strategy` outlives the pipeline; null (the default): one process.
+  void set_strategy(distributed::Strategy* strategy) { strategy_ = strategy; }
 
   void begin_step();
   torch::Tensor prepare_backward(const torch::Tensor& loss);
@@ -126,7 +129,7 @@ class StepPipeline {
   torch::Tensor loss_flag_;
   StepRecord current_, last_;
   std::shared_ptr<const std::vector<std::string>> grad_names_;
-  std::function<void(torch::Tensor&)> reduce_flag_;
+  distributed::Strategy* strategy_ = nullptr;
 };
 
 }  // namespace strobe

@@ -4,7 +4,11 @@
 
 #include <torch/torch.h>
 
+#include "framework/core/callback.h"
+#include "framework/core/master_weights.h"
 #include "framework/core/precision.h"
+#include "framework/core/trainer_view.h"
+#include "framework/distributed/strategy.h"
 
 namespace strobe {
 
@@ -34,6 +38,53 @@ torch::Tensor StepRunner::run(const Batch& batch, int64_t batch_idx, const Optio
     pipeline_.step();
   }
   return loss.defined() ? loss.detach() : loss;
+}
+
+CallbackStepHooks::CallbackStepHooks(TrainerView& view, Module& module,
+                                     const std::vector<std::shared_ptr<Callback>>& callbacks,
+                                     distributed::Strategy& strategy)
+    : view_(view), module_(module), callbacks_(callbacks), strategy_(strategy) {}
+
+// Accumulation micro-batches all-reduce nothing; the step's last one carries the sum.
+void CallbackStepHooks::before_forward(bool last_micro_batch) { strategy_.set_grad_sync(last_micro_batch); }
+
+void CallbackStepHooks::before_backward(const torch::Tensor& loss) {
+  for (auto& cb : callbacks_)
+    if (InStepHooks* h = cb->in_step_hooks()) h->on_before_backward(view_, module_, loss);
+  strategy_.pre_backward();
+}
+
+void CallbackStepHooks::after_backward() {
+  for (auto& cb : callbacks_)
+    if (InStepHooks* h = cb->in_step_hooks()) h->on_after_backward(view_, module_);
+}
+
+void CallbackStepHooks::before_optimizer_step() {
+  // Data parallel: the gradients are the mean over ranks from here on (the all-reduces ran inside
+  // the last backward); callbacks, the non-finite check and clipping see the reduced ones.
+  strategy_.finish_grad_sync();
+  for (auto& cb : callbacks_)
+    if (InStepHooks* h = cb->in_step_hooks()) h->on_before_optimizer_step(view_, module_, *view_.optimizer());
+}
+
+EagerRunner::EagerRunner(StepRunner& step, StepRunner::Hooks& hooks, Module& module, torch::optim::Optimizer& optimizer,
+                         MasterWeights* masters)
+    : step_(step), hooks_(hooks), module_(module), optimizer_(optimizer), masters_(masters) {}
+
+torch::Tensor EagerRunner::run(Batch batch, const MicroBatch& mb) {
+  StepRunner::Options options;
+  options.first_micro_batch = mb.first;
+  options.last_micro_batch = mb.last;
+  options.hooks = &hooks_;
+  return step_.run(batch, mb.index, options);
+}
+
+void EagerRunner::zero_grad() {
+  optimizer_.zero_grad(true);
+  if (masters_) {  // the optimizer holds the masters: the bf16 parameters' gradients are cleared here
+    masters_->release_grads();
+    module_.net().zero_grad(true);
+  }
 }
 
 }  // namespace strobe

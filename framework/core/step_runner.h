@@ -1,6 +1,6 @@
-// StepRunner: one training micro-batch, written once. The eager loop (trainer_step.cpp) and the
-// CUDA-graph capture (trainer_graph.cpp) both run it; what differs between them is stated by
-// StepRunner::Options, not by a second copy of the step.
+// StepRunner: one training micro-batch, written once. The eager runner and the CUDA-graph capture
+// (graph_step.h) both run it; what differs between them is stated by StepRunner::Options, not by a
+// second copy of the step.
 //
 //   [first micro-batch]  pipeline.begin_step()
 //   hooks.before_forward(last)          data parallel: whether this micro-batch all-reduces
@@ -9,8 +9,12 @@
 //                   hooks.before_backward(loss); to_backward.backward(); hooks.after_backward()
 //   [last micro-batch]  hooks.before_optimizer_step(); pipeline.step()
 //
-// After run(), the caller finishes the optimizer step (callbacks' on_before_zero_grad, zero_grad,
-// counters, scheduler, logging): the Trainer's finish_optimizer_step, which a replayed graph also runs.
+// After the update, FitLoop finishes the optimizer step (callbacks' on_before_zero_grad, the
+// runner's zero_grad, counters, scheduler, logging: fit_loop.cpp), whichever runner ran it.
+//
+// TrainingRunner: what FitLoop calls for one micro-batch. EagerRunner runs StepRunner with the
+// callbacks' in-step hooks and the strategy's calls (CallbackStepHooks); GraphedRunner (graph_step.h)
+// replays a captured step and falls back to its EagerRunner. Neither knows the Trainer.
 //
 // Contract:
 // - The captured step passes no hooks (Options::hooks == nullptr): a replayed graph runs none of
@@ -21,7 +25,9 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include <torch/types.h>
 
@@ -29,7 +35,18 @@
 #include "framework/core/step_pipeline.h"
 #include "framework/data/batch.h"
 
+namespace torch::optim {
+class Optimizer;
+}
+
 namespace strobe {
+
+class Callback;
+class MasterWeights;
+class TrainerView;
+namespace distributed {
+class Strategy;
+}
 
 class StepRunner {
  public:
@@ -65,6 +82,59 @@ class StepRunner {
   StepPipeline& pipeline_;
   torch::Device device_;
   Precision precision_;
+};
+
+// Where a micro-batch sits: its index in the epoch, whether it begins or ends the optimizer step,
+// and whether it is the epoch's last batch (where a smaller batch comes).
+struct MicroBatch {
+  int64_t index = 0;
+  bool first = true;
+  bool last = true;
+  bool epoch_last = false;
+};
+
+// One training micro-batch for FitLoop (the batch already on the device).
+class TrainingRunner {
+ public:
+  virtual ~TrainingRunner() = default;
+  // The forward, the backward and, when `mb.last`, the optimizer update. Returns the loss, detached.
+  virtual torch::Tensor run(Batch batch, const MicroBatch& mb) = 0;
+  // After an update and the callbacks' on_before_zero_grad: the gradients released for the next
+  // step (unless the step was a graph replay, whose graph overwrites them).
+  virtual void zero_grad() = 0;
+};
+
+// The eager step's hooks: the callbacks' in-step hooks (InStepHooks) and the data-parallel strategy.
+class CallbackStepHooks : public StepRunner::Hooks {
+ public:
+  CallbackStepHooks(TrainerView& view, Module& module, const std::vector<std::shared_ptr<Callback>>& callbacks,
+                    distributed::Strategy& strategy);
+  void before_forward(bool last_micro_batch) override;
+  void before_backward(const torch::Tensor& loss) override;
+  void after_backward() override;
+  void before_optimizer_step() override;
+
+ private:
+  TrainerView& view_;
+  Module& module_;
+  const std::vector<std::shared_ptr<Callback>>& callbacks_;
+  distributed::Strategy& strategy_;
+};
+
+class EagerRunner : public TrainingRunner {
+ public:
+  // `masters`: bf16-master's fp32 masters (null: none), whose gradients zero_grad releases too.
+  EagerRunner(StepRunner& step, StepRunner::Hooks& hooks, Module& module, torch::optim::Optimizer& optimizer,
+              MasterWeights* masters);
+  torch::Tensor run(Batch batch, const MicroBatch& mb) override;
+  void zero_grad() override;
+
+ private:
+  StepRunner& step_;
+  StepRunner::Hooks& hooks_;
+  Module& module_;
+  torch::optim::Optimizer& optimizer_;
+  MasterWeights* masters_;
 };
 
 }  // namespace strobe

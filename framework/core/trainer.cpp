@@ -2,7 +2,7 @@
 
 // Trainer: construction (the loops wired to the step, the data and the callbacks), the fit /
 // validate / test / predict entry points and signal handling. The loops are fit_loop.cpp and
-// evaluation_loop.cpp; the step and the state are trainer_step.cpp and trainer_state.cpp.
+// evaluation_loop.cpp; the step's parts and the state are trainer_step.cpp and trainer_state.cpp.
 #include <atomic>
 #include <csignal>
 #include <cstdlib>
@@ -66,6 +66,7 @@ Trainer::Trainer(config::Experiment experiment, std::string resolved_config_yaml
   }
   collector_ = std::make_unique<logging::LogCollector>(device_);
   // The loops: wired to this trainer's parts (the view callbacks get, the batch preparation).
+  preparer_ = std::make_unique<BatchPreparer>(*datamodule_, *module_, device_);
   LoopParts parts;
   parts.view = this;
   parts.module = module_.get();
@@ -74,10 +75,11 @@ Trainer::Trainer(config::Experiment experiment, std::string resolved_config_yaml
   parts.cfg = &exp_.trainer;
   parts.device = device_;
   parts.callbacks = &callbacks_;
-  parts.prepare_batch = [this](Batch b, int64_t idx) { return prepare_batch(std::move(b), idx); };
+  parts.preparer = preparer_.get();
   fit_loop_ = std::make_unique<FitLoop>(parts, *strategy_, world_size_);
   eval_loop_ = std::make_unique<EvaluationLoop>(parts, fit_loop_->state());
   fit_loop_->set_evaluation(eval_loop_.get());
+  predict_loop_ = std::make_unique<PredictLoop>(parts);
   std::set<std::string> keys;
   for (auto& cb : callbacks_)
     if (!keys.insert(cb->state_key()).second)
@@ -124,7 +126,6 @@ void Trainer::setup_for_fit() {
   auto loader = datamodule_->train_loader();
   if (!loader) throw std::runtime_error(fmt::format("data '{}' has no training set", exp_.data.node()["name"].Scalar()));
   fit_loop_->setup(std::move(loader));
-  fit_loop_->set_run_batch([this](Batch b, int64_t idx) { return run_training_batch(std::move(b), idx); });
 
   auto setup = module_->configure_optimizers();
   optimizer_ = setup.optimizer;
@@ -143,11 +144,10 @@ void Trainer::setup_for_fit() {
   if (!scheduler_) scheduler_ = build_scheduler(exp_.scheduler, *optimizer_, estimated_stepping_batches());
   if (c.precision == Precision::k16Mixed) scaler_ = std::make_unique<GradScaler>(device_);
   pipeline_ = std::make_unique<StepPipeline>(exp_.trainer, module_->net(), *optimizer_, scaler_.get(), masters_.get());
-  if (world_size_ > 1) pipeline_->set_flag_reducer([s = strategy_.get()](torch::Tensor& f) { s->reduce_max(f); });
+  if (world_size_ > 1) pipeline_->set_strategy(strategy_.get());
   pipeline_->arm(pending_guard_);
-  step_runner_ = std::make_unique<StepRunner>(*module_, *pipeline_, device_, c.precision);
+  setup_runners();
   eval_loop_->set_scheduler(scheduler_.get());
-  if (c.cuda_graphs != "false") setup_cuda_graphs();
 }
 
 void Trainer::install_signal_handlers() {
@@ -254,34 +254,7 @@ int Trainer::test(const std::optional<std::string>& ckpt_path) {
 std::vector<torch::Tensor> Trainer::predict(const std::optional<std::string>& ckpt_path) {
   setup_common(Stage::Predict);
   if (ckpt_path) load_checkpoint(*ckpt_path, false);
-  auto loader = datamodule_->predict_loader();
-  std::vector<torch::Tensor> out;
-  if (!loader) return out;
-  loader->set_limit_batches(-1);
-  int64_t n = exp_.trainer.limit_predict_batches.resolve(loader->num_batches());
-  module_->net().eval();
-  module_->attach(collector_.get(), Stage::Predict, false);
-  torch::NoGradGuard ng;
-  each([&](Callback& cb) { cb.on_predict_start(*this, *module_); });
-  each([&](Callback& cb) { cb.on_predict_epoch_start(*this, *module_); });
-  loader->start(0, 0);
-  for (int64_t i = 0; i < n; ++i) {
-    auto b = loader->next();
-    if (!b) break;
-    each([&](Callback& cb) { cb.on_predict_batch_start(*this, *module_, *b, i); });
-    Batch batch = prepare_batch(std::move(*b), 0);
-    torch::Tensor y;
-    {
-      AutocastGuard ac(device_, exp_.trainer.precision);
-      y = module_->predict_step(batch, i);
-    }
-    each([&](Callback& cb) { cb.on_predict_batch_end(*this, *module_, y, batch, i); });
-    out.push_back(y);
-  }
-  loader->stop();
-  each([&](Callback& cb) { cb.on_predict_epoch_end(*this, *module_); });
-  each([&](Callback& cb) { cb.on_predict_end(*this, *module_); });
-  return out;
+  return predict_loop_->run();
 }
 
 }  // namespace strobe

@@ -2,20 +2,25 @@
 // builds and wires its parts; each is a class of its own:
 //
 //   FitLoop         loops.h, fit_loop.cpp         epochs, the loop counters (TrainerState), the
-//                                                  training limits, when to validate, stopping
+//                                                  training limits, when to validate, stopping, the
+//                                                  accumulation window and the end of each step
 //   EvaluationLoop  loops.h, evaluation_loop.cpp  one validation or test run
+//   PredictLoop     loops.h, evaluation_loop.cpp  one prediction run
+//   EagerRunner     step_runner.h                 what FitLoop calls for a micro-batch: StepRunner
+//                                                  with the callbacks' and the strategy's hooks
+//   GraphedRunner   graph_step.h                  trainer.cuda_graphs: capture and replay (falls
+//                                                  back to the EagerRunner)
 //   StepRunner      step_runner.h                 one micro-batch, forward to update: the eager step
-//                                                  (with callbacks' and strategy hooks) and the
-//                                                  CUDA-graph capture (without) run the same code
+//                                                  and the CUDA-graph capture run the same code
 //   StepPipeline    step_pipeline.h               the device-side optimizer step (checks, clipping,
 //                                                  loss scaling, skip)
-//   GraphedStep     graph_step.h, trainer_graph.cpp  trainer.cuda_graphs: capture and replay
 //   StateConnector  state_connector.h, trainer_state.cpp  the one list of what a checkpoint holds
 //   TrainerView     trainer_view.h                what callbacks see (the Trainer implements it);
 //   StepAccess      trainer_view.h                NaN capture's narrow interface
 //
-// trainer.cpp: construction, the entry points, signals; trainer_step.cpp: a training batch
-// (prepare, StepRunner, the end of the optimizer step).
+// trainer.cpp: construction, the entry points, signals; trainer_step.cpp: building the step's parts
+// (the pipeline, the runners) and the cuda_graphs checks. The Trainer builds and wires; a step's
+// path runs downward from FitLoop and never calls back into the Trainer.
 //
 // Contract:
 // - The step path makes no host-device synchronization of its own: losses and metrics are logged
@@ -36,7 +41,7 @@
 //   output, metrics.csv, TensorBoard, checkpoints and config.yaml; a checkpoint holds every rank's
 //   RNG and the world size, and resumes exactly on the same number of ranks.
 // - trainer.cuda_graphs: the step from the forward to the optimizer is captured once and replayed
-//   (graph_step.h, trainer_graph.cpp); the hooks around it and the logging are unchanged.
+//   (graph_step.h); the hooks around it and the logging are unchanged.
 // - Resuming compares the checkpoint's resolved config with this one before restoring anything
 //   (resume_compat.h): incompatible changes are a CheckpointError, allowed ones are listed.
 #pragma once
@@ -77,7 +82,7 @@ namespace distributed {
 class Strategy;
 }
 class GradScaler;
-struct GraphedStep;
+class GraphedRunner;
 
 // The SIGINT/SIGTERM received since fit() installed its handlers (0: none).
 int received_stop_signal();
@@ -99,7 +104,7 @@ class Trainer : public TrainerView, public StepAccess {
   const std::string& run_dir() const override { return run_dir_; }
   const torch::Device& device() const override { return device_; }
   const TrainerState& state() const override { return fit_loop_->state(); }
-  int64_t accumulated_batches() const override { return accum_count_; }
+  int64_t accumulated_batches() const override { return fit_loop_->accumulated_batches(); }
   int64_t num_training_batches() const override { return fit_loop_->num_batches(); }
   int64_t estimated_stepping_batches() const override { return fit_loop_->estimated_stepping_batches(); }
   bool sanity_checking() const override { return sanity_checking_; }
@@ -148,7 +153,8 @@ class Trainer : public TrainerView, public StepAccess {
   // `source` names the data in error messages (a file, a capture).
   void load_checkpoint_data(const checkpoint::CheckpointData& data, bool restore_training_state, const std::string& source);
 
-  // Lets an embedding program (tests, replay) run single steps with the full step path.
+  // Lets an embedding program (tests, replay) run single steps with the full step path
+  // (FitLoop::run_batch: the hooks, the runner, the end of the optimizer step).
   void setup_for_fit();
   torch::Tensor run_training_batch(Batch host_batch, int64_t batch_idx);
   // trainer.cuda_graphs: steps captured / replayed so far in this process (0 / 0 without it).
@@ -159,14 +165,10 @@ class Trainer : public TrainerView, public StepAccess {
   // Restores this process's generators from a checkpoint's rng/ entries (the state connector's "rng").
   void restore_rng(const checkpoint::CheckpointData& data);
   void setup_common(Stage stage);
-  Batch prepare_batch(Batch batch, int64_t dataloader_idx);
-  // After the update (eager or replayed): callbacks, zero_grad, counters, scheduler, logging.
-  void finish_optimizer_step(bool zero_grads);
-  // trainer.cuda_graphs (trainer_graph.cpp): checks at setup, and one graphed (or eager) step.
+  // The step's runners (trainer_step.cpp), handed to FitLoop: the eager one, and under
+  // trainer.cuda_graphs the graphed one when the run can be captured (setup_cuda_graphs says why not).
+  void setup_runners();
   void setup_cuda_graphs();
-  torch::Tensor run_graphed_batch(Batch batch, int64_t batch_idx);
-  torch::Tensor run_eager_batch(Batch batch, int64_t batch_idx);  // `batch` on the device
-  class EagerStepHooks;  // StepRunner's hooks in the eager loop: callbacks and the strategy
   void install_signal_handlers();
   // A resume needs the checkpoint's number of processes; else CheckpointError (exit 2) on every rank.
   void check_resume_world_size(const std::string& source, const checkpoint::CheckpointData& data) const;
@@ -203,16 +205,18 @@ class Trainer : public TrainerView, public StepAccess {
   std::unique_ptr<logging::MetricConsumer> tensorboard_;
   std::unique_ptr<StepPipeline> pipeline_;
   std::unique_ptr<StepRunner> step_runner_;  // one micro-batch, eager or captured
-  std::unique_ptr<GraphedStep> graph_;  // trainer.cuda_graphs
+  std::unique_ptr<CallbackStepHooks> step_hooks_;  // the eager step's hooks: callbacks and the strategy
+  std::unique_ptr<EagerRunner> eager_runner_;
+  std::unique_ptr<GraphedRunner> graphed_runner_;  // trainer.cuda_graphs
   StepGuard pending_guard_;
   StateConnector connector_;
 
   std::unique_ptr<EvaluationLoop> eval_loop_;  // validation and test runs
   std::unique_ptr<FitLoop> fit_loop_;          // the epochs, the loop counters and the stop state
+  std::unique_ptr<PredictLoop> predict_loop_;
   bool sanity_checking_ = false;
   bool fit_setup_done_ = false;
-  int64_t accum_count_ = 0;
-  BatchTransfer transfer_;  // host-to-device copies on a copy stream (CUDA)
+  std::unique_ptr<BatchPreparer> preparer_;  // the loops' and predict's way onto the device
   std::string preloaded_path_;
   std::unique_ptr<checkpoint::CheckpointData> preloaded_;  // preload_checkpoint, until taken
 };

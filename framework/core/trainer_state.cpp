@@ -149,17 +149,19 @@ void Trainer::register_state() {
   connector_.add(
       "accumulation",
       [this](CheckpointData& d, const StepStart* at) {
-        const int64_t micro_batches = at ? 0 : accum_count_;  // a step starts with no partial window
+        const int64_t micro_batches = at ? 0 : fit_loop_->accumulated_batches();  // a step starts with no partial window
         d.blobs["accumulation"] = nlohmann::json{{"micro_batches", micro_batches}}.dump();
         if (micro_batches == 0) return;
         for (const auto& p : module_->net().named_parameters())
           if (p.value().grad().defined()) d.tensors["accumulation/grad/" + p.key()] = p.value().grad();
       },
       [this](const CheckpointData& d) {
-        accum_count_ = d.has_blob("accumulation") ? nlohmann::json::parse(d.blob("accumulation")).at("micro_batches").get<int64_t>() : 0;
+        const int64_t micro_batches =
+            d.has_blob("accumulation") ? nlohmann::json::parse(d.blob("accumulation")).at("micro_batches").get<int64_t>() : 0;
+        fit_loop_->set_accumulated_batches(micro_batches);
         for (auto& p : module_->net().named_parameters()) {
           auto it = d.tensors.find("accumulation/grad/" + p.key());
-          if (accum_count_ > 0 && it != d.tensors.end())
+          if (micro_batches > 0 && it != d.tensors.end())
             p.value().mutable_grad() = it->second.to(p.value().device()).clone();
           else
             p.value().mutable_grad() = torch::Tensor();

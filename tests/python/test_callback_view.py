@@ -8,6 +8,12 @@ A self test then plants `#include "framework/core/trainer.h"` two headers deep (
 a callback includes) and requires exactly that chain to be reported, so a check that cannot fail does
 not pass.
 
+The same rule holds for the step's path: the loops (loops.h, fit_loop.cpp, evaluation_loop.cpp), the
+runners (step_runner.h/.cpp, graph_step.h/.cpp) and the step pipeline never reach trainer.h, and
+their headers hold no std::function: the Trainer hands them objects (the view, the runner, the
+batch preparer, the strategy), never a callback of its own. Its self test plants a std::function
+member into a copy of loops.h and requires it to be reported.
+
 Second rule: the headers a component is written against (callback.h, datamodule.h and what they
 include) bring no threading header (<thread>, <mutex>, <condition_variable>): the data loader's
 workers stay behind its pimpl (framework/data/loader.cpp). Its self test plants `#include <mutex>`
@@ -18,7 +24,12 @@ import os, re, shutil, sys, tempfile
 
 SRC = os.path.realpath(os.environ.get("STROBE_SOURCE_DIR", "."))
 FORBIDDEN = "framework/core/trainer.h"
-ROOTS = ["callbacks", "framework/core/callback.h", "framework/core/trainer_view.h"]
+STEP_PATH = ["framework/core/loops.h", "framework/core/fit_loop.cpp", "framework/core/evaluation_loop.cpp",
+             "framework/core/step_runner.h", "framework/core/step_runner.cpp", "framework/core/graph_step.h",
+             "framework/core/graph_step.cpp", "framework/core/step_pipeline.h", "framework/core/step_pipeline.cpp"]
+ROOTS = ["callbacks", "framework/core/callback.h", "framework/core/trainer_view.h"] + STEP_PATH
+STEP_PATH_HEADERS = [f for f in STEP_PATH if f.endswith(".h")]
+CALLBACK_TYPE = re.compile(r"std::function\s*<")
 INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"')
 SYSTEM_INCLUDE = re.compile(r'^\s*#\s*include\s*<([^>]+)>')
 COMPONENT_HEADERS = ["framework/core/callback.h", "framework/core/datamodule.h"]
@@ -100,6 +111,33 @@ def self_test(src):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def step_path_callbacks(src):
+    """(header, line number) for each std::function in the step path's headers (comments aside)."""
+    found = []
+    for h in STEP_PATH_HEADERS:
+        with open(os.path.join(src, h), encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                if CALLBACK_TYPE.search(line.split("//")[0]):
+                    found.append((h, n))
+    return found
+
+
+def step_path_self_test(src):
+    tmp = tempfile.mkdtemp(prefix="strobe-step-path-")
+    try:
+        os.makedirs(os.path.join(tmp, "framework/core"))
+        for h in STEP_PATH_HEADERS:
+            shutil.copy(os.path.join(src, h), os.path.join(tmp, h))
+        with open(os.path.join(tmp, "framework/core/loops.h"), "a", encoding="utf-8") as f:
+            f.write("\nstruct Planted { std::function<void()> run_batch; };\n")
+        got = step_path_callbacks(tmp)
+        if [h for h, _ in got] != ["framework/core/loops.h"]:
+            return [f"self test: a planted std::function in loops.h was reported as {got}"]
+        return []
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def threading_includes(src):
     """(header, system header) for each threading header reachable from COMPONENT_HEADERS."""
     found, seen, todo = [], set(COMPONENT_HEADERS), list(COMPONENT_HEADERS)
@@ -149,6 +187,20 @@ def main():
         print("\n".join(problems))
         return 1
     print("test_callback_view: self test: a planted include of trainer.h is reported with its chain")
+    missing = [f for f in STEP_PATH if not os.path.exists(os.path.join(SRC, f))]
+    if missing:
+        print(f"the step path's files are not where this test looks: {missing}")
+        return 1
+    cbs = step_path_callbacks(SRC)
+    for h, n in cbs:
+        print(f"the step path is handed objects, not callbacks, but {h}:{n} holds a std::function")
+    if cbs:
+        return 1
+    problems = step_path_self_test(SRC)
+    if problems:
+        print("\n".join(problems))
+        return 1
+    print(f"test_callback_view: the step path ({len(STEP_PATH)} files) holds no std::function; self test: a planted one is reported")
     bad = threading_includes(SRC)
     for header, sys_header in bad:
         print(f"a component's headers include no threading header, but {header} includes <{sys_header}>")

@@ -1,11 +1,10 @@
-// Trainer, trainer.cuda_graphs: the whole optimizer step captured once and replayed (graph_step.h).
+// GraphedRunner, trainer.cuda_graphs: the whole optimizer step captured once and replayed (graph_step.h).
 #include <ATen/autocast_mode.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/torch.h>
 
 #include "framework/core/graph_step.h"
-#include "framework/core/trainer.h"
 #include "framework/logging/log_collector.h"
 
 #if STROBE_HAS_OPS
@@ -44,70 +43,52 @@ void GraphedStep::reset() {
   batch_key.clear(), guard_key.clear();
 }
 
-int64_t Trainer::graph_captures() const { return graph_ ? graph_->captures : 0; }
-int64_t Trainer::graph_replays() const { return graph_ ? graph_->replays : 0; }
-
-void Trainer::setup_cuda_graphs() {
+GraphedRunner::GraphedRunner(EagerRunner& eager, StepRunner& step, Module& module, StepPipeline& pipeline,
+                             torch::optim::Optimizer& optimizer, LogSink& collector, torch::Device device)
+    : eager_(eager), step_(step), module_(module), pipeline_(pipeline), optimizer_(optimizer), collector_(collector),
+      device_(device) {
 #if STROBE_HAS_OPS
-  auto* fused = dynamic_cast<ops::FusedOptimizerBase*>(optimizer_.get());
-#endif
-  // Why this run cannot be captured ("" when it can): `true` makes it a config error, `auto` keeps
-  // the run eager.
-  auto why_not = [&]() -> std::string {
-    if (!device_.is_cuda()) return fmt::format("needs a CUDA device (this run's device is {})", device_.str());
-#if STROBE_HAS_OPS
-    if (!ops::cuda_graphs_supported()) return "this build's operator library has no CUDA support";
-    if (fused == nullptr)
-      return "needs Strobe's fused optimizer step (optimizer.fused: auto or true with dense fp32 parameters); "
-             "torch::optim's step reads the skip flag on the host";
-    if (world_size_ > 1) return "data-parallel runs (more than one process) are not captured";
-    if (exp_.trainer.accumulate_grad_batches != 1)
-      return fmt::format("needs accumulate_grad_batches: 1 (got {}): a captured step is one micro-batch",
-                         exp_.trainer.accumulate_grad_batches);
-    for (const auto& cb : callbacks_)
-      if (cb->in_step_hooks() != nullptr)
-        return fmt::format("callback '{}' runs hooks inside the step (on_before_backward, on_after_backward or "
-                           "on_before_optimizer_step), which a replayed graph would skip",
-                           cb->name());
-    return "";
-#else
-    return "this build has no custom operators (no fused optimizer, no graph capture)";
-#endif
-  }();
-  if (!why_not.empty()) {
-    if (exp_.trainer.cuda_graphs == "true") throw config::ConfigError("trainer.cuda_graphs: " + why_not);
-    return;  // auto: eager steps
-  }
-#if STROBE_HAS_OPS
+  auto* fused = dynamic_cast<ops::FusedOptimizerBase*>(&optimizer_);
+  if (!fused) throw std::logic_error("GraphedRunner needs Strobe's fused optimizer");
   fused->enable_device_lr();
-  graph_ = std::make_unique<GraphedStep>();
-  graph_->graph = std::make_unique<ops::CudaGraph>();
+  g_.graph = std::make_unique<ops::CudaGraph>();
+#else
+  throw std::logic_error("GraphedRunner without operator library");
 #endif
 }
 
-torch::Tensor Trainer::run_graphed_batch(Batch batch, int64_t batch_idx) {
+GraphedRunner::~GraphedRunner() = default;
+
+void GraphedRunner::zero_grad() {
+  if (last_eager_) eager_.zero_grad();
+}
+
+torch::Tensor GraphedRunner::run(Batch batch, const MicroBatch& mb) {
 #if STROBE_HAS_OPS
-  auto& g = *graph_;
-  auto* fused = static_cast<ops::FusedOptimizerBase*>(optimizer_.get());
+  auto& g = g_;
+  const int64_t batch_idx = mb.index;
+  auto* fused = static_cast<ops::FusedOptimizerBase*>(&optimizer_);
   fused->sync_device_lr();  // the scheduler's lr for this step, eager or replayed
-  module_->set_current_batch_size(batch.batch_size());
+  module_.set_current_batch_size(batch.batch_size());
   const std::string batch_key = GraphedStep::batch_signature(batch);
-  const std::string guard_key = GraphedStep::guard_signature(pipeline_->guard());
+  const std::string guard_key = GraphedStep::guard_signature(pipeline_.guard());
   const bool warm = g.eager_steps >= GraphedStep::kWarmupSteps;
   const bool same_batch = g.graph->captured() && batch_key == g.batch_key;
   // An epoch's last batch is where a smaller batch comes: never the first one captured.
-  const bool last_of_epoch = batch_idx + 1 >= fit_loop_->num_batches();
+  const bool last_of_epoch = mb.epoch_last;
   // The optimizer's gradients (the fp32 masters' under bf16-master) and the model's, released.
   auto release_grads = [&] {
-    optimizer_->zero_grad(true);
-    module_->net().zero_grad(true);
+    optimizer_.zero_grad(true);
+    module_.net().zero_grad(true);
   };
   if (!warm || (g.graph->captured() ? !same_batch : last_of_epoch)) {
     // Eagerly: the gradients a replay left allocated must not be accumulated into.
     release_grads();
     ++g.eager_steps;
-    return run_eager_batch(std::move(batch), batch_idx);
+    last_eager_ = true;
+    return eager_.run(std::move(batch), mb);
   }
+  last_eager_ = false;
   if (!same_batch || guard_key != g.guard_key) {
     // Capture: the tensors the captured step reads are the static inputs; gradients must not exist
     // yet, so that the captured backward allocates them in the graph's pool (and overwrites them on
@@ -132,11 +113,11 @@ torch::Tensor Trainer::run_graphed_batch(Batch batch, int64_t batch_idx) {
           at::autocast::set_autocast_cache_enabled(cache);
           module.attach(collector, Stage::Fit, true);
         }
-      } scope(*module_, collector_.get(), &sink);
+      } scope(module_, &collector_, &sink);
       // The eager step without its hooks (step_runner.h): one micro-batch, begun and ended here.
       StepRunner::Options options;
       options.require_loss = true;
-      g.graph->capture(device_, [&] { step_runner_->run(g.static_batch, batch_idx, options); });
+      g.graph->capture(device_, [&] { step_.run(g.static_batch, batch_idx, options); });
     } catch (const std::exception& e) {
       g.reset();
       throw std::runtime_error(fmt::format(
@@ -145,7 +126,7 @@ torch::Tensor Trainer::run_graphed_batch(Batch batch, int64_t batch_idx) {
           e.what()));
     }
     g.logged = std::move(sink.entries);
-    g.record = pipeline_->last();
+    g.record = pipeline_.last();
     g.batch_key = batch_key, g.guard_key = guard_key;
     ++g.captures;
   } else {
@@ -155,14 +136,13 @@ torch::Tensor Trainer::run_graphed_batch(Batch batch, int64_t batch_idx) {
   g.graph->replay();
   ++g.replays;
   // Outputs the next replay overwrites are copied for whoever keeps them (logger, NaN capture).
-  for (const auto& e : g.logged) collector_->log(e.name, e.value.clone(), e.options, e.batch_size);
-  pipeline_->set_last(clone_record(g.record));
-  finish_optimizer_step(/*zero_grads=*/false);
-  const auto& losses = pipeline_->last().losses;
+  for (const auto& e : g.logged) collector_.log(e.name, e.value.clone(), e.options, e.batch_size);
+  pipeline_.set_last(clone_record(g.record));
+  const auto& losses = pipeline_.last().losses;
   return losses.empty() ? torch::Tensor() : losses.front();
 #else
-  (void)batch, (void)batch_idx;
-  throw std::logic_error("run_graphed_batch without operator library");
+  (void)batch, (void)mb;
+  throw std::logic_error("GraphedRunner without operator library");
 #endif
 }
 
