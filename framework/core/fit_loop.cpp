@@ -1,8 +1,10 @@
 // FitLoop (loops.h): epochs of training batches with periodic validation, the optimizer step's
 // progress, and the stop state; BatchPreparer, the loops' way onto the device.
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include "framework/checkpoint/checkpoint_io.h"
 #include "framework/core/fault_points.h"
 #include "framework/core/loops.h"
 #include "framework/core/optim.h"
@@ -216,6 +218,32 @@ void FitLoop::finish_optimizer_step() {
   const bool emit = state_.global_step % parts_.cfg->log_every_n_steps == 0 || state_.global_step == 1;
   parts_.collector->end_step(state_.global_step, state_.epoch, emit);
   share_stop_code(/*blocking=*/false);
+}
+
+void FitLoop::Progress::save(checkpoint::CheckpointData& d, const StepStart* at) {
+  d.blobs["loop"] = serialize_loop_state(at ? at->loop : loop_.saved_state());
+}
+
+void FitLoop::Progress::load(const checkpoint::CheckpointData& d) { loop_.state_ = parse_loop_state(d.blob("loop")); }
+
+void FitLoop::Accumulation::save(checkpoint::CheckpointData& d, const StepStart* at) {
+  const int64_t micro_batches = at ? 0 : loop_.accum_count_;  // a step starts with no partial window
+  d.blobs["accumulation"] = nlohmann::json{{"micro_batches", micro_batches}}.dump();
+  if (micro_batches == 0) return;
+  for (const auto& p : loop_.parts_.module->net().named_parameters())
+    if (p.value().grad().defined()) d.tensors["accumulation/grad/" + p.key()] = p.value().grad();
+}
+
+void FitLoop::Accumulation::load(const checkpoint::CheckpointData& d) {
+  loop_.accum_count_ =
+      d.has_blob("accumulation") ? nlohmann::json::parse(d.blob("accumulation")).at("micro_batches").get<int64_t>() : 0;
+  for (auto& p : loop_.parts_.module->net().named_parameters()) {
+    auto it = d.tensors.find("accumulation/grad/" + p.key());
+    if (loop_.accum_count_ > 0 && it != d.tensors.end())
+      p.value().mutable_grad() = it->second.to(p.value().device()).clone();
+    else
+      p.value().mutable_grad() = torch::Tensor();
+  }
 }
 
 }  // namespace strobe

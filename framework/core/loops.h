@@ -29,6 +29,7 @@
 #include "framework/core/device_transfer.h"
 #include "framework/core/loop_state.h"
 #include "framework/core/module.h"
+#include "framework/checkpoint/stateful.h"
 #include "framework/data/batch.h"
 #include "framework/logging/device_readback.h"
 
@@ -145,7 +146,11 @@ class FitLoop {
   // Micro-batches of the optimizer step in progress run so far (0 between optimizer steps); a
   // checkpoint's `accumulation` blob restores it.
   int64_t accumulated_batches() const { return accum_count_; }
-  void set_accumulated_batches(int64_t n) { accum_count_ = n; }
+  // The checkpoint's `loop` entry (the counters; at a step's start, that step's; restored for
+  // evaluation too, so that its logged step and epoch match) and its `accumulation` entry (the
+  // window's micro-batch count and, inside a window, the module's partial gradients).
+  Stateful& progress_state() { return progress_; }
+  Stateful& accumulation_state() { return accumulation_; }
 
   // --- running ---
   // max_time (and a checkpoint's elapsed time) counts from here: fit's start, sanity check included.
@@ -183,12 +188,34 @@ class FitLoop {
   bool time_is_up() const;
   void finish_optimizer_step();
 
+  class Progress : public Stateful {
+   public:
+    explicit Progress(FitLoop& loop) : loop_(loop) {}
+    void save(checkpoint::CheckpointData& out, const StepStart* step_start) override;
+    void load(const checkpoint::CheckpointData& in) override;
+    bool training_only() const override { return false; }  // evaluation logs at the saved step
+
+   private:
+    FitLoop& loop_;
+  };
+  class Accumulation : public Stateful {
+   public:
+    explicit Accumulation(FitLoop& loop) : loop_(loop) {}
+    void save(checkpoint::CheckpointData& out, const StepStart* step_start) override;
+    void load(const checkpoint::CheckpointData& in) override;
+
+   private:
+    FitLoop& loop_;
+  };
+
   LoopParts parts_;
   EvaluationLoop* evaluation_ = nullptr;
   distributed::Strategy& strategy_;
   int64_t world_size_;
   TrainingRunner* runner_ = nullptr;
   int64_t accum_count_ = 0;
+  Progress progress_{*this};
+  Accumulation accumulation_{*this};
   std::shared_ptr<data::DataLoader> loader_;
   TrainerState state_;
   int64_t num_batches_ = 0;

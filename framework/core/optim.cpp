@@ -1,10 +1,14 @@
 #include "framework/core/optim.h"
 
 #include <cmath>
+#include <sstream>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
+
+#include "framework/checkpoint/checkpoint_io.h"
+#include "framework/core/loop_state.h"
 
 #if STROBE_HAS_OPS
 #include "framework/ops/fused_optimizers.h"
@@ -262,6 +266,32 @@ std::shared_ptr<LRScheduler> build_scheduler(config::Section& cfg, torch::optim:
   cfg.finish();
   if (s) s->apply();
   return s;
+}
+
+void LRScheduler::save(checkpoint::CheckpointData& d, const StepStart* at) {
+  nlohmann::json s = state_dict();
+  if (at) s["step"] = at->loop.global_step;
+  d.blobs["scheduler"] = s.dump();
+}
+
+void LRScheduler::load(const checkpoint::CheckpointData& d) {
+  if (d.has_blob("scheduler")) load_state_dict(nlohmann::json::parse(d.blob("scheduler")));
+}
+
+void OptimizerState::save(checkpoint::CheckpointData& d, const StepStart*) {
+  torch::serialize::OutputArchive a;
+  optimizer_.save(a);
+  std::ostringstream os;
+  a.save_to(os);
+  d.blobs["optimizer"] = os.str();
+}
+
+void OptimizerState::load(const checkpoint::CheckpointData& d) {
+  if (!d.has_blob("optimizer")) return;
+  torch::serialize::InputArchive a;
+  std::istringstream is(d.blob("optimizer"));
+  a.load_from(is, device_);
+  optimizer_.load(a);
 }
 
 }  // namespace strobe

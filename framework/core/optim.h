@@ -14,6 +14,7 @@
 #include <torch/optim/optimizer.h>
 
 #include "framework/config/config.h"
+#include "framework/checkpoint/stateful.h"
 
 namespace strobe {
 
@@ -29,7 +30,7 @@ std::shared_ptr<torch::optim::Optimizer> build_optimizer(config::Section& cfg, s
 double get_lr(const torch::optim::Optimizer& opt, size_t group = 0);
 void set_lr(torch::optim::Optimizer& opt, size_t group, double lr);
 
-class LRScheduler {
+class LRScheduler : public Stateful {
  public:
   explicit LRScheduler(torch::optim::Optimizer& opt);
   virtual ~LRScheduler() = default;
@@ -43,12 +44,29 @@ class LRScheduler {
   virtual void load_state_dict(const nlohmann::json& state);
   // Re-applies the lrs for the current step (after loading optimizer + scheduler state).
   void apply();
+  // Stateful (the checkpoint's `scheduler` entry, a JSON blob): state_dict, with a step's start's
+  // global step when asked for one.
+  void save(checkpoint::CheckpointData& out, const StepStart* step_start) override;
+  void load(const checkpoint::CheckpointData& in) override;
 
  protected:
   virtual double factor(int64_t step) const = 0;
   torch::optim::Optimizer& opt_;
   std::vector<double> base_lrs_;
   int64_t step_ = 0;
+};
+
+// The optimizer's state as the checkpoint's `optimizer` entry (torch::optim's archive, loaded onto
+// `device`): torch::optim::Optimizer is libtorch's class, so it is saved through this.
+class OptimizerState : public Stateful {
+ public:
+  OptimizerState(torch::optim::Optimizer& optimizer, torch::Device device) : optimizer_(optimizer), device_(device) {}
+  void save(checkpoint::CheckpointData& out, const StepStart* step_start) override;
+  void load(const checkpoint::CheckpointData& in) override;
+
+ private:
+  torch::optim::Optimizer& optimizer_;
+  torch::Device device_;
 };
 
 // Returns nullptr for `name: none`. `total_steps` is the run's number of optimizer steps when

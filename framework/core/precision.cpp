@@ -3,6 +3,8 @@
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
+#include "framework/checkpoint/checkpoint_io.h"
+
 namespace strobe {
 
 AutocastGuard::AutocastGuard(const torch::Device& device, Precision precision) : type_(device.type()) {
@@ -37,6 +39,15 @@ void GradScaler::update(const torch::Tensor& found_inf) {
 void GradScaler::load(const torch::Tensor& scale, const torch::Tensor& growth_tracker) {
   scale_.copy_(scale);
   growth_tracker_.copy_(growth_tracker);
+}
+
+void GradScaler::save(checkpoint::CheckpointData& d, const StepStart*) {
+  d.tensors["scaler/scale"] = scale_;
+  d.tensors["scaler/growth_tracker"] = growth_tracker_;
+}
+
+void GradScaler::load(const checkpoint::CheckpointData& d) {
+  if (d.tensors.count("scaler/scale")) load(d.tensor("scaler/scale"), d.tensor("scaler/growth_tracker"));
 }
 
 }  // namespace strobe

@@ -8,6 +8,7 @@
 #include <torch/types.h>
 
 #include "framework/config/precision.h"
+#include "framework/checkpoint/stateful.h"
 
 namespace strobe {
 
@@ -28,7 +29,7 @@ class AutocastGuard {
 
 // Dynamic loss scaling (PyTorch's GradScaler algorithm) with device-side state: scale, growth
 // tracker and the found-inf flag never leave the device.
-class GradScaler {
+class GradScaler : public Stateful {
  public:
   explicit GradScaler(const torch::Device& device, double init_scale = 65536.0, double growth_factor = 2.0,
                       double backoff_factor = 0.5, int64_t growth_interval = 2000);
@@ -40,6 +41,9 @@ class GradScaler {
   const torch::Tensor& scale_tensor() const { return scale_; }
   const torch::Tensor& growth_tracker() const { return growth_tracker_; }
   void load(const torch::Tensor& scale, const torch::Tensor& growth_tracker);
+  // Stateful (the checkpoint's `scaler` entry): tensors scaler/scale and scaler/growth_tracker.
+  void save(checkpoint::CheckpointData& out, const StepStart* step_start) override;
+  void load(const checkpoint::CheckpointData& in) override;
 
  private:
   torch::Tensor scale_, growth_tracker_;

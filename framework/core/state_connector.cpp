@@ -1,30 +1,44 @@
 #include "framework/core/state_connector.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
 
 #include "framework/checkpoint/checkpoint_io.h"
+#include "framework/core/checkpoint_view.h"
 
 namespace strobe {
 
-void StateConnector::add(std::string name, SaveFn save, LoadFn load, Kind kind) {
+const std::vector<std::string>& StateConnector::kOrder() {
+  static const std::vector<std::string> order = {"model",  "optimizer", "scheduler",  "scaler",
+                                                 "loop",   "accumulation", "logger", "step_guard",
+                                                 "rng",    checkpoint_keys::kCallbacks, checkpoint_keys::kConfig,
+                                                 checkpoint_keys::kHfConfig, checkpoint_keys::kMeta};
+  return order;
+}
+
+void StateConnector::add(const std::string& name, Stateful& object) {
+  const auto& order = kOrder();
+  const auto pos = std::find(order.begin(), order.end(), name);
+  if (pos == order.end()) throw std::logic_error(fmt::format("state connector: '{}' is not a checkpoint entry", name));
   for (const auto& e : entries_)
     if (e.name == name) throw std::logic_error(fmt::format("state connector: '{}' registered twice", name));
-  entries_.push_back(Entry{std::move(name), std::move(save), std::move(load), kind});
+  auto rank = [&](const std::string& n) { return std::find(order.begin(), order.end(), n) - order.begin(); };
+  const auto at = std::find_if(entries_.begin(), entries_.end(), [&](const Entry& e) { return rank(e.name) > pos - order.begin(); });
+  entries_.insert(at, Entry{name, &object});
 }
 
 void StateConnector::save(checkpoint::CheckpointData& out, const StepStart* step_start) const {
-  for (const auto& e : entries_)
-    if (e.save) e.save(out, step_start);
+  for (const auto& e : entries_) e.object->save(out, step_start);
 }
 
 void StateConnector::load(const checkpoint::CheckpointData& in, bool training_state, const std::string& source) const {
   for (const auto& e : entries_) {
-    if (!e.load || (e.kind == Kind::TrainingOnly && !training_state)) continue;
+    if (!e.object->restorable() || (e.object->training_only() && !training_state)) continue;
     try {
-      e.load(in);
+      e.object->load(in);
     } catch (const checkpoint::CheckpointError& ex) {
       throw checkpoint::CheckpointError(fmt::format("{}: {}", source, ex.what()));
     } catch (const c10::Error& ex) {

@@ -4,6 +4,7 @@
 
 #include <torch/torch.h>
 
+#include "framework/checkpoint/checkpoint_io.h"
 #include "framework/core/master_weights.h"
 #include "framework/core/precision.h"
 #include "framework/distributed/strategy.h"
@@ -224,6 +225,11 @@ void StepPipeline::step() {
   if (guard_.restore_buffers && skip.defined() && !rec.buffers_before.empty()) restore_buffers(rec.buffers_before, skip);
   last_ = std::move(current_);
   current_ = StepRecord{};
+}
+
+void StepPipeline::save(checkpoint::CheckpointData& d, const StepStart* at) {
+  if (!sticky_.defined()) return;
+  d.tensors["step/sticky"] = at ? torch::zeros_like(sticky_) : sticky_;
 }
 
 }  // namespace strobe

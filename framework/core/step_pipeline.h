@@ -29,6 +29,7 @@
 
 #include <torch/types.h>
 
+#include "framework/checkpoint/stateful.h"
 #include "framework/config/experiment.h"
 
 namespace torch::nn {
@@ -76,7 +77,7 @@ struct StepRecord {
 // A copy of `r` whose tensors are fresh (clones): for a holder that keeps it past the next step.
 StepRecord clone_record(const StepRecord& r);
 
-class StepPipeline {
+class StepPipeline : public Stateful {
  public:
   // The optimizer must hold `net`'s parameters; our fused optimizers are detected and skip on the device.
   // `masters` (precision bf16-master): the optimizer holds fp32 masters of net's bf16 parameters.
@@ -102,6 +103,12 @@ class StepPipeline {
   void set_last(StepRecord record) { last_ = std::move(record); }
   // 0-d float32 device flag (1 = every update is skipped) of the sticky guard.
   const torch::Tensor& sticky_flag() const { return sticky_; }
+  // Stateful (the checkpoint's `step_guard` entry): the sticky skip flag, saved for diagnosis (a
+  // checkpoint written after a NaN was detected shows 1; at a step's start 0) but never restored: a
+  // resumed run starts with a clear guard, from the pre-corruption weights.
+  void save(checkpoint::CheckpointData& out, const StepStart* step_start) override;
+  void load(const checkpoint::CheckpointData&) override {}
+  bool restorable() const override { return false; }
   void reset_sticky();
 
   // The buffers in snapshot order, and a snapshot unflattened into tensors of their shapes.

@@ -146,6 +146,7 @@ void Trainer::setup_for_fit() {
   pipeline_ = std::make_unique<StepPipeline>(exp_.trainer, module_->net(), *optimizer_, scaler_.get(), masters_.get());
   if (world_size_ > 1) pipeline_->set_strategy(strategy_.get());
   pipeline_->arm(pending_guard_);
+  register_fit_state();
   setup_runners();
   eval_loop_->set_scheduler(scheduler_.get());
 }

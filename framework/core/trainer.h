@@ -63,6 +63,7 @@
 #include "framework/core/master_weights.h"
 #include "framework/core/module.h"
 #include "framework/core/optim.h"
+#include "framework/core/run_state.h"
 #include "framework/core/state_connector.h"
 #include "framework/core/step_pipeline.h"
 #include "framework/core/step_runner.h"
@@ -162,8 +163,6 @@ class Trainer : public TrainerView, public StepAccess {
   int64_t graph_replays() const;
 
  private:
-  // Restores this process's generators from a checkpoint's rng/ entries (the state connector's "rng").
-  void restore_rng(const checkpoint::CheckpointData& data);
   void setup_common(Stage stage);
   // The step's runners (trainer_step.cpp), handed to FitLoop: the eager one, and under
   // trainer.cuda_graphs the graphed one when the run can be captured (setup_cuda_graphs says why not).
@@ -173,6 +172,7 @@ class Trainer : public TrainerView, public StepAccess {
   // A resume needs the checkpoint's number of processes; else CheckpointError (exit 2) on every rank.
   void check_resume_world_size(const std::string& source, const checkpoint::CheckpointData& data) const;
   void register_state();
+  void register_fit_state();  // the optimizer, scheduler, scaler and step pipeline, once they exist
   // The preloaded checkpoint if it is `path`'s (handed over, not kept), else the file read now.
   checkpoint::CheckpointData take_checkpoint(const std::string& path);
   // The live state, or with `step_start` the state at that step's start (loop_state.h: StepStart).
@@ -209,6 +209,14 @@ class Trainer : public TrainerView, public StepAccess {
   std::unique_ptr<EagerRunner> eager_runner_;
   std::unique_ptr<GraphedRunner> graphed_runner_;  // trainer.cuda_graphs
   StepGuard pending_guard_;
+  // The state objects the connector holds (run_state.h) besides the loops, the step pipeline, the
+  // collector, the scheduler and the scaler, which are Stateful themselves.
+  std::unique_ptr<ModelState> model_state_;
+  std::unique_ptr<RngState> rng_state_;
+  std::unique_ptr<CallbackStates> callback_states_;
+  std::unique_ptr<TextRecord> config_record_, hf_record_;
+  std::unique_ptr<MetaRecord> meta_record_;
+  std::unique_ptr<OptimizerState> optimizer_state_;
   StateConnector connector_;
 
   std::unique_ptr<EvaluationLoop> eval_loop_;  // validation and test runs

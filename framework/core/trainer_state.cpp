@@ -1,6 +1,7 @@
-// Trainer, the state: every piece of state a checkpoint holds is registered with the StateConnector
-// here, once; make_checkpoint / load_checkpoint (resume, validate/test), the NaN capture and replay
-// all go through it.
+// Trainer, the state: the objects that save their own state (state_connector.h: Stateful) are
+// registered with the StateConnector here, once; make_checkpoint / load_checkpoint (resume,
+// validate/test), the NaN capture and replay all go through it. The entries that belong to no loop
+// or step object (run_state.h) are implemented here too.
 #include <sstream>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -15,6 +16,7 @@
 #include "framework/core/checkpoint_view.h"
 #include "framework/core/precision.h"
 #include "framework/core/resume_compat.h"
+#include "framework/core/run_state.h"
 #include "framework/core/trainer.h"
 #include "framework/distributed/strategy.h"
 #include "framework/logging/log_collector.h"
@@ -70,212 +72,63 @@ RngSnapshot snapshot_rng(bool cuda) {
   return r;
 }
 
-void Trainer::register_state() {
-  using Kind = StateConnector::Kind;
-  using checkpoint::CheckpointData;
-  connector_.add(
-      "model",
-      [this](CheckpointData& d, const StepStart* at) {
-        // bf16-master: the fp32 masters, under the parameters' names.
-        for (const auto& p : module_->net().named_parameters())
-          d.tensors[checkpoint_keys::kModelPrefix + p.key()] = (masters_ ? masters_->master_of(p.value()) : p.value()).detach();
-        for (const auto& b : module_->net().named_buffers()) {
-          const auto* before = at && at->buffers.count(b.key()) ? &at->buffers.at(b.key()) : nullptr;
-          d.tensors[checkpoint_keys::kModelPrefix + b.key()] = before ? *before : b.value();
-        }
-      },
-      [this](const CheckpointData& d) {
-        // Names and shapes were checked, both ways, before any state was restored
-        // (load_checkpoint_data: weights_mismatch).
-        torch::NoGradGuard ng;
-        auto load_into = [&](const std::string& key, torch::Tensor target) {
-          target.copy_(d.tensor(checkpoint_keys::kModelPrefix + key));
-        };
-        for (auto& p : module_->net().named_parameters())
-          load_into(p.key(), masters_ ? masters_->master_of(p.value()) : p.value());
-        for (auto& b : module_->net().named_buffers()) load_into(b.key(), b.value());
-        if (masters_) masters_->copy_to_model();
-      },
-      Kind::Always);
-  connector_.add(
-      "optimizer",
-      [this](CheckpointData& d, const StepStart*) {
-        if (!optimizer_) return;
-        torch::serialize::OutputArchive a;
-        optimizer_->save(a);
-        d.blobs["optimizer"] = archive_to_string(a);
-      },
-      [this](const CheckpointData& d) {
-        if (!optimizer_ || !d.has_blob("optimizer")) return;
-        torch::serialize::InputArchive a;
-        std::istringstream is(d.blob("optimizer"));
-        a.load_from(is, device_);
-        optimizer_->load(a);
-      });
-  connector_.add(
-      "scheduler",
-      [this](CheckpointData& d, const StepStart* at) {
-        if (!scheduler_) return;
-        nlohmann::json s = scheduler_->state_dict();
-        if (at) s["step"] = at->loop.global_step;
-        d.blobs["scheduler"] = s.dump();
-      },
-      [this](const CheckpointData& d) {
-        if (scheduler_ && d.has_blob("scheduler")) scheduler_->load_state_dict(nlohmann::json::parse(d.blob("scheduler")));
-      });
-  connector_.add(
-      "scaler",
-      [this](CheckpointData& d, const StepStart*) {
-        if (!scaler_) return;
-        d.tensors["scaler/scale"] = scaler_->scale_tensor();
-        d.tensors["scaler/growth_tracker"] = scaler_->growth_tracker();
-      },
-      [this](const CheckpointData& d) {
-        if (scaler_ && d.tensors.count("scaler/scale")) scaler_->load(d.tensor("scaler/scale"), d.tensor("scaler/growth_tracker"));
-      });
-  // Loop counters are restored for evaluation too, so that its logged step and epoch match.
-  connector_.add(
-      "loop",
-      [this](CheckpointData& d, const StepStart* at) {
-        if (at) {
-          d.blobs["loop"] = serialize_loop_state(at->loop);
-          return;
-        }
-        d.blobs["loop"] = serialize_loop_state(fit_loop_->saved_state());
-      },
-      [this](const CheckpointData& d) { fit_loop_->state() = parse_loop_state(d.blob("loop")); },
-      Kind::Always);
-  // Partial gradients of an unfinished accumulation window.
-  connector_.add(
-      "accumulation",
-      [this](CheckpointData& d, const StepStart* at) {
-        const int64_t micro_batches = at ? 0 : fit_loop_->accumulated_batches();  // a step starts with no partial window
-        d.blobs["accumulation"] = nlohmann::json{{"micro_batches", micro_batches}}.dump();
-        if (micro_batches == 0) return;
-        for (const auto& p : module_->net().named_parameters())
-          if (p.value().grad().defined()) d.tensors["accumulation/grad/" + p.key()] = p.value().grad();
-      },
-      [this](const CheckpointData& d) {
-        const int64_t micro_batches =
-            d.has_blob("accumulation") ? nlohmann::json::parse(d.blob("accumulation")).at("micro_batches").get<int64_t>() : 0;
-        fit_loop_->set_accumulated_batches(micro_batches);
-        for (auto& p : module_->net().named_parameters()) {
-          auto it = d.tensors.find("accumulation/grad/" + p.key());
-          if (micro_batches > 0 && it != d.tensors.end())
-            p.value().mutable_grad() = it->second.to(p.value().device()).clone();
-          else
-            p.value().mutable_grad() = torch::Tensor();
-        }
-      });
-  connector_.add(
-      "logger", [this](CheckpointData& d, const StepStart*) { collector_->save_state(d); },
-      [this](const CheckpointData& d) { collector_->load_state(d); });
-  // The sticky skip flag is saved for diagnosis (a checkpoint written after a NaN was detected shows
-  // 1) but never restored: a resumed run starts with a clear guard, from the pre-corruption weights.
-  connector_.add(
-      "step_guard",
-      [this](CheckpointData& d, const StepStart* at) {
-        if (!pipeline_ || !pipeline_->sticky_flag().defined()) return;
-        d.tensors["step/sticky"] = at ? torch::zeros_like(pipeline_->sticky_flag()) : pipeline_->sticky_flag();
-      },
-      nullptr);
-  // RNG: this process's generators as rng/cpu, rng/cuda/<i>. Data parallel: every rank's states,
-  // gathered to rank 0 (a collective: every rank builds each checkpoint), as rng/rank<r>/cpu and
-  // rng/rank<r>/cuda; each rank restores its own (and only its own GPU's generator is touched).
-  connector_.add(
-      "rng",
-      [this](CheckpointData& d, const StepStart* at) {
-        auto put = [&](const RngSnapshot& r) {
-          d.tensors["rng/cpu"] = r.cpu;
-          for (const auto& [i, state] : r.cuda) d.tensors[fmt::format("rng/cuda/{}", i)] = state;
-        };
-        if (at) {  // this process's generators at the step's start, never a gather (no collective)
-          put(at->rng);
-          return;
-        }
-        if (world_size_ == 1) {
-          put(snapshot_rng(torch::cuda::is_available()));
-          return;
-        }
-        // Data parallel: this process's CPU generator and its own GPU's, gathered from every rank.
-        std::map<std::string, torch::Tensor> mine{{"cpu", snapshot_rng(false).cpu}};
-        if (device_.is_cuda()) {
-          at::Generator gen = at::globalContext().defaultGenerator(device_);
-          std::lock_guard<std::mutex> lock(gen.mutex());
-          mine["cuda"] = gen.get_state();
-        }
-        torch::serialize::OutputArchive a;
-        for (auto& [k, t] : mine) a.write(k, t);
-        auto all = strategy_->gather_strings(archive_to_string(a));
-        for (size_t r = 0; r < all.size(); ++r) {
-          torch::serialize::InputArchive in;
-          std::istringstream is(all[r]);
-          in.load_from(is);
-          for (const char* k : {"cpu", "cuda"}) {
-            torch::Tensor t;
-            if (in.try_read(k, t)) d.tensors[fmt::format("rng/rank{}/{}", r, k)] = t;
-          }
-        }
-        d.tensors["rng/cpu"] = mine["cpu"];
-        if (mine.count("cuda")) d.tensors[fmt::format("rng/cuda/{}", device_.index())] = mine["cuda"];
-      },
-      [this](const CheckpointData& d) { restore_rng(d); });
-  connector_.add(
-      checkpoint_keys::kCallbacks,
-      [this](CheckpointData& d, const StepStart*) {
-        nlohmann::json cbs = nlohmann::json::object();
-        for (auto& cb : callbacks_) cbs[cb->state_key()] = cb->state_dict();
-        d.blobs[checkpoint_keys::kCallbacks] = cbs.dump();
-      },
-      [this](const CheckpointData& d) {
-        const auto cbs = CheckpointView(d, "the checkpoint").callback_states();
-        for (auto& cb : callbacks_)
-          if (cbs.contains(cb->state_key())) cb->load_state_dict(cbs.at(cb->state_key()));
-      });
-  connector_.add(
-      checkpoint_keys::kConfig,
-      [this](CheckpointData& d, const StepStart*) { d.blobs[checkpoint_keys::kConfig] = config_yaml_; }, nullptr,
-      Kind::Always);
-  connector_.add(
-      checkpoint_keys::kHfConfig,
-      [this](CheckpointData& d, const StepStart*) {
-        if (!hf_source_config_.empty()) d.blobs[checkpoint_keys::kHfConfig] = hf_source_config_;
-      },
-      [this](const CheckpointData& d) {
-        if (const std::string* hf = CheckpointView(d, "the checkpoint").hf_config()) hf_source_config_ = *hf;
-      },
-      Kind::Always);
-  connector_.add(
-      checkpoint_keys::kMeta,
-      [this](CheckpointData& d, const StepStart*) {
-        nlohmann::json meta = {{"format_version", checkpoint::kFormatVersion},
-                               {"strobe_version", STROBE_VERSION},
-                               {"device", device_.str()},
-                               {"precision", to_string(exp_.trainer.precision)},
-                               {"global_step", state().global_step},
-                               {"world_size", world_size_},
-                               {"epoch", state().epoch}};
-        d.blobs[checkpoint_keys::kMeta] = meta.dump();
-      },
-      nullptr, Kind::Always);
+void ModelState::save(checkpoint::CheckpointData& d, const StepStart* at) {
+  // bf16-master: the fp32 masters, under the parameters' names.
+  for (const auto& p : module_.net().named_parameters())
+    d.tensors[checkpoint_keys::kModelPrefix + p.key()] = (masters_ ? masters_->master_of(p.value()) : p.value()).detach();
+  for (const auto& b : module_.net().named_buffers()) {
+    const auto* before = at && at->buffers.count(b.key()) ? &at->buffers.at(b.key()) : nullptr;
+    d.tensors[checkpoint_keys::kModelPrefix + b.key()] = before ? *before : b.value();
+  }
 }
 
-checkpoint::CheckpointData Trainer::make_checkpoint() { return build_checkpoint(nullptr); }
-checkpoint::CheckpointData Trainer::make_checkpoint_at(const StepStart& start) { return build_checkpoint(&start); }
-
-checkpoint::CheckpointData Trainer::build_checkpoint(const StepStart* step_start) {
-  checkpoint::CheckpointData d;
-  connector_.save(d, step_start);
-  each([&](Callback& cb) { cb.on_save_checkpoint(*this, *module_, d); });
-  return d;
+void ModelState::load(const checkpoint::CheckpointData& d) {
+  torch::NoGradGuard ng;
+  auto load_into = [&](const std::string& key, torch::Tensor target) {
+    target.copy_(d.tensor(checkpoint_keys::kModelPrefix + key));
+  };
+  for (auto& p : module_.net().named_parameters()) load_into(p.key(), masters_ ? masters_->master_of(p.value()) : p.value());
+  for (auto& b : module_.net().named_buffers()) load_into(b.key(), b.value());
+  if (masters_) masters_->copy_to_model();
 }
 
-void Trainer::save_checkpoint(const std::string& path) {
-  auto d = make_checkpoint();  // every rank: the RNG gather and the logger sums are collectives
-  if (rank_ == 0) checkpoint::save_checkpoint_file(path, d);
+void RngState::save(checkpoint::CheckpointData& d, const StepStart* at) {
+  auto put = [&](const RngSnapshot& r) {
+    d.tensors["rng/cpu"] = r.cpu;
+    for (const auto& [i, state] : r.cuda) d.tensors[fmt::format("rng/cuda/{}", i)] = state;
+  };
+  if (at) {  // this process's generators at the step's start, never a gather (no collective)
+    put(at->rng);
+    return;
+  }
+  if (world_size_ == 1) {
+    put(snapshot_rng(torch::cuda::is_available()));
+    return;
+  }
+  // Data parallel: this process's CPU generator and its own GPU's, gathered from every rank.
+  std::map<std::string, torch::Tensor> mine{{"cpu", snapshot_rng(false).cpu}};
+  if (device_.is_cuda()) {
+    at::Generator gen = at::globalContext().defaultGenerator(device_);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    mine["cuda"] = gen.get_state();
+  }
+  torch::serialize::OutputArchive a;
+  for (auto& [k, t] : mine) a.write(k, t);
+  auto all = strategy_.gather_strings(archive_to_string(a));
+  for (size_t r = 0; r < all.size(); ++r) {
+    torch::serialize::InputArchive in;
+    std::istringstream is(all[r]);
+    in.load_from(is);
+    for (const char* k : {"cpu", "cuda"}) {
+      torch::Tensor t;
+      if (in.try_read(k, t)) d.tensors[fmt::format("rng/rank{}/{}", r, k)] = t;
+    }
+  }
+  d.tensors["rng/cpu"] = mine["cpu"];
+  if (mine.count("cuda")) d.tensors[fmt::format("rng/cuda/{}", device_.index())] = mine["cuda"];
 }
 
-void Trainer::restore_rng(const checkpoint::CheckpointData& d) {
+void RngState::load(const checkpoint::CheckpointData& d) {
   const std::string own = fmt::format("rng/rank{}/", rank_);
   if (world_size_ > 1 && d.tensors.count(own + "cpu")) {
     {
@@ -306,6 +159,80 @@ void Trainer::restore_rng(const checkpoint::CheckpointData& d) {
       gen.set_state(it->second);
     }
   }
+}
+
+void CallbackStates::save(checkpoint::CheckpointData& d, const StepStart*) {
+  nlohmann::json cbs = nlohmann::json::object();
+  for (auto& cb : callbacks_) cbs[cb->state_key()] = cb->state_dict();
+  d.blobs[checkpoint_keys::kCallbacks] = cbs.dump();
+}
+
+void CallbackStates::load(const checkpoint::CheckpointData& d) {
+  const auto cbs = CheckpointView(d, "the checkpoint").callback_states();
+  for (auto& cb : callbacks_)
+    if (cbs.contains(cb->state_key())) cb->load_state_dict(cbs.at(cb->state_key()));
+}
+
+void TextRecord::save(checkpoint::CheckpointData& d, const StepStart*) {
+  if (!restored_ || !text_.empty()) d.blobs[key_] = text_;  // the config always; hf_config when there is one
+}
+
+void TextRecord::load(const checkpoint::CheckpointData& d) {
+  if (d.has_blob(key_)) text_ = d.blob(key_);
+}
+
+void MetaRecord::save(checkpoint::CheckpointData& d, const StepStart*) {
+  nlohmann::json meta = {{"format_version", checkpoint::kFormatVersion},
+                         {"strobe_version", STROBE_VERSION},
+                         {"device", view_.device().str()},
+                         {"precision", to_string(precision_)},
+                         {"global_step", view_.state().global_step},
+                         {"world_size", view_.world_size()},
+                         {"epoch", view_.state().epoch}};
+  d.blobs[checkpoint_keys::kMeta] = meta.dump();
+}
+
+// What exists from construction; the optimizer, scheduler, scaler and step pipeline join at
+// setup_for_fit (register_fit_state). The connector keeps its one order either way.
+void Trainer::register_state() {
+  model_state_ = std::make_unique<ModelState>(*module_, masters_.get());
+  rng_state_ = std::make_unique<RngState>(rank_, world_size_, device_, *strategy_);
+  callback_states_ = std::make_unique<CallbackStates>(callbacks_);
+  config_record_ = std::make_unique<TextRecord>(checkpoint_keys::kConfig, config_yaml_, false);
+  hf_record_ = std::make_unique<TextRecord>(checkpoint_keys::kHfConfig, hf_source_config_, true);
+  meta_record_ = std::make_unique<MetaRecord>(*this, exp_.trainer.precision);
+  connector_.add("model", *model_state_);
+  connector_.add("loop", fit_loop_->progress_state());
+  connector_.add("accumulation", fit_loop_->accumulation_state());
+  connector_.add("logger", *collector_);
+  connector_.add("rng", *rng_state_);
+  connector_.add(checkpoint_keys::kCallbacks, *callback_states_);
+  connector_.add(checkpoint_keys::kConfig, *config_record_);
+  connector_.add(checkpoint_keys::kHfConfig, *hf_record_);
+  connector_.add(checkpoint_keys::kMeta, *meta_record_);
+}
+
+void Trainer::register_fit_state() {
+  optimizer_state_ = std::make_unique<OptimizerState>(*optimizer_, device_);
+  connector_.add("optimizer", *optimizer_state_);
+  if (scheduler_) connector_.add("scheduler", *scheduler_);
+  if (scaler_) connector_.add("scaler", *scaler_);
+  connector_.add("step_guard", *pipeline_);
+}
+
+checkpoint::CheckpointData Trainer::make_checkpoint() { return build_checkpoint(nullptr); }
+checkpoint::CheckpointData Trainer::make_checkpoint_at(const StepStart& start) { return build_checkpoint(&start); }
+
+checkpoint::CheckpointData Trainer::build_checkpoint(const StepStart* step_start) {
+  checkpoint::CheckpointData d;
+  connector_.save(d, step_start);
+  each([&](Callback& cb) { cb.on_save_checkpoint(*this, *module_, d); });
+  return d;
+}
+
+void Trainer::save_checkpoint(const std::string& path) {
+  auto d = make_checkpoint();  // every rank: the RNG gather and the logger sums are collectives
+  if (rank_ == 0) checkpoint::save_checkpoint_file(path, d);
 }
 
 void Trainer::load_checkpoint(const std::string& path, bool restore_training_state) {

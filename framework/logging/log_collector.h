@@ -16,6 +16,7 @@
 
 #include <torch/types.h>
 
+#include "framework/checkpoint/stateful.h"
 #include "framework/logging/log_sink.h"
 #include "framework/logging/metric_row.h"
 
@@ -25,7 +26,7 @@ struct CheckpointData;
 
 namespace strobe::logging {
 
-class LogCollector : public LogSink {
+class LogCollector : public LogSink, public Stateful {
  public:
   explicit LogCollector(torch::Device device, int64_t ring_slots = 16);
   ~LogCollector() override;
@@ -58,6 +59,9 @@ class LogCollector : public LogSink {
   // checkpoint taken mid-epoch resumes with the same epoch means.
   void save_state(checkpoint::CheckpointData& out) const;
   void load_state(const checkpoint::CheckpointData& in);
+  // Stateful (the checkpoint's `logger` entry): save_state / load_state.
+  void save(checkpoint::CheckpointData& out, const StepStart*) override { save_state(out); }
+  void load(const checkpoint::CheckpointData& in) override { load_state(in); }
 
  private:
   struct Slot;

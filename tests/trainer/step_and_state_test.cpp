@@ -28,10 +28,24 @@ std::vector<Batch> first_batches(Run& run, int n) {
 TEST(StateConnector, RegistersEveryPieceOfStateOnce) {
   auto run = make_run(tiny_yaml(), {}, "");
   auto names = run->trainer->state_connector().names();
-  for (const char* n : {"model", "optimizer", "scheduler", "scaler", "loop", "accumulation", "logger", "step_guard", "rng",
-                        "callbacks", "hf_config", "config", "meta"})
-    EXPECT_NE(std::find(names.begin(), names.end(), n), names.end()) << n;
-  EXPECT_THROW(run->trainer->state_connector().add("model", nullptr, nullptr), std::logic_error);
+  // Every entry, in the one order, but the loss scaler's: a precision-32 run has none.
+  EXPECT_EQ(names, (std::vector<std::string>{"model", "optimizer", "scheduler", "loop", "accumulation", "logger",
+                                             "step_guard", "rng", "callbacks", "config", "hf_config", "meta"}));
+  std::vector<std::string> order = StateConnector::kOrder();
+  order.erase(std::find(order.begin(), order.end(), "scaler"));
+  EXPECT_EQ(names, order);
+  struct Nothing : Stateful {
+    void save(checkpoint::CheckpointData&, const StepStart*) override {}
+    void load(const checkpoint::CheckpointData&) override {}
+  } nothing;
+  EXPECT_THROW(run->trainer->state_connector().add("model", nothing), std::logic_error) << "registered twice";
+  EXPECT_THROW(run->trainer->state_connector().add("no_such_entry", nothing), std::logic_error) << "not an entry";
+  // Registered late, an object still takes its place in the order.
+  StateConnector c;
+  c.add("meta", nothing);
+  c.add("model", nothing);
+  c.add("scaler", nothing);
+  EXPECT_EQ(c.names(), (std::vector<std::string>{"model", "scaler", "meta"}));
 }
 
 TEST(StateConnector, CheckpointMidAccumulationWindowContinuesBitwise) {
