@@ -7,8 +7,8 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
-#include "framework/core/callback.h"
-#include "framework/core/trainer_view.h"
+#include "strobe/core/callback.h"
+#include "strobe/core/trainer_view.h"
 
 namespace strobe {
 namespace {

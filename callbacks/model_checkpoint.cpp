@@ -14,10 +14,10 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
-#include "framework/checkpoint/checkpoint_io.h"
-#include "framework/core/callback.h"
-#include "framework/core/fault_points.h"
-#include "framework/core/trainer_view.h"
+#include "strobe/checkpoint/checkpoint_io.h"
+#include "strobe/core/callback.h"
+#include "strobe/core/fault_points.h"
+#include "strobe/core/trainer_view.h"
 
 namespace strobe {
 namespace {

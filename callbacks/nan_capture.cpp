@@ -29,13 +29,13 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
-#include "framework/checkpoint/checkpoint_io.h"
-#include "framework/core/callback.h"
-#include "framework/core/capture.h"
-#include "framework/core/checkpoint_view.h"
-#include "framework/core/step_pipeline.h"
-#include "framework/core/trainer_view.h"
-#include "framework/logging/device_readback.h"
+#include "strobe/checkpoint/checkpoint_io.h"
+#include "strobe/core/callback.h"
+#include "strobe/core/capture.h"
+#include "strobe/core/checkpoint_view.h"
+#include "strobe/core/step_pipeline.h"
+#include "strobe/core/trainer_view.h"
+#include "strobe/logging/device_readback.h"
 
 namespace strobe {
 namespace {

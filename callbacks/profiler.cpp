@@ -12,8 +12,8 @@
 #include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/torch.h>
 
-#include "framework/config/config.h"
-#include "framework/core/trainer_view.h"
+#include "strobe/config/config.h"
+#include "strobe/core/trainer_view.h"
 
 namespace strobe {
 namespace {

@@ -11,8 +11,8 @@
 #include <memory>
 #include <string>
 
-#include "framework/config/experiment.h"
-#include "framework/core/callback.h"
+#include "strobe/config/experiment.h"
+#include "strobe/core/callback.h"
 
 namespace strobe {
 

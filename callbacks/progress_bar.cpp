@@ -15,8 +15,8 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
-#include "framework/core/callback.h"
-#include "framework/core/trainer_view.h"
+#include "strobe/core/callback.h"
+#include "strobe/core/trainer_view.h"
 
 namespace strobe {
 namespace {

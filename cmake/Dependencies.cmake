@@ -42,7 +42,7 @@ if(NOT STROBE_PYTHON)
 endif()
 
 # Every torch target (libraries and executables) reuses a precompiled header of <torch/torch.h>
-# (framework/CMakeLists.txt): strobe_pch for the product, strobe_pch_unoptimized for the tests and
+# (strobe/CMakeLists.txt): strobe_pch for the product, strobe_pch_unoptimized for the tests and
 # their helper programs, which compile at -O0 (their own code only orchestrates calls into the
 # optimised libraries; -O0 halves their compile time with GCC and quarters it with Clang).
 # CMAKE_POSITION_INDEPENDENT_CODE gives executables -fPIE and libraries -fPIC, and GCC rejects a
@@ -61,7 +61,7 @@ function(strobe_use_pch target)
     set(pch strobe_pch_unoptimized)
   endif()
   if(CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
-    # framework/CMakeLists.txt: a .pch built by cmake/ClangPch.cmake. A TU's depfile lists the
+    # strobe/CMakeLists.txt: a .pch built by cmake/ClangPch.cmake. A TU's depfile lists the
     # headers the .pch holds, and the .pch changes only with them or with the flags, which change the
     # TU's own command too: ordering the .pch first is all a TU needs.
     get_target_property(file ${pch} STROBE_PCH_FILE)

@@ -1,2 +1,2 @@
 // The translation unit that builds the one precompiled header (<torch/torch.h>) which every torch
-// translation unit of Strobe reuses (target strobe_pch, framework/CMakeLists.txt).
+// translation unit of Strobe reuses (target strobe_pch, strobe/CMakeLists.txt).

@@ -24,8 +24,8 @@
 #include "data/image_folder.h"
 #include "data/image_transforms.h"
 #include "data/synthetic_rng.h"
-#include "framework/core/datamodule.h"
-#include "framework/data/dataset.h"
+#include "strobe/core/datamodule.h"
+#include "strobe/data/dataset.h"
 
 namespace strobe::data {
 namespace {

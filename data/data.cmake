@@ -1,4 +1,4 @@
-# Image decoding for the data module (included by framework/CMakeLists.txt after the components floor):
+# Image decoding for the data module (included by strobe/CMakeLists.txt after the components floor):
 # libjpeg-turbo's TurboJPEG API (Debian libturbojpeg0-dev) and libpng (libpng-dev). find_path /
 # find_library rather than pkg-config, so that packages unpacked under a CMAKE_PREFIX_PATH entry
 # (the GPU machine's /opt/gpudeps/usr) are found: their .pc files point at /usr.

@@ -10,7 +10,7 @@
 #include <fmt/ranges.h>
 #include <torch/torch.h>
 
-#include "framework/data/data_error.h"
+#include "strobe/data/data_error.h"
 #if STROBE_HAVE_ZLIB
 #include <zlib.h>
 #else

@@ -13,7 +13,7 @@
 
 #include <fmt/format.h>
 
-#include "framework/data/data_error.h"
+#include "strobe/data/data_error.h"
 
 namespace strobe::data {
 namespace {

@@ -11,8 +11,8 @@
 #include <utility>
 #include <vector>
 
-#include "framework/config/config.h"
-#include "framework/data/data_error.h"
+#include "strobe/config/config.h"
+#include "strobe/data/data_error.h"
 
 namespace strobe::data {
 

@@ -14,8 +14,8 @@
 #include <torch/torch.h>
 
 #include "data/synthetic_rng.h"
-#include "framework/core/datamodule.h"
-#include "framework/data/dataset.h"
+#include "strobe/core/datamodule.h"
+#include "strobe/data/dataset.h"
 
 namespace strobe::data {
 namespace {

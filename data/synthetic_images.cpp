@@ -4,8 +4,8 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
-#include "framework/core/datamodule.h"
-#include "framework/data/dataset.h"
+#include "strobe/core/datamodule.h"
+#include "strobe/data/dataset.h"
 
 namespace strobe::data {
 namespace {

@@ -15,10 +15,10 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
-#include "framework/core/datamodule.h"
-#include "framework/data/collate_tokens.h"
-#include "framework/data/data_error.h"
-#include "framework/data/dataset.h"
+#include "strobe/core/datamodule.h"
+#include "strobe/data/collate_tokens.h"
+#include "strobe/data/data_error.h"
+#include "strobe/data/dataset.h"
 
 namespace strobe::data {
 namespace {

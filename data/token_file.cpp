@@ -16,12 +16,12 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
-#include "framework/checkpoint/checkpoint_io.h"
-#include "framework/checkpoint/mapped_file.h"
-#include "framework/core/datamodule.h"
-#include "framework/data/collate_tokens.h"
-#include "framework/data/data_error.h"
-#include "framework/data/dataset.h"
+#include "strobe/checkpoint/checkpoint_io.h"
+#include "strobe/checkpoint/mapped_file.h"
+#include "strobe/core/datamodule.h"
+#include "strobe/data/collate_tokens.h"
+#include "strobe/data/data_error.h"
+#include "strobe/data/dataset.h"
 
 namespace strobe::data {
 namespace {

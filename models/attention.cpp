@@ -6,7 +6,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
-#include "framework/ops/ops.h"
+#include "strobe/ops/ops.h"
 
 namespace strobe::models {
 namespace {

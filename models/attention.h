@@ -17,9 +17,9 @@
 
 #include <torch/types.h>
 
-#include "framework/config/config.h"
-#include "framework/config/precision.h"
-#include "framework/data/batch.h"
+#include "strobe/config/config.h"
+#include "strobe/config/precision.h"
+#include "strobe/data/batch.h"
 
 namespace strobe::models {
 
@@ -53,7 +53,7 @@ torch::Tensor attention_varlen(const torch::Tensor& q, const torch::Tensor& k, c
                                AttentionBackend backend);
 
 // How a token batch reaches attention (decoder_lm, llama), read from the token collates' layouts
-// (framework/data/collate_tokens.h):
+// (strobe/data/collate_tokens.h):
 //   padded: batch["tokens"] [B, S]; "padding_mask" [B, S] (true = real token) becomes the key mask
 //           unless batch.meta["right_padded"] == 1: causal attention over right-padded sequences needs
 //           none (a real token at t only sees keys 0..t, all real; the outputs at padding positions

@@ -2,8 +2,8 @@
 
 #include <torch/torch.h>
 
-#include "framework/config/config.h"
-#include "framework/ops/ops.h"
+#include "strobe/config/config.h"
+#include "strobe/ops/ops.h"
 #include "models/layers.h"
 
 namespace strobe::models {

@@ -1,7 +1,7 @@
 // GPT-style decoder, the seed's (varlen-transformer.txt): token + learned position embeddings,
 // pre-LN blocks with bias-free LayerNorm, fused qkv (with bias), GELU MLP, output head; causal.
 //
-// Input, either layout the token collates produce (framework/data/collate_tokens.h):
+// Input, either layout the token collates produce (strobe/data/collate_tokens.h):
 //   padded: batch["tokens"] [B, S] int64, optional "padding_mask" [B, S] bool (true = real token;
 //           padding keys are masked out) and "position_ids" [B, S] (default 0..S-1). When
 //           batch.meta["right_padded"] == 1 (the padded token collates set it) the mask is not
@@ -14,7 +14,7 @@
 #include <memory>
 #include <string>
 
-#include "framework/core/model.h"
+#include "strobe/core/model.h"
 #include "models/attention.h"
 #include "models/fused_ops.h"
 

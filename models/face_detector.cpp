@@ -3,8 +3,8 @@
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
-#include "framework/config/config.h"
-#include "framework/ops/ops.h"
+#include "strobe/config/config.h"
+#include "strobe/ops/ops.h"
 #include "models/fused_ops.h"
 
 namespace strobe::models {

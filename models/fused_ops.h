@@ -10,7 +10,7 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/types.h>
 
-#include "framework/ops/ops.h"
+#include "strobe/ops/ops.h"
 #include "models/layers.h"
 
 namespace strobe::models {

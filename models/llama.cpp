@@ -6,10 +6,10 @@
 
 #include <fmt/format.h>
 
-#include "framework/config/config.h"
-#include "framework/core/forensics.h"
-#include "framework/core/weight_names.h"
-#include "framework/ops/ops.h"
+#include "strobe/config/config.h"
+#include "strobe/core/forensics.h"
+#include "strobe/core/weight_names.h"
+#include "strobe/ops/ops.h"
 
 namespace strobe::models {
 namespace {

@@ -23,7 +23,7 @@
 #include <memory>
 #include <optional>
 
-#include "framework/core/model.h"
+#include "strobe/core/model.h"
 #include "models/attention.h"
 #include "models/fused_ops.h"
 #include "models/llama_ops.h"

@@ -5,7 +5,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
-#include "framework/core/model.h"
+#include "strobe/core/model.h"
 
 namespace strobe {
 namespace {

@@ -26,7 +26,7 @@
 #include <memory>
 #include <string>
 
-#include "framework/core/model.h"
+#include "strobe/core/model.h"
 
 namespace strobe::models {
 

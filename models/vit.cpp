@@ -5,9 +5,9 @@
 
 #include <torch/torch.h>
 
-#include "framework/config/config.h"
-#include "framework/core/weight_names.h"
-#include "framework/ops/ops.h"
+#include "strobe/config/config.h"
+#include "strobe/core/weight_names.h"
+#include "strobe/ops/ops.h"
 #include "models/fused_ops.h"
 #include "models/layers.h"
 

@@ -9,7 +9,7 @@
 #include <memory>
 #include <string>
 
-#include "framework/core/model.h"
+#include "strobe/core/model.h"
 #include "models/attention.h"
 #include "models/fused_ops.h"
 

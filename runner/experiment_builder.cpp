@@ -10,9 +10,9 @@
 #include <torch/torch.h>
 
 #include "callbacks/profiler.h"
-#include "framework/checkpoint/checkpoint_io.h"
-#include "framework/core/checkpoint_view.h"
-#include "framework/distributed/strategy.h"
+#include "strobe/checkpoint/checkpoint_io.h"
+#include "strobe/core/checkpoint_view.h"
+#include "strobe/distributed/strategy.h"
 #include "runner/init_from.h"
 
 namespace strobe {

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "framework/config/experiment.h"
-#include "framework/core/trainer.h"
+#include "strobe/config/experiment.h"
+#include "strobe/core/trainer.h"
 #include "runner/run_dir.h"
 
 namespace strobe {

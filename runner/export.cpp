@@ -13,13 +13,13 @@
 #include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
 
-#include "framework/checkpoint/checkpoint_io.h"
-#include "framework/checkpoint/safetensors.h"
-#include "framework/config/experiment.h"
+#include "strobe/checkpoint/checkpoint_io.h"
+#include "strobe/checkpoint/safetensors.h"
+#include "strobe/config/experiment.h"
 #include "runner/plugins.h"
-#include "framework/core/checkpoint_view.h"
-#include "framework/core/model.h"
-#include "framework/core/weight_names.h"
+#include "strobe/core/checkpoint_view.h"
+#include "strobe/core/model.h"
+#include "strobe/core/weight_names.h"
 
 namespace strobe {
 

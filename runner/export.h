@@ -1,4 +1,4 @@
-// strobe export: a checkpoint's model weights as one safetensors file (framework/checkpoint/
+// strobe export: a checkpoint's model weights as one safetensors file (strobe/checkpoint/
 // safetensors.h), under the model's own parameter and buffer names or another ecosystem's (timm,
 // torchvision: docs/CONFIG.md, "strobe export").
 #pragma once
@@ -17,7 +17,7 @@ struct ExportOptions {
 // Writes every `model/` tensor of the checkpoint (fp32 masters under bf16-master, buffers included)
 // with metadata: format "pt", strobe.version, strobe.model (the resolved model config, YAML),
 // strobe.step, strobe.epoch and strobe.names. Another name set than strobe renames the tensors by the
-// model family's map (framework/core/weight_names.h), for which the model is built from the
+// model family's map (strobe/core/weight_names.h), for which the model is built from the
 // checkpoint's saved config. For `--names hf` of a family with a Hugging Face config (llama), the
 // output is a directory holding config.json and model.safetensors, which transformers'
 // from_pretrained loads. Returns the number of tensors written. Throws

@@ -12,10 +12,10 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
-#include "framework/checkpoint/mapped_file.h"
-#include "framework/checkpoint/checkpoint_io.h"
-#include "framework/checkpoint/safetensors.h"
-#include "framework/core/weight_names.h"
+#include "strobe/checkpoint/mapped_file.h"
+#include "strobe/checkpoint/checkpoint_io.h"
+#include "strobe/checkpoint/safetensors.h"
+#include "strobe/core/weight_names.h"
 
 namespace strobe {
 

@@ -1,12 +1,12 @@
 // model.init_from (docs/MODELS.md "Pretrained weights"): a safetensors file's tensors, by the name set
-// it is spelled in (framework/core/weight_names.h), into a freshly built model.
+// it is spelled in (strobe/core/weight_names.h), into a freshly built model.
 #pragma once
 
 #include <optional>
 #include <string>
 
-#include "framework/config/experiment.h"
-#include "framework/core/model.h"
+#include "strobe/config/experiment.h"
+#include "strobe/core/model.h"
 
 namespace strobe {
 

@@ -15,9 +15,9 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
-#include "framework/checkpoint/mapped_file.h"
-#include "framework/checkpoint/sha256.h"
-#include "framework/config/registry.h"
+#include "strobe/checkpoint/mapped_file.h"
+#include "strobe/checkpoint/sha256.h"
+#include "strobe/config/registry.h"
 
 namespace strobe {
 namespace {

@@ -26,7 +26,7 @@
 #include <string>
 #include <vector>
 
-#include "framework/config/experiment.h"
+#include "strobe/config/experiment.h"
 
 namespace strobe {
 

@@ -6,11 +6,11 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
-#include "framework/checkpoint/checkpoint_io.h"
-#include "framework/config/config.h"
-#include "framework/core/capture.h"
-#include "framework/core/checkpoint_view.h"
-#include "framework/core/forensics.h"
+#include "strobe/checkpoint/checkpoint_io.h"
+#include "strobe/config/config.h"
+#include "strobe/core/capture.h"
+#include "strobe/core/checkpoint_view.h"
+#include "strobe/core/forensics.h"
 #include "runner/experiment_builder.h"
 
 namespace strobe::capture {

@@ -1,5 +1,5 @@
-// strobe replay: rebuilds the experiment of a NaN capture (framework/core/capture.h) and re-runs
-// its step with the non-finite op tracer on (framework/core/forensics.h).
+// strobe replay: rebuilds the experiment of a NaN capture (strobe/core/capture.h) and re-runs
+// its step with the non-finite op tracer on (strobe/core/forensics.h).
 #pragma once
 
 #include <optional>

@@ -13,7 +13,7 @@
 
 #include <fmt/format.h>
 
-#include "framework/checkpoint/checkpoint_io.h"
+#include "strobe/checkpoint/checkpoint_io.h"
 
 namespace strobe {
 namespace fs = std::filesystem;

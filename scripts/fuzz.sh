@@ -23,7 +23,7 @@ run_fuzz() {
 
 out=$base/config_fuzz
 mkdir -p "$out/corpus" "$out/artifacts"
-clang++ "${flags[@]}" framework/config/config.cpp framework/config/experiment.cpp tests/fuzz/config_fuzz.cpp \
+clang++ "${flags[@]}" strobe/config/config.cpp strobe/config/experiment.cpp tests/fuzz/config_fuzz.cpp \
   -lyaml-cpp -o "$out/config_fuzz"
 find configs -name '*.yaml' -exec cp {} "$out/corpus/" \;
 cp -r tests/fuzz/seeds/. "$out/corpus/"
@@ -31,6 +31,6 @@ run_fuzz config_fuzz "$seconds" 4096
 
 out=$base/safetensors_fuzz
 mkdir -p "$out/corpus" "$out/artifacts"
-clang++ "${flags[@]}" framework/checkpoint/safetensors_format.cpp tests/fuzz/safetensors_fuzz.cpp -o "$out/safetensors_fuzz"
+clang++ "${flags[@]}" strobe/checkpoint/safetensors_format.cpp tests/fuzz/safetensors_fuzz.cpp -o "$out/safetensors_fuzz"
 cp -r tests/fuzz/seeds_safetensors/. "$out/corpus/"
 run_fuzz safetensors_fuzz "$seconds" 4096

@@ -1,4 +1,4 @@
-# Generates the Wgmma<T, N> wrappers at the end of framework/ops/cuda/flash_sm90.cuh (asm operand
+# Generates the Wgmma<T, N> wrappers at the end of strobe/ops/cuda/flash_sm90.cuh (asm operand
 # lists must be literal): python3 scripts/gen_flash_sm90_wgmma.py, then paste over the old ones.
 def acc_list(n):
     return ", ".join(f"%{i}" for i in range(n // 2))

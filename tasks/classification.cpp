@@ -11,11 +11,11 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
-#include "framework/core/forensics.h"
-#include "framework/core/module.h"
-#include "framework/metrics/collection.h"
-#include "framework/metrics/registry.h"
-#include "framework/ops/ops.h"
+#include "strobe/core/forensics.h"
+#include "strobe/core/module.h"
+#include "strobe/metrics/collection.h"
+#include "strobe/metrics/registry.h"
+#include "strobe/ops/ops.h"
 #include "tasks/fused_loss.h"
 
 namespace strobe {

@@ -5,11 +5,11 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
-#include "framework/core/forensics.h"
-#include "framework/core/module.h"
+#include "strobe/core/forensics.h"
+#include "strobe/core/module.h"
 #include "tasks/giou_reference.h"
 #ifdef STROBE_HAS_OPS
-#include "framework/ops/ops.h"
+#include "strobe/ops/ops.h"
 #endif
 
 namespace strobe {

@@ -6,7 +6,7 @@
 
 #include <torch/types.h>
 
-#include "framework/ops/ops.h"
+#include "strobe/ops/ops.h"
 
 namespace strobe {
 

@@ -1,5 +1,5 @@
 // language_modeling: next-token cross entropy. The collate already shifted the sequences:
-// batch["targets"] holds token t+1 at position t, -100 at padding (framework/data/collate_tokens.h), so the
+// batch["targets"] holds token t+1 at position t, -100 at padding (strobe/data/collate_tokens.h), so the
 // same code serves padded [B, S] and packed [T] batches and the two give the same loss on the same
 // sequences (mean over real tokens). Logs the loss as a device tensor (no host reads).
 // fused_loss (auto | true | false): strobe::cross_entropy over the logits in their own dtype (fp32
@@ -10,9 +10,9 @@
 // auto = on CUDA with the CUDA kernels for a vocabulary of at least kFusedLinearMinVocab tokens.
 #include <torch/torch.h>
 
-#include "framework/core/forensics.h"
-#include "framework/core/module.h"
-#include "framework/ops/ops.h"
+#include "strobe/core/forensics.h"
+#include "strobe/core/module.h"
+#include "strobe/ops/ops.h"
 #include "tasks/fused_loss.h"
 
 namespace strobe {

@@ -5,7 +5,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "framework/core/source_tree.h"
+#include "strobe/core/source_tree.h"
 
 namespace strobe::testing {
 

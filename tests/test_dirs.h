@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "framework/checkpoint/checkpoint_io.h"
+#include "strobe/checkpoint/checkpoint_io.h"
 
 namespace strobe::testing {
 

@@ -12,8 +12,8 @@
 #include <fmt/ranges.h>
 #include <torch/torch.h>
 
-#include "framework/config/config.h"
-#include "framework/core/datamodule.h"
+#include "strobe/config/config.h"
+#include "strobe/core/datamodule.h"
 
 int main(int argc, char** argv) {
   if (argc < 6) {

@@ -7,8 +7,8 @@
 #include <torch/torch.h>
 
 #include "bench/lib/bench.h"
-#include "framework/ops/fused_optimizers.h"
-#include "framework/ops/ops.h"
+#include "strobe/ops/fused_optimizers.h"
+#include "strobe/ops/ops.h"
 
 namespace strobe::bench {
 namespace {

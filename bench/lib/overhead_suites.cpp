@@ -4,13 +4,13 @@
 #include <torch/torch.h>
 
 #include "bench/lib/bench.h"
-#include "framework/config/config.h"
-#include "framework/core/precision.h"
-#include "framework/data/batch.h"
-#include "framework/metrics/aggregation.h"
-#include "framework/metrics/classification.h"
-#include "framework/metrics/collection.h"
-#include "framework/metrics/registry.h"
+#include "strobe/config/config.h"
+#include "strobe/core/precision.h"
+#include "strobe/data/batch.h"
+#include "strobe/metrics/aggregation.h"
+#include "strobe/metrics/classification.h"
+#include "strobe/metrics/collection.h"
+#include "strobe/metrics/registry.h"
 #include "models/resnet.h"
 #include "runner/experiment_builder.h"
 

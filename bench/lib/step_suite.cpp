@@ -12,10 +12,10 @@
 #include <torch/torch.h>
 
 #include "bench/lib/bench.h"
-#include "framework/config/config.h"
-#include "framework/core/callback.h"
-#include "framework/core/source_tree.h"
-#include "framework/core/trainer.h"
+#include "strobe/config/config.h"
+#include "strobe/core/callback.h"
+#include "strobe/core/source_tree.h"
+#include "strobe/core/trainer.h"
 #include "runner/experiment_builder.h"
 
 namespace strobe::bench {

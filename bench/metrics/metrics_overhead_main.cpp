@@ -20,7 +20,7 @@
 #include <torch/torch.h>
 
 #include "bench/lib/bench.h"
-#include "framework/core/source_tree.h"
+#include "strobe/core/source_tree.h"
 
 using nlohmann::json;
 

@@ -22,7 +22,7 @@
 #include "data/idx_file.h"
 #include "data/image_codec.h"
 #include "data/image_folder.h"
-#include "framework/data/data_error.h"
+#include "strobe/data/data_error.h"
 
 namespace fs = std::filesystem;
 using namespace strobe::data;

@@ -19,10 +19,10 @@
 #include <torch/script.h>
 #include <torch/torch.h>
 
-#include "framework/checkpoint/safetensors.h"
-#include "framework/config/config.h"
-#include "framework/config/experiment.h"
-#include "framework/core/model.h"
+#include "strobe/checkpoint/safetensors.h"
+#include "strobe/config/config.h"
+#include "strobe/config/experiment.h"
+#include "strobe/core/model.h"
 #include "runner/init_from.h"
 
 namespace {

@@ -16,7 +16,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "framework/checkpoint/checkpoint_io.h"
+#include "strobe/checkpoint/checkpoint_io.h"
 #include "tests/test_dirs.h"
 
 namespace {

@@ -5,7 +5,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "framework/core/checkpoint_view.h"
+#include "strobe/core/checkpoint_view.h"
 
 namespace strobe {
 namespace {

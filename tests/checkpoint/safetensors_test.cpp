@@ -1,4 +1,4 @@
-// safetensors reading and writing (framework/checkpoint/safetensors.h). Interop with the safetensors
+// safetensors reading and writing (strobe/checkpoint/safetensors.h). Interop with the safetensors
 // package itself is tests/python/test_safetensors.py; here: every dtype bit-exactly through our own
 // writer and reader, every refusal of a hostile header with its message, and atomic writes.
 #include <gtest/gtest.h>
@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "framework/checkpoint/checkpoint_io.h"
-#include "framework/checkpoint/safetensors.h"
-#include "framework/checkpoint/safetensors_format.h"
+#include "strobe/checkpoint/checkpoint_io.h"
+#include "strobe/checkpoint/safetensors.h"
+#include "strobe/checkpoint/safetensors_format.h"
 #include "tests/cli/cli_test_util.h"
 
 namespace strobe {

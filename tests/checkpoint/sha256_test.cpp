@@ -4,7 +4,7 @@
 
 #include <gtest/gtest.h>
 
-#include "framework/checkpoint/sha256.h"
+#include "strobe/checkpoint/sha256.h"
 #include "tests/test_dirs.h"
 
 namespace {

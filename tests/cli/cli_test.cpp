@@ -8,11 +8,11 @@
 #include <chrono>
 #include <thread>
 
-#include "framework/core/callback.h"
-#include "framework/core/datamodule.h"
-#include "framework/core/model.h"
-#include "framework/core/module.h"
-#include "framework/metrics/registry.h"
+#include "strobe/core/callback.h"
+#include "strobe/core/datamodule.h"
+#include "strobe/core/model.h"
+#include "strobe/core/module.h"
+#include "strobe/metrics/registry.h"
 #include "tests/cli/cli_test_util.h"
 #include "tests/source_path.h"
 
@@ -22,7 +22,7 @@ using namespace strobe::testing;
 TEST(Cli, VersionAndHelp) {
   auto r = strobe_cmd("--version");
   EXPECT_EQ(r.code, 0);
-  EXPECT_NE(r.out.find("strobe 0.1.0"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("strobe 0.2.0"), std::string::npos) << r.out;
   r = strobe_cmd("--help");
   EXPECT_EQ(r.code, 0);
   EXPECT_NE(r.out.find("fit"), std::string::npos);

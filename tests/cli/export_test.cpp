@@ -13,8 +13,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "framework/checkpoint/checkpoint_io.h"
-#include "framework/checkpoint/safetensors.h"
+#include "strobe/checkpoint/checkpoint_io.h"
+#include "strobe/checkpoint/safetensors.h"
 #include "tests/cli/cli_test_util.h"
 
 namespace strobe {

@@ -16,7 +16,7 @@
 
 #include <fmt/format.h>
 
-#include "framework/checkpoint/checkpoint_io.h"
+#include "strobe/checkpoint/checkpoint_io.h"
 #include "tests/cli/cli_test_util.h"
 
 using namespace strobe::testing;

@@ -10,10 +10,10 @@
 
 #include <torch/torch.h>
 
-#include "framework/checkpoint/checkpoint_io.h"
-#include "framework/checkpoint/safetensors.h"
-#include "framework/config/config.h"
-#include "framework/core/model.h"
+#include "strobe/checkpoint/checkpoint_io.h"
+#include "strobe/checkpoint/safetensors.h"
+#include "strobe/config/config.h"
+#include "strobe/core/model.h"
 #include "tests/cli/cli_test_util.h"
 
 namespace strobe::testing {

@@ -9,8 +9,8 @@
 #include <map>
 #include <string>
 
-#include "framework/checkpoint/safetensors.h"
-#include "framework/core/weight_names.h"
+#include "strobe/checkpoint/safetensors.h"
+#include "strobe/core/weight_names.h"
 #include "tests/cli/cli_test_util.h"
 #include "tests/cli/init_from_check.h"
 #include "tests/source_path.h"

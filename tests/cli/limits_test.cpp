@@ -14,8 +14,8 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
-#include "framework/checkpoint/checkpoint_io.h"
-#include "framework/checkpoint/safetensors.h"
+#include "strobe/checkpoint/checkpoint_io.h"
+#include "strobe/checkpoint/safetensors.h"
 
 #include "tests/cli/cli_test_util.h"
 #include "tests/source_path.h"

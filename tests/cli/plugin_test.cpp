@@ -13,8 +13,8 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
-#include "framework/checkpoint/checkpoint_io.h"
-#include "framework/checkpoint/sha256.h"
+#include "strobe/checkpoint/checkpoint_io.h"
+#include "strobe/checkpoint/sha256.h"
 #include "runner/plugins.h"
 #include "tests/cli/cli_test_util.h"
 

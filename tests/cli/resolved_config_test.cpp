@@ -5,7 +5,7 @@
 
 #include <filesystem>
 
-#include "framework/core/callback.h"
+#include "strobe/core/callback.h"
 #include "tests/cli/cli_test_util.h"
 #include "tests/config/yaml_types.h"
 #include "tests/source_path.h"

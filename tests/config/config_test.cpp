@@ -10,8 +10,8 @@
 
 #include <fmt/format.h>
 
-#include "framework/config/experiment.h"
-#include "framework/config/resume_check.h"
+#include "strobe/config/experiment.h"
+#include "strobe/config/resume_check.h"
 #include "tests/config/yaml_types.h"
 
 using strobe::config::ConfigError;

@@ -7,7 +7,7 @@
 #include "data/idx_file.h"
 #include "data/image_codec.h"
 #include "data/image_transforms.h"
-#include "framework/data/data_error.h"
+#include "strobe/data/data_error.h"
 #include "tests/data/real_data_util.h"
 #include "tests/source_path.h"
 

@@ -1,7 +1,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "framework/data/collate_tokens.h"
+#include "strobe/data/collate_tokens.h"
 
 namespace strobe::data {
 namespace {

@@ -7,8 +7,8 @@
 
 #include <torch/torch.h>
 
-#include "framework/config/config.h"
-#include "framework/core/datamodule.h"
+#include "strobe/config/config.h"
+#include "strobe/core/datamodule.h"
 #include "tests/test_dirs.h"
 
 namespace strobe::testing {

@@ -7,8 +7,8 @@
 #include "data/image_codec.h"
 #include "data/image_folder.h"
 #include "data/image_transforms.h"
-#include "framework/data/data_error.h"
-#include "framework/data/dataset.h"
+#include "strobe/data/data_error.h"
+#include "strobe/data/dataset.h"
 #include "tests/data/real_data_util.h"
 #include "tests/source_path.h"
 

@@ -15,7 +15,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "framework/checkpoint/checkpoint_io.h"
+#include "strobe/checkpoint/checkpoint_io.h"
 #include "tests/data/data_test_util.h"
 #include "tests/test_dirs.h"
 

@@ -13,11 +13,11 @@
 #include <fstream>
 #include <sstream>
 
-#include "framework/config/config.h"
-#include "framework/distributed/strategy.h"
-#include "framework/metrics/aggregation.h"
-#include "framework/metrics/classification.h"
-#include "framework/metrics/collection.h"
+#include "strobe/config/config.h"
+#include "strobe/distributed/strategy.h"
+#include "strobe/metrics/aggregation.h"
+#include "strobe/metrics/classification.h"
+#include "strobe/metrics/collection.h"
 #include "tests/distributed/multiprocess.h"
 #include "tests/test_dirs.h"
 #include "tests/distributed/store_backend.h"

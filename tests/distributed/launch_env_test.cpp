@@ -1,13 +1,13 @@
 // The launch environment: torchrun's and Slurm's variables, precedence, and one clear error for
 // each malformed value (ConfigError = exit 2 in the CLI).
-#include "framework/distributed/launch_env.h"
+#include "strobe/distributed/launch_env.h"
 
 #include <gtest/gtest.h>
 
 #include <map>
 #include <string>
 
-#include "framework/config/config.h"
+#include "strobe/config/config.h"
 
 namespace sd = strobe::distributed;
 

@@ -13,7 +13,7 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
-#include "framework/distributed/strategy.h"
+#include "strobe/distributed/strategy.h"
 
 namespace strobe::testing {
 

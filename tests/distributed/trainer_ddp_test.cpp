@@ -14,10 +14,10 @@
 #include <limits>
 #include <sstream>
 
-#include "framework/checkpoint/checkpoint_io.h"
-#include "framework/config/config.h"
-#include "framework/core/capture.h"
-#include "framework/core/model.h"
+#include "strobe/checkpoint/checkpoint_io.h"
+#include "strobe/config/config.h"
+#include "strobe/core/capture.h"
+#include "strobe/core/model.h"
 #include "runner/experiment_builder.h"
 #include "tests/cli/cli_test_util.h"
 #include "tests/distributed/multiprocess.h"

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <string>
 
-#include "framework/config/experiment.h"
+#include "strobe/config/experiment.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace strobe::config;

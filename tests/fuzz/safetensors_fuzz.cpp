@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <cstdlib>
 
-#include "framework/checkpoint/safetensors_format.h"
+#include "strobe/checkpoint/safetensors_format.h"
 
 namespace st = strobe::safetensors;
 

@@ -16,7 +16,7 @@
 #include <ATen/cuda/CUDAContext.h>
 #endif
 
-#include "framework/ops/ops.h"
+#include "strobe/ops/ops.h"
 
 namespace {
 

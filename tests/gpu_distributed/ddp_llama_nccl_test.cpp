@@ -14,9 +14,9 @@
 #include <csignal>
 #include <fstream>
 
-#include "framework/checkpoint/checkpoint_io.h"
-#include "framework/config/config.h"
-#include "framework/core/model.h"
+#include "strobe/checkpoint/checkpoint_io.h"
+#include "strobe/config/config.h"
+#include "strobe/core/model.h"
 #include "runner/experiment_builder.h"
 #include "tests/distributed/multiprocess.h"
 #include "tests/test_dirs.h"

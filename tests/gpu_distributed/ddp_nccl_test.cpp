@@ -17,8 +17,8 @@
 #include <mutex>
 #include <fstream>
 
-#include "framework/core/precision.h"
-#include "framework/distributed/strategy.h"
+#include "strobe/core/precision.h"
+#include "strobe/distributed/strategy.h"
 #include "models/resnet.h"
 #include "models/vit.h"
 #include "tests/distributed/multiprocess.h"

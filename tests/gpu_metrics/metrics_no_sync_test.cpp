@@ -1,11 +1,11 @@
 // CUDA metrics: every update/compute path runs under CUDA sync-debug mode "error" (any host-device
 // synchronization throws), over many steps, and gives the same values as on the CPU.
-#include "framework/metrics/aggregation.h"
-#include "framework/metrics/classification.h"
-#include "framework/metrics/collection.h"
-#include "framework/metrics/detection.h"
-#include "framework/metrics/language.h"
-#include "framework/metrics/registry.h"
+#include "strobe/metrics/aggregation.h"
+#include "strobe/metrics/classification.h"
+#include "strobe/metrics/collection.h"
+#include "strobe/metrics/detection.h"
+#include "strobe/metrics/language.h"
+#include "strobe/metrics/registry.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>

@@ -3,7 +3,7 @@
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
-#include "framework/data/collate_tokens.h"
+#include "strobe/data/collate_tokens.h"
 #include "models/attention.h"
 #include "tasks/giou_reference.h"
 #include "tests/models/model_test_util.h"

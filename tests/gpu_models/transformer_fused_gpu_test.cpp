@@ -5,10 +5,10 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "framework/config/config.h"
-#include "framework/core/module.h"
-#include "framework/data/collate_tokens.h"
-#include "framework/ops/ops.h"
+#include "strobe/config/config.h"
+#include "strobe/core/module.h"
+#include "strobe/data/collate_tokens.h"
+#include "strobe/ops/ops.h"
 #include "tests/models/model_test_util.h"
 
 namespace strobe {

@@ -13,9 +13,9 @@
 
 #include <ATen/autocast_mode.h>
 
-#include "framework/config/config.h"
-#include "framework/core/model.h"
-#include "framework/ops/ops.h"
+#include "strobe/config/config.h"
+#include "strobe/core/model.h"
+#include "strobe/ops/ops.h"
 #include "tests/models/model_test_util.h"
 #include "tests/gpu_test_util.h"
 

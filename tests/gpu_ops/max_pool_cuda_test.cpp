@@ -11,7 +11,7 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 
-#include "framework/ops/ops.h"
+#include "strobe/ops/ops.h"
 #include "tests/gpu_test_util.h"
 
 namespace {

@@ -6,8 +6,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "framework/ops/fused_optimizers.h"
-#include "framework/ops/ops.h"
+#include "strobe/ops/fused_optimizers.h"
+#include "strobe/ops/ops.h"
 #include "tests/gpu_test_util.h"
 #include "tests/ops/device_lr_check.h"
 

@@ -9,7 +9,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "framework/ops/ops.h"
+#include "strobe/ops/ops.h"
 #include "tests/gpu_test_util.h"
 
 namespace {

@@ -1,4 +1,4 @@
-// The copy stream behind the trainer's host-to-device batch copies (framework/core/device_transfer.h):
+// The copy stream behind the trainer's host-to-device batch copies (strobe/core/device_transfer.h):
 // the copies run on a side stream, and the compute stream may only read the batch after them.
 #include <gtest/gtest.h>
 
@@ -7,8 +7,8 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/torch.h>
 
-#include "framework/core/device_transfer.h"
-#include "framework/logging/device_readback.h"
+#include "strobe/core/device_transfer.h"
+#include "strobe/logging/device_readback.h"
 #include "tests/gpu_trainer/cuda_skip.h"
 
 using namespace strobe;

@@ -12,11 +12,11 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
-#include "framework/checkpoint/checkpoint_io.h"
-#include "framework/config/config.h"
-#include "framework/core/callback.h"
-#include "framework/core/capture.h"
-#include "framework/core/model.h"
+#include "strobe/checkpoint/checkpoint_io.h"
+#include "strobe/config/config.h"
+#include "strobe/core/callback.h"
+#include "strobe/core/capture.h"
+#include "strobe/core/model.h"
 #include "runner/replay.h"
 #include "tests/gpu_trainer/cuda_skip.h"
 #include "tests/trainer/trainer_test_util.h"

@@ -19,8 +19,8 @@
 
 #include <fmt/format.h>
 
-#include "framework/core/callback.h"
-#include "framework/core/trainer_view.h"
+#include "strobe/core/callback.h"
+#include "strobe/core/trainer_view.h"
 #include "tests/gpu_trainer/cuda_skip.h"
 #include "tests/trainer/trainer_test_util.h"
 

@@ -17,7 +17,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
-#include "framework/core/capture.h"
+#include "strobe/core/capture.h"
 #include "runner/replay.h"
 #include "tests/gpu_trainer/cuda_skip.h"
 #include "tests/trainer/trainer_test_util.h"

@@ -17,8 +17,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "framework/core/callback.h"
-#include "framework/core/capture.h"
+#include "strobe/core/callback.h"
+#include "strobe/core/capture.h"
 #include "runner/replay.h"
 #include "tests/cli/init_from_check.h"
 #include "tests/gpu_trainer/cuda_skip.h"

@@ -1,5 +1,5 @@
-#include "framework/metrics/aggregation.h"
-#include "framework/metrics/registry.h"
+#include "strobe/metrics/aggregation.h"
+#include "strobe/metrics/registry.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>

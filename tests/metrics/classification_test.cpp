@@ -1,5 +1,5 @@
-#include "framework/metrics/classification.h"
-#include "framework/metrics/registry.h"
+#include "strobe/metrics/classification.h"
+#include "strobe/metrics/registry.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>

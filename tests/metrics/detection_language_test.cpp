@@ -1,5 +1,5 @@
-#include "framework/metrics/detection.h"
-#include "framework/metrics/language.h"
+#include "strobe/metrics/detection.h"
+#include "strobe/metrics/language.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>

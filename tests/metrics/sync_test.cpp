@@ -2,10 +2,10 @@
 // the union of both ranks' data. Runs over ProcessGroupGloo when the Gloo headers are available
 // (the torch wheel ships c10d's headers but not gloo's), and always over an in-process group that
 // implements allreduce/allgather with a barrier, which checks the sync logic itself.
-#include "framework/metrics/aggregation.h"
-#include "framework/metrics/classification.h"
-#include "framework/metrics/detection.h"
-#include "framework/metrics/language.h"
+#include "strobe/metrics/aggregation.h"
+#include "strobe/metrics/classification.h"
+#include "strobe/metrics/detection.h"
+#include "strobe/metrics/language.h"
 
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>

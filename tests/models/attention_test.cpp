@@ -1,7 +1,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "framework/ops/ops.h"
+#include "strobe/ops/ops.h"
 #include "models/attention.h"
 #include "tests/models/model_test_util.h"
 

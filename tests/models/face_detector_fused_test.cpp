@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "framework/config/config.h"
+#include "strobe/config/config.h"
 #include "tests/models/model_test_util.h"
 
 namespace strobe {

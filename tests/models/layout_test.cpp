@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "framework/data/collate_tokens.h"
+#include "strobe/data/collate_tokens.h"
 #include "tests/models/model_test_util.h"
 
 namespace strobe {

@@ -7,8 +7,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "framework/config/config.h"
-#include "framework/data/collate_tokens.h"
+#include "strobe/config/config.h"
+#include "strobe/data/collate_tokens.h"
 #include "models/llama.h"
 #include "models/llama_ops.h"
 #include "runner/experiment_builder.h"

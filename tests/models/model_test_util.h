@@ -6,9 +6,9 @@
 
 #include <torch/torch.h>
 
-#include "framework/config/config.h"
-#include "framework/core/model.h"
-#include "framework/data/batch.h"
+#include "strobe/config/config.h"
+#include "strobe/core/model.h"
+#include "strobe/data/batch.h"
 
 namespace strobe::testing {
 

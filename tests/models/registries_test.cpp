@@ -6,12 +6,12 @@
 #include <string>
 #include <vector>
 
-#include "framework/core/callback.h"
-#include "framework/core/datamodule.h"
-#include "framework/core/model.h"
-#include "framework/core/module.h"
-#include "framework/core/weight_names.h"
-#include "framework/metrics/registry.h"
+#include "strobe/core/callback.h"
+#include "strobe/core/datamodule.h"
+#include "strobe/core/model.h"
+#include "strobe/core/module.h"
+#include "strobe/core/weight_names.h"
+#include "strobe/metrics/registry.h"
 
 namespace strobe {
 namespace {

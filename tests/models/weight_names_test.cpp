@@ -1,4 +1,4 @@
-// Weight name maps (framework/core/weight_names.h): each map names every tensor of the model once,
+// Weight name maps (strobe/core/weight_names.h): each map names every tensor of the model once,
 // spells the other library's names as its state dict does (the names below are read off timm's and
 // torchvision's state dicts; tests/python/test_pretrained.py loads real ones), and refuses the
 // configurations the other library cannot build.
@@ -8,9 +8,9 @@
 #include <set>
 #include <string>
 
-#include "framework/config/config.h"
-#include "framework/core/model.h"
-#include "framework/core/weight_names.h"
+#include "strobe/config/config.h"
+#include "strobe/core/model.h"
+#include "strobe/core/weight_names.h"
 
 namespace strobe {
 namespace {

@@ -13,12 +13,12 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
-#include "framework/checkpoint/checkpoint_io.h"
-#include "framework/config/config.h"
-#include "framework/core/capture.h"
-#include "framework/core/forensics.h"
-#include "framework/ops/ops.h"
-#include "framework/core/model.h"
+#include "strobe/checkpoint/checkpoint_io.h"
+#include "strobe/config/config.h"
+#include "strobe/core/capture.h"
+#include "strobe/core/forensics.h"
+#include "strobe/ops/ops.h"
+#include "strobe/core/model.h"
 #include "runner/experiment_builder.h"
 #include "runner/replay.h"
 #include "tests/trainer/trainer_test_util.h"

@@ -12,8 +12,8 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
-#include "framework/checkpoint/checkpoint_io.h"
-#include "framework/core/capture.h"
+#include "strobe/checkpoint/checkpoint_io.h"
+#include "strobe/core/capture.h"
 #include "tests/source_path.h"
 #include "tests/test_dirs.h"
 

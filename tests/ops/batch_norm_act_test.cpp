@@ -4,9 +4,9 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "framework/config/config.h"
-#include "framework/core/model.h"
-#include "framework/ops/ops.h"
+#include "strobe/config/config.h"
+#include "strobe/core/model.h"
+#include "strobe/ops/ops.h"
 #include "tests/models/model_test_util.h"
 
 namespace {

@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "framework/ops/fused_optimizers.h"
-#include "framework/ops/ops.h"
+#include "strobe/ops/fused_optimizers.h"
+#include "strobe/ops/ops.h"
 
 namespace strobe::testing {
 

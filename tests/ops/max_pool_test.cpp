@@ -8,9 +8,9 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 
-#include "framework/config/config.h"
-#include "framework/core/model.h"
-#include "framework/ops/ops.h"
+#include "strobe/config/config.h"
+#include "strobe/core/model.h"
+#include "strobe/ops/ops.h"
 #include "tests/ops/op_test_util.h"
 #include "tests/models/model_test_util.h"
 

@@ -4,7 +4,7 @@
 
 #include <cmath>
 
-#include "framework/ops/ops.h"
+#include "strobe/ops/ops.h"
 
 namespace {
 

@@ -1,10 +1,10 @@
-"""Callbacks compile against TrainerView only (framework/core/trainer_view.h, docs/ARCHITECTURE.md).
+"""Callbacks compile against TrainerView only (strobe/core/trainer_view.h, docs/ARCHITECTURE.md).
 
 Every source and header under callbacks/ is followed through its project #include lines, transitively;
-reaching framework/core/trainer.h from any of them fails, printed as the chain of includes that gets
+reaching strobe/core/trainer.h from any of them fails, printed as the chain of includes that gets
 there. The same rule holds for the headers a callback is written against (callback.h, trainer_view.h).
 
-A self test then plants `#include "framework/core/trainer.h"` two headers deep (into a copy of a header
+A self test then plants `#include "strobe/core/trainer.h"` two headers deep (into a copy of a header
 a callback includes) and requires exactly that chain to be reported, so a check that cannot fail does
 not pass.
 
@@ -16,23 +16,23 @@ member into a copy of loops.h and requires it to be reported.
 
 Second rule: the headers a component is written against (callback.h, datamodule.h and what they
 include) bring no threading header (<thread>, <mutex>, <condition_variable>): the data loader's
-workers stay behind its pimpl (framework/data/loader.cpp). Its self test plants `#include <mutex>`
-into a copy of framework/data/loader.h and requires it to be reported.
+workers stay behind its pimpl (strobe/data/loader.cpp). Its self test plants `#include <mutex>`
+into a copy of strobe/data/loader.h and requires it to be reported.
 
 Usage: test_callback_view.py (STROBE_SOURCE_DIR: the source tree; default: the working directory)."""
 import os, re, shutil, sys, tempfile
 
 SRC = os.path.realpath(os.environ.get("STROBE_SOURCE_DIR", "."))
-FORBIDDEN = "framework/core/trainer.h"
-STEP_PATH = ["framework/core/loops.h", "framework/core/fit_loop.cpp", "framework/core/evaluation_loop.cpp",
-             "framework/core/step_runner.h", "framework/core/step_runner.cpp", "framework/core/graph_step.h",
-             "framework/core/graph_step.cpp", "framework/core/step_pipeline.h", "framework/core/step_pipeline.cpp"]
-ROOTS = ["callbacks", "framework/core/callback.h", "framework/core/trainer_view.h"] + STEP_PATH
+FORBIDDEN = "strobe/core/trainer.h"
+STEP_PATH = ["strobe/core/loops.h", "strobe/core/fit_loop.cpp", "strobe/core/evaluation_loop.cpp",
+             "strobe/core/step_runner.h", "strobe/core/step_runner.cpp", "strobe/core/graph_step.h",
+             "strobe/core/graph_step.cpp", "strobe/core/step_pipeline.h", "strobe/core/step_pipeline.cpp"]
+ROOTS = ["callbacks", "strobe/core/callback.h", "strobe/core/trainer_view.h"] + STEP_PATH
 STEP_PATH_HEADERS = [f for f in STEP_PATH if f.endswith(".h")]
 CALLBACK_TYPE = re.compile(r"std::function\s*<")
 INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"')
 SYSTEM_INCLUDE = re.compile(r'^\s*#\s*include\s*<([^>]+)>')
-COMPONENT_HEADERS = ["framework/core/callback.h", "framework/core/datamodule.h"]
+COMPONENT_HEADERS = ["strobe/core/callback.h", "strobe/core/datamodule.h"]
 THREADING = {"thread", "mutex", "condition_variable"}
 
 
@@ -84,19 +84,19 @@ def chains(src):
 
 
 def self_test(src):
-    """Plants the forbidden include into a copy of framework/core/loop_state.h (trainer_view.h includes
+    """Plants the forbidden include into a copy of strobe/core/loop_state.h (trainer_view.h includes
     it; every callback includes trainer_view.h) and requires every callback to report the chain."""
     tmp = tempfile.mkdtemp(prefix="strobe-callback-view-")
     try:
-        for d in ("callbacks", "framework", "models", "tasks", "data"):
+        for d in ("callbacks", "strobe", "models", "tasks", "data"):
             if os.path.isdir(os.path.join(src, d)):
                 shutil.copytree(os.path.join(src, d), os.path.join(tmp, d),
                                 ignore=shutil.ignore_patterns("*.cu", "*.cuh", "*.py", "*.md"))
         if chains(tmp):
             return ["self test: the copy of the tree already reaches trainer.h"]
-        planted = os.path.join(tmp, "framework/core/loop_state.h")
+        planted = os.path.join(tmp, "strobe/core/loop_state.h")
         with open(planted, "a", encoding="utf-8") as f:
-            f.write('\n#include "framework/core/trainer.h"\n')
+            f.write('\n#include "strobe/core/trainer.h"\n')
         got = chains(tmp)
         reported = {c[0] for c in got}
         want = {r for r in roots(tmp) if r.startswith("callbacks/") and r.endswith(".cpp")}
@@ -104,7 +104,7 @@ def self_test(src):
             return ["self test: a planted include of trainer.h was not reported for every callback",
                     f"  not reported: {sorted(want - reported)}"]
         for c in got:
-            if c[-2:] != ["framework/core/loop_state.h", FORBIDDEN]:
+            if c[-2:] != ["strobe/core/loop_state.h", FORBIDDEN]:
                 return [f"self test: wrong chain {' -> '.join(c)}"]
         return []
     finally:
@@ -125,13 +125,13 @@ def step_path_callbacks(src):
 def step_path_self_test(src):
     tmp = tempfile.mkdtemp(prefix="strobe-step-path-")
     try:
-        os.makedirs(os.path.join(tmp, "framework/core"))
+        os.makedirs(os.path.join(tmp, "strobe/core"))
         for h in STEP_PATH_HEADERS:
             shutil.copy(os.path.join(src, h), os.path.join(tmp, h))
-        with open(os.path.join(tmp, "framework/core/loops.h"), "a", encoding="utf-8") as f:
+        with open(os.path.join(tmp, "strobe/core/loops.h"), "a", encoding="utf-8") as f:
             f.write("\nstruct Planted { std::function<void()> run_batch; };\n")
         got = step_path_callbacks(tmp)
-        if [h for h, _ in got] != ["framework/core/loops.h"]:
+        if [h for h, _ in got] != ["strobe/core/loops.h"]:
             return [f"self test: a planted std::function in loops.h was reported as {got}"]
         return []
     finally:
@@ -158,14 +158,14 @@ def threading_includes(src):
 def threading_self_test(src):
     tmp = tempfile.mkdtemp(prefix="strobe-component-headers-")
     try:
-        for d in ("framework", "data"):
+        for d in ("strobe", "data"):
             if os.path.isdir(os.path.join(src, d)):
                 shutil.copytree(os.path.join(src, d), os.path.join(tmp, d),
                                 ignore=shutil.ignore_patterns("*.cu", "*.cuh", "*.py", "*.md", "*.cpp"))
-        with open(os.path.join(tmp, "framework/data/loader.h"), "a", encoding="utf-8") as f:
+        with open(os.path.join(tmp, "strobe/data/loader.h"), "a", encoding="utf-8") as f:
             f.write("\n#include <mutex>\n")
-        if ("framework/data/loader.h", "mutex") not in threading_includes(tmp):
-            return ["self test: a planted #include <mutex> in framework/data/loader.h was not reported"]
+        if ("strobe/data/loader.h", "mutex") not in threading_includes(tmp):
+            return ["self test: a planted #include <mutex> in strobe/data/loader.h was not reported"]
         return []
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -5,7 +5,7 @@ include inside an #if counts exactly when it was compiled) and, for every projec
 compiled from, each `#include` line whose header that object also compiled. An include from a file of
 one floor into a higher floor fails, printed as file:line with both floors.
 
-After the real check, a self test plants a back include (framework/data/batch.h including
+After the real check, a self test plants a back include (strobe/data/batch.h including
 runner/replay.h) into a copy of the real tree and graph and requires exactly that violation, so a check
 that cannot fail does not pass. Last, no program that links libstrobe.so holds a second copy of its
 code (a floor's objects linked into a program as well: two copies of its statics, registries included).
@@ -21,17 +21,18 @@ BUILD = os.path.realpath(os.environ.get("STROBE_BUILD_DIR", "build"))
 FLOORS = ["ops", "config", "checkpoint", "metrics", "logging", "data core", "distributed", "core",
           "components", "runner"]
 PREFIXES = {
-    "framework/ops/": "ops",
-    "framework/config/": "config",
-    "framework/checkpoint/": "checkpoint",
-    "framework/checkpoint/tools/": None,
-    "framework/metrics/": "metrics",
-    "framework/metrics/tools/": None,
-    "framework/logging/": "logging",
-    "framework/logging/tensorboard/tools/": None,
-    "framework/data/": "data core",
-    "framework/distributed/": "distributed",
-    "framework/core/": "core",
+    "strobe/ops/": "ops",
+    "strobe/config/": "config",
+    "strobe/checkpoint/": "checkpoint",
+    "strobe/checkpoint/tools/": None,
+    "strobe/metrics/": "metrics",
+    "strobe/metrics/tools/": None,
+    "strobe/logging/": "logging",
+    "strobe/logging/tensorboard/tools/": None,
+    "strobe/data/": "data core",
+    "strobe/distributed/": "distributed",
+    "strobe/core/": "core",
+    "strobe/strobe.h": "core",  # the umbrella: the public headers of the core floor and below
     "models/": "components",
     "models/tools/": None,
     "tasks/": "components",
@@ -117,8 +118,8 @@ def violations(graph, src, build):
 
 
 def self_test(graph):
-    """Plants framework/data/batch.h -> runner/replay.h in a copy of the tree; only that may be found."""
-    planted_from, planted_to = "framework/data/batch.h", "runner/replay.h"
+    """Plants strobe/data/batch.h -> runner/replay.h in a copy of the tree; only that may be found."""
+    planted_from, planted_to = "strobe/data/batch.h", "runner/replay.h"
     src_abs, to_abs = os.path.join(SRC, planted_from), os.path.join(SRC, planted_to)
     users = [obj for obj, deps in graph.items() if src_abs in deps]
     if not users or not os.path.exists(to_abs):
@@ -198,7 +199,7 @@ def main():
         text = subprocess.run(["ninja", "-C", BUILD, "-t", "deps"], check=True, capture_output=True,
                               text=True).stdout
     graph = parse_deps(text, BUILD)
-    objects = [o for o, deps in graph.items() if any(p.startswith(SRC + "/framework/") for p in deps)]
+    objects = [o for o, deps in graph.items() if any(p.startswith(SRC + "/strobe/") for p in deps)]
     if len(objects) < 20:
         print(f"test_floors: only {len(objects)} objects with dependency data in {BUILD}: build it first")
         return 1

@@ -7,10 +7,12 @@
 - a project outside the tree (a copy of tests/install/consumer) configures with find_package(Strobe)
   and CMAKE_PREFIX_PATH = the prefix + libtorch, with no include path into the source tree, builds a
   component library with strobe_add_plugin and a program, and the program finds its model, metric and
-  callback in libstrobe's registries beside the built-in ones, trains the model a step, computes the
+  callback in libstrobe's registries beside the built-in ones (the model calls one of Strobe's
+  operators, strobe::ops::swiglu, through the umbrella header strobe/strobe.h), trains the model a step, computes the
   metric and round-trips the callback's state;
 - the installed `strobe` loads the consumer's library as a plugin (`--plugin`, `plugins:`), lists its
   model and trains it with its callback;
+- a project asking for Strobe 0.1 does not find the package (0.2: the API changed);
 - a package whose recorded libtorch version differs from the libtorch found is refused at configure
   time with one line naming both versions.
 - a plugin rebuilt against installed headers that differ from the package's own (a virtual added to
@@ -76,7 +78,7 @@ def check_headers(prefix):
                 m = INCLUDE.match(line)
                 if m and os.path.isfile(os.path.join(SRC, m.group(1))) and m.group(1) not in installed:
                     failures.append(f"{h}:{n}: includes {m.group(1)}, which is not installed")
-    for internal in ("framework/core/trainer.h", "runner/experiment_builder.h"):
+    for internal in ("strobe/core/trainer.h", "runner/experiment_builder.h"):
         if internal in installed:
             failures.append(f"internal header {internal} is installed")
     return installed
@@ -167,6 +169,22 @@ def main():
             else:
                 print(f"test_install: refused: {lines[0].strip()}")
 
+        # A plugin project written for 0.1 does not find this package: the API changed in 0.2 and the
+        # package accepts only its own minor version (docs/EXTENDING.md, moving a plugin to 0.2).
+        old = os.path.join(tmp, "consumer-0.1")
+        shutil.copytree(consumer, old)
+        lists = os.path.join(old, "CMakeLists.txt")
+        text = open(lists).read()
+        if "find_package(Strobe 0.2 REQUIRED)" not in text:
+            failures.append("tests/install/consumer asks for no Strobe 0.2")
+        with open(lists, "w") as f:
+            f.write(text.replace("find_package(Strobe 0.2 REQUIRED)", "find_package(Strobe 0.1 REQUIRED)"))
+        r = configure(old, os.path.join(tmp, "consumer-0.1-build"), prefix)
+        if r.returncode == 0 or 'compatible with requested version "0.1"' not in " ".join(r.stderr.split()):
+            failures.append(f"a project asking for Strobe 0.1 configured against 0.2: exit {r.returncode}\n{r.stderr[-1500:]}")
+        else:
+            print("test_install: a project asking for Strobe 0.1 does not find this 0.2 package")
+
         other, recorded = edited_package("other-prefix", r'set\(Strobe_TORCH_VERSION "([^"]+)"\)', 'set(Strobe_TORCH_VERSION "2.0.1")')
         if not recorded:
             failures.append("StrobeConfig.cmake records no libtorch version")
@@ -195,7 +213,7 @@ def main():
         # Public headers that differ from the installed Strobe's own (a virtual added to TrainerView, as a
         # newer or edited Strobe would have): the plugin rebuilt against them is refused before it loads,
         # instead of crashing in a shifted vtable.
-        view = os.path.join(prefix, "include", "framework", "core", "trainer_view.h")
+        view = os.path.join(prefix, "include", "strobe", "core", "trainer_view.h")
         text = open(view).read()
         head = "class TrainerView {\n public:\n"
         if head not in text:

@@ -296,7 +296,7 @@ def main():
     build = os.environ.get("STROBE_BUILD_DIR")
     assert build, "STROBE_BUILD_DIR is not set (ctest sets it)"
     tool = os.path.join(build, "bin", "strobe_metrics_eval")
-    assert os.path.exists(tool), f"{tool} not built (framework/metrics/tools/CMakeLists.txt)"
+    assert os.path.exists(tool), f"{tool} not built (strobe/metrics/tools/CMakeLists.txt)"
     seed = int(os.environ.get("STROBE_METRICS_SEED", random.SystemRandom().randrange(1 << 30)))
     print(f"seed {seed} (STROBE_METRICS_SEED={seed} replays this run)")
     random.seed(seed)

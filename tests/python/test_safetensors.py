@@ -1,4 +1,4 @@
-"""Strobe's safetensors reader and writer (framework/checkpoint/safetensors.h) against the safetensors package:
+"""Strobe's safetensors reader and writer (strobe/checkpoint/safetensors.h) against the safetensors package:
 - a file the package writes (every dtype Strobe reads, NaN/Inf bit patterns, a 0-dim and an empty
   tensor, metadata) is read by Strobe bit-exactly (names, dtypes, shapes, CRC-32 of every tensor's
   bytes), and Strobe's copy of it loads in the package with the same bits, dtypes and metadata;

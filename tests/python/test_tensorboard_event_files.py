@@ -47,7 +47,7 @@ def main():
     build = os.environ.get("STROBE_BUILD_DIR")
     assert build, "STROBE_BUILD_DIR is not set (ctest sets it)"
     tool = os.path.join(build, "bin", "strobe_tensorboard_write")
-    assert os.path.exists(tool), f"{tool} not built (framework/logging/tensorboard/CMakeLists.txt)"
+    assert os.path.exists(tool), f"{tool} not built (strobe/logging/tensorboard/CMakeLists.txt)"
     with tempfile.TemporaryDirectory() as tmp:
         path = subprocess.run([tool, tmp], check=True, capture_output=True, text=True).stdout.strip()
         assert os.path.basename(path).startswith("events.out.tfevents."), path

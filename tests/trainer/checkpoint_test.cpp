@@ -2,7 +2,7 @@
 // leaves the previous checkpoint intact.
 #include <gtest/gtest.h>
 
-#include "framework/core/resume_compat.h"
+#include "strobe/core/resume_compat.h"
 #include "tests/trainer/trainer_test_util.h"
 
 using namespace strobe;

@@ -1,11 +1,11 @@
-// DeviceReadback (framework/logging/device_readback.h) on the CPU: the host copy has the value's
+// DeviceReadback (strobe/logging/device_readback.h) on the CPU: the host copy has the value's
 // shape, dtype and values, is independent of the value afterwards, and reuses its buffer.
 // tests/gpu_trainer/batch_transfer_test.cpp checks the asynchronous CUDA side.
 #include <gtest/gtest.h>
 
 #include <torch/torch.h>
 
-#include "framework/logging/device_readback.h"
+#include "strobe/logging/device_readback.h"
 
 namespace strobe {
 namespace {

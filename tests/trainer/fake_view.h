@@ -10,10 +10,10 @@
 
 #include <torch/torch.h>
 
-#include "framework/checkpoint/checkpoint_io.h"
-#include "framework/core/module.h"
-#include "framework/core/step_pipeline.h"
-#include "framework/core/trainer_view.h"
+#include "strobe/checkpoint/checkpoint_io.h"
+#include "strobe/core/module.h"
+#include "strobe/core/step_pipeline.h"
+#include "strobe/core/trainer_view.h"
 
 namespace strobe::testing {
 

@@ -4,7 +4,7 @@
 
 #include <set>
 
-#include "framework/data/loader.h"
+#include "strobe/data/loader.h"
 #include "tests/trainer/trainer_test_util.h"
 
 using namespace strobe;

@@ -7,11 +7,11 @@
 // limited batches in Lightning's hook order, without gradients, and returns predict_step's outputs.
 #include <gtest/gtest.h>
 
-#include "framework/core/loops.h"
-#include "framework/core/optim.h"
-#include "framework/core/step_runner.h"
-#include "framework/core/trainer.h"
-#include "framework/logging/log_collector.h"
+#include "strobe/core/loops.h"
+#include "strobe/core/optim.h"
+#include "strobe/core/step_runner.h"
+#include "strobe/core/trainer.h"
+#include "strobe/logging/log_collector.h"
 #include "tests/trainer/fake_view.h"
 #include "tests/trainer/trainer_test_util.h"
 

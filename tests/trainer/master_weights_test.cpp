@@ -1,9 +1,9 @@
-// precision: bf16-master (framework/core/master_weights.h): bf16 parameters for compute, fp32
+// precision: bf16-master (strobe/core/master_weights.h): bf16 parameters for compute, fp32
 // masters in the optimizer, BatchNorm kept fp32; checkpoints hold the masters; resume is exact.
 #include <gtest/gtest.h>
 
-#include "framework/core/master_weights.h"
-#include "framework/core/trainer.h"
+#include "strobe/core/master_weights.h"
+#include "strobe/core/trainer.h"
 #include "tests/trainer/trainer_test_util.h"
 
 using namespace strobe;

@@ -7,8 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "framework/checkpoint/checkpoint_io.h"
-#include "framework/core/loop_state.h"
+#include "strobe/checkpoint/checkpoint_io.h"
+#include "strobe/core/loop_state.h"
 #include "tests/trainer/trainer_test_util.h"
 
 using namespace strobe;

@@ -9,7 +9,7 @@
 
 #include <torch/torch.h>
 
-#include "framework/core/step_runner.h"
+#include "strobe/core/step_runner.h"
 
 using namespace strobe;
 

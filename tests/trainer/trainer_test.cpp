@@ -3,8 +3,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "framework/core/callback.h"
-#include "framework/core/optim.h"
+#include "strobe/core/callback.h"
+#include "strobe/core/optim.h"
 #include "tests/trainer/trainer_test_util.h"
 
 using namespace strobe;

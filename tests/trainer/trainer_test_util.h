@@ -16,8 +16,8 @@
 
 #include <torch/torch.h>
 
-#include "framework/checkpoint/checkpoint_io.h"
-#include "framework/config/config.h"
+#include "strobe/checkpoint/checkpoint_io.h"
+#include "strobe/config/config.h"
 #include "runner/experiment_builder.h"
 #include "tests/test_dirs.h"
 

@@ -4,12 +4,12 @@
 
 #include <torch/torch.h>
 
-#include "framework/checkpoint/checkpoint_io.h"
-#include "framework/config/config.h"
-#include "framework/core/callback.h"
-#include "framework/core/module.h"
-#include "framework/core/step_pipeline.h"
-#include "framework/core/trainer_view.h"
+#include "strobe/checkpoint/checkpoint_io.h"
+#include "strobe/config/config.h"
+#include "strobe/core/callback.h"
+#include "strobe/core/module.h"
+#include "strobe/core/step_pipeline.h"
+#include "strobe/core/trainer_view.h"
 #include "tests/trainer/fake_view.h"
 
 using namespace strobe;

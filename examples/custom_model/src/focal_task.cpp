@@ -11,11 +11,11 @@
 // val/worst_class_acc (once per epoch); test/... likewise.
 #include <torch/torch.h>
 
-#include "framework/config/config.h"
-#include "framework/core/forensics.h"
-#include "framework/core/module.h"
-#include "framework/metrics/collection.h"
-#include "framework/metrics/registry.h"
+#include "strobe/config/config.h"
+#include "strobe/core/forensics.h"
+#include "strobe/core/module.h"
+#include "strobe/metrics/collection.h"
+#include "strobe/metrics/registry.h"
 
 namespace strobe_example {
 

@@ -9,9 +9,9 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
-#include "framework/config/config.h"
-#include "framework/core/callback.h"
-#include "framework/core/trainer_view.h"
+#include "strobe/config/config.h"
+#include "strobe/core/callback.h"
+#include "strobe/core/trainer_view.h"
 
 namespace strobe_example {
 

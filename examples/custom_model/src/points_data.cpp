@@ -16,9 +16,9 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
-#include "framework/config/config.h"
-#include "framework/core/datamodule.h"
-#include "framework/data/dataset.h"
+#include "strobe/config/config.h"
+#include "strobe/core/datamodule.h"
+#include "strobe/data/dataset.h"
 
 namespace strobe_example {
 

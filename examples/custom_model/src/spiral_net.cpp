@@ -15,9 +15,9 @@
 
 #include <torch/torch.h>
 
-#include "framework/config/config.h"
-#include "framework/core/forensics.h"
-#include "framework/core/model.h"
+#include "strobe/config/config.h"
+#include "strobe/core/forensics.h"
+#include "strobe/core/model.h"
 
 namespace strobe_example {
 

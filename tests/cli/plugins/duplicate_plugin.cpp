@@ -1,5 +1,5 @@
 // A plugin registering a name Strobe already has: refused when loaded, naming the plugin and the name.
-#include "framework/core/model.h"
+#include "strobe/core/model.h"
 
 namespace plugin_duplicate {
 std::shared_ptr<strobe::Model> make_none(strobe::config::Section&) { return nullptr; }

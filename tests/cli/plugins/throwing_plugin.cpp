@@ -1,7 +1,7 @@
 // A plugin whose registration throws while the library loads: reported, never a terminate.
 #include <stdexcept>
 
-#include "framework/core/model.h"
+#include "strobe/core/model.h"
 
 namespace plugin_throws {
 strobe::ModelRegistry::Factory factory_needing_a_table() { throw std::runtime_error("the lookup table is missing"); }

@@ -7,14 +7,12 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
-#include "framework/core/callback.h"
-#include "framework/core/model.h"
-#include "framework/core/trainer_view.h"
-#include "framework/metrics/registry.h"
+#include "strobe/strobe.h"
 
 namespace consumer {
 
-// A gated residual MLP: x + W2(silu(W1 x) * (V x)) over flattened images, then a linear head.
+// A gated residual MLP: x + W2(silu(W1 x) * (V x)) over flattened images, then a linear head; the
+// gate is Strobe's own operator (strobe::ops::swiglu over [W1 x, V x]), as a plugin calls it.
 class GatedMlp : public strobe::Model {
  public:
   GatedMlp(int64_t in, int64_t hidden, int64_t classes) : strobe::Model("GatedMlp") {
@@ -25,7 +23,7 @@ class GatedMlp : public strobe::Model {
   }
   torch::Tensor forward(const strobe::Batch& batch) override {
     auto x = input(batch.at("image")).flatten(1);
-    x = x + w2_->forward(torch::silu(w1_->forward(x)) * v_->forward(x));
+    x = x + w2_->forward(strobe::ops::swiglu(torch::cat({w1_->forward(x), v_->forward(x)}, -1)));
     return head_->forward(x);
   }
   std::string default_task() const override { return "classification"; }

@@ -7,9 +7,9 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
-#include "framework/core/callback.h"
-#include "framework/core/model.h"
-#include "framework/metrics/registry.h"
+#include "strobe/core/callback.h"
+#include "strobe/core/model.h"
+#include "strobe/metrics/registry.h"
 
 namespace {
 int fail(const char* what) {

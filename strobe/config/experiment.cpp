@@ -1,0 +1,247 @@
+#include "strobe/config/experiment.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <sstream>
+
+#include <fmt/format.h>
+
+namespace strobe::config {
+
+std::optional<double> parse_duration(const std::string& text) {
+  // [0-9]{1,6}(:[0-9]{1,6}){0,3}
+  std::vector<double> f;
+  for (size_t at = 0;;) {
+    const size_t colon = text.find(':', at);
+    const std::string part = text.substr(at, colon == std::string::npos ? std::string::npos : colon - at);
+    if (!is_digits(part) || part.size() > 6 || f.size() == 4) return std::nullopt;
+    f.push_back(std::stod(part));
+    if (colon == std::string::npos) break;
+    at = colon + 1;
+  }
+  static const double unit[] = {86400, 3600, 60, 1};
+  double s = 0;
+  for (size_t i = 0; i < f.size(); ++i) s += f[i] * unit[4 - f.size() + i];
+  return s;
+}
+
+namespace {
+
+// trainer.profiler: absent, null or false = off; true or a mapping {steps, path, record_shapes} = on.
+void parse_profiler(Section& t, ProfilerConfig& p) {
+  t.accept("profiler");
+  if (!t.has("profiler") || t.is_null("profiler")) return;
+  if (t.node()["profiler"].IsScalar()) {
+    p.enabled = t.get_bool("profiler", false);
+    if (!p.enabled) return;
+    t.node()["profiler"] = YAML::Node(YAML::NodeType::Map);  // resolved below with its defaults
+  }
+  if (!t.node()["profiler"].IsMap()) t.fail("profiler", "expected a mapping {steps: [first, last], path: DIR} or true/false");
+  Section s = t.child("profiler");
+  p.enabled = true;
+  const std::vector<int64_t> steps = s.get_int_list("steps", {p.first_step, p.last_step});
+  if (steps.size() != 2 || steps[0] < 1 || steps[0] > steps[1])
+    s.fail("steps", fmt::format("expected two step numbers [first, last] with 1 <= first <= last (optimizer steps, "
+                                "counted from 1 as in metrics.csv), got {} value(s){}",
+                                steps.size(), steps.size() == 2 ? fmt::format(" [{}, {}]", steps[0], steps[1]) : ""));
+  p.first_step = steps[0];
+  p.last_step = steps[1];
+  p.path = s.get_string("path", "");
+  p.record_shapes = s.get_bool("record_shapes", false);
+  s.finish();
+}
+
+}  // namespace
+
+std::optional<InitFrom> parse_init_from(Section& model) {
+  model.accept("init_from");
+  if (!model.has("init_from") || model.is_null("init_from")) return std::nullopt;
+  YAML::Node node = model.node()["init_from"];
+  if (node.IsScalar()) {
+    YAML::Node m(YAML::NodeType::Map);
+    m["path"] = node.Scalar();
+    model.node()["init_from"] = m;
+  } else if (!node.IsMap()) {
+    model.fail("init_from", "expected a safetensors file or a mapping {path, names, strict, ignore}");
+  }
+  Section s = model.child("init_from");
+  InitFrom f;
+  f.path = s.require_string("path");
+  if (f.path.empty()) s.fail("path", "expected the path of a safetensors file");
+  f.names = s.get_string("names", "strobe");
+  if (f.names.empty()) s.fail("names", "expected a name set (strobe, timm, torchvision)");
+  f.strict = s.get_bool("strict", true);
+  if (!s.has("ignore") || s.is_null("ignore")) s.node()["ignore"] = YAML::Node(YAML::NodeType::Sequence);
+  s.accept("ignore");
+  const YAML::Node ig = s.node()["ignore"];
+  if (!ig.IsSequence()) s.fail("ignore", "expected a list of name globs, e.g. [\"head.*\"]");
+  for (size_t i = 0; i < ig.size(); ++i) {
+    if (!ig[i].IsScalar() || ig[i].Scalar().empty())
+      s.fail("ignore", fmt::format("entry {} is not a name glob (a non-empty string such as \"head.*\")", i));
+    f.ignore.push_back(ig[i].Scalar());
+  }
+  s.finish();
+  return f;
+}
+
+static bool is_sha256_hex(const std::string& s) {
+  return s.size() == 64 && std::all_of(s.begin(), s.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+}
+
+// `plugins: [PATH | {path: PATH, sha256: HEX}, ...]`: a relative path is taken from the config file's
+// directory; the document then holds absolute paths (the resolved config records where they were).
+static std::vector<PluginSpec> parse_plugins(Section& root, const std::string& config_file) {
+  root.accept("plugins");
+  std::vector<PluginSpec> out;
+  if (!root.has("plugins") || root.is_null("plugins")) return out;
+  YAML::Node list = root.node()["plugins"];
+  const char* expected = "expected a list of plugin files (shared libraries built with strobe_add_plugin), each a path or "
+                         "{path: PATH, sha256: HEX}";
+  if (!list.IsSequence()) root.fail("plugins", expected);
+  const std::filesystem::path base = std::filesystem::path(config_file).parent_path();
+  YAML::Node resolved(YAML::NodeType::Sequence);
+  for (size_t i = 0; i < list.size(); ++i) {
+    const YAML::Node item = list[i];
+    const std::string where = fmt::format("plugins[{}]", i);
+    PluginSpec spec;
+    if (!item.Mark().is_null())  // a node the YAML text holds (not one set by the program, e.g. recorded plugins)
+      spec.listed_at = fmt::format("{}:{}:{}: {}", config_file, item.Mark().line + 1, item.Mark().column + 1, where);
+    std::string given;
+    if (item.IsScalar()) {
+      given = item.Scalar();
+    } else if (item.IsMap()) {
+      for (auto it = item.begin(); it != item.end(); ++it) {
+        const std::string key = it->first.Scalar();
+        if (key != "path" && key != "sha256" && key != "replaced_sha256")
+          root.fail(where, fmt::format("unknown key '{}' (a plugin entry holds path and sha256)", key));
+        if (!it->second.IsScalar()) root.fail(where + "." + key, "expected a string");
+      }
+      if (item["path"]) given = item["path"].Scalar();
+      for (auto [key, field] : {std::pair{"sha256", &spec.sha256}, std::pair{"replaced_sha256", &spec.replaced_sha256}}) {
+        if (!item[key]) continue;
+        *field = item[key].Scalar();
+        if (!is_sha256_hex(*field))
+          root.fail(where + "." + key, fmt::format("'{}' is not a SHA-256 (64 lowercase hex digits)", *field));
+      }
+      if (!spec.sha256.empty()) spec.recorded_by = config_file;
+    } else {
+      root.fail(where, expected);
+    }
+    if (given.empty()) root.fail(where, "expected a plugin file path");
+    std::filesystem::path p = given;
+    if (p.is_relative()) p = base / p;
+    std::error_code ec;
+    spec.path = std::filesystem::absolute(p, ec).lexically_normal().string();
+    auto same = std::find_if(out.begin(), out.end(), [&](const PluginSpec& s) { return s.path == spec.path; });
+    if (same != out.end()) {
+      if (same->sha256.empty()) *same = spec;
+      continue;
+    }
+    out.push_back(spec);
+  }
+  for (const auto& s : out) {
+    if (s.sha256.empty()) {
+      resolved.push_back(s.path);
+      continue;
+    }
+    YAML::Node entry;
+    entry["path"] = s.path;
+    entry["sha256"] = s.sha256;
+    if (!s.replaced_sha256.empty()) entry["replaced_sha256"] = s.replaced_sha256;
+    resolved.push_back(entry);
+  }
+  root.node()["plugins"] = resolved;
+  return out;
+}
+
+std::vector<PluginSpec> recorded_plugins(const std::string& resolved_yaml, const std::string& source) {
+  Document doc = Document::load_string(resolved_yaml, source);
+  Section root = doc.root();
+  std::vector<PluginSpec> out = parse_plugins(root, source);
+  for (auto& spec : out) spec.listed_at.clear();  // a recorded entry is named by recorded_by, not a line of YAML text
+  return out;
+}
+
+Experiment parse_experiment(Document& doc) {
+  Section root = doc.root();
+  Experiment e;
+  e.name = root.get_string("name", "experiment");
+  // One safe path component (runs go to <default_root_dir>/<name>/version_N): no '/', and not '.' or '..'
+  // (nor any name of dots only), which would put the run beside or above default_root_dir.
+  if (e.name.size() > kMaxRunNameBytes)
+    root.fail("name", fmt::format("a run name of {} characters ('{}'); a run name may hold at most {}", e.name.size(),
+                                  shown(e.name), kMaxRunNameBytes));
+  const bool name_chars = !e.name.empty() && std::all_of(e.name.begin(), e.name.end(), [](char ch) {
+    return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '.' || ch == '-';
+  });
+  if (!name_chars || e.name.find_first_not_of('.') == std::string::npos)
+    root.fail("name", fmt::format("expected a run name of letters, digits, '_', '-', '.' (not dots alone), got '{}'", shown(e.name)));
+  e.seed = root.get_int("seed", 0, 0, (int64_t(1) << 62));
+
+  Section t = root.child("trainer");
+  TrainerConfig& c = e.trainer;
+  // As Lightning: max_steps set and max_epochs not means as many epochs as the steps take (-1, so
+  // recorded in config.yaml); neither set means one epoch.
+  const bool epochs_given = t.has("max_epochs") && !t.is_null("max_epochs");
+  c.max_steps = t.get_int("max_steps", -1, -1);
+  c.max_epochs = t.get_int("max_epochs", c.max_steps >= 0 && !epochs_given ? -1 : 1, -1);
+  if (auto mt = t.get_optional_string("max_time")) {
+    c.max_time_s = parse_duration(*mt);
+    if (!c.max_time_s) t.fail("max_time", fmt::format("expected a duration \"DD:HH:MM:SS\", got '{}'", shown(*mt)));
+  }
+  c.precision = parse_precision(t.get_choice("precision", "32", {"32", "bf16-mixed", "16-mixed", "bf16-master"}));
+  c.accumulate_grad_batches = t.get_int("accumulate_grad_batches", 1, 1);
+  c.gradient_clip_val = t.get_double("gradient_clip_val", 0.0, 0.0);
+  c.gradient_clip_algorithm = t.get_choice("gradient_clip_algorithm", "norm", {"norm", "value"});
+  c.val_check_interval = t.get_count_or_fraction("val_check_interval", {false, 0, 1.0});
+  if (!c.val_check_interval.is_count && c.val_check_interval.fraction <= 0.0)
+    t.fail("val_check_interval", "expected a count >= 1 or a fraction in (0, 1]");
+  if (c.val_check_interval.is_count && c.val_check_interval.count < 1)
+    t.fail("val_check_interval", "expected a count >= 1 or a fraction in (0, 1]");
+  c.check_val_every_n_epoch = t.get_int("check_val_every_n_epoch", 1, 1);
+  c.num_sanity_val_steps = t.get_int("num_sanity_val_steps", 2, -1);
+  c.limit_train_batches = t.get_count_or_fraction("limit_train_batches", {false, 0, 1.0});
+  c.limit_val_batches = t.get_count_or_fraction("limit_val_batches", {false, 0, 1.0});
+  c.limit_test_batches = t.get_count_or_fraction("limit_test_batches", {false, 0, 1.0});
+  c.limit_predict_batches = t.get_count_or_fraction("limit_predict_batches", {false, 0, 1.0});
+  c.overfit_batches = t.get_count_or_fraction("overfit_batches", {false, 0, 0.0});
+  if (t.has("fast_dev_run") && !t.is_null("fast_dev_run") && t.node()["fast_dev_run"].IsScalar() &&
+      (t.node()["fast_dev_run"].Scalar() == "true" || t.node()["fast_dev_run"].Scalar() == "false")) {
+    c.fast_dev_run = t.get_bool("fast_dev_run", false) ? 1 : 0;
+  } else {
+    c.fast_dev_run = t.get_int("fast_dev_run", 0, 0);
+  }
+  c.log_every_n_steps = t.get_int("log_every_n_steps", 50, 1);
+  c.device = t.get_string("device", "auto");
+  const bool device_ok = c.device == "auto" || c.device == "cpu" || c.device == "cuda" ||
+                         (c.device.rfind("cuda:", 0) == 0 && is_digits(std::string_view(c.device).substr(5)));
+  if (!device_ok) t.fail("device", fmt::format("expected auto, cpu, cuda or cuda:N, got '{}'", shown(c.device)));
+  c.deterministic = t.get_bool("deterministic", false);
+  c.default_root_dir = t.get_string("default_root_dir", "runs");
+  c.enable_progress_bar = t.get_bool("enable_progress_bar", true);
+  c.enable_checkpointing = t.get_bool("enable_checkpointing", true);
+  parse_profiler(t, c.profiler);
+  c.cuda_graphs = t.get_choice("cuda_graphs", "false", {"false", "true", "auto"});
+  c.dist_timeout_s = t.get_double("dist_timeout", 600.0, 1.0, 604800.0);  // seconds, 1 s .. 7 days
+  t.finish();
+
+  Section lg = root.child("logger");
+  e.logger.csv = lg.get_bool("csv", true);
+  e.logger.tensorboard = lg.get_bool("tensorboard", false);
+  lg.finish();
+
+  e.task = root.child("task");
+  e.model = root.child("model");
+  e.data = root.child("data");
+  e.optimizer = root.child("optimizer");
+  e.scheduler = root.child("scheduler");
+  e.callbacks = root.list("callbacks");
+  if (!e.model.has("name")) e.model.fail_here("missing required key 'name' (e.g. resnet, vit, decoder_lm, face_detector)");
+  if (!e.data.has("name")) e.data.fail_here("missing required key 'name' (e.g. fashion_mnist, synthetic_images)");
+  e.init_from = parse_init_from(e.model);
+  e.plugins = parse_plugins(root, doc.file());
+  root.finish();
+  return e;
+}
+
+}  // namespace strobe::config

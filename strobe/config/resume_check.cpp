@@ -1,0 +1,125 @@
+#include "strobe/config/resume_check.h"
+
+#include <algorithm>
+#include <map>
+
+#include <fmt/format.h>
+#include <yaml-cpp/yaml.h>
+
+#include "strobe/config/config.h"
+
+namespace strobe::config {
+namespace {
+
+constexpr const char* kAbsent = "(absent)";
+
+std::string scalar_text(const YAML::Node& n) {
+  if (!n.IsDefined() || n.IsNull()) return "null";
+  if (n.IsScalar()) return n.Scalar();
+  std::string out = "[";  // a list of scalars
+  for (size_t i = 0; i < n.size(); ++i) out += (i ? ", " : "") + scalar_text(n[i]);
+  return out + "]";
+}
+
+// Leaves as {path -> text}; a list of scalars is one leaf ("[32, 16]"), a list of mappings is indexed.
+void flatten(const YAML::Node& n, const std::string& path, std::map<std::string, std::string>& out) {
+  if (n.IsMap()) {
+    for (auto it = n.begin(); it != n.end(); ++it)
+      flatten(it->second, path.empty() ? it->first.Scalar() : path + "." + it->first.Scalar(), out);
+    return;
+  }
+  if (n.IsSequence()) {
+    bool scalars = true;
+    for (const auto& e : n) scalars &= !e.IsMap() && !e.IsSequence();
+    if (!scalars) {
+      for (size_t i = 0; i < n.size(); ++i) flatten(n[i], fmt::format("{}[{}]", path, i), out);
+      return;
+    }
+  }
+  out[path] = scalar_text(n);
+}
+
+std::map<std::string, std::string> leaves(const std::string& yaml, const char* what) {
+  std::map<std::string, std::string> out;
+  try {
+    flatten(YAML::Load(yaml), "", out);
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(fmt::format("{}: not a YAML config ({})", what, e.msg));
+  }
+  return out;
+}
+
+// Keys whose change invalidates saved state, and why.
+const char* incompatible_reason(const std::string& key) {
+  static const std::map<std::string, const char*> reasons = {
+      {"optimizer.name", "the optimizer state (moments, step counts) belongs to the other optimizer"},
+      {"scheduler.name", "the scheduler state belongs to the other scheduler"},
+      {"trainer.precision", "the saved loss-scaler state and weights were trained under the other precision"},
+      {"model.name", "the weights belong to the other model"},
+      {"task.name", "the saved state belongs to the other task"},
+  };
+  auto it = reasons.find(key);
+  if (it != reasons.end()) return it->second;
+  // Model keys that keep every shape but change the function the weights compute: the rotary
+  // embedding (its base and scaling), the norms' epsilon, the GELU form.
+  for (const char* k : {"model.rope_theta", "model.rope_scaling", "model.norm_eps", "model.gelu"})
+    if (key == k || key.rfind(std::string(k) + ".", 0) == 0)
+      return "it changes the function the weights compute (the checkpoint's weights were trained with the other value)";
+  // The optimizer's saved state restores its own hyper-parameters (lr, weight decay, betas, ...):
+  // a changed value would be listed as a change and silently not applied.
+  if (key.rfind("optimizer.", 0) == 0)
+    return "a resumed optimizer keeps the checkpoint's hyper-parameters; to train with new ones, start a new run from "
+           "these weights";
+  return nullptr;
+}
+
+}  // namespace
+
+std::string ConfigChange::text() const { return fmt::format("{}: {} -> {}", key, before, after); }
+
+std::string join_changes(const std::vector<ConfigChange>& changes, size_t max) {
+  std::string out;
+  for (size_t i = 0; i < changes.size() && i < max; ++i) out += (i ? ", " : "") + changes[i].text();
+  if (changes.size() > max) out += fmt::format(" and {} more", changes.size() - max);
+  return out;
+}
+
+ResumeCheck compare_for_resume(const std::string& checkpoint_yaml, const std::string& current_yaml) {
+  const auto before = leaves(checkpoint_yaml, "the checkpoint's config");
+  const auto after = leaves(current_yaml, "the current config");
+  std::vector<ConfigChange> changes;
+  for (const auto& [k, v] : before) {
+    auto it = after.find(k);
+    if (it == after.end())
+      changes.push_back({k, v, kAbsent, ""});
+    else if (it->second != v)
+      changes.push_back({k, v, it->second, ""});
+  }
+  for (const auto& [k, v] : after)
+    if (!before.count(k)) changes.push_back({k, kAbsent, v, ""});
+  std::sort(changes.begin(), changes.end(), [](const ConfigChange& a, const ConfigChange& b) { return a.key < b.key; });
+  // Another optimizer (scheduler, model, task) brings its own keys: those follow from the name.
+  std::vector<std::string> renamed;
+  for (const auto& c : changes)
+    if (incompatible_reason(c.key) && c.key.size() > 5 && c.key.compare(c.key.size() - 5, 5, ".name") == 0)
+      renamed.push_back(c.key.substr(0, c.key.size() - 4));  // "optimizer."
+  ResumeCheck r;
+  for (auto& c : changes) {
+    bool implied = false;
+    for (const auto& section : renamed) implied |= c.key.rfind(section, 0) == 0 && c.key != section + "name";
+    if (implied) continue;
+    if (const char* why = incompatible_reason(c.key)) {
+      c.why = why;
+      r.incompatible.push_back(c);
+    } else if (c.key.rfind("model.init_from", 0) == 0) {
+      r.allowed.push_back(c);  // the weights a run started from: a resume loads the checkpoint's own
+    } else if (c.key.rfind("model.", 0) == 0) {
+      r.model_changes.push_back(c);
+    } else {
+      r.allowed.push_back(c);
+    }
+  }
+  return r;
+}
+
+}  // namespace strobe::config

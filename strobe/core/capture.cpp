@@ -1,0 +1,87 @@
+#include "strobe/core/capture.h"
+
+#include <algorithm>
+#include <filesystem>
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include "strobe/checkpoint/checkpoint_io.h"
+
+namespace strobe::capture {
+
+namespace fs = std::filesystem;
+
+void put_batches(checkpoint::CheckpointData& out, const std::vector<Batch>& batches) {
+  nlohmann::json metas = nlohmann::json::array();
+  for (size_t i = 0; i < batches.size(); ++i) {
+    for (const auto& [key, t] : batches[i].tensors) out.tensors[fmt::format("capture/batch/{}/{}", i, key)] = t;
+    metas.push_back(batches[i].meta);
+  }
+  out.blobs["capture_batches"] = metas.dump();
+}
+
+std::vector<Batch> get_batches(const checkpoint::CheckpointData& in) {
+  // Every part checked: a damaged capture is refused naming what is wrong, never a library's exception.
+  const nlohmann::json metas = nlohmann::json::parse(in.blob("capture_batches"), nullptr, false);
+  if (!metas.is_array()) throw checkpoint::CheckpointError("the capture's batch record (blob 'capture_batches') is not a JSON list");
+  if (metas.empty()) throw checkpoint::CheckpointError("the capture holds no batches");
+  std::vector<Batch> out(metas.size());
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (!metas[i].is_object()) throw checkpoint::CheckpointError(fmt::format("the record of batch {} is not a JSON object", i));
+    for (const auto& [k, v] : metas[i].items()) {
+      if (!v.is_number_integer()) throw checkpoint::CheckpointError(fmt::format("the record of batch {}: '{}' is not an integer", i, k));
+      out[i].meta[k] = v.get<int64_t>();
+    }
+  }
+  for (const auto& [name, t] : in.tensors) {
+    if (name.rfind("capture/batch/", 0) != 0) continue;
+    const std::string rest = name.substr(14);
+    const size_t slash = rest.find('/');
+    const std::string index = rest.substr(0, slash);
+    if (slash == std::string::npos || index.empty() || index.size() > 9 ||
+        index.find_first_not_of("0123456789") != std::string::npos || std::stoul(index) >= out.size())
+      throw checkpoint::CheckpointError(fmt::format("capture batch tensor '{}' has no batch record", name));
+    out[std::stoul(index)].tensors[rest.substr(slash + 1)] = t;
+  }
+  for (size_t i = 0; i < out.size(); ++i)
+    if (out[i].tensors.empty()) throw checkpoint::CheckpointError(fmt::format("the capture's batch {} holds no tensors", i));
+  return out;
+}
+
+std::string resolve_capture_dir(const std::string& path) {
+  fs::path p(path);
+  std::error_code ec;
+  const fs::file_status st = fs::status(p, ec);  // a symlink loop is an error here, not an exception
+  if (ec && ec != std::errc::no_such_file_or_directory)
+    throw checkpoint::CheckpointError(fmt::format("{}: cannot be read ({})", path, ec.message()));
+  if (!fs::exists(st)) throw checkpoint::CheckpointError(fmt::format("{}: no such capture directory", path));
+  if (!fs::is_directory(st))
+    throw checkpoint::CheckpointError(fmt::format("{}: not a capture directory (give <run_dir>/nan or nan/step_<N>)", path));
+  if (fs::exists(p / kCheckpointFile)) return p.string();
+  fs::path best;
+  int64_t best_step = -1;
+  for (const auto& e : fs::directory_iterator(p)) {
+    const auto n = e.path().filename().string();
+    if (!e.is_directory() || n.rfind("step_", 0) != 0 || !fs::exists(e.path() / kCheckpointFile)) continue;
+    try {
+      int64_t s = std::stoll(n.substr(5));
+      if (s > best_step) best_step = s, best = e.path();
+    } catch (const std::exception&) {
+    }
+  }
+  if (best_step < 0)
+    throw checkpoint::CheckpointError(
+        fmt::format("{}: not a NaN capture (no {} here and no step_<N> capture inside)", path, kCheckpointFile));
+  return best.string();
+}
+
+std::string tensor_bits(const torch::Tensor& t) {
+  auto c = t.to(torch::kCPU).contiguous();
+  const auto* p = static_cast<const unsigned char*>(c.data_ptr());
+  std::string out;
+  for (int64_t i = 0; i < c.nbytes(); ++i) out += fmt::format("{:02x}", p[i]);
+  return out;
+}
+
+}  // namespace strobe::capture

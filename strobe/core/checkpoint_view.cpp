@@ -1,0 +1,70 @@
+#include "strobe/core/checkpoint_view.h"
+
+#include <fmt/format.h>
+
+namespace strobe {
+
+const std::string* CheckpointView::blob(const char* key) const {
+  auto it = data_.blobs.find(key);
+  return it == data_.blobs.end() ? nullptr : &it->second;
+}
+
+CheckpointMeta CheckpointView::meta() const {
+  CheckpointMeta m;
+  const std::string* b = blob(checkpoint_keys::kMeta);
+  if (b == nullptr) return m;
+  const auto j = nlohmann::json::parse(*b, nullptr, false);
+  if (!j.is_object()) return m;
+  auto integer = [&](const char* k) -> std::optional<int64_t> {
+    auto it = j.find(k);
+    return it != j.end() && it->is_number_integer() ? std::optional<int64_t>(it->get<int64_t>()) : std::nullopt;
+  };
+  auto text = [&](const char* k) {
+    auto it = j.find(k);
+    return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
+  };
+  m.format_version = integer("format_version").value_or(0);
+  m.strobe_version = text("strobe_version");
+  m.device = text("device");
+  m.precision = text("precision");
+  m.global_step = integer("global_step");
+  m.epoch = integer("epoch");
+  m.world_size = integer("world_size").value_or(1);
+  return m;
+}
+
+const std::string* CheckpointView::config() const { return blob(checkpoint_keys::kConfig); }
+
+const std::string& CheckpointView::require_config() const {
+  const std::string* c = config();
+  if (c == nullptr)
+    throw checkpoint::CheckpointError(fmt::format("{}: holds no saved config (blob '{}')", source_, checkpoint_keys::kConfig));
+  return *c;
+}
+
+const std::string* CheckpointView::hf_config() const { return blob(checkpoint_keys::kHfConfig); }
+
+std::map<std::string, torch::Tensor> CheckpointView::model_tensors() const {
+  const std::string prefix = checkpoint_keys::kModelPrefix;
+  std::map<std::string, torch::Tensor> out;
+  for (auto it = data_.tensors.lower_bound(prefix); it != data_.tensors.end() && it->first.rfind(prefix, 0) == 0; ++it)
+    out.emplace(it->first.substr(prefix.size()), it->second);
+  return out;
+}
+
+const torch::Tensor* CheckpointView::model_tensor(const std::string& name) const {
+  auto it = data_.tensors.find(checkpoint_keys::kModelPrefix + name);
+  return it == data_.tensors.end() ? nullptr : &it->second;
+}
+
+nlohmann::json CheckpointView::callback_states() const {
+  const std::string* b = blob(checkpoint_keys::kCallbacks);
+  if (b == nullptr) return nlohmann::json::object();
+  auto j = nlohmann::json::parse(*b, nullptr, false);
+  if (!j.is_object())
+    throw checkpoint::CheckpointError(
+        fmt::format("{}: its callback states (blob '{}') are not a JSON object", source_, checkpoint_keys::kCallbacks));
+  return j;
+}
+
+}  // namespace strobe

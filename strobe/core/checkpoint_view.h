@@ -1,0 +1,68 @@
+// CheckpointView: the one reader of a Strobe checkpoint's layout (docs/ARCHITECTURE.md, "The state
+// connector": the table of keys). Export, the resume checks, replay, the NaN capture, the run
+// builder and the Trainer's world-size check read a CheckpointData through it; the state connector
+// (strobe/core/trainer_state.cpp) writes the same keys, named once in checkpoint_keys.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+#include <torch/types.h>
+
+#include "strobe/checkpoint/checkpoint_io.h"
+
+namespace strobe {
+
+namespace checkpoint_keys {
+inline constexpr const char* kModelPrefix = "model/";  // tensors model/<parameter or buffer>
+inline constexpr const char* kMeta = "meta";
+inline constexpr const char* kConfig = "config";
+inline constexpr const char* kHfConfig = "hf_config";
+inline constexpr const char* kCallbacks = "callbacks";
+}  // namespace checkpoint_keys
+
+// The `meta` blob: what wrote the checkpoint and where the run stood.
+struct CheckpointMeta {
+  int64_t format_version = 0;  // 0: not recorded
+  std::string strobe_version, device, precision;  // "": not recorded
+  std::optional<int64_t> global_step, epoch;
+  int64_t world_size = 1;  // not recorded (builds before data parallelism): one process
+};
+
+class CheckpointView {
+ public:
+  // `source` names the checkpoint in errors (its path). The view borrows `data`.
+  CheckpointView(const checkpoint::CheckpointData& data, std::string source)
+      : data_(data), source_(std::move(source)) {}
+
+  const std::string& source() const { return source_; }
+  const checkpoint::CheckpointData& data() const { return data_; }
+
+  // A missing `meta`, one that is not a JSON object, or a field of the wrong type reads as the
+  // defaults above (a checkpoint is still loadable without it).
+  CheckpointMeta meta() const;
+  // The resolved experiment YAML the run was written with; null for a checkpoint without one.
+  const std::string* config() const;
+  // The same, or a CheckpointError "<source>: holds no saved config (blob 'config')".
+  const std::string& require_config() const;
+  // The Hugging Face config.json a run was initialised from (model.init_from with names: hf); null if none.
+  const std::string* hf_config() const;
+  // The model's parameters and buffers by their module names (the "model/" prefix removed).
+  std::map<std::string, torch::Tensor> model_tensors() const;
+  // One of them; null when the checkpoint does not hold it.
+  const torch::Tensor* model_tensor(const std::string& name) const;
+  // Each callback's state_dict by its state key ({} when the checkpoint holds none); a blob that is
+  // not a JSON object is a CheckpointError naming the source.
+  nlohmann::json callback_states() const;
+
+ private:
+  const std::string* blob(const char* key) const;
+
+  const checkpoint::CheckpointData& data_;
+  std::string source_;
+};
+
+}  // namespace strobe

@@ -1,0 +1,249 @@
+// FitLoop (loops.h): epochs of training batches with periodic validation, the optimizer step's
+// progress, and the stop state; BatchPreparer, the loops' way onto the device.
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include "strobe/checkpoint/checkpoint_io.h"
+#include "strobe/core/fault_points.h"
+#include "strobe/core/loops.h"
+#include "strobe/core/optim.h"
+#include "strobe/core/signals.h"
+#include "strobe/core/step_runner.h"
+#include "strobe/core/trainer_view.h"
+#include "strobe/data/loader.h"
+#include "strobe/distributed/strategy.h"
+#include "strobe/logging/log_collector.h"
+
+namespace strobe {
+
+Batch BatchPreparer::prepare(Batch batch, int64_t idx) {
+  if (datamodule_.injected_batch() && module_.stage() == Stage::Fit && module_.training()) batch = *datamodule_.injected_batch();
+  batch = datamodule_.on_before_batch_transfer(std::move(batch), idx);
+  batch = transfer_(device_, [&] { return datamodule_.transfer_batch_to_device(batch, device_, idx); });
+  return datamodule_.on_after_batch_transfer(std::move(batch), idx);
+}
+
+FitLoop::FitLoop(LoopParts parts, distributed::Strategy& strategy, int64_t world_size)
+    : parts_(std::move(parts)), strategy_(strategy), world_size_(world_size) {}
+
+void FitLoop::setup(std::shared_ptr<data::DataLoader> loader) {
+  const auto& c = *parts_.cfg;
+  loader_ = std::move(loader);
+  loader_->set_pin_memory(parts_.device.is_cuda());
+  int64_t full = loader_->num_batches();
+  int64_t n = c.limit_train_batches.resolve(full);
+  if (c.overfit_batches.is_count ? c.overfit_batches.count > 0 : c.overfit_batches.fraction > 0.0) {
+    n = c.overfit_batches.resolve(full);
+    loader_->set_shuffle(false);
+  }
+  if (c.fast_dev_run > 0) n = std::min(full, c.fast_dev_run);
+  loader_->set_limit_batches(n);
+  num_batches_ = loader_->num_batches();
+  if (num_batches_ == 0) throw std::runtime_error("the training set yields no batches (check data and limit_train_batches)");
+}
+
+TrainerState FitLoop::saved_state() const {
+  TrainerState s = state_;
+  if (start_time_.time_since_epoch().count() != 0)
+    s.elapsed_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time_).count();
+  return s;
+}
+
+int64_t FitLoop::estimated_stepping_batches() const {
+  const auto& c = *parts_.cfg;
+  int64_t per_epoch = (num_batches_ + c.accumulate_grad_batches - 1) / c.accumulate_grad_batches;
+  int64_t by_epochs = c.max_epochs >= 0 ? per_epoch * c.max_epochs : -1;
+  if (c.max_steps >= 0) return by_epochs >= 0 ? std::min(by_epochs, c.max_steps) : c.max_steps;
+  return by_epochs;
+}
+
+bool FitLoop::should_validate_now(int64_t batch_in_epoch, bool epoch_end) const {
+  const auto& c = *parts_.cfg;
+  if (!evaluation_ || c.fast_dev_run < 0) return false;
+  if (evaluation_->planned_batches(Stage::Validate, -1) == 0) return false;
+  if (c.val_check_interval.is_count) return batch_in_epoch % c.val_check_interval.count == 0;
+  if ((state_.epoch + 1) % c.check_val_every_n_epoch != 0) return false;
+  int64_t every = std::max<int64_t>(1, static_cast<int64_t>(c.val_check_interval.fraction * num_batches_));
+  if (c.val_check_interval.fraction >= 1.0) return epoch_end;
+  return batch_in_epoch % every == 0 || epoch_end;
+}
+
+bool FitLoop::time_is_up() const {
+  const auto& c = *parts_.cfg;
+  if (!c.max_time_s) return false;
+  double elapsed = state_.elapsed_s + std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time_).count();
+  return elapsed >= *c.max_time_s;
+}
+
+bool FitLoop::done() const {
+  const auto& c = *parts_.cfg;
+  if (world_size_ > 1) {
+    // Rank-local reasons (a signal, a callback's request, the clock) count once every rank knows
+    // them: the agreed code, the same at the same step everywhere.
+    if (agreed_stop_ != 0) return true;
+  } else {
+    if (should_stop_ || signals::received() != 0) return true;
+    if (time_is_up()) return true;
+  }
+  if (c.max_steps >= 0 && state_.global_step >= c.max_steps) return true;
+  if (c.fast_dev_run > 0 && state_.epoch_done) return true;
+  if (c.max_epochs >= 0 && state_.epoch_done && state_.epoch + 1 >= c.max_epochs) return true;
+  return false;
+}
+
+void FitLoop::request_stop(int exit_code) {
+  should_stop_ = true;
+  if (exit_code != kExitOk) stop_code_ = exit_code;
+}
+
+int FitLoop::local_stop_code() const {
+  if (int sig = signals::received()) return 128 + sig;
+  if (should_stop_) return stop_code_ != kExitOk ? stop_code_ : 1;
+  return time_is_up() ? 1 : 0;
+}
+
+void FitLoop::share_stop_code(bool blocking) {
+  if (world_size_ == 1) return;
+  constexpr size_t kStopLag = 2;
+  torch::NoGradGuard ng;
+  auto flag = torch::full({}, local_stop_code(), torch::TensorOptions().dtype(torch::kInt32).device(parts_.device));
+  strategy_.reduce_max(flag);
+  pending_stops_.emplace_back();
+  pending_stops_.back().start(flag);
+  // The lag is counted in calls, which happen at the same points on every rank.
+  while (!pending_stops_.empty() && (blocking || pending_stops_.size() > kStopLag)) {
+    agreed_stop_ = std::max(agreed_stop_, pending_stops_.front().wait().item<int>());
+    pending_stops_.pop_front();
+  }
+}
+
+int FitLoop::settle_stop() {
+  // Data parallel: the agreed code (a NaN stop or a signal on any rank stops every rank with its status).
+  if (world_size_ > 1 && agreed_stop_ > 1) stop_code_ = agreed_stop_;
+  const int sig = world_size_ > 1 ? (agreed_stop_ >= 128 ? agreed_stop_ - 128 : 0) : signals::received();
+  if (sig != 0) stop_code_ = 128 + sig;
+  return sig;
+}
+
+void FitLoop::run() {
+  while (!done()) {
+    if (state_.epoch_done) {
+      ++state_.epoch;
+      state_.batch_in_epoch = 0;
+      state_.epoch_done = false;
+    }
+    run_epoch();
+  }
+}
+
+void FitLoop::run_epoch() {
+  auto& t = *parts_.view;
+  auto& module = *parts_.module;
+  const bool fresh_epoch = state_.batch_in_epoch == 0;
+  loader_->start(state_.epoch, state_.batch_in_epoch);
+  module.net().train();
+  if (fresh_epoch) {
+    module.on_train_epoch_start();
+    parts_.each([&](Callback& cb) { cb.on_train_epoch_start(t, module); });
+  }
+  for (;;) {
+    const auto wait_start = std::chrono::steady_clock::now();
+    auto b = loader_->next();
+    last_input_wait_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - wait_start).count();
+    if (!b) break;
+    const int64_t idx = state_.batch_in_epoch;
+    signals::set_current_step(state_.global_step + 1);  // the step a stop signal's message names
+    // A signal answered with "finishing step <global_step>" (the step before this one) stops here:
+    // the batch is not consumed, so a resume starts with it. (Data parallel: done() below, agreed.)
+    if (world_size_ == 1 && accum_count_ == 0 && signals::received() != 0 &&
+        signals::announced_step() <= state_.global_step)
+      break;
+    const Batch host_batch = *b;  // tensor handles only: the hooks after the step see the batch
+    torch::Tensor loss = run_batch(std::move(*b), idx);
+    ++state_.batch_in_epoch;
+    ++state_.batches_seen;
+    const bool last = state_.batch_in_epoch >= num_batches_;
+    if (last) state_.epoch_done = true;
+    // The end of a step, in this order (docs/ARCHITECTURE.md): the batch hooks, the validation it
+    // triggers, the epoch's end, and only then the checkpoints, which thus hold everything it logged.
+    parts_.each([&](Callback& cb) { cb.on_train_batch_end(t, module, loss, host_batch, idx); });
+    fault_point("before_validation", state_.global_step);
+    if (should_validate_now(state_.batch_in_epoch, last)) {
+      evaluation_->run(Stage::Validate, -1, false);
+      module.net().train();
+    }
+    if (last) {
+      module.on_train_epoch_end();
+      parts_.collector->set_training(true);
+      parts_.collector->end_epoch(state_.global_step, state_.epoch, false);
+      parts_.each([&](Callback& cb) { cb.on_train_epoch_end(t, module); });
+    }
+    fault_point("before_checkpoint", state_.global_step);
+    parts_.each([&](Callback& cb) { cb.on_train_batch_complete(t, module); });
+    fault_point("after_checkpoint", state_.global_step);
+    if (last) break;
+    if (accum_count_ == 0 && done()) break;
+  }
+  loader_->stop();
+  share_stop_code(/*blocking=*/true);  // every rank leaves the epoch here: agree on stopping now
+}
+
+torch::Tensor FitLoop::run_batch(Batch host_batch, int64_t batch_idx) {
+  if (!runner_) throw std::logic_error("FitLoop::run_batch without a runner (set_runner)");
+  auto& t = *parts_.view;
+  auto& module = *parts_.module;
+  module.attach(parts_.collector, Stage::Fit, true);
+  parts_.collector->set_training(true);
+  parts_.each([&](Callback& cb) { cb.on_train_batch_start(t, module, host_batch, batch_idx); });
+  MicroBatch mb;
+  mb.index = batch_idx;
+  mb.first = accum_count_ == 0;
+  mb.epoch_last = batch_idx + 1 >= num_batches_;
+  mb.last = accum_count_ + 1 >= parts_.cfg->accumulate_grad_batches || mb.epoch_last;
+  torch::Tensor loss = runner_->run(parts_.prepare(std::move(host_batch), 0), mb);
+  ++accum_count_;
+  if (mb.last) finish_optimizer_step();
+  return loss;
+}
+
+void FitLoop::finish_optimizer_step() {
+  auto& t = *parts_.view;
+  if (torch::optim::Optimizer* opt = t.optimizer())
+    parts_.each([&](Callback& cb) { cb.on_before_zero_grad(t, *parts_.module, *opt); });
+  runner_->zero_grad();
+  accum_count_ = 0;
+  ++state_.global_step;
+  if (LRScheduler* scheduler = t.scheduler()) scheduler->step(state_.global_step);
+  const bool emit = state_.global_step % parts_.cfg->log_every_n_steps == 0 || state_.global_step == 1;
+  parts_.collector->end_step(state_.global_step, state_.epoch, emit);
+  share_stop_code(/*blocking=*/false);
+}
+
+void FitLoop::Progress::save(checkpoint::CheckpointData& d, const StepStart* at) {
+  d.blobs["loop"] = serialize_loop_state(at ? at->loop : loop_.saved_state());
+}
+
+void FitLoop::Progress::load(const checkpoint::CheckpointData& d) { loop_.state_ = parse_loop_state(d.blob("loop")); }
+
+void FitLoop::Accumulation::save(checkpoint::CheckpointData& d, const StepStart* at) {
+  const int64_t micro_batches = at ? 0 : loop_.accum_count_;  // a step starts with no partial window
+  d.blobs["accumulation"] = nlohmann::json{{"micro_batches", micro_batches}}.dump();
+  if (micro_batches == 0) return;
+  for (const auto& p : loop_.parts_.module->net().named_parameters())
+    if (p.value().grad().defined()) d.tensors["accumulation/grad/" + p.key()] = p.value().grad();
+}
+
+void FitLoop::Accumulation::load(const checkpoint::CheckpointData& d) {
+  loop_.accum_count_ =
+      d.has_blob("accumulation") ? nlohmann::json::parse(d.blob("accumulation")).at("micro_batches").get<int64_t>() : 0;
+  for (auto& p : loop_.parts_.module->net().named_parameters()) {
+    auto it = d.tensors.find("accumulation/grad/" + p.key());
+    if (loop_.accum_count_ > 0 && it != d.tensors.end())
+      p.value().mutable_grad() = it->second.to(p.value().device()).clone();
+    else
+      p.value().mutable_grad() = torch::Tensor();
+  }
+}
+
+}  // namespace strobe

@@ -1,0 +1,230 @@
+// The loops, as objects (Lightning's fit_loop and evaluation_loop are the model): each owns its
+// counters, limits and hooks; the Trainer builds them and wires them to the step, the data and the
+// callbacks (trainer.cpp). Either can be driven on its own: tests/trainer/loops_test.cpp does.
+//
+// FitLoop: epochs of training batches. It owns the loop counters (TrainerState, the checkpoint's
+// `loop` blob), the training limits (limit_train_batches, overfit_batches, fast_dev_run, max_steps,
+// max_epochs, max_time), when validation runs, and the stop state (callbacks' requests, signals,
+// and under data parallel the stop code agreed across ranks), and the optimizer step's progress: the
+// accumulation window, global_step, the scheduler's step and the end of each optimizer step. One
+// step's path runs downward: FitLoop::run_batch -> its TrainingRunner (step_runner.h: eager, or the
+// graphed one) -> StepRunner -> StepPipeline -> the optimizer; callbacks are reached through the view.
+//
+// EvaluationLoop: one validation or test run over its limited batches, in Lightning's hook order,
+// with the epoch's metrics waited for once at its end (early stopping, checkpoints and a plateau
+// scheduler decide on them). PredictLoop: one prediction run.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <vector>
+
+#include <torch/types.h>
+
+#include "strobe/config/experiment.h"
+#include "strobe/core/callback.h"
+#include "strobe/core/datamodule.h"
+#include "strobe/core/device_transfer.h"
+#include "strobe/core/loop_state.h"
+#include "strobe/core/module.h"
+#include "strobe/checkpoint/stateful.h"
+#include "strobe/data/batch.h"
+#include "strobe/logging/device_readback.h"
+
+namespace strobe {
+
+class LRScheduler;
+class TrainerView;
+class TrainingRunner;
+namespace logging {
+class LogCollector;
+}
+namespace data {
+class DataLoader;
+}
+namespace distributed {
+class Strategy;
+}
+
+// A loader's batch onto the device through the data module's hooks: on_before_batch_transfer,
+// transfer_batch_to_device (on a copy stream on CUDA: device_transfer.h), on_after_batch_transfer;
+// a batch the data module injects (replay) stands in for a training batch.
+class BatchPreparer {
+ public:
+  BatchPreparer(DataModule& datamodule, Module& module, torch::Device device)
+      : datamodule_(datamodule), module_(module), device_(device) {}
+  Batch prepare(Batch batch, int64_t dataloader_idx);
+
+ private:
+  DataModule& datamodule_;
+  Module& module_;
+  torch::Device device_;
+  BatchTransfer transfer_;
+};
+
+// What both loops are wired to (the Trainer's parts, which outlive the loops).
+struct LoopParts {
+  TrainerView* view = nullptr;  // the callbacks' view of the trainer
+  Module* module = nullptr;
+  DataModule* datamodule = nullptr;
+  logging::LogCollector* collector = nullptr;
+  const config::TrainerConfig* cfg = nullptr;
+  torch::Device device{torch::kCPU};
+  const std::vector<std::shared_ptr<Callback>>* callbacks = nullptr;
+  BatchPreparer* preparer = nullptr;  // null: batches stay as the loader made them (tests)
+
+  Batch prepare(Batch batch, int64_t dataloader_idx) const {
+    return preparer ? preparer->prepare(std::move(batch), dataloader_idx) : batch;
+  }
+
+  template <class F>
+  void each(F&& f) const {
+    for (auto& cb : *callbacks) f(*cb);
+  }
+};
+
+class EvaluationLoop {
+ public:
+  // `state`: the fit loop's counters (the logged step and epoch; validation runs are counted there).
+  EvaluationLoop(LoopParts parts, TrainerState& state);
+
+  // The scheduler a validation run feeds its monitored metric (reduce-on-plateau); null: none.
+  void set_scheduler(LRScheduler* scheduler) { scheduler_ = scheduler; }
+
+  // One run of `stage` (Validate or Test) over at most `limit` batches (-1: no limit beyond
+  // trainer.limit_{val,test}_batches and fast_dev_run). `sanity`: the sanity check before training,
+  // whose metrics are discarded and which counts no validation run. Returns the batches run (0: no
+  // loader, or a limit of 0, and then no hook ran). The module's train/eval mode is restored.
+  int64_t run(Stage stage, int64_t limit, bool sanity);
+
+  // Batches a run of `stage` would take under the limits above (0: no loader), without running it.
+  int64_t planned_batches(Stage stage, int64_t limit) const;
+
+ private:
+  std::shared_ptr<data::DataLoader> loader_of(Stage stage) const;  // the data module's, or null
+
+  LoopParts parts_;
+  TrainerState& state_;
+  LRScheduler* scheduler_ = nullptr;
+};
+
+// PredictLoop: one prediction run over the data module's predict loader (trainer.limit_predict_batches),
+// in Lightning's hook order, without gradients, under the run's precision; returns each batch's
+// predict_step output. The module is left in eval mode.
+class PredictLoop {
+ public:
+  explicit PredictLoop(LoopParts parts) : parts_(std::move(parts)) {}
+  std::vector<torch::Tensor> run();
+
+ private:
+  LoopParts parts_;
+};
+
+class FitLoop {
+ public:
+  // `strategy`: data parallel's stop agreement (one process: no collective is made).
+  FitLoop(LoopParts parts, distributed::Strategy& strategy, int64_t world_size);
+
+  // The validation runs' loop (its counters are this loop's state()); without one, never validates.
+  void set_evaluation(EvaluationLoop* evaluation) { evaluation_ = evaluation; }
+  // Takes the training loader and applies the training limits; throws when it yields no batches.
+  void setup(std::shared_ptr<data::DataLoader> loader);
+  // What runs each training micro-batch (the Trainer's eager or graphed runner, or a test's).
+  void set_runner(TrainingRunner* runner) { runner_ = runner; }
+
+  // --- counters ---
+  TrainerState& state() { return state_; }
+  const TrainerState& state() const { return state_; }
+  // The counters as a checkpoint records them: elapsed_s includes this process's training time.
+  TrainerState saved_state() const;
+  int64_t num_batches() const { return num_batches_; }  // training batches per epoch, after the limits
+  // Optimizer steps the fit takes under max_epochs and max_steps (-1: unbounded).
+  int64_t estimated_stepping_batches() const;
+  double last_input_wait_s() const { return last_input_wait_s_; }
+  // Micro-batches of the optimizer step in progress run so far (0 between optimizer steps); a
+  // checkpoint's `accumulation` blob restores it.
+  int64_t accumulated_batches() const { return accum_count_; }
+  // The checkpoint's `loop` entry (the counters; at a step's start, that step's; restored for
+  // evaluation too, so that its logged step and epoch match) and its `accumulation` entry (the
+  // window's micro-batch count and, inside a window, the module's partial gradients).
+  Stateful& progress_state() { return progress_; }
+  Stateful& accumulation_state() { return accumulation_; }
+
+  // --- running ---
+  // max_time (and a checkpoint's elapsed time) counts from here: fit's start, sanity check included.
+  void start_clock() { start_time_ = std::chrono::steady_clock::now(); }
+  // Epochs until done(): the epoch rollover, then each batch's end in order (on_train_batch_end,
+  // the validation it triggers, the epoch's end, on_train_batch_complete: docs/ARCHITECTURE.md).
+  void run();
+  void run_epoch();
+  // One training batch from the loader (`batch_idx` in its epoch): on_train_batch_start, onto the
+  // device, the runner's micro-batch and, when it ends the accumulation window (or the epoch), the
+  // end of the optimizer step: on_before_zero_grad, the runner's zero_grad, global_step, the
+  // scheduler, the step's log row, the stop agreement. Returns the loss (detached). The epoch's
+  // counters are run_epoch's: a program may run single batches through this (replay, tests).
+  torch::Tensor run_batch(Batch host_batch, int64_t batch_idx);
+  // A limit is reached or a stop was requested (data parallel: agreed by every rank).
+  bool done() const;
+  // Whether the batch that just ended (`batch_in_epoch` batches consumed) validates.
+  bool should_validate_now(int64_t batch_in_epoch, bool epoch_end) const;
+
+  // --- stopping ---
+  void request_stop(int exit_code);
+  bool should_stop() const { return should_stop_; }
+  // Data parallel: this rank's stop code (0 none, 1 stop, 3 NaN, 128+signal) is max-reduced on the
+  // device after every optimizer step and read kStopLag calls later (the copy is long done: no
+  // stall), so every rank stops after the same step; `blocking` (an epoch's end) agrees at once.
+  void share_stop_code(bool blocking);
+  // After run(): folds the agreed stop code (data parallel) and a signal into the exit code, and
+  // returns the signal that stopped the run (0: none).
+  int settle_stop();
+  // fit()'s status: kExitOk, a callback's requested code (kExitNaN), or 128 + the signal.
+  int exit_code() const { return stop_code_; }
+
+ private:
+  int local_stop_code() const;
+  bool time_is_up() const;
+  void finish_optimizer_step();
+
+  class Progress : public Stateful {
+   public:
+    explicit Progress(FitLoop& loop) : loop_(loop) {}
+    void save(checkpoint::CheckpointData& out, const StepStart* step_start) override;
+    void load(const checkpoint::CheckpointData& in) override;
+    bool training_only() const override { return false; }  // evaluation logs at the saved step
+
+   private:
+    FitLoop& loop_;
+  };
+  class Accumulation : public Stateful {
+   public:
+    explicit Accumulation(FitLoop& loop) : loop_(loop) {}
+    void save(checkpoint::CheckpointData& out, const StepStart* step_start) override;
+    void load(const checkpoint::CheckpointData& in) override;
+
+   private:
+    FitLoop& loop_;
+  };
+
+  LoopParts parts_;
+  EvaluationLoop* evaluation_ = nullptr;
+  distributed::Strategy& strategy_;
+  int64_t world_size_;
+  TrainingRunner* runner_ = nullptr;
+  int64_t accum_count_ = 0;
+  Progress progress_{*this};
+  Accumulation accumulation_{*this};
+  std::shared_ptr<data::DataLoader> loader_;
+  TrainerState state_;
+  int64_t num_batches_ = 0;
+  double last_input_wait_s_ = 0.0;
+  std::chrono::steady_clock::time_point start_time_;
+  bool should_stop_ = false;
+  int stop_code_ = 0;
+  std::deque<DeviceReadback> pending_stops_;  // the all-reduced stop codes (0-d int32) on their way to the host
+  int agreed_stop_ = 0;                       // the max over ranks of the stop codes read so far
+};
+
+}  // namespace strobe

@@ -1,0 +1,65 @@
+#include "strobe/core/master_weights.h"
+
+#include <torch/torch.h>
+
+namespace strobe {
+namespace {
+
+bool is_batch_norm(torch::nn::Module& m) {
+  return m.as<torch::nn::BatchNorm1d>() || m.as<torch::nn::BatchNorm2d>() || m.as<torch::nn::BatchNorm3d>();
+}
+
+}  // namespace
+
+MasterWeights::MasterWeights(torch::nn::Module& net, c10::ScalarType dtype) {
+  torch::NoGradGuard no_grad;
+  for (const auto& item : net.named_modules()) {
+    torch::nn::Module& m = *item.value();
+    if (is_batch_norm(m)) continue;
+    for (auto& p : m.named_parameters(/*recurse=*/false)) {
+      torch::Tensor param = p.value();
+      if (!param.is_floating_point() || param.scalar_type() == dtype) continue;
+      torch::Tensor master = param.detach().to(torch::kFloat32, /*non_blocking=*/false, /*copy=*/true);
+      // set_data keeps the parameter object (hooks, the module's registration) and its layout.
+      param.set_data(param.detach().to(dtype));
+      index_[param.unsafeGetTensorImpl()] = model_.size();
+      model_.push_back(param);
+      master_.push_back(master);
+    }
+    for (auto& b : m.named_buffers(/*recurse=*/false)) {
+      torch::Tensor buf = b.value();
+      if (buf.is_floating_point() && buf.scalar_type() != dtype) buf.set_data(buf.to(dtype));
+    }
+  }
+}
+
+std::vector<torch::Tensor> MasterWeights::optimizer_params(const std::vector<torch::Tensor>& params) const {
+  std::vector<torch::Tensor> out;
+  out.reserve(params.size());
+  for (const auto& p : params) out.push_back(master_of(p));
+  return out;
+}
+
+const torch::Tensor& MasterWeights::master_of(const torch::Tensor& param) const {
+  auto it = index_.find(param.unsafeGetTensorImpl());
+  return it == index_.end() ? param : master_[it->second];
+}
+
+void MasterWeights::attach_grads(bool fp32_copies) {
+  for (size_t i = 0; i < model_.size(); ++i) {
+    const auto& g = model_[i].grad();
+    master_[i].mutable_grad() = g.defined() && fp32_copies ? g.to(torch::kFloat32) : g;
+  }
+}
+
+void MasterWeights::copy_to_model() {
+  if (model_.empty()) return;
+  torch::NoGradGuard no_grad;  // in place on the parameters themselves: no per-step detached views
+  at::_foreach_copy_(model_, master_);
+}
+
+void MasterWeights::release_grads() {
+  for (auto& m : master_) m.mutable_grad() = torch::Tensor();
+}
+
+}  // namespace strobe

@@ -1,0 +1,57 @@
+// Model: a network built from the `model:` config section. forward() takes the whole batch so each
+// model reads the inputs it needs ("image", "tokens" + "cu_seqlens"/"position_ids", ...).
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+#include <torch/nn/module.h>
+#include <torch/types.h>
+
+#include "strobe/config/precision.h"
+#include "strobe/config/registry.h"
+#include "strobe/data/batch.h"
+
+namespace strobe {
+
+class Model : public torch::nn::Module {
+ public:
+  explicit Model(const std::string& name) : torch::nn::Module(name) {}
+  virtual torch::Tensor forward(const Batch& batch) = 0;
+  // The task a model trains with when `task:` names none (e.g. resnet -> classification).
+  virtual std::string default_task() const = 0;
+  // Called once the trainer has moved the model to its device, before the optimizer sees the
+  // parameters (and before bf16-master converts them): a model may change their memory layout there
+  // (resnet: channels_last on CUDA under a reduced precision). `precision` is trainer.precision
+  // (strobe/config/precision.h).
+  virtual void on_device(const torch::Device& /*device*/, Precision /*precision*/) {}
+  // The language-model head's input, for a loss that never builds the logits (language_modeling's
+  // `fused_linear_loss`, ops::linear_cross_entropy): forward(batch) == linear(hidden, weight, bias).
+  // Models with such a head (llama, decoder_lm) override both; the others have none (0).
+  struct HeadInput {
+    torch::Tensor hidden;  // [..., C]
+    torch::Tensor weight;  // [V, C] (a tied head: the embedding's own weight)
+    std::optional<torch::Tensor> bias;
+  };
+  // The head's output size (the vocabulary) when the model has such a head, else 0.
+  virtual int64_t head_input_vocab() const { return 0; }
+  virtual HeadInput forward_head_input(const Batch& /*batch*/) {
+    throw std::logic_error(name() + " has no language-model head to hand to a fused loss");
+  }
+  // precision bf16-master: floating inputs are cast to the weights' dtype at the model's entry
+  // (models call input() on what they read from the batch). Unset: inputs are used as given.
+  void set_input_dtype(std::optional<c10::ScalarType> dtype) { input_dtype_ = dtype; }
+  torch::Tensor input(const torch::Tensor& x) const {
+    return input_dtype_ && x.is_floating_point() && x.scalar_type() != *input_dtype_ ? x.to(*input_dtype_) : x;
+  }
+
+ private:
+  std::optional<c10::ScalarType> input_dtype_;
+};
+
+using ModelRegistry = Registry<std::shared_ptr<Model>>;
+ModelRegistry& model_registry();
+
+}  // namespace strobe

@@ -1,0 +1,297 @@
+#include "strobe/core/optim.h"
+
+#include <cmath>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include "strobe/checkpoint/checkpoint_io.h"
+#include "strobe/core/loop_state.h"
+
+#if STROBE_HAS_OPS
+#include "strobe/ops/fused_optimizers.h"
+#include "strobe/ops/ops.h"
+#endif
+
+namespace strobe {
+
+std::shared_ptr<torch::optim::Optimizer> build_optimizer(config::Section& cfg, std::vector<torch::Tensor> params,
+                                                         const torch::Device& device, OptimizerInfo* info) {
+  std::string name = cfg.get_choice("name", "adamw", {"sgd", "adam", "adamw"});
+  double lr = cfg.get_double("lr", 1e-3, 0.0);
+  double wd = cfg.get_double("weight_decay", name == "adamw" ? 0.01 : 0.0, 0.0);
+  // fused: auto (our multi-tensor CUDA step whenever it applies, torch::optim otherwise), true (the
+  // fused step or an error saying why it cannot be had), false (torch::optim).
+  const std::string fused = cfg.get_choice("fused", "auto", {"auto", "true", "false"});
+  std::string why_not;
+#if STROBE_HAS_OPS
+  if (!device.is_cuda()) why_not = fmt::format("the device is {}, and the fused step runs on CUDA", device.str());
+  else if (!ops::built_with_cuda()) why_not = "this build's custom operators have no CUDA kernels";
+  // Dense fp32 (channels_last included: the kernels walk parameter, state and gradient memory flat).
+  for (const auto& p : params)
+    if (why_not.empty() && (p.scalar_type() != torch::kFloat32 || !p.is_non_overlapping_and_dense()))
+      why_not = fmt::format("it needs dense fp32 parameters (found {}{})", c10::toString(p.scalar_type()),
+                            p.is_non_overlapping_and_dense() ? "" : ", a strided view");
+#else
+  why_not = "this build has no custom operators";
+#endif
+  if (fused == "true" && !why_not.empty())
+    cfg.fail("fused", fmt::format("the fused optimizer step is not available: {} (use fused: auto or false)", why_not));
+  const bool use_fused = fused != "false" && why_not.empty();
+  std::shared_ptr<torch::optim::Optimizer> opt;
+  if (name == "sgd") {
+    double momentum = cfg.get_double("momentum", 0.0, 0.0, 1.0);
+    bool nesterov = cfg.get_bool("nesterov", false);
+    double dampening = cfg.get_double("dampening", 0.0, 0.0, 1.0);
+    if (nesterov && (momentum <= 0 || dampening != 0))
+      cfg.fail("nesterov", "nesterov momentum needs momentum > 0 and dampening 0");
+    cfg.finish();
+    auto o = torch::optim::SGDOptions(lr).momentum(momentum).nesterov(nesterov).dampening(dampening).weight_decay(wd);
+#if STROBE_HAS_OPS
+    if (use_fused) opt = std::make_shared<ops::FusedSGD>(params, o);
+#endif
+    if (!opt) opt = std::make_shared<torch::optim::SGD>(params, o);
+  } else {
+    auto betas = cfg.node()["betas"];
+    double b1 = 0.9, b2 = 0.999;
+    cfg.accept("betas");
+    if (betas.IsDefined() && !betas.IsNull()) {
+      if (!betas.IsSequence() || betas.size() != 2) cfg.fail("betas", "expected [beta1, beta2]");
+      try {
+        b1 = betas[0].as<double>(), b2 = betas[1].as<double>();
+      } catch (const YAML::Exception&) {
+        cfg.fail("betas", "expected two numbers in [0, 1)");
+      }
+      if (b1 < 0 || b1 >= 1 || b2 < 0 || b2 >= 1) cfg.fail("betas", "expected two numbers in [0, 1)");
+    } else {
+      YAML::Node seq(YAML::NodeType::Sequence);
+      seq.push_back(b1);
+      seq.push_back(b2);
+      cfg.node()["betas"] = seq;
+    }
+    double eps = cfg.get_double("eps", 1e-8, 0.0);
+    bool amsgrad = cfg.get_bool("amsgrad", false);
+    cfg.finish();
+    if (name == "adam") {
+      auto o = torch::optim::AdamOptions(lr).betas({b1, b2}).eps(eps).weight_decay(wd).amsgrad(amsgrad);
+#if STROBE_HAS_OPS
+      if (use_fused) opt = std::make_shared<ops::FusedAdam>(params, o);
+#endif
+      if (!opt) opt = std::make_shared<torch::optim::Adam>(params, o);
+    } else {
+      auto o = torch::optim::AdamWOptions(lr).betas({b1, b2}).eps(eps).weight_decay(wd).amsgrad(amsgrad);
+#if STROBE_HAS_OPS
+      if (use_fused) opt = std::make_shared<ops::FusedAdamW>(params, o);
+#endif
+      if (!opt) opt = std::make_shared<torch::optim::AdamW>(params, o);
+    }
+  }
+  if (info) *info = OptimizerInfo{name, use_fused};
+  return opt;
+}
+
+double get_lr(const torch::optim::Optimizer& opt, size_t group) {
+  return opt.param_groups().at(group).options().get_lr();
+}
+
+void set_lr(torch::optim::Optimizer& opt, size_t group, double lr) {
+  opt.param_groups().at(group).options().set_lr(lr);
+}
+
+LRScheduler::LRScheduler(torch::optim::Optimizer& opt) : opt_(opt) {
+  for (size_t g = 0; g < opt.param_groups().size(); ++g) base_lrs_.push_back(get_lr(opt, g));
+}
+
+void LRScheduler::apply() {
+  double f = factor(step_);
+  for (size_t g = 0; g < base_lrs_.size(); ++g) set_lr(opt_, g, base_lrs_[g] * f);
+}
+
+void LRScheduler::step(int64_t global_step) {
+  step_ = global_step;
+  apply();
+}
+
+nlohmann::json LRScheduler::state_dict() const { return {{"step", step_}, {"base_lrs", base_lrs_}}; }
+
+void LRScheduler::load_state_dict(const nlohmann::json& s) {
+  step_ = s.at("step").get<int64_t>();
+  base_lrs_ = s.at("base_lrs").get<std::vector<double>>();
+  apply();
+}
+
+namespace {
+
+class StepLR : public LRScheduler {
+ public:
+  StepLR(torch::optim::Optimizer& o, int64_t step_size, double gamma) : LRScheduler(o), size_(step_size), gamma_(gamma) {}
+  double factor(int64_t s) const override { return std::pow(gamma_, static_cast<double>(s / size_)); }
+  int64_t size_;
+  double gamma_;
+};
+
+class MultiStepLR : public LRScheduler {
+ public:
+  MultiStepLR(torch::optim::Optimizer& o, std::vector<int64_t> m, double gamma) : LRScheduler(o), m_(std::move(m)), gamma_(gamma) {}
+  double factor(int64_t s) const override {
+    int n = 0;
+    for (auto x : m_) n += s >= x;
+    return std::pow(gamma_, n);
+  }
+  std::vector<int64_t> m_;
+  double gamma_;
+};
+
+// Linear warmup from warmup_start_factor to 1 over warmup_steps, then cosine to min_factor at
+// total_steps (constant afterwards).
+class CosineWarmup : public LRScheduler {
+ public:
+  CosineWarmup(torch::optim::Optimizer& o, int64_t warmup, int64_t total, double start, double min_factor)
+      : LRScheduler(o), warmup_(warmup), total_(total), start_(start), min_(min_factor) {}
+  double factor(int64_t s) const override {
+    if (s < warmup_) return start_ + (1.0 - start_) * static_cast<double>(s) / static_cast<double>(warmup_);
+    if (total_ <= warmup_) return 1.0;
+    double p = std::min(1.0, static_cast<double>(s - warmup_) / static_cast<double>(total_ - warmup_));
+    return min_ + (1.0 - min_) * 0.5 * (1.0 + std::cos(M_PI * p));
+  }
+  int64_t warmup_, total_;
+  double start_, min_;
+};
+
+class LinearWarmup : public LRScheduler {
+ public:
+  LinearWarmup(torch::optim::Optimizer& o, int64_t warmup, double start) : LRScheduler(o), warmup_(warmup), start_(start) {}
+  double factor(int64_t s) const override {
+    if (s >= warmup_) return 1.0;
+    return start_ + (1.0 - start_) * static_cast<double>(s) / static_cast<double>(warmup_);
+  }
+  int64_t warmup_;
+  double start_;
+};
+
+// Multiplies the lr by `factor` after `patience` validations without improvement of the monitored
+// value (relative threshold, as torch's default 'rel' mode), then waits `cooldown` validations.
+class ReduceOnPlateau : public LRScheduler {
+ public:
+  ReduceOnPlateau(torch::optim::Optimizer& o, std::string monitor, bool maximize, double factor, int64_t patience,
+                  double threshold, int64_t cooldown, double min_lr)
+      : LRScheduler(o), monitor_(std::move(monitor)), max_(maximize), f_(factor), patience_(patience),
+        threshold_(threshold), cooldown_(cooldown), min_lr_(min_lr) {}
+  double factor(int64_t) const override { return scale_; }
+  bool wants_monitor() const override { return true; }
+  std::string monitor() const override { return monitor_; }
+  void on_validation_end(double v) override {
+    bool better = !has_best_ || (max_ ? v > best_ * (1 + (best_ >= 0 ? threshold_ : -threshold_))
+                                      : v < best_ * (1 - (best_ >= 0 ? threshold_ : -threshold_)));
+    if (std::isnan(v)) better = false;
+    if (better) {
+      best_ = v, has_best_ = true, bad_ = 0;
+    } else {
+      ++bad_;
+    }
+    if (cooldown_left_ > 0) {
+      --cooldown_left_;
+      bad_ = 0;
+    }
+    if (bad_ > patience_) {
+      double min_scale = base_lrs_.empty() || base_lrs_[0] <= 0 ? 0.0 : min_lr_ / base_lrs_[0];
+      scale_ = std::max(scale_ * f_, min_scale);
+      cooldown_left_ = cooldown_;
+      bad_ = 0;
+      apply();
+    }
+  }
+  nlohmann::json state_dict() const override {
+    auto s = LRScheduler::state_dict();
+    s["best"] = best_, s["has_best"] = has_best_, s["bad"] = bad_, s["scale"] = scale_, s["cooldown_left"] = cooldown_left_;
+    return s;
+  }
+  void load_state_dict(const nlohmann::json& s) override {
+    best_ = s.at("best").get<double>(), has_best_ = s.at("has_best").get<bool>(), bad_ = s.at("bad").get<int64_t>();
+    scale_ = s.at("scale").get<double>(), cooldown_left_ = s.at("cooldown_left").get<int64_t>();
+    LRScheduler::load_state_dict(s);
+  }
+  std::string monitor_;
+  bool max_;
+  double f_;
+  int64_t patience_;
+  double threshold_;
+  int64_t cooldown_;
+  double min_lr_;
+  double best_ = 0, scale_ = 1.0;
+  bool has_best_ = false;
+  int64_t bad_ = 0, cooldown_left_ = 0;
+};
+
+}  // namespace
+
+std::shared_ptr<LRScheduler> build_scheduler(config::Section& cfg, torch::optim::Optimizer& opt, int64_t total_steps) {
+  std::string name = cfg.get_choice("name", "none", {"none", "step", "multistep", "cosine", "linear_warmup", "reduce_on_plateau"});
+  std::shared_ptr<LRScheduler> s;
+  if (name == "step") {
+    int64_t size = cfg.get_int("step_size", 1000, 1);
+    double gamma = cfg.get_double("gamma", 0.1, 0.0);
+    s = std::make_shared<StepLR>(opt, size, gamma);
+  } else if (name == "multistep") {
+    auto m = cfg.get_int_list("milestones", {});
+    if (m.empty()) cfg.fail("milestones", "expected a non-empty list of optimizer steps");
+    for (size_t i = 1; i < m.size(); ++i)
+      if (m[i] <= m[i - 1]) cfg.fail("milestones", "expected increasing optimizer steps");
+    double gamma = cfg.get_double("gamma", 0.1, 0.0);
+    s = std::make_shared<MultiStepLR>(opt, m, gamma);
+  } else if (name == "cosine") {
+    int64_t warmup = cfg.get_int("warmup_steps", 0, 0);
+    int64_t max_steps = cfg.get_int("max_steps", -1, -1);
+    double start = cfg.get_double("warmup_start_factor", 0.0, 0.0, 1.0);
+    double min_factor = cfg.get_double("min_lr_factor", 0.0, 0.0, 1.0);
+    int64_t total = max_steps > 0 ? max_steps : total_steps;
+    if (total <= 0) cfg.fail("max_steps", "cosine needs the run length: set scheduler.max_steps or trainer.max_steps");
+    s = std::make_shared<CosineWarmup>(opt, warmup, total, start, min_factor);
+  } else if (name == "linear_warmup") {
+    int64_t warmup = cfg.get_int("warmup_steps", 100, 1);
+    double start = cfg.get_double("warmup_start_factor", 0.0, 0.0, 1.0);
+    s = std::make_shared<LinearWarmup>(opt, warmup, start);
+  } else if (name == "reduce_on_plateau") {
+    std::string monitor = cfg.get_string("monitor", "val/loss");
+    std::string mode = cfg.get_choice("mode", "min", {"min", "max"});
+    double factor = cfg.get_double("factor", 0.1, 0.0, 1.0);
+    int64_t patience = cfg.get_int("patience", 10, 0);
+    double threshold = cfg.get_double("threshold", 1e-4, 0.0);
+    int64_t cooldown = cfg.get_int("cooldown", 0, 0);
+    double min_lr = cfg.get_double("min_lr", 0.0, 0.0);
+    s = std::make_shared<ReduceOnPlateau>(opt, monitor, mode == "max", factor, patience, threshold, cooldown, min_lr);
+  }
+  cfg.finish();
+  if (s) s->apply();
+  return s;
+}
+
+void LRScheduler::save(checkpoint::CheckpointData& d, const StepStart* at) {
+  nlohmann::json s = state_dict();
+  if (at) s["step"] = at->loop.global_step;
+  d.blobs["scheduler"] = s.dump();
+}
+
+void LRScheduler::load(const checkpoint::CheckpointData& d) {
+  if (d.has_blob("scheduler")) load_state_dict(nlohmann::json::parse(d.blob("scheduler")));
+}
+
+void OptimizerState::save(checkpoint::CheckpointData& d, const StepStart*) {
+  torch::serialize::OutputArchive a;
+  optimizer_.save(a);
+  std::ostringstream os;
+  a.save_to(os);
+  d.blobs["optimizer"] = os.str();
+}
+
+void OptimizerState::load(const checkpoint::CheckpointData& d) {
+  if (!d.has_blob("optimizer")) return;
+  torch::serialize::InputArchive a;
+  std::istringstream is(d.blob("optimizer"));
+  a.load_from(is, device_);
+  optimizer_.load(a);
+}
+
+}  // namespace strobe

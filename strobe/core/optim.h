@@ -1,0 +1,76 @@
+// Optimizers and learning-rate schedulers built from the `optimizer:` and `scheduler:` sections.
+//
+// Schedulers are pure functions of the optimizer-step count (plus, for reduce_on_plateau, the
+// monitored values seen so far), so their whole state is a few numbers saved in the checkpoint.
+// The learning rate of each parameter group is base_lr * factor(step); step() is called after every
+// optimizer step (Lightning's interval "step").
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+#include <torch/optim/optimizer.h>
+
+#include "strobe/config/config.h"
+#include "strobe/checkpoint/stateful.h"
+
+namespace strobe {
+
+struct OptimizerInfo {
+  std::string name;  // sgd | adam | adamw
+  bool fused = false;  // our multi-tensor CUDA step is in use
+};
+
+// `device` decides whether optimizer.fused (default true) selects the fused CUDA step.
+std::shared_ptr<torch::optim::Optimizer> build_optimizer(config::Section& cfg, std::vector<torch::Tensor> params,
+                                                         const torch::Device& device, OptimizerInfo* info = nullptr);
+
+double get_lr(const torch::optim::Optimizer& opt, size_t group = 0);
+void set_lr(torch::optim::Optimizer& opt, size_t group, double lr);
+
+class LRScheduler : public Stateful {
+ public:
+  explicit LRScheduler(torch::optim::Optimizer& opt);
+  virtual ~LRScheduler() = default;
+  // After an optimizer step: step_count becomes `global_step` and the lrs are set for the next step.
+  void step(int64_t global_step);
+  // At the end of a validation run, with the monitored value (reduce_on_plateau only uses it).
+  virtual void on_validation_end(double /*monitored*/) {}
+  virtual bool wants_monitor() const { return false; }
+  virtual std::string monitor() const { return ""; }
+  virtual nlohmann::json state_dict() const;
+  virtual void load_state_dict(const nlohmann::json& state);
+  // Re-applies the lrs for the current step (after loading optimizer + scheduler state).
+  void apply();
+  // Stateful (the checkpoint's `scheduler` entry, a JSON blob): state_dict, with a step's start's
+  // global step when asked for one.
+  void save(checkpoint::CheckpointData& out, const StepStart* step_start) override;
+  void load(const checkpoint::CheckpointData& in) override;
+
+ protected:
+  virtual double factor(int64_t step) const = 0;
+  torch::optim::Optimizer& opt_;
+  std::vector<double> base_lrs_;
+  int64_t step_ = 0;
+};
+
+// The optimizer's state as the checkpoint's `optimizer` entry (torch::optim's archive, loaded onto
+// `device`): torch::optim::Optimizer is libtorch's class, so it is saved through this.
+class OptimizerState : public Stateful {
+ public:
+  OptimizerState(torch::optim::Optimizer& optimizer, torch::Device device) : optimizer_(optimizer), device_(device) {}
+  void save(checkpoint::CheckpointData& out, const StepStart* step_start) override;
+  void load(const checkpoint::CheckpointData& in) override;
+
+ private:
+  torch::optim::Optimizer& optimizer_;
+  torch::Device device_;
+};
+
+// Returns nullptr for `name: none`. `total_steps` is the run's number of optimizer steps when
+// known (cosine uses it when `max_steps` is not given), or -1.
+std::shared_ptr<LRScheduler> build_scheduler(config::Section& cfg, torch::optim::Optimizer& opt, int64_t total_steps);
+
+}  // namespace strobe

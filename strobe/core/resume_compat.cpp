@@ -1,0 +1,126 @@
+#include "strobe/core/resume_compat.h"
+
+#include <algorithm>
+#include <map>
+#include <vector>
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include "strobe/config/config.h"
+#include "strobe/config/resume_check.h"
+#include "strobe/core/checkpoint_view.h"
+
+namespace strobe {
+
+namespace {
+
+// Keys that shape the model (model.init_from only names the weights a run started from).
+bool is_model_key(const std::string& k) {
+  if (k.rfind("model.init_from", 0) == 0) return false;
+  return k == "model" || k.rfind("model.", 0) == 0 || k.rfind("model[", 0) == 0;
+}
+
+// "'a' (and 3 more)"
+std::string first_of(const std::vector<std::string>& names) {
+  std::string s = fmt::format("'{}'", names.front());
+  if (names.size() > 1) s += fmt::format(" (and {} more)", names.size() - 1);
+  return s;
+}
+
+}  // namespace
+
+std::string weights_mismatch(const checkpoint::CheckpointData& data, const std::string& current_yaml, torch::nn::Module& net) {
+  std::map<std::string, torch::Tensor> own;
+  for (const auto& p : net.named_parameters()) own.emplace(p.key(), p.value());
+  for (const auto& b : net.named_buffers()) own.emplace(b.key(), b.value());
+  const CheckpointView view(data, "");
+  std::vector<std::string> missing, unexpected, misshaped;
+  std::string first_shape;
+  for (const auto& [name, t] : own) {
+    const torch::Tensor* saved = view.model_tensor(name);
+    if (saved == nullptr) {
+      missing.push_back(name);
+    } else if (saved->sizes() != t.sizes()) {
+      if (misshaped.empty())
+        first_shape = fmt::format("'{}' is {} in the checkpoint, {} in the model", name, c10::str(saved->sizes()), c10::str(t.sizes()));
+      misshaped.push_back(name);
+    }
+  }
+  for (const auto& [name, t] : view.model_tensors())
+    if (!own.count(name)) unexpected.push_back(name);
+  if (missing.empty() && unexpected.empty() && misshaped.empty()) return "";
+
+  std::vector<std::string> parts;
+  if (!missing.empty()) parts.push_back("missing " + first_of(missing));
+  if (!unexpected.empty()) parts.push_back("unexpected " + first_of(unexpected));
+  if (!misshaped.empty())
+    parts.push_back(misshaped.size() > 1 ? fmt::format("{} (and {} more mis-shaped)", first_shape, misshaped.size() - 1) : first_shape);
+  std::string tensors;
+  for (size_t i = 0; i < parts.size(); ++i) tensors += (i ? "; " : "") + parts[i];
+
+  // The model keys of the checkpoint's own config that differ from the current config, when both are known.
+  std::vector<std::string> keys;
+  if (!current_yaml.empty() && view.config() != nullptr) {
+    try {
+      auto r = config::compare_for_resume(*view.config(), current_yaml);
+      for (const auto* list : {&r.incompatible, &r.model_changes, &r.allowed})
+        for (const auto& c : *list)
+          if (is_model_key(c.key)) keys.push_back(fmt::format("{}: checkpoint {}, config {}", c.key, c.before, c.after));
+    } catch (const config::ConfigError&) {
+      // A saved config that does not parse: the tensor names alone say what differs.
+    }
+  }
+  std::sort(keys.begin(), keys.end());
+  if (keys.empty()) return tensors;
+  std::string out;
+  for (size_t i = 0; i < keys.size(); ++i) out += (i ? ", " : "") + keys[i];
+  return fmt::format("{} ({})", out, tensors);
+}
+
+std::string function_changes(const checkpoint::CheckpointData& data, const std::string& current_yaml) {
+  const std::string* saved = CheckpointView(data, "").config();
+  if (current_yaml.empty() || saved == nullptr) return "";
+  std::vector<std::string> keys;
+  try {
+    for (const auto& c : config::compare_for_resume(*saved, current_yaml).incompatible)
+      if (is_model_key(c.key)) keys.push_back(fmt::format("{}: checkpoint {}, config {}", c.key, c.before, c.after));
+  } catch (const config::ConfigError&) {
+    return "";
+  }
+  std::string out;
+  for (size_t i = 0; i < keys.size(); ++i) out += (i ? ", " : "") + keys[i];
+  return out.empty() ? out : out + " (they change the function the weights compute)";
+}
+
+std::string check_resume_compatible(const std::string& path, const checkpoint::CheckpointData& data,
+                                    const std::string& current_yaml, torch::nn::Module& net) {
+  const std::string mismatch = weights_mismatch(data, current_yaml, net);
+
+  config::ResumeCheck r;
+  const std::string* saved = CheckpointView(data, path).config();
+  if (!current_yaml.empty() && saved != nullptr) {
+    try {
+      r = config::compare_for_resume(*saved, current_yaml);
+    } catch (const config::ConfigError& e) {
+      throw checkpoint::CheckpointError(fmt::format("{}: {}", path, e.what()));
+    }
+  }
+  std::vector<std::string> refused;
+  for (const auto& c : r.incompatible) refused.push_back(fmt::format("{} ({})", c.text(), c.why));
+  if (!mismatch.empty()) {
+    refused.push_back(fmt::format("the checkpoint's weights do not fit this model: {}", mismatch));
+  } else {
+    r.allowed.insert(r.allowed.end(), r.model_changes.begin(), r.model_changes.end());
+  }
+  if (!refused.empty()) {
+    std::string msg = fmt::format("{}: cannot resume with this config: ", path);
+    for (size_t i = 0; i < refused.size(); ++i) msg += (i ? "; " : "") + refused[i];
+    if (!r.allowed.empty()) msg += fmt::format(" (allowed changes: {})", config::join_changes(r.allowed));
+    throw checkpoint::CheckpointError(msg);
+  }
+  std::sort(r.allowed.begin(), r.allowed.end(), [](const auto& a, const auto& b) { return a.key < b.key; });
+  return config::join_changes(r.allowed, 1000);
+}
+
+}  // namespace strobe

@@ -1,0 +1,34 @@
+// Resume compatibility (DESIGN: "loading checks the saved config against the current one"): before
+// any state of a checkpoint is restored for training, its resolved config is compared with the
+// current one. Another optimizer, scheduler, precision, model or task, or model keys that change a
+// parameter's shape, are refused with a CheckpointError naming each change and why (exit 2 in the
+// CLI, instead of an assertion deep in torch's optimizer loading); other changes (max_steps,
+// logging, callbacks, ...) are allowed and returned for the caller to list.
+#pragma once
+
+#include <string>
+
+#include <torch/nn/module.h>
+
+#include "strobe/checkpoint/checkpoint_io.h"
+
+namespace strobe {
+
+// Every load of model weights is strict: the checkpoint's "model/" tensors and the model's parameters
+// and buffers have the same names and shapes. Returns "" when they do; otherwise one line naming the
+// model config keys that differ between the checkpoint's saved config and `current_yaml` when there
+// are any ("model.depth: checkpoint 34, config 18"), else the first missing, unexpected and
+// mis-shaped tensor names, each with how many more there are.
+std::string weights_mismatch(const checkpoint::CheckpointData& data, const std::string& current_yaml, torch::nn::Module& net);
+
+// The model keys of the checkpoint's saved config that keep every shape but change the function the
+// weights compute (rope_theta, rope_scaling, norm_eps, gelu) and differ from `current_yaml`, as
+// "model.rope_theta: checkpoint 500000, config 10000"; "" when none (or either config is unknown).
+std::string function_changes(const checkpoint::CheckpointData& data, const std::string& current_yaml);
+
+// Returns the allowed changes as one text ("" when there are none). `current_yaml` empty (a program
+// that set no resolved config) or a checkpoint without a config: only the shapes are checked.
+std::string check_resume_compatible(const std::string& ckpt_path, const checkpoint::CheckpointData& data,
+                                    const std::string& current_yaml, torch::nn::Module& net);
+
+}  // namespace strobe

@@ -1,0 +1,100 @@
+// The checkpoint entries that belong to no single loop or step object (state_connector.h: each is a
+// Stateful registered by the Trainer, trainer_state.cpp): the model's weights, the generators, the
+// callbacks' states and the run's records (its resolved config, the Hugging Face config its weights
+// came with, the meta blob).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/types.h>
+
+#include "strobe/config/precision.h"
+#include "strobe/checkpoint/stateful.h"
+
+namespace strobe {
+
+class Callback;
+class MasterWeights;
+class Module;
+class TrainerView;
+namespace distributed {
+class Strategy;
+}
+
+// `model`: tensors model/<parameter or buffer> (bf16-master: the fp32 masters under the parameters'
+// names; at a step's start, the buffers as they were). Names and shapes are checked before any
+// state is restored (Trainer::load_checkpoint_data).
+class ModelState : public Stateful {
+ public:
+  ModelState(Module& module, MasterWeights* masters) : module_(module), masters_(masters) {}
+  void save(checkpoint::CheckpointData& out, const StepStart* step_start) override;
+  void load(const checkpoint::CheckpointData& in) override;
+  bool training_only() const override { return false; }  // validate/test load the weights too
+
+ private:
+  Module& module_;
+  MasterWeights* masters_;
+};
+
+// `rng`: this process's generators as rng/cpu, rng/cuda/<i>. Data parallel: every rank's states,
+// gathered to rank 0 (a collective: every rank builds each checkpoint), as rng/rank<r>/cpu and
+// rng/rank<r>/cuda; each rank restores its own (and only its own GPU's generator is touched).
+class RngState : public Stateful {
+ public:
+  RngState(int64_t rank, int64_t world_size, torch::Device device, distributed::Strategy& strategy)
+      : rank_(rank), world_size_(world_size), device_(device), strategy_(strategy) {}
+  void save(checkpoint::CheckpointData& out, const StepStart* step_start) override;
+  void load(const checkpoint::CheckpointData& in) override;
+
+ private:
+  int64_t rank_, world_size_;
+  torch::Device device_;
+  distributed::Strategy& strategy_;
+};
+
+// `callbacks`: one JSON blob, each callback's state_dict under its state key.
+class CallbackStates : public Stateful {
+ public:
+  explicit CallbackStates(const std::vector<std::shared_ptr<Callback>>& callbacks) : callbacks_(callbacks) {}
+  void save(checkpoint::CheckpointData& out, const StepStart* step_start) override;
+  void load(const checkpoint::CheckpointData& in) override;
+
+ private:
+  const std::vector<std::shared_ptr<Callback>>& callbacks_;
+};
+
+// `config` (the resolved YAML: compared on resume by resume_compat, never restored) and `hf_config`
+// (written when not empty, restored so that export --names hf writes its fields back).
+class TextRecord : public Stateful {
+ public:
+  TextRecord(std::string key, std::string& text, bool restored) : key_(std::move(key)), text_(text), restored_(restored) {}
+  void save(checkpoint::CheckpointData& out, const StepStart* step_start) override;
+  void load(const checkpoint::CheckpointData& in) override;
+  bool restorable() const override { return restored_; }
+  bool training_only() const override { return false; }
+
+ private:
+  std::string key_;
+  std::string& text_;
+  bool restored_;
+};
+
+// `meta`: format and Strobe versions, device, precision, global step, epoch, world size (for readers
+// of the file: CheckpointView; never restored).
+class MetaRecord : public Stateful {
+ public:
+  MetaRecord(const TrainerView& view, Precision precision) : view_(view), precision_(precision) {}
+  void save(checkpoint::CheckpointData& out, const StepStart* step_start) override;
+  void load(const checkpoint::CheckpointData&) override {}
+  bool restorable() const override { return false; }
+  bool training_only() const override { return false; }
+
+ private:
+  const TrainerView& view_;
+  Precision precision_;
+};
+
+}  // namespace strobe

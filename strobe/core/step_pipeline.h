@@ -1,0 +1,142 @@
+// StepPipeline: the device-side sequence of one optimizer step (docs/ARCHITECTURE.md, "The step path").
+//
+//   begin_step()          first micro-batch of a step: snapshot buffers when a guard wants them
+//   prepare_backward(l)   per micro-batch: l / accumulate * loss scale; the loss check (device flag)
+//   -- backward(), on_after_backward, on_before_optimizer_step (callbacks may still edit grads) --
+//   step()                one pass over the gradient list (per-parameter L2 norms) gives the
+//                         non-finite flag and the clipping norm; unscale x clip coefficient become
+//                         the optimizer's gradient multiplier; one combined skip flag decides the
+//                         update; the loss scaler is updated; a skipped step restores buffers.
+//
+// Contract:
+// - No host read anywhere on the fused path (our multi-tensor optimizers take the skip flag and the
+//   multiplier as device scalars). torch::optim (CPU, `fused: false`, non-fp32 parameters) cannot
+//   skip on the device: when a skip is possible (loss scaling, an armed guard) step() reads the skip
+//   flag on the host — one sync per step, documented in docs/ARCHITECTURE.md.
+// - Nothing is computed that nobody asked for: without clipping, loss scaling or an armed guard,
+//   step() is exactly optimizer.step().
+// - Sticky guard (NaN capture, action stop): once a step is non-finite, every later update is
+//   skipped too until reset_sticky(), so the weights and optimizer state a capture writes a few steps
+//   later are still those from before the failing step.
+// - Host-side counters (global step, scheduler) advance on a skipped step, as PyTorch and Lightning do
+//   when the loss scaler skips: the host learns of a skip only later. A NaN capture saves the loop
+//   state of the failing step itself.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/types.h>
+
+#include "strobe/checkpoint/stateful.h"
+#include "strobe/config/experiment.h"
+
+namespace torch::nn {
+class Module;
+}
+namespace torch::optim {
+class Optimizer;
+}
+
+namespace strobe {
+
+class GradScaler;
+class MasterWeights;
+namespace distributed {
+class Strategy;
+}
+
+// What a callback (NaN capture) asks of the step; arm() ORs requests together.
+struct StepGuard {
+  bool check_grads = false;       // non-finite gradients make the step non-finite
+  bool check_loss = false;        // a non-finite loss of any micro-batch makes the step non-finite
+  bool sticky = false;            // a non-finite step skips every later update until reset_sticky()
+  bool restore_buffers = false;   // a skipped step leaves buffers (BN statistics) as before it
+  bool snapshot_buffers = false;  // keep a copy of the buffers from before each step in the record
+  StepGuard& operator|=(const StepGuard& o) {
+    check_grads |= o.check_grads, check_loss |= o.check_loss, sticky |= o.sticky;
+    restore_buffers |= o.restore_buffers, snapshot_buffers |= o.snapshot_buffers;
+    return *this;
+  }
+};
+
+// The device-side outcome of the latest step; tensors are fresh each step, so a holder can keep
+// them (a reference, no copy) after the next step has begun.
+struct StepRecord {
+  torch::Tensor nonfinite;       // 0-d float32: this step's verdict under the armed checks (1 = bad)
+  torch::Tensor loss_nonfinite;  // 0-d float32, defined when the loss is checked
+  torch::Tensor grad_nonfinite;  // 0-d float32, defined when the gradients were checked
+  torch::Tensor skipped;         // 0-d float32: the update was not applied (undefined: it was)
+  torch::Tensor grad_norms;      // [n] per-gradient L2 norms (fp32), aligned with grad_names
+  std::shared_ptr<const std::vector<std::string>> grad_names;
+  std::vector<torch::Tensor> losses;          // each micro-batch's loss, detached
+  std::vector<torch::Tensor> buffers_before;  // with snapshot_buffers: one flat tensor per dtype
+};
+
+// A copy of `r` whose tensors are fresh (clones): for a holder that keeps it past the next step.
+StepRecord clone_record(const StepRecord& r);
+
+class StepPipeline : public Stateful {
+ public:
+  // The optimizer must hold `net`'s parameters; our fused optimizers are detected and skip on the device.
+  // `masters` (precision bf16-master): the optimizer holds fp32 masters of net's bf16 parameters.
+  StepPipeline(const config::TrainerConfig& cfg, torch::nn::Module& net, torch::optim::Optimizer& optimizer,
+               GradScaler* scaler, MasterWeights* masters = nullptr);
+  ~StepPipeline();
+
+  void arm(const StepGuard& guard);
+  const StepGuard& guard() const { return guard_; }
+  // Data parallel: merges a flag computed from rank-local values (the loss check) across ranks,
+  // in place on the device (Strategy::reduce_max), so every rank takes the same skip decision.
+  // Gradient flags need none: the gradients are already reduced. The record keeps the local flag.
+  // `strategy` outlives the pipeline; null (the default): one process.
+  void set_strategy(distributed::Strategy* strategy) { strategy_ = strategy; }
+
+  void begin_step();
+  torch::Tensor prepare_backward(const torch::Tensor& loss);
+  void step();
+
+  const StepRecord& last() const { return last_; }
+  // CUDA graphs: the record of a replayed step (a copy of the captured step's record, whose tensors
+  // the next replay overwrites).
+  void set_last(StepRecord record) { last_ = std::move(record); }
+  // 0-d float32 device flag (1 = every update is skipped) of the sticky guard.
+  const torch::Tensor& sticky_flag() const { return sticky_; }
+  // Stateful (the checkpoint's `step_guard` entry): the sticky skip flag, saved for diagnosis (a
+  // checkpoint written after a NaN was detected shows 1; at a step's start 0) but never restored: a
+  // resumed run starts with a clear guard, from the pre-corruption weights.
+  void save(checkpoint::CheckpointData& out, const StepStart* step_start) override;
+  void load(const checkpoint::CheckpointData&) override {}
+  bool restorable() const override { return false; }
+  void reset_sticky();
+
+  // The buffers in snapshot order, and a snapshot unflattened into tensors of their shapes.
+  const std::vector<torch::Tensor>& buffers() const { return buffers_; }
+  const std::vector<std::string>& buffer_names() const { return buffer_names_; }
+  std::vector<torch::Tensor> unflatten_buffers(const std::vector<torch::Tensor>& flat) const;
+  bool fused() const { return fused_; }
+
+ private:
+  std::vector<torch::Tensor> snapshot_buffers() const;
+  void restore_buffers(const std::vector<torch::Tensor>& flat, const torch::Tensor& skip);
+
+  const config::TrainerConfig& cfg_;
+  torch::optim::Optimizer& optimizer_;
+  GradScaler* scaler_;
+  MasterWeights* masters_;
+  bool fused_;
+  StepGuard guard_;
+  std::vector<torch::Tensor> params_;
+  std::vector<std::string> param_names_;
+  std::vector<torch::Tensor> buffers_;
+  std::vector<std::string> buffer_names_;
+  std::vector<std::vector<size_t>> buffer_groups_;  // indices of buffers per dtype, in snapshot order
+  torch::Tensor sticky_;
+  torch::Tensor loss_flag_;
+  StepRecord current_, last_;
+  std::shared_ptr<const std::vector<std::string>> grad_names_;
+  distributed::Strategy* strategy_ = nullptr;
+};
+
+}  // namespace strobe

@@ -1,0 +1,261 @@
+#include "strobe/core/trainer.h"
+
+// Trainer: construction (the loops wired to the step, the data and the callbacks), the fit /
+// validate / test / predict entry points and signal handling. The loops are fit_loop.cpp and
+// evaluation_loop.cpp; the step's parts and the state are trainer_step.cpp and trainer_state.cpp.
+#include <atomic>
+#include <csignal>
+#include <cstdlib>
+#include <set>
+
+#include <ATen/Context.h>
+#include <fmt/format.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include "strobe/checkpoint/checkpoint_io.h"
+#include "strobe/core/checkpoint_view.h"
+#include "strobe/core/graph_step.h"
+#include "strobe/core/precision.h"
+#include "strobe/core/signals.h"
+#include "strobe/distributed/strategy.h"
+#include "strobe/logging/csv_logger.h"
+#include "strobe/logging/log_collector.h"
+#include "strobe/logging/tensorboard_logger.h"
+
+namespace strobe {
+
+
+int received_stop_signal() { return signals::received(); }
+
+Trainer::Trainer(config::Experiment experiment, std::string resolved_config_yaml, std::shared_ptr<Module> module,
+                 std::shared_ptr<DataModule> datamodule, std::vector<std::shared_ptr<Callback>> callbacks, std::string run_dir,
+                 std::shared_ptr<distributed::Strategy> strategy)
+    : exp_(std::move(experiment)),
+      config_yaml_(std::move(resolved_config_yaml)),
+      module_(std::move(module)),
+      datamodule_(std::move(datamodule)),
+      callbacks_(std::move(callbacks)),
+      run_dir_(std::move(run_dir)),
+      strategy_(std::move(strategy)) {
+  if (!strategy_) {
+    distributed::StrategyOptions o;
+    o.device = exp_.trainer.device;
+    strategy_ = distributed::make_strategy(o, distributed::LaunchEnv{});  // one process
+  }
+  device_ = strategy_->device();
+  rank_ = strategy_->rank();
+  world_size_ = strategy_->world_size();
+  if (exp_.trainer.precision == Precision::k16Mixed && !device_.is_cuda())
+    throw config::ConfigError("trainer.precision: 16-mixed needs a CUDA device (use bf16-mixed on CPU)");
+  if (exp_.trainer.deterministic) {
+    setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", 0);
+    at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
+    at::globalContext().setDeterministicCuDNN(true);
+    at::globalContext().setBenchmarkCuDNN(false);
+  }
+  torch::manual_seed(static_cast<uint64_t>(exp_.seed));
+  module_->net().to(device_);
+  auto* model = dynamic_cast<Model*>(&module_->net());
+  if (model) model->on_device(device_, exp_.trainer.precision);
+  if (exp_.trainer.precision == Precision::kBf16Master) {
+    masters_ = std::make_unique<MasterWeights>(module_->net());
+    if (model) model->set_input_dtype(torch::kBFloat16);
+  }
+  collector_ = std::make_unique<logging::LogCollector>(device_);
+  // The loops: wired to this trainer's parts (the view callbacks get, the batch preparation).
+  preparer_ = std::make_unique<BatchPreparer>(*datamodule_, *module_, device_);
+  LoopParts parts;
+  parts.view = this;
+  parts.module = module_.get();
+  parts.datamodule = datamodule_.get();
+  parts.collector = collector_.get();
+  parts.cfg = &exp_.trainer;
+  parts.device = device_;
+  parts.callbacks = &callbacks_;
+  parts.preparer = preparer_.get();
+  fit_loop_ = std::make_unique<FitLoop>(parts, *strategy_, world_size_);
+  eval_loop_ = std::make_unique<EvaluationLoop>(parts, fit_loop_->state());
+  fit_loop_->set_evaluation(eval_loop_.get());
+  predict_loop_ = std::make_unique<PredictLoop>(parts);
+  std::set<std::string> keys;
+  for (auto& cb : callbacks_)
+    if (!keys.insert(cb->state_key()).second)
+      throw config::ConfigError(fmt::format("callbacks: two callbacks share the state key '{}'", cb->state_key()));
+  register_state();
+  if (world_size_ > 1) {
+    // Last in the constructor, once the parameters are final (device, layout, dtype): every rank
+    // starts from rank 0's weights and the Reducer's hooks go on the parameters the optimizer steps.
+    strategy_->setup_model(module_->net());
+    collector_->set_epoch_reducer([s = strategy_.get()](torch::Tensor& t) { s->reduce_sum(t); }, rank_ == 0);
+    module_->set_metric_sync([s = strategy_.get()](metrics::MetricCollection& c) { s->sync_metrics(c); });
+  }
+}
+
+void Trainer::add_callback(std::shared_ptr<Callback> callback) {
+  for (auto& cb : callbacks_)
+    if (cb->state_key() == callback->state_key())
+      throw config::ConfigError(fmt::format("callbacks: two callbacks share the state key '{}'", cb->state_key()));
+  callbacks_.push_back(std::move(callback));
+}
+
+Trainer::~Trainer() = default;
+
+const std::map<std::string, double>& Trainer::metrics() const { return collector_->latest(); }
+void Trainer::drain_metrics() { collector_->drain(); }
+void Trainer::log_host(const std::vector<std::pair<std::string, double>>& values) {
+  collector_->emit_host(state().global_step, state().epoch, values);
+}
+
+void Trainer::log_host_at(int64_t step, int64_t epoch, const std::vector<std::pair<std::string, double>>& values) {
+  collector_->emit_host(step, epoch, values);
+}
+
+void Trainer::setup_common(Stage stage) {
+  datamodule_->setup(stage);
+  each([&](Callback& cb) { cb.setup(*this, *module_, stage); });
+}
+
+void Trainer::setup_for_fit() {
+  if (fit_setup_done_) return;
+  fit_setup_done_ = true;
+  auto& c = exp_.trainer;
+  setup_common(Stage::Fit);
+  auto loader = datamodule_->train_loader();
+  if (!loader) throw std::runtime_error(fmt::format("data '{}' has no training set", exp_.data.node()["name"].Scalar()));
+  fit_loop_->setup(std::move(loader));
+
+  auto setup = module_->configure_optimizers();
+  optimizer_ = setup.optimizer;
+  scheduler_ = setup.scheduler;
+  if (optimizer_ && masters_)
+    throw config::ConfigError(
+        "trainer.precision: bf16-master needs the optimizer built from the optimizer: section (this task's "
+        "configure_optimizers returns its own, which would update the bf16 weights directly)");
+  if (!optimizer_) {
+    std::vector<torch::Tensor> params;
+    for (auto& p : module_->net().parameters())
+      if (p.requires_grad()) params.push_back(p);
+    if (masters_) params = masters_->optimizer_params(params);
+    optimizer_ = build_optimizer(exp_.optimizer, params, device_, &optimizer_info_);
+  }
+  if (!scheduler_) scheduler_ = build_scheduler(exp_.scheduler, *optimizer_, estimated_stepping_batches());
+  if (c.precision == Precision::k16Mixed) scaler_ = std::make_unique<GradScaler>(device_);
+  pipeline_ = std::make_unique<StepPipeline>(exp_.trainer, module_->net(), *optimizer_, scaler_.get(), masters_.get());
+  if (world_size_ > 1) pipeline_->set_strategy(strategy_.get());
+  pipeline_->arm(pending_guard_);
+  register_fit_state();
+  setup_runners();
+  eval_loop_->set_scheduler(scheduler_.get());
+}
+
+void Trainer::install_signal_handlers() {
+  signals::install();  // main has; a program embedding the trainer may not
+  signals::reset();
+}
+
+int Trainer::fit(const std::optional<std::string>& ckpt_path) {
+  setup_for_fit();
+  const auto& c = exp_.trainer;
+  if (ckpt_path) {
+    auto data = take_checkpoint(*ckpt_path);
+    check_resume_world_size(*ckpt_path, data);
+    load_checkpoint_data(data, true, *ckpt_path);
+    if (!resume_changes_.empty() && rank_ == 0)
+      fmt::print("strobe fit: resuming from {} (step {}) with changes: {}\n", *ckpt_path, state().global_step, resume_changes_);
+  }
+  // Rank 0 alone writes the run's logs.
+  if (!run_dir_.empty() && c.fast_dev_run == 0 && exp_.logger.csv && rank_ == 0) {
+    // On resume, the rows logged up to the checkpoint are kept and anything a crashed continuation
+    // wrote after it is dropped.
+    csv_ = std::make_unique<logging::CsvLogger>(run_dir_ + "/metrics.csv", ckpt_path ? state().global_step : -1);
+    collector_->add_consumer(csv_.get());
+  }
+  if (!run_dir_.empty() && c.fast_dev_run == 0 && exp_.logger.tensorboard && rank_ == 0) {
+    // On resume, TensorBoard's restart marker hides what a crashed continuation logged after the checkpoint.
+    tensorboard_ = std::make_unique<logging::TensorBoardLogger>(run_dir_, config_yaml_, ckpt_path ? state().global_step : -1);
+    collector_->add_consumer(tensorboard_.get());
+  }
+  install_signal_handlers();
+  fit_loop_->start_clock();
+  try {
+    each([&](Callback& cb) { cb.on_fit_start(*this, *module_); });
+    if (!ckpt_path && c.fast_dev_run == 0 && c.num_sanity_val_steps != 0 && datamodule_->val_loader()) {
+      sanity_checking_ = true;
+      each([&](Callback& cb) { cb.on_sanity_check_start(*this, *module_); });
+      eval_loop_->run(Stage::Validate, c.num_sanity_val_steps < 0 ? -1 : c.num_sanity_val_steps, true);
+      each([&](Callback& cb) { cb.on_sanity_check_end(*this, *module_); });
+      sanity_checking_ = false;
+    }
+    each([&](Callback& cb) { cb.on_train_start(*this, *module_); });
+    // From here a first signal finishes the step in progress and saves (before: it exits at once).
+    signals::set_current_step(state().global_step);
+    signals::enter_training_loop(run_dir_.empty() ? "nothing (no run directory)" : run_dir_ + "/checkpoints/last.ckpt");
+    fit_loop_->run();
+    collector_->drain();
+    if (int sig = fit_loop_->settle_stop(); sig != 0 && !run_dir_.empty()) {
+      save_checkpoint(run_dir_ + "/checkpoints/last.ckpt");
+      if (rank_ == 0)
+        fmt::print(stderr, "\nstrobe: {} received; saved {}/checkpoints/last.ckpt at step {}\n",
+                   sig == SIGINT ? "SIGINT" : "SIGTERM", run_dir_, state().global_step);
+    }
+    each([&](Callback& cb) { cb.on_train_end(*this, *module_); });
+    collector_->drain();
+    each([&](Callback& cb) { cb.on_fit_end(*this, *module_); });
+    each([&](Callback& cb) { cb.teardown(*this, *module_, Stage::Fit); });
+  } catch (const std::exception& e) {
+    signals::leave_training_loop();
+    each([&](Callback& cb) { cb.on_exception(*this, *module_, e); });
+    throw;
+  }
+  signals::leave_training_loop();
+  strategy_->shutdown();  // every rank finished: nobody's exit is a failure any more
+  return fit_loop_->exit_code();
+}
+
+void Trainer::check_resume_world_size(const std::string& source, const checkpoint::CheckpointData& d) const {
+  const int64_t saved = CheckpointView(d, source).meta().world_size;
+  if (saved == world_size_) return;
+  // Every rank reads the same file and takes this branch: end in order, then the same exit 2 everywhere.
+  strategy_->shutdown();
+  throw checkpoint::CheckpointError(fmt::format(
+      "{}: written by {} process(es), but this run has {}: a resume continues the data order, RNG and "
+      "accumulation of each rank, so it needs the same number of processes (the weights alone load with "
+      "strobe validate/test on any number)",
+      source, saved, world_size_));
+}
+
+std::optional<double> Trainer::rank0_value(std::optional<double> value) {
+  if (world_size_ == 1) return value;
+  auto s = strategy_->broadcast_string(value ? fmt::format("{:.17g}", *value) : std::string());
+  if (s.empty()) return std::nullopt;
+  return std::stod(s);
+}
+
+int Trainer::validate(const std::optional<std::string>& ckpt_path) {
+  setup_common(Stage::Validate);
+  if (ckpt_path) load_checkpoint(*ckpt_path, false);
+  eval_loop_->run(Stage::Validate, -1, false);
+  each([&](Callback& cb) { cb.teardown(*this, *module_, Stage::Validate); });
+  strategy_->shutdown();
+  return kExitOk;
+}
+
+int Trainer::test(const std::optional<std::string>& ckpt_path) {
+  setup_common(Stage::Test);
+  if (ckpt_path) load_checkpoint(*ckpt_path, false);
+  eval_loop_->run(Stage::Test, -1, false);
+  each([&](Callback& cb) { cb.teardown(*this, *module_, Stage::Test); });
+  strategy_->shutdown();
+  return kExitOk;
+}
+
+std::vector<torch::Tensor> Trainer::predict(const std::optional<std::string>& ckpt_path) {
+  setup_common(Stage::Predict);
+  if (ckpt_path) load_checkpoint(*ckpt_path, false);
+  return predict_loop_->run();
+}
+
+}  // namespace strobe

@@ -1,0 +1,232 @@
+// Trainer: the fit / validate / test / predict entry points around a Module and a DataModule. It
+// builds and wires its parts; each is a class of its own:
+//
+//   FitLoop         loops.h, fit_loop.cpp         epochs, the loop counters (TrainerState), the
+//                                                  training limits, when to validate, stopping, the
+//                                                  accumulation window and the end of each step
+//   EvaluationLoop  loops.h, evaluation_loop.cpp  one validation or test run
+//   PredictLoop     loops.h, evaluation_loop.cpp  one prediction run
+//   EagerRunner     step_runner.h                 what FitLoop calls for a micro-batch: StepRunner
+//                                                  with the callbacks' and the strategy's hooks
+//   GraphedRunner   graph_step.h                  trainer.cuda_graphs: capture and replay (falls
+//                                                  back to the EagerRunner)
+//   StepRunner      step_runner.h                 one micro-batch, forward to update: the eager step
+//                                                  and the CUDA-graph capture run the same code
+//   StepPipeline    step_pipeline.h               the device-side optimizer step (checks, clipping,
+//                                                  loss scaling, skip)
+//   StateConnector  state_connector.h, trainer_state.cpp  the one list of what a checkpoint holds
+//   TrainerView     trainer_view.h                what callbacks see (the Trainer implements it);
+//   StepAccess      trainer_view.h                NaN capture's narrow interface
+//
+// trainer.cpp: construction, the entry points, signals; trainer_step.cpp: building the step's parts
+// (the pipeline, the runners) and the cuda_graphs checks. The Trainer builds and wires; a step's
+// path runs downward from FitLoop and never calls back into the Trainer.
+//
+// Contract:
+// - The step path makes no host-device synchronization of its own: losses and metrics are logged
+//   as device tensors and reach the host through LogCollector's async ring; the optimizer step is
+//   StepPipeline's (see step_pipeline.h for the one documented host read of the torch::optim path).
+// - All loop state lives in TrainerState and, with every other piece of state (model, optimizer,
+//   scheduler, loss scaler, accumulation, logger accumulators, step-guard flag, stop state, RNG,
+//   callbacks, resolved config), is registered with the StateConnector; resuming continues with the
+//   same batches, RNG draws and (on CPU) bitwise the same losses.
+// - SIGINT/SIGTERM in the training loop finish the current optimizer step (said at once on stderr),
+//   write checkpoints/last.ckpt and make fit() return 130/143; a second signal exits at once saying
+//   nothing was saved; outside the loop a signal exits at once with one line (signals.h).
+// - Data parallel (docs/DISTRIBUTED.md): the strategy owns the device and the ranks. Gradients are
+//   all-reduced on the last micro-batch of each optimizer step only, before the step pipeline's
+//   check and clipping; loss-only non-finite verdicts are merged across ranks on the device; epoch
+//   means and metric collections are synced before callbacks read them; stop requests, signals and
+//   max_time are agreed across ranks (the same step on every rank); rank 0 alone writes console
+//   output, metrics.csv, TensorBoard, checkpoints and config.yaml; a checkpoint holds every rank's
+//   RNG and the world size, and resumes exactly on the same number of ranks.
+// - trainer.cuda_graphs: the step from the forward to the optimizer is captured once and replayed
+//   (graph_step.h); the hooks around it and the logging are unchanged.
+// - Resuming compares the checkpoint's resolved config with this one before restoring anything
+//   (resume_compat.h): incompatible changes are a CheckpointError, allowed ones are listed.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <torch/types.h>
+
+#include "strobe/config/experiment.h"
+#include "strobe/core/callback.h"
+#include "strobe/core/datamodule.h"
+#include "strobe/core/loop_state.h"
+#include "strobe/core/loops.h"
+#include "strobe/core/device_transfer.h"
+#include "strobe/core/master_weights.h"
+#include "strobe/core/module.h"
+#include "strobe/core/optim.h"
+#include "strobe/core/run_state.h"
+#include "strobe/core/state_connector.h"
+#include "strobe/core/step_pipeline.h"
+#include "strobe/core/step_runner.h"
+#include "strobe/core/trainer_view.h"
+
+namespace strobe {
+
+namespace logging {
+class LogCollector;
+class CsvLogger;
+class MetricConsumer;
+}  // namespace logging
+namespace checkpoint {
+struct CheckpointData;
+}
+namespace distributed {
+class Strategy;
+}
+class GradScaler;
+class GraphedRunner;
+
+// The SIGINT/SIGTERM received since fit() installed its handlers (0: none).
+int received_stop_signal();
+
+class Trainer : public TrainerView, public StepAccess {
+ public:
+  Trainer(config::Experiment experiment, std::string resolved_config_yaml, std::shared_ptr<Module> module,
+          std::shared_ptr<DataModule> datamodule, std::vector<std::shared_ptr<Callback>> callbacks, std::string run_dir,
+          std::shared_ptr<distributed::Strategy> strategy = nullptr);  // null: one process on trainer.device
+  ~Trainer();
+
+  int fit(const std::optional<std::string>& ckpt_path = std::nullopt);
+  int validate(const std::optional<std::string>& ckpt_path = std::nullopt);
+  int test(const std::optional<std::string>& ckpt_path = std::nullopt);
+  std::vector<torch::Tensor> predict(const std::optional<std::string>& ckpt_path = std::nullopt);
+
+  // --- TrainerView (trainer_view.h: each member's contract) ---
+  const config::TrainerConfig& config() const override { return exp_.trainer; }
+  const std::string& run_dir() const override { return run_dir_; }
+  const torch::Device& device() const override { return device_; }
+  const TrainerState& state() const override { return fit_loop_->state(); }
+  int64_t accumulated_batches() const override { return fit_loop_->accumulated_batches(); }
+  int64_t num_training_batches() const override { return fit_loop_->num_batches(); }
+  int64_t estimated_stepping_batches() const override { return fit_loop_->estimated_stepping_batches(); }
+  bool sanity_checking() const override { return sanity_checking_; }
+  double last_input_wait_s() const override { return fit_loop_->last_input_wait_s(); }
+  bool is_global_zero() const override { return rank_ == 0; }
+  int64_t rank() const override { return rank_; }
+  int64_t world_size() const override { return world_size_; }
+  std::optional<double> rank0_value(std::optional<double> value) override;
+  const std::map<std::string, double>& metrics() const override;
+  void drain_metrics() override;
+  void log_host(const std::vector<std::pair<std::string, double>>& values) override;
+  void log_host_at(int64_t step, int64_t epoch, const std::vector<std::pair<std::string, double>>& values) override;
+  torch::optim::Optimizer* optimizer() override { return optimizer_.get(); }
+  LRScheduler* scheduler() override { return scheduler_.get(); }
+  DataModule& datamodule() override { return *datamodule_; }
+  void request_stop(int exit_code = kExitOk) override { fit_loop_->request_stop(exit_code); }
+  bool should_stop() const override { return fit_loop_->should_stop(); }
+  void save_checkpoint(const std::string& path) override;
+  checkpoint::CheckpointData make_checkpoint() override;
+  StepAccess& step_access() override { return *this; }
+
+  // --- StepAccess (NaN capture) ---
+  void arm_step_guard(const StepGuard& guard) override;
+  const StepPipeline& step_pipeline() const override;
+  checkpoint::CheckpointData make_checkpoint_at(const StepStart& start) override;
+
+  // --- for the programs that drive a run (runner, replay, tests) ---
+  const config::Experiment& experiment() const { return exp_; }
+  distributed::Strategy& strategy() { return *strategy_; }
+  Module& module() { return *module_; }
+  // The step pipeline (after setup_for_fit).
+  StepPipeline& step_pipeline();
+  StateConnector& state_connector() { return connector_; }
+  // Adds a callback after construction (replay's observer); its hooks run after the others'.
+  void add_callback(std::shared_ptr<Callback> callback);
+  void set_resolved_config(std::string yaml) { config_yaml_ = std::move(yaml); }
+  // The Hugging Face config.json the initial weights came with (model.init_from, names: hf): every
+  // checkpoint keeps it (blob `hf_config`, restored on resume) so `export --names hf` writes its
+  // fields back (max_position_embeddings, bos/eos token ids, ...).
+  void set_hf_source_config(std::string json) { hf_source_config_ = std::move(json); }
+  void load_checkpoint(const std::string& path, bool restore_training_state);
+  // A checkpoint already read from `path` (build_run reads --ckpt for the plugins it recorded): the
+  // next fit/validate/test/predict given the same path loads these tensors instead of reading the
+  // file a second time, and lets them go once loaded.
+  void preload_checkpoint(std::string path, checkpoint::CheckpointData data);
+  // `source` names the data in error messages (a file, a capture).
+  void load_checkpoint_data(const checkpoint::CheckpointData& data, bool restore_training_state, const std::string& source);
+
+  // Lets an embedding program (tests, replay) run single steps with the full step path
+  // (FitLoop::run_batch: the hooks, the runner, the end of the optimizer step).
+  void setup_for_fit();
+  torch::Tensor run_training_batch(Batch host_batch, int64_t batch_idx);
+  // trainer.cuda_graphs: steps captured / replayed so far in this process (0 / 0 without it).
+  int64_t graph_captures() const;
+  int64_t graph_replays() const;
+
+ private:
+  void setup_common(Stage stage);
+  // The step's runners (trainer_step.cpp), handed to FitLoop: the eager one, and under
+  // trainer.cuda_graphs the graphed one when the run can be captured (setup_cuda_graphs says why not).
+  void setup_runners();
+  void setup_cuda_graphs();
+  void install_signal_handlers();
+  // A resume needs the checkpoint's number of processes; else CheckpointError (exit 2) on every rank.
+  void check_resume_world_size(const std::string& source, const checkpoint::CheckpointData& data) const;
+  void register_state();
+  void register_fit_state();  // the optimizer, scheduler, scaler and step pipeline, once they exist
+  // The preloaded checkpoint if it is `path`'s (handed over, not kept), else the file read now.
+  checkpoint::CheckpointData take_checkpoint(const std::string& path);
+  // The live state, or with `step_start` the state at that step's start (loop_state.h: StepStart).
+  checkpoint::CheckpointData build_checkpoint(const StepStart* step_start);
+  template <class F>
+  void each(F&& f) {
+    for (auto& cb : callbacks_) f(*cb);
+  }
+
+  config::Experiment exp_;
+  std::string config_yaml_;
+  std::string hf_source_config_;  // empty: none
+  std::string resume_changes_;  // the allowed config changes of the last resume, listed by fit()
+  std::shared_ptr<Module> module_;
+  std::shared_ptr<DataModule> datamodule_;
+  std::vector<std::shared_ptr<Callback>> callbacks_;
+  std::string run_dir_;
+  torch::Device device_{torch::kCPU};
+  int64_t rank_ = 0;
+  int64_t world_size_ = 1;
+  std::shared_ptr<distributed::Strategy> strategy_;
+
+  std::shared_ptr<torch::optim::Optimizer> optimizer_;
+  std::shared_ptr<LRScheduler> scheduler_;
+  OptimizerInfo optimizer_info_;
+  std::unique_ptr<GradScaler> scaler_;
+  std::unique_ptr<MasterWeights> masters_;  // precision bf16-master
+  std::unique_ptr<logging::LogCollector> collector_;
+  std::unique_ptr<logging::CsvLogger> csv_;
+  std::unique_ptr<logging::MetricConsumer> tensorboard_;
+  std::unique_ptr<StepPipeline> pipeline_;
+  std::unique_ptr<StepRunner> step_runner_;  // one micro-batch, eager or captured
+  std::unique_ptr<CallbackStepHooks> step_hooks_;  // the eager step's hooks: callbacks and the strategy
+  std::unique_ptr<EagerRunner> eager_runner_;
+  std::unique_ptr<GraphedRunner> graphed_runner_;  // trainer.cuda_graphs
+  StepGuard pending_guard_;
+  // The state objects the connector holds (run_state.h) besides the loops, the step pipeline, the
+  // collector, the scheduler and the scaler, which are Stateful themselves.
+  std::unique_ptr<ModelState> model_state_;
+  std::unique_ptr<RngState> rng_state_;
+  std::unique_ptr<CallbackStates> callback_states_;
+  std::unique_ptr<TextRecord> config_record_, hf_record_;
+  std::unique_ptr<MetaRecord> meta_record_;
+  std::unique_ptr<OptimizerState> optimizer_state_;
+  StateConnector connector_;
+
+  std::unique_ptr<EvaluationLoop> eval_loop_;  // validation and test runs
+  std::unique_ptr<FitLoop> fit_loop_;          // the epochs, the loop counters and the stop state
+  std::unique_ptr<PredictLoop> predict_loop_;
+  bool sanity_checking_ = false;
+  bool fit_setup_done_ = false;
+  std::unique_ptr<BatchPreparer> preparer_;  // the loops' and predict's way onto the device
+  std::string preloaded_path_;
+  std::unique_ptr<checkpoint::CheckpointData> preloaded_;  // preload_checkpoint, until taken
+};
+
+}  // namespace strobe

@@ -1,0 +1,286 @@
+// Trainer, the state: the objects that save their own state (state_connector.h: Stateful) are
+// registered with the StateConnector here, once; make_checkpoint / load_checkpoint (resume,
+// validate/test), the NaN capture and replay all go through it. The entries that belong to no loop
+// or step object (run_state.h) are implemented here too.
+#include <sstream>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
+#include <cereal/archives/portable_binary.hpp>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include "strobe/checkpoint/checkpoint_io.h"
+#include "strobe/core/checkpoint_view.h"
+#include "strobe/core/precision.h"
+#include "strobe/core/resume_compat.h"
+#include "strobe/core/run_state.h"
+#include "strobe/core/trainer.h"
+#include "strobe/distributed/strategy.h"
+#include "strobe/logging/log_collector.h"
+
+namespace strobe {
+
+template <class Archive>
+void serialize(Archive& ar, TrainerState& s) {
+  ar(s.epoch, s.global_step, s.batch_in_epoch, s.batches_seen, s.val_runs, s.epoch_done, s.elapsed_s);
+}
+
+namespace {
+
+std::string archive_to_string(torch::serialize::OutputArchive& a) {
+  std::ostringstream os;
+  a.save_to(os);
+  return os.str();
+}
+
+}  // namespace
+
+std::string serialize_loop_state(const TrainerState& state) {
+  std::ostringstream os;
+  {
+    cereal::PortableBinaryOutputArchive ar(os);
+    ar(state);
+  }
+  return os.str();
+}
+
+TrainerState parse_loop_state(const std::string& blob) {
+  TrainerState s;
+  std::istringstream is(blob);
+  cereal::PortableBinaryInputArchive ar(is);
+  ar(s);
+  return s;
+}
+
+RngSnapshot snapshot_rng(bool cuda) {
+  RngSnapshot r;
+  {
+    at::Generator cpu = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(cpu.mutex());
+    r.cpu = cpu.get_state();
+  }
+  if (cuda) {
+    for (size_t i = 0; i < torch::cuda::device_count(); ++i) {
+      at::Generator gen = at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(i)));
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      r.cuda.emplace_back(static_cast<int>(i), gen.get_state());
+    }
+  }
+  return r;
+}
+
+void ModelState::save(checkpoint::CheckpointData& d, const StepStart* at) {
+  // bf16-master: the fp32 masters, under the parameters' names.
+  for (const auto& p : module_.net().named_parameters())
+    d.tensors[checkpoint_keys::kModelPrefix + p.key()] = (masters_ ? masters_->master_of(p.value()) : p.value()).detach();
+  for (const auto& b : module_.net().named_buffers()) {
+    const auto* before = at && at->buffers.count(b.key()) ? &at->buffers.at(b.key()) : nullptr;
+    d.tensors[checkpoint_keys::kModelPrefix + b.key()] = before ? *before : b.value();
+  }
+}
+
+void ModelState::load(const checkpoint::CheckpointData& d) {
+  torch::NoGradGuard ng;
+  auto load_into = [&](const std::string& key, torch::Tensor target) {
+    target.copy_(d.tensor(checkpoint_keys::kModelPrefix + key));
+  };
+  for (auto& p : module_.net().named_parameters()) load_into(p.key(), masters_ ? masters_->master_of(p.value()) : p.value());
+  for (auto& b : module_.net().named_buffers()) load_into(b.key(), b.value());
+  if (masters_) masters_->copy_to_model();
+}
+
+void RngState::save(checkpoint::CheckpointData& d, const StepStart* at) {
+  auto put = [&](const RngSnapshot& r) {
+    d.tensors["rng/cpu"] = r.cpu;
+    for (const auto& [i, state] : r.cuda) d.tensors[fmt::format("rng/cuda/{}", i)] = state;
+  };
+  if (at) {  // this process's generators at the step's start, never a gather (no collective)
+    put(at->rng);
+    return;
+  }
+  if (world_size_ == 1) {
+    put(snapshot_rng(torch::cuda::is_available()));
+    return;
+  }
+  // Data parallel: this process's CPU generator and its own GPU's, gathered from every rank.
+  std::map<std::string, torch::Tensor> mine{{"cpu", snapshot_rng(false).cpu}};
+  if (device_.is_cuda()) {
+    at::Generator gen = at::globalContext().defaultGenerator(device_);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    mine["cuda"] = gen.get_state();
+  }
+  torch::serialize::OutputArchive a;
+  for (auto& [k, t] : mine) a.write(k, t);
+  auto all = strategy_.gather_strings(archive_to_string(a));
+  for (size_t r = 0; r < all.size(); ++r) {
+    torch::serialize::InputArchive in;
+    std::istringstream is(all[r]);
+    in.load_from(is);
+    for (const char* k : {"cpu", "cuda"}) {
+      torch::Tensor t;
+      if (in.try_read(k, t)) d.tensors[fmt::format("rng/rank{}/{}", r, k)] = t;
+    }
+  }
+  d.tensors["rng/cpu"] = mine["cpu"];
+  if (mine.count("cuda")) d.tensors[fmt::format("rng/cuda/{}", device_.index())] = mine["cuda"];
+}
+
+void RngState::load(const checkpoint::CheckpointData& d) {
+  const std::string own = fmt::format("rng/rank{}/", rank_);
+  if (world_size_ > 1 && d.tensors.count(own + "cpu")) {
+    {
+      at::Generator cpu = at::detail::getDefaultCPUGenerator();
+      std::lock_guard<std::mutex> lock(cpu.mutex());
+      cpu.set_state(d.tensor(own + "cpu"));
+    }
+    if (device_.is_cuda() && d.tensors.count(own + "cuda")) {
+      at::Generator gen = at::globalContext().defaultGenerator(device_);
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      gen.set_state(d.tensor(own + "cuda"));
+    }
+    return;
+  }
+  {
+    at::Generator cpu = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(cpu.mutex());
+    cpu.set_state(d.tensor("rng/cpu"));
+  }
+  if (torch::cuda::is_available()) {
+    for (size_t i = 0; i < torch::cuda::device_count(); ++i) {
+      // Data parallel (a checkpoint without per-rank states): only this rank's own GPU.
+      if (world_size_ > 1 && static_cast<c10::DeviceIndex>(i) != device_.index()) continue;
+      auto it = d.tensors.find(fmt::format("rng/cuda/{}", i));
+      if (it == d.tensors.end()) continue;
+      at::Generator gen = at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(i)));
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      gen.set_state(it->second);
+    }
+  }
+}
+
+void CallbackStates::save(checkpoint::CheckpointData& d, const StepStart*) {
+  nlohmann::json cbs = nlohmann::json::object();
+  for (auto& cb : callbacks_) cbs[cb->state_key()] = cb->state_dict();
+  d.blobs[checkpoint_keys::kCallbacks] = cbs.dump();
+}
+
+void CallbackStates::load(const checkpoint::CheckpointData& d) {
+  const auto cbs = CheckpointView(d, "the checkpoint").callback_states();
+  for (auto& cb : callbacks_)
+    if (cbs.contains(cb->state_key())) cb->load_state_dict(cbs.at(cb->state_key()));
+}
+
+void TextRecord::save(checkpoint::CheckpointData& d, const StepStart*) {
+  if (!restored_ || !text_.empty()) d.blobs[key_] = text_;  // the config always; hf_config when there is one
+}
+
+void TextRecord::load(const checkpoint::CheckpointData& d) {
+  if (d.has_blob(key_)) text_ = d.blob(key_);
+}
+
+void MetaRecord::save(checkpoint::CheckpointData& d, const StepStart*) {
+  nlohmann::json meta = {{"format_version", checkpoint::kFormatVersion},
+                         {"strobe_version", STROBE_VERSION},
+                         {"device", view_.device().str()},
+                         {"precision", to_string(precision_)},
+                         {"global_step", view_.state().global_step},
+                         {"world_size", view_.world_size()},
+                         {"epoch", view_.state().epoch}};
+  d.blobs[checkpoint_keys::kMeta] = meta.dump();
+}
+
+// What exists from construction; the optimizer, scheduler, scaler and step pipeline join at
+// setup_for_fit (register_fit_state). The connector keeps its one order either way.
+void Trainer::register_state() {
+  model_state_ = std::make_unique<ModelState>(*module_, masters_.get());
+  rng_state_ = std::make_unique<RngState>(rank_, world_size_, device_, *strategy_);
+  callback_states_ = std::make_unique<CallbackStates>(callbacks_);
+  config_record_ = std::make_unique<TextRecord>(checkpoint_keys::kConfig, config_yaml_, false);
+  hf_record_ = std::make_unique<TextRecord>(checkpoint_keys::kHfConfig, hf_source_config_, true);
+  meta_record_ = std::make_unique<MetaRecord>(*this, exp_.trainer.precision);
+  connector_.add("model", *model_state_);
+  connector_.add("loop", fit_loop_->progress_state());
+  connector_.add("accumulation", fit_loop_->accumulation_state());
+  connector_.add("logger", *collector_);
+  connector_.add("rng", *rng_state_);
+  connector_.add(checkpoint_keys::kCallbacks, *callback_states_);
+  connector_.add(checkpoint_keys::kConfig, *config_record_);
+  connector_.add(checkpoint_keys::kHfConfig, *hf_record_);
+  connector_.add(checkpoint_keys::kMeta, *meta_record_);
+}
+
+void Trainer::register_fit_state() {
+  optimizer_state_ = std::make_unique<OptimizerState>(*optimizer_, device_);
+  connector_.add("optimizer", *optimizer_state_);
+  if (scheduler_) connector_.add("scheduler", *scheduler_);
+  if (scaler_) connector_.add("scaler", *scaler_);
+  connector_.add("step_guard", *pipeline_);
+}
+
+checkpoint::CheckpointData Trainer::make_checkpoint() { return build_checkpoint(nullptr); }
+checkpoint::CheckpointData Trainer::make_checkpoint_at(const StepStart& start) { return build_checkpoint(&start); }
+
+checkpoint::CheckpointData Trainer::build_checkpoint(const StepStart* step_start) {
+  checkpoint::CheckpointData d;
+  connector_.save(d, step_start);
+  each([&](Callback& cb) { cb.on_save_checkpoint(*this, *module_, d); });
+  return d;
+}
+
+void Trainer::save_checkpoint(const std::string& path) {
+  auto d = make_checkpoint();  // every rank: the RNG gather and the logger sums are collectives
+  if (rank_ == 0) checkpoint::save_checkpoint_file(path, d);
+}
+
+void Trainer::load_checkpoint(const std::string& path, bool restore_training_state) {
+  load_checkpoint_data(take_checkpoint(path), restore_training_state, path);
+}
+
+void Trainer::preload_checkpoint(std::string path, checkpoint::CheckpointData data) {
+  preloaded_path_ = std::move(path);
+  preloaded_ = std::make_unique<checkpoint::CheckpointData>(std::move(data));
+}
+
+checkpoint::CheckpointData Trainer::take_checkpoint(const std::string& path) {
+  if (preloaded_ && preloaded_path_ == path) {
+    checkpoint::CheckpointData data = std::move(*preloaded_);
+    preloaded_.reset();
+    return data;
+  }
+  return checkpoint::load_checkpoint_file(path);
+}
+
+void Trainer::load_checkpoint_data(const checkpoint::CheckpointData& d, bool restore_training_state, const std::string& source) {
+  // Before any state is restored for training: the saved config against the current one (another
+  // optimizer, precision or model shape is refused naming the change; the rest is listed by fit).
+  resume_changes_.clear();
+  // Every load of weights is strict (validate/test too): all names and all shapes, or refused naming
+  // the model config keys that differ, else the tensors.
+  if (restore_training_state) {
+    // A resume restores the whole training state: a checkpoint without its config (the compatibility
+    // check), its optimizer state (fresh moments) or its loop counters would resume silently wrong.
+    std::vector<std::string> lacking;
+    if (!d.has_blob("config")) lacking.push_back("its config (blob 'config')");
+    if (optimizer_ && !d.has_blob("optimizer")) lacking.push_back("the optimizer state (blob 'optimizer')");
+    if (!d.has_blob("loop")) lacking.push_back("the loop counters (blob 'loop')");
+    if (!lacking.empty())
+      throw checkpoint::CheckpointError(fmt::format(
+          "{}: cannot resume from it: it lacks {}; a file of weights alone is for starting a new run (strobe export it, "
+          "then model.init_from)",
+          source, fmt::join(lacking, ", ")));
+    resume_changes_ = check_resume_compatible(source, d, config_yaml_, module_->net());
+  } else if (auto mismatch = weights_mismatch(d, config_yaml_, module_->net()); !mismatch.empty()) {
+    throw checkpoint::CheckpointError(fmt::format("{}: the checkpoint's weights do not fit this model: {}", source, mismatch));
+  } else if (const std::string changed = function_changes(d, config_yaml_); !changed.empty() && is_global_zero()) {
+    // validate/test: the weights fit, but they are evaluated as another function than they were trained as.
+    fmt::print(stderr, "strobe: warning: {}: evaluated with model keys that differ from the checkpoint's config: {}\n", source,
+               changed);
+  }
+  connector_.load(d, restore_training_state, source);
+  if (restore_training_state) each([&](Callback& cb) { cb.on_load_checkpoint(*this, *module_, d); });
+}
+
+}  // namespace strobe

@@ -1,0 +1,45 @@
+// Dataset: random access to samples. All randomness of a sample (augmentation, synthetic content)
+// comes from the generator passed to get(), which the loader seeds from (seed, epoch, index) — so a
+// sample does not depend on num_workers, on which worker made it, or on whether the run resumed.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include <ATen/core/Generator.h>
+
+#include "strobe/data/batch.h"
+
+namespace strobe::data {
+
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+  virtual int64_t size() const = 0;
+  virtual Sample get(int64_t index, at::Generator& gen) const = 0;
+};
+
+// Turns samples into a batch; must set batch.meta["batch_size"].
+using CollateFn = std::function<Batch(std::vector<Sample>&)>;
+
+// Stacks each key along a new first dimension (all samples must have the same keys and shapes).
+Batch stack_collate(std::vector<Sample>& samples);
+
+// A view of the first `count` (or the indices `indices`) items of another dataset.
+class SubsetDataset : public Dataset {
+ public:
+  SubsetDataset(std::shared_ptr<const Dataset> base, std::vector<int64_t> indices);
+  int64_t size() const override { return static_cast<int64_t>(indices_.size()); }
+  Sample get(int64_t index, at::Generator& gen) const override;
+
+ private:
+  std::shared_ptr<const Dataset> base_;
+  std::vector<int64_t> indices_;
+};
+
+// Generator for sample `index` of `epoch` under `seed` (SplitMix64 over the three).
+at::Generator sample_generator(uint64_t seed, int64_t epoch, int64_t index);
+
+}  // namespace strobe::data

@@ -1,0 +1,167 @@
+#include "strobe/data/loader.h"
+
+#include <condition_variable>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include "strobe/data/data_error.h"
+
+namespace strobe::data {
+
+struct DataLoader::Impl {
+  std::vector<int64_t> order;  // this epoch's indices
+  int64_t epoch = 0, next_to_make = 0, next_to_yield = 0, end = 0;
+  uint64_t generation = 0;
+  bool stopping = false;
+  std::map<int64_t, Batch> ready;
+  std::exception_ptr error;
+  std::mutex mu;
+  std::condition_variable cv_made, cv_space;
+  std::vector<std::thread> workers;
+
+  void worker_loop(const DataLoader& loader, uint64_t gen);
+};
+
+DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, CollateFn collate, LoaderOptions options)
+    : dataset_(std::move(dataset)),
+      collate_(std::move(collate)),
+      opt_(options),
+      sampler_(dataset_->size(), SamplerOptions{options.shuffle, options.drop_last, options.seed, options.rank,
+                                                options.world_size}),
+      impl_(std::make_unique<Impl>()) {
+  if (opt_.batch_size < 1) throw std::invalid_argument("loader: batch_size must be >= 1");
+  if (opt_.num_workers < 0) throw std::invalid_argument("loader: num_workers must be >= 0");
+  if (opt_.prefetch_factor < 1) opt_.prefetch_factor = 1;
+}
+
+DataLoader::~DataLoader() { stop(); }
+
+int64_t DataLoader::num_batches() const {
+  int64_t n = sampler_.num_samples();
+  int64_t full = opt_.drop_last ? n / opt_.batch_size : (n + opt_.batch_size - 1) / opt_.batch_size;
+  return opt_.limit_batches >= 0 ? std::min(full, opt_.limit_batches) : full;
+}
+
+Batch DataLoader::make_batch(int64_t epoch, int64_t batch_index) const {
+  std::vector<int64_t> other_epoch;
+  const std::vector<int64_t>* order_ptr = &impl_->order;
+  if (epoch != impl_->epoch || impl_->order.empty()) {
+    other_epoch = sampler_.indices(epoch);
+    order_ptr = &other_epoch;
+  }
+  const std::vector<int64_t>& order = *order_ptr;
+  int64_t begin = batch_index * opt_.batch_size;
+  int64_t end = std::min<int64_t>(begin + opt_.batch_size, static_cast<int64_t>(order.size()));
+  if (begin >= end) throw std::out_of_range("loader: batch index past the end of the epoch");
+  std::vector<Sample> samples;
+  samples.reserve(end - begin);
+  for (int64_t k = begin; k < end; ++k) {
+    at::Generator gen = sample_generator(opt_.seed, epoch, order[k]);
+    Sample s = dataset_->get(order[k], gen);
+    // An empty sample is one a dataset skipped as bad (on_bad_sample: skip; it logged it): the batch
+    // is one smaller. Which samples are bad depends only on the files, so batches stay exact.
+    if (!s.empty()) samples.push_back(std::move(s));
+  }
+  if (samples.empty())
+    throw DataError(fmt::format("batch {} of epoch {}: every one of its {} samples was bad and skipped", batch_index, epoch, end - begin));
+  Batch b = collate_(samples);
+  if (!b.meta.count("batch_size")) b.meta["batch_size"] = end - begin;
+  b.meta[kMetaBatchIndex] = batch_index;
+  b.meta[kMetaEpoch] = epoch;
+  return opt_.pin_memory ? b.pin_memory() : b;
+}
+
+void DataLoader::start(int64_t epoch, int64_t first_batch) {
+  stop();
+  Impl& m = *impl_;
+  std::unique_lock<std::mutex> lock(m.mu);
+  m.epoch = epoch;
+  m.order = sampler_.indices(epoch);
+  m.end = num_batches();
+  m.next_to_make = m.next_to_yield = std::min(first_batch, m.end);
+  m.ready.clear();
+  m.error = nullptr;
+  m.stopping = false;
+  ++m.generation;
+  for (int64_t w = 0; w < opt_.num_workers; ++w) m.workers.emplace_back(&Impl::worker_loop, &m, std::cref(*this), m.generation);
+}
+
+void DataLoader::Impl::worker_loop(const DataLoader& loader, uint64_t gen) {
+  // Workers make batches in index order; the bound keeps at most num_workers * prefetch_factor
+  // batches ahead of the consumer.
+  const int64_t capacity = loader.opt_.num_workers * loader.opt_.prefetch_factor;
+  for (;;) {
+    int64_t index;
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      cv_space.wait(lock, [&] { return stopping || next_to_make - next_to_yield < capacity || next_to_make >= end; });
+      if (stopping || gen != generation || next_to_make >= end || error) return;
+      index = next_to_make++;
+    }
+    try {
+      Batch b = loader.make_batch(epoch, index);
+      std::lock_guard<std::mutex> lock(mu);
+      if (gen != generation) return;
+      ready.emplace(index, std::move(b));
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!error) error = std::current_exception();
+    }
+    cv_made.notify_all();
+  }
+}
+
+std::optional<Batch> DataLoader::next() {
+  Impl& m = *impl_;
+  if (opt_.num_workers == 0) {
+    if (m.next_to_yield >= m.end) return std::nullopt;
+    return make_batch(m.epoch, m.next_to_yield++);
+  }
+  std::unique_lock<std::mutex> lock(m.mu);
+  if (m.next_to_yield >= m.end) return std::nullopt;
+  m.cv_made.wait(lock, [&] { return m.error || m.ready.count(m.next_to_yield) > 0; });
+  if (m.error) {
+    auto e = m.error;
+    lock.unlock();
+    stop();
+    std::rethrow_exception(e);
+  }
+  auto it = m.ready.find(m.next_to_yield);
+  Batch b = std::move(it->second);
+  m.ready.erase(it);
+  ++m.next_to_yield;
+  lock.unlock();
+  m.cv_space.notify_all();
+  return b;
+}
+
+void DataLoader::stop() {
+  Impl& m = *impl_;
+  {
+    std::lock_guard<std::mutex> lock(m.mu);
+    m.stopping = true;
+  }
+  m.cv_space.notify_all();
+  m.cv_made.notify_all();
+  for (auto& t : m.workers) t.join();
+  m.workers.clear();
+  std::lock_guard<std::mutex> lock(m.mu);
+  m.ready.clear();
+}
+
+}  // namespace strobe::data
+
+namespace strobe::data {
+void DataLoader::set_shuffle(bool shuffle) {
+  stop();
+  opt_.shuffle = shuffle;
+  sampler_ = DistributedSampler(dataset_->size(), SamplerOptions{opt_.shuffle, opt_.drop_last, opt_.seed, opt_.rank, opt_.world_size});
+}
+}  // namespace strobe::data

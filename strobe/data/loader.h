@@ -1,0 +1,66 @@
+// DataLoader: batches of an epoch, in order, made by worker threads into a bounded prefetch queue.
+//
+// Contract: batch i of epoch e is a pure function of (dataset, seed, e, i) — independent of
+// num_workers and of where the epoch was started (start(e, first_batch) resumes mid-epoch without
+// replaying). With pin_memory the batches come in page-locked memory so the host-to-device copy can
+// be non-blocking. At most `num_workers * prefetch_factor` batches are held ahead of the consumer.
+// The worker threads, the queue and their locks live behind a pimpl (loader.cpp): a component that
+// names a DataLoader (strobe/core/datamodule.h) includes no threading header through it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+
+#include "strobe/data/dataset.h"
+#include "strobe/data/sampler.h"
+
+namespace strobe::data {
+
+struct LoaderOptions {
+  int64_t batch_size = 32;
+  bool shuffle = true;
+  bool drop_last = false;
+  int64_t num_workers = 0;  // 0: batches are made on the calling thread
+  int64_t prefetch_factor = 2;
+  bool pin_memory = false;
+  uint64_t seed = 0;
+  int64_t rank = 0;
+  int64_t world_size = 1;
+  int64_t limit_batches = -1;  // -1: the whole epoch
+};
+
+class DataLoader {
+ public:
+  DataLoader(std::shared_ptr<const Dataset> dataset, CollateFn collate, LoaderOptions options);
+  ~DataLoader();
+  DataLoader(const DataLoader&) = delete;
+  DataLoader& operator=(const DataLoader&) = delete;
+
+  int64_t num_batches() const;  // in one epoch on this rank (after limit_batches)
+  const LoaderOptions& options() const { return opt_; }
+  void set_limit_batches(int64_t limit) { opt_.limit_batches = limit; }
+  void set_pin_memory(bool pin) { opt_.pin_memory = pin; }
+  // Rebuilds the sampler (overfit_batches turns shuffling off).
+  void set_shuffle(bool shuffle);
+  const Dataset& dataset() const { return *dataset_; }
+
+  // Begins epoch `epoch` at batch `first_batch` (stops any epoch in progress).
+  void start(int64_t epoch, int64_t first_batch = 0);
+  // The next batch of the current epoch, or nullopt at its end. Rethrows a worker's exception.
+  std::optional<Batch> next();
+  // Batch `batch_index` of `epoch`, made on the calling thread (used by replay and tests).
+  Batch make_batch(int64_t epoch, int64_t batch_index) const;
+  void stop();
+
+ private:
+  struct Impl;  // the epoch's order and position, the prefetch queue, the workers (loader.cpp)
+
+  std::shared_ptr<const Dataset> dataset_;
+  CollateFn collate_;
+  LoaderOptions opt_;
+  DistributedSampler sampler_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace strobe::data

@@ -1,0 +1,45 @@
+#include "strobe/data/sampler.h"
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+#include <stdexcept>
+
+namespace strobe::data {
+
+DistributedSampler::DistributedSampler(int64_t dataset_size, SamplerOptions options)
+    : size_(dataset_size), opt_(options) {
+  if (opt_.world_size < 1 || opt_.rank < 0 || opt_.rank >= opt_.world_size)
+    throw std::invalid_argument("sampler: need 0 <= rank < world_size");
+}
+
+int64_t DistributedSampler::num_samples() const {
+  if (opt_.world_size == 1) return size_;
+  if (opt_.drop_last) return size_ / opt_.world_size;
+  return (size_ + opt_.world_size - 1) / opt_.world_size;
+}
+
+std::vector<int64_t> DistributedSampler::indices(int64_t epoch) const {
+  std::vector<int64_t> all(static_cast<size_t>(size_));
+  std::iota(all.begin(), all.end(), 0);
+  if (opt_.shuffle) {
+    // std::mt19937_64 and a hand-written Fisher-Yates: the same order on every platform and library.
+    std::mt19937_64 rng(opt_.seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(epoch) + 1);
+    for (int64_t i = size_ - 1; i > 0; --i) {
+      uint64_t j = rng() % static_cast<uint64_t>(i + 1);
+      std::swap(all[i], all[j]);
+    }
+  }
+  if (opt_.world_size == 1) return all;
+  int64_t per_rank = num_samples();
+  int64_t total = per_rank * opt_.world_size;
+  if (!opt_.drop_last && size_ > 0) {
+    for (int64_t i = size_; i < total; ++i) all.push_back(all[(i - size_) % size_]);
+  }
+  std::vector<int64_t> mine;
+  mine.reserve(per_rank);
+  for (int64_t i = opt_.rank; i < total; i += opt_.world_size) mine.push_back(all[i]);
+  return mine;
+}
+
+}  // namespace strobe::data

@@ -1,0 +1,528 @@
+#include "strobe/distributed/strategy.h"
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <thread>
+#include <type_traits>
+
+#include <fmt/format.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/csrc/distributed/c10d/comm.hpp>
+#include <torch/csrc/distributed/c10d/control_collectives/StoreCollectives.hpp>
+#include <torch/csrc/distributed/c10d/reducer.hpp>
+#include <torch/torch.h>
+
+#include "strobe/config/config.h"
+#include "strobe/distributed/nccl_backend.h"
+#include "strobe/metrics/collection.h"
+#include "strobe/metrics/metric.h"
+
+namespace strobe::distributed {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+CpuBackendFactory& cpu_backend_factory() {
+  static CpuBackendFactory f;
+  return f;
+}
+
+std::string short_error(const std::exception& e) {
+  if (auto* c = dynamic_cast<const c10::Error*>(&e)) return c->what_without_backtrace();
+  return e.what();
+}
+
+std::string one_line(std::string s) {
+  for (char& c : s)
+    if (c == '\n') c = ' ';
+  while (!s.empty() && s.back() == ' ') s.pop_back();
+  return s;
+}
+
+double seconds(milliseconds d) { return std::chrono::duration<double>(d).count(); }
+
+// The one line every rank prints when the job cannot go on, then the process ends at once: a peer
+// blocked in a collective cannot be unblocked, and destructors of communicators may block too.
+[[noreturn]] void fail_now(int64_t rank, int64_t world, const std::string& why) {
+  // The monitor thread and the main thread may both find the failure: the first one reports it.
+  static std::mutex once;
+  once.lock();
+  std::fflush(stdout);
+  std::fprintf(stderr, "strobe: rank %lld of %lld: distributed job failed: %s\n", static_cast<long long>(rank),
+               static_cast<long long>(world), why.c_str());
+  std::fflush(stderr);
+  std::_Exit(1);
+}
+
+std::string lost_store_message(const std::string& address, const std::exception& e) {
+  return fmt::format("lost the rendezvous store at {} ({}): its host (rank 0 or the launcher) is gone", address,
+                     one_line(short_error(e)));
+}
+
+// Liveness of the job, on its own thread and its own store connection (the main thread may be
+// blocked in a collective). Every rank bumps its heartbeat key; rank 0 watches all ranks, the others
+// watch rank 0 and the "abort" key. A heartbeat that stands still longer than `stale_after` means a
+// dead or frozen process: the watcher publishes the reason under "abort" and every rank ends with it.
+class HealthMonitor {
+ public:
+  HealthMonitor(c10::intrusive_ptr<c10d::Store> store, int64_t rank, int64_t world, milliseconds timeout,
+                std::string store_address)
+      : store_(std::move(store)), rank_(rank), world_(world), address_(std::move(store_address)) {
+    interval_ = std::clamp<milliseconds>(timeout / 20, milliseconds(100), milliseconds(1000));
+    stale_after_ = std::max<milliseconds>(3 * interval_, std::min<milliseconds>(timeout / 2, milliseconds(30000)));
+    store_->set(hb_key(rank_), std::vector<uint8_t>{0});
+  }
+  ~HealthMonitor() { stop(); }
+
+  void start() {
+    for (int64_t r = 0; r < world_; ++r)
+      if (r != rank_ && (rank_ == 0 || r == 0)) peers_.push_back({r, {}, Clock::now()});
+    thread_ = std::thread([this] { run(); });
+  }
+  void stop() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+  // From now on store errors are the expected end of the job, not a failure.
+  void quiet() { quiet_ = true; }
+
+ private:
+  static std::string hb_key(int64_t r) { return "hb/" + std::to_string(r); }
+
+  void run() {
+    uint64_t beat = 0;
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        if (cv_.wait_for(lock, interval_, [&] { return stopping_.load(); })) return;
+      }
+      std::string why;
+      try {
+        ++beat;
+        std::vector<uint8_t> b(reinterpret_cast<uint8_t*>(&beat), reinterpret_cast<uint8_t*>(&beat) + sizeof beat);
+        store_->set(hb_key(rank_), b);
+        if (store_->check({"abort"})) {
+          auto v = store_->get("abort");
+          why = std::string(v.begin(), v.end());
+        } else {
+          why = check_peers();
+          if (!why.empty()) {
+            store_->set("abort", std::vector<uint8_t>(why.begin(), why.end()));
+            // Let the other ranks read the reason before this process (maybe the store's host) ends.
+            std::this_thread::sleep_for(2 * interval_);
+          }
+        }
+      } catch (const std::exception& e) {
+        if (quiet_ || stopping_) return;
+        why = lost_store_message(address_, e);
+      }
+      if (!why.empty() && !quiet_ && !stopping_) fail_now(rank_, world_, why);
+    }
+  }
+
+  std::string check_peers() {
+    std::vector<std::string> keys;
+    for (auto& p : peers_) keys.push_back(hb_key(p.rank));
+    auto values = store_->multiGet(keys);
+    const auto now = Clock::now();
+    for (size_t i = 0; i < peers_.size(); ++i) {
+      auto& p = peers_[i];
+      if (values[i] != p.last) {
+        p.last = values[i];
+        p.changed = now;
+        continue;
+      }
+      if (now - p.changed <= stale_after_) continue;
+      if (store_->check({"done/" + std::to_string(p.rank)})) continue;  // finished in order
+      return fmt::format("rank {} stopped responding: no heartbeat for {:.1f} s (the process died or is frozen)", p.rank,
+                         std::chrono::duration<double>(now - p.changed).count());
+    }
+    return {};
+  }
+
+  struct Peer {
+    int64_t rank;
+    std::vector<uint8_t> last;
+    Clock::time_point changed;
+  };
+  c10::intrusive_ptr<c10d::Store> store_;
+  int64_t rank_, world_;
+  std::string address_;
+  milliseconds interval_{}, stale_after_{};
+  std::vector<Peer> peers_;
+  std::thread thread_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<bool> quiet_{false};
+};
+
+class SingleDeviceStrategy final : public Strategy {
+ public:
+  explicit SingleDeviceStrategy(torch::Device device) : device_(device) {}
+  int64_t rank() const override { return 0; }
+  int64_t world_size() const override { return 1; }
+  int64_t local_rank() const override { return 0; }
+  const torch::Device& device() const override { return device_; }
+  void setup_model(torch::nn::Module&) override {}
+  void set_grad_sync(bool enabled) override { sync_ = enabled; }
+  bool grad_sync() const override { return sync_; }
+  void pre_backward() override {}
+  void finish_grad_sync() override {}
+  torch::Tensor reduce_max(torch::Tensor flag) override { return flag; }
+  torch::Tensor reduce_sum(torch::Tensor values) override { return values; }
+  bool any(bool flag) override { return flag; }
+  std::string broadcast_string(const std::string& v) override { return v; }
+  std::vector<std::string> gather_strings(const std::string& mine) override { return {mine}; }
+  void barrier(const std::string&) override {}
+  void sync_metrics(metrics::MetricCollection&) override {}
+  void sync_metric(metrics::Metric&) override {}
+  c10d::ProcessGroup* process_group() override { return nullptr; }
+  void abort(const std::string&) override {}
+  void shutdown() override {}
+
+ private:
+  torch::Device device_;
+  bool sync_ = true;
+};
+
+class DDPStrategy final : public Strategy {
+ public:
+  DDPStrategy(const StrategyOptions& options, const LaunchEnv& env, torch::Device device)
+      : options_(options), env_(env), device_(device) {
+    address_ = fmt::format("{}:{}", env.master_addr, env.master_port);
+    rendezvous();
+  }
+  ~DDPStrategy() override {
+    // Destroyed without shutdown(): an exception is unwinding this rank. Tell the others.
+    if (!shut_down_) abort("ended without finishing (an error on this rank)");
+    reducer_.reset();
+    if (monitor_) monitor_->stop();
+  }
+
+  int64_t rank() const override { return env_.rank; }
+  int64_t world_size() const override { return env_.world_size; }
+  int64_t local_rank() const override { return env_.local_rank; }
+  const torch::Device& device() const override { return device_; }
+
+  void setup_model(torch::nn::Module& net) override {
+    torch::NoGradGuard ng;
+    std::vector<torch::Tensor> params, state;
+    std::unordered_map<size_t, std::string> names;
+    buffers_.clear();
+    for (auto& p : net.named_parameters()) {
+      state.push_back(p.value());
+      if (!p.value().requires_grad()) continue;
+      names[params.size()] = p.key();
+      params.push_back(p.value());
+    }
+    for (auto& b : net.named_buffers()) {
+      state.push_back(b.value());
+      buffers_.push_back(b.value());
+    }
+    TORCH_CHECK(!params.empty(), "the model has no trainable parameters");
+    for (auto& t : state)
+      TORCH_CHECK(t.device() == device_, "model tensor on ", t.device(), " but the strategy's device is ", device_);
+    c10d::verify_params_across_processes(pg_, params, std::nullopt);
+    c10d::broadcast_coalesced(pg_, state, kBroadcastBytes, 0);
+    // As torch's DDP without unused parameters: one bucket for the first iteration, rebuilt from the
+    // order in which gradients became ready, with bucket_cap_mb buckets (a 1 MiB first one).
+    std::vector<bool> sparse(params.size(), false);
+    auto [indices, limits] = c10d::compute_bucket_assignment_by_size(params, {std::numeric_limits<size_t>::max()}, sparse);
+    (void)limits;
+    std::reverse(indices.begin(), indices.end());
+    reducer_ = std::make_unique<c10d::Reducer>(params, indices, pg_, sparse, options_.bucket_cap_mb * 1024 * 1024,
+                                               /*find_unused_parameters=*/false, /*gradient_as_bucket_view=*/false,
+                                               names, /*first_bucket_bytes_cap=*/1024 * 1024,
+                                               /*skip_all_reduce_unused_params=*/false, /*use_python_reducer=*/false,
+                                               std::vector<int64_t>{});
+  }
+
+  void set_grad_sync(bool enabled) override { sync_ = enabled; }
+  bool grad_sync() const override { return sync_; }
+
+  void pre_backward() override {
+    TORCH_CHECK(reducer_, "Strategy::pre_backward before setup_model");
+    if (!sync_) return;  // the reducer's hooks stay idle: gradients accumulate locally
+    reducer_->prepare_for_forward();
+    reducer_->rebuild_buckets();
+    reducer_->prepare_for_backward({});
+    pending_ = true;
+  }
+
+  void finish_grad_sync() override {
+    // The reducer finalized inside backward (an autograd engine callback waits for every bucket and
+    // writes the averaged gradients back). Buffers follow rank 0 after the backward: broadcasting
+    // them before it would bump the version of tensors the graph saved (BatchNorm's statistics).
+    if (!pending_) return;
+    pending_ = false;
+    if (options_.broadcast_buffers && !buffers_.empty()) {
+      torch::NoGradGuard ng;
+      c10d::broadcast_coalesced(pg_, buffers_, kBroadcastBytes, 0);
+    }
+  }
+
+  torch::Tensor reduce_max(torch::Tensor flag) override {
+    std::vector<torch::Tensor> t{flag};
+    c10d::AllreduceOptions o;
+    o.reduceOp = c10d::ReduceOp::MAX;
+    pg_->allreduce(t, o)->wait();
+    return flag;
+  }
+
+  torch::Tensor reduce_sum(torch::Tensor values) override {
+    std::vector<torch::Tensor> t{values};
+    c10d::AllreduceOptions o;
+    o.reduceOp = c10d::ReduceOp::SUM;
+    pg_->allreduce(t, o)->wait();
+    return values;
+  }
+
+  bool any(bool flag) override {
+    return checked("any", [&] { return collectives_->allSum(next_key("any"), flag ? 1 : 0, options_.timeout) > 0; });
+  }
+
+  std::string broadcast_string(const std::string& v) override {
+    return checked("broadcast", [&] {
+      auto key = next_key("bcast");
+      if (rank() == 0) {
+        collectives_->broadcastSend(key, std::vector<uint8_t>(v.begin(), v.end()), options_.timeout);
+        return v;
+      }
+      auto got = collectives_->broadcastRecv(key, options_.timeout);
+      return std::string(got.begin(), got.end());
+    });
+  }
+
+  std::vector<std::string> gather_strings(const std::string& mine) override {
+    return checked("gather", [&] {
+      auto key = next_key("gather");
+      std::vector<uint8_t> bytes(mine.begin(), mine.end());
+      std::vector<std::string> all;
+      if (rank() != 0) {
+        collectives_->gatherSend(key, bytes, options_.timeout);
+        return all;
+      }
+      for (auto& b : collectives_->gatherRecv(key, bytes, options_.timeout)) all.emplace_back(b.begin(), b.end());
+      return all;
+    });
+  }
+
+  void barrier(const std::string& what) override {
+    checked("barrier (" + what + ")", [&] {
+      collectives_->barrier(next_key("barrier"), options_.timeout, true);
+      return 0;
+    });
+  }
+
+  void sync_metrics(metrics::MetricCollection& m) override { m.sync(*pg_); }
+  void sync_metric(metrics::Metric& m) override { m.sync(*pg_); }
+  c10d::ProcessGroup* process_group() override { return pg_.get(); }
+
+  void abort(const std::string& why) override {
+    if (shut_down_ || aborted_) return;
+    aborted_ = true;
+    if (monitor_) monitor_->stop();  // this rank reports its own failure; no second message
+    try {
+      auto msg = fmt::format("rank {} failed: {}", rank(), one_line(why));
+      health_store_->set("abort", std::vector<uint8_t>(msg.begin(), msg.end()));
+    } catch (const std::exception&) {
+      // The store is gone too: the other ranks notice that on their own.
+    }
+  }
+
+  void shutdown() override {
+    if (shut_down_) return;
+    shut_down_ = true;
+    health_store_->set("done/" + std::to_string(rank()), std::vector<uint8_t>{1});
+    // Rank 0 may host the store: nobody may leave before everyone has stopped using it.
+    try {
+      collectives_->barrier(next_key("shutdown"), options_.timeout, true);
+    } catch (const std::exception& e) {
+      if (monitor_) monitor_->stop();
+      throw DistributedError(fmt::format("rank {} of {}: the other ranks did not finish within trainer.dist_timeout ({} s): {}",
+                                         rank(), world_size(), seconds(options_.timeout), one_line(short_error(e))));
+    }
+    if (monitor_) {
+      monitor_->quiet();
+      monitor_->stop();
+    }
+    // Passing the barrier is not leaving it: another rank may still be reading its answer from the
+    // store rank 0 hosts. So every other rank says it is out, and rank 0 leaves once all have.
+    const std::string left = "strobe/" + next_key("left");
+    try {
+      if (rank() != 0) {
+        store_->set(left + "/" + std::to_string(rank()), std::vector<uint8_t>{1});
+      } else {
+        std::vector<std::string> keys;
+        for (int64_t r = 1; r < world_size(); ++r) keys.push_back(left + "/" + std::to_string(r));
+        store_->wait(keys, options_.timeout);
+      }
+    } catch (const std::exception& e) {
+      throw DistributedError(fmt::format("rank {} of {}: the other ranks did not finish within trainer.dist_timeout ({} s): {}",
+                                         rank(), world_size(), seconds(options_.timeout), one_line(short_error(e))));
+    }
+    reducer_.reset();
+    if (pg_) pg_->shutdown();
+  }
+
+ private:
+  static constexpr size_t kBroadcastBytes = 250 * 1024 * 1024;
+
+  std::string next_key(const std::string& what) { return fmt::format("{}/{}", what, seq_++); }
+
+  // A host collective that fails means the job is over: a lost store connection is its host's
+  // death, anything else a peer that did not arrive in time.
+  template <class F>
+  std::invoke_result_t<F> checked(const std::string& what, F&& f) {
+    try {
+      return f();
+    } catch (const c10::DistNetworkError& e) {
+      fail_now(rank(), world_size(), lost_store(e));
+    } catch (const std::exception& e) {
+      fail_now(rank(), world_size(), fmt::format("{} did not complete within trainer.dist_timeout ({} s): {}", what,
+                                                 seconds(options_.timeout), one_line(short_error(e))));
+    }
+  }
+
+  std::string lost_store(const std::exception& e) const { return lost_store_message(address_, e); }
+
+  void rendezvous() {
+    const int rank = static_cast<int>(env_.rank), world = static_cast<int>(env_.world_size);
+    c10d::TCPStoreOptions so;
+    so.port = static_cast<uint16_t>(env_.master_port);
+    so.isServer = !env_.agent_store && rank == 0;
+    so.numWorkers = static_cast<size_t>(world);
+    so.waitWorkers = true;
+    so.timeout = options_.timeout;
+    so.multiTenant = true;
+    try {
+      store_ = c10::make_intrusive<c10d::TCPStore>(env_.master_addr, so);
+    } catch (const std::exception& e) {
+      throw DistributedError(fmt::format(
+          "rank {} of {} ({} launch): the rendezvous at {} did not complete within trainer.dist_timeout ({} s): {}", rank,
+          world, env_.launcher, address_, seconds(options_.timeout), one_line(short_error(e))));
+    }
+    auto strobe_store = c10::make_intrusive<c10d::PrefixStore>("strobe", store_);
+    collectives_ = c10::make_intrusive<c10d::StoreCollectives>(
+        c10::make_intrusive<c10d::PrefixStore>("host", strobe_store), rank, world);
+
+    // The monitor talks over its own connection so a main thread blocked in a store wait does not
+    // delay heartbeats.
+    c10d::TCPStoreOptions mo;
+    mo.port = so.port;
+    mo.isServer = false;
+    mo.waitWorkers = false;
+    mo.timeout = options_.timeout;
+    auto monitor_conn = c10::make_intrusive<c10d::TCPStore>(env_.master_addr, mo);
+    health_store_ = c10::make_intrusive<c10d::PrefixStore>("strobe/health", monitor_conn);
+    monitor_ = std::make_unique<HealthMonitor>(health_store_, env_.rank, env_.world_size, options_.timeout, address_);
+    barrier("heartbeats registered");
+    monitor_->start();
+
+    auto pg_store = c10::make_intrusive<c10d::PrefixStore>("pg", strobe_store);
+    pg_ = c10::make_intrusive<c10d::ProcessGroup>(pg_store, rank, world);
+    c10::intrusive_ptr<c10d::Backend> backend;
+    c10d::ProcessGroup::BackendType type;
+    if (device_.is_cuda()) {
+      backend = make_nccl_backend(c10::make_intrusive<c10d::PrefixStore>("nccl", pg_store), rank, world, options_.timeout);
+      type = c10d::ProcessGroup::BackendType::NCCL;
+    } else {
+      auto& factory = cpu_backend_factory();
+      backend = factory(c10::make_intrusive<c10d::PrefixStore>("cpu", pg_store), rank, world, options_.timeout);
+      type = c10d::ProcessGroup::BackendType::CUSTOM;
+    }
+    pg_->setBackend(device_.type(), type, backend);
+    pg_->setDefaultBackend(type);
+    pg_->setGroupName("0");
+  }
+
+  StrategyOptions options_;
+  LaunchEnv env_;
+  torch::Device device_;
+  std::string address_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  c10::intrusive_ptr<c10d::Store> health_store_;
+  c10::intrusive_ptr<c10d::StoreCollectives> collectives_;
+  c10::intrusive_ptr<c10d::ProcessGroup> pg_;
+  std::unique_ptr<HealthMonitor> monitor_;
+  std::unique_ptr<c10d::Reducer> reducer_;
+  std::vector<torch::Tensor> buffers_;
+  uint64_t seq_ = 0;
+  bool sync_ = true;
+  bool pending_ = false;
+  bool shut_down_ = false;
+  bool aborted_ = false;
+};
+
+}  // namespace
+
+void set_cpu_backend_factory(CpuBackendFactory factory) { cpu_backend_factory() = std::move(factory); }
+
+torch::Device resolve_device(const std::string& spec, const LaunchEnv& env) {
+  const bool multi = env.world_size > 1;
+  auto cuda_count = [] { return static_cast<int64_t>(torch::cuda::device_count()); };
+  auto local_gpu = [&](const std::string& why) {
+    if (env.local_rank >= cuda_count())
+      throw config::ConfigError(fmt::format("trainer.device: '{}' {}: local rank {} needs cuda:{} but only {} CUDA device(s) are visible",
+                                            spec, why, env.local_rank, env.local_rank, cuda_count()));
+    return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank));
+  };
+  if (spec == "auto") {
+    if (!torch::cuda::is_available()) return torch::Device(torch::kCPU);
+    return local_gpu("(each process takes the GPU of its local rank)");
+  }
+  std::optional<torch::Device> d;
+  try {
+    d = torch::Device(spec);
+  } catch (const std::exception&) {
+    throw config::ConfigError(fmt::format("trainer.device: '{}' is not a device (auto | cpu | cuda | cuda:N)", spec));
+  }
+  if (!d->is_cuda()) return *d;
+  if (!torch::cuda::is_available())
+    throw config::ConfigError(fmt::format("trainer.device: '{}' requested but no CUDA device is visible", spec));
+  if (multi) {
+    if (d->has_index())
+      throw config::ConfigError(fmt::format(
+          "trainer.device: '{}' names one GPU but this is rank {} of {}: use auto or cuda (each process takes cuda:LOCAL_RANK)",
+          spec, env.rank, env.world_size));
+    return local_gpu("(each process takes the GPU of its local rank)");
+  }
+  int64_t idx = d->has_index() ? d->index() : 0;
+  if (idx >= cuda_count())
+    throw config::ConfigError(fmt::format("trainer.device: '{}' requested but only {} CUDA device(s) are visible", spec, cuda_count()));
+  return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(idx));
+}
+
+std::unique_ptr<Strategy> make_strategy(const StrategyOptions& options) {
+  return make_strategy(options, launch_env_from_process());
+}
+
+std::unique_ptr<Strategy> make_strategy(const StrategyOptions& options, const LaunchEnv& env) {
+  torch::Device device = resolve_device(options.device, env);
+  if (env.world_size <= 1) return std::make_unique<SingleDeviceStrategy>(device);
+  if (options.timeout.count() <= 0) throw config::ConfigError("trainer.dist_timeout: must be positive");
+  if (device.is_cpu() && !cpu_backend_factory())
+    throw config::ConfigError(fmt::format(
+        "trainer.device: '{}' with {} processes: multi-process training runs on CUDA (NCCL); this libtorch offers no CPU "
+        "process group (see docs/DISTRIBUTED.md)",
+        options.device, env.world_size));
+  if (!device.is_cuda() && !device.is_cpu())
+    throw config::ConfigError(fmt::format("trainer.device: '{}' is not supported with {} processes", options.device, env.world_size));
+  if (device.is_cuda()) set_current_cuda_device(device.index());
+  return std::make_unique<DDPStrategy>(options, env, device);
+}
+
+}  // namespace strobe::distributed
