@@ -44,13 +44,11 @@ void GraphedStep::reset() {
 }
 
 GraphedRunner::GraphedRunner(EagerRunner& eager, StepRunner& step, Module& module, StepPipeline& pipeline,
-                             torch::optim::Optimizer& optimizer, LogSink& collector, torch::Device device)
+                             ops::FusedOptimizerBase& optimizer, LogSink& collector, torch::Device device)
     : eager_(eager), step_(step), module_(module), pipeline_(pipeline), optimizer_(optimizer), collector_(collector),
       device_(device) {
 #if STROBE_HAS_OPS
-  auto* fused = dynamic_cast<ops::FusedOptimizerBase*>(&optimizer_);
-  if (!fused) throw std::logic_error("GraphedRunner needs Strobe's fused optimizer");
-  fused->enable_device_lr();
+  optimizer_.enable_device_lr();
   g_.graph = std::make_unique<ops::CudaGraph>();
 #else
   throw std::logic_error("GraphedRunner without operator library");
@@ -67,8 +65,7 @@ torch::Tensor GraphedRunner::run(Batch batch, const MicroBatch& mb) {
 #if STROBE_HAS_OPS
   auto& g = g_;
   const int64_t batch_idx = mb.index;
-  auto* fused = static_cast<ops::FusedOptimizerBase*>(&optimizer_);
-  fused->sync_device_lr();  // the scheduler's lr for this step, eager or replayed
+  optimizer_.sync_device_lr();  // the scheduler's lr for this step, eager or replayed
   module_.set_current_batch_size(batch.batch_size());
   const std::string batch_key = GraphedStep::batch_signature(batch);
   const std::string guard_key = GraphedStep::guard_signature(pipeline_.guard());

@@ -27,14 +27,11 @@
 #include "strobe/core/step_runner.h"
 #include "strobe/data/batch.h"
 
-namespace torch::optim {
-class Optimizer;
-}
-
 namespace strobe {
 
 namespace ops {
 class CudaGraph;
+class FusedOptimizerBase;
 }
 
 // What a module logs while its step is being captured: replayed into the real sink after each replay.
@@ -76,12 +73,12 @@ struct GraphedStep {
 // Replays the captured step for every batch of the captured signature; captures after the warm-up
 // (and anew when the batch's signature or the armed step guard changes); runs other batches through
 // `eager`. `optimizer`: Strobe's fused optimizer (its lr read from the device: schedules keep
-// working); `collector`: where the module's logged values go (recorded at capture, handed over after
+// working; the Trainer builds this runner only with one); `collector`: where the module's logged values go (recorded at capture, handed over after
 // each replay).
 class GraphedRunner : public TrainingRunner {
  public:
   GraphedRunner(EagerRunner& eager, StepRunner& step, Module& module, StepPipeline& pipeline,
-                torch::optim::Optimizer& optimizer, LogSink& collector, torch::Device device);
+                ops::FusedOptimizerBase& optimizer, LogSink& collector, torch::Device device);
   ~GraphedRunner() override;
   torch::Tensor run(Batch batch, const MicroBatch& mb) override;
   void zero_grad() override;
@@ -93,7 +90,7 @@ class GraphedRunner : public TrainingRunner {
   StepRunner& step_;
   Module& module_;
   StepPipeline& pipeline_;
-  torch::optim::Optimizer& optimizer_;
+  ops::FusedOptimizerBase& optimizer_;
   LogSink& collector_;
   torch::Device device_;
   GraphedStep g_;

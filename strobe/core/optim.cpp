@@ -1,7 +1,6 @@
 #include "strobe/core/optim.h"
 
 #include <cmath>
-#include <sstream>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -276,22 +275,6 @@ void LRScheduler::save(checkpoint::CheckpointData& d, const StepStart* at) {
 
 void LRScheduler::load(const checkpoint::CheckpointData& d) {
   if (d.has_blob("scheduler")) load_state_dict(nlohmann::json::parse(d.blob("scheduler")));
-}
-
-void OptimizerState::save(checkpoint::CheckpointData& d, const StepStart*) {
-  torch::serialize::OutputArchive a;
-  optimizer_.save(a);
-  std::ostringstream os;
-  a.save_to(os);
-  d.blobs["optimizer"] = os.str();
-}
-
-void OptimizerState::load(const checkpoint::CheckpointData& d) {
-  if (!d.has_blob("optimizer")) return;
-  torch::serialize::InputArchive a;
-  std::istringstream is(d.blob("optimizer"));
-  a.load_from(is, device_);
-  optimizer_.load(a);
 }
 
 }  // namespace strobe

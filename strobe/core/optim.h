@@ -56,19 +56,6 @@ class LRScheduler : public Stateful {
   int64_t step_ = 0;
 };
 
-// The optimizer's state as the checkpoint's `optimizer` entry (torch::optim's archive, loaded onto
-// `device`): torch::optim::Optimizer is libtorch's class, so it is saved through this.
-class OptimizerState : public Stateful {
- public:
-  OptimizerState(torch::optim::Optimizer& optimizer, torch::Device device) : optimizer_(optimizer), device_(device) {}
-  void save(checkpoint::CheckpointData& out, const StepStart* step_start) override;
-  void load(const checkpoint::CheckpointData& in) override;
-
- private:
-  torch::optim::Optimizer& optimizer_;
-  torch::Device device_;
-};
-
 // Returns nullptr for `name: none`. `total_steps` is the run's number of optimizer steps when
 // known (cosine uses it when `max_steps` is not given), or -1.
 std::shared_ptr<LRScheduler> build_scheduler(config::Section& cfg, torch::optim::Optimizer& opt, int64_t total_steps);

@@ -1,6 +1,6 @@
 // The checkpoint entries that belong to no single loop or step object (state_connector.h: each is a
-// Stateful registered by the Trainer, trainer_state.cpp): the model's weights, the generators, the
-// callbacks' states and the run's records (its resolved config, the Hugging Face config its weights
+// Stateful registered by the Trainer, trainer_state.cpp): the model's weights, the optimizer (a
+// libtorch class), the generators, the callbacks' states and the run's records (its resolved config, the Hugging Face config its weights
 // came with, the meta blob).
 #pragma once
 
@@ -13,6 +13,10 @@
 
 #include "strobe/config/precision.h"
 #include "strobe/checkpoint/stateful.h"
+
+namespace torch::optim {
+class Optimizer;
+}
 
 namespace strobe {
 
@@ -37,6 +41,18 @@ class ModelState : public Stateful {
  private:
   Module& module_;
   MasterWeights* masters_;
+};
+
+// `optimizer`: torch::optim's archive of the optimizer (fused ones included), loaded onto `device`.
+class OptimizerState : public Stateful {
+ public:
+  OptimizerState(torch::optim::Optimizer& optimizer, torch::Device device) : optimizer_(optimizer), device_(device) {}
+  void save(checkpoint::CheckpointData& out, const StepStart* step_start) override;
+  void load(const checkpoint::CheckpointData& in) override;
+
+ private:
+  torch::optim::Optimizer& optimizer_;
+  torch::Device device_;
 };
 
 // `rng`: this process's generators as rng/cpu, rng/cuda/<i>. Data parallel: every rank's states,

@@ -92,6 +92,20 @@ void ModelState::load(const checkpoint::CheckpointData& d) {
   if (masters_) masters_->copy_to_model();
 }
 
+void OptimizerState::save(checkpoint::CheckpointData& d, const StepStart*) {
+  torch::serialize::OutputArchive a;
+  optimizer_.save(a);
+  d.blobs["optimizer"] = archive_to_string(a);
+}
+
+void OptimizerState::load(const checkpoint::CheckpointData& d) {
+  if (!d.has_blob("optimizer")) return;
+  torch::serialize::InputArchive a;
+  std::istringstream is(d.blob("optimizer"));
+  a.load_from(is, device_);
+  optimizer_.load(a);
+}
+
 void RngState::save(checkpoint::CheckpointData& d, const StepStart* at) {
   auto put = [&](const RngSnapshot& r) {
     d.tensors["rng/cpu"] = r.cpu;

@@ -78,9 +78,10 @@ void Trainer::setup_cuda_graphs() {
     if (exp_.trainer.cuda_graphs == "true") throw config::ConfigError("trainer.cuda_graphs: " + why_not);
     return;  // auto: eager steps
   }
-  graphed_runner_ = std::make_unique<GraphedRunner>(*eager_runner_, *step_runner_, *module_, *pipeline_, *optimizer_,
+#if STROBE_HAS_OPS
+  graphed_runner_ = std::make_unique<GraphedRunner>(*eager_runner_, *step_runner_, *module_, *pipeline_, *fused,
                                                     *collector_, device_);
+#endif
 }
-
 
 }  // namespace strobe
