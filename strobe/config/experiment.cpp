@@ -162,6 +162,79 @@ std::vector<PluginSpec> recorded_plugins(const std::string& resolved_yaml, const
   return out;
 }
 
+OptimizerConfig parse_optimizer(Section cfg) {
+  OptimizerConfig o;
+  o.name = cfg.get_choice("name", "adamw", {"sgd", "adam", "adamw"});
+  o.lr = cfg.get_double("lr", 1e-3, 0.0);
+  o.weight_decay = cfg.get_double("weight_decay", o.name == "adamw" ? 0.01 : 0.0, 0.0);
+  // fused: auto (our multi-tensor CUDA step whenever it applies, torch::optim otherwise), true (the
+  // fused step or an error saying why it cannot be had), false (torch::optim).
+  o.fused = cfg.get_choice("fused", "auto", {"auto", "true", "false"});
+  if (o.name == "sgd") {
+    o.momentum = cfg.get_double("momentum", 0.0, 0.0, 1.0);
+    o.nesterov = cfg.get_bool("nesterov", false);
+    o.dampening = cfg.get_double("dampening", 0.0, 0.0, 1.0);
+    if (o.nesterov && (o.momentum <= 0 || o.dampening != 0))
+      cfg.fail("nesterov", "nesterov momentum needs momentum > 0 and dampening 0");
+  } else {
+    auto betas = cfg.node()["betas"];
+    cfg.accept("betas");
+    if (betas.IsDefined() && !betas.IsNull()) {
+      if (!betas.IsSequence() || betas.size() != 2) cfg.fail("betas", "expected [beta1, beta2]");
+      try {
+        o.beta1 = betas[0].as<double>(), o.beta2 = betas[1].as<double>();
+      } catch (const YAML::Exception&) {
+        cfg.fail("betas", "expected two numbers in [0, 1)");
+      }
+      if (o.beta1 < 0 || o.beta1 >= 1 || o.beta2 < 0 || o.beta2 >= 1) cfg.fail("betas", "expected two numbers in [0, 1)");
+    } else {
+      YAML::Node seq(YAML::NodeType::Sequence);
+      seq.push_back(o.beta1);
+      seq.push_back(o.beta2);
+      cfg.node()["betas"] = seq;
+    }
+    o.eps = cfg.get_double("eps", 1e-8, 0.0);
+    o.amsgrad = cfg.get_bool("amsgrad", false);
+  }
+  cfg.finish();
+  o.section = std::move(cfg);
+  return o;
+}
+
+SchedulerConfig parse_scheduler(Section cfg) {
+  SchedulerConfig s;
+  s.name = cfg.get_choice("name", "none", {"none", "step", "multistep", "cosine", "linear_warmup", "reduce_on_plateau"});
+  if (s.name == "step") {
+    s.step_size = cfg.get_int("step_size", 1000, 1);
+    s.gamma = cfg.get_double("gamma", 0.1, 0.0);
+  } else if (s.name == "multistep") {
+    s.milestones = cfg.get_int_list("milestones", {});
+    if (s.milestones.empty()) cfg.fail("milestones", "expected a non-empty list of optimizer steps");
+    for (size_t i = 1; i < s.milestones.size(); ++i)
+      if (s.milestones[i] <= s.milestones[i - 1]) cfg.fail("milestones", "expected increasing optimizer steps");
+    s.gamma = cfg.get_double("gamma", 0.1, 0.0);
+  } else if (s.name == "cosine") {
+    s.warmup_steps = cfg.get_int("warmup_steps", 0, 0);
+    s.max_steps = cfg.get_int("max_steps", -1, -1);
+    s.warmup_start_factor = cfg.get_double("warmup_start_factor", 0.0, 0.0, 1.0);
+    s.min_lr_factor = cfg.get_double("min_lr_factor", 0.0, 0.0, 1.0);
+  } else if (s.name == "linear_warmup") {
+    s.warmup_steps = cfg.get_int("warmup_steps", 100, 1);
+    s.warmup_start_factor = cfg.get_double("warmup_start_factor", 0.0, 0.0, 1.0);
+  } else if (s.name == "reduce_on_plateau") {
+    s.monitor = cfg.get_string("monitor", "val/loss");
+    s.mode_max = cfg.get_choice("mode", "min", {"min", "max"}) == "max";
+    s.factor = cfg.get_double("factor", 0.1, 0.0, 1.0);
+    s.patience = cfg.get_int("patience", 10, 0);
+    s.threshold = cfg.get_double("threshold", 1e-4, 0.0);
+    s.cooldown = cfg.get_int("cooldown", 0, 0);
+    s.min_lr = cfg.get_double("min_lr", 0.0, 0.0);
+  }
+  cfg.finish();
+  s.section = std::move(cfg);
+  return s;
+}
+
 Experiment parse_experiment(Document& doc) {
   Section root = doc.root();
   Experiment e;
@@ -233,8 +306,8 @@ Experiment parse_experiment(Document& doc) {
   e.task = root.child("task");
   e.model = root.child("model");
   e.data = root.child("data");
-  e.optimizer = root.child("optimizer");
-  e.scheduler = root.child("scheduler");
+  e.optimizer = parse_optimizer(root.child("optimizer"));
+  e.scheduler = parse_scheduler(root.child("scheduler"));
   e.callbacks = root.list("callbacks");
   if (!e.model.has("name")) e.model.fail_here("missing required key 'name' (e.g. resnet, vit, decoder_lm, face_detector)");
   if (!e.data.has("name")) e.data.fail_here("missing required key 'name' (e.g. fashion_mnist, synthetic_images)");

@@ -1,6 +1,7 @@
-// The typed experiment: top-level keys and the trainer section are validated here (no torch);
-// component sections (task, model, data, optimizer, scheduler, callbacks) are handed to the
-// registered component factories, which read and finish() them.
+// The typed experiment: top-level keys and the trainer, logger, optimizer and scheduler sections
+// are validated here (no torch), so the resolved config is whole before anything is built; component
+// sections (task, model, data, callbacks) are handed to the registered component factories, which
+// read and finish() them.
 #pragma once
 
 #include <optional>
@@ -86,12 +87,49 @@ struct PluginSpec {
   bool operator==(const PluginSpec& o) const { return path == o.path && sha256 == o.sha256; }
 };
 
+// optimizer: (docs/CONFIG.md). Built at fit (strobe/core/optim.h: build_optimizer), where what
+// needs the device or the parameters is checked (fused: true).
+struct OptimizerConfig {
+  std::string name = "adamw";  // sgd | adam | adamw
+  double lr = 1e-3;
+  double weight_decay = 0.01;  // the default is 0.01 for adamw, 0 for sgd and adam
+  std::string fused = "auto";  // auto | true | false
+  double momentum = 0.0, dampening = 0.0;  // sgd
+  bool nesterov = false;                   // sgd
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // adam, adamw
+  bool amsgrad = false;                           // adam, adamw
+  Section section;  // where it was written, for the errors found at fit
+};
+
+// scheduler: (docs/CONFIG.md). Built at fit (build_scheduler), where cosine's run length is known.
+struct SchedulerConfig {
+  std::string name = "none";  // none | step | multistep | cosine | linear_warmup | reduce_on_plateau
+  int64_t step_size = 1000;   // step
+  std::vector<int64_t> milestones;  // multistep: increasing optimizer steps
+  double gamma = 0.1;               // step, multistep
+  int64_t warmup_steps = 0;         // cosine (default 0), linear_warmup (default 100)
+  int64_t max_steps = -1;           // cosine; -1: the run's length
+  double warmup_start_factor = 0.0, min_lr_factor = 0.0;  // cosine (both), linear_warmup (the first)
+  std::string monitor = "val/loss";  // reduce_on_plateau
+  bool mode_max = false;
+  double factor = 0.1, threshold = 1e-4, min_lr = 0.0;
+  int64_t patience = 10, cooldown = 0;
+  Section section;
+};
+
+// Read and check one section each (ConfigError naming the key); the defaults are written into the
+// section, so the resolved config shows them.
+OptimizerConfig parse_optimizer(Section section);
+SchedulerConfig parse_scheduler(Section section);
+
 struct Experiment {
   std::string name = "experiment";
   int64_t seed = 0;
   TrainerConfig trainer;
   LoggerConfig logger;
-  Section task, model, data, optimizer, scheduler;
+  Section task, model, data;
+  OptimizerConfig optimizer;
+  SchedulerConfig scheduler;
   std::vector<Section> callbacks;
   std::optional<InitFrom> init_from;  // model.init_from
   // `plugins:` (and --plugin): component libraries to load before anything is built, as absolute

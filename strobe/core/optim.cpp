@@ -16,14 +16,8 @@
 
 namespace strobe {
 
-std::shared_ptr<torch::optim::Optimizer> build_optimizer(config::Section& cfg, std::vector<torch::Tensor> params,
+std::shared_ptr<torch::optim::Optimizer> build_optimizer(const config::OptimizerConfig& cfg, std::vector<torch::Tensor> params,
                                                          const torch::Device& device, OptimizerInfo* info) {
-  std::string name = cfg.get_choice("name", "adamw", {"sgd", "adam", "adamw"});
-  double lr = cfg.get_double("lr", 1e-3, 0.0);
-  double wd = cfg.get_double("weight_decay", name == "adamw" ? 0.01 : 0.0, 0.0);
-  // fused: auto (our multi-tensor CUDA step whenever it applies, torch::optim otherwise), true (the
-  // fused step or an error saying why it cannot be had), false (torch::optim).
-  const std::string fused = cfg.get_choice("fused", "auto", {"auto", "true", "false"});
   std::string why_not;
 #if STROBE_HAS_OPS
   if (!device.is_cuda()) why_not = fmt::format("the device is {}, and the fused step runs on CUDA", device.str());
@@ -36,58 +30,42 @@ std::shared_ptr<torch::optim::Optimizer> build_optimizer(config::Section& cfg, s
 #else
   why_not = "this build has no custom operators";
 #endif
-  if (fused == "true" && !why_not.empty())
-    cfg.fail("fused", fmt::format("the fused optimizer step is not available: {} (use fused: auto or false)", why_not));
-  const bool use_fused = fused != "false" && why_not.empty();
+  if (cfg.fused == "true" && !why_not.empty())
+    cfg.section.fail("fused", fmt::format("the fused optimizer step is not available: {} (use fused: auto or false)", why_not));
+  const bool use_fused = cfg.fused != "false" && why_not.empty();
   std::shared_ptr<torch::optim::Optimizer> opt;
-  if (name == "sgd") {
-    double momentum = cfg.get_double("momentum", 0.0, 0.0, 1.0);
-    bool nesterov = cfg.get_bool("nesterov", false);
-    double dampening = cfg.get_double("dampening", 0.0, 0.0, 1.0);
-    if (nesterov && (momentum <= 0 || dampening != 0))
-      cfg.fail("nesterov", "nesterov momentum needs momentum > 0 and dampening 0");
-    cfg.finish();
-    auto o = torch::optim::SGDOptions(lr).momentum(momentum).nesterov(nesterov).dampening(dampening).weight_decay(wd);
+  if (cfg.name == "sgd") {
+    auto o = torch::optim::SGDOptions(cfg.lr)
+                 .momentum(cfg.momentum)
+                 .nesterov(cfg.nesterov)
+                 .dampening(cfg.dampening)
+                 .weight_decay(cfg.weight_decay);
 #if STROBE_HAS_OPS
     if (use_fused) opt = std::make_shared<ops::FusedSGD>(params, o);
 #endif
     if (!opt) opt = std::make_shared<torch::optim::SGD>(params, o);
+  } else if (cfg.name == "adam") {
+    auto o = torch::optim::AdamOptions(cfg.lr)
+                 .betas({cfg.beta1, cfg.beta2})
+                 .eps(cfg.eps)
+                 .weight_decay(cfg.weight_decay)
+                 .amsgrad(cfg.amsgrad);
+#if STROBE_HAS_OPS
+    if (use_fused) opt = std::make_shared<ops::FusedAdam>(params, o);
+#endif
+    if (!opt) opt = std::make_shared<torch::optim::Adam>(params, o);
   } else {
-    auto betas = cfg.node()["betas"];
-    double b1 = 0.9, b2 = 0.999;
-    cfg.accept("betas");
-    if (betas.IsDefined() && !betas.IsNull()) {
-      if (!betas.IsSequence() || betas.size() != 2) cfg.fail("betas", "expected [beta1, beta2]");
-      try {
-        b1 = betas[0].as<double>(), b2 = betas[1].as<double>();
-      } catch (const YAML::Exception&) {
-        cfg.fail("betas", "expected two numbers in [0, 1)");
-      }
-      if (b1 < 0 || b1 >= 1 || b2 < 0 || b2 >= 1) cfg.fail("betas", "expected two numbers in [0, 1)");
-    } else {
-      YAML::Node seq(YAML::NodeType::Sequence);
-      seq.push_back(b1);
-      seq.push_back(b2);
-      cfg.node()["betas"] = seq;
-    }
-    double eps = cfg.get_double("eps", 1e-8, 0.0);
-    bool amsgrad = cfg.get_bool("amsgrad", false);
-    cfg.finish();
-    if (name == "adam") {
-      auto o = torch::optim::AdamOptions(lr).betas({b1, b2}).eps(eps).weight_decay(wd).amsgrad(amsgrad);
+    auto o = torch::optim::AdamWOptions(cfg.lr)
+                 .betas({cfg.beta1, cfg.beta2})
+                 .eps(cfg.eps)
+                 .weight_decay(cfg.weight_decay)
+                 .amsgrad(cfg.amsgrad);
 #if STROBE_HAS_OPS
-      if (use_fused) opt = std::make_shared<ops::FusedAdam>(params, o);
+    if (use_fused) opt = std::make_shared<ops::FusedAdamW>(params, o);
 #endif
-      if (!opt) opt = std::make_shared<torch::optim::Adam>(params, o);
-    } else {
-      auto o = torch::optim::AdamWOptions(lr).betas({b1, b2}).eps(eps).weight_decay(wd).amsgrad(amsgrad);
-#if STROBE_HAS_OPS
-      if (use_fused) opt = std::make_shared<ops::FusedAdamW>(params, o);
-#endif
-      if (!opt) opt = std::make_shared<torch::optim::AdamW>(params, o);
-    }
+    if (!opt) opt = std::make_shared<torch::optim::AdamW>(params, o);
   }
-  if (info) *info = OptimizerInfo{name, use_fused};
+  if (info) *info = OptimizerInfo{cfg.name, use_fused};
   return opt;
 }
 
@@ -226,43 +204,24 @@ class ReduceOnPlateau : public LRScheduler {
 
 }  // namespace
 
-std::shared_ptr<LRScheduler> build_scheduler(config::Section& cfg, torch::optim::Optimizer& opt, int64_t total_steps) {
-  std::string name = cfg.get_choice("name", "none", {"none", "step", "multistep", "cosine", "linear_warmup", "reduce_on_plateau"});
+std::shared_ptr<LRScheduler> build_scheduler(const config::SchedulerConfig& cfg, torch::optim::Optimizer& opt,
+                                             int64_t total_steps) {
   std::shared_ptr<LRScheduler> s;
-  if (name == "step") {
-    int64_t size = cfg.get_int("step_size", 1000, 1);
-    double gamma = cfg.get_double("gamma", 0.1, 0.0);
-    s = std::make_shared<StepLR>(opt, size, gamma);
-  } else if (name == "multistep") {
-    auto m = cfg.get_int_list("milestones", {});
-    if (m.empty()) cfg.fail("milestones", "expected a non-empty list of optimizer steps");
-    for (size_t i = 1; i < m.size(); ++i)
-      if (m[i] <= m[i - 1]) cfg.fail("milestones", "expected increasing optimizer steps");
-    double gamma = cfg.get_double("gamma", 0.1, 0.0);
-    s = std::make_shared<MultiStepLR>(opt, m, gamma);
-  } else if (name == "cosine") {
-    int64_t warmup = cfg.get_int("warmup_steps", 0, 0);
-    int64_t max_steps = cfg.get_int("max_steps", -1, -1);
-    double start = cfg.get_double("warmup_start_factor", 0.0, 0.0, 1.0);
-    double min_factor = cfg.get_double("min_lr_factor", 0.0, 0.0, 1.0);
-    int64_t total = max_steps > 0 ? max_steps : total_steps;
-    if (total <= 0) cfg.fail("max_steps", "cosine needs the run length: set scheduler.max_steps or trainer.max_steps");
-    s = std::make_shared<CosineWarmup>(opt, warmup, total, start, min_factor);
-  } else if (name == "linear_warmup") {
-    int64_t warmup = cfg.get_int("warmup_steps", 100, 1);
-    double start = cfg.get_double("warmup_start_factor", 0.0, 0.0, 1.0);
-    s = std::make_shared<LinearWarmup>(opt, warmup, start);
-  } else if (name == "reduce_on_plateau") {
-    std::string monitor = cfg.get_string("monitor", "val/loss");
-    std::string mode = cfg.get_choice("mode", "min", {"min", "max"});
-    double factor = cfg.get_double("factor", 0.1, 0.0, 1.0);
-    int64_t patience = cfg.get_int("patience", 10, 0);
-    double threshold = cfg.get_double("threshold", 1e-4, 0.0);
-    int64_t cooldown = cfg.get_int("cooldown", 0, 0);
-    double min_lr = cfg.get_double("min_lr", 0.0, 0.0);
-    s = std::make_shared<ReduceOnPlateau>(opt, monitor, mode == "max", factor, patience, threshold, cooldown, min_lr);
+  if (cfg.name == "step") {
+    s = std::make_shared<StepLR>(opt, cfg.step_size, cfg.gamma);
+  } else if (cfg.name == "multistep") {
+    s = std::make_shared<MultiStepLR>(opt, cfg.milestones, cfg.gamma);
+  } else if (cfg.name == "cosine") {
+    const int64_t total = cfg.max_steps > 0 ? cfg.max_steps : total_steps;
+    if (total <= 0)
+      cfg.section.fail("max_steps", "cosine needs the run length: set scheduler.max_steps or trainer.max_steps");
+    s = std::make_shared<CosineWarmup>(opt, cfg.warmup_steps, total, cfg.warmup_start_factor, cfg.min_lr_factor);
+  } else if (cfg.name == "linear_warmup") {
+    s = std::make_shared<LinearWarmup>(opt, cfg.warmup_steps, cfg.warmup_start_factor);
+  } else if (cfg.name == "reduce_on_plateau") {
+    s = std::make_shared<ReduceOnPlateau>(opt, cfg.monitor, cfg.mode_max, cfg.factor, cfg.patience, cfg.threshold,
+                                          cfg.cooldown, cfg.min_lr);
   }
-  cfg.finish();
   if (s) s->apply();
   return s;
 }

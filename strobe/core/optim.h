@@ -13,7 +13,7 @@
 #include <nlohmann/json_fwd.hpp>
 #include <torch/optim/optimizer.h>
 
-#include "strobe/config/config.h"
+#include "strobe/config/experiment.h"
 #include "strobe/checkpoint/stateful.h"
 
 namespace strobe {
@@ -23,8 +23,9 @@ struct OptimizerInfo {
   bool fused = false;  // our multi-tensor CUDA step is in use
 };
 
-// `device` decides whether optimizer.fused (default true) selects the fused CUDA step.
-std::shared_ptr<torch::optim::Optimizer> build_optimizer(config::Section& cfg, std::vector<torch::Tensor> params,
+// `device` and the parameters decide whether optimizer.fused (default auto) selects the fused CUDA
+// step; fused: true where it cannot be had is a ConfigError naming the key.
+std::shared_ptr<torch::optim::Optimizer> build_optimizer(const config::OptimizerConfig& cfg, std::vector<torch::Tensor> params,
                                                          const torch::Device& device, OptimizerInfo* info = nullptr);
 
 double get_lr(const torch::optim::Optimizer& opt, size_t group = 0);
@@ -58,6 +59,7 @@ class LRScheduler : public Stateful {
 
 // Returns nullptr for `name: none`. `total_steps` is the run's number of optimizer steps when
 // known (cosine uses it when `max_steps` is not given), or -1.
-std::shared_ptr<LRScheduler> build_scheduler(config::Section& cfg, torch::optim::Optimizer& opt, int64_t total_steps);
+std::shared_ptr<LRScheduler> build_scheduler(const config::SchedulerConfig& cfg, torch::optim::Optimizer& opt,
+                                             int64_t total_steps);
 
 }  // namespace strobe

@@ -181,7 +181,7 @@ TEST(Scheduler, ValuesAtGivenSteps) {
     auto opt = std::make_shared<torch::optim::SGD>(std::vector<torch::Tensor>{p}, torch::optim::SGDOptions(1.0));
     auto doc = config::Document::load_string(yaml, "sched.yaml");
     auto sec = doc.root();
-    auto s = build_scheduler(sec, *opt, 100);
+    auto s = build_scheduler(config::parse_scheduler(sec), *opt, 100);
     std::vector<double> out;
     for (auto st : steps) {
       s->step(st);
@@ -207,7 +207,7 @@ TEST(Scheduler, ReduceOnPlateauAfterPatienceAndSurvivesStateDict) {
   auto opt = std::make_shared<torch::optim::SGD>(std::vector<torch::Tensor>{p}, torch::optim::SGDOptions(1.0));
   auto doc = config::Document::load_string("name: reduce_on_plateau\npatience: 1\nfactor: 0.5\n", "s.yaml");
   auto sec = doc.root();
-  auto s = build_scheduler(sec, *opt, -1);
+  auto s = build_scheduler(config::parse_scheduler(sec), *opt, -1);
   s->on_validation_end(1.0);
   s->on_validation_end(0.9);
   s->on_validation_end(0.95);
@@ -218,7 +218,7 @@ TEST(Scheduler, ReduceOnPlateauAfterPatienceAndSurvivesStateDict) {
   auto opt2 = std::make_shared<torch::optim::SGD>(std::vector<torch::Tensor>{p}, torch::optim::SGDOptions(1.0));
   auto doc2 = config::Document::load_string("name: reduce_on_plateau\npatience: 1\nfactor: 0.5\n", "s.yaml");
   auto sec2 = doc2.root();
-  auto s2 = build_scheduler(sec2, *opt2, -1);
+  auto s2 = build_scheduler(config::parse_scheduler(sec2), *opt2, -1);
   s2->load_state_dict(state);
   EXPECT_DOUBLE_EQ(get_lr(*opt2), 0.5);
 }
@@ -228,7 +228,7 @@ TEST(Scheduler, CosineWithoutRunLengthIsAConfigError) {
   torch::optim::SGD opt(std::vector<torch::Tensor>{p}, torch::optim::SGDOptions(1.0));
   auto doc = config::Document::load_string("name: cosine\n", "s.yaml");
   auto sec = doc.root();
-  EXPECT_THROW(build_scheduler(sec, opt, -1), config::ConfigError);
+  EXPECT_THROW(build_scheduler(config::parse_scheduler(sec), opt, -1), config::ConfigError);
 }
 
 TEST(Trainer, BfloatMixedPrecisionTrainsOnCpu) {
