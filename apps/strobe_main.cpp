@@ -91,7 +91,7 @@ bool is_allocation_failure(const std::string& what) {
 }
 
 // Which limit ended a run that was not stopped by a NaN or a signal: the summary always says it.
-std::string stop_reason(const strobe::Trainer& t, int rc) {
+std::string stop_reason(const strobe::TrainerView& t, int rc) {
   if (rc == strobe::kExitNaN || rc == strobe::kExitSigint || rc == strobe::kExitSigterm) return "";
   const auto& c = t.config();
   const auto& s = t.state();
@@ -106,7 +106,7 @@ std::string stop_reason(const strobe::Trainer& t, int rc) {
 
 // Final metrics, the best checkpoint of every monitoring model_checkpoint, last.ckpt, the run directory.
 void print_fit_summary(const strobe::Run& run, int rc, double seconds) {
-  auto& t = *run.trainer;
+  auto& t = run.trainer->view();
   t.drain_metrics();
   const auto& s = t.state();
   std::string how = rc == strobe::kExitOk       ? "finished"
@@ -174,33 +174,32 @@ int run_command(const std::string& command, const Common& c, Progress& progress)
   }
   auto run = strobe::build_run(doc, opt);
   progress.built = true;
-  progress.device = run->trainer->device().str();
+  progress.device = run->trainer->view().device().str();
   const YAML::Node bs = run->experiment.data.node()["batch_size"];
   progress.batch_size = bs.IsScalar() ? bs.Scalar() : "?";
-  std::optional<std::string> ckpt;
-  if (!c.ckpt.empty()) ckpt = c.ckpt;
   // Data parallel: console output is rank 0's (docs/DISTRIBUTED.md).
-  const bool speaks = run->trainer->is_global_zero();
+  const bool speaks = run->trainer->view().is_global_zero();
   if (command == "fit") {
     if (speaks)
-      fmt::print("strobe fit: run directory {} (device {}{})\n", run->run_dir, run->trainer->device().str(),
-                 run->trainer->world_size() > 1 ? fmt::format(", {} processes", run->trainer->world_size()) : "");
+      fmt::print("strobe fit: run directory {} (device {}{})\n", run->run_dir, run->trainer->view().device().str(),
+                 run->trainer->view().world_size() > 1 ? fmt::format(", {} processes", run->trainer->view().world_size()) : "");
     std::fflush(stdout);
     const auto t0 = std::chrono::steady_clock::now();
-    const int rc = run->trainer->fit(ckpt);
+    const int rc = run->trainer->fit(std::move(run->checkpoint));
     if (speaks) print_fit_summary(*run, rc, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     return rc;
   }
-  int rc = command == "validate" ? run->trainer->validate(ckpt) : run->trainer->test(ckpt);
-  run->trainer->drain_metrics();
+  int rc = command == "validate" ? run->trainer->validate(std::move(run->checkpoint))
+                                 : run->trainer->test(std::move(run->checkpoint));
+  run->trainer->view().drain_metrics();
   if (!speaks) return rc;
   if (c.ckpt.empty())
     fmt::print("strobe {}: weights of model.init_from {}\n", command, run->experiment.init_from->path);
   else
-    fmt::print("strobe {}: checkpoint {} (step {}, epoch {})\n", command, c.ckpt, run->trainer->state().global_step,
-               run->trainer->state().epoch);
+    fmt::print("strobe {}: checkpoint {} (step {}, epoch {})\n", command, c.ckpt, run->trainer->view().state().global_step,
+               run->trainer->view().state().epoch);
   const std::string prefix = command == "validate" ? "val/" : "test/";
-  for (const auto& kv : run->trainer->metrics())
+  for (const auto& kv : run->trainer->view().metrics())
     if (kv.first.rfind(prefix, 0) == 0) fmt::print("{:<24} {:.6f}\n", kv.first, kv.second);
   return rc;
 }

@@ -41,8 +41,8 @@ std::shared_ptr<Callback> default_callback(const std::string& name) {
 // also removes temp files that a writer killed mid-write left in the run directory.
 class SaveConfig : public Callback {
  public:
-  // `yaml` is filled in once every component has read its keys (after the trainer's setup).
-  explicit SaveConfig(std::shared_ptr<const std::string> yaml) : yaml_(std::move(yaml)) {}
+  // `yaml`: the resolved config.
+  explicit SaveConfig(std::string yaml) : yaml_(std::move(yaml)) {}
   std::string name() const override { return "save_config"; }
   void on_fit_start(TrainerView& t, Module&) override {
     if (t.run_dir().empty() || !t.is_global_zero()) return;  // rank 0 alone writes run files (its claim made the directory)
@@ -50,14 +50,14 @@ class SaveConfig : public Callback {
     if (!stale.empty())
       fmt::print(stderr, "strobe: removed {} temp file(s) a killed writer left in {}\n", stale.size(), t.run_dir());
     try {
-      checkpoint::write_file_atomic(t.run_dir() + "/config.yaml", *yaml_);
+      checkpoint::write_file_atomic(t.run_dir() + "/config.yaml", yaml_);
     } catch (const checkpoint::CheckpointError& e) {
       throw RunDirError(e.what());
     }
   }
 
  private:
-  std::shared_ptr<const std::string> yaml_;
+  std::string yaml_;
 };
 
 std::optional<int64_t> model_int(config::Section& model, const std::string& key) {
@@ -307,17 +307,23 @@ std::unique_ptr<Run> build_run(config::Document& doc, const RunOptions& options)
     run->callbacks.push_back(make_profiler_callback(p, dir));
   }
 
-  auto resolved = std::make_shared<std::string>();
-  if (!run->run_dir.empty()) run->callbacks.push_back(std::make_shared<SaveConfig>(resolved));
-
-  run->trainer =
-      std::make_unique<Trainer>(exp, "", run->module, run->datamodule, run->callbacks, run->run_dir, run->strategy);
-  if (hf_source_config) run->trainer->set_hf_source_config(*hf_source_config);
-  if (options.stage == Stage::Fit) run->trainer->setup_for_fit();  // reads optimizer/scheduler keys
+  // Every section has been read (the components, the optimizer and scheduler with the experiment):
+  // the resolved config is whole.
   run->resolved_yaml = doc.emit();
-  *resolved = run->resolved_yaml;
-  run->trainer->set_resolved_config(run->resolved_yaml);
-  if (ckpt_data) run->trainer->preload_checkpoint(*options.ckpt, std::move(*ckpt_data));
+  if (!run->run_dir.empty()) run->callbacks.push_back(std::make_shared<SaveConfig>(run->resolved_yaml));
+  for (auto& cb : options.extra_callbacks) run->callbacks.push_back(cb);
+
+  TrainerParts parts;
+  parts.experiment = exp;
+  parts.resolved_config = run->resolved_yaml;
+  parts.module = run->module;
+  parts.datamodule = run->datamodule;
+  parts.callbacks = run->callbacks;
+  parts.run_dir = run->run_dir;
+  parts.strategy = run->strategy;
+  if (hf_source_config) parts.hf_source_config = *hf_source_config;
+  run->trainer = std::make_unique<Trainer>(std::move(parts));
+  run->checkpoint = std::move(ckpt_data);
   return run;
 }
 

@@ -30,6 +30,9 @@ struct Run {
   std::shared_ptr<DataModule> datamodule;
   std::vector<std::shared_ptr<Callback>> callbacks;
   std::unique_ptr<Trainer> trainer;
+  // --ckpt, read once (build_run reads it first, for the plugins it recorded): hand it to the entry
+  // point, e.g. run->trainer->fit(std::move(run->checkpoint)).
+  std::optional<checkpoint::CheckpointData> checkpoint;
   std::string run_dir;
   std::string resolved_yaml;  // the config with every default filled in
   std::vector<std::string> plugin_changes;  // allowed changed plugins (--allow-changed-plugins), one line each
@@ -44,6 +47,9 @@ struct RunOptions {
   bool allow_changed_plugins = false;   // --allow-changed-plugins (runner/plugins.h)
   // Who this process is; unset: the launcher's environment (torchrun, Slurm, or one process).
   std::shared_ptr<const distributed::LaunchEnv> launch_env;
+  // Callbacks a program adds after the configured ones (replay's gradient observer, a test's
+  // recorder); their hooks run last.
+  std::vector<std::shared_ptr<Callback>> extra_callbacks;
 };
 
 // Plugins load first: the experiment's, and with a checkpoint (`ckpt`) also those its resolved config

@@ -84,10 +84,10 @@ nlohmann::json replay_capture(const std::string& path, const ReplayOptions& opti
   ro.stage = Stage::Fit;
   ro.create_run_dir = false;
   ro.allow_changed_plugins = options.allow_changed_plugins;
-  auto run = build_run(doc, ro);
   auto observer = std::make_shared<GradientObserver>();
-  run->trainer->add_callback(observer);
-  run->trainer->load_checkpoint_data(d, /*restore_training_state=*/true, file);
+  ro.extra_callbacks.push_back(observer);
+  auto run = build_run(doc, ro);
+  run->trainer->resume_state(d);
   const auto indices = info.value("batch_indices", std::vector<int64_t>{});
 
   nlohmann::json notes = nlohmann::json::array();
@@ -108,7 +108,7 @@ nlohmann::json replay_capture(const std::string& path, const ReplayOptions& opti
   {
     NonFiniteTracer tracer(run->module->net());
     for (size_t i = 0; i < batches.size(); ++i)
-      losses.push_back(run->trainer->run_training_batch(batches[i], i < indices.size() ? indices[i] : 0));
+      losses.push_back(run->trainer->run_batch(batches[i], i < indices.size() ? indices[i] : 0));
     first = tracer.first();
     traced = tracer.ops_observed();
   }

@@ -235,7 +235,7 @@ nlohmann::json nan_overhead(const NanOverheadOptions& a) {
   }
   int64_t idx = 0;
   auto one = [&](Run& r) {
-    r.trainer->run_training_batch(batches[idx % batches.size()], idx % 64);
+    r.trainer->run_batch(batches[idx % batches.size()], idx % 64);
     ++idx;
   };
   const torch::Device dev(torch::kCUDA);

@@ -7,6 +7,7 @@
 // compute is step minus input-wait.
 #include <algorithm>
 #include <filesystem>
+#include <optional>
 
 #include <fmt/format.h>
 #include <torch/torch.h>
@@ -55,8 +56,9 @@ std::string find_config(const std::string& path, std::string source_dir) {
 // Marks the start of every optimizer step and the end of the last one; sums the loader waits.
 class StepTimer : public Callback {
  public:
-  StepTimer(torch::Device device, int64_t last_step) : marks_(device), last_step_(last_step) {}
+  explicit StepTimer(int64_t last_step) : last_step_(last_step) {}
   std::string name() const override { return "bench_step_timer"; }
+  void setup(TrainerView& t, Module&, Stage) override { marks_.emplace(t.device()); }
   void on_train_batch_start(TrainerView& t, Module&, const Batch& batch, int64_t) override {
     wait_s_ += t.last_input_wait_s();
     // Token batches: the tokens of each timed step and the longest sequence (host-known shapes).
@@ -66,17 +68,17 @@ class StepTimer : public Callback {
       seq_len_ = std::max<int64_t>(seq_len_, tok.dim() == 2 ? tok.size(1) : batch.meta.count("max_seqlen") ? batch.meta.at("max_seqlen") : 0);
     }
     if (t.accumulated_batches() != 0) return;
-    marks_.record();
+    marks_->record();
     wait_at_mark_.push_back(wait_s_);
     if (batch_size_ == 0) batch_size_ = t.datamodule().train_loader() ? t.datamodule().train_loader()->options().batch_size : 0;
   }
   void on_train_batch_end(TrainerView& t, Module&, const torch::Tensor&, const Batch&, int64_t) override {
     if (t.accumulated_batches() == 0 && t.state().global_step == last_step_) {
-      marks_.record();
+      marks_->record();
       wait_at_mark_.push_back(wait_s_);
     }
   }
-  Marks marks_;
+  std::optional<Marks> marks_;  // on the run's device, from setup
   std::vector<double> wait_at_mark_;
   int64_t last_step_, batch_size_ = 0, seq_len_ = 0;
   std::vector<int64_t> tokens_;  // per training batch
@@ -123,16 +125,15 @@ nlohmann::json run_workload(const Workload& w, const SuiteOptions& o, int64_t wa
   RunOptions ro;
   ro.stage = Stage::Fit;
   ro.create_run_dir = false;
+  auto timer = std::make_shared<StepTimer>(warmup + steps);
+  ro.extra_callbacks.push_back(timer);
   auto run = build_run(doc, ro);
-  const int64_t total = run->experiment.trainer.max_steps;
-  auto timer = std::make_shared<StepTimer>(run->trainer->device(), total);
-  run->trainer->add_callback(timer);
   fmt::print(stderr, "strobe bench: step {}: {} warm-up + {} timed steps on {}\n", w.name, warmup, steps,
-             run->trainer->device().str());
-  reset_peak_memory(run->trainer->device());
+             run->trainer->view().device().str());
+  reset_peak_memory(run->trainer->view().device());
   const int rc = run->trainer->fit();
   if (rc != 0) throw std::runtime_error(fmt::format("step suite: {} stopped with exit status {}", w.name, rc));
-  const std::vector<double> ms = timer->marks_.intervals_ms();
+  const std::vector<double> ms = timer->marks_->intervals_ms();
   const auto& wait = timer->wait_at_mark_;
   // Interval i runs from the mark of step i+1 to the next mark; the first `warmup` are dropped.
   std::vector<double> step_ms, wait_ms, compute_ms;
@@ -146,7 +147,7 @@ nlohmann::json run_workload(const Workload& w, const SuiteOptions& o, int64_t wa
   nlohmann::json j = {{"name", w.name},
                       {"config", w.config},
                       {"overrides", w.sets},
-                      {"device", run->trainer->device().str()},
+                      {"device", run->trainer->view().device().str()},
                       {"precision", to_string(run->experiment.trainer.precision)},
                       {"batch_size", timer->batch_size_},
                       {"warmup_steps", warmup},
@@ -171,10 +172,10 @@ nlohmann::json run_workload(const Workload& w, const SuiteOptions& o, int64_t wa
     if (family == "llama" || family == "decoder_lm") {
       const double flops = decoder_flops_per_token(*run->module, model, timer->seq_len_);
       j["model_tflop_per_step"] = flops * per_step / 1e12;
-      if (const double peak = peak_bf16_flops(run->trainer->device()); peak > 0) j["mfu"] = flops * per_step * 1e3 / s.mean / peak;
+      if (const double peak = peak_bf16_flops(run->trainer->view().device()); peak > 0) j["mfu"] = flops * per_step * 1e3 / s.mean / peak;
     }
   }
-  if (run->trainer->device().is_cuda()) j["peak_memory_gib"] = peak_memory_bytes(run->trainer->device()) / double(1 << 30);
+  if (run->trainer->view().device().is_cuda()) j["peak_memory_gib"] = peak_memory_bytes(run->trainer->view().device()) / double(1 << 30);
   return j;
 }
 

@@ -1,7 +1,7 @@
 // strobe_bench_nan: the NaN-capture overhead benchmark of issue 9 (a program, not a timed test).
 // ResNet-50, batch 128, 20 classes, bf16-mixed, Adam lr 1e-4 (the seed's workload, as in
 // shared/bench/pytorch_baselines.py nan), one GPU, through the trainer's own step path
-// (Trainer::run_training_batch: batch transfer, forward, backward, StepPipeline, logging):
+// (Trainer::run_batch: batch transfer, forward, backward, StepPipeline, logging):
 // the same model without callbacks and with nan_capture (check: both, action: stop), built in one
 // process and interleaved in rounds of --steps steps; CUDA events around each block, the median
 // per-step time over rounds is reported. Host batches are pinned, as the loader delivers them.

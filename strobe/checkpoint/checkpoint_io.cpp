@@ -228,6 +228,7 @@ CheckpointData load_checkpoint_file(const std::string& path) {
     throw CheckpointError(fmt::format("{}: corrupted checkpoint (checksum mismatch)", path));
 
   CheckpointData data;
+  data.source = path;
   try {
     torch::serialize::InputArchive archive;
     archive.load_from(file + head, len, torch::kCPU);  // tensors are copied out of the mapping

@@ -37,6 +37,9 @@ struct WriteError : std::runtime_error {
 struct CheckpointData {
   std::map<std::string, torch::Tensor> tensors;
   std::map<std::string, std::string> blobs;
+  // Where it came from, for messages: the file load_checkpoint_file read; a checkpoint made in
+  // memory is "the checkpoint" unless its maker names it. Not written to the file.
+  std::string source = "the checkpoint";
 
   bool has_blob(const std::string& k) const { return blobs.count(k) > 0; }
   const std::string& blob(const std::string& k) const;    // throws CheckpointError naming the key

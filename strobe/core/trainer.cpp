@@ -30,16 +30,17 @@ namespace strobe {
 
 int received_stop_signal() { return signals::received(); }
 
-Trainer::Trainer(config::Experiment experiment, std::string resolved_config_yaml, std::shared_ptr<Module> module,
-                 std::shared_ptr<DataModule> datamodule, std::vector<std::shared_ptr<Callback>> callbacks, std::string run_dir,
-                 std::shared_ptr<distributed::Strategy> strategy)
-    : exp_(std::move(experiment)),
-      config_yaml_(std::move(resolved_config_yaml)),
-      module_(std::move(module)),
-      datamodule_(std::move(datamodule)),
-      callbacks_(std::move(callbacks)),
-      run_dir_(std::move(run_dir)),
-      strategy_(std::move(strategy)) {
+Trainer::Trainer(TrainerParts parts)
+    : exp_(std::move(parts.experiment)),
+      config_yaml_(std::move(parts.resolved_config)),
+      hf_source_config_(std::move(parts.hf_source_config)),
+      module_(std::move(parts.module)),
+      datamodule_(std::move(parts.datamodule)),
+      callbacks_(std::move(parts.callbacks)),
+      run_dir_(std::move(parts.run_dir)),
+      strategy_(std::move(parts.strategy)) {
+  if (config_yaml_.empty() || !module_ || !datamodule_)
+    throw std::invalid_argument("Trainer: TrainerParts needs the resolved config, the module and the datamodule");
   if (!strategy_) {
     distributed::StrategyOptions o;
     o.device = exp_.trainer.device;
@@ -67,19 +68,19 @@ Trainer::Trainer(config::Experiment experiment, std::string resolved_config_yaml
   collector_ = std::make_unique<logging::LogCollector>(device_);
   // The loops: wired to this trainer's parts (the view callbacks get, the batch preparation).
   preparer_ = std::make_unique<BatchPreparer>(*datamodule_, *module_, device_);
-  LoopParts parts;
-  parts.view = this;
-  parts.module = module_.get();
-  parts.datamodule = datamodule_.get();
-  parts.collector = collector_.get();
-  parts.cfg = &exp_.trainer;
-  parts.device = device_;
-  parts.callbacks = &callbacks_;
-  parts.preparer = preparer_.get();
-  fit_loop_ = std::make_unique<FitLoop>(parts, *strategy_, world_size_);
-  eval_loop_ = std::make_unique<EvaluationLoop>(parts, fit_loop_->state());
+  LoopParts loop_parts;
+  loop_parts.view = &view();
+  loop_parts.module = module_.get();
+  loop_parts.datamodule = datamodule_.get();
+  loop_parts.collector = collector_.get();
+  loop_parts.cfg = &exp_.trainer;
+  loop_parts.device = device_;
+  loop_parts.callbacks = &callbacks_;
+  loop_parts.preparer = preparer_.get();
+  fit_loop_ = std::make_unique<FitLoop>(loop_parts, *strategy_, world_size_);
+  eval_loop_ = std::make_unique<EvaluationLoop>(loop_parts, fit_loop_->state());
   fit_loop_->set_evaluation(eval_loop_.get());
-  predict_loop_ = std::make_unique<PredictLoop>(parts);
+  predict_loop_ = std::make_unique<PredictLoop>(loop_parts);
   std::set<std::string> keys;
   for (auto& cb : callbacks_)
     if (!keys.insert(cb->state_key()).second)
@@ -92,13 +93,6 @@ Trainer::Trainer(config::Experiment experiment, std::string resolved_config_yaml
     collector_->set_epoch_reducer([s = strategy_.get()](torch::Tensor& t) { s->reduce_sum(t); }, rank_ == 0);
     module_->set_metric_sync([s = strategy_.get()](metrics::MetricCollection& c) { s->sync_metrics(c); });
   }
-}
-
-void Trainer::add_callback(std::shared_ptr<Callback> callback) {
-  for (auto& cb : callbacks_)
-    if (cb->state_key() == callback->state_key())
-      throw config::ConfigError(fmt::format("callbacks: two callbacks share the state key '{}'", cb->state_key()));
-  callbacks_.push_back(std::move(callback));
 }
 
 Trainer::~Trainer() = default;
@@ -118,7 +112,7 @@ void Trainer::setup_common(Stage stage) {
   each([&](Callback& cb) { cb.setup(*this, *module_, stage); });
 }
 
-void Trainer::setup_for_fit() {
+void Trainer::setup_fit() {
   if (fit_setup_done_) return;
   fit_setup_done_ = true;
   auto& c = exp_.trainer;
@@ -156,33 +150,43 @@ void Trainer::install_signal_handlers() {
   signals::reset();
 }
 
-int Trainer::fit(const std::optional<std::string>& ckpt_path) {
-  setup_for_fit();
+void Trainer::resume_state(const checkpoint::CheckpointData& data) {
+  setup_fit();
+  restore_training_state(data);
+}
+
+torch::Tensor Trainer::run_batch(Batch host_batch, int64_t batch_idx) {
+  setup_fit();
+  return fit_loop_->run_batch(std::move(host_batch), batch_idx);
+}
+
+int Trainer::fit(std::optional<checkpoint::CheckpointData> resume) {
+  setup_fit();
   const auto& c = exp_.trainer;
-  if (ckpt_path) {
-    auto data = take_checkpoint(*ckpt_path);
-    check_resume_world_size(*ckpt_path, data);
-    load_checkpoint_data(data, true, *ckpt_path);
-    if (!resume_changes_.empty() && rank_ == 0)
-      fmt::print("strobe fit: resuming from {} (step {}) with changes: {}\n", *ckpt_path, state().global_step, resume_changes_);
+  const bool resumed = resume.has_value();
+  if (resume) {
+    const std::string changes = restore_training_state(*resume);
+    if (!changes.empty() && rank_ == 0)
+      fmt::print("strobe fit: resuming from {} (step {}) with changes: {}\n", resume->source, state().global_step, changes);
+    resume.reset();  // the tensors are restored: let them go before training
   }
   // Rank 0 alone writes the run's logs.
   if (!run_dir_.empty() && c.fast_dev_run == 0 && exp_.logger.csv && rank_ == 0) {
     // On resume, the rows logged up to the checkpoint are kept and anything a crashed continuation
     // wrote after it is dropped.
-    csv_ = std::make_unique<logging::CsvLogger>(run_dir_ + "/metrics.csv", ckpt_path ? state().global_step : -1);
+    csv_ = std::make_unique<logging::CsvLogger>(run_dir_ + "/metrics.csv", resumed ? state().global_step : -1);
     collector_->add_consumer(csv_.get());
   }
   if (!run_dir_.empty() && c.fast_dev_run == 0 && exp_.logger.tensorboard && rank_ == 0) {
     // On resume, TensorBoard's restart marker hides what a crashed continuation logged after the checkpoint.
-    tensorboard_ = std::make_unique<logging::TensorBoardLogger>(run_dir_, config_yaml_, ckpt_path ? state().global_step : -1);
+    tensorboard_ = std::make_unique<logging::TensorBoardLogger>(run_dir_, config_yaml_, resumed ? state().global_step : -1);
     collector_->add_consumer(tensorboard_.get());
   }
   install_signal_handlers();
   fit_loop_->start_clock();
   try {
     each([&](Callback& cb) { cb.on_fit_start(*this, *module_); });
-    if (!ckpt_path && c.fast_dev_run == 0 && c.num_sanity_val_steps != 0 && datamodule_->val_loader()) {
+    if (!resumed && c.fast_dev_run == 0 && c.num_sanity_val_steps != 0 && datamodule_->val_loader()) {
       sanity_checking_ = true;
       each([&](Callback& cb) { cb.on_sanity_check_start(*this, *module_); });
       eval_loop_->run(Stage::Validate, c.num_sanity_val_steps < 0 ? -1 : c.num_sanity_val_steps, true);
@@ -215,7 +219,8 @@ int Trainer::fit(const std::optional<std::string>& ckpt_path) {
   return fit_loop_->exit_code();
 }
 
-void Trainer::check_resume_world_size(const std::string& source, const checkpoint::CheckpointData& d) const {
+void Trainer::check_resume_world_size(const checkpoint::CheckpointData& d) const {
+  const std::string& source = d.source;
   const int64_t saved = CheckpointView(d, source).meta().world_size;
   if (saved == world_size_) return;
   // Every rank reads the same file and takes this branch: end in order, then the same exit 2 everywhere.
@@ -234,27 +239,36 @@ std::optional<double> Trainer::rank0_value(std::optional<double> value) {
   return std::stod(s);
 }
 
-int Trainer::validate(const std::optional<std::string>& ckpt_path) {
+int Trainer::validate(std::optional<checkpoint::CheckpointData> weights) {
   setup_common(Stage::Validate);
-  if (ckpt_path) load_checkpoint(*ckpt_path, false);
+  if (weights) {
+    load_weights(*weights);
+    weights.reset();
+  }
   eval_loop_->run(Stage::Validate, -1, false);
   each([&](Callback& cb) { cb.teardown(*this, *module_, Stage::Validate); });
   strategy_->shutdown();
   return kExitOk;
 }
 
-int Trainer::test(const std::optional<std::string>& ckpt_path) {
+int Trainer::test(std::optional<checkpoint::CheckpointData> weights) {
   setup_common(Stage::Test);
-  if (ckpt_path) load_checkpoint(*ckpt_path, false);
+  if (weights) {
+    load_weights(*weights);
+    weights.reset();
+  }
   eval_loop_->run(Stage::Test, -1, false);
   each([&](Callback& cb) { cb.teardown(*this, *module_, Stage::Test); });
   strategy_->shutdown();
   return kExitOk;
 }
 
-std::vector<torch::Tensor> Trainer::predict(const std::optional<std::string>& ckpt_path) {
+std::vector<torch::Tensor> Trainer::predict(std::optional<checkpoint::CheckpointData> weights) {
   setup_common(Stage::Predict);
-  if (ckpt_path) load_checkpoint(*ckpt_path, false);
+  if (weights) {
+    load_weights(*weights);
+    weights.reset();
+  }
   return predict_loop_->run();
 }
 

@@ -15,12 +15,13 @@
 //   StepPipeline    step_pipeline.h               the device-side optimizer step (checks, clipping,
 //                                                  loss scaling, skip)
 //   StateConnector  state_connector.h, trainer_state.cpp  the one list of what a checkpoint holds
-//   TrainerView     trainer_view.h                what callbacks see (the Trainer implements it);
-//   StepAccess      trainer_view.h                NaN capture's narrow interface
+//   TrainerView     trainer_view.h                what callbacks see (the Trainer implements it
+//   StepAccess      trainer_view.h                privately); NaN capture's narrow interface
 //
 // trainer.cpp: construction, the entry points, signals; trainer_step.cpp: building the step's parts
-// (the pipeline, the runners) and the cuda_graphs checks. The Trainer builds and wires; a step's
-// path runs downward from FitLoop and never calls back into the Trainer.
+// (the pipeline, the runners) and the cuda_graphs checks. The Trainer is built once from its parts
+// (TrainerParts) and builds and wires; a step's path runs downward from FitLoop and never calls back
+// into the Trainer.
 //
 // Contract:
 // - The step path makes no host-device synchronization of its own: losses and metrics are logged
@@ -54,6 +55,7 @@
 
 #include <torch/types.h>
 
+#include "strobe/checkpoint/checkpoint_io.h"
 #include "strobe/config/experiment.h"
 #include "strobe/core/callback.h"
 #include "strobe/core/datamodule.h"
@@ -76,9 +78,6 @@ class LogCollector;
 class CsvLogger;
 class MetricConsumer;
 }  // namespace logging
-namespace checkpoint {
-struct CheckpointData;
-}
 namespace distributed {
 class Strategy;
 }
@@ -88,18 +87,63 @@ class GraphedRunner;
 // The SIGINT/SIGTERM received since fit() installed its handlers (0: none).
 int received_stop_signal();
 
-class Trainer : public TrainerView, public StepAccess {
+// What a Trainer is built from. build_run (runner/experiment_builder.h) makes one from a config;
+// a program embedding Strobe may make its own.
+struct TrainerParts {
+  config::Experiment experiment;
+  // The experiment's YAML with every default filled in (required): config.yaml and each checkpoint's
+  // `config`, which a resume compares with its own.
+  std::string resolved_config;
+  std::shared_ptr<Module> module;
+  std::shared_ptr<DataModule> datamodule;
+  std::vector<std::shared_ptr<Callback>> callbacks;  // their hooks run in this order
+  std::string run_dir;  // empty: no files at all
+  std::shared_ptr<distributed::Strategy> strategy;  // null: one process on trainer.device
+  // The Hugging Face config.json the initial weights came with (model.init_from, names: hf), empty
+  // when none: every checkpoint keeps it (blob `hf_config`, restored on resume) so `export --names hf`
+  // writes its fields back (max_position_embeddings, bos/eos token ids, ...).
+  std::string hf_source_config;
+};
+
+// The composition root: built once from its parts, it builds and wires the loops, the step and the
+// state, and runs them. It implements TrainerView and StepAccess privately: callbacks reach them
+// through their hooks' argument, a program through view().
+class Trainer : private TrainerView, private StepAccess {
  public:
-  Trainer(config::Experiment experiment, std::string resolved_config_yaml, std::shared_ptr<Module> module,
-          std::shared_ptr<DataModule> datamodule, std::vector<std::shared_ptr<Callback>> callbacks, std::string run_dir,
-          std::shared_ptr<distributed::Strategy> strategy = nullptr);  // null: one process on trainer.device
+  // Throws config::ConfigError for a precision the device cannot run or two callbacks that share a
+  // state key.
+  explicit Trainer(TrainerParts parts);
   ~Trainer();
 
-  int fit(const std::optional<std::string>& ckpt_path = std::nullopt);
-  int validate(const std::optional<std::string>& ckpt_path = std::nullopt);
-  int test(const std::optional<std::string>& ckpt_path = std::nullopt);
-  std::vector<torch::Tensor> predict(const std::optional<std::string>& ckpt_path = std::nullopt);
+  // Each entry point takes an optional checkpoint (checkpoint::load_checkpoint_file; its `source`
+  // names it in messages). fit resumes from it: the whole training state, after checking its config
+  // against this one (resume_compat.h) and its number of processes; validate, test and predict load
+  // its weights (strictly: every name and shape). fit's optimizer, scheduler and step are built on
+  // its first call: their config errors (optimizer.fused: true that cannot be had, trainer.cuda_graphs:
+  // true that cannot be captured, a cosine schedule without a run length) are thrown before any step.
+  int fit(std::optional<checkpoint::CheckpointData> resume = std::nullopt);
+  int validate(std::optional<checkpoint::CheckpointData> weights = std::nullopt);
+  int test(std::optional<checkpoint::CheckpointData> weights = std::nullopt);
+  std::vector<torch::Tensor> predict(std::optional<checkpoint::CheckpointData> weights = std::nullopt);
 
+  // What callbacks see (trainer_view.h): the loop counters, metrics, the optimizer, checkpoints.
+  TrainerView& view() { return *this; }
+  const TrainerView& view() const { return *this; }
+
+  // Single training steps, for programs that drive them (replay, tests, benchmarks). resume_state
+  // restores what fit(resume) restores, without running the loop; run_batch sends one micro-batch
+  // down fit's step path (FitLoop::run_batch: the hooks, the runner, the end of the optimizer step)
+  // and returns its loss. Both build fit's parts on first use.
+  void resume_state(const checkpoint::CheckpointData& data);
+  torch::Tensor run_batch(Batch host_batch, int64_t batch_idx);
+
+  // trainer.cuda_graphs: the steps captured and replayed so far (0 and 0 without it).
+  struct GraphCounts {
+    int64_t captures = 0, replays = 0;
+  };
+  GraphCounts graph_counts() const;
+
+ private:
   // --- TrainerView (trainer_view.h: each member's contract) ---
   const config::TrainerConfig& config() const override { return exp_.trainer; }
   const std::string& run_dir() const override { return run_dir_; }
@@ -132,49 +176,24 @@ class Trainer : public TrainerView, public StepAccess {
   const StepPipeline& step_pipeline() const override;
   checkpoint::CheckpointData make_checkpoint_at(const StepStart& start) override;
 
-  // --- for the programs that drive a run (runner, replay, tests) ---
-  const config::Experiment& experiment() const { return exp_; }
-  distributed::Strategy& strategy() { return *strategy_; }
-  Module& module() { return *module_; }
-  // The step pipeline (after setup_for_fit).
-  StepPipeline& step_pipeline();
-  StateConnector& state_connector() { return connector_; }
-  // Adds a callback after construction (replay's observer); its hooks run after the others'.
-  void add_callback(std::shared_ptr<Callback> callback);
-  void set_resolved_config(std::string yaml) { config_yaml_ = std::move(yaml); }
-  // The Hugging Face config.json the initial weights came with (model.init_from, names: hf): every
-  // checkpoint keeps it (blob `hf_config`, restored on resume) so `export --names hf` writes its
-  // fields back (max_position_embeddings, bos/eos token ids, ...).
-  void set_hf_source_config(std::string json) { hf_source_config_ = std::move(json); }
-  void load_checkpoint(const std::string& path, bool restore_training_state);
-  // A checkpoint already read from `path` (build_run reads --ckpt for the plugins it recorded): the
-  // next fit/validate/test/predict given the same path loads these tensors instead of reading the
-  // file a second time, and lets them go once loaded.
-  void preload_checkpoint(std::string path, checkpoint::CheckpointData data);
-  // `source` names the data in error messages (a file, a capture).
-  void load_checkpoint_data(const checkpoint::CheckpointData& data, bool restore_training_state, const std::string& source);
-
-  // Lets an embedding program (tests, replay) run single steps with the full step path
-  // (FitLoop::run_batch: the hooks, the runner, the end of the optimizer step).
-  void setup_for_fit();
-  torch::Tensor run_training_batch(Batch host_batch, int64_t batch_idx);
-  // trainer.cuda_graphs: steps captured / replayed so far in this process (0 / 0 without it).
-  int64_t graph_captures() const;
-  int64_t graph_replays() const;
-
- private:
   void setup_common(Stage stage);
+  // fit's parts, once: the training loader, the optimizer and scheduler, the step pipeline, the
+  // runners and their state entries.
+  void setup_fit();
+  // Restores `data` (resume_state's contract) and returns the allowed config changes it carries
+  // ("" when none), which fit lists.
+  std::string restore_training_state(const checkpoint::CheckpointData& data);
+  // validate/test/predict: the weights alone, strictly.
+  void load_weights(const checkpoint::CheckpointData& data);
   // The step's runners (trainer_step.cpp), handed to FitLoop: the eager one, and under
   // trainer.cuda_graphs the graphed one when the run can be captured (setup_cuda_graphs says why not).
   void setup_runners();
   void setup_cuda_graphs();
   void install_signal_handlers();
   // A resume needs the checkpoint's number of processes; else CheckpointError (exit 2) on every rank.
-  void check_resume_world_size(const std::string& source, const checkpoint::CheckpointData& data) const;
+  void check_resume_world_size(const checkpoint::CheckpointData& data) const;
   void register_state();
   void register_fit_state();  // the optimizer, scheduler, scaler and step pipeline, once they exist
-  // The preloaded checkpoint if it is `path`'s (handed over, not kept), else the file read now.
-  checkpoint::CheckpointData take_checkpoint(const std::string& path);
   // The live state, or with `step_start` the state at that step's start (loop_state.h: StepStart).
   checkpoint::CheckpointData build_checkpoint(const StepStart* step_start);
   template <class F>
@@ -185,7 +204,6 @@ class Trainer : public TrainerView, public StepAccess {
   config::Experiment exp_;
   std::string config_yaml_;
   std::string hf_source_config_;  // empty: none
-  std::string resume_changes_;  // the allowed config changes of the last resume, listed by fit()
   std::shared_ptr<Module> module_;
   std::shared_ptr<DataModule> datamodule_;
   std::vector<std::shared_ptr<Callback>> callbacks_;
@@ -225,8 +243,6 @@ class Trainer : public TrainerView, public StepAccess {
   bool sanity_checking_ = false;
   bool fit_setup_done_ = false;
   std::unique_ptr<BatchPreparer> preparer_;  // the loops' and predict's way onto the device
-  std::string preloaded_path_;
-  std::unique_ptr<checkpoint::CheckpointData> preloaded_;  // preload_checkpoint, until taken
 };
 
 }  // namespace strobe

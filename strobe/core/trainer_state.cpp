@@ -207,14 +207,14 @@ void MetaRecord::save(checkpoint::CheckpointData& d, const StepStart*) {
 }
 
 // What exists from construction; the optimizer, scheduler, scaler and step pipeline join at
-// setup_for_fit (register_fit_state). The connector keeps its one order either way.
+// fit's setup (register_fit_state). The connector keeps its one order either way.
 void Trainer::register_state() {
   model_state_ = std::make_unique<ModelState>(*module_, masters_.get());
   rng_state_ = std::make_unique<RngState>(rank_, world_size_, device_, *strategy_);
   callback_states_ = std::make_unique<CallbackStates>(callbacks_);
   config_record_ = std::make_unique<TextRecord>(checkpoint_keys::kConfig, config_yaml_, false);
   hf_record_ = std::make_unique<TextRecord>(checkpoint_keys::kHfConfig, hf_source_config_, true);
-  meta_record_ = std::make_unique<MetaRecord>(*this, exp_.trainer.precision);
+  meta_record_ = std::make_unique<MetaRecord>(view(), exp_.trainer.precision);
   connector_.add("model", *model_state_);
   connector_.add("loop", fit_loop_->progress_state());
   connector_.add("accumulation", fit_loop_->accumulation_state());
@@ -249,52 +249,40 @@ void Trainer::save_checkpoint(const std::string& path) {
   if (rank_ == 0) checkpoint::save_checkpoint_file(path, d);
 }
 
-void Trainer::load_checkpoint(const std::string& path, bool restore_training_state) {
-  load_checkpoint_data(take_checkpoint(path), restore_training_state, path);
+std::string Trainer::restore_training_state(const checkpoint::CheckpointData& d) {
+  const std::string& source = d.source;
+  check_resume_world_size(d);
+  // A resume restores the whole training state: a checkpoint without its config (the compatibility
+  // check), its optimizer state (fresh moments) or its loop counters would resume silently wrong.
+  std::vector<std::string> lacking;
+  if (!d.has_blob("config")) lacking.push_back("its config (blob 'config')");
+  if (!d.has_blob("optimizer")) lacking.push_back("the optimizer state (blob 'optimizer')");
+  if (!d.has_blob("loop")) lacking.push_back("the loop counters (blob 'loop')");
+  if (!lacking.empty())
+    throw checkpoint::CheckpointError(fmt::format(
+        "{}: cannot resume from it: it lacks {}; a file of weights alone is for starting a new run (strobe export it, "
+        "then model.init_from)",
+        source, fmt::join(lacking, ", ")));
+  // Before any state is restored: the saved config against the current one (another optimizer,
+  // precision or model shape is refused naming the change; the rest is returned for fit to list).
+  std::string changes = check_resume_compatible(source, d, config_yaml_, module_->net());
+  connector_.load(d, /*restore_training_state=*/true, source);
+  each([&](Callback& cb) { cb.on_load_checkpoint(*this, *module_, d); });
+  return changes;
 }
 
-void Trainer::preload_checkpoint(std::string path, checkpoint::CheckpointData data) {
-  preloaded_path_ = std::move(path);
-  preloaded_ = std::make_unique<checkpoint::CheckpointData>(std::move(data));
-}
-
-checkpoint::CheckpointData Trainer::take_checkpoint(const std::string& path) {
-  if (preloaded_ && preloaded_path_ == path) {
-    checkpoint::CheckpointData data = std::move(*preloaded_);
-    preloaded_.reset();
-    return data;
-  }
-  return checkpoint::load_checkpoint_file(path);
-}
-
-void Trainer::load_checkpoint_data(const checkpoint::CheckpointData& d, bool restore_training_state, const std::string& source) {
-  // Before any state is restored for training: the saved config against the current one (another
-  // optimizer, precision or model shape is refused naming the change; the rest is listed by fit).
-  resume_changes_.clear();
-  // Every load of weights is strict (validate/test too): all names and all shapes, or refused naming
-  // the model config keys that differ, else the tensors.
-  if (restore_training_state) {
-    // A resume restores the whole training state: a checkpoint without its config (the compatibility
-    // check), its optimizer state (fresh moments) or its loop counters would resume silently wrong.
-    std::vector<std::string> lacking;
-    if (!d.has_blob("config")) lacking.push_back("its config (blob 'config')");
-    if (optimizer_ && !d.has_blob("optimizer")) lacking.push_back("the optimizer state (blob 'optimizer')");
-    if (!d.has_blob("loop")) lacking.push_back("the loop counters (blob 'loop')");
-    if (!lacking.empty())
-      throw checkpoint::CheckpointError(fmt::format(
-          "{}: cannot resume from it: it lacks {}; a file of weights alone is for starting a new run (strobe export it, "
-          "then model.init_from)",
-          source, fmt::join(lacking, ", ")));
-    resume_changes_ = check_resume_compatible(source, d, config_yaml_, module_->net());
-  } else if (auto mismatch = weights_mismatch(d, config_yaml_, module_->net()); !mismatch.empty()) {
+void Trainer::load_weights(const checkpoint::CheckpointData& d) {
+  const std::string& source = d.source;
+  // Every load of weights is strict: all names and all shapes, or refused naming the model config
+  // keys that differ, else the tensors.
+  if (auto mismatch = weights_mismatch(d, config_yaml_, module_->net()); !mismatch.empty())
     throw checkpoint::CheckpointError(fmt::format("{}: the checkpoint's weights do not fit this model: {}", source, mismatch));
-  } else if (const std::string changed = function_changes(d, config_yaml_); !changed.empty() && is_global_zero()) {
-    // validate/test: the weights fit, but they are evaluated as another function than they were trained as.
+  if (const std::string changed = function_changes(d, config_yaml_); !changed.empty() && is_global_zero()) {
+    // The weights fit, but they are evaluated as another function than they were trained as.
     fmt::print(stderr, "strobe: warning: {}: evaluated with model keys that differ from the checkpoint's config: {}\n", source,
                changed);
   }
-  connector_.load(d, restore_training_state, source);
-  if (restore_training_state) each([&](Callback& cb) { cb.on_load_checkpoint(*this, *module_, d); });
+  connector_.load(d, /*restore_training_state=*/false, source);
 }
 
 }  // namespace strobe

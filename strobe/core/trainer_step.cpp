@@ -19,10 +19,8 @@
 
 namespace strobe {
 
-StepPipeline& Trainer::step_pipeline() { return const_cast<StepPipeline&>(std::as_const(*this).step_pipeline()); }
-
 const StepPipeline& Trainer::step_pipeline() const {
-  if (!pipeline_) throw std::logic_error("Trainer::step_pipeline() before setup_for_fit()");
+  if (!pipeline_) throw std::logic_error("StepAccess::step_pipeline() before fit's setup");
   return *pipeline_;
 }
 
@@ -31,20 +29,17 @@ void Trainer::arm_step_guard(const StepGuard& guard) {
   if (pipeline_) pipeline_->arm(pending_guard_);
 }
 
-int64_t Trainer::graph_captures() const { return graphed_runner_ ? graphed_runner_->captures() : 0; }
-int64_t Trainer::graph_replays() const { return graphed_runner_ ? graphed_runner_->replays() : 0; }
+Trainer::GraphCounts Trainer::graph_counts() const {
+  if (!graphed_runner_) return {};
+  return {graphed_runner_->captures(), graphed_runner_->replays()};
+}
 
 void Trainer::setup_runners() {
   step_runner_ = std::make_unique<StepRunner>(*module_, *pipeline_, device_, exp_.trainer.precision);
-  step_hooks_ = std::make_unique<CallbackStepHooks>(*this, *module_, callbacks_, *strategy_);
+  step_hooks_ = std::make_unique<CallbackStepHooks>(view(), *module_, callbacks_, *strategy_);
   eager_runner_ = std::make_unique<EagerRunner>(*step_runner_, *step_hooks_, *module_, *optimizer_, masters_.get());
   if (exp_.trainer.cuda_graphs != "false") setup_cuda_graphs();
   fit_loop_->set_runner(graphed_runner_ ? static_cast<TrainingRunner*>(graphed_runner_.get()) : eager_runner_.get());
-}
-
-torch::Tensor Trainer::run_training_batch(Batch host_batch, int64_t batch_idx) {
-  setup_for_fit();
-  return fit_loop_->run_batch(std::move(host_batch), batch_idx);
 }
 
 void Trainer::setup_cuda_graphs() {

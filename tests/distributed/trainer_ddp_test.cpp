@@ -175,13 +175,13 @@ std::vector<st::RankResult> fit(int world, const Job& job, const std::vector<std
       RunOptions opt;
       opt.ckpt = ckpt;
       auto run = build_run(doc, opt);
-      rc = run->trainer->fit(ckpt);
-      auto& t = *run->trainer;
+      rc = run->trainer->fit(std::move(run->checkpoint));
+      auto& t = run->trainer->view();
       out["global_step"] = t.state().global_step;
       out["run_dir"] = run->run_dir;
       out["metrics"] = t.metrics();
       std::vector<torch::Tensor> params;
-      for (auto& p : t.module().net().parameters()) params.push_back(p.detach().clone());
+      for (auto& p : run->module->net().parameters()) params.push_back(p.detach().clone());
       torch::save(params, fmt::format("{}/params{}.pt", dir, rank));
     } catch (const checkpoint::CheckpointError& e) {
       std::fprintf(stderr, "checkpoint error: %s\n", e.what());

@@ -101,14 +101,14 @@ std::vector<st::RankResult> fit(int world, const std::string& dir, const std::st
     auto doc = config::Document::load_string(yaml(dir + "/root", precision), "ddp_llama.yaml");
     for (const auto& s : sets) doc.apply_override(s);
     auto run = build_run(doc, RunOptions{});
-    auto& t = *run->trainer;
+    auto& t = run->trainer->view();
     auto snapshot = [&] {
       std::vector<torch::Tensor> v;
-      for (auto& p : t.module().net().parameters()) v.push_back(p.detach().to(torch::kCPU, torch::kFloat).clone());
+      for (auto& p : run->module->net().parameters()) v.push_back(p.detach().to(torch::kCPU, torch::kFloat).clone());
       return v;
     };
     const auto initial = snapshot();
-    const int rc = t.fit(std::nullopt);
+    const int rc = run->trainer->fit();
     const auto params = snapshot();
     int64_t unmoved = 0;  // parameters that training left as they were
     for (size_t i = 0; i < params.size(); ++i) unmoved += torch::equal(params[i], initial[i]);

@@ -175,10 +175,10 @@ TEST(CudaGraphs, UnderDeterministicAlgorithmsAGraphedRunGivesBitwiseTheLossesOfA
                            "trainer.deterministic=true", std::string("trainer.cuda_graphs=") + (graphed ? "true" : "false")},
                           dir);
       ASSERT_EQ(run->trainer->fit(), 0) << precision << " graphed=" << graphed;
-      EXPECT_EQ(run->trainer->state().global_step, 60);
+      EXPECT_EQ(run->trainer->view().state().global_step, 60);
       if (graphed) {
-        EXPECT_EQ(run->trainer->graph_captures(), 1) << precision;
-        EXPECT_EQ(run->trainer->graph_replays(), 57) << precision << ": 60 steps = 3 eager warm-up steps + 57 replays";
+        EXPECT_EQ(run->trainer->graph_counts().captures, 1) << precision;
+        EXPECT_EQ(run->trainer->graph_counts().replays, 57) << precision << ": 60 steps = 3 eager warm-up steps + 57 replays";
       }
       rows[graphed] = read_csv(dir + "/metrics.csv", "train/loss");
     }
@@ -211,12 +211,12 @@ TEST(CudaGraphs, AGraphedResNetGivesTheLossesOfAnEagerOneOver50StepsInEveryPreci
                            std::string("trainer.cuda_graphs=") + (graphed ? "true" : "false")},
                           dir);
       ASSERT_EQ(run->trainer->fit(), 0) << precision << " run " << r;
-      EXPECT_EQ(run->trainer->state().global_step, 51);
+      EXPECT_EQ(run->trainer->view().state().global_step, 51);
       runs[r] = losses(dir);
       ASSERT_EQ(runs[r].size(), 51u) << precision;
       if (graphed) {
-        EXPECT_EQ(run->trainer->graph_captures(), 1) << precision;
-        EXPECT_EQ(run->trainer->graph_replays(), 47) << precision << ": 51 steps = 3 warm-up + 47 replays + the smaller last batch";
+        EXPECT_EQ(run->trainer->graph_counts().captures, 1) << precision;
+        EXPECT_EQ(run->trainer->graph_counts().replays, 47) << precision << ": 51 steps = 3 warm-up + 47 replays + the smaller last batch";
       }
     }
     auto worst = [&](const std::map<int64_t, double>& a, const std::map<int64_t, double>& b) {
@@ -245,8 +245,8 @@ TEST(CudaGraphs, GraphedStepsMakeNoHostSyncAndAutoTurnsGraphsOn) {
   ASSERT_EQ(run->trainer->fit(), 0);
   EXPECT_EQ(g_guarded_steps, 36) << "training batches 4..39 ran under sync-debug \"error\" (after the capture at 3, whose "
                                   "one synchronization hands the warm-up's cached memory back)";
-  EXPECT_EQ(run->trainer->graph_captures(), 1);
-  EXPECT_EQ(run->trainer->graph_replays(), 37);
+  EXPECT_EQ(run->trainer->graph_counts().captures, 1);
+  EXPECT_EQ(run->trainer->graph_counts().replays, 37);
   auto l = losses(dir);
   EXPECT_TRUE(l.count(5) && l.count(20) && l.count(40)) << "logged values of replayed steps reach metrics.csv";
 #endif
@@ -273,7 +273,7 @@ TEST(CudaGraphs, NanCaptureUnderGraphsStopsAtTheFailingStepWithTheWeightsOfAnEag
     std::string dir = temp_dir("graphs-nan");
     auto run = make_run(probe_yaml(threshold), {std::string("trainer.cuda_graphs=") + (graphed ? "true" : "false")}, dir);
     ASSERT_EQ(run->trainer->fit(), 3) << "graphed=" << graphed << ": a NaN stops the run with exit status 3";
-    if (graphed) EXPECT_GT(run->trainer->graph_replays(), 3);
+    if (graphed) EXPECT_GT(run->trainer->graph_counts().replays, 3);
     const std::string cap = fmt::format("{}/nan/step_{}", dir, bad + 1);  // batch `bad` (0-based) is step bad + 1
     ASSERT_TRUE(std::filesystem::exists(cap + "/capture.ckpt")) << "graphed=" << graphed << ": no capture of step " << bad;
     auto data = checkpoint::load_checkpoint_file(cap + "/capture.ckpt");
@@ -308,7 +308,7 @@ TEST(CudaGraphs, WhatCannotBeCapturedIsAConfigErrorWithTrueAndEagerWithAuto) {
     auto sets = c.sets;
     sets.push_back("trainer.cuda_graphs=true");
     try {
-      auto run = make_run(resnet_yaml(4, 512), sets, "");  // build_run sets the trainer up for fit
+      auto run = make_run(resnet_yaml(4, 512), sets, "");
       run->trainer->fit();
       ADD_FAILURE() << "no error for " << c.sets[0];
     } catch (const config::ConfigError& e) {
@@ -318,7 +318,7 @@ TEST(CudaGraphs, WhatCannotBeCapturedIsAConfigErrorWithTrueAndEagerWithAuto) {
     sets.back() = "trainer.cuda_graphs=auto";
     auto run = make_run(resnet_yaml(6, 512), sets, "");
     ASSERT_EQ(run->trainer->fit(), 0) << c.sets[0];
-    EXPECT_EQ(run->trainer->graph_captures(), 0) << c.sets[0];
-    EXPECT_EQ(run->trainer->graph_replays(), 0) << c.sets[0];
+    EXPECT_EQ(run->trainer->graph_counts().captures, 0) << c.sets[0];
+    EXPECT_EQ(run->trainer->graph_counts().replays, 0) << c.sets[0];
   }
 }

@@ -127,9 +127,8 @@ TEST(HostAheadCuda, TheHostFinishesSeveralWholeStepsWhileTheDeviceIsHeldEagerAnd
   constexpr int64_t kGateAt = 20, kAtLeast = 6, kKeepLast = 8;
   for (const std::string graphs : {"false", "true"}) {
     std::string dir = temp_dir("host-ahead-" + graphs);
-    auto run = make_run(host_ahead_yaml(graphs), {}, dir);
     auto gate = std::make_shared<SpinGate>(kGateAt);
-    run->trainer->add_callback(gate);
+    auto run = make_run(host_ahead_yaml(graphs), {}, dir, std::nullopt, {gate});
     ASSERT_EQ(run->trainer->fit(), 0) << graphs;
     std::cout << fmt::format("[ host_ahead ] cuda_graphs {}: {} whole steps ended while the device spun (steps {}..{}, "
                              "{:.3f} s of host time)\n",
@@ -138,8 +137,8 @@ TEST(HostAheadCuda, TheHostFinishesSeveralWholeStepsWhileTheDeviceIsHeldEagerAnd
     EXPECT_LE(gate->ahead_, kKeepLast) << "cuda_graphs " << graphs << ": NaN capture's bound (keep_last) no longer holds";
     EXPECT_TRUE(gate->released_) << graphs;
     if (graphs == "true") {
-      EXPECT_EQ(run->trainer->graph_captures(), 1);
-      EXPECT_GE(run->trainer->graph_replays(), 30);
+      EXPECT_EQ(run->trainer->graph_counts().captures, 1);
+      EXPECT_GE(run->trainer->graph_counts().replays, 30);
     }
     auto loss = read_csv(dir + "/metrics.csv", "train/loss");
     for (int64_t step = kGateAt + 1; step <= kGateAt + kAtLeast; ++step)

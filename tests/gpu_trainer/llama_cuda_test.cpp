@@ -101,8 +101,8 @@ TEST(LlamaCuda, AGraphedRunGivesTheLossesOfAnEagerOneOnSdpaAndCustomAttention) {
       auto run = make_run(llama_yaml(kFixedTokens, 40), overrides, dir);
       ASSERT_EQ(run->trainer->fit(), 0) << backend << " run " << r;
       if (graphed) {
-        EXPECT_EQ(run->trainer->graph_captures(), 1) << backend;
-        EXPECT_EQ(run->trainer->graph_replays(), 37) << backend << ": 40 steps = 3 eager warm-up steps + 37 replays";
+        EXPECT_EQ(run->trainer->graph_counts().captures, 1) << backend;
+        EXPECT_EQ(run->trainer->graph_counts().replays, 37) << backend << ": 40 steps = 3 eager warm-up steps + 37 replays";
       }
       runs[r] = train_losses(dir);
       ASSERT_EQ(runs[r].size(), 40u) << backend;

@@ -79,13 +79,13 @@ TEST(TrainerCuda, EveryPrecisionTrainsWithFusedAndTorchOptimizers) {
                                         "model.dropout=0.0", "trainer.max_epochs=3", "scheduler.max_steps=36"},
                           dir);
       ASSERT_EQ(run->trainer->fit(), 0) << precision << " fused=" << fused;
-      EXPECT_EQ(run->trainer->state().global_step, 36);
+      EXPECT_EQ(run->trainer->view().state().global_step, 36);
       auto loss = read_csv(dir + "/metrics.csv", "train/loss");
       ASSERT_GE(loss.size(), 2u);
       double first = std::stod(loss.begin()->second["train/loss"]), last = std::stod(loss.rbegin()->second["train/loss"]);
       EXPECT_TRUE(std::isfinite(last)) << precision;
       EXPECT_LT(last, first) << precision << " fused=" << fused;
-      EXPECT_GT(run->trainer->metrics().at("val/acc"), 0.5) << precision << " fused=" << fused;
+      EXPECT_GT(run->trainer->view().metrics().at("val/acc"), 0.5) << precision << " fused=" << fused;
     }
   }
 }
@@ -165,8 +165,8 @@ TEST(TrainerCuda, CudaCheckpointResumesOnCpuWithTheLossesOfAnUninterruptedRun) {
   ASSERT_EQ(run->trainer->fit(), 0);
   std::string cpu_dir = temp_dir("cpu-resume");
   auto cpu = make_run(tiny_yaml(), {"model.dropout=0.0"}, cpu_dir, dir + "/checkpoints/last.ckpt");
-  ASSERT_EQ(cpu->trainer->fit(dir + "/checkpoints/last.ckpt"), 0);
-  EXPECT_EQ(cpu->trainer->state().global_step, 24);
+  ASSERT_EQ(cpu->trainer->fit(std::move(cpu->checkpoint)), 0);
+  EXPECT_EQ(cpu->trainer->view().state().global_step, 24);
   auto a = read_csv(whole_dir + "/metrics.csv", "train/loss");
   auto b = read_csv(cpu_dir + "/metrics.csv", "train/loss");
   int compared = 0;

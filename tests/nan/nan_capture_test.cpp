@@ -125,8 +125,9 @@ callbacks: {}
 }
 
 // The trainer tests' helpers (tests/trainer/trainer_test_util.h): an empty run_dir means no files.
-std::unique_ptr<Run> make_run(const std::string& yaml, const std::string& run_dir) {
-  return strobe::testing::make_run(yaml, {}, run_dir);
+std::unique_ptr<Run> make_run(const std::string& yaml, const std::string& run_dir,
+                              std::vector<std::shared_ptr<Callback>> extra = {}) {
+  return strobe::testing::make_run(yaml, {}, run_dir, std::nullopt, std::move(extra));
 }
 using strobe::testing::temp_dir;
 
@@ -225,8 +226,8 @@ TEST(NanCapture, ForwardNaNStopsWithExit3AndCapturesPreCorruptionState) {
   expect_bitwise_equal(model_state(*ref->module), captured);
   // Optimizer state too: the capture loaded into a fresh run holds the reference run's moments and steps.
   auto loaded = make_run(probe_yaml("forward", thr, "[]"), "");
-  loaded->trainer->load_checkpoint_data(d, true, "capture");
-  expect_same_optimizer_state(*ref->trainer->optimizer(), *loaded->trainer->optimizer());
+  loaded->trainer->resume_state(d);
+  expect_same_optimizer_state(*ref->trainer->view().optimizer(), *loaded->trainer->view().optimizer());
 
   auto report = capture::replay_capture(dir + "/nan", {});
   EXPECT_TRUE(report["exact"].get<bool>()) << report.dump(2);
@@ -330,19 +331,18 @@ TEST(NanCapture, SkipStepDropsExactlyTheBadStepsBitwise) {
   const double thr = threshold_first_bad_at(means, first, &bad_count);
   ASSERT_GE(bad_count, 1u);
   const auto dir = temp_dir("nan-skip");
-  auto run = make_run(probe_yaml("forward", thr, "[{name: nan_capture, action: skip_step}]", 24), dir);
   auto rec = std::make_shared<StateRecorder>();
   rec->threshold = thr;
-  run->trainer->add_callback(rec);
+  auto run = make_run(probe_yaml("forward", thr, "[{name: nan_capture, action: skip_step}]", 24), dir, {rec});
   EXPECT_EQ(run->trainer->fit(), 0);
-  EXPECT_EQ(run->trainer->state().global_step, 24);
+  EXPECT_EQ(run->trainer->view().state().global_step, 24);
   EXPECT_EQ(rec->bad_steps, static_cast<int>(bad_count));
   EXPECT_EQ(rec->unchanged_on_bad, rec->bad_steps);  // weights, buffers and optimizer state untouched
   EXPECT_EQ(rec->changed_on_good, rec->good_steps);  // every good step trained
   EXPECT_GT(rec->good_steps, 0);
-  run->trainer->drain_metrics();
-  ASSERT_TRUE(run->trainer->metrics().count("train/skipped_steps"));
-  EXPECT_EQ(run->trainer->metrics().at("train/skipped_steps"), static_cast<double>(bad_count));
+  run->trainer->view().drain_metrics();
+  ASSERT_TRUE(run->trainer->view().metrics().count("train/skipped_steps"));
+  EXPECT_EQ(run->trainer->view().metrics().at("train/skipped_steps"), static_cast<double>(bad_count));
   for (auto& p : run->module->net().parameters()) EXPECT_TRUE(torch::isfinite(p).all().item<bool>());
   EXPECT_FALSE(fs::exists(fs::path(dir) / "nan"));
 }
@@ -527,18 +527,17 @@ TEST(NanCapture, AStepBegunBeforeAResumeMidAccumulationStopsWithoutACapture) {
     }
   };
   {
-    auto a = strobe::testing::make_run(yaml, sets, dir + "/a");
     auto saver = std::make_shared<SaveMid>();
     saver->at = static_cast<int64_t>(bad);
     saver->path = ckpt;
-    a->trainer->add_callback(saver);
+    auto a = strobe::testing::make_run(yaml, sets, dir + "/a", std::nullopt, {saver});
     EXPECT_EQ(a->trainer->fit(), 3);  // run A itself captures the bad step
     EXPECT_TRUE(fs::exists(fs::path(dir) / "a" / "nan"));
   }
   ASSERT_TRUE(fs::exists(ckpt));
   auto b = strobe::testing::make_run(yaml, sets, dir + "/b", ckpt);
   ::testing::internal::CaptureStderr();
-  const int rc = b->trainer->fit(ckpt);
+  const int rc = b->trainer->fit(std::move(b->checkpoint));
   const std::string err = ::testing::internal::GetCapturedStderr();
   EXPECT_EQ(rc, 3) << err;
   EXPECT_NE(err.find("nan_capture: non-finite "), std::string::npos) << err;

@@ -94,7 +94,7 @@ TEST(Checkpoint, TrainerRefusesCheckpointOfAnotherModel) {
   ASSERT_EQ(run->trainer->fit(), 0);
   auto other = make_run(tiny_yaml(), {"model.hidden=[8]"}, temp_dir("ckpt-model2"));
   try {
-    other->trainer->fit(dir + "/checkpoints/last.ckpt");
+    other->trainer->fit(checkpoint::load_checkpoint_file(dir + "/checkpoints/last.ckpt"));
     FAIL() << "loaded a checkpoint of another model";
   } catch (const checkpoint::CheckpointError& e) {
     EXPECT_NE(std::string(e.what()).find("shape"), std::string::npos) << e.what();

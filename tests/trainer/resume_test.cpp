@@ -22,7 +22,7 @@ const Straight& straight_run() {
     auto yaml = tiny_yaml() + "callbacks:\n  - name: model_checkpoint\n    every_n_steps: 6\n    save_top_k: -1\n";
     auto run = make_run(yaml, {}, r.dir);
     EXPECT_EQ(run->trainer->fit(), 0);
-    EXPECT_EQ(run->trainer->state().global_step, 24);
+    EXPECT_EQ(run->trainer->view().state().global_step, 24);
     r.params = params_of(*run->module);
     return r;
   }();
@@ -36,8 +36,8 @@ void expect_resume_matches(const std::string& ckpt_name, int64_t from_step) {
   std::string dir = temp_dir("resumed");
   auto yaml = tiny_yaml() + "callbacks:\n  - name: model_checkpoint\n    every_n_steps: 6\n    save_top_k: -1\n";
   auto run = make_run(yaml, {}, dir, ckpt);
-  EXPECT_EQ(run->trainer->fit(ckpt), 0);
-  EXPECT_EQ(run->trainer->state().global_step, 24);
+  EXPECT_EQ(run->trainer->fit(std::move(run->checkpoint)), 0);
+  EXPECT_EQ(run->trainer->view().state().global_step, 24);
   EXPECT_TRUE(bitwise_equal(params_of(*run->module), s.params)) << "parameters differ after resuming from " << ckpt_name;
 
   auto a = read_csv(s.dir + "/metrics.csv", "train/loss");
@@ -65,7 +65,7 @@ TEST(Resume, ResumeInTheSameRunDirKeepsEarlierRowsOnly) {
   std::filesystem::copy(s.dir, dir, std::filesystem::copy_options::recursive);
   auto yaml = tiny_yaml() + "callbacks:\n  - name: model_checkpoint\n    every_n_steps: 6\n    save_top_k: -1\n";
   auto run = make_run(yaml, {}, dir, dir + "/checkpoints/step=6.ckpt");
-  ASSERT_EQ(run->trainer->fit(dir + "/checkpoints/step=6.ckpt"), 0);
+  ASSERT_EQ(run->trainer->fit(std::move(run->checkpoint)), 0);
   auto rows = read_csv(dir + "/metrics.csv", "train/loss");
   EXPECT_EQ(rows.size(), 24u);  // steps 1..24 once each: the continuation replaced rows after step 6
   EXPECT_EQ(rows, read_csv(s.dir + "/metrics.csv", "train/loss"));
@@ -92,12 +92,12 @@ TEST(Resume, TheCheckpointIsReadOnceByBuildRunAndFit) {
   auto yaml = tiny_yaml() + "callbacks:\n  - name: model_checkpoint\n    every_n_steps: 6\n    save_top_k: -1\n";
   auto run = make_run(yaml, {}, dir + "/run", ckpt);
   std::ofstream(ckpt, std::ios::binary | std::ios::trunc) << "destroyed";
-  EXPECT_EQ(run->trainer->fit(ckpt), 0);
-  EXPECT_EQ(run->trainer->state().global_step, 24);
+  EXPECT_EQ(run->trainer->fit(std::move(run->checkpoint)), 0);
+  EXPECT_EQ(run->trainer->view().state().global_step, 24);
   EXPECT_TRUE(bitwise_equal(params_of(*run->module), s.params));
   auto again = make_run(yaml, {}, dir + "/run2");
   try {
-    again->trainer->fit(ckpt);
+    again->trainer->fit(checkpoint::load_checkpoint_file(ckpt));
     FAIL() << "a destroyed checkpoint was loaded";
   } catch (const checkpoint::CheckpointError& e) {
     EXPECT_NE(std::string(e.what()).find("not a Strobe checkpoint"), std::string::npos) << e.what();

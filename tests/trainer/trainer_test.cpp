@@ -89,7 +89,7 @@ TEST(Trainer, GradientAccumulationEqualsTheLargeBatchStep) {
     extra.insert(extra.end(), common.begin(), common.end());
     auto run = make_run(tiny_yaml(), extra, temp_dir("accum"));
     EXPECT_EQ(run->trainer->fit(), 0);
-    EXPECT_EQ(run->trainer->state().global_step, 1);
+    EXPECT_EQ(run->trainer->view().state().global_step, 1);
     return params_of(*run->module);
   };
   auto big = with({"data.batch_size=8", "trainer.accumulate_grad_batches=1"});
@@ -140,12 +140,12 @@ TEST(Trainer, ClipsGradientsByValue) {
 TEST(Trainer, MaxStepsAndLimitsStopTheLoop) {
   auto run = make_run(tiny_yaml(), {"trainer.max_steps=5", "trainer.enable_checkpointing=false"}, temp_dir("limits"));
   ASSERT_EQ(run->trainer->fit(), 0);
-  EXPECT_EQ(run->trainer->state().global_step, 5);
+  EXPECT_EQ(run->trainer->view().state().global_step, 5);
   auto run2 = make_run(tiny_yaml(), {"trainer.limit_train_batches=3", "trainer.max_epochs=3", "trainer.enable_checkpointing=false"},
                        temp_dir("limits2"));
   ASSERT_EQ(run2->trainer->fit(), 0);
-  EXPECT_EQ(run2->trainer->state().global_step, 9);
-  EXPECT_EQ(run2->trainer->state().epoch, 2);
+  EXPECT_EQ(run2->trainer->view().state().global_step, 9);
+  EXPECT_EQ(run2->trainer->view().state().epoch, 2);
 }
 
 TEST(Trainer, LogsLossesAndValidationMetricsToCsv) {
@@ -172,7 +172,7 @@ TEST(Trainer, LearnsTheSyntheticTask) {
                                     "trainer.enable_checkpointing=false"},
                       temp_dir("learn"));
   ASSERT_EQ(run->trainer->fit(), 0);
-  EXPECT_GT(run->trainer->metrics().at("val/acc"), 0.9);
+  EXPECT_GT(run->trainer->view().metrics().at("val/acc"), 0.9);
 }
 
 TEST(Scheduler, ValuesAtGivenSteps) {
@@ -301,7 +301,7 @@ TEST(ModelCheckpoint, TheDefaultCheckpointKeepsTheLatestEpoch) {
   std::string dir = temp_dir("topk-epochs");
   auto run = make_run(tiny_yaml(), {"trainer.max_epochs=3"}, dir);
   ASSERT_EQ(run->trainer->fit(), 0);
-  ASSERT_EQ(run->trainer->state().global_step, 36);  // 12 batches an epoch
+  ASSERT_EQ(run->trainer->view().state().global_step, 36);  // 12 batches an epoch
   EXPECT_EQ(checkpoint_files(dir), (std::vector<std::string>{"epoch=2-step=36.ckpt"}));
 }
 
@@ -323,10 +323,34 @@ TEST(ModelCheckpoint, OlderStatesBecomeRunRelative) {
   EXPECT_EQ(st.at("writers"), nlohmann::json({{"/elsewhere/e.ckpt", ""}}));
 }
 
+// The Trainer is built once from its parts (docs/ARCHITECTURE.md "The Trainer"); fit's own parts,
+// the optimizer first, are built when fit runs, so validate builds none; the resolved config is
+// whole before the Trainer exists (the optimizer's defaults are in it, fit or not).
+TEST(Trainer, IsBuiltOnceFromItsPartsAndValidateBuildsNoOptimizer) {
+  EXPECT_THROW(Trainer(TrainerParts{}), std::invalid_argument);
+  const std::string dir = temp_dir("built-once");
+  auto run = make_run(tiny_yaml(), {"trainer.max_steps=2", "optimizer={name: sgd}"}, dir);
+  EXPECT_NE(run->resolved_yaml.find("momentum: 0"), std::string::npos) << run->resolved_yaml;
+  EXPECT_EQ(run->trainer->validate(), 0);
+  EXPECT_EQ(run->trainer->view().optimizer(), nullptr);
+  ASSERT_EQ(run->trainer->fit(), 0);
+  ASSERT_NE(run->trainer->view().optimizer(), nullptr);
+  EXPECT_EQ(run->trainer->view().state().global_step, 2);
+  // The weights of that fit, evaluated by another run's validate: the checkpoint names itself.
+  auto other = make_run(tiny_yaml(), {"model.hidden=[8]"}, "");
+  try {
+    other->trainer->validate(checkpoint::load_checkpoint_file(dir + "/checkpoints/last.ckpt"));
+    ADD_FAILURE() << "the weights of another model were evaluated";
+  } catch (const checkpoint::CheckpointError& e) {
+    EXPECT_EQ(std::string(e.what()).rfind(dir + "/checkpoints/last.ckpt: the checkpoint's weights do not fit", 0), 0u)
+        << e.what();
+  }
+}
+
 // trainer.cuda_graphs captures CUDA work: on the CPU it is a config error naming the device, raised
 // before any step runs (tests/gpu_trainer/cuda_graphs_test.cpp covers the CUDA side).
 TEST(Trainer, CudaGraphsOnTheCpuIsAConfigErrorNamingTheDevice) {
-  // build_run sets the trainer up for fit: the refusal comes before a run exists.
+  // fit builds its step first: the refusal comes before any step runs.
   try {
     auto run = make_run(tiny_yaml("  cuda_graphs: true\n"), {}, "");
     run->trainer->fit();
@@ -340,6 +364,6 @@ TEST(Trainer, CudaGraphsOnTheCpuIsAConfigErrorNamingTheDevice) {
 TEST(Trainer, CudaGraphsAutoOnTheCpuTrainsEagerly) {
   auto run = make_run(tiny_yaml("  cuda_graphs: auto\n"), {}, "");
   ASSERT_EQ(run->trainer->fit(), 0);
-  EXPECT_EQ(run->trainer->state().global_step, 24);
-  EXPECT_EQ(run->trainer->graph_captures(), 0);
+  EXPECT_EQ(run->trainer->view().state().global_step, 24);
+  EXPECT_EQ(run->trainer->graph_counts().captures, 0);
 }

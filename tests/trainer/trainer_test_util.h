@@ -60,8 +60,10 @@ scheduler:
 // A new, empty folder, removed when the test process ends (tests/test_dirs.h).
 inline std::string temp_dir(const std::string& tag) { return new_test_dir("strobe-tests", tag).string(); }
 
+// `ckpt`: --ckpt (read into run->checkpoint); `extra`: RunOptions::extra_callbacks.
 inline std::unique_ptr<Run> make_run(const std::string& yaml, const std::vector<std::string>& sets,
-                                     const std::string& run_dir, std::optional<std::string> ckpt = std::nullopt) {
+                                     const std::string& run_dir, std::optional<std::string> ckpt = std::nullopt,
+                                     std::vector<std::shared_ptr<Callback>> extra = {}) {
   auto doc = config::Document::load_string(yaml, "test.yaml");
   for (const auto& s : sets) doc.apply_override(s);
   RunOptions opt;
@@ -70,6 +72,7 @@ inline std::unique_ptr<Run> make_run(const std::string& yaml, const std::vector<
   else
     opt.run_dir = run_dir;
   opt.ckpt = std::move(ckpt);
+  opt.extra_callbacks = std::move(extra);
   return build_run(doc, opt);
 }
 
