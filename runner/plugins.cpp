@@ -104,7 +104,8 @@ PluginMarker read_plugin_marker(const std::string& path) {
       }
     }
     if (m.strobe_version.empty() || m.torch_version.empty())
-      throw PluginError(fmt::format("plugin {}: its Strobe marker '{}' cannot be read (rebuild it with strobe_add_plugin)", path, text));
+      throw PluginError(fmt::format("plugin {}: its Strobe marker '{}' cannot be read (rebuild it with strobe_add_plugin)", path,
+                                    config::shown(text)));
     return m;
   }
   throw PluginError(fmt::format("plugin {}: has no Strobe marker: not built with strobe_add_plugin (find_package(Strobe))", path));

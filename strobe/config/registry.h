@@ -81,14 +81,16 @@ class FactoryTable {
     return it == factories_.end() ? nullptr : &it->second;
   }
 
-  // "unknown <kind> '<name>'; did you mean '<closest>'? (known: a, b, c)"
+  // "unknown <kind> '<name>'; did you mean '<closest>'? (known: a, b, c)"; with no close name, the
+  // hint that a plugin's component needs its library loaded.
   std::string unknown_message(const std::string& name) const {
     std::vector<std::string> known = names();
     std::string hint = config::closest_match(name, known);
     std::string list;
     for (size_t i = 0; i < known.size(); ++i) list += (i ? ", " : "") + known[i];
-    return fmt::format("unknown {} '{}'{} (known: {})", kind_, config::shown(name),
-                       hint.empty() ? "" : fmt::format("; did you mean '{}'?", hint), list);
+    return fmt::format("unknown {} '{}'{} (known: {}){}", kind_, config::shown(name),
+                       hint.empty() ? "" : fmt::format("; did you mean '{}'?", hint), list,
+                       hint.empty() ? "; a plugin's? load its library with --plugin FILE or a plugins: entry" : "");
   }
 
  private:

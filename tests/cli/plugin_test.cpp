@@ -98,6 +98,9 @@ TEST(PluginCli, APluginsComponentsTrainJoinTheListsAndAreRecorded) {
   auto missing = strobe_cmd("fit -c " + write_config(plugin_yaml("consumer_gated_mlp")));
   EXPECT_EQ(missing.code, 2);
   EXPECT_NE(missing.err.find("unknown model 'consumer_gated_mlp'"), std::string::npos) << missing.err;
+  // Nothing close among the known names: the hint says where a plugin's component comes from.
+  EXPECT_NE(missing.err.find("; a plugin's? load its library with --plugin FILE or a plugins: entry\n"), std::string::npos)
+      << missing.err;
 }
 
 TEST(PluginCli, EveryBrokenPluginIsOneLineAndExitTwoBeforeAnythingRuns) {
@@ -113,6 +116,9 @@ TEST(PluginCli, EveryBrokenPluginIsOneLineAndExitTwoBeforeAnythingRuns) {
       {dir, "is a directory, not a shared library file"},
       {text, "is not a shared library (build it with strobe_add_plugin)"},
       {plugin("plugin_unmarked"), "has no Strobe marker: not built with strobe_add_plugin (find_package(Strobe))"},
+      // Binary junk in the marker section: escaped, one line.
+      {plugin("plugin_junk_marker"),
+       "its Strobe marker '\\x01\\x7f\\xff\\xfe\\nsecond line\\x1b[31m' cannot be read (rebuild it with strobe_add_plugin)"},
       {plugin("plugin_other_version"), std::string("built against Strobe 0.0.9 with libtorch ") + TORCH_VERSION +
                                            ", but this is Strobe " + v + " with libtorch " + TORCH_VERSION +
                                            ": rebuild it against this installation"},
