@@ -89,7 +89,9 @@ std::shared_ptr<DataModule> make_cifar10(config::Section& cfg, const DataContext
   if (val_size > 0)
     val = std::make_shared<Cifar10>(Split{all.images.narrow(0, n - val_size, val_size), all.labels.narrow(0, n - val_size, val_size)}, false);
   auto dm = std::make_shared<DatasetDataModule>(train, val, std::make_shared<Cifar10>(test, false), stack_collate, opt);
-  dm->set_info({10, "", 3, "", 32, ""});
+  DataInfo info{10, "", 3, "", 32, ""};
+  info.batch_keys = {"image", "label"};
+  dm->set_info(info);
   return dm;
 }
 

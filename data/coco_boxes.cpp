@@ -186,7 +186,11 @@ std::shared_ptr<DataModule> make_coco_boxes(config::Section& cfg, const DataCont
   auto train = make(ann, images, hflip, "train");
   std::shared_ptr<Dataset> val;
   if (!val_ann.empty()) val = make(val_ann, val_images, false, "val");
-  return std::make_shared<DatasetDataModule>(train, val, val, stack_collate, opt);
+  auto dm = std::make_shared<DatasetDataModule>(train, val, val, stack_collate, opt);
+  DataInfo info;
+  info.batch_keys = {"image", "boxes", "num_boxes"};
+  dm->set_info(info);
+  return dm;
 }
 
 STROBE_REGISTER(data_registry(), "coco_boxes", make_coco_boxes);

@@ -71,7 +71,9 @@ std::shared_ptr<DataModule> make_fashion_mnist(config::Section& cfg, const DataC
     val = std::make_shared<IdxImageDataset>(train_img.narrow(0, n_train, val_size), train_lbl.narrow(0, n_train, val_size), false);
   auto test = std::make_shared<IdxImageDataset>(test_img, test_lbl, false);
   auto dm = std::make_shared<DatasetDataModule>(train, val, test, stack_collate, opt);
-  dm->set_info({10, "", 1, "", train_img.size(1), ""});
+  DataInfo info{10, "", 1, "", train_img.size(1), ""};
+  info.batch_keys = {"image", "label"};
+  dm->set_info(info);
   return dm;
 }
 

@@ -203,7 +203,11 @@ std::shared_ptr<DataModule> make_image_folder(config::Section& cfg, const DataCo
   if (!val_root.empty()) val = make(val_root, eval, "val");
   if (!test_root.empty()) test = make(test_root, eval, "test");
   else test = val;
-  return std::make_shared<ImageFolderDataModule>(train_ds, val, test, opt, train);
+  auto dm = std::make_shared<ImageFolderDataModule>(train_ds, val, test, opt, train);
+  DataInfo info;
+  info.batch_keys = {"image", "label"};
+  dm->set_info(info);
+  return dm;
 }
 
 STROBE_REGISTER(data_registry(), "image_folder", make_image_folder);

@@ -94,6 +94,7 @@ std::shared_ptr<DataModule> make_synthetic_boxes(config::Section& cfg, const Dat
   DataInfo info;
   info.channels = 1;
   info.image_size = image_size, info.image_size_key = "image_size";
+  info.batch_keys = {"image", "boxes", "num_boxes"};
   dm->set_info(info);
   return dm;
 }

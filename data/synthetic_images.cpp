@@ -44,7 +44,9 @@ std::shared_ptr<DataModule> make_synthetic_images(config::Section& cfg, const Da
   if (num_val > 0) val = std::make_shared<SyntheticImages>(templates, num_val, 7, noise);
   auto test = std::make_shared<SyntheticImages>(templates, std::max<int64_t>(num_val, 1), 13, noise);
   auto dm = std::make_shared<DatasetDataModule>(train, val, test, stack_collate, opt);
-  dm->set_info({num_classes, "num_classes", channels, "channels", image_size, "image_size"});
+  DataInfo info{num_classes, "num_classes", channels, "channels", image_size, "image_size"};
+  info.batch_keys = {"image", "label"};
+  dm->set_info(info);
   return dm;
 }
 

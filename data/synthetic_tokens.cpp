@@ -51,6 +51,7 @@ std::shared_ptr<DataModule> make_synthetic_tokens(config::Section& cfg, const Da
   DataInfo info;
   info.vocab_size = vocab, info.vocab_size_key = "vocab_size";
   info.max_seq_len = max_len, info.max_seq_len_key = "max_seq_len";
+  info.batch_keys = {"tokens", "targets"};
   dm->set_info(info);
   return dm;
 }

@@ -125,6 +125,7 @@ std::shared_ptr<DataModule> make_text_file(config::Section& cfg, const DataConte
   DataInfo info;
   info.vocab_size = 256;  // byte-level tokens
   info.max_seq_len = max_len, info.max_seq_len_key = "max_seq_len";
+  info.batch_keys = {"tokens", "targets"};
   dm->set_info(info);
   return dm;
 }

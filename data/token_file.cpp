@@ -10,6 +10,7 @@
 // Validation: val_path, or else the last val_fraction of the samples. With vocab_size > 0 every token
 // is checked (one pass at setup). Bad data (DataError naming the file): missing or unreadable file,
 // an empty file, a size that is not a multiple of the token width, a token >= vocab_size.
+#include <algorithm>
 #include <cstring>
 #include <memory>
 
@@ -76,8 +77,10 @@ struct Layout {
   int64_t eot = 50256;
 };
 
-// Sample ranges [begin, end) of a token stream (documents mode), or the window count.
-std::vector<std::pair<int64_t, int64_t>> cut_documents(const MappedTokens& m, const Layout& l, int64_t vocab) {
+// Sample ranges [begin, end) of a token stream (documents mode), or the window count. `largest`:
+// the largest token id seen.
+std::vector<std::pair<int64_t, int64_t>> cut_documents(const MappedTokens& m, const Layout& l, int64_t vocab,
+                                                       uint32_t& largest) {
   std::vector<std::pair<int64_t, int64_t>> pieces;
   const int64_t n = m.size(), piece = l.max_len + 1;
   auto add = [&](int64_t b, int64_t e) {
@@ -87,6 +90,7 @@ std::vector<std::pair<int64_t, int64_t>> cut_documents(const MappedTokens& m, co
   int64_t begin = 0;
   for (int64_t i = 0; i < n; ++i) {
     const uint32_t t = m.at(i);
+    largest = std::max(largest, t);
     if (vocab > 0 && t >= vocab) throw DataError(fmt::format("{}: token {} at position {} is not below vocab_size {}", m.path(), t, i, vocab));
     if (l.documents && t == l.eot) {
       add(begin, i + 1);
@@ -140,16 +144,23 @@ std::shared_ptr<DataModule> make_token_file(config::Section& cfg, const DataCont
   cfg.finish();
   const int width = dtype == "uint16" ? 2 : 4;
 
+  // The largest token id of each file, so that a model's vocabulary is checked against the data
+  // before the first step even when data.vocab_size is unset.
+  uint32_t largest = 0;
+  std::string largest_in;
   auto split = [&](const std::string& p, double fraction) -> std::pair<std::shared_ptr<Dataset>, std::shared_ptr<Dataset>> {
     auto m = std::make_shared<const MappedTokens>(p, width);
+    uint32_t file_largest = 0;
     if (l.documents) {
-      auto pieces = cut_documents(*m, l, vocab);
+      auto pieces = cut_documents(*m, l, vocab, file_largest);
+      if (largest_in.empty() || file_largest > largest) largest = file_largest, largest_in = p;
       if (pieces.empty()) throw DataError(fmt::format("{}: no document of two tokens or more", p));
       const auto n_val = static_cast<int64_t>(static_cast<double>(pieces.size()) * fraction);
       std::vector<std::pair<int64_t, int64_t>> a(pieces.begin(), pieces.end() - n_val), b(pieces.end() - n_val, pieces.end());
       return {std::make_shared<TokenSamples>(m, std::move(a)), n_val ? std::make_shared<TokenSamples>(m, std::move(b)) : nullptr};
     }
-    if (vocab > 0) cut_documents(*m, Layout{false, l.max_len, l.eot}, vocab);  // the vocab check only
+    cut_documents(*m, Layout{false, l.max_len, l.eot}, vocab, file_largest);  // the vocabulary checks only
+    if (largest_in.empty() || file_largest > largest) largest = file_largest, largest_in = p;
     const int64_t windows = (m->size() - 1) / l.max_len;
     if (windows < 1) throw DataError(fmt::format("{}: {} tokens is less than one window of max_seq_len + 1 = {}", p, m->size(), l.max_len + 1));
     const auto n_val = static_cast<int64_t>(static_cast<double>(windows) * fraction);
@@ -159,7 +170,18 @@ std::shared_ptr<DataModule> make_token_file(config::Section& cfg, const DataCont
   auto [train, val] = split(path, val_fraction);
   if (train->size() == 0) throw DataError(fmt::format("{}: val_fraction leaves no training sample", path));
   if (!val_path.empty()) val = split(val_path, 0.0).first;
-  return std::make_shared<DatasetDataModule>(train, val, val, make_token_collate(collate, l.max_len), opt);
+  auto dm = std::make_shared<DatasetDataModule>(train, val, val, make_token_collate(collate, l.max_len), opt);
+  DataInfo info;
+  if (vocab > 0) {
+    info.vocab_size = vocab, info.vocab_size_key = "vocab_size";
+  } else {
+    info.vocab_size = static_cast<int64_t>(largest) + 1;
+    info.vocab_size_source = fmt::format("the largest token id in {} is {}", largest_in, largest);
+  }
+  info.max_seq_len = l.max_len, info.max_seq_len_key = "max_seq_len";
+  info.batch_keys = {"tokens", "targets"};
+  dm->set_info(info);
+  return dm;
 }
 
 STROBE_REGISTER(data_registry(), "token_file", make_token_file);

@@ -117,6 +117,7 @@ class DecoderLM : public Model {
   }
 
   std::string default_task() const override { return "language_modeling"; }
+  std::vector<std::string> batch_keys() const override { return {"tokens"}; }
 
   void on_device(const torch::Device& device, Precision precision) override {
     check_attention_on_device(o_.attention, o_.embed_dim / o_.num_heads, device, precision);

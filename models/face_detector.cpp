@@ -40,6 +40,7 @@ class FaceDetector : public Model {
   }
 
   std::string default_task() const override { return "detection"; }
+  std::vector<std::string> batch_keys() const override { return {"image"}; }
 
  private:
   bool use_fused(const torch::Tensor& x) const {

@@ -210,6 +210,7 @@ class Llama : public Model {
   }
 
   std::string default_task() const override { return "language_modeling"; }
+  std::vector<std::string> batch_keys() const override { return {"tokens"}; }
 
  private:
   // model.fused_ops (models/fused_ops.h): auto takes the fused RMSNorm where its CUDA kernel takes the
@@ -411,6 +412,52 @@ HfConfigCheck llama_hf_config_check(const nlohmann::json& c, const YAML::Node& m
   return out;
 }
 
+// The shape of a LlamaForCausalLM config.json into the model keys the section leaves unset, with
+// transformers' LlamaConfig defaults for the fields the file lacks (rms_norm_eps 1e-6, rope_theta
+// 10000, num_key_value_heads = num_attention_heads, untied).
+std::vector<std::string> llama_hf_config_fill(const nlohmann::json& c, YAML::Node m) {
+  std::vector<std::string> filled;
+  if (!c.is_object()) return filled;  // the check names it
+  auto unset = [&](const char* ours) { return !m[ours] || m[ours].IsNull(); };
+  auto put = [&](const char* ours, const auto& value) {
+    m[ours] = value;
+    filled.push_back(ours);
+  };
+  auto integer = [&](const char* hf, const char* ours) {
+    if (unset(ours) && c.contains(hf) && c[hf].is_number_integer()) put(ours, c[hf].get<int64_t>());
+  };
+  integer("vocab_size", "vocab_size");
+  integer("hidden_size", "embed_dim");
+  integer("intermediate_size", "ffn_dim");
+  integer("num_hidden_layers", "depth");
+  integer("num_attention_heads", "num_heads");
+  integer(c.contains("num_key_value_heads") ? "num_key_value_heads" : "num_attention_heads", "num_kv_heads");
+  integer("max_position_embeddings", "max_seq_len");
+  const nlohmann::json eps = c.value("rms_norm_eps", nlohmann::json(1e-6));
+  if (unset("norm_eps") && eps.is_number()) put("norm_eps", eps.get<double>());
+  const nlohmann::json params = c.contains("rope_parameters") && c["rope_parameters"].is_object() ? c["rope_parameters"]
+                                : c.contains("rope_scaling") && c["rope_scaling"].is_object()   ? c["rope_scaling"]
+                                                                                                : nlohmann::json::object();
+  const nlohmann::json theta = c.contains("rope_theta") ? c["rope_theta"] : params.value("rope_theta", nlohmann::json(10000.0));
+  if (unset("rope_theta") && theta.is_number()) put("rope_theta", theta.get<double>());
+  const nlohmann::json type = params.contains("rope_type") ? params["rope_type"] : params.value("type", nlohmann::json("default"));
+  if (unset("rope_scaling") && type == "llama3") {
+    bool numbers = true;
+    for (const char* k : {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"})
+      numbers &= params.contains(k) && params[k].is_number();
+    if (numbers) {
+      YAML::Node rs;
+      rs["rope_type"] = "llama3";
+      for (const char* k : {"factor", "low_freq_factor", "high_freq_factor"}) rs[k] = params[k].get<double>();
+      rs["original_max_position_embeddings"] = params["original_max_position_embeddings"].get<int64_t>();
+      put("rope_scaling", rs);
+    }
+  }
+  const nlohmann::json tie = c.value("tie_word_embeddings", nlohmann::json(false));
+  if (unset("tie_embeddings") && tie.is_boolean()) put("tie_embeddings", tie.get<bool>());
+  return filled;
+}
+
 }  // namespace
 
 int64_t llama_ffn_dim(int64_t embed_dim) {
@@ -422,6 +469,6 @@ std::shared_ptr<Model> make_llama(const LlamaOptions& options) { return std::mak
 
 STROBE_REGISTER(model_registry(), "llama", make_llama_from_config);
 STROBE_REGISTER(name_map_registry(), "llama:hf", llama_hf_names);
-STROBE_REGISTER(hf_config_registry(), "llama", (HfConfigCodec{llama_hf_config_json, llama_hf_config_check}));
+STROBE_REGISTER(hf_config_registry(), "llama", (HfConfigCodec{llama_hf_config_json, llama_hf_config_check, llama_hf_config_fill}));
 
 }  // namespace strobe::models

@@ -33,6 +33,7 @@ class Mlp : public Model {
     return head_->forward(x);
   }
   std::string default_task() const override { return "classification"; }
+  std::vector<std::string> batch_keys() const override { return {"image"}; }
 
  private:
   int64_t in_features_;

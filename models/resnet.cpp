@@ -151,6 +151,7 @@ class ResNet : public Model {
   }
 
   std::string default_task() const override { return "classification"; }
+  std::vector<std::string> batch_keys() const override { return {"image"}; }
 
   const ResNetOptions& options() const { return o_; }
 

@@ -129,6 +129,7 @@ class ViT : public Model {
   }
 
   std::string default_task() const override { return "classification"; }
+  std::vector<std::string> batch_keys() const override { return {"image"}; }
 
   void on_device(const torch::Device& device, Precision precision) override {
     check_attention_on_device(o_.attention, o_.embed_dim / o_.num_heads, device, precision);

@@ -1,12 +1,14 @@
 #include "runner/experiment_builder.h"
 #include "runner/plugins.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <optional>
 #include <set>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/torch.h>
 
 #include "callbacks/profiler.h"
@@ -157,11 +159,34 @@ void check_data_fits_model(config::Section& model, const std::string& data_name,
   }
   if (auto v = model_int(model, "vocab_size"); v && d.vocab_size > 0 && *v < d.vocab_size)
     model.fail("vocab_size", fmt::format("{} tokens, but {} (token ids up to {} would be out of range)", *v,
-                                         data_says(data_name, d.vocab_size_key, d.vocab_size, "token ids"),
+                                         d.vocab_size_key.empty() && !d.vocab_size_source.empty()
+                                             ? d.vocab_size_source
+                                             : data_says(data_name, d.vocab_size_key, d.vocab_size, "token ids"),
                                          d.vocab_size - 1));
   if (auto l = model_int(model, "max_seq_len"); l && d.max_seq_len > 0 && *l < d.max_seq_len)
     model.fail("max_seq_len", fmt::format("{} positions, but {} (longer sequences have no position embedding)", *l,
                                           data_says(data_name, d.max_seq_len_key, d.max_seq_len, "positions")));
+}
+
+static void check_batch_keys(config::Experiment& exp, const DataInfo& d, const Model& model, const Module& task,
+                      const std::string& task_name) {
+  if (d.batch_keys.empty()) return;  // a data module that does not declare its keys
+  auto lacking = [&](const std::vector<std::string>& wanted) -> std::string {
+    for (const auto& k : wanted)
+      if (std::find(d.batch_keys.begin(), d.batch_keys.end(), k) == d.batch_keys.end()) return k;
+    return "";
+  };
+  const std::string data_name = exp.data.node()["name"].Scalar();
+  const std::string gives = fmt::format("{}", fmt::join(d.batch_keys, ", "));
+  if (const std::string k = lacking(model.batch_keys()); !k.empty())
+    exp.model.fail("name", fmt::format("'{}' reads '{}' from each batch, but the batches of data '{}' hold {}",
+                                       exp.model.node()["name"].Scalar(), k, data_name, gives));
+  if (const std::string k = lacking(task.batch_keys()); !k.empty()) {
+    const std::string what = fmt::format("task '{}' reads '{}' from each batch, but the batches of data '{}' hold {}",
+                                         task_name, k, data_name, gives);
+    if (exp.task.has("name")) exp.task.fail("name", what);
+    exp.model.fail("name", what + " (the model's default task; set task.name)");
+  }
 }
 
 std::unique_ptr<Run> build_run(config::Document& doc, const RunOptions& options) {
@@ -210,6 +235,9 @@ std::unique_ptr<Run> build_run(config::Document& doc, const RunOptions& options)
   torch::manual_seed(static_cast<uint64_t>(exp.seed));
   run->datamodule = data_registry().create(exp.data, "", ctx);
   if (options.stage == Stage::Fit) check_batch_memory(exp.data, *run->datamodule, ctx.seed);
+  // model.init_from with names: hf: the shape keys the section leaves unset come from the
+  // checkpoint's config.json, so the model is built to fit it and the resolved config records them.
+  if (exp.init_from && !options.ckpt) fill_from_hf_config(exp.model, *exp.init_from);
   auto model = model_registry().create(exp.model, "");
   std::optional<std::string> hf_source_config;  // the Hugging Face config.json the weights came with
   check_data_fits_model(exp.model, exp.data.node()["name"].Scalar(), run->datamodule->info());
@@ -223,6 +251,8 @@ std::unique_ptr<Run> build_run(config::Document& doc, const RunOptions& options)
     }
   }
   run->module = task_registry().create(exp.task, model->default_task(), model);
+  check_batch_keys(exp, run->datamodule->info(), *model, *run->module,
+                   exp.task.has("name") ? exp.task.node()["name"].Scalar() : model->default_task());
 
   bool has_progress = false, has_checkpoint = false;
   for (auto& section : exp.callbacks) {

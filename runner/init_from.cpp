@@ -57,6 +57,27 @@ std::string names_hint(const std::string& names, const std::string& family, cons
 }  // namespace
 
 
+std::vector<std::string> fill_from_hf_config(config::Section& model_cfg, const config::InitFrom& f) {
+  namespace fs = std::filesystem;
+  if (f.names != "hf") return {};
+  const HfConfigCodec* codec = hf_config_registry().find(model_cfg.node()["name"].Scalar());
+  std::error_code ec;
+  if (codec == nullptr || !codec->fill || !fs::is_directory(f.path, ec)) return {};
+  const fs::path path = fs::path(f.path) / "config.json";
+  if (!fs::exists(path, ec)) return {};
+  config::Section init = model_cfg.child("init_from");
+  nlohmann::json source;
+  try {
+    const checkpoint::MappedFile file(path.string());
+    source = nlohmann::json::parse(file.data(), file.data() + file.size());
+  } catch (const checkpoint::CheckpointError& e) {
+    init.fail("path", e.what());
+  } catch (const std::exception& e) {
+    init.fail("path", fmt::format("{}: not valid JSON: {}", path.string(), e.what()));
+  }
+  return codec->fill(source, model_cfg.node());
+}
+
 std::optional<std::string> load_init_from(Model& model, config::Section& model_cfg, const config::InitFrom& f, bool speaks) {
   const std::string family = model_cfg.node()["name"].Scalar();
   config::Section init = model_cfg.child("init_from");  // errors name the key and where it was set

@@ -4,6 +4,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "strobe/config/experiment.h"
 #include "strobe/core/model.h"
@@ -19,5 +20,12 @@ namespace strobe {
 // Returns the text of the Hugging Face config.json the weights came with (names: hf, a config.json
 // that agrees with the model), which checkpoints keep (blob `hf_config`) for `export --names hf`.
 std::optional<std::string> load_init_from(Model& model, config::Section& model_cfg, const config::InitFrom& f, bool speaks);
+
+// Before the model is built: with names: hf and a config.json beside the weights, the shape keys
+// `model_cfg` leaves unset are taken from it (the family's HfConfigCodec::fill, as from_pretrained
+// does), so the model is built to fit the checkpoint and the resolved config records them; the keys
+// that are set are checked by load_init_from. Returns the keys taken. Throws config::ConfigError
+// naming model.init_from.path for a config.json that cannot be read or parsed.
+std::vector<std::string> fill_from_hf_config(config::Section& model_cfg, const config::InitFrom& f);
 
 }  // namespace strobe

@@ -29,6 +29,7 @@ class ClassificationTask : public Module {
         metric_names_(std::move(metrics)), average_(average), fused_loss_(std::move(fused_loss)) {}
 
   torch::nn::Module& net() override { return *model_; }
+  std::vector<std::string> batch_keys() const override { return {"label"}; }
 
   // In fp32 whatever the logits' dtype (what autocast does for these ops; bf16-master logits are bf16).
   torch::Tensor loss(const torch::Tensor& logits_in, const torch::Tensor& y) const {

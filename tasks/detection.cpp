@@ -20,6 +20,7 @@ class DetectionTask : public Module {
   DetectionTask(std::shared_ptr<Model> model, std::string impl) : model_(std::move(model)), impl_(std::move(impl)) {}
 
   torch::nn::Module& net() override { return *model_; }
+  std::vector<std::string> batch_keys() const override { return {"boxes"}; }
 
   // Mean GIoU of valid rows (the op's and the seed's loss_with_padding value).
   torch::Tensor mean_giou(const torch::Tensor& pred, const torch::Tensor& target) const {

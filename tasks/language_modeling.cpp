@@ -30,6 +30,7 @@ class LanguageModelingTask : public Module {
       : model_(std::move(model)), fused_loss_(std::move(fused_loss)), fused_linear_(std::move(fused_linear)) {}
 
   torch::nn::Module& net() override { return *model_; }
+  std::vector<std::string> batch_keys() const override { return {"targets"}; }
 
   torch::Tensor loss(const torch::Tensor& logits, const torch::Tensor& targets) const {
     ModuleScope scope("task.loss");

@@ -40,6 +40,12 @@ struct DataInfo {
   std::string vocab_size_key;
   int64_t max_seq_len = 0;  // sequences are at most this long
   std::string max_seq_len_key;
+  // Where vocab_size comes from when no key of the data sets it, for messages: e.g. "the largest
+  // token id in train.bin is 50256" (vocab_size is then that id + 1).
+  std::string vocab_size_source;
+  // The keys every batch carries ({"tokens", "targets"}, {"image", "label"}); empty: not declared.
+  // The model's and the task's batch_keys() are checked against them before the first step.
+  std::vector<std::string> batch_keys;
 };
 
 class DataModule {

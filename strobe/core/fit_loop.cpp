@@ -5,12 +5,14 @@
 #include <torch/torch.h>
 
 #include "strobe/checkpoint/checkpoint_io.h"
+#include "strobe/config/config.h"
 #include "strobe/core/fault_points.h"
 #include "strobe/core/loops.h"
 #include "strobe/core/optim.h"
 #include "strobe/core/signals.h"
 #include "strobe/core/step_runner.h"
 #include "strobe/core/trainer_view.h"
+#include "strobe/data/data_error.h"
 #include "strobe/data/loader.h"
 #include "strobe/distributed/strategy.h"
 #include "strobe/logging/log_collector.h"
@@ -32,15 +34,25 @@ void FitLoop::setup(std::shared_ptr<data::DataLoader> loader) {
   loader_ = std::move(loader);
   loader_->set_pin_memory(parts_.device.is_cuda());
   int64_t full = loader_->num_batches();
+  // Nothing to train on is refused before the first step, naming what left nothing.
+  if (full == 0)
+    throw data::DataError(fmt::format("the training set yields no batches ({} sample(s), batch_size {}{})",
+                                      loader_->dataset().size(), loader_->options().batch_size,
+                                      loader_->options().drop_last ? ", drop_last" : ""));
+  const char* limited_by = "trainer.limit_train_batches";
   int64_t n = c.limit_train_batches.resolve(full);
   if (c.overfit_batches.is_count ? c.overfit_batches.count > 0 : c.overfit_batches.fraction > 0.0) {
     n = c.overfit_batches.resolve(full);
+    limited_by = "trainer.overfit_batches";
     loader_->set_shuffle(false);
   }
   if (c.fast_dev_run > 0) n = std::min(full, c.fast_dev_run);
+  if (n == 0)
+    throw config::ConfigError(fmt::format("{}: leaves none of the {} training batches to train on (give a count >= 1 "
+                                          "or a fraction > 0)",
+                                          limited_by, full));
   loader_->set_limit_batches(n);
   num_batches_ = loader_->num_batches();
-  if (num_batches_ == 0) throw std::runtime_error("the training set yields no batches (check data and limit_train_batches)");
 }
 
 TrainerState FitLoop::saved_state() const {

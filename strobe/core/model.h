@@ -22,6 +22,9 @@ class Model : public torch::nn::Module {
   virtual torch::Tensor forward(const Batch& batch) = 0;
   // The task a model trains with when `task:` names none (e.g. resnet -> classification).
   virtual std::string default_task() const = 0;
+  // The batch keys forward() reads ({"tokens"}, {"image"}); empty: not declared. A run whose data
+  // declares its keys (DataInfo::batch_keys) and lacks one of these is refused before it starts.
+  virtual std::vector<std::string> batch_keys() const { return {}; }
   // Called once the trainer has moved the model to its device, before the optimizer sees the
   // parameters (and before bf16-master converts them): a model may change their memory layout there
   // (resnet: channels_last on CUDA under a reduced precision). `precision` is trainer.precision

@@ -45,6 +45,10 @@ class Module {
   virtual void test_step(const Batch& batch, int64_t batch_idx) { validation_step(batch, batch_idx); }
   virtual torch::Tensor predict_step(const Batch& batch, int64_t batch_idx);
 
+  // The batch keys the task reads besides its model's ({"label"}, {"targets"}); empty: not declared
+  // (checked as Model::batch_keys is).
+  virtual std::vector<std::string> batch_keys() const { return {}; }
+
   // Empty optimizer: the trainer builds one from the `optimizer:`/`scheduler:` config sections.
   virtual OptimizerSetup configure_optimizers() { return {}; }
 

@@ -93,6 +93,11 @@ struct HfConfigCodec {
   std::function<nlohmann::json(const YAML::Node& model)> write;
   // What the model cannot be given a checkpoint with this config.json for.
   std::function<HfConfigCheck(const nlohmann::json& config, const YAML::Node& model)> check;
+  // Writes into `model` (the `model:` section, before the model is built) every shape key it leaves
+  // unset, from config.json, as from_pretrained takes them (Hugging Face's defaults for what the file
+  // lacks); a field of the wrong JSON type is left for `check` to name. Returns the keys written.
+  // May be empty: every shape key is then the section's.
+  std::function<std::vector<std::string>(const nlohmann::json& config, YAML::Node model)> fill;
 };
 // Keyed by model family: STROBE_REGISTER(hf_config_registry(), "llama", llama_hf_config).
 FactoryTable<HfConfigCodec>& hf_config_registry();

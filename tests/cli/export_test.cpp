@@ -3,6 +3,7 @@
 // one line with exit 2. tests/python/test_safetensors.py loads an export in the safetensors package and
 // in torchvision's resnet18 (strict).
 #include <gtest/gtest.h>
+#include <yaml-cpp/yaml.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -210,6 +211,31 @@ TEST(CliExport, NamesHfWritesACheckpointDirectoryAndRefusesToWriteOverFiles) {
   EXPECT_NE(r.err.find(out + "/config.json: is a directory, not a regular file"), std::string::npos) << r.err;
   std::filesystem::remove(out + "/config.json");
   std::ofstream(out + "/config.json", std::ios::trunc) << config;
+
+  // The directory alone, with no shape key: the shape comes from its config.json (as from_pretrained
+  // takes it), the weights load strictly, and the run's config.yaml records the keys taken.
+  r = testing::strobe_cmd("fit -c " + testing::source_path("configs/cpu/llama_1b.yaml") + " --run-dir " + dir +
+                          "/from_config --set 'model={name: llama, attention: math, init_from: {path: " + out +
+                          ", names: hf}}' --set trainer.max_steps=1 --set trainer.enable_progress_bar=false");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const YAML::Node taken = YAML::LoadFile(dir + "/from_config/config.yaml")["model"];
+  EXPECT_EQ(taken["vocab_size"].as<int64_t>(), 512);
+  EXPECT_EQ(taken["embed_dim"].as<int64_t>(), 64);
+  EXPECT_EQ(taken["depth"].as<int64_t>(), 2);
+  EXPECT_EQ(taken["num_heads"].as<int64_t>(), 4);
+  EXPECT_EQ(taken["num_kv_heads"].as<int64_t>(), 2);
+  EXPECT_EQ(taken["ffn_dim"].as<int64_t>(), 256);
+  EXPECT_EQ(taken["max_seq_len"].as<int64_t>(), 64);
+  EXPECT_EQ(taken["rope_theta"].as<double>(), 500000.0);
+  EXPECT_EQ(taken["rope_scaling"]["factor"].as<double>(), 32.0);
+  EXPECT_EQ(taken["rope_scaling"]["original_max_position_embeddings"].as<int64_t>(), 16);
+  EXPECT_TRUE(taken["tie_embeddings"].as<bool>());
+  // A key that is set is the config's and is checked against the file as before.
+  r = testing::strobe_cmd("fit -c " + testing::source_path("configs/cpu/llama_1b.yaml") + " --run-dir " + dir +
+                          "/set_depth --set 'model={name: llama, depth: 3, init_from: {path: " + out +
+                          ", names: hf}}' --set trainer.max_steps=1");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("num_hidden_layers: 2 in config.json, model.depth: 3"), std::string::npos) << r.err;
 
   r = testing::strobe_cmd("export " + ckpt + " --names hf -o " + out);
   EXPECT_EQ(r.code, 2);

@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <sstream>
 #include <regex>
@@ -174,6 +176,48 @@ TEST(CliBadInput, DataThatDoesNotFitTheModelIsRefusedAtSetup) {
   r = strobe_cmd("fit -c " + lm + " --run-dir " + temp_dir("lm") + " --set model.vocab_size=100 --set data.max_seq_len=64");
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_NE(r.err.find("model.max_seq_len: 32 positions, but data.max_seq_len is 64"), std::string::npos) << r.err;
+}
+
+// A llama on data, a task or limits it cannot train on: refused before the first step (exit 2, one
+// line naming the key and the value), not at the first step with a low-level message.
+TEST(CliBadInput, ALlamaOnDataItCannotReadIsRefusedBeforeTheFirstStep) {
+  const std::string dir = temp_dir("llama-misfit");
+  const std::string cfg = write_config(
+      "name: l\ntrainer:\n  max_steps: 2\n  device: cpu\n  enable_progress_bar: false\nmodel:\n  name: llama\n"
+      "  vocab_size: 64\n  embed_dim: 32\n  depth: 1\n  num_heads: 2\n  max_seq_len: 16\ndata:\n  name: synthetic_tokens\n"
+      "  vocab_size: 64\n  max_seq_len: 16\n  num_samples: 16\n  batch_size: 4\n  num_workers: 0\n");
+  // A token file whose largest id (200) the model's 64-token vocabulary cannot embed, data.vocab_size unset.
+  const std::string tokens = dir + "/train.bin";
+  {
+    std::vector<uint16_t> ids(400);
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<uint16_t>(i % 50);
+    ids[123] = 200;
+    std::ofstream(tokens, std::ios::binary).write(reinterpret_cast<const char*>(ids.data()), ids.size() * 2);
+  }
+  struct Case {
+    std::string sets, expect;
+  } cases[] = {
+      {"--set 'data={name: synthetic_images, image_size: 8, channels: 1, num_classes: 4, num_samples: 8}'",
+       "model.name: 'llama' reads 'tokens' from each batch, but the batches of data 'synthetic_images' hold image, label\n"},
+      {"--set task.name=classification",
+       "--set task.name=classification: task.name: task 'classification' reads 'label' from each batch, but the batches of "
+       "data 'synthetic_tokens' hold tokens, targets\n"},
+      {"--set 'data={name: token_file, path: " + tokens + ", max_seq_len: 16, num_workers: 0}'",
+       "model.vocab_size: 64 tokens, but the largest token id in " + tokens + " is 200 (token ids up to 200 would be out of range)\n"},
+      {"--set trainer.limit_train_batches=0",
+       "strobe: config error: trainer.limit_train_batches: leaves none of the 4 training batches to train on (give a count >= 1 "
+       "or a fraction > 0)\n"},
+  };
+  for (const auto& c : cases) {
+    const std::string run_dir = dir + "/run";
+    auto r = strobe_cmd("fit -c " + cfg + " --run-dir " + run_dir + " " + c.sets);
+    EXPECT_EQ(r.code, 2) << c.sets << "\n" << r.err;
+    EXPECT_NE(r.err.find(c.expect), std::string::npos) << c.sets << "\n" << r.err;
+    EXPECT_EQ(r.err.rfind("strobe: config error: ", 0), 0u) << r.err;
+    EXPECT_EQ(count_lines(r.err), 1) << r.err;
+    EXPECT_FALSE(std::filesystem::exists(run_dir + "/config.yaml")) << c.sets << ": the run started";
+    std::filesystem::remove_all(run_dir);
+  }
 }
 
 TEST(CliBadInput, ABatchThatCannotFitInMemoryIsRefusedAtSetup) {

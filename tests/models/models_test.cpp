@@ -183,6 +183,33 @@ TEST(DecoderLM, RightPaddedBatchesRunWithoutTheMask) {
   }
 }
 
+// The llama with attention: custom on our padded collates: they declare right padding, so no mask
+// reaches the kernel and the losses equal the packed ones; a padded batch without the declaration (a
+// collate of one's own) needs the mask, which custom refuses, saying to pack.
+TEST(Llama, CustomAttentionTakesRightPaddedBatchesAndRefusesAMask) {
+  torch::manual_seed(6);
+  const std::string base = "{name: llama, vocab_size: 50, max_seq_len: 16, embed_dim: 32, depth: 1, num_heads: 4, "
+                           "num_kv_heads: 2, attention: ";
+  auto math = build_model(base + "math}");
+  auto custom = build_model(base + "custom}");
+  testing::copy_weights(*math, *custom);
+  auto samples = token_samples({3, 7, 1, 12}, 50);
+  auto padded = data::collate_tokens_padded(samples, 16);
+  auto packed = data::collate_tokens_packed(samples);
+  EXPECT_NEAR(lm_loss(custom->forward(padded), padded.at("targets")).item<double>(),
+              lm_loss(math->forward(packed), packed.at("targets")).item<double>(), 1e-5);
+  auto undeclared = padded;
+  undeclared.meta.erase("right_padded");
+  try {
+    custom->forward(undeclared);
+    ADD_FAILURE() << "custom attention took a key-padding mask";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("custom takes no key padding mask; pack the batch instead (data.collate: pack)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(DecoderLM, PackedCustomMatchesMathOnCpu) {
   torch::manual_seed(4);
   const std::string base = "{name: decoder_lm, vocab_size: 50, max_seq_len: 16, embed_dim: 32, depth: 2, num_heads: 4, attention: ";

@@ -1,9 +1,10 @@
 """examples/custom_model built by a user against the installed package, and everything the README and
 docs/EXTENDING.md say it does.
 
-- `scripts/build_example.sh` installs the build into a temporary prefix and builds a copy of the
-  example outside the source tree with find_package(Strobe) alone: its build files name no path of
-  the source tree (the example's own copy aside).
+- The steps of docs/EXTENDING.md "Your own project" run as written (read from the page): a copy of
+  the example outside the source tree, configured with the prefix alone, built, and trained from its
+  folder with `strobe fit -c spirals.yaml`; its build files name no path of the source tree.
+  `scripts/build_example.sh` then installs into that prefix and builds the same copy again.
 - The installed `strobe` trains the plugin's model, task, metric, data module and callback (spirals:
   validation accuracy >= 0.9 after the example's 144 steps).
 - Stopped at step 50 and resumed, the run ends with the weights of the straight run, bit for bit (both
@@ -60,19 +61,45 @@ def replay(strobe, run_dir, report):
     return r, rep, rep.get("first_nonfinite") or {}
 
 
+def documented_steps():
+    """The shell block of docs/EXTENDING.md "Your own project", as its lines."""
+    with open(os.path.join(SRC, "docs", "EXTENDING.md")) as f:
+        page = f.read()
+    section = page.split("## Your own project", 1)[1]
+    return section.split("```sh\n", 1)[1].split("```", 1)[0].strip().splitlines()
+
+
 def main():
     tmp = tempfile.mkdtemp(prefix="strobe-example-")
-    project = os.path.join(tmp, "project")
-    shutil.copytree(os.path.join(SRC, "examples", "custom_model"), project)
-    prefix, out = os.path.join(tmp, "prefix"), os.path.join(tmp, "build")
-    env = dict(os.environ, STROBE_BUILD_DIR=BUILD)
-    r = run(["bash", os.path.join(SRC, "scripts", "build_example.sh"), prefix, project, out], env=env)
-    if not check(r.returncode == 0, f"build_example.sh failed:\n{r.stdout}{r.stderr}"):
+    project = os.path.join(tmp, "spirals")
+    prefix = os.path.join(tmp, "prefix")
+    r = run(["cmake", "--install", BUILD, "--prefix", prefix])
+    if not check(r.returncode == 0, f"cmake --install failed:\n{r.stdout}{r.stderr}"):
         return finish(tmp)
-    with open(os.path.join(out, "build.ninja")) as f:
-        ninja = f.read()
-    check(SRC + "/" not in ninja.replace(project, "<project>"),
+    # The page's steps as written: the copy from the source tree's example into a folder of one's own
+    # (the page's ~/spirals), the build with the prefix alone, the first training run.
+    steps = documented_steps()
+    check(len(steps) == 5 and steps[0] == "cp -r examples/custom_model ~/spirals" and steps[1] == "cd ~/spirals",
+          f"the page's steps changed: {steps}")
+    script = "set -e\n" + "\n".join(steps).replace("~/spirals", project)
+    env = dict(os.environ, STROBE_PREFIX=prefix)
+    r = run(["bash", "-c", script], cwd=SRC, env=env)
+    if not check(r.returncode == 0, f"the steps of docs/EXTENDING.md failed (exit {r.returncode}):\n{r.stdout}{r.stderr}"):
+        return finish(tmp)
+    first = [l for l in r.stdout.splitlines() if "final metrics" in l]
+    check(bool(first) and "val/acc=" in first[0], f"the documented fit: {r.stdout}")
+    out = os.path.join(project, "build")
+    with open(os.path.join(out, "CMakeCache.txt")) as f:
+        cache = f.read()
+    generated = cache + "".join(open(os.path.join(d, n), errors="replace").read()
+                                for d, _, names in os.walk(os.path.join(out, "CMakeFiles"))
+                                for n in names if n in ("build.make", "flags.make", "link.txt"))
+    check(SRC + "/" not in generated.replace(project, "<project>"),
           "the example's build names a path of the source tree: it must need the installed prefix alone")
+    # scripts/build_example.sh (the README's route): installs again and builds the same copy.
+    r = run(["bash", os.path.join(SRC, "scripts", "build_example.sh"), prefix, project],
+            env=dict(os.environ, STROBE_BUILD_DIR=BUILD))
+    check(r.returncode == 0, f"build_example.sh failed:\n{r.stdout}{r.stderr}")
 
     strobe = os.path.join(prefix, "bin", "strobe")
     plugin = os.path.join(out, "libstrobe_example.so")

@@ -52,6 +52,7 @@ class FocalTask : public strobe::Module {
   FocalTask(std::shared_ptr<strobe::Model> model, double gamma) : model_(std::move(model)), gamma_(gamma) {}
 
   torch::nn::Module& net() override { return *model_; }
+  std::vector<std::string> batch_keys() const override { return {"label"}; }
 
   // In fp32 whatever the logits' dtype. ModuleScope names the region for `strobe replay`.
   torch::Tensor loss(const torch::Tensor& logits, const torch::Tensor& labels) const {

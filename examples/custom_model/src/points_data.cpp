@@ -103,6 +103,7 @@ std::shared_ptr<strobe::DataModule> make_points_data(strobe::config::Section& cf
   auto dm = std::make_shared<strobe::DatasetDataModule>(train, val, val, strobe::data::stack_collate, loader);
   strobe::DataInfo info;  // checked against the model's num_classes before training
   info.num_classes = points->classes;
+  info.batch_keys = {"point", "label"};
   dm->set_info(info);
   return dm;
 }

@@ -73,6 +73,7 @@ class SpiralNet : public strobe::Model {
     return head_->forward(h);
   }
   std::string default_task() const override { return "example_focal"; }
+  std::vector<std::string> batch_keys() const override { return {"point"}; }
 
  private:
   RadialFeatures radial_{nullptr};
