@@ -21,6 +21,9 @@ std::vector<std::string> cheap_sizes(const std::string& yaml) {
   if (yaml.find("name: face_detector") != std::string::npos) sets.push_back("model.hidden_dim=64");
   if (yaml.find("name: vit") != std::string::npos || yaml.find("name: decoder_lm") != std::string::npos)
     for (const char* s : {"model.embed_dim=64", "model.depth=1", "model.num_heads=2"}) sets.push_back(s);
+  if (yaml.find("name: llama") != std::string::npos)  // (grouped K/V kept: 2 query heads per K/V head)
+    for (const char* s : {"model.embed_dim=64", "model.depth=1", "model.num_heads=4", "model.num_kv_heads=2", "model.ffn_dim=128"})
+      sets.push_back(s);
   if (yaml.find("num_classes: 1000") != std::string::npos)
     for (const char* s : {"model.num_classes=10", "data.num_classes=10"}) sets.push_back(s);
   return sets;

@@ -86,7 +86,9 @@ def check_headers(prefix):
 
 def configure(consumer, build_dir, prefix):
     torch_prefix = cache("CMAKE_PREFIX_PATH")
-    return run(["cmake", "-S", consumer, "-B", build_dir, "-G", cache("CMAKE_GENERATOR") or "Ninja",
+    # The compiles shared with earlier runs of this test (ccache, paths taken from the temporary folder).
+    launcher = ["-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"] if shutil.which("ccache") else []
+    return run(["cmake", "-S", consumer, "-B", build_dir, "-G", cache("CMAKE_GENERATOR") or "Ninja", *launcher,
                 f"-DCMAKE_CXX_COMPILER={cache('CMAKE_CXX_COMPILER')}", f"-DCMAKE_PREFIX_PATH={prefix};{torch_prefix}",
                 "-DCMAKE_BUILD_TYPE=Release", "-DCMAKE_EXPORT_COMPILE_COMMANDS=ON",
                 # Ubuntu's GCC links --as-needed by default, which drops a linked plugin no symbol of
@@ -99,6 +101,7 @@ def main():
         print(f"test_install: {BUILD} has no lib/libstrobe.so: build it first")
         return 1
     with tempfile.TemporaryDirectory(prefix="strobe-install-") as tmp:
+        os.environ["CCACHE_BASEDIR"] = tmp
         prefix = os.path.join(tmp, "prefix")
         r = run(["cmake", "--install", BUILD, "--prefix", prefix])
         if r.returncode != 0:

@@ -8,6 +8,10 @@ only if the library was not built. Run: STROBE_BUILD_DIR=build python tests/pyth
 import os
 import sys
 
+# Inductor's compiled kernels are kept between runs (scripts/test.sh gives every run a fresh TMPDIR,
+# where inductor would otherwise cache them and compile each one again).
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "strobe", "torchinductor"))
+
 import torch
 
 LIB = os.path.join(os.environ.get("STROBE_BUILD_DIR", "build"), "lib", "libstrobe_ops.so")
