@@ -148,19 +148,22 @@ std::shared_ptr<DataModule> make_token_file(config::Section& cfg, const DataCont
   // before the first step even when data.vocab_size is unset.
   uint32_t largest = 0;
   std::string largest_in;
+  auto note_largest = [&](const std::string& p, uint32_t file_largest) {
+    if (largest_in.empty() || file_largest > largest) largest = file_largest, largest_in = p;
+  };
   auto split = [&](const std::string& p, double fraction) -> std::pair<std::shared_ptr<Dataset>, std::shared_ptr<Dataset>> {
     auto m = std::make_shared<const MappedTokens>(p, width);
     uint32_t file_largest = 0;
     if (l.documents) {
       auto pieces = cut_documents(*m, l, vocab, file_largest);
-      if (largest_in.empty() || file_largest > largest) largest = file_largest, largest_in = p;
+      note_largest(p, file_largest);
       if (pieces.empty()) throw DataError(fmt::format("{}: no document of two tokens or more", p));
       const auto n_val = static_cast<int64_t>(static_cast<double>(pieces.size()) * fraction);
       std::vector<std::pair<int64_t, int64_t>> a(pieces.begin(), pieces.end() - n_val), b(pieces.end() - n_val, pieces.end());
       return {std::make_shared<TokenSamples>(m, std::move(a)), n_val ? std::make_shared<TokenSamples>(m, std::move(b)) : nullptr};
     }
     cut_documents(*m, Layout{false, l.max_len, l.eot}, vocab, file_largest);  // the vocabulary checks only
-    if (largest_in.empty() || file_largest > largest) largest = file_largest, largest_in = p;
+    note_largest(p, file_largest);
     const int64_t windows = (m->size() - 1) / l.max_len;
     if (windows < 1) throw DataError(fmt::format("{}: {} tokens is less than one window of max_seq_len + 1 = {}", p, m->size(), l.max_len + 1));
     const auto n_val = static_cast<int64_t>(static_cast<double>(windows) * fraction);

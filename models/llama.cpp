@@ -315,6 +315,21 @@ nlohmann::json llama_hf_config_json(const YAML::Node& m) {
   return c;
 }
 
+// The rotary settings of a config.json in either spelling: rope_parameters (transformers 5) or
+// rope_scaling (the hub's checkpoints), with rope_theta at the top level or among them.
+struct HfRope {
+  nlohmann::json params;  // an object, empty when neither is
+  nlohmann::json theta;
+};
+HfRope hf_rope(const nlohmann::json& c) {
+  HfRope r;
+  r.params = c.contains("rope_parameters") && c["rope_parameters"].is_object() ? c["rope_parameters"]
+             : c.contains("rope_scaling") && c["rope_scaling"].is_object()     ? c["rope_scaling"]
+                                                                              : nlohmann::json::object();
+  r.theta = c.contains("rope_theta") ? c["rope_theta"] : r.params.value("rope_theta", nlohmann::json(10000.0));
+  return r;
+}
+
 // What a LlamaForCausalLM config.json must agree on with the model. Both spellings of the rotary
 // settings are read: rope_theta + rope_scaling (the hub's checkpoints) and rope_parameters
 // (transformers 5). max_position_embeddings only bounds max_seq_len: a shorter context is normal.
@@ -379,10 +394,7 @@ HfConfigCheck llama_hf_config_check(const nlohmann::json& c, const YAML::Node& m
                                          "(a separate head_dim is not implemented)",
                                          c["head_dim"].dump(), dim / heads));
   real("rms_norm_eps", c.value("rms_norm_eps", nlohmann::json(1e-6)), "norm_eps", m["norm_eps"].as<double>());
-  const nlohmann::json params = c.contains("rope_parameters") && c["rope_parameters"].is_object() ? c["rope_parameters"]
-                                : c.contains("rope_scaling") && c["rope_scaling"].is_object()   ? c["rope_scaling"]
-                                                                                                : nlohmann::json::object();
-  const nlohmann::json theta = c.contains("rope_theta") ? c["rope_theta"] : params.value("rope_theta", nlohmann::json(10000.0));
+  const auto [params, theta] = hf_rope(c);
   real("rope_theta", theta, "rope_theta", m["rope_theta"].as<double>());
   const std::string rope_type = text(params, "rope_scaling.", "rope_type", text(params, "rope_scaling.", "type", "default"));
   const YAML::Node rs = m["rope_scaling"];
@@ -435,10 +447,7 @@ std::vector<std::string> llama_hf_config_fill(const nlohmann::json& c, YAML::Nod
   integer("max_position_embeddings", "max_seq_len");
   const nlohmann::json eps = c.value("rms_norm_eps", nlohmann::json(1e-6));
   if (unset("norm_eps") && eps.is_number()) put("norm_eps", eps.get<double>());
-  const nlohmann::json params = c.contains("rope_parameters") && c["rope_parameters"].is_object() ? c["rope_parameters"]
-                                : c.contains("rope_scaling") && c["rope_scaling"].is_object()   ? c["rope_scaling"]
-                                                                                                : nlohmann::json::object();
-  const nlohmann::json theta = c.contains("rope_theta") ? c["rope_theta"] : params.value("rope_theta", nlohmann::json(10000.0));
+  const auto [params, theta] = hf_rope(c);
   if (unset("rope_theta") && theta.is_number()) put("rope_theta", theta.get<double>());
   const nlohmann::json type = params.contains("rope_type") ? params["rope_type"] : params.value("type", nlohmann::json("default"));
   if (unset("rope_scaling") && type == "llama3") {

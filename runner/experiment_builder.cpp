@@ -168,8 +168,7 @@ void check_data_fits_model(config::Section& model, const std::string& data_name,
                                           data_says(data_name, d.max_seq_len_key, d.max_seq_len, "positions")));
 }
 
-static void check_batch_keys(config::Experiment& exp, const DataInfo& d, const Model& model, const Module& task,
-                      const std::string& task_name) {
+static void check_batch_keys(config::Experiment& exp, const DataInfo& d, const Model& model, const Module& task) {
   if (d.batch_keys.empty()) return;  // a data module that does not declare its keys
   auto lacking = [&](const std::vector<std::string>& wanted) -> std::string {
     for (const auto& k : wanted)
@@ -182,9 +181,11 @@ static void check_batch_keys(config::Experiment& exp, const DataInfo& d, const M
     exp.model.fail("name", fmt::format("'{}' reads '{}' from each batch, but the batches of data '{}' hold {}",
                                        exp.model.node()["name"].Scalar(), k, data_name, gives));
   if (const std::string k = lacking(task.batch_keys()); !k.empty()) {
+    const bool named = exp.task.has("name");
     const std::string what = fmt::format("task '{}' reads '{}' from each batch, but the batches of data '{}' hold {}",
-                                         task_name, k, data_name, gives);
-    if (exp.task.has("name")) exp.task.fail("name", what);
+                                         named ? exp.task.node()["name"].Scalar() : model.default_task(), k,
+                                         data_name, gives);
+    if (named) exp.task.fail("name", what);
     exp.model.fail("name", what + " (the model's default task; set task.name)");
   }
 }
@@ -251,8 +252,7 @@ std::unique_ptr<Run> build_run(config::Document& doc, const RunOptions& options)
     }
   }
   run->module = task_registry().create(exp.task, model->default_task(), model);
-  check_batch_keys(exp, run->datamodule->info(), *model, *run->module,
-                   exp.task.has("name") ? exp.task.node()["name"].Scalar() : model->default_task());
+  check_batch_keys(exp, run->datamodule->info(), *model, *run->module);
 
   bool has_progress = false, has_checkpoint = false;
   for (auto& section : exp.callbacks) {

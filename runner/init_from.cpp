@@ -54,6 +54,19 @@ std::string names_hint(const std::string& names, const std::string& family, cons
                             : fmt::format("model '{}' has no Hugging Face name set (names: hf)", family));
 }
 
+// A JSON file beside the weights; one that cannot be read or does not parse is a config error naming
+// it under model.init_from.path.
+nlohmann::json read_json(const config::Section& init, const std::filesystem::path& path, const char* what) {
+  try {
+    const checkpoint::MappedFile file(path.string());  // a FIFO or a device is refused, never waited on
+    return nlohmann::json::parse(file.data(), file.data() + file.size());
+  } catch (const checkpoint::CheckpointError& e) {
+    init.fail("path", e.what());
+  } catch (const std::exception& e) {
+    init.fail("path", fmt::format("{}: {}: {}", path.string(), what, e.what()));
+  }
+}
+
 }  // namespace
 
 
@@ -66,16 +79,7 @@ std::vector<std::string> fill_from_hf_config(config::Section& model_cfg, const c
   const fs::path path = fs::path(f.path) / "config.json";
   if (!fs::exists(path, ec)) return {};
   config::Section init = model_cfg.child("init_from");
-  nlohmann::json source;
-  try {
-    const checkpoint::MappedFile file(path.string());
-    source = nlohmann::json::parse(file.data(), file.data() + file.size());
-  } catch (const checkpoint::CheckpointError& e) {
-    init.fail("path", e.what());
-  } catch (const std::exception& e) {
-    init.fail("path", fmt::format("{}: not valid JSON: {}", path.string(), e.what()));
-  }
-  return codec->fill(source, model_cfg.node());
+  return codec->fill(read_json(init, path, "not valid JSON"), model_cfg.node());
 }
 
 std::optional<std::string> load_init_from(Model& model, config::Section& model_cfg, const config::InitFrom& f, bool speaks) {
@@ -94,24 +98,13 @@ std::optional<std::string> load_init_from(Model& model, config::Section& model_c
   std::map<std::string, std::string> indexed;  // a shard index's tensor -> the shard file it names
   fs::path dir;
   std::error_code ec;
-  // A JSON file beside the weights; one that does not parse is a config error naming it.
-  auto read_json = [&](const fs::path& path, const char* what) {
-    try {
-      const checkpoint::MappedFile file(path.string());  // a FIFO or a device is refused, never waited on
-      return nlohmann::json::parse(file.data(), file.data() + file.size());
-    } catch (const checkpoint::CheckpointError& e) {
-      init.fail("path", e.what());
-    } catch (const std::exception& e) {
-      init.fail("path", fmt::format("{}: {}: {}", path.string(), what, e.what()));
-    }
-  };
   if (fs::is_directory(f.path, ec)) {
     dir = f.path;
     const fs::path single = dir / "model.safetensors", index = dir / "model.safetensors.index.json";
     if (fs::exists(single, ec)) {
       files.push_back(single.string());
     } else if (fs::exists(index, ec)) {
-      const nlohmann::json idx = read_json(index, "not a valid shard index");
+      const nlohmann::json idx = read_json(init, index, "not a valid shard index");
       if (!idx.contains("weight_map") || !idx.at("weight_map").is_object())
         init.fail("path", fmt::format("{}: has no weight_map", index.string()));
       std::set<std::string> shards;
@@ -165,7 +158,7 @@ std::optional<std::string> load_init_from(Model& model, config::Section& model_c
   if (const HfConfigCodec* codec = f.names == "hf" ? hf_config_registry().find(family) : nullptr) {
     const fs::path config = dir / "config.json";
     if (fs::exists(config, ec)) {
-      const nlohmann::json source = read_json(config, "not valid JSON");
+      const nlohmann::json source = read_json(init, config, "not valid JSON");
       const HfConfigCheck c = codec->check(source, model_cfg.node());
       if (!c.mismatches.empty()) {
         std::string all;

@@ -107,9 +107,10 @@ void Trainer::log_host_at(int64_t step, int64_t epoch, const std::vector<std::pa
   collector_->emit_host(step, epoch, values);
 }
 
-void Trainer::setup_common(Stage stage) {
+void Trainer::setup_common(Stage stage, std::optional<checkpoint::CheckpointData> weights) {
   datamodule_->setup(stage);
   each([&](Callback& cb) { cb.setup(*this, *module_, stage); });
+  if (weights) load_weights(*weights);  // and let them go on return
 }
 
 void Trainer::setup_fit() {
@@ -239,36 +240,20 @@ std::optional<double> Trainer::rank0_value(std::optional<double> value) {
   return std::stod(s);
 }
 
-int Trainer::validate(std::optional<checkpoint::CheckpointData> weights) {
-  setup_common(Stage::Validate);
-  if (weights) {
-    load_weights(*weights);
-    weights.reset();
-  }
-  eval_loop_->run(Stage::Validate, -1, false);
-  each([&](Callback& cb) { cb.teardown(*this, *module_, Stage::Validate); });
-  strategy_->shutdown();
-  return kExitOk;
-}
+int Trainer::validate(std::optional<checkpoint::CheckpointData> weights) { return evaluate(Stage::Validate, std::move(weights)); }
 
-int Trainer::test(std::optional<checkpoint::CheckpointData> weights) {
-  setup_common(Stage::Test);
-  if (weights) {
-    load_weights(*weights);
-    weights.reset();
-  }
-  eval_loop_->run(Stage::Test, -1, false);
-  each([&](Callback& cb) { cb.teardown(*this, *module_, Stage::Test); });
+int Trainer::test(std::optional<checkpoint::CheckpointData> weights) { return evaluate(Stage::Test, std::move(weights)); }
+
+int Trainer::evaluate(Stage stage, std::optional<checkpoint::CheckpointData> weights) {
+  setup_common(stage, std::move(weights));
+  eval_loop_->run(stage, -1, false);
+  each([&](Callback& cb) { cb.teardown(*this, *module_, stage); });
   strategy_->shutdown();
   return kExitOk;
 }
 
 std::vector<torch::Tensor> Trainer::predict(std::optional<checkpoint::CheckpointData> weights) {
-  setup_common(Stage::Predict);
-  if (weights) {
-    load_weights(*weights);
-    weights.reset();
-  }
+  setup_common(Stage::Predict, std::move(weights));
   return predict_loop_->run();
 }
 

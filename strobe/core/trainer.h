@@ -176,7 +176,9 @@ class Trainer : private TrainerView, private StepAccess {
   const StepPipeline& step_pipeline() const override;
   checkpoint::CheckpointData make_checkpoint_at(const StepStart& start) override;
 
-  void setup_common(Stage stage);
+  // The data and the callbacks set up for `stage`; with `weights`, those loaded (load_weights).
+  void setup_common(Stage stage, std::optional<checkpoint::CheckpointData> weights = std::nullopt);
+  int evaluate(Stage stage, std::optional<checkpoint::CheckpointData> weights);  // validate, test
   // fit's parts, once: the training loader, the optimizer and scheduler, the step pipeline, the
   // runners and their state entries.
   void setup_fit();

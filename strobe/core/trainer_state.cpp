@@ -36,6 +36,22 @@ std::string archive_to_string(torch::serialize::OutputArchive& a) {
   return os.str();
 }
 
+// A generator's state and its restore, under the generator's lock. `device` -1: the CPU's.
+at::Generator generator(int device) {
+  return device < 0 ? at::detail::getDefaultCPUGenerator()
+                    : at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(device)));
+}
+torch::Tensor generator_state(int device) {
+  at::Generator gen = generator(device);
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get_state();
+}
+void set_generator_state(int device, const torch::Tensor& state) {
+  at::Generator gen = generator(device);
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state);
+}
+
 }  // namespace
 
 std::string serialize_loop_state(const TrainerState& state) {
@@ -57,18 +73,10 @@ TrainerState parse_loop_state(const std::string& blob) {
 
 RngSnapshot snapshot_rng(bool cuda) {
   RngSnapshot r;
-  {
-    at::Generator cpu = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(cpu.mutex());
-    r.cpu = cpu.get_state();
-  }
-  if (cuda) {
-    for (size_t i = 0; i < torch::cuda::device_count(); ++i) {
-      at::Generator gen = at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(i)));
-      std::lock_guard<std::mutex> lock(gen.mutex());
-      r.cuda.emplace_back(static_cast<int>(i), gen.get_state());
-    }
-  }
+  r.cpu = generator_state(-1);
+  if (cuda)
+    for (size_t i = 0; i < torch::cuda::device_count(); ++i)
+      r.cuda.emplace_back(static_cast<int>(i), generator_state(static_cast<int>(i)));
   return r;
 }
 
@@ -121,11 +129,7 @@ void RngState::save(checkpoint::CheckpointData& d, const StepStart* at) {
   }
   // Data parallel: this process's CPU generator and its own GPU's, gathered from every rank.
   std::map<std::string, torch::Tensor> mine{{"cpu", snapshot_rng(false).cpu}};
-  if (device_.is_cuda()) {
-    at::Generator gen = at::globalContext().defaultGenerator(device_);
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    mine["cuda"] = gen.get_state();
-  }
+  if (device_.is_cuda()) mine["cuda"] = generator_state(device_.index());
   torch::serialize::OutputArchive a;
   for (auto& [k, t] : mine) a.write(k, t);
   auto all = strategy_.gather_strings(archive_to_string(a));
@@ -145,32 +149,17 @@ void RngState::save(checkpoint::CheckpointData& d, const StepStart* at) {
 void RngState::load(const checkpoint::CheckpointData& d) {
   const std::string own = fmt::format("rng/rank{}/", rank_);
   if (world_size_ > 1 && d.tensors.count(own + "cpu")) {
-    {
-      at::Generator cpu = at::detail::getDefaultCPUGenerator();
-      std::lock_guard<std::mutex> lock(cpu.mutex());
-      cpu.set_state(d.tensor(own + "cpu"));
-    }
-    if (device_.is_cuda() && d.tensors.count(own + "cuda")) {
-      at::Generator gen = at::globalContext().defaultGenerator(device_);
-      std::lock_guard<std::mutex> lock(gen.mutex());
-      gen.set_state(d.tensor(own + "cuda"));
-    }
+    set_generator_state(-1, d.tensor(own + "cpu"));
+    if (device_.is_cuda() && d.tensors.count(own + "cuda")) set_generator_state(device_.index(), d.tensor(own + "cuda"));
     return;
   }
-  {
-    at::Generator cpu = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(cpu.mutex());
-    cpu.set_state(d.tensor("rng/cpu"));
-  }
+  set_generator_state(-1, d.tensor("rng/cpu"));
   if (torch::cuda::is_available()) {
     for (size_t i = 0; i < torch::cuda::device_count(); ++i) {
       // Data parallel (a checkpoint without per-rank states): only this rank's own GPU.
       if (world_size_ > 1 && static_cast<c10::DeviceIndex>(i) != device_.index()) continue;
       auto it = d.tensors.find(fmt::format("rng/cuda/{}", i));
-      if (it == d.tensors.end()) continue;
-      at::Generator gen = at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(i)));
-      std::lock_guard<std::mutex> lock(gen.mutex());
-      gen.set_state(it->second);
+      if (it != d.tensors.end()) set_generator_state(static_cast<int>(i), it->second);
     }
   }
 }
