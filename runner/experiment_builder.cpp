@@ -254,11 +254,12 @@ std::unique_ptr<Run> build_run(config::Document& doc, const RunOptions& options)
   run->module = task_registry().create(exp.task, model->default_task(), model);
   check_batch_keys(exp, run->datamodule->info(), *model, *run->module);
 
-  bool has_progress = false, has_checkpoint = false;
+  bool has_progress = false, has_checkpoint = false, has_summary = false;
   for (auto& section : exp.callbacks) {
     run->callbacks.push_back(callback_registry().create(section, ""));
     has_progress |= run->callbacks.back()->name() == "progress_bar";
     has_checkpoint |= run->callbacks.back()->name() == "model_checkpoint";
+    has_summary |= run->callbacks.back()->name() == "model_summary";
   }
   // As in Lightning: with checkpointing enabled and none configured, a default model_checkpoint
   // keeps last.ckpt (and the latest epoch's checkpoint).
@@ -266,6 +267,8 @@ std::unique_ptr<Run> build_run(config::Document& doc, const RunOptions& options)
     run->callbacks.push_back(default_callback("model_checkpoint"));
   if (exp.trainer.enable_progress_bar && !has_progress && options.stage == Stage::Fit)
     run->callbacks.push_back(default_callback("progress_bar"));
+  if (exp.trainer.enable_model_summary && !has_summary && options.stage == Stage::Fit)
+    run->callbacks.push_back(default_callback("model_summary"));
 
   // The strategy once every component is built (a config or data error is then refused on every
   // rank before any rendezvous, exit 2 without a word from the others): under torchrun / Slurm it is

@@ -77,6 +77,7 @@ nlohmann::json replay_capture(const std::string& path, const ReplayOptions& opti
   doc.apply_override("callbacks=[]");
   doc.apply_override("trainer.enable_checkpointing=false");
   doc.apply_override("trainer.enable_progress_bar=false");
+  doc.apply_override("trainer.enable_model_summary=false");
   doc.apply_override("trainer.device=" + device);
   doc.apply_override("trainer.cuda_graphs=false");  // the step runs eagerly, op by op, to be observed
   doc.apply_override("model.init_from=null");  // the capture's checkpoint holds the weights (the file may be gone)

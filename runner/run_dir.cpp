@@ -161,7 +161,7 @@ std::vector<std::string> RunDirClaim::run_files() const {
 void RunDirClaim::remove_run_files() const {
   std::error_code ec;
   const fs::path d(dir_);
-  for (const char* f : {"config.yaml", "metrics.csv"}) fs::remove(d / f, ec);
+  for (const char* f : {"config.yaml", "metrics.csv", "model_summary.txt"}) fs::remove(d / f, ec);
   for (const auto& e : fs::directory_iterator(d, ec))
     if (e.path().filename().string().rfind("events.out.tfevents.", 0) == 0) fs::remove(e.path(), ec);
   std::vector<fs::path> ckpts;

@@ -109,13 +109,14 @@ double decoder_flops_per_token(Module& m, const YAML::Node& model, int64_t seq_l
 nlohmann::json run_workload(const Workload& w, const SuiteOptions& o, int64_t warmup, int64_t steps) {
   const std::string path = find_config(w.config, o.source_dir);
   auto doc = config::Document::load_file(path);
-  // No validation, checkpoints, logs or progress bar: only training steps are timed. The caller's
+  // No validation, checkpoints, logs, model summary or progress bar: only training steps are timed. The caller's
   // --set come last and win.
   std::vector<std::string> sets = {fmt::format("trainer.max_steps={}", warmup + steps),
                                    "trainer.max_epochs=-1",
                                    "trainer.num_sanity_val_steps=0",
                                    "trainer.limit_val_batches=0",
                                    "trainer.enable_progress_bar=false",
+                                   "trainer.enable_model_summary=false",
                                    "trainer.enable_checkpointing=false",
                                    "logger.csv=false",
                                    "logger.tensorboard=false"};

@@ -45,6 +45,7 @@ struct TrainerConfig {
   std::string default_root_dir = "runs";
   bool enable_progress_bar = true;
   bool enable_checkpointing = true;
+  bool enable_model_summary = true;
   ProfilerConfig profiler;
   // Whole-step CUDA graphs (forward, backward, step pipeline, optimizer) replayed for batches of the
   // captured shape (docs/ARCHITECTURE.md "CUDA graphs"): false | true (or an error saying why not) |

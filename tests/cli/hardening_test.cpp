@@ -633,9 +633,11 @@ TEST(CliRunDir, ARunDirectoryHoldingARunIsRefusedUnlessResumedOrOverwritten) {
   EXPECT_NE(r.out.find("strobe fit: finished at step 36"), std::string::npos) << r.out;
   // --overwrite: the old run's files go, the user's stay.
   std::ofstream(d + "/notes.txt") << "mine\n";
-  r = strobe_cmd("fit -c " + cfg + " --run-dir " + d + " --overwrite --set trainer.max_steps=3");
+  ASSERT_TRUE(std::filesystem::exists(d + "/model_summary.txt"));
+  r = strobe_cmd("fit -c " + cfg + " --run-dir " + d + " --overwrite --set trainer.max_steps=3 --set trainer.enable_model_summary=false");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(slurp(d + "/notes.txt"), "mine\n");
+  EXPECT_FALSE(std::filesystem::exists(d + "/model_summary.txt")) << "the old run's summary stayed";
   EXPECT_EQ(files_in(d + "/checkpoints"), (std::vector<std::string>{"last.ckpt"}));
   EXPECT_EQ(read_csv(d + "/metrics.csv", "train/loss").rbegin()->first, 3);
   EXPECT_EQ(read_csv(d + "/metrics.csv", "train/loss").size(), 3u);

@@ -243,7 +243,7 @@ TEST(Config, UnknownKeyMadeBySetBlamesTheSet) {
                                             "name, optimizer, plugins, scheduler, seed, task, trainer)");
   EXPECT_EQ(error_of(kBase, {"trainer.bogus.x=3"}), "--set trainer.bogus.x=3: trainer.bogus: unknown key (known keys: "
                                                     "accumulate_grad_batches, check_val_every_n_epoch, cuda_graphs, default_root_dir, "
-                                                    "deterministic, device, dist_timeout, enable_checkpointing, enable_progress_bar, "
+                                                    "deterministic, device, dist_timeout, enable_checkpointing, enable_model_summary, enable_progress_bar, "
                                                     "fast_dev_run, gradient_clip_algorithm, gradient_clip_val, "
                                                     "limit_predict_batches, limit_test_batches, limit_train_batches, "
                                                     "limit_val_batches, log_every_n_steps, max_epochs, max_steps, max_time, "

@@ -24,7 +24,7 @@
 
 Usage: test_hf_llama.py (STROBE_SOURCE_DIR, STROBE_BUILD_DIR). Needs transformers and safetensors
 (scripts/setup.sh installs them): without them the test fails under CI (CI=true), else it is skipped."""
-import json, os, shutil, subprocess, sys, tempfile
+import json, os, re, shutil, subprocess, sys, tempfile
 
 BUILD = os.path.realpath(os.environ.get("STROBE_BUILD_DIR", "build"))
 STROBE = os.environ.get("STROBE_BIN", os.path.join(BUILD, "bin", "strobe"))
@@ -206,6 +206,8 @@ def main():
     r = fit(model_yaml(True, os.path.join(bare, "model.safetensors")), os.path.join(tmp, "run_bare"))
     check(r.returncode == 0 and "no config.json beside it: checked by names and shapes only" in r.stdout,
           f"the bare file: exit {r.returncode}: {r.stdout}{r.stderr}")
+    # The run's model summary counts the tied embedding and head once, as PyTorch's parameters() does.
+    check_summary(os.path.join(tmp, "run_bare"), hf_model(True, 1), "tied llama")
     wrong = os.path.join(tmp, "wrong")
     shutil.copytree(os.path.join(tmp, "hf_tied"), wrong)
     with open(os.path.join(wrong, "config.json")) as f:
@@ -220,6 +222,7 @@ def main():
     run = os.path.join(tmp, "run")
     r = fit(model_yaml(False, os.path.join(tmp, "hf_untied")), run)
     if check(r.returncode == 0 and "config.json agrees" in r.stdout, f"fit from the HF checkpoint: {r.stdout}{r.stderr}"):
+        check_summary(run, hf_model(False, 2), "untied llama")
         ckpt = os.path.join(run, "checkpoints", "last.ckpt")
         out_hf, out_strobe = os.path.join(tmp, "export_hf"), os.path.join(tmp, "export.safetensors")
         r1 = subprocess.run([STROBE, "export", ckpt, "--names", "hf", "-o", out_hf], capture_output=True, text=True)
@@ -254,6 +257,22 @@ def main():
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"test_hf_llama: transformers {transformers.__version__}; {'; '.join(compared)}; {len(failures)} failures")
     return 1 if failures else 0
+
+
+def check_summary(run, hf, what):
+    """model_summary.txt's totals are transformers' sum(p.numel()) over the same model's parameters."""
+    try:
+        with open(os.path.join(run, "model_summary.txt")) as f:
+            text = f.read()
+    except OSError as e:
+        check(False, f"{what}: no model summary: {e}")
+        return
+    want = sum(p.numel() for p in hf.parameters())
+    m = re.search(r"Total params: (\d+)\n", text)
+    t = re.search(r"Trainable params: (\d+)\n", text)
+    check(m is not None and int(m.group(1)) == want and t is not None and int(t.group(1)) == want,
+          f"{what}: model_summary.txt says {m and m.group(1)} total, {t and t.group(1)} trainable; transformers {want}")
+    compared.append(f"{what}: summary {want} parameters")
 
 
 def check_source_fields(loaded, out, what):

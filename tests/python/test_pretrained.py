@@ -12,7 +12,7 @@
   timm / torchvision and give Strobe's logits.
 timm, torchvision and safetensors are comparison packages scripts/setup.sh installs: without them
 this test is skipped (exit 77) on a developer machine and fails under CI (CI=true)."""
-import os, shutil, subprocess, sys, tempfile
+import os, re, shutil, subprocess, sys, tempfile
 
 BUILD = os.environ.get("STROBE_BUILD_DIR", "build")
 STROBE = os.environ.get("STROBE_BIN", os.path.join(BUILD, "bin", "strobe"))
@@ -166,6 +166,17 @@ optimizer: {{name: adamw, lr: 0.01}}
     return os.path.join(run, "checkpoints", "last.ckpt")
 
 
+def summary_matches(ckpt, net, tag):
+    """The run's model_summary.txt totals are `sum(p.numel())` of the same model in its library."""
+    with open(os.path.join(os.path.dirname(os.path.dirname(ckpt)), "model_summary.txt")) as f:
+        text = f.read()
+    want = sum(p.numel() for p in net.parameters())
+    got = [int(m.group(1)) if m else None for m in (re.search(rf"{k} params: (\d+)\n", text) for k in ("Total", "Trainable"))]
+    if check(got == [want, want] and "Non-trainable params: 0\n" in text,
+             f"{tag}: model_summary.txt says total/trainable {got}; {type(net).__module__} {want}"):
+        compared.append(f"{tag} summary: {want} parameters")
+
+
 def export(ckpt, names, tag):
     out = os.path.join(tmp, f"{tag}.{names}.safetensors".replace(" ", "_"))
     r = subprocess.run([STROBE, "export", ckpt, "-o", out, "--names", names], capture_output=True, text=True, timeout=600)
@@ -189,6 +200,9 @@ def exported_into(net, ckpt, names, model_yaml, images, tag):
 
 
 ckpt = fit(VIT_TOKEN, "vit_token", 32)
+summary_matches(ckpt, timm.models.vision_transformer.VisionTransformer(
+    img_size=32, patch_size=8, num_classes=10, embed_dim=64, depth=2, num_heads=4, class_token=True,
+    global_pool="token"), "strobe vit token vs timm")
 exported_into(timm.models.vision_transformer.VisionTransformer(
     img_size=32, patch_size=8, num_classes=10, embed_dim=64, depth=2, num_heads=4, class_token=True,
     global_pool="token"), ckpt, "timm", VIT_TOKEN, images32, "strobe vit token")
@@ -197,6 +211,9 @@ exported_into(torchvision.models.VisionTransformer(image_size=32, patch_size=8, 
               ckpt, "torchvision", VIT_TOKEN, images32, "strobe vit token")
 
 ckpt = fit(VIT_AVG, "vit_avg", 32)
+summary_matches(ckpt, timm.models.vision_transformer.VisionTransformer(
+    img_size=32, patch_size=8, num_classes=10, embed_dim=64, depth=2, num_heads=4, class_token=False,
+    global_pool="avg"), "strobe vit avg vs timm")
 exported_into(timm.models.vision_transformer.VisionTransformer(
     img_size=32, patch_size=8, num_classes=10, embed_dim=64, depth=2, num_heads=4, class_token=False,
     global_pool="avg"), ckpt, "timm", VIT_AVG, images32, "strobe vit avg")
@@ -205,6 +222,7 @@ check(r.returncode == 2 and "class token" in r.stderr and not os.path.exists(out
       f"export of an average-pooled vit with torchvision names: exit {r.returncode}, {r.stderr.strip()}")
 
 ckpt = fit(RESNET, "resnet18", 64)
+summary_matches(ckpt, torchvision.models.resnet18(num_classes=10), "strobe resnet18 vs torchvision")
 exported_into(torchvision.models.resnet18(num_classes=10), ckpt, "torchvision", RESNET, images64, "strobe resnet18")
 exported_into(timm.create_model("resnet18", pretrained=False, num_classes=10), ckpt, "timm", RESNET, images64,
               "strobe resnet18")

@@ -121,8 +121,8 @@ TEST(ResumeFixture, ANewCheckpointWritesExactlyTheDocumentedKeys) {
   for (const auto& kv : callbacks.items()) callback_keys.push_back(kv.key());
   EXPECT_EQ(callback_keys, (std::vector<std::string>{"early_stopping[monitor=val/loss,mode=min]",
                                                      "model_checkpoint[monitor=,mode=min]",
-                                                     "model_checkpoint[monitor=val/loss,mode=min]", "nan_capture",
-                                                     "save_config"}));
+                                                     "model_checkpoint[monitor=val/loss,mode=min]", "model_summary",
+                                                     "nan_capture", "save_config"}));
   // The earlier build's fixture: the same keys, and what a checkpoint taken inside an accumulation
   // window adds (the step's partial gradients and partial logged sums).
   std::vector<std::string> fixture;
