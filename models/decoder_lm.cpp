@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include "models/flops.h"
 #include "strobe/config/config.h"
 #include "strobe/ops/ops.h"
 #include "models/layers.h"
@@ -118,6 +119,11 @@ class DecoderLM : public Model {
 
   std::string default_task() const override { return "language_modeling"; }
   std::vector<std::string> batch_keys() const override { return {"tokens"}; }
+  // PaLM's count (models/flops.h).
+  double training_flops(const Batch& batch) const override {
+    if (matmul_params_ < 0) matmul_params_ = linear_weight_params(*this);
+    return decoder_training_flops(batch, matmul_params_, o_.depth, o_.embed_dim);
+  }
 
   void on_device(const torch::Device& device, Precision precision) override {
     check_attention_on_device(o_.attention, o_.embed_dim / o_.num_heads, device, precision);
@@ -125,6 +131,7 @@ class DecoderLM : public Model {
 
  private:
   DecoderLMOptions o_;
+  mutable double matmul_params_ = -1;  // training_flops: counted on first use
   nn::Embedding embedding_{nullptr}, positional_embedding_{nullptr};
   nn::ModuleList blocks_{nullptr};
   nn::Linear output_{nullptr};

@@ -3,6 +3,7 @@
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
+#include "models/flops.h"
 #include "strobe/config/config.h"
 #include "strobe/ops/ops.h"
 #include "models/fused_ops.h"
@@ -41,6 +42,19 @@ class FaceDetector : public Model {
 
   std::string default_task() const override { return "detection"; }
   std::vector<std::string> batch_keys() const override { return {"image"}; }
+  // The four 3x3 convolutions at their resolutions (the first forward and weight gradient only) and
+  // the two Linear layers, per image (models/flops.h).
+  double training_flops(const Batch& batch) const override {
+    double first = 0, rest = 0;
+    int64_t side = o_.image_size;
+    for (const auto& conv : convs_) {
+      const double macs = static_cast<double>(conv->weight.numel() * side * side);
+      (first == 0 ? first : rest) += macs;
+      side /= 2;
+    }
+    rest += static_cast<double>(lin1_->weight.numel() + lin2_->weight.numel());
+    return static_cast<double>(batch_samples(batch)) * (3 * 2 * rest + 2 * 2 * first);
+  }
 
  private:
   bool use_fused(const torch::Tensor& x) const {

@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "models/flops.h"
 #include "strobe/config/config.h"
 #include "strobe/core/forensics.h"
 #include "strobe/core/weight_names.h"
@@ -211,6 +212,12 @@ class Llama : public Model {
 
   std::string default_task() const override { return "language_modeling"; }
   std::vector<std::string> batch_keys() const override { return {"tokens"}; }
+  // PaLM's count (models/flops.h); a tied head multiplies by the embedding's weight.
+  double training_flops(const Batch& batch) const override {
+    if (matmul_params_ < 0)
+      matmul_params_ = linear_weight_params(*this) + (o_.tie_embeddings ? static_cast<double>(o_.vocab_size * o_.embed_dim) : 0.0);
+    return decoder_training_flops(batch, matmul_params_, o_.depth, o_.embed_dim);
+  }
 
  private:
   // model.fused_ops (models/fused_ops.h): auto takes the fused RMSNorm where its CUDA kernel takes the
@@ -226,6 +233,7 @@ class Llama : public Model {
   }
 
   LlamaOptions o_;
+  mutable double matmul_params_ = -1;  // training_flops: counted on first use
   nn::Embedding embed_tokens_{nullptr};
   nn::ModuleList layers_{nullptr};
   RMSNorm norm_{nullptr};

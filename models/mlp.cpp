@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include "models/flops.h"
 #include "strobe/core/model.h"
 
 namespace strobe {
@@ -34,6 +35,12 @@ class Mlp : public Model {
   }
   std::string default_task() const override { return "classification"; }
   std::vector<std::string> batch_keys() const override { return {"image"}; }
+  // Every Linear per sample; the first (its input is data) forward and weight gradient only.
+  double training_flops(const Batch& batch) const override {
+    const auto& first = layers_.empty() ? head_ : layers_.front();
+    const double all = models::linear_weight_params(*this), in = static_cast<double>(first->weight.numel());
+    return static_cast<double>(batch_samples(batch)) * (6 * all - 2 * in);
+  }
 
  private:
   int64_t in_features_;

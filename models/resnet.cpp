@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include "models/flops.h"
 #include "strobe/config/config.h"
 #include "strobe/core/weight_names.h"
 #include "strobe/ops/ops.h"
@@ -152,6 +153,36 @@ class ResNet : public Model {
 
   std::string default_task() const override { return "classification"; }
   std::vector<std::string> batch_keys() const override { return {"image"}; }
+  // Every convolution at its output resolution for the batch's image size, and the classifier; the
+  // stem convolution (the first layer) forward and weight gradient only (models/flops.h).
+  double training_flops(const Batch& batch) const override {
+    if (!batch.has("image") || batch.at("image").dim() != 4) return 0;
+    int64_t h = batch.at("image").size(2), w = batch.at("image").size(3);
+    const int64_t k = small_stem_ ? 3 : 7, s = small_stem_ ? 1 : 2;
+    h = conv_out(h, k, s, k / 2), w = conv_out(w, k, s, k / 2);
+    const double stem = static_cast<double>(o_.in_channels * k * k * o_.width * h * w);
+    if (!small_stem_) h = conv_out(h, 3, 2, 1), w = conv_out(w, 3, 2, 1);
+    const int64_t expansion = o_.depth >= 50 ? 4 : 1;
+    const std::vector<int64_t> blocks = o_.depth == 18 ? std::vector<int64_t>{2, 2, 2, 2} : std::vector<int64_t>{3, 4, 6, 3};
+    double macs = 0;  // multiply-adds of one image after the stem
+    int64_t in = o_.width;
+    for (size_t st = 0; st < 4; ++st) {
+      const int64_t planes = o_.width << st, out = planes * expansion;
+      for (int64_t b = 0; b < blocks[st]; ++b) {
+        const int64_t stride = (b == 0 && st > 0) ? 2 : 1;
+        const int64_t ho = conv_out(h, 3, stride, 1), wo = conv_out(w, 3, stride, 1);
+        if (expansion == 1) {
+          macs += static_cast<double>(in * 9 * planes * ho * wo + planes * 9 * planes * ho * wo);
+        } else {
+          macs += static_cast<double>(in * planes * h * w + planes * 9 * planes * ho * wo + planes * out * ho * wo);
+        }
+        if (stride != 1 || in != out) macs += static_cast<double>(in * out * ho * wo);
+        in = out, h = ho, w = wo;
+      }
+    }
+    macs += static_cast<double>(in * o_.num_classes);
+    return static_cast<double>(batch_samples(batch)) * (3 * 2 * macs + 2 * 2 * stem);
+  }
 
   const ResNetOptions& options() const { return o_; }
 

@@ -5,6 +5,7 @@
 
 #include <torch/torch.h>
 
+#include "models/flops.h"
 #include "strobe/config/config.h"
 #include "strobe/core/weight_names.h"
 #include "strobe/ops/ops.h"
@@ -130,6 +131,17 @@ class ViT : public Model {
 
   std::string default_task() const override { return "classification"; }
   std::vector<std::string> batch_keys() const override { return {"image"}; }
+  // Per image: the blocks' Linear weights and attention over every token, the head once, the patch
+  // embedding (the first layer: forward and weight gradient only) over every patch (models/flops.h).
+  double training_flops(const Batch& batch) const override {
+    const double grid = static_cast<double>(o_.img_size / o_.patch_size), d = static_cast<double>(o_.embed_dim);
+    const double tokens = grid * grid + (o_.class_token ? 1 : 0);
+    const double head = static_cast<double>(head_->weight.numel());
+    const double blocks = linear_weight_params(*this) - head;
+    const double patch = static_cast<double>(patch_embed_->weight.numel()) * grid * grid;
+    const double forward = 2 * blocks * tokens + 2 * head + 4 * static_cast<double>(o_.depth) * tokens * tokens * d;
+    return static_cast<double>(batch_samples(batch)) * (3 * forward + 2 * 2 * patch);
+  }
 
   void on_device(const torch::Device& device, Precision precision) override {
     check_attention_on_device(o_.attention, o_.embed_dim / o_.num_heads, device, precision);

@@ -56,9 +56,8 @@ void synchronize(torch::Device device);
 // Writes `j` to `path` atomically (temp file beside it, rename); BenchUsageError if it cannot.
 void write_json_atomic(const std::string& path, const nlohmann::json& j);
 
-// The device's name (a CUDA device's product name; "cpu"), and the CUDA caching allocator's peak of
-// allocated bytes since reset_peak_memory (0 on the CPU).
-std::string device_name(const torch::Device& device);
+// The CUDA caching allocator's peak of allocated bytes since reset_peak_memory (0 on the CPU). The
+// device's name is strobe::device_name (strobe/core/throughput.h).
 void reset_peak_memory(const torch::Device& device);
 double peak_memory_bytes(const torch::Device& device);
 

@@ -15,7 +15,10 @@
 #include "bench/lib/bench.h"
 #include "strobe/config/config.h"
 #include "strobe/core/callback.h"
+#include "strobe/core/model.h"
+#include "strobe/core/module.h"
 #include "strobe/core/source_tree.h"
+#include "strobe/core/throughput.h"
 #include "strobe/core/trainer.h"
 #include "runner/experiment_builder.h"
 
@@ -59,14 +62,13 @@ class StepTimer : public Callback {
   explicit StepTimer(int64_t last_step) : last_step_(last_step) {}
   std::string name() const override { return "bench_step_timer"; }
   void setup(TrainerView& t, Module&, Stage) override { marks_.emplace(t.device()); }
-  void on_train_batch_start(TrainerView& t, Module&, const Batch& batch, int64_t) override {
+  void on_train_batch_start(TrainerView& t, Module& m, const Batch& batch, int64_t) override {
     wait_s_ += t.last_input_wait_s();
-    // Token batches: the tokens of each timed step and the longest sequence (host-known shapes).
-    if (batch.has("tokens")) {
-      const auto& tok = batch.at("tokens");
-      tokens_.push_back(tok.numel());
-      seq_len_ = std::max<int64_t>(seq_len_, tok.dim() == 2 ? tok.size(1) : batch.meta.count("max_seqlen") ? batch.meta.at("max_seqlen") : 0);
-    }
+    // Per training batch: its real tokens (the collates' num_tokens, as throughput_monitor counts
+    // them) and the model's declared training FLOPs (Model::training_flops; 0 when undeclared).
+    tokens_.push_back(batch_tokens(batch));
+    const auto* model = dynamic_cast<const Model*>(&m.net());
+    flops_.push_back(model ? model->training_flops(batch) : 0);
     if (t.accumulated_batches() != 0) return;
     marks_->record();
     wait_at_mark_.push_back(wait_s_);
@@ -80,31 +82,12 @@ class StepTimer : public Callback {
   }
   std::optional<Marks> marks_;  // on the run's device, from setup
   std::vector<double> wait_at_mark_;
-  int64_t last_step_, batch_size_ = 0, seq_len_ = 0;
+  int64_t last_step_, batch_size_ = 0;
   std::vector<int64_t> tokens_;  // per training batch
+  std::vector<double> flops_;    // per training batch
   double wait_s_ = 0;
 };
 
-// Dense bf16 peak of the device (FLOP/s) for model FLOP utilisation; 0 when not known.
-double peak_bf16_flops(const torch::Device& device) {
-  if (!device.is_cuda()) return 0;
-  const std::string name = device_name(device);
-  if (name.find("H100") != std::string::npos || name.find("H200") != std::string::npos) return 989.4e12;
-  if (name.find("A100") != std::string::npos) return 312e12;
-  return 0;
-}
-
-// Training FLOPs per token of a decoder (PaLM's appendix B): 6 N for the weights' matmuls and
-// 12 L d S for attention's (N: parameters other than the token embedding; L layers, width d,
-// sequence length S). Causal masking is not discounted, as in the convention.
-double decoder_flops_per_token(Module& m, const YAML::Node& model, int64_t seq_len) {
-  double n = 0;
-  for (const auto& p : m.net().named_parameters())
-    if (p.key().find("embed") == std::string::npos || p.key().find("weight") == std::string::npos) n += static_cast<double>(p.value().numel());
-  const YAML::Node depth = model["depth"], dim = model["embed_dim"];
-  const double attention = depth && dim ? 12.0 * depth.as<double>() * dim.as<double>() * static_cast<double>(seq_len) : 0;
-  return 6 * n + attention;
-}
 
 nlohmann::json run_workload(const Workload& w, const SuiteOptions& o, int64_t warmup, int64_t steps) {
   const std::string path = find_config(w.config, o.source_dir);
@@ -159,21 +142,33 @@ nlohmann::json run_workload(const Workload& w, const SuiteOptions& o, int64_t wa
                       {"step_ms_all", step_ms},
                       {"input_wait_ms_all", wait_ms}};
   if (timer->batch_size_ > 0 && s.median > 0) j["samples_per_s"] = static_cast<double>(timer->batch_size_) * 1e3 / s.median;
-  // Token workloads: tokens/s over the timed steps (mean step, what a user gets) and, for a decoder
-  // on a GPU whose peak is known, model FLOP utilisation. GPU: the peak memory allocated.
+  // Over the timed steps (one batch each: the step suite does not accumulate), at the mean step
+  // (what a user gets): real tokens/s for token workloads, and the model's FLOP/s with its
+  // utilisation of the device's dense peak at the run's precision, as throughput_monitor reports them
+  // (strobe/core/throughput.h). GPU: the peak memory allocated.
   const auto& tokens = timer->tokens_;
-  if (!tokens.empty() && s.mean > 0 && tokens.size() >= static_cast<size_t>(warmup) + step_ms.size()) {
-    double timed = 0;
-    for (size_t i = static_cast<size_t>(warmup); i < static_cast<size_t>(warmup) + step_ms.size(); ++i) timed += static_cast<double>(tokens[i]);
-    const double per_step = timed / static_cast<double>(step_ms.size());
-    j["tokens_per_step"] = per_step;
-    j["tokens_per_s"] = per_step * 1e3 / s.mean;
-    const YAML::Node model = run->experiment.model.node();
-    const std::string family = model["name"].Scalar();
-    if (family == "llama" || family == "decoder_lm") {
-      const double flops = decoder_flops_per_token(*run->module, model, timer->seq_len_);
-      j["model_tflop_per_step"] = flops * per_step / 1e12;
-      if (const double peak = peak_bf16_flops(run->trainer->view().device()); peak > 0) j["mfu"] = flops * per_step * 1e3 / s.mean / peak;
+  const auto& flops = timer->flops_;
+  const size_t first = static_cast<size_t>(warmup), end = first + step_ms.size();
+  if (s.mean > 0 && tokens.size() >= end && flops.size() >= end) {
+    double timed_tokens = 0, timed_flops = 0;
+    bool declared = true;
+    for (size_t i = first; i < end; ++i) {
+      timed_tokens += static_cast<double>(tokens[i]);
+      timed_flops += flops[i];
+      declared &= flops[i] > 0;
+    }
+    const double n = static_cast<double>(step_ms.size());
+    if (timed_tokens > 0) {
+      j["tokens_per_step"] = timed_tokens / n;
+      j["tokens_per_s"] = timed_tokens / n * 1e3 / s.mean;
+    }
+    if (declared) {
+      j["model_tflop_per_step"] = timed_flops / n / 1e12;
+      const std::string dtype = matmul_dtype(run->experiment.trainer.precision);
+      if (const auto peak = dense_peak(device_name(run->trainer->view().device()), dtype)) {
+        j["mfu"] = timed_flops / n * 1e3 / s.mean / peak->flops;
+        j["peak_tflops"] = fmt::format("{:g} ({} dense {})", peak->flops / 1e12, peak->device, dtype);
+      }
     }
   }
   if (run->trainer->view().device().is_cuda()) j["peak_memory_gib"] = peak_memory_bytes(run->trainer->view().device()) / double(1 << 30);

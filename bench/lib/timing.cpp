@@ -149,7 +149,7 @@ void write_json_atomic(const std::string& path, const nlohmann::json& j) {
 }
 
 namespace {
-std::string device_name(bool cuda) {
+std::string suite_device_name(bool cuda) {
 #ifdef STROBE_TORCH_HAS_CUDA
   if (cuda) return std::string("cuda: ") + at::cuda::getCurrentDeviceProperties()->name;
 #endif
@@ -219,7 +219,7 @@ int run_bench(const std::vector<std::string>& names, const std::string& json_pat
   o.cuda = torch::cuda::is_available();
   nlohmann::json result = {{"strobe_version", STROBE_VERSION},
                            {"libtorch", TORCH_VERSION},
-                           {"device", device_name(o.cuda)},
+                           {"device", suite_device_name(o.cuda)},
                            {"suites", nlohmann::json::object()}};
   const std::time_t now = std::time(nullptr);
   char date[32];
@@ -233,13 +233,6 @@ int run_bench(const std::vector<std::string>& names, const std::string& json_pat
   fmt::print("{}", format_table(result));
   std::fflush(stdout);
   return 0;
-}
-
-std::string device_name(const torch::Device& device) {
-#ifdef STROBE_TORCH_HAS_CUDA
-  if (device.is_cuda()) return at::cuda::getDeviceProperties(device.index() < 0 ? 0 : device.index())->name;
-#endif
-  return device.str();
 }
 
 void reset_peak_memory(const torch::Device& device) {

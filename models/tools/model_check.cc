@@ -10,7 +10,8 @@
 // --logits: the model's `init_from` is loaded as `strobe fit` loads it (runner/init_from.h), and the
 // eval-mode output for IN's batch ("image", or "tokens" with "position_ids", and "cu_seqlens" when
 // packed) is written to OUT as "logits" (tests/python/test_pretrained.py compares it with timm's and
-// torchvision's, test_hf_llama.py with transformers'), computed on DEVICE (default cpu: e.g. cuda).
+// torchvision's, test_hf_llama.py with transformers'), computed on DEVICE (default cpu: e.g. cuda),
+// with the model's declared training FLOPs for that batch as "training_flops" (a float64 scalar).
 // A config error is one line, exit 2.
 #include <iostream>
 #include <string>
@@ -37,7 +38,7 @@ int write_logits(const std::string& yaml, const std::string& in, const std::stri
   model->eval();
   torch::NoGradGuard guard;
   strobe::Batch batch;
-  for (const auto& [name, t] : strobe::safetensors::read_file(in).tensors) batch.tensors[name] = t.to(device);
+  for (const auto& [name, t] : strobe::safetensors::read_file(in).tensors) batch.tensors[name] = t;
   const char* input = batch.has("image") ? "image" : "tokens";
   if (!batch.has(input)) throw std::runtime_error(in + ": has no tensor 'image' or 'tokens'");
   batch.meta["batch_size"] = batch.tensors[input].size(0);
@@ -46,7 +47,10 @@ int write_logits(const std::string& yaml, const std::string& in, const std::stri
     batch.meta["batch_size"] = cu.size(0) - 1;
     batch.meta["max_seqlen"] = (cu.slice(0, 1) - cu.slice(0, 0, -1)).max().item<int64_t>();
   }
-  strobe::safetensors::write_file(out, {{"logits", model->forward(batch).cpu()}});
+  // The model's declared training FLOPs for this batch, from the host batch (Model::training_flops).
+  const auto flops = torch::tensor(model->training_flops(batch), torch::kFloat64);
+  batch = batch.to(device);
+  strobe::safetensors::write_file(out, {{"logits", model->forward(batch).cpu()}, {"training_flops", flops}});
   return 0;
 }
 

@@ -25,6 +25,11 @@ class Model : public torch::nn::Module {
   // The batch keys forward() reads ({"tokens"}, {"image"}); empty: not declared. A run whose data
   // declares its keys (DataInfo::batch_keys) and lacks one of these is refused before it starts.
   virtual std::vector<std::string> batch_keys() const { return {}; }
+  // The training FLOPs (forward and backward) of one batch by the model's own count, from host-known
+  // shapes and facts only (never a device read): the throughput monitor's and `strobe bench`'s model
+  // FLOP/s and utilisation (docs/CONFIG.md, "throughput_monitor"). 0: not declared; the monitor then
+  // reports samples and tokens per second without FLOP/s.
+  virtual double training_flops(const Batch& /*batch*/) const { return 0; }
   // Called once the trainer has moved the model to its device, before the optimizer sees the
   // parameters (and before bf16-master converts them): a model may change their memory layout there
   // (resnet: channels_last on CUDA under a reduced precision). `precision` is trainer.precision

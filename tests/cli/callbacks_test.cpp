@@ -2,11 +2,20 @@
 // model summary at fit start, and their bad keys refused with exit 2.
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <map>
 #include <regex>
+#include <sstream>
 #include <string>
 
 #include <fmt/format.h>
 
+#include "strobe/core/callback.h"
+#include "strobe/core/model.h"
+#include "strobe/core/module.h"
+#include "strobe/core/throughput.h"
+#include "strobe/core/trainer.h"
+#include "strobe/core/trainer_view.h"
 #include "tests/cli/cli_test_util.h"
 #include "tests/source_path.h"
 
@@ -107,6 +116,10 @@ TEST(CliCallbacks, BadCallbackKeysExitTwoNamingTheKey) {
   const std::vector<Case> cases = {
       {"[{name: model_summary, max_depth: -2}]", "callbacks[0].max_depth: "},
       {"[{name: model_summary, depth: 2}]", "callbacks[0].depth: unknown key"},
+      {"[{name: throughput_monitor, every_n_steps: 0}]", "callbacks[0].every_n_steps: "},
+      {"[{name: throughput_monitor, peak_tflops: -3}]", "callbacks[0].peak_tflops: "},
+      {"[{name: device_stats_monitor, every_n_steps: 0}]", "callbacks[0].every_n_steps: "},
+      {"[{name: device_stats_monitor, every: 5}]", "callbacks[0].every: unknown key"},
   };
   for (const auto& c : cases) {
     const std::string dir = temp_dir("badcb");
@@ -116,4 +129,134 @@ TEST(CliCallbacks, BadCallbackKeysExitTwoNamingTheKey) {
     EXPECT_EQ(count_lines(r.err), 1) << r.err;
     EXPECT_FALSE(std::filesystem::exists(dir + "/run")) << c.callbacks;
   }
+}
+
+// --- throughput_monitor and device_stats_monitor -------------------------------------------------
+
+namespace {
+
+// Counts what each optimizer step processed, independently of the monitor: real tokens from the
+// padding mask, samples from the tokens' rows, and the model's declared FLOPs.
+class StepTally : public strobe::Callback {
+ public:
+  std::string name() const override { return "step_tally"; }
+  void on_train_batch_start(strobe::TrainerView& t, strobe::Module& m, const strobe::Batch& b, int64_t) override {
+    if (t.accumulated_batches() == 0) steps.emplace_back();
+    auto& s = steps.back();
+    s.real_tokens += b.at("padding_mask").sum().item<double>();
+    s.padded_tokens += static_cast<double>(b.at("tokens").numel());
+    s.samples += static_cast<double>(b.at("tokens").size(0));
+    s.flops += dynamic_cast<strobe::Model&>(m.net()).training_flops(b);
+  }
+  struct Step {
+    double real_tokens = 0, padded_tokens = 0, samples = 0, flops = 0;
+  };
+  std::vector<Step> steps;  // steps[i]: optimizer step i + 1
+};
+
+// metrics.csv's rows that hold `column`: step -> every non-empty cell of the row.
+std::map<int64_t, std::map<std::string, std::string>> rows_with(const std::string& path, const std::string& column) {
+  std::ifstream in(path);
+  std::string header;
+  std::getline(in, header);
+  const auto cols = split_any(header, ",");
+  std::map<int64_t, std::map<std::string, std::string>> rows;
+  for (std::string line; std::getline(in, line);) {
+    std::vector<std::string> cells;
+    std::stringstream ls(line + ",");
+    for (std::string c; std::getline(ls, c, ',');) cells.push_back(c);
+    std::map<std::string, std::string> row;
+    for (size_t i = 2; i < cells.size() && i < cols.size(); ++i)
+      if (!cells[i].empty()) row[cols[i]] = cells[i];
+    if (row.count(column)) rows[std::stoll(cells[0])] = row;
+  }
+  return rows;
+}
+
+std::string padded_lm_yaml(const std::string& callbacks) {
+  return R"(name: throughput
+seed: 3
+trainer: {max_steps: 12, log_every_n_steps: 4, device: cpu, enable_progress_bar: false, enable_model_summary: false,
+          num_sanity_val_steps: 0, val_check_interval: 12, limit_val_batches: 1, accumulate_grad_batches: 2}
+model: {name: decoder_lm, vocab_size: 64, max_seq_len: 32, embed_dim: 32, depth: 2, num_heads: 2}
+data: {name: synthetic_tokens, vocab_size: 64, max_seq_len: 32, num_samples: 256, num_val_samples: 8, batch_size: 4,
+       collate: pad_to_max, num_workers: 0}
+optimizer: {name: adamw, lr: 1.0e-3}
+callbacks: )" + callbacks + "\n";
+}
+
+}  // namespace
+
+// Every 4 steps (trainer.log_every_n_steps) the window's rates, whose products with its time give
+// back what the steps processed: real tokens (not the padded positions), samples, the model's FLOPs
+// (and, with a stated peak, the utilisation). Validation at step 6 closes a window early: its steps
+// are logged at step 6 and the next window opens after it.
+TEST(CliCallbacks, ThroughputMonitorCountsRealTokensSamplesAndFlopsPerWindow) {
+  const std::string dir = temp_dir("throughput");
+  auto tally = std::make_shared<StepTally>();
+  auto run = make_run(padded_lm_yaml("[{name: throughput_monitor, peak_tflops: 0.5}, {name: device_stats_monitor, every_n_steps: 3}]"),
+                      {}, dir, std::nullopt, {tally});
+  ASSERT_EQ(run->trainer->fit(), 0);
+  ASSERT_EQ(tally->steps.size(), 12u);
+  const auto rows = rows_with(dir + "/metrics.csv", "throughput/samples_per_s");
+  std::vector<int64_t> logged;
+  for (const auto& kv : rows) logged.push_back(kv.first);
+  EXPECT_EQ(logged, (std::vector<int64_t>{4, 6, 8, 12})) << "windows: 1-4, 5-6 (closed by validation), 7-8, 9-12";
+  const std::map<int64_t, int64_t> first_step = {{4, 1}, {6, 5}, {8, 7}, {12, 9}};
+  for (const auto& [step, row] : rows) {
+    const int64_t from = first_step.at(step);
+    StepTally::Step sum;
+    for (int64_t s = from; s <= step; ++s) {
+      const auto& x = tally->steps[static_cast<size_t>(s - 1)];
+      sum.real_tokens += x.real_tokens, sum.padded_tokens += x.padded_tokens, sum.samples += x.samples, sum.flops += x.flops;
+    }
+    const double secs = std::stod(row.at("throughput/step_ms")) * static_cast<double>(step - from + 1) / 1e3;
+    ASSERT_LT(sum.real_tokens, sum.padded_tokens) << "the data must pad for this test to tell the two apart";
+    EXPECT_NEAR(std::stod(row.at("throughput/tokens_per_s")) * secs, sum.real_tokens, 1e-4 * sum.real_tokens) << step;
+    EXPECT_NEAR(std::stod(row.at("throughput/samples_per_s")) * secs, sum.samples, 1e-4 * sum.samples) << step;
+    const double tflops = std::stod(row.at("throughput/device_tflop_per_s"));
+    EXPECT_GT(sum.flops, 0);
+    EXPECT_NEAR(tflops * 1e12 * secs, sum.flops, 1e-4 * sum.flops) << step;
+    EXPECT_NEAR(std::stod(row.at("throughput/mfu")), tflops / 0.5, 1e-6 * tflops) << step;
+  }
+  // device_stats_monitor: step 1 and every 3rd step; on the CPU the host's resident memory alone.
+  const auto stats = rows_with(dir + "/metrics.csv", "device_stats/host_rss_gib");
+  std::vector<int64_t> stat_steps;
+  for (const auto& kv : stats) {
+    stat_steps.push_back(kv.first);
+    const double rss = std::stod(kv.second.at("device_stats/host_rss_gib"));
+    EXPECT_GT(rss, 0.05) << "a libtorch process holds more than 50 MiB";
+    EXPECT_LT(rss, 64.0);
+    EXPECT_EQ(kv.second.count("device_stats/allocated_gib") ? kv.second.at("device_stats/allocated_gib") : "", "");
+  }
+  EXPECT_EQ(stat_steps, (std::vector<int64_t>{1, 3, 6, 9, 12}));
+}
+
+// The dense peaks by device name and dtype: each part its own row (the PCIe and NVL H100s are not
+// the SXM part), dense figures (not the datasheets' sparse ones), no row for what is not listed.
+TEST(CliCallbacks, DensePeakTableMatchesDevicesByName) {
+  struct Case {
+    std::string name, dtype;
+    double tflops;  // 0: none
+  };
+  const std::vector<Case> cases = {
+      {"NVIDIA H100 80GB HBM3", "bf16", 989.4}, {"NVIDIA H100 PCIe", "bf16", 756},  {"NVIDIA H100 NVL", "bf16", 835.5},
+      {"NVIDIA H200", "bf16", 989.4},           {"NVIDIA H200 NVL", "fp16", 835.5}, {"NVIDIA GH200 480GB", "fp8", 1978.9},
+      {"NVIDIA H100 80GB HBM3", "fp32", 67},    {"NVIDIA H100 80GB HBM3", "tf32", 494.7},
+      {"NVIDIA A100-SXM4-80GB", "bf16", 312},   {"NVIDIA A100 80GB PCIe", "tf32", 156},
+      {"NVIDIA L40S", "bf16", 362.05},          {"NVIDIA L40", "bf16", 181.05},     {"NVIDIA L4", "bf16", 121},
+      {"NVIDIA A10", "bf16", 125},              {"NVIDIA A10G", "bf16", 0},         {"NVIDIA A100-SXM4-40GB", "fp8", 0},
+      {"Tesla V100-SXM2-16GB", "bf16", 0},      {"Tesla V100-SXM2-16GB", "fp16", 125}, {"Tesla T4", "fp16", 0},
+      {"cpu", "fp32", 0}};
+  for (const auto& c : cases) {
+    const auto p = strobe::dense_peak(c.name, c.dtype);
+    if (c.tflops == 0) {
+      EXPECT_FALSE(p) << c.name << " " << c.dtype << ": " << (p ? p->device : "");
+    } else {
+      ASSERT_TRUE(p) << c.name << " " << c.dtype;
+      EXPECT_DOUBLE_EQ(p->flops, c.tflops * 1e12) << c.name << " " << c.dtype << " (row " << p->device << ")";
+    }
+  }
+  EXPECT_EQ(strobe::matmul_dtype(strobe::Precision::kBf16Master), "bf16");
+  EXPECT_EQ(strobe::matmul_dtype(strobe::Precision::k16Mixed), "fp16");
 }

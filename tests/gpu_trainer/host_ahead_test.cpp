@@ -20,6 +20,7 @@
 #include <fmt/format.h>
 
 #include "strobe/core/callback.h"
+#include "strobe/core/throughput.h"
 #include "strobe/core/trainer_view.h"
 #include "tests/gpu_trainer/cuda_skip.h"
 #include "tests/trainer/trainer_test_util.h"
@@ -66,7 +67,8 @@ class SpinGate : public Callback {
 };
 #endif
 
-std::string host_ahead_yaml(const std::string& graphs) {
+// `monitors`: the everyday callbacks on as well, each at every step (the most it can do in a step).
+std::string host_ahead_yaml(const std::string& graphs, bool monitors) {
   return fmt::format(R"(name: host-ahead
 seed: 11
 trainer:
@@ -113,7 +115,10 @@ callbacks:
   - name: progress_bar
     mode: plain
 )",
-                     graphs);
+                     graphs) +
+         (monitors ? "  - name: throughput_monitor\n    every_n_steps: 1\n  - name: device_stats_monitor\n    every_n_steps: 1\n"
+                     "  - name: model_summary\n    max_depth: -1\n"
+                   : "");
 }
 
 }  // namespace
@@ -125,14 +130,14 @@ TEST(HostAheadCuda, TheHostFinishesSeveralWholeStepsWhileTheDeviceIsHeldEagerAnd
   // is the one designed wait. The gated step's ring may still hold a step or two from before the
   // gate (their copies landed or not), so the host gets 6 to 8 whole steps ahead, never more.
   constexpr int64_t kGateAt = 20, kAtLeast = 6, kKeepLast = 8;
-  for (const std::string graphs : {"false", "true"}) {
-    std::string dir = temp_dir("host-ahead-" + graphs);
+  for (const auto& [graphs, monitors] : std::vector<std::pair<std::string, bool>>{{"false", false}, {"true", false}, {"true", true}}) {
+    std::string dir = temp_dir("host-ahead-" + graphs + (monitors ? "-monitors" : ""));
     auto gate = std::make_shared<SpinGate>(kGateAt);
-    auto run = make_run(host_ahead_yaml(graphs), {}, dir, std::nullopt, {gate});
+    auto run = make_run(host_ahead_yaml(graphs, monitors), {}, dir, std::nullopt, {gate});
     ASSERT_EQ(run->trainer->fit(), 0) << graphs;
-    std::cout << fmt::format("[ host_ahead ] cuda_graphs {}: {} whole steps ended while the device spun (steps {}..{}, "
+    std::cout << fmt::format("[ host_ahead ] cuda_graphs {}{}: {} whole steps ended while the device spun (steps {}..{}, "
                              "{:.3f} s of host time)\n",
-                             graphs, gate->ahead_, kGateAt + 1, gate->last_step_ahead_, gate->host_s_);
+                             graphs, monitors ? " with the monitors" : "", gate->ahead_, kGateAt + 1, gate->last_step_ahead_, gate->host_s_);
     EXPECT_GE(gate->ahead_, kAtLeast) << "cuda_graphs " << graphs << ": the host waited for the device inside the step path";
     EXPECT_LE(gate->ahead_, kKeepLast) << "cuda_graphs " << graphs << ": NaN capture's bound (keep_last) no longer holds";
     EXPECT_TRUE(gate->released_) << graphs;
@@ -143,6 +148,21 @@ TEST(HostAheadCuda, TheHostFinishesSeveralWholeStepsWhileTheDeviceIsHeldEagerAnd
     auto loss = read_csv(dir + "/metrics.csv", "train/loss");
     for (int64_t step = kGateAt + 1; step <= kGateAt + kAtLeast; ++step)
       EXPECT_TRUE(loss.count(step)) << graphs << ": step " << step << "'s row is missing from metrics.csv";
+    if (monitors) {
+      // Every step's window was logged, the gated ones too (once their events completed), with the
+      // utilisation of a device in the dense-peak table; the allocator's counters on every step.
+      const auto mfu = read_csv(dir + "/metrics.csv", "throughput/mfu");
+      const auto allocated = read_csv(dir + "/metrics.csv", "device_stats/allocated_gib");
+      EXPECT_EQ(mfu.size(), 40u) << "throughput/mfu rows (the device: " << strobe::device_name(torch::Device("cuda")) << ")";
+      EXPECT_EQ(allocated.size(), 40u);
+      for (const auto& kv : mfu) {
+        const double u = std::stod(kv.second.at("throughput/mfu"));
+        EXPECT_GT(u, 0) << kv.first;
+        EXPECT_LT(u, 1) << kv.first;
+      }
+      for (const auto& kv : allocated) EXPECT_GT(std::stod(kv.second.at("device_stats/allocated_gib")), 0) << kv.first;
+      EXPECT_TRUE(std::filesystem::exists(dir + "/model_summary.txt"));
+    }
   }
 #endif
 }

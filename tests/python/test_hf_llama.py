@@ -112,6 +112,30 @@ def batches():
     return docs, {"tokens": padded, "position_ids": pos}, packed
 
 
+def check_flops(tag, hf, tmp, yaml):
+    """The llama's declared training FLOPs (PaLM's count, what throughput_monitor and `strobe bench`
+    report) against torch.utils.flop_counter over transformers' forward and backward: the packed
+    batch against each document on its own (each attends within itself), the padded batch as it is."""
+    from torch.utils.flop_counter import FlopCounterMode
+    docs, padded, packed = batches()
+    hf.config._attn_implementation = "eager"  # attention's two products as matmuls the counter sees
+    for name, batch, runs in (("packed", packed, [d.unsqueeze(0) for d in docs]), ("padded", padded, [padded["tokens"]])):
+        inp, out = os.path.join(tmp, "flops.in.safetensors"), os.path.join(tmp, "flops.out.safetensors")
+        save_file({k: v.contiguous() for k, v in batch.items()}, inp)
+        r = subprocess.run([CHECK, yaml, "--logits", inp, out], capture_output=True, text=True)
+        if not check(r.returncode == 0, f"{tag} {name}: strobe_model_check failed: {r.stderr.strip()}"):
+            return
+        declared = load_file(out)["training_flops"].item()
+        counted = 0
+        for tokens in runs:
+            with FlopCounterMode(display=False) as counter:
+                hf(tokens, labels=tokens).loss.backward()
+            counted += counter.get_total_flops()
+        check(abs(declared - counted) < 1e-3 * counted,
+              f"{tag} {name}: declared training FLOPs {declared:.6g}, torch.utils.flop_counter {counted:.6g}")
+        compared.append(f"{tag} {name} flops {declared:.4g} vs {counted:.4g}")
+
+
 def compare(tag, hf, tmp, yaml, device="cpu"):
     """Strobe's logits from `yaml` against `hf` on padded and packed batches, per document, both on
     `device`."""
@@ -143,6 +167,7 @@ def main():
         d = os.path.join(tmp, f"hf_{tag}")
         hf.save_pretrained(d, safe_serialization=True)
         compare(f"transformers {tag} -> strobe", hf, tmp, model_yaml(tied, d))
+        check_flops(f"{tag} llama", hf_model(tied, 3), tmp, model_yaml(tied))
         compare(f"transformers {tag} -> strobe fused", hf, tmp, model_yaml(tied, d, fused=True))
 
     # Shards; the bare file; a config.json that disagrees.

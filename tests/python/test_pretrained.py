@@ -18,6 +18,7 @@ BUILD = os.environ.get("STROBE_BUILD_DIR", "build")
 STROBE = os.environ.get("STROBE_BIN", os.path.join(BUILD, "bin", "strobe"))
 CHECK = os.path.join(BUILD, "bin", "strobe_model_check")
 TOL = 1e-5
+FLOPS_TOL = 1e-3
 
 try:
     import torch
@@ -77,6 +78,31 @@ def compare(tag, model_yaml, reference, images):
     check(rel < TOL, f"{tag}: max|diff|/max|ref| = {rel:.3e} >= {TOL}")
 
 
+def flops_match(tag, model_yaml, reference, images):
+    """The model's declared training FLOPs (Model::training_flops, what throughput_monitor and
+    `strobe bench` report) equal what torch.utils.flop_counter counts for a forward and backward of
+    the same network on the same batch."""
+    from torch.utils.flop_counter import FlopCounterMode
+    src, out = os.path.join(tmp, f"{tag}.flops.in.safetensors"), os.path.join(tmp, f"{tag}.flops.out.safetensors")
+    save_file({"image": images.contiguous()}, src)
+    r = subprocess.run([CHECK, model_yaml, "--logits", src, out], capture_output=True, text=True, timeout=600)
+    if not check(r.returncode == 0, f"{tag}: strobe_model_check failed ({r.returncode}): {r.stderr.strip()}"):
+        return
+    declared = load_file(out)["training_flops"].item()
+    # timm's attention as its two explicit products: the counter has no formula for the CPU's fused
+    # scaled_dot_product_attention kernel and would count no attention at all.
+    for m in reference.modules():
+        if hasattr(m, "fused_attn"):
+            m.fused_attn = False
+    with FlopCounterMode(display=False) as counter:
+        reference(images).sum().backward()
+    counted = counter.get_total_flops()
+    rel = abs(declared - counted) / counted
+    compared.append(f"{tag} flops {declared:.4g} vs {counted:.4g}")
+    check(rel < FLOPS_TOL, f"{tag}: declared training FLOPs {declared:.6g}, torch.utils.flop_counter {counted:.6g} "
+                           f"({rel:.2e} apart)")
+
+
 def save_state(net, tag):
     path = os.path.join(tmp, f"{tag}.safetensors")
     save_file({k: v.contiguous() for k, v in net.state_dict().items()}, path)
@@ -101,6 +127,13 @@ def torchvision_vit():
     return perturb(torchvision.models.VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=4,
                                                        hidden_dim=64, mlp_dim=256, num_classes=10))
 
+
+# 0. The FLOPs each model declares against PyTorch's FLOP counter on the library's own network.
+flops_match("flops vit token", VIT_TOKEN, timm_vit(True, "token"), images32)
+flops_match("flops vit avg", VIT_AVG, timm_vit(False, "avg"), images32)
+flops_match("flops resnet18", RESNET, torchvision.models.resnet18(num_classes=10), images64)
+flops_match("flops resnet50", "name: resnet\ndepth: 50\nnum_classes: 10\n", torchvision.models.resnet50(num_classes=10),
+            images64)
 
 # 1. Their files into Strobe: the same logits.
 ref = timm_vit(True, "token")
