@@ -45,6 +45,9 @@ struct StepStart {
   TrainerState loop;
   RngSnapshot rng;
   std::map<std::string, torch::Tensor> buffers;
+  // A checkpoint one process makes alone (on_exception_checkpoint under data parallelism): no
+  // collective at all, so the logger's epoch sums are this process's own.
+  bool local = false;
 };
 
 }  // namespace strobe

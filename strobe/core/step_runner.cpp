@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include "strobe/core/callback.h"
+#include "strobe/core/fault_points.h"
 #include "strobe/core/master_weights.h"
 #include "strobe/core/precision.h"
 #include "strobe/core/trainer_view.h"
@@ -57,6 +58,7 @@ void CallbackStepHooks::before_backward(const torch::Tensor& loss) {
 void CallbackStepHooks::after_backward() {
   for (auto& cb : callbacks_)
     if (InStepHooks* h = cb->in_step_hooks()) h->on_after_backward(view_, module_);
+  fault_point("after_backward", view_.state().global_step + 1);
 }
 
 void CallbackStepHooks::before_optimizer_step() {

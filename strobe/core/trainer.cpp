@@ -212,7 +212,17 @@ int Trainer::fit(std::optional<checkpoint::CheckpointData> resume) {
     each([&](Callback& cb) { cb.teardown(*this, *module_, Stage::Fit); });
   } catch (const std::exception& e) {
     signals::leave_training_loop();
-    each([&](Callback& cb) { cb.on_exception(*this, *module_, e); });
+    // A callback failing here never replaces the error that ended training.
+    each([&](Callback& cb) {
+      try {
+        cb.on_exception(*this, *module_, e);
+      } catch (const std::exception& inner) {
+        fmt::print(stderr, "strobe: {}: on_exception failed: {}\n", cb.name(), inner.what());
+      }
+    });
+    // Data parallel: the other ranks end within trainer.dist_timeout naming this error (they may be
+    // blocked in a collective this rank will never join).
+    if (world_size_ > 1) strategy_->abort(e.what());
     throw;
   }
   signals::leave_training_loop();

@@ -228,7 +228,15 @@ checkpoint::CheckpointData Trainer::make_checkpoint_at(const StepStart& start) {
 
 checkpoint::CheckpointData Trainer::build_checkpoint(const StepStart* step_start) {
   checkpoint::CheckpointData d;
-  connector_.save(d, step_start);
+  const bool local = step_start && step_start->local;
+  collector_->set_local_save(local);
+  try {
+    connector_.save(d, step_start);
+  } catch (...) {
+    collector_->set_local_save(false);
+    throw;
+  }
+  collector_->set_local_save(false);
   each([&](Callback& cb) { cb.on_save_checkpoint(*this, *module_, d); });
   return d;
 }

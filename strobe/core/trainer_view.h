@@ -2,8 +2,9 @@
 // against this header and never trainer.h; each member's contract is its one-line comment. The
 // Trainer implements it; a test can implement it with a fake.
 //
-// StepAccess: the narrow interface of a callback that guards the optimizer step (NaN capture): the
-// step guard, the step pipeline's record and buffers, and a checkpoint of a step's start. It is
+// StepAccess: the narrow interface of a callback that guards the optimizer step (NaN capture) or
+// checkpoints a step's start (on_exception_checkpoint): the step guard, the step pipeline's record
+// and buffers, and a checkpoint of a step's start. It is
 // reached through TrainerView::step_access(); a callback that only observes needs none of it.
 //
 // Room left, not built yet: weight averaging (the fp32 master weights), LR and batch-size finders

@@ -21,7 +21,10 @@ struct DataLoader::Impl {
   uint64_t generation = 0;
   bool stopping = false;
   std::map<int64_t, Batch> ready;
+  // The first failed batch's error and index: next() raises it at that batch's turn, after every
+  // batch before it (in order, as a loader without workers would; a resume then starts at it).
   std::exception_ptr error;
+  int64_t error_index = -1;
   std::mutex mu;
   std::condition_variable cv_made, cv_space;
   std::vector<std::thread> workers;
@@ -88,6 +91,7 @@ void DataLoader::start(int64_t epoch, int64_t first_batch) {
   m.next_to_make = m.next_to_yield = std::min(first_batch, m.end);
   m.ready.clear();
   m.error = nullptr;
+  m.error_index = -1;
   m.stopping = false;
   ++m.generation;
   for (int64_t w = 0; w < opt_.num_workers; ++w) m.workers.emplace_back(&Impl::worker_loop, &m, std::cref(*this), m.generation);
@@ -112,7 +116,7 @@ void DataLoader::Impl::worker_loop(const DataLoader& loader, uint64_t gen) {
       ready.emplace(index, std::move(b));
     } catch (...) {
       std::lock_guard<std::mutex> lock(mu);
-      if (!error) error = std::current_exception();
+      if (!error || index < error_index) error = std::current_exception(), error_index = index;
     }
     cv_made.notify_all();
   }
@@ -126,8 +130,8 @@ std::optional<Batch> DataLoader::next() {
   }
   std::unique_lock<std::mutex> lock(m.mu);
   if (m.next_to_yield >= m.end) return std::nullopt;
-  m.cv_made.wait(lock, [&] { return m.error || m.ready.count(m.next_to_yield) > 0; });
-  if (m.error) {
+  m.cv_made.wait(lock, [&] { return (m.error && m.error_index <= m.next_to_yield) || m.ready.count(m.next_to_yield) > 0; });
+  if (m.error && m.error_index <= m.next_to_yield) {
     auto e = m.error;
     lock.unlock();
     stop();

@@ -141,7 +141,7 @@ void LogCollector::discard_epoch() {
 
 void LogCollector::save_state(checkpoint::CheckpointData& out) const {
   nlohmann::json counts = nlohmann::json::object(), steps = nlohmann::json::object();
-  if (reduce_sum_) {
+  if (reduce_sum_ && !local_save_) {
     // Every rank's share (a checkpoint is written by rank 0; the host read is the checkpoint's own).
     auto [sums, count_t] = reduced_epoch_values();
     auto host_counts = count_t.to(torch::kCPU);

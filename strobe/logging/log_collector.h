@@ -58,6 +58,9 @@ class LogCollector : public LogSink, public Stateful {
   // The state connector's entry: epoch accumulators and a step's partial (micro-batch) values, so a
   // checkpoint taken mid-epoch resumes with the same epoch means.
   void save_state(checkpoint::CheckpointData& out) const;
+  // While set, save_state keeps this process's own epoch sums (no all-reduce): a checkpoint one
+  // process writes alone, when its peers may be in another collective or gone.
+  void set_local_save(bool local) { local_save_ = local; }
   void load_state(const checkpoint::CheckpointData& in);
   // Stateful (the checkpoint's `logger` entry): save_state / load_state.
   void save(checkpoint::CheckpointData& out, const StepStart*) override { save_state(out); }
@@ -85,6 +88,7 @@ class LogCollector : public LogSink, public Stateful {
   // Sums and counts of every rank (data parallel); the accumulators themselves stay local.
   std::pair<std::vector<torch::Tensor>, torch::Tensor> reduced_epoch_values() const;
   std::function<void(torch::Tensor&)> reduce_sum_;
+  bool local_save_ = false;
   bool primary_ = true;
   std::vector<std::unique_ptr<Slot>> ring_;
   std::deque<Slot*> pending_;

@@ -10,6 +10,9 @@
 
 #include <fmt/format.h>
 
+#include <nlohmann/json.hpp>
+
+#include "strobe/checkpoint/checkpoint_io.h"
 #include "strobe/core/callback.h"
 #include "strobe/core/model.h"
 #include "strobe/core/module.h"
@@ -259,4 +262,79 @@ TEST(CliCallbacks, DensePeakTableMatchesDevicesByName) {
   }
   EXPECT_EQ(strobe::matmul_dtype(strobe::Precision::kBf16Master), "bf16");
   EXPECT_EQ(strobe::matmul_dtype(strobe::Precision::k16Mixed), "fp16");
+}
+
+// --- on_exception_checkpoint ----------------------------------------------------------------------
+
+namespace {
+
+std::map<std::string, torch::Tensor> ckpt_tensors(const std::string& path) {
+  std::map<std::string, torch::Tensor> out;
+  for (auto& [k, v] : strobe::checkpoint::load_checkpoint_file(path).tensors)
+    if (k.rfind("model/", 0) == 0 || k.rfind("rng/", 0) == 0) out[k] = v;
+  return out;
+}
+
+void expect_same_tensors(const std::string& a, const std::string& b, const std::string& what) {
+  const auto ta = ckpt_tensors(a), tb = ckpt_tensors(b);
+  ASSERT_EQ(ta.size(), tb.size()) << what;
+  for (const auto& [k, v] : ta) {
+    ASSERT_TRUE(tb.count(k)) << what << ": " << k;
+    EXPECT_TRUE(torch::equal(v, tb.at(k))) << what << ": " << k << " differs";
+  }
+}
+
+}  // namespace
+
+// An exception inside step 5 (after its forward and backward: dropout masks drawn, BatchNorm
+// statistics moved, no update) leaves <run>/checkpoints/on_exception.ckpt holding step 4 exactly as
+// an uninterrupted run's step-4 checkpoint holds it (weights, buffers, generators), and resuming it
+// ends where the uninterrupted run ends, bit for bit. A model with dropout and one with BatchNorm.
+TEST(CliCallbacks, OnExceptionCheckpointHoldsTheLastCompletedStepAndResumesExactly) {
+  const std::string mlp = tiny_yaml("  max_steps: 8\n");
+  const std::string resnet = R"(name: bn
+seed: 4
+trainer: {max_steps: 8, log_every_n_steps: 1, num_sanity_val_steps: 0, enable_progress_bar: false, device: cpu}
+model: {name: resnet, depth: 18, width: 4, stem: cifar, num_classes: 4, in_channels: 1}
+data: {name: synthetic_images, image_size: 8, channels: 1, num_classes: 4, num_samples: 96, num_val_samples: 16, batch_size: 8, num_workers: 2}
+optimizer: {name: sgd, lr: 0.1, momentum: 0.9}
+)";
+  for (const auto& [tag, yaml] : std::vector<std::pair<std::string, std::string>>{{"dropout", mlp}, {"batchnorm", resnet}}) {
+    const std::string cfg = write_config(yaml);
+    const std::string root = temp_dir("onexc-" + tag), full = root + "/full", failed = root + "/failed";
+    auto r = strobe_cmd("fit -c " + cfg + " --run-dir " + full +
+                        " --set 'callbacks=[{name: model_checkpoint, every_n_steps: 1, save_top_k: -1}]'");
+    ASSERT_EQ(r.code, 0) << tag << ": " << r.err;
+    r = shell_cmd("STROBE_FAULT_AT=throw:after_backward@5 ",
+                  "fit -c " + cfg + " --run-dir " + failed + " --set 'callbacks=[{name: on_exception_checkpoint}]'");
+    const std::string saved = failed + "/checkpoints/on_exception.ckpt";
+    EXPECT_EQ(r.code, 1) << tag << ": " << r.err;
+    EXPECT_EQ(r.err, "strobe: training stopped by an error in step 5; saved " + saved +
+                         " at step 4 (the failed step's start); resume with --ckpt " + saved +
+                         "\nstrobe: error: fault point after_backward at step 5 (STROBE_FAULT_AT)\n")
+        << tag;
+    ASSERT_TRUE(std::filesystem::exists(saved)) << tag;
+    EXPECT_EQ(nlohmann::json::parse(strobe::checkpoint::load_checkpoint_file(saved).blob("meta"))["global_step"], 4) << tag;
+    expect_same_tensors(saved, full + "/checkpoints/step=4.ckpt", tag + ": on_exception.ckpt against step 4's");
+    r = strobe_cmd("fit -c " + cfg + " --ckpt " + saved);
+    ASSERT_EQ(r.code, 0) << tag << ": " << r.err;
+    expect_same_tensors(failed + "/checkpoints/last.ckpt", full + "/checkpoints/last.ckpt", tag + ": the resumed run's end");
+    const auto a = read_csv(full + "/metrics.csv", "train/loss"), b = read_csv(failed + "/metrics.csv", "train/loss");
+    EXPECT_EQ(a, b) << tag << ": train/loss rows";
+  }
+}
+
+// A save that cannot be written says so in one line and the error that stopped training is still
+// the one reported (and the exit status its own).
+TEST(CliCallbacks, OnExceptionCheckpointNeverHidesTheError) {
+  const std::string cfg = write_config(tiny_yaml("  max_steps: 8\n") +
+                                       "callbacks:\n  - name: on_exception_checkpoint\n    filename: crash\n");
+  const std::string dir = temp_dir("onexc-blocked");
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/checkpoints") << "a file where the directory would go\n";
+  auto r = shell_cmd("STROBE_FAULT_AT=throw:after_backward@3 ", "fit -c " + cfg + " --run-dir " + dir);
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_EQ(count_lines(r.err), 2) << r.err;
+  EXPECT_EQ(r.err.rfind("strobe: on_exception_checkpoint: could not save " + dir + "/checkpoints/crash.ckpt: ", 0), 0u) << r.err;
+  EXPECT_NE(r.err.find("\nstrobe: error: fault point after_backward at step 3 (STROBE_FAULT_AT)\n"), std::string::npos) << r.err;
 }

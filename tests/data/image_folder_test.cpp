@@ -9,6 +9,8 @@
 #include "data/image_transforms.h"
 #include "strobe/data/data_error.h"
 #include "strobe/data/dataset.h"
+#include <nlohmann/json.hpp>
+
 #include "tests/data/real_data_util.h"
 #include "tests/source_path.h"
 
@@ -279,6 +281,52 @@ TEST(ImageFolder, CorruptImageExitsTwoNamingTheFileOrIsSkippedAndCounted) {
   r = run_cmd(strobe_bin() + " fit -c " + cfg.string() + " --run-dir " + fresh_dir("if_corrupt_c").string());
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("strobe: data error: " + (root / "Bag" / "readme.txt").string() + ": unknown extension"), std::string::npos) << r.err;
+}
+
+// A real cause for on_exception_checkpoint: read in order, the 7th image is corrupt, so the batch of
+// step 4 (images 7 and 8) fails to load: the run stops with the data error and on_exception.ckpt
+// holds step 3. With the file repaired, resuming it ends where an uninterrupted run ends. A corrupt
+// first image stops the run before any training batch: nothing is saved.
+TEST(ImageFolder, ACorruptImageStopsTheRunAndItsExceptionCheckpointResumesExactly) {
+  if (!have_fashion_mnist()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  auto root = fashion_folder("if_exc", 1);
+  const auto listing = data::list_image_folder(root.string(), *std::make_shared<BadSampleLog>("t", OnBadSample::Error));
+  ASSERT_EQ(listing.samples.size(), 10u);
+  const fs::path seventh = listing.samples[6].first, first = listing.samples[0].first;
+  const std::string good = slurp(seventh.string()), good_first = slurp(first.string());
+  auto cfg = fresh_dir("if_exc_cfg") / "exp.yaml";
+  write_file(cfg, "name: exc\nseed: 2\ntrainer:\n  max_steps: 5\n  log_every_n_steps: 1\n  enable_progress_bar: false\n"
+                  "  device: cpu\n  num_sanity_val_steps: 0\nmodel:\n  name: mlp\n  in_features: 784\n  hidden: [8]\n  dropout: 0.3\n"
+                  "  num_classes: 10\ndata:\n  name: image_folder\n  root: " + root.string() +
+                  "\n  image_size: 28\n  channels: 1\n  batch_size: 2\n  shuffle: false\n  num_workers: 2\n"
+                  "optimizer:\n  name: adamw\n  lr: 0.01\ncallbacks:\n  - name: on_exception_checkpoint\n");
+  auto full = fresh_dir("if_exc_full"), failed = fresh_dir("if_exc_failed");
+  auto r = run_cmd(strobe_bin() + " fit -c " + cfg.string() + " --run-dir " + full.string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  write_file(seventh, good.substr(0, good.size() / 2));
+  r = run_cmd(strobe_bin() + " fit -c " + cfg.string() + " --run-dir " + failed.string());
+  EXPECT_EQ(r.code, 2) << r.err;
+  const auto saved = (failed / "checkpoints" / "on_exception.ckpt").string();
+  EXPECT_NE(r.err.find("strobe: training stopped by an error; saved " + saved + " at step 3 (the last completed step)"),
+            std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("strobe: data error: " + seventh.string() + ": truncated or corrupt JPEG"), std::string::npos) << r.err;
+  ASSERT_TRUE(fs::exists(saved)) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(checkpoint::load_checkpoint_file(saved).blob("meta"))["global_step"], 3);
+  write_file(seventh, good);
+  r = run_cmd(strobe_bin() + " fit -c " + cfg.string() + " --ckpt " + saved);
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto pa = model_tensors_of((full / "checkpoints/last.ckpt").string()), pb = model_tensors_of((failed / "checkpoints/last.ckpt").string());
+  ASSERT_EQ(pa.size(), pb.size());
+  for (auto& [k, v] : pa) EXPECT_TRUE(torch::equal(v, pb.at(k))) << k;
+  EXPECT_EQ(csv_column((full / "metrics.csv").string(), "train/loss"), csv_column((failed / "metrics.csv").string(), "train/loss"));
+
+  write_file(first, good_first.substr(0, good_first.size() / 2));
+  auto early = fresh_dir("if_exc_early");
+  r = run_cmd(strobe_bin() + " fit -c " + cfg.string() + " --run-dir " + early.string());
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_FALSE(fs::exists(early / "checkpoints" / "on_exception.ckpt")) << r.err;
+  EXPECT_EQ(r.err.find("saved"), std::string::npos) << r.err;
+  write_file(first, good_first);
 }
 
 TEST(ImageFolder, EveryBadSampleInABatchIsAnErrorEvenWhenSkipping) {

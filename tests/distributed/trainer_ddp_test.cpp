@@ -17,6 +17,7 @@
 #include "strobe/checkpoint/checkpoint_io.h"
 #include "strobe/config/config.h"
 #include "strobe/core/capture.h"
+#include "strobe/core/loop_state.h"
 #include "strobe/core/model.h"
 #include "runner/experiment_builder.h"
 #include "tests/cli/cli_test_util.h"
@@ -34,7 +35,7 @@ using st::count_lines_with;
 using st::describe;
 
 // An MLP with test faults on one rank, at the n-th training forward of that process:
-// nan (the output becomes NaN, so the loss), kill (SIGKILL), term (SIGTERM). With rng_extra each
+// nan (the output becomes NaN, so the loss), kill (SIGKILL), term (SIGTERM), throw (an exception). With rng_extra each
 // training forward draws rank + 1 extra numbers from the CPU generator, so the ranks' generator
 // states differ (as they do in real runs with per-rank augmentation): a resume that restored
 // another rank's RNG would change the dropout masks.
@@ -61,6 +62,7 @@ class DdpProbe : public Model {
       if (rank_ == fault_rank_ && calls_ == fault_call_) {
         if (fault_ == "kill") std::raise(SIGKILL);
         if (fault_ == "term") std::raise(SIGTERM);
+        if (fault_ == "throw") throw std::runtime_error(fmt::format("probe failure on rank {} at call {}", rank_, calls_));
         poison = fault_ == "nan";
       }
       if (rng_extra_) (void)torch::rand({rank_ + 1});
@@ -85,7 +87,7 @@ std::shared_ptr<Model> make_ddp_probe(config::Section& cfg) {
   auto hidden = cfg.get_int("hidden", 32, 1);
   auto classes = cfg.get_int("num_classes", 4, 1);
   auto dropout = cfg.get_double("dropout", 0.0, 0.0, 0.99);
-  auto fault = cfg.get_choice("fault", "none", {"none", "nan", "kill", "term"});
+  auto fault = cfg.get_choice("fault", "none", {"none", "nan", "kill", "term", "throw"});
   auto fault_rank = cfg.get_int("fault_rank", 1, 0);
   auto fault_call = cfg.get_int("fault_call", 1, 1);
   auto rng_extra = cfg.get_bool("rng_extra", false);
@@ -474,6 +476,36 @@ TEST(TrainerDDP, KilledRankEndsTheOtherWithinTheTimeout) {
   EXPECT_EQ(count_lines_with(rs[0].stderr_text, "strobe: rank 0 of 2: distributed job failed: rank 1 stopped responding"), 1)
       << rs[0].stderr_text;
   EXPECT_LT(rs[0].seconds - rs[1].seconds, 4.0 + 2.0) << describe(rs);
+  checkpoint::remove_tree(job.dir);
+}
+
+// An exception inside a step on rank 1 with on_exception_checkpoint: rank 1 writes the checkpoint of
+// the failed step's start without any collective and ends with its error; rank 0, blocked in the
+// step's all-reduce, ends within the timeout naming that error (not a timeout of its own).
+TEST(TrainerDDP, AnExceptionOnOneRankSavesItsCheckpointAndEndsTheOtherNamingTheError) {
+  Job job = new_job("throw");
+  auto rs = fit(2, job, {"model.fault=throw", "model.fault_rank=1", "model.fault_call=5", "trainer.max_steps=1000",
+                         "trainer.max_epochs=-1", "trainer.dist_timeout=30", "trainer.accumulate_grad_batches=1",
+                         "callbacks=[{name: on_exception_checkpoint}]"},
+                std::nullopt, 90);
+  ASSERT_EQ(rs[1].exit_code, 1) << describe(rs);
+  ASSERT_EQ(rs[0].exit_code, 1) << describe(rs);
+  EXPECT_EQ(count_lines_with(rs[1].stderr_text, "probe failure on rank 1 at call 5"), 1) << rs[1].stderr_text;
+  EXPECT_EQ(count_lines_with(rs[0].stderr_text,
+                             "strobe: rank 0 of 2: distributed job failed: rank 1 failed: probe failure on rank 1 at call 5"),
+            1)
+      << rs[0].stderr_text;
+  EXPECT_LT(rs[0].seconds, 20.0) << "rank 0 waited for a timeout instead of hearing rank 1's error: " << describe(rs);
+  // Rank 1 wrote the file into the run directory (rank 0's choice, broadcast at setup).
+  std::string ckpt;
+  for (const auto& line : strobe::testing::split_any(rs[1].stderr_text, "\n"))
+    if (auto at = line.find("saved "); at != std::string::npos) ckpt = line.substr(at + 6, line.find(" at step") - at - 6);
+  ASSERT_TRUE(ckpt.size() > 30 && ckpt.substr(ckpt.size() - 30) == "/checkpoints/on_exception.ckpt") << rs[1].stderr_text;
+  EXPECT_EQ(ckpt.rfind(job.root, 0), 0u) << ckpt << " is not in the job's run directory under " << job.root;
+  EXPECT_EQ(count_lines_with(rs[1].stderr_text, "at step 4 (the failed step's start)"), 1) << rs[1].stderr_text;
+  auto d = checkpoint::load_checkpoint_file(ckpt);
+  EXPECT_EQ(nlohmann::json::parse(d.blob("meta"))["global_step"], 4);
+  EXPECT_EQ(parse_loop_state(d.blob("loop")).global_step, 4);
   checkpoint::remove_tree(job.dir);
 }
 

@@ -2,7 +2,9 @@
 // shards disjoint and complete.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <set>
+#include <thread>
 
 #include "strobe/data/loader.h"
 #include "tests/trainer/trainer_test_util.h"
@@ -63,27 +65,36 @@ TEST(Loader, MidEpochStartYieldsTheRemainingBatches) {
   EXPECT_TRUE(same(std::vector<Batch>(full.begin() + 4, full.end()), tail));
 }
 
-TEST(Loader, WorkerErrorsReachTheConsumer) {
+// A worker's error reaches the consumer at its batch's turn, after every batch before it, as without
+// workers: the workers make later batches first here (the early ones are slow), so an error raised as
+// soon as it happens would come before batches 0-2.
+TEST(Loader, WorkerErrorsReachTheConsumerAtTheirBatchsTurn) {
   class Broken : public Dataset {
    public:
     int64_t size() const override { return 10; }
     Sample get(int64_t index, at::Generator&) const override {
+      if (index < 2) std::this_thread::sleep_for(std::chrono::milliseconds(200));
       if (index == 7) throw std::runtime_error("bad sample 7");
-      return {{"x", torch::zeros({1})}};
+      return {{"x", torch::full({1}, static_cast<float>(index))}};
     }
   };
-  LoaderOptions o;
-  o.batch_size = 2;
-  o.num_workers = 2;
-  o.shuffle = false;
-  DataLoader loader(std::make_shared<Broken>(), stack_collate, o);
-  loader.start(0);
-  EXPECT_THROW(
-      {
-        while (loader.next()) {
-        }
-      },
-      std::runtime_error);
+  for (int64_t workers : {0, 4}) {
+    LoaderOptions o;
+    o.batch_size = 2;
+    o.num_workers = workers;
+    o.prefetch_factor = 4;
+    o.shuffle = false;
+    DataLoader loader(std::make_shared<Broken>(), stack_collate, o);
+    loader.start(0);
+    std::vector<float> firsts;
+    try {
+      while (auto b = loader.next()) firsts.push_back(b->at("x")[0][0].item<float>());
+      ADD_FAILURE() << "no error";
+    } catch (const std::runtime_error& e) {
+      EXPECT_STREQ(e.what(), "bad sample 7");
+    }
+    EXPECT_EQ(firsts, (std::vector<float>{0, 2, 4})) << workers << " workers";
+  }
 }
 
 TEST(Sampler, ShardsAreDisjointAndComplete) {
