@@ -9,7 +9,10 @@
 - what a map cannot represent (timm's class token with average pooling) and a file read with the
   wrong names are refused with exit 2;
 - Strobe checkpoints exported with `strobe export --names timm|torchvision` load with strict=True in
-  timm / torchvision and give Strobe's logits.
+  timm / torchvision and give Strobe's logits;
+- the training FLOPs each model declares (throughput_monitor, strobe bench) equal what
+  torch.utils.flop_counter counts for a forward and backward of the same network;
+- a run's model_summary.txt totals equal sum(p.numel()) of the library's model.
 timm, torchvision and safetensors are comparison packages scripts/setup.sh installs: without them
 this test is skipped (exit 77) on a developer machine and fails under CI (CI=true)."""
 import os, re, shutil, subprocess, sys, tempfile
@@ -132,6 +135,15 @@ def torchvision_vit():
 flops_match("flops vit token", VIT_TOKEN, timm_vit(True, "token"), images32)
 flops_match("flops vit avg", VIT_AVG, timm_vit(False, "avg"), images32)
 flops_match("flops resnet18", RESNET, torchvision.models.resnet18(num_classes=10), images64)
+# Strobe's own architectures, rebuilt layer for layer in PyTorch for the counter.
+detector = torch.nn.Sequential(
+    *[m for i in range(4) for m in (torch.nn.Conv2d(4 ** i, 4 ** (i + 1), 3, padding="same"), torch.nn.MaxPool2d(2), torch.nn.ReLU())],
+    torch.nn.Flatten(), torch.nn.Linear(256 * 2 * 2, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8 * 4))
+flops_match("flops face_detector", "name: face_detector\nimage_size: 32\nmax_boxes: 8\nhidden_dim: 64\nfused_conv: false\n",
+            detector, torch.randn(2, 1, 32, 32))
+mlp = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, 48), torch.nn.ReLU(), torch.nn.Linear(48, 24),
+                          torch.nn.ReLU(), torch.nn.Linear(24, 10))
+flops_match("flops mlp", "name: mlp\nin_features: 3072\nhidden: [48, 24]\nnum_classes: 10\n", mlp, images32)
 flops_match("flops resnet50", "name: resnet\ndepth: 50\nnum_classes: 10\n", torchvision.models.resnet50(num_classes=10),
             images64)
 
