@@ -1,5 +1,6 @@
-// lr_monitor (LearningRateMonitor): logs each parameter group's learning rate (`lr-<optimizer>`,
-// `lr-<optimizer>/pg<i>` for several groups) every log interval. Learning rates are host values:
+// lr_monitor (LearningRateMonitor): logs each parameter group's learning rate (`lr`, or
+// `lr/<group>` for the groups of optimizer.param_groups; `lr/pg<i>` for a task's own optimizer's
+// unnamed groups) every log interval. Learning rates are host values:
 // they go straight to the loggers, never through the device.
 #include <fmt/format.h>
 #include <torch/torch.h>
@@ -21,8 +22,10 @@ class LearningRateMonitor : public Callback {
     logged_step_ = step;
     std::vector<std::pair<std::string, double>> values;
     const size_t groups = opt->param_groups().size();
+    const auto& names = t.param_group_names();
     for (size_t g = 0; g < groups; ++g)
-      values.emplace_back(groups == 1 ? "lr" : fmt::format("lr/pg{}", g), get_lr(*opt, g));
+      values.emplace_back(groups == 1 ? "lr" : names.size() == groups ? "lr/" + names[g] : fmt::format("lr/pg{}", g),
+                          get_lr(*opt, g));
     t.log_host(values);
   }
 

@@ -131,6 +131,7 @@ class ViT : public Model {
 
   std::string default_task() const override { return "classification"; }
   std::vector<std::string> batch_keys() const override { return {"image"}; }
+  std::vector<std::string> no_weight_decay() const override { return {"pos_embed", "cls_token"}; }
   // Per image: the blocks' Linear weights and attention over every token, the head once, the patch
   // embedding (the first layer: forward and weight gradient only) over every patch (models/flops.h).
   double training_flops(const Batch& batch) const override {

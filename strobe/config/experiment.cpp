@@ -196,6 +196,36 @@ OptimizerConfig parse_optimizer(Section cfg) {
     o.eps = cfg.get_double("eps", 1e-8, 0.0);
     o.amsgrad = cfg.get_bool("amsgrad", false);
   }
+  if (!cfg.is_null("param_groups")) {
+    Section pg = cfg.child("param_groups");
+    const YAML::Node nd = pg.node()["no_decay"];
+    pg.accept("no_decay");
+    if (nd.IsDefined() && !nd.IsNull()) {
+      if (nd.IsScalar() && nd.Scalar() == "auto") {
+        o.param_groups.no_decay_auto = true;
+      } else if (nd.IsSequence()) {
+        for (const auto& g : nd) {
+          if (!g.IsScalar() || g.Scalar().empty()) pg.fail("no_decay", "expected auto or a list of globs over parameter names");
+          o.param_groups.no_decay.push_back(g.Scalar());
+        }
+      } else {
+        pg.fail("no_decay", "expected auto or a list of globs over parameter names");
+      }
+    }
+    for (auto& g : pg.list("groups")) {
+      ParamGroupSpec spec;
+      spec.params = g.require_string("params");
+      if (!g.is_null("lr")) spec.lr = g.get_double("lr", 0.0, 0.0);
+      else g.accept("lr");
+      if (!g.is_null("weight_decay")) spec.weight_decay = g.get_double("weight_decay", 0.0, 0.0);
+      else g.accept("weight_decay");
+      g.finish();
+      o.param_groups.groups.push_back(spec);
+    }
+    pg.finish();
+  } else {
+    cfg.accept("param_groups");
+  }
   cfg.finish();
   o.section = std::move(cfg);
   return o;

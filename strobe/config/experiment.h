@@ -90,6 +90,20 @@ struct PluginSpec {
 
 // optimizer: (docs/CONFIG.md). Built at fit (strobe/core/optim.h: build_optimizer), where what
 // needs the device or the parameters is checked (fused: true).
+// optimizer.param_groups (docs/CONFIG.md): which parameters get other hyper-parameters. Absent: one
+// group, every parameter decayed (as before it existed).
+struct ParamGroupSpec {
+  std::string params;                   // a glob over parameter names ("head.*")
+  std::optional<double> lr, weight_decay;  // unset: the optimizer's
+};
+struct ParamGroupsConfig {
+  // no_decay: "auto" (timm's rule: parameters with at most one dimension, and the names the model
+  // declares, Model::no_weight_decay) or globs; those get weight decay 0.
+  bool no_decay_auto = false;
+  std::vector<std::string> no_decay;
+  std::vector<ParamGroupSpec> groups;  // first match wins; the rest stay in the default group
+};
+
 struct OptimizerConfig {
   std::string name = "adamw";  // sgd | adam | adamw
   double lr = 1e-3;
@@ -99,6 +113,7 @@ struct OptimizerConfig {
   bool nesterov = false;                   // sgd
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // adam, adamw
   bool amsgrad = false;                           // adam, adamw
+  ParamGroupsConfig param_groups;
   Section section;  // where it was written, for the errors found at fit
 };
 

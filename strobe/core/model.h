@@ -30,6 +30,9 @@ class Model : public torch::nn::Module {
   // FLOP/s and utilisation (docs/CONFIG.md, "throughput_monitor"). 0: not declared; the monitor then
   // reports samples and tokens per second without FLOP/s.
   virtual double training_flops(const Batch& /*batch*/) const { return 0; }
+  // Parameters that take no weight decay under `optimizer.param_groups.no_decay: auto` besides those
+  // with at most one dimension (timm's no_weight_decay(): vit's pos_embed and cls_token).
+  virtual std::vector<std::string> no_weight_decay() const { return {}; }
   // Called once the trainer has moved the model to its device, before the optimizer sees the
   // parameters (and before bf16-master converts them): a model may change their memory layout there
   // (resnet: channels_last on CUDA under a reduced precision). `precision` is trainer.precision

@@ -1,5 +1,8 @@
 #include "strobe/core/optim.h"
 
+#include <fnmatch.h>
+
+#include <algorithm>
 #include <cmath>
 
 #include <fmt/format.h>
@@ -16,8 +19,77 @@
 
 namespace strobe {
 
-std::shared_ptr<torch::optim::Optimizer> build_optimizer(const config::OptimizerConfig& cfg, std::vector<torch::Tensor> params,
+namespace {
+
+bool glob_matches(const std::string& glob, const std::string& name) { return ::fnmatch(glob.c_str(), name.c_str(), 0) == 0; }
+
+}  // namespace
+
+std::vector<ParamGroup> make_param_groups(const config::OptimizerConfig& cfg,
+                                          const std::vector<std::pair<std::string, torch::Tensor>>& named,
+                                          const std::vector<std::string>& model_no_decay) {
+  const auto& pg = cfg.param_groups;
+  const size_t n = pg.groups.size();
+  // Buckets: 2 per configured group, then the default's 2 (decayed, no_decay).
+  std::vector<ParamGroup> buckets(2 * (n + 1));
+  std::vector<bool> group_used(n, false), glob_used(pg.no_decay.size(), false);
+  for (size_t g = 0; g <= n; ++g) {
+    const std::string base = g < n ? fmt::format("groups[{}]", g) : "default";
+    const double lr = g < n && pg.groups[g].lr ? *pg.groups[g].lr : cfg.lr;
+    const double wd = g < n && pg.groups[g].weight_decay ? *pg.groups[g].weight_decay : cfg.weight_decay;
+    buckets[2 * g] = ParamGroup{base, {}, {}, lr, wd};
+    buckets[2 * g + 1] = ParamGroup{base + "/no_decay", {}, {}, lr, 0.0};
+  }
+  for (const auto& [name, p] : named) {
+    size_t g = n;
+    for (size_t i = 0; i < n; ++i)
+      if (glob_matches(pg.groups[i].params, name)) {
+        g = i, group_used[i] = true;
+        break;
+      }
+    bool no_decay = pg.no_decay_auto &&
+                    (p.dim() <= 1 || std::find(model_no_decay.begin(), model_no_decay.end(), name) != model_no_decay.end());
+    for (size_t i = 0; i < pg.no_decay.size(); ++i)
+      if (glob_matches(pg.no_decay[i], name)) no_decay = true, glob_used[i] = true;
+    auto& b = buckets[2 * g + (no_decay ? 1 : 0)];
+    b.names.push_back(name);
+    b.params.push_back(p);
+  }
+  for (size_t i = 0; i < n; ++i)
+    if (!group_used[i])
+      cfg.section.fail("param_groups", fmt::format("groups[{}].params '{}' matches no trainable parameter (or only ones an "
+                                                   "earlier group took)",
+                                                   i, pg.groups[i].params));
+  for (size_t i = 0; i < pg.no_decay.size(); ++i)
+    if (!glob_used[i])
+      cfg.section.fail("param_groups", fmt::format("no_decay[{}] '{}' matches no trainable parameter", i, pg.no_decay[i]));
+  std::vector<ParamGroup> out;
+  // The default group first, as the only group of a config without param_groups.
+  for (size_t k : {2 * n, 2 * n + 1})
+    if (!buckets[k].params.empty()) out.push_back(std::move(buckets[k]));
+  for (size_t k = 0; k < 2 * n; ++k)
+    if (!buckets[k].params.empty()) out.push_back(std::move(buckets[k]));
+  return out;
+}
+
+std::string describe_param_groups(const std::vector<ParamGroup>& groups) {
+  std::string out = fmt::format("{:<24} {:>10} {:>12} {:>12}\n", "group", "tensors", "lr", "weight_decay");
+  for (const auto& g : groups) {
+    int64_t numel = 0;
+    for (const auto& p : g.params) numel += p.numel();
+    out += fmt::format("{:<24} {:>10} {:>12.6g} {:>12.6g}  ({} parameters)\n", g.name, g.params.size(), g.lr, g.weight_decay, numel);
+  }
+  for (const auto& g : groups) {
+    out += fmt::format("\n[{}]\n", g.name);
+    for (const auto& n : g.names) out += n + "\n";
+  }
+  return out;
+}
+
+std::shared_ptr<torch::optim::Optimizer> build_optimizer(const config::OptimizerConfig& cfg, const std::vector<ParamGroup>& groups,
                                                          const torch::Device& device, OptimizerInfo* info) {
+  std::vector<torch::Tensor> params;
+  for (const auto& g : groups) params.insert(params.end(), g.params.begin(), g.params.end());
   std::string why_not;
 #if STROBE_HAS_OPS
   if (!device.is_cuda()) why_not = fmt::format("the device is {}, and the fused step runs on CUDA", device.str());
@@ -33,7 +105,18 @@ std::shared_ptr<torch::optim::Optimizer> build_optimizer(const config::Optimizer
   if (cfg.fused == "true" && !why_not.empty())
     cfg.section.fail("fused", fmt::format("the fused optimizer step is not available: {} (use fused: auto or false)", why_not));
   const bool use_fused = cfg.fused != "false" && why_not.empty();
+  // One torch::optim group per ParamGroup, each with the section's options and its own lr and decay.
   std::shared_ptr<torch::optim::Optimizer> opt;
+  auto make_groups = [&](const auto& base) {
+    std::vector<torch::optim::OptimizerParamGroup> out;
+    for (const auto& g : groups) {
+      auto o = std::make_unique<std::decay_t<decltype(base)>>(base);
+      o->lr(g.lr);
+      o->weight_decay(g.weight_decay);
+      out.emplace_back(g.params, std::move(o));
+    }
+    return out;
+  };
   if (cfg.name == "sgd") {
     auto o = torch::optim::SGDOptions(cfg.lr)
                  .momentum(cfg.momentum)
@@ -41,9 +124,9 @@ std::shared_ptr<torch::optim::Optimizer> build_optimizer(const config::Optimizer
                  .dampening(cfg.dampening)
                  .weight_decay(cfg.weight_decay);
 #if STROBE_HAS_OPS
-    if (use_fused) opt = std::make_shared<ops::FusedSGD>(params, o);
+    if (use_fused) opt = std::make_shared<ops::FusedSGD>(make_groups(o), o);
 #endif
-    if (!opt) opt = std::make_shared<torch::optim::SGD>(params, o);
+    if (!opt) opt = std::make_shared<torch::optim::SGD>(make_groups(o), o);
   } else if (cfg.name == "adam") {
     auto o = torch::optim::AdamOptions(cfg.lr)
                  .betas({cfg.beta1, cfg.beta2})
@@ -51,9 +134,9 @@ std::shared_ptr<torch::optim::Optimizer> build_optimizer(const config::Optimizer
                  .weight_decay(cfg.weight_decay)
                  .amsgrad(cfg.amsgrad);
 #if STROBE_HAS_OPS
-    if (use_fused) opt = std::make_shared<ops::FusedAdam>(params, o);
+    if (use_fused) opt = std::make_shared<ops::FusedAdam>(make_groups(o), o);
 #endif
-    if (!opt) opt = std::make_shared<torch::optim::Adam>(params, o);
+    if (!opt) opt = std::make_shared<torch::optim::Adam>(make_groups(o), o);
   } else {
     auto o = torch::optim::AdamWOptions(cfg.lr)
                  .betas({cfg.beta1, cfg.beta2})
@@ -61,9 +144,9 @@ std::shared_ptr<torch::optim::Optimizer> build_optimizer(const config::Optimizer
                  .weight_decay(cfg.weight_decay)
                  .amsgrad(cfg.amsgrad);
 #if STROBE_HAS_OPS
-    if (use_fused) opt = std::make_shared<ops::FusedAdamW>(params, o);
+    if (use_fused) opt = std::make_shared<ops::FusedAdamW>(make_groups(o), o);
 #endif
-    if (!opt) opt = std::make_shared<torch::optim::AdamW>(params, o);
+    if (!opt) opt = std::make_shared<torch::optim::AdamW>(make_groups(o), o);
   }
   if (info) *info = OptimizerInfo{cfg.name, use_fused};
   return opt;
@@ -83,7 +166,10 @@ LRScheduler::LRScheduler(torch::optim::Optimizer& opt) : opt_(opt) {
 
 void LRScheduler::apply() {
   double f = factor(step_);
-  for (size_t g = 0; g < base_lrs_.size(); ++g) set_lr(opt_, g, base_lrs_[g] * f);
+  // Each group at its own base lr times the factor, never below the floor (reduce_on_plateau's
+  // min_lr, for every group alike; a group whose base lr is below it stays at its base).
+  for (size_t g = 0; g < base_lrs_.size(); ++g)
+    set_lr(opt_, g, std::max(base_lrs_[g] * f, std::min(lr_floor(), base_lrs_[g])));
 }
 
 void LRScheduler::step(int64_t global_step) {
@@ -157,6 +243,7 @@ class ReduceOnPlateau : public LRScheduler {
       : LRScheduler(o), monitor_(std::move(monitor)), max_(maximize), f_(factor), patience_(patience),
         threshold_(threshold), cooldown_(cooldown), min_lr_(min_lr) {}
   double factor(int64_t) const override { return scale_; }
+  double lr_floor() const override { return min_lr_; }
   bool wants_monitor() const override { return true; }
   std::string monitor() const override { return monitor_; }
   void on_validation_end(double v) override {
@@ -173,8 +260,10 @@ class ReduceOnPlateau : public LRScheduler {
       bad_ = 0;
     }
     if (bad_ > patience_) {
-      double min_scale = base_lrs_.empty() || base_lrs_[0] <= 0 ? 0.0 : min_lr_ / base_lrs_[0];
-      scale_ = std::max(scale_ * f_, min_scale);
+      // Not below the smallest scale any group can still use above min_lr (apply() floors each).
+      double max_base = 0;
+      for (double b : base_lrs_) max_base = std::max(max_base, b);
+      scale_ = std::max(scale_ * f_, max_base <= 0 ? 0.0 : min_lr_ / max_base);
       cooldown_left_ = cooldown_;
       bad_ = 0;
       apply();

@@ -23,9 +23,32 @@ struct OptimizerInfo {
   bool fused = false;  // our multi-tensor CUDA step is in use
 };
 
+// One parameter group as optimizer.param_groups makes it (docs/CONFIG.md): its name ("default",
+// "default/no_decay", "groups[0]", "groups[0]/no_decay"), its parameters' names and tensors (the
+// optimizer's: under bf16-master the fp32 masters) and its hyper-parameters.
+struct ParamGroup {
+  std::string name;
+  std::vector<std::string> names;
+  std::vector<torch::Tensor> params;
+  double lr = 0, weight_decay = 0;
+};
+
+// The groups of the trainable parameters `named` (model order) under `cfg.param_groups`: each
+// parameter in the first `groups` entry whose glob matches its name, else in the default group;
+// within each, the ones `no_decay` selects (auto: at most one dimension, or named in
+// `model_no_decay`; or matching one of its globs) apart with weight decay 0. Empty groups are left
+// out. A `groups` or `no_decay` glob that matches no parameter is a ConfigError naming it. Without
+// param_groups: one group, "default", as before.
+std::vector<ParamGroup> make_param_groups(const config::OptimizerConfig& cfg,
+                                          const std::vector<std::pair<std::string, torch::Tensor>>& named,
+                                          const std::vector<std::string>& model_no_decay);
+// The groups as the run directory's param_groups.txt lists them: name, parameters, lr, weight decay,
+// then each parameter's name.
+std::string describe_param_groups(const std::vector<ParamGroup>& groups);
+
 // `device` and the parameters decide whether optimizer.fused (default auto) selects the fused CUDA
 // step; fused: true where it cannot be had is a ConfigError naming the key.
-std::shared_ptr<torch::optim::Optimizer> build_optimizer(const config::OptimizerConfig& cfg, std::vector<torch::Tensor> params,
+std::shared_ptr<torch::optim::Optimizer> build_optimizer(const config::OptimizerConfig& cfg, const std::vector<ParamGroup>& groups,
                                                          const torch::Device& device, OptimizerInfo* info = nullptr);
 
 double get_lr(const torch::optim::Optimizer& opt, size_t group = 0);
@@ -52,6 +75,8 @@ class LRScheduler : public Stateful {
 
  protected:
   virtual double factor(int64_t step) const = 0;
+  // The lowest lr apply() sets (reduce_on_plateau's min_lr); 0 for the others.
+  virtual double lr_floor() const { return 0; }
   torch::optim::Optimizer& opt_;
   std::vector<double> base_lrs_;
   int64_t step_ = 0;

@@ -130,11 +130,14 @@ void Trainer::setup_fit() {
         "trainer.precision: bf16-master needs the optimizer built from the optimizer: section (this task's "
         "configure_optimizers returns its own, which would update the bf16 weights directly)");
   if (!optimizer_) {
-    std::vector<torch::Tensor> params;
-    for (auto& p : module_->net().parameters())
-      if (p.requires_grad()) params.push_back(p);
-    if (masters_) params = masters_->optimizer_params(params);
-    optimizer_ = build_optimizer(exp_.optimizer, params, device_, &optimizer_info_);
+    std::vector<std::pair<std::string, torch::Tensor>> named;
+    for (auto& p : module_->net().named_parameters())
+      if (p.value().requires_grad()) named.emplace_back(p.key(), masters_ ? masters_->master_of(p.value()) : p.value());
+    const auto* model = dynamic_cast<const Model*>(&module_->net());
+    const auto groups = make_param_groups(exp_.optimizer, named, model ? model->no_weight_decay() : std::vector<std::string>{});
+    optimizer_ = build_optimizer(exp_.optimizer, groups, device_, &optimizer_info_);
+    for (const auto& g : groups) param_group_names_.push_back(g.name);
+    param_groups_text_ = describe_param_groups(groups);
   }
   if (!scheduler_) scheduler_ = build_scheduler(exp_.scheduler, *optimizer_, estimated_stepping_batches());
   if (c.precision == Precision::k16Mixed) scaler_ = std::make_unique<GradScaler>(device_);
@@ -182,6 +185,14 @@ int Trainer::fit(std::optional<checkpoint::CheckpointData> resume) {
     // On resume, TensorBoard's restart marker hides what a crashed continuation logged after the checkpoint.
     tensorboard_ = std::make_unique<logging::TensorBoardLogger>(run_dir_, config_yaml_, resumed ? state().global_step : -1);
     collector_->add_consumer(tensorboard_.get());
+  }
+  // The optimizer's parameter groups (docs/CONFIG.md, "optimizer.param_groups"), for the user to read.
+  if (!run_dir_.empty() && rank_ == 0 && !param_groups_text_.empty()) {
+    try {
+      checkpoint::write_file_atomic(run_dir_ + "/param_groups.txt", param_groups_text_);
+    } catch (const checkpoint::CheckpointError& e) {
+      throw checkpoint::WriteError(e.what());
+    }
   }
   install_signal_handlers();
   fit_loop_->start_clock();

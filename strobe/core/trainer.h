@@ -163,6 +163,7 @@ class Trainer : private TrainerView, private StepAccess {
   void log_host(const std::vector<std::pair<std::string, double>>& values) override;
   void log_host_at(int64_t step, int64_t epoch, const std::vector<std::pair<std::string, double>>& values) override;
   torch::optim::Optimizer* optimizer() override { return optimizer_.get(); }
+  const std::vector<std::string>& param_group_names() const override { return param_group_names_; }
   LRScheduler* scheduler() override { return scheduler_.get(); }
   DataModule& datamodule() override { return *datamodule_; }
   void request_stop(int exit_code = kExitOk) override { fit_loop_->request_stop(exit_code); }
@@ -218,6 +219,8 @@ class Trainer : private TrainerView, private StepAccess {
   std::shared_ptr<torch::optim::Optimizer> optimizer_;
   std::shared_ptr<LRScheduler> scheduler_;
   OptimizerInfo optimizer_info_;
+  std::vector<std::string> param_group_names_;
+  std::string param_groups_text_;  // param_groups.txt, written by rank 0 when fit starts
   std::unique_ptr<GradScaler> scaler_;
   std::unique_ptr<MasterWeights> masters_;  // precision bf16-master
   std::unique_ptr<logging::LogCollector> collector_;

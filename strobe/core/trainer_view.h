@@ -102,6 +102,9 @@ class TrainerView {
   // --- what trains ---
   // The optimizer (null before fit's setup); read its groups' learning rates, never step it.
   virtual torch::optim::Optimizer* optimizer() = 0;
+  // The names of the optimizer's parameter groups, in its order ("default", "default/no_decay",
+  // "groups[0]", ...: optimizer.param_groups); empty before fit's setup or for a task's own optimizer.
+  virtual const std::vector<std::string>& param_group_names() const = 0;
   // The learning-rate scheduler (null when there is none).
   virtual LRScheduler* scheduler() = 0;
   // The data: its loaders and their options.

@@ -316,3 +316,30 @@ TEST(TrainerCuda, InitFromLoadsBeforeEveryPrecisionAndLayout) {
   for (const char* precision : {"32", "bf16-mixed", "bf16-master", "16-mixed"})
     strobe::testing::expect_init_from_survives("cuda", precision, resnet);
 }
+
+// optimizer.param_groups on CUDA: the fused multi-tensor step with four groups of different lr and
+// weight decay (no_decay auto, a head group) lands where torch::optim's step lands, in fp32 and under
+// bf16-master (the groups hold the fp32 masters).
+TEST(TrainerCuda, FusedStepWithParamGroupsEqualsTorchOptim) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  for (const char* precision : {"32", "bf16-master"}) {
+    std::map<std::string, std::map<std::string, torch::Tensor>> weights;
+    for (const char* fused : {"true", "false"}) {
+      std::string dir = temp_dir("cuda-groups");
+      auto run = make_run(cuda_yaml(), {std::string("trainer.precision=") + precision, std::string("optimizer.fused=") + fused,
+                                        "model.dropout=0.0", "trainer.max_steps=5", "optimizer.weight_decay=0.1",
+                                        "optimizer.param_groups={no_decay: auto, groups: [{params: 'head.*', lr: 0.05, weight_decay: 0.3}]}"},
+                          dir);
+      ASSERT_EQ(run->trainer->fit(), 0) << precision << " fused=" << fused;
+      EXPECT_EQ(run->trainer->view().param_group_names().size(), 4u);
+      for (auto& [k, v] : model_tensors(dir + "/checkpoints/last.ckpt")) weights[fused][k] = v.to(torch::kFloat64);
+    }
+    ASSERT_FALSE(weights["true"].empty());
+    for (auto& [k, v] : weights["true"]) {
+      const auto& ref = weights["false"].at(k);
+      const double rel = (v - ref).abs().max().item<double>() / std::max(ref.abs().max().item<double>(), 1e-12);
+      EXPECT_LT(rel, 1e-5) << precision << " " << k;
+      EXPECT_FALSE(std::isnan(rel)) << k;
+    }
+  }
+}

@@ -47,6 +47,8 @@ class FakeView : public TrainerView, public StepAccess {
   }
   void log_host_at(int64_t, int64_t, const std::vector<std::pair<std::string, double>>& values) override { log_host(values); }
   torch::optim::Optimizer* optimizer() override { return opt.get(); }
+  const std::vector<std::string>& param_group_names() const override { return group_names; }
+  std::vector<std::string> group_names;
   LRScheduler* scheduler() override { return nullptr; }
   DataModule& datamodule() override { throw std::logic_error("no data in this view"); }
   void request_stop(int code) override {

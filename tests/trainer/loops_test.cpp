@@ -176,9 +176,10 @@ TEST(FitLoop, OwnsTheAccumulationWindowAndTrainsWithTheEagerRunnerAsTheTrainerDo
                                          "data.num_workers=0", "scheduler={name: none}"};
   LoopRig rig(sets);
   auto& module = *rig.run->module;
-  std::vector<torch::Tensor> params;
-  for (auto& p : module.net().parameters()) params.push_back(p);
-  auto opt = build_optimizer(rig.run->experiment.optimizer, params, torch::Device(torch::kCPU));
+  std::vector<std::pair<std::string, torch::Tensor>> named;
+  for (auto& p : module.net().named_parameters()) named.emplace_back(p.key(), p.value());
+  auto opt = build_optimizer(rig.run->experiment.optimizer, make_param_groups(rig.run->experiment.optimizer, named, {}),
+                             torch::Device(torch::kCPU));
   rig.view.opt = opt;
   StepPipeline pipeline(rig.cfg, module.net(), *opt, nullptr, nullptr);
   StepRunner step(module, pipeline, torch::Device(torch::kCPU), rig.cfg.precision);
