@@ -34,19 +34,7 @@ class OnExceptionCheckpoint : public Callback {
   void on_train_batch_start(TrainerView& t, Module& module, const Batch&, int64_t) override {
     if (t.accumulated_batches() != 0 && in_step_) return;  // a later micro-batch of the same step
     in_step_ = true;
-    // The buffers into copies kept from step to step, one multi-tensor copy on the device (no sync).
-    torch::NoGradGuard ng;
-    if (!start_) {
-      start_.emplace();
-      for (const auto& b : module.net().named_buffers()) {
-        names_.push_back(b.key());
-        live_.push_back(b.value());
-        copies_.push_back(torch::empty_like(b.value()));
-      }
-    }
-    if (!live_.empty()) at::_foreach_copy_(copies_, live_);
-    start_->loop = t.state();
-    start_->rng = snapshot_rng(torch::cuda::is_available());
+    record(t, module);
   }
   // After the step's update (StepPipeline::step): the weights and optimizer hold it; the loop counters
   // follow before anything else can throw.
@@ -60,15 +48,13 @@ class OnExceptionCheckpoint : public Callback {
     }
     const std::string path = (std::filesystem::path(t.run_dir()) / "checkpoints" / (filename_ + ".ckpt")).string();
     try {
-      StepStart at = in_step_ ? *start_ : snapshot(t, module);
-      if (in_step_)
-        for (size_t i = 0; i < names_.size(); ++i) at.buffers[names_[i]] = copies_[i];
-      at.local = true;
-      const auto data = t.step_access().make_checkpoint_at(at);
+      if (!in_step_) record(t, module);  // between steps the live state is the last completed step's
+      const auto data = t.step_access().make_checkpoint_at(*start_);
       std::filesystem::create_directories(std::filesystem::path(path).parent_path());
       checkpoint::save_checkpoint_file(path, data);
+      const int64_t step = start_->loop.global_step;
       fmt::print(stderr, "strobe: training stopped by an error{}; saved {} at step {} ({}); resume with --ckpt {}\n",
-                 in_step_ ? fmt::format(" in step {}", at.loop.global_step + 1) : "", path, at.loop.global_step,
+                 in_step_ ? fmt::format(" in step {}", step + 1) : "", path, step,
                  in_step_ ? "the failed step's start" : "the last completed step", path);
     } catch (const std::exception& e) {
       fmt::print(stderr, "strobe: on_exception_checkpoint: could not save {}: {}\n", path, e.what());
@@ -77,21 +63,29 @@ class OnExceptionCheckpoint : public Callback {
   }
 
  private:
-  // The state a checkpoint of this moment records besides the live weights and optimizer.
-  static StepStart snapshot(TrainerView& t, Module& module) {
-    StepStart s;
-    s.loop = t.state();
-    s.rng = snapshot_rng(torch::cuda::is_available());
+  // This moment as a checkpoint records it besides the live weights and optimizer: the loop counters,
+  // the generators and the buffers (copied into tensors kept from step to step by one multi-tensor
+  // copy on the device, no sync). Made without a collective (StepStart::local).
+  void record(TrainerView& t, Module& module) {
     torch::NoGradGuard ng;
-    for (const auto& b : module.net().named_buffers()) s.buffers[b.key()] = b.value().clone();
-    return s;
+    if (!start_) {
+      start_.emplace();
+      start_->local = true;
+      for (const auto& b : module.net().named_buffers()) {
+        live_.push_back(b.value());
+        copies_.push_back(torch::empty_like(b.value()));
+        start_->buffers[b.key()] = copies_.back();
+      }
+    }
+    if (!live_.empty()) at::_foreach_copy_(copies_, live_);
+    start_->loop = t.state();
+    start_->rng = snapshot_rng(torch::cuda::is_available());
   }
 
   std::string filename_;
   bool in_step_ = false;
-  std::optional<StepStart> start_;  // the current step's start (its buffers in copies_)
-  std::vector<std::string> names_;
-  std::vector<torch::Tensor> live_, copies_;  // the model's buffers and their copies at the step's start
+  std::optional<StepStart> start_;  // the latest recorded moment (the current step's start)
+  std::vector<torch::Tensor> live_, copies_;  // the model's buffers and their copies in start_
 };
 
 std::shared_ptr<Callback> make_on_exception_checkpoint(config::Section& cfg) {

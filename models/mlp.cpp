@@ -38,12 +38,14 @@ class Mlp : public Model {
   // Every Linear per sample; the first (its input is data) forward and weight gradient only.
   double training_flops(const Batch& batch) const override {
     const auto& first = layers_.empty() ? head_ : layers_.front();
-    const double all = models::linear_weight_params(*this), in = static_cast<double>(first->weight.numel());
+    if (linear_weights_ < 0) linear_weights_ = models::linear_weight_params(*this);  // counted once: this runs every batch
+    const double all = linear_weights_, in = static_cast<double>(first->weight.numel());
     return static_cast<double>(batch_samples(batch)) * (6 * all - 2 * in);
   }
 
  private:
   int64_t in_features_;
+  mutable double linear_weights_ = -1;  // training_flops: counted on first use
   double dropout_;
   std::vector<torch::nn::Linear> layers_;
   torch::nn::Linear head_{nullptr};

@@ -138,7 +138,8 @@ class ViT : public Model {
     const double grid = static_cast<double>(o_.img_size / o_.patch_size), d = static_cast<double>(o_.embed_dim);
     const double tokens = grid * grid + (o_.class_token ? 1 : 0);
     const double head = static_cast<double>(head_->weight.numel());
-    const double blocks = linear_weight_params(*this) - head;
+    if (linear_weights_ < 0) linear_weights_ = linear_weight_params(*this);  // counted once: this runs every batch
+    const double blocks = linear_weights_ - head;
     const double patch = static_cast<double>(patch_embed_->weight.numel()) * grid * grid;
     const double forward = 2 * blocks * tokens + 2 * head + 4 * static_cast<double>(o_.depth) * tokens * tokens * d;
     return static_cast<double>(batch_samples(batch)) * (3 * forward + 2 * 2 * patch);
@@ -151,6 +152,7 @@ class ViT : public Model {
 
  private:
   ViTOptions o_;
+  mutable double linear_weights_ = -1;  // training_flops: counted on first use
   nn::Conv2d patch_embed_{nullptr};
   torch::Tensor cls_token_, pos_embed_;
   nn::ModuleList blocks_{nullptr};

@@ -254,21 +254,20 @@ std::unique_ptr<Run> build_run(config::Document& doc, const RunOptions& options)
   run->module = task_registry().create(exp.task, model->default_task(), model);
   check_batch_keys(exp, run->datamodule->info(), *model, *run->module);
 
-  bool has_progress = false, has_checkpoint = false, has_summary = false;
-  for (auto& section : exp.callbacks) {
-    run->callbacks.push_back(callback_registry().create(section, ""));
-    has_progress |= run->callbacks.back()->name() == "progress_bar";
-    has_checkpoint |= run->callbacks.back()->name() == "model_checkpoint";
-    has_summary |= run->callbacks.back()->name() == "model_summary";
+  for (auto& section : exp.callbacks) run->callbacks.push_back(callback_registry().create(section, ""));
+  // As in Lightning: a fit adds the callbacks its trainer.enable_* switches turn on when none of that
+  // name is configured (a default model_checkpoint keeps last.ckpt and the latest epoch's checkpoint).
+  if (options.stage == Stage::Fit) {
+    const size_t configured = run->callbacks.size();
+    for (const auto& [enabled, default_name] : {std::pair{exp.trainer.enable_checkpointing, "model_checkpoint"},
+                                                std::pair{exp.trainer.enable_progress_bar, "progress_bar"},
+                                                std::pair{exp.trainer.enable_model_summary, "model_summary"}}) {
+      const std::string name = default_name;
+      const auto end = run->callbacks.begin() + static_cast<std::ptrdiff_t>(configured);
+      if (enabled && std::none_of(run->callbacks.begin(), end, [&](const auto& cb) { return cb->name() == name; }))
+        run->callbacks.push_back(default_callback(name));
+    }
   }
-  // As in Lightning: with checkpointing enabled and none configured, a default model_checkpoint
-  // keeps last.ckpt (and the latest epoch's checkpoint).
-  if (exp.trainer.enable_checkpointing && !has_checkpoint && options.stage == Stage::Fit)
-    run->callbacks.push_back(default_callback("model_checkpoint"));
-  if (exp.trainer.enable_progress_bar && !has_progress && options.stage == Stage::Fit)
-    run->callbacks.push_back(default_callback("progress_bar"));
-  if (exp.trainer.enable_model_summary && !has_summary && options.stage == Stage::Fit)
-    run->callbacks.push_back(default_callback("model_summary"));
 
   // The strategy once every component is built (a config or data error is then refused on every
   // rank before any rendezvous, exit 2 without a word from the others): under torchrun / Slurm it is

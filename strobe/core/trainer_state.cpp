@@ -228,15 +228,13 @@ checkpoint::CheckpointData Trainer::make_checkpoint_at(const StepStart& start) {
 
 checkpoint::CheckpointData Trainer::build_checkpoint(const StepStart* step_start) {
   checkpoint::CheckpointData d;
-  const bool local = step_start && step_start->local;
-  collector_->set_local_save(local);
-  try {
-    connector_.save(d, step_start);
-  } catch (...) {
-    collector_->set_local_save(false);
-    throw;
-  }
-  collector_->set_local_save(false);
+  // A local checkpoint (StepStart::local) makes no collective: the logger keeps its own sums.
+  struct LocalSave {
+    logging::LogCollector& c;
+    ~LocalSave() { c.set_local_save(false); }
+  } guard{*collector_};
+  collector_->set_local_save(step_start && step_start->local);
+  connector_.save(d, step_start);
   each([&](Callback& cb) { cb.on_save_checkpoint(*this, *module_, d); });
   return d;
 }
