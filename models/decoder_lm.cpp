@@ -119,6 +119,13 @@ class DecoderLM : public Model {
 
   std::string default_task() const override { return "language_modeling"; }
   std::vector<std::string> batch_keys() const override { return {"tokens"}; }
+  // Layer-wise lr decay: both embeddings 0, block i layer i + 1, the output head depth + 1.
+  int64_t num_layers() const override { return o_.depth + 2; }
+  int64_t layer_of(const std::string& p) const override {
+    if (p.rfind("embedding.", 0) == 0 || p.rfind("positional_embedding.", 0) == 0) return 0;
+    if (const int64_t i = list_index(p, "blocks"); i >= 0) return i + 1;
+    return o_.depth + 1;
+  }
   // PaLM's count (models/flops.h).
   double training_flops(const Batch& batch) const override {
     if (matmul_params_ < 0) matmul_params_ = linear_weight_params(*this);

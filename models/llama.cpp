@@ -212,6 +212,16 @@ class Llama : public Model {
 
   std::string default_task() const override { return "language_modeling"; }
   std::vector<std::string> batch_keys() const override { return {"tokens"}; }
+  // Layer-wise lr decay: the embedding 0 (a tied head is that weight: layer 0), decoder layer i
+  // layer i + 1, the final norm with the last decoder layer (as timm places a final norm), an untied
+  // lm_head depth + 1.
+  int64_t num_layers() const override { return o_.depth + (o_.tie_embeddings ? 1 : 2); }
+  int64_t layer_of(const std::string& p) const override {
+    if (p.rfind("embed_tokens.", 0) == 0) return 0;
+    if (const int64_t i = list_index(p, "layers"); i >= 0) return i + 1;
+    if (p.rfind("norm.", 0) == 0) return o_.depth;
+    return num_layers() - 1;
+  }
   // PaLM's count (models/flops.h); a tied head multiplies by the embedding's weight.
   double training_flops(const Batch& batch) const override {
     if (matmul_params_ < 0)

@@ -153,6 +153,15 @@ class ResNet : public Model {
 
   std::string default_task() const override { return "classification"; }
   std::vector<std::string> batch_keys() const override { return {"image"}; }
+  // Layer-wise lr decay by stage (timm's coarse ResNet grouping): the stem 0, layer1..layer4 1..4,
+  // the classifier 5.
+  int64_t num_layers() const override { return 6; }
+  int64_t layer_of(const std::string& p) const override {
+    if (p.rfind("conv1.", 0) == 0 || p.rfind("bn1.", 0) == 0) return 0;
+    for (int s = 1; s <= 4; ++s)
+      if (p.rfind("layer" + std::to_string(s) + ".", 0) == 0) return s;
+    return 5;
+  }
   // Every convolution at its output resolution for the batch's image size, and the classifier; the
   // stem convolution (the first layer) forward and weight gradient only (models/flops.h).
   double training_flops(const Batch& batch) const override {

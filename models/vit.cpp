@@ -132,6 +132,16 @@ class ViT : public Model {
   std::string default_task() const override { return "classification"; }
   std::vector<std::string> batch_keys() const override { return {"image"}; }
   std::vector<std::string> no_weight_decay() const override { return {"pos_embed", "cls_token"}; }
+  // timm's ViT order (group_matcher(coarse=False) through param_groups_layer_decay): the embeddings
+  // 0, block i layer i + 1, the head depth + 1; the final norm is the last block's layer under token
+  // pooling (timm's `norm`) and the head's under avg (timm's `fc_norm`).
+  int64_t num_layers() const override { return o_.depth + 2; }
+  int64_t layer_of(const std::string& p) const override {
+    if (p == "cls_token" || p == "pos_embed" || p.rfind("patch_embed.", 0) == 0) return 0;
+    if (const int64_t i = list_index(p, "blocks"); i >= 0) return i + 1;
+    if (p.rfind("norm.", 0) == 0) return o_.global_pool == "token" ? o_.depth : o_.depth + 1;
+    return o_.depth + 1;
+  }
   // Per image: the blocks' Linear weights and attention over every token, the head once, the patch
   // embedding (the first layer: forward and weight gradient only) over every patch (models/flops.h).
   double training_flops(const Batch& batch) const override {

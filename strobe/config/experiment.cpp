@@ -212,6 +212,13 @@ OptimizerConfig parse_optimizer(Section cfg) {
         pg.fail("no_decay", "expected auto or a list of globs over parameter names");
       }
     }
+    if (!pg.is_null("layer_decay")) {
+      const double d = pg.get_double("layer_decay", 1.0, 0.0, 1.0);
+      if (d <= 0) pg.fail("layer_decay", "expected a factor in (0, 1], e.g. 0.75");
+      o.param_groups.layer_decay = d;
+    } else {
+      pg.accept("layer_decay");
+    }
     for (auto& g : pg.list("groups")) {
       ParamGroupSpec spec;
       spec.params = g.require_string("params");

@@ -102,6 +102,9 @@ struct ParamGroupsConfig {
   bool no_decay_auto = false;
   std::vector<std::string> no_decay;
   std::vector<ParamGroupSpec> groups;  // first match wins; the rest stay in the default group
+  // layer_decay: the default group's lr scaled by decay^(L - 1 - layer) over the model's depth
+  // order (Model::num_layers / layer_of; timm's param_groups_layer_decay). Unset: no scaling.
+  std::optional<double> layer_decay;
 };
 
 struct OptimizerConfig {

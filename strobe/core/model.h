@@ -33,6 +33,11 @@ class Model : public torch::nn::Module {
   // Parameters that take no weight decay under `optimizer.param_groups.no_decay: auto` besides those
   // with at most one dimension (timm's no_weight_decay(): vit's pos_embed and cls_token).
   virtual std::vector<std::string> no_weight_decay() const { return {}; }
+  // The model's depth order for layer-wise learning-rate decay (`optimizer.param_groups.layer_decay`,
+  // timm's param_groups_layer_decay): layers 0 (the embeddings) to num_layers() - 1 (the head), and
+  // the layer of each parameter. 0 layers: not declared (the key is then refused naming the model).
+  virtual int64_t num_layers() const { return 0; }
+  virtual int64_t layer_of(const std::string& /*param*/) const { return num_layers() - 1; }
   // Called once the trainer has moved the model to its device, before the optimizer sees the
   // parameters (and before bf16-master converts them): a model may change their memory layout there
   // (resnet: channels_last on CUDA under a reduced precision). `precision` is trainer.precision
@@ -61,6 +66,10 @@ class Model : public torch::nn::Module {
  private:
   std::optional<c10::ScalarType> input_dtype_;
 };
+
+// The index i of a parameter named "<list>.<i>.<...>" (blocks.3.mlp.fc1.weight -> 3), else -1: for
+// layer_of() over a ModuleList of blocks.
+int64_t list_index(const std::string& param, const std::string& list);
 
 using ModelRegistry = Registry<std::shared_ptr<Model>>;
 ModelRegistry& model_registry();

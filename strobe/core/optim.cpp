@@ -27,26 +27,49 @@ bool glob_matches(const std::string& glob, const std::string& name) { return ::f
 
 std::vector<ParamGroup> make_param_groups(const config::OptimizerConfig& cfg,
                                           const std::vector<std::pair<std::string, torch::Tensor>>& named,
-                                          const std::vector<std::string>& model_no_decay) {
+                                          const Model* model) {
   const auto& pg = cfg.param_groups;
   const size_t n = pg.groups.size();
-  // Buckets: 2 per configured group, then the default's 2 (decayed, no_decay).
-  std::vector<ParamGroup> buckets(2 * (n + 1));
+  // The default group's layers: one without layer_decay.
+  size_t layers = 1;
+  if (pg.layer_decay) {
+    if (!model || model->num_layers() <= 0)
+      cfg.section.fail("param_groups", fmt::format("layer_decay needs a model that declares its depth order (vit, llama, "
+                                                   "decoder_lm, resnet); {} does not",
+                                                   model ? "model '" + model->name() + "'" : "this task's network"));
+    layers = static_cast<size_t>(model->num_layers());
+  }
+  const std::vector<std::string> model_no_decay = model ? model->no_weight_decay() : std::vector<std::string>{};
+  // Buckets: 2 per configured group, then the default's 2 per layer (decayed, no_decay).
+  std::vector<ParamGroup> buckets(2 * (n + layers));
   std::vector<bool> group_used(n, false), glob_used(pg.no_decay.size(), false);
-  for (size_t g = 0; g <= n; ++g) {
-    const std::string base = g < n ? fmt::format("groups[{}]", g) : "default";
-    const double lr = g < n && pg.groups[g].lr ? *pg.groups[g].lr : cfg.lr;
-    const double wd = g < n && pg.groups[g].weight_decay ? *pg.groups[g].weight_decay : cfg.weight_decay;
-    buckets[2 * g] = ParamGroup{base, {}, {}, lr, wd};
-    buckets[2 * g + 1] = ParamGroup{base + "/no_decay", {}, {}, lr, 0.0};
+  for (size_t g = 0; g < n + layers; ++g) {
+    const bool configured = g < n;
+    std::string base = configured ? fmt::format("groups[{}]", g) : "default";
+    double lr = configured && pg.groups[g].lr ? *pg.groups[g].lr : cfg.lr, scale = 1;
+    const double wd = configured && pg.groups[g].weight_decay ? *pg.groups[g].weight_decay : cfg.weight_decay;
+    if (!configured && pg.layer_decay) {
+      const size_t layer = g - n;
+      base += fmt::format("/layer_{}", layer);
+      scale = std::pow(*pg.layer_decay, static_cast<double>(layers - 1 - layer));
+    }
+    buckets[2 * g] = ParamGroup{base, {}, {}, lr * scale, wd, scale};
+    buckets[2 * g + 1] = ParamGroup{base + "/no_decay", {}, {}, lr * scale, 0.0, scale};
   }
   for (const auto& [name, p] : named) {
     size_t g = n;
+    bool configured = false;
     for (size_t i = 0; i < n; ++i)
       if (glob_matches(pg.groups[i].params, name)) {
-        g = i, group_used[i] = true;
+        g = i, group_used[i] = true, configured = true;
         break;
       }
+    if (!configured && pg.layer_decay) {
+      const int64_t layer = model->layer_of(name);
+      if (layer < 0 || layer >= static_cast<int64_t>(layers))
+        throw std::logic_error(fmt::format("{}: layer_of({}) = {} is outside [0, {})", model->name(), name, layer, layers));
+      g = n + static_cast<size_t>(layer);
+    }
     bool no_decay = pg.no_decay_auto &&
                     (p.dim() <= 1 || std::find(model_no_decay.begin(), model_no_decay.end(), name) != model_no_decay.end());
     for (size_t i = 0; i < pg.no_decay.size(); ++i)
@@ -64,8 +87,8 @@ std::vector<ParamGroup> make_param_groups(const config::OptimizerConfig& cfg,
     if (!glob_used[i])
       cfg.section.fail("param_groups", fmt::format("no_decay[{}] '{}' matches no trainable parameter", i, pg.no_decay[i]));
   std::vector<ParamGroup> out;
-  // The default group first, as the only group of a config without param_groups.
-  for (size_t k : {2 * n, 2 * n + 1})
+  // The default group(s) first, as the only group of a config without param_groups.
+  for (size_t k = 2 * n; k < buckets.size(); ++k)
     if (!buckets[k].params.empty()) out.push_back(std::move(buckets[k]));
   for (size_t k = 0; k < 2 * n; ++k)
     if (!buckets[k].params.empty()) out.push_back(std::move(buckets[k]));
@@ -73,11 +96,12 @@ std::vector<ParamGroup> make_param_groups(const config::OptimizerConfig& cfg,
 }
 
 std::string describe_param_groups(const std::vector<ParamGroup>& groups) {
-  std::string out = fmt::format("{:<24} {:>10} {:>12} {:>12}\n", "group", "tensors", "lr", "weight_decay");
+  std::string out = fmt::format("{:<28} {:>8} {:>12} {:>12} {:>12}\n", "group", "tensors", "lr", "lr_scale", "weight_decay");
   for (const auto& g : groups) {
     int64_t numel = 0;
     for (const auto& p : g.params) numel += p.numel();
-    out += fmt::format("{:<24} {:>10} {:>12.6g} {:>12.6g}  ({} parameters)\n", g.name, g.params.size(), g.lr, g.weight_decay, numel);
+    out += fmt::format("{:<28} {:>8} {:>12.6g} {:>12.6g} {:>12.6g}  ({} parameters)\n", g.name, g.params.size(), g.lr, g.lr_scale,
+                       g.weight_decay, numel);
   }
   for (const auto& g : groups) {
     out += fmt::format("\n[{}]\n", g.name);

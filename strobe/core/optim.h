@@ -15,6 +15,7 @@
 
 #include "strobe/config/experiment.h"
 #include "strobe/checkpoint/stateful.h"
+#include "strobe/core/model.h"
 
 namespace strobe {
 
@@ -31,17 +32,21 @@ struct ParamGroup {
   std::vector<std::string> names;
   std::vector<torch::Tensor> params;
   double lr = 0, weight_decay = 0;
+  double lr_scale = 1;  // layer_decay's multiplier (lr is the optimizer's or the entry's lr times it)
 };
 
 // The groups of the trainable parameters `named` (model order) under `cfg.param_groups`: each
 // parameter in the first `groups` entry whose glob matches its name, else in the default group;
-// within each, the ones `no_decay` selects (auto: at most one dimension, or named in
-// `model_no_decay`; or matching one of its globs) apart with weight decay 0. Empty groups are left
-// out. A `groups` or `no_decay` glob that matches no parameter is a ConfigError naming it. Without
+// within each, the ones `no_decay` selects (auto: at most one dimension, or named in the model's
+// no_weight_decay(); or matching one of its globs) apart with weight decay 0. Under layer_decay
+// the default group is split by the model's layers (Model::layer_of), layer i at lr x
+// decay^(num_layers - 1 - i): "default/layer_<i>" and "default/layer_<i>/no_decay". Empty groups
+// are left out. A `groups` or `no_decay` glob that matches no parameter, or layer_decay with a
+// model that declares no depth order (or none: `model` null), is a ConfigError naming it. Without
 // param_groups: one group, "default", as before.
 std::vector<ParamGroup> make_param_groups(const config::OptimizerConfig& cfg,
                                           const std::vector<std::pair<std::string, torch::Tensor>>& named,
-                                          const std::vector<std::string>& model_no_decay);
+                                          const Model* model);
 // The groups as the run directory's param_groups.txt lists them: name, parameters, lr, weight decay,
 // then each parameter's name.
 std::string describe_param_groups(const std::vector<ParamGroup>& groups);

@@ -5,6 +5,14 @@
 
 namespace strobe {
 
+int64_t list_index(const std::string& param, const std::string& list) {
+  if (param.size() <= list.size() + 1 || param.compare(0, list.size(), list) != 0 || param[list.size()] != '.') return -1;
+  size_t i = list.size() + 1, end = i;
+  while (end < param.size() && param[end] >= '0' && param[end] <= '9') ++end;
+  if (end == i || end >= param.size() || param[end] != '.') return -1;
+  return std::stoll(param.substr(i, end - i));
+}
+
 ModelRegistry& model_registry() {
   static ModelRegistry r("model");
   return r;

@@ -134,7 +134,7 @@ void Trainer::setup_fit() {
     for (auto& p : module_->net().named_parameters())
       if (p.value().requires_grad()) named.emplace_back(p.key(), masters_ ? masters_->master_of(p.value()) : p.value());
     const auto* model = dynamic_cast<const Model*>(&module_->net());
-    const auto groups = make_param_groups(exp_.optimizer, named, model ? model->no_weight_decay() : std::vector<std::string>{});
+    const auto groups = make_param_groups(exp_.optimizer, named, model);
     optimizer_ = build_optimizer(exp_.optimizer, groups, device_, &optimizer_info_);
     for (const auto& g : groups) param_group_names_.push_back(g.name);
     param_groups_text_ = describe_param_groups(groups);

@@ -317,14 +317,15 @@ TEST(TrainerDDP, ReducedPrecisionsMatchOneProcessOnTheUnionBatch) {
 
 // The llama LM (GQA, tied embeddings) under data parallelism: 2 ranks x 4 full-length sequences end
 // where one process with the 8 of them ends, in fp32, bf16-master and fp32 with the fused LM head
-// (task.fused_linear_loss), and the tied head is one parameter (the embedding's) on every rank.
+// (task.fused_linear_loss), and the tied head is one parameter (the embedding's) on every rank; the
+// optimizer in 6 parameter groups (no_decay and layer_decay: 3 layers, each with its own lr).
 TEST(TrainerDDP, LlamaWithATiedHeadMatchesOneProcessOnTheUnionBatch) {
   const std::vector<std::string> llama = {
       "model={name: llama, vocab_size: 97, embed_dim: 32, depth: 2, num_heads: 4, num_kv_heads: 2, ffn_dim: 48, "
       "max_seq_len: 24, rope_theta: 500000, tie_embeddings: true, attention: math}",
       "data={name: synthetic_tokens, vocab_size: 97, max_seq_len: 24, fixed_length: true, num_samples: 64, "
       "num_val_samples: 16, batch_size: 4, collate: pad_to_max, num_workers: 0}",
-      "trainer.gradient_clip_val=1.0"};
+      "trainer.gradient_clip_val=1.0", "optimizer.param_groups={no_decay: auto, layer_decay: 0.7}"};
   // The fused head (strobe::linear_cross_entropy: its gradients made in the forward, each rank's
   // 1 / count on its device) reduces like the logits path.
   struct Variant {
@@ -345,6 +346,11 @@ TEST(TrainerDDP, LlamaWithATiedHeadMatchesOneProcessOnTheUnionBatch) {
     ASSERT_EQ(r1[0].exit_code, 0) << variant << "\n" << describe(r1);
     auto j0 = read_json(two.dir + "/rank0.json"), js = read_json(one.dir + "/rank0.json");
     ASSERT_EQ(j0["global_step"], 6) << variant;
+    const std::string groups = slurp(j0["run_dir"].get<std::string>() + "/param_groups.txt");
+    EXPECT_NE(groups.find("[default/layer_0]\nembed_tokens.weight\n\n"), std::string::npos) << groups;
+    EXPECT_NE(groups.find("[default/layer_2/no_decay]\nlayers.1.input_layernorm.weight\nlayers.1.post_attention_layernorm.weight\nnorm.weight\n"),
+              std::string::npos)
+        << groups;
     auto p0 = load_params(two.dir + "/params0.pt"), p1 = load_params(two.dir + "/params1.pt"),
          ps = load_params(one.dir + "/params0.pt");
     ASSERT_EQ(p0.size(), ps.size());

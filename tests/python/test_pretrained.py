@@ -12,7 +12,11 @@
   timm / torchvision and give Strobe's logits;
 - the training FLOPs each model declares (throughput_monitor, strobe bench) equal what
   torch.utils.flop_counter counts for a forward and backward of the same network;
-- a run's model_summary.txt totals equal sum(p.numel()) of the library's model.
+- a run's model_summary.txt totals equal sum(p.numel()) of the library's model;
+- `optimizer.param_groups: {no_decay: auto, layer_decay: 0.75}` gives every ViT parameter (token
+  pooling, where timm's `norm` shares the last block's layer; average pooling, where timm's
+  `fc_norm` shares the head's) the lr multiplier and weight decay timm's param_groups_layer_decay
+  gives the same parameter of the same timm model (names through `strobe export --names timm`).
 timm, torchvision and safetensors are comparison packages scripts/setup.sh installs: without them
 this test is skipped (exit 77) on a developer machine and fails under CI (CI=true)."""
 import os, re, shutil, subprocess, sys, tempfile
@@ -194,7 +198,7 @@ compare("timm resnet18 <- init_from", RESNET + f"init_from: {{path: {path}, name
 
 
 # 2. Strobe's checkpoints out to them: strict loads, the same logits.
-def fit(model_yaml, tag, image_size):
+def fit(model_yaml, tag, image_size, optimizer="{name: adamw, lr: 0.01}"):
     cfg = os.path.join(tmp, f"{tag}.yaml")
     model = "".join("  " + line + "\n" for line in model_yaml.strip().splitlines())
     with open(cfg, "w") as f:
@@ -203,7 +207,7 @@ seed: 3
 trainer: {{max_steps: 2, device: cpu, enable_progress_bar: false, num_sanity_val_steps: 0, limit_val_batches: 1}}
 model:
 {model}data: {{name: synthetic_images, image_size: {image_size}, channels: 3, num_classes: 10, num_samples: 8, num_val_samples: 4, batch_size: 4, num_workers: 0}}
-optimizer: {{name: adamw, lr: 0.01}}
+optimizer: {optimizer}
 """)
     run = os.path.join(tmp, f"run_{tag}")
     r = subprocess.run([STROBE, "fit", "-c", cfg, "--run-dir", run], capture_output=True, text=True, timeout=600)
@@ -220,6 +224,44 @@ def summary_matches(ckpt, net, tag):
     if check(got == [want, want] and "Non-trainable params: 0\n" in text,
              f"{tag}: model_summary.txt says total/trainable {got}; {type(net).__module__} {want}"):
         compared.append(f"{tag} summary: {want} parameters")
+
+
+LAYER_DECAY = "{name: adamw, lr: 0.01, weight_decay: 0.05, param_groups: {no_decay: auto, layer_decay: 0.75}}"
+
+
+def layer_decay_matches(ckpt, net, tag):
+    """Each parameter's lr multiplier and weight decay in the run's param_groups.txt (fit with
+    LAYER_DECAY) equal those timm's param_groups_layer_decay gives the same parameter of `net`; a
+    Strobe name becomes a timm name through `strobe export --names timm` (the tensor it holds there)."""
+    from timm.optim._param_groups import param_groups_layer_decay
+    own, theirs = export(ckpt, "strobe", f"{tag}.ld")[1], export(ckpt, "timm", f"{tag}.ld")[1]
+    if not check(os.path.exists(own) and os.path.exists(theirs), f"{tag}: exports for the layer-decay check failed"):
+        return
+    own, theirs = load_file(own), load_file(theirs)
+    to_timm = {}
+    for name, t in own.items():
+        hits = [k for k, v in theirs.items() if v.shape == t.shape and torch.equal(v, t)]
+        check(len(hits) == 1, f"{tag}: {name} matches {hits} in the timm export")
+        to_timm[name] = hits[0] if hits else None
+    # Ours: "<group> <tensors> <lr> <lr_scale> <weight_decay> (...)" rows, then "[group]" name lists.
+    with open(os.path.join(os.path.dirname(os.path.dirname(ckpt)), "param_groups.txt")) as f:
+        text = f.read()
+    rows = {m.group(1): (float(m.group(2)), float(m.group(3)))
+            for m in re.finditer(r"^(\S+)\s+\d+\s+\S+\s+(\S+)\s+(\S+)\s+\(", text, re.M)}
+    ours = {}
+    for block in re.finditer(r"^\[(.+)\]\n((?:[^\n\[].*\n?)*)", text, re.M):
+        for name in block.group(2).split():
+            ours[to_timm.get(name)] = rows[block.group(1)]
+    want = {}
+    groups = param_groups_layer_decay(net, weight_decay=0.05, no_weight_decay_list=net.no_weight_decay(), layer_decay=0.75)
+    ids = {id(p): n for n, p in net.named_parameters()}
+    for g in groups:
+        for p in g["params"]:
+            want[ids[id(p)]] = (g["lr_scale"], g["weight_decay"])
+    bad = [f"{n}: ours {ours.get(n)}, timm {w}" for n, w in want.items()
+           if n not in ours or abs(ours[n][0] - w[0]) > 1e-5 * w[0] or ours[n][1] != w[1]]
+    if check(not bad and len(ours) == len(want), f"{tag}: layer decay differs from timm's: {bad[:6]} ({len(ours)} vs {len(want)})"):
+        compared.append(f"{tag} layer decay: {len(want)} parameters in {len(set(want.values()))} (scale, decay) pairs")
 
 
 def export(ckpt, names, tag):
@@ -244,7 +286,10 @@ def exported_into(net, ckpt, names, model_yaml, images, tag):
     compare(f"{tag} -> {names}", model_yaml + f"init_from: {own}\n", net.eval(), images)
 
 
-ckpt = fit(VIT_TOKEN, "vit_token", 32)
+ckpt = fit(VIT_TOKEN, "vit_token", 32, LAYER_DECAY)
+layer_decay_matches(ckpt, timm.models.vision_transformer.VisionTransformer(
+    img_size=32, patch_size=8, num_classes=10, embed_dim=64, depth=2, num_heads=4, class_token=True,
+    global_pool="token"), "strobe vit token vs timm")
 summary_matches(ckpt, timm.models.vision_transformer.VisionTransformer(
     img_size=32, patch_size=8, num_classes=10, embed_dim=64, depth=2, num_heads=4, class_token=True,
     global_pool="token"), "strobe vit token vs timm")
@@ -255,7 +300,10 @@ exported_into(torchvision.models.VisionTransformer(image_size=32, patch_size=8, 
                                                    hidden_dim=64, mlp_dim=256, num_classes=10),
               ckpt, "torchvision", VIT_TOKEN, images32, "strobe vit token")
 
-ckpt = fit(VIT_AVG, "vit_avg", 32)
+ckpt = fit(VIT_AVG, "vit_avg", 32, LAYER_DECAY)
+layer_decay_matches(ckpt, timm.models.vision_transformer.VisionTransformer(
+    img_size=32, patch_size=8, num_classes=10, embed_dim=64, depth=2, num_heads=4, class_token=False,
+    global_pool="avg"), "strobe vit avg vs timm")
 summary_matches(ckpt, timm.models.vision_transformer.VisionTransformer(
     img_size=32, patch_size=8, num_classes=10, embed_dim=64, depth=2, num_heads=4, class_token=False,
     global_pool="avg"), "strobe vit avg vs timm")

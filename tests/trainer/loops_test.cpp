@@ -178,7 +178,7 @@ TEST(FitLoop, OwnsTheAccumulationWindowAndTrainsWithTheEagerRunnerAsTheTrainerDo
   auto& module = *rig.run->module;
   std::vector<std::pair<std::string, torch::Tensor>> named;
   for (auto& p : module.net().named_parameters()) named.emplace_back(p.key(), p.value());
-  auto opt = build_optimizer(rig.run->experiment.optimizer, make_param_groups(rig.run->experiment.optimizer, named, {}),
+  auto opt = build_optimizer(rig.run->experiment.optimizer, make_param_groups(rig.run->experiment.optimizer, named, nullptr),
                              torch::Device(torch::kCPU));
   rig.view.opt = opt;
   StepPipeline pipeline(rig.cfg, module.net(), *opt, nullptr, nullptr);

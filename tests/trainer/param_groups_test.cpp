@@ -83,7 +83,7 @@ TEST(ParamGroups, NoDecayParametersAreNotDecayedByTheStep) {
     std::vector<std::pair<std::string, torch::Tensor>> named;
     for (auto& p : run->module->net().named_parameters()) named.emplace_back(p.key(), p.value());
     const auto& cfg = run->experiment.optimizer;
-    auto groups = make_param_groups(cfg, named, {"pos_embed", "cls_token"});
+    auto groups = make_param_groups(cfg, named, dynamic_cast<const Model*>(&run->module->net()));
     EXPECT_EQ(groups.size(), grouped ? 4u : 1u);
     auto opt = build_optimizer(cfg, groups, torch::Device(torch::kCPU));
     std::map<std::string, torch::Tensor> before;
@@ -101,6 +101,82 @@ TEST(ParamGroups, NoDecayParametersAreNotDecayedByTheStep) {
       if (!decayed) EXPECT_TRUE(torch::equal(p.detach(), before.at(name))) << name;
     }
   }
+}
+
+// layer_decay: the default group split by the model's layers, layer i at lr x decay^(L - 1 - i)
+// (vit: embeddings 0, block i at i + 1, the final norm with the last block under token pooling,
+// the head at L - 1), no_decay kept within each layer, a `groups` entry keeping its own lr; the
+// run directory lists each group's multiplier.
+TEST(ParamGroups, LayerDecayScalesEachLayersLr) {
+  const std::string dir = temp_dir("layerdecay");
+  auto run = make_run(vit_yaml("{no_decay: auto, layer_decay: 0.5, groups: [{params: 'head.bias', lr: 0.3}]}"), {}, dir);
+  ASSERT_EQ(run->trainer->fit(), 0);
+  auto& t = run->trainer->view();
+  EXPECT_EQ(t.param_group_names(),
+            (std::vector<std::string>{"default/layer_0", "default/layer_0/no_decay", "default/layer_1", "default/layer_1/no_decay",
+                                      "default/layer_2", "default/layer_2/no_decay", "default/layer_3", "groups[0]/no_decay"}));
+  // Each parameter's lr and weight decay, read off the optimizer (the schedule is constant).
+  std::map<const void*, std::string> names;
+  for (const auto& p : run->module->net().named_parameters()) names[p.value().unsafeGetTensorImpl()] = p.key();
+  std::map<std::string, std::pair<double, double>> got;
+  for (const auto& g : t.optimizer()->param_groups()) {
+    const auto& o = static_cast<const torch::optim::AdamWOptions&>(g.options());
+    for (const auto& p : g.params()) got[names.at(p.unsafeGetTensorImpl())] = {o.lr(), o.weight_decay()};
+  }
+  const std::map<std::string, std::pair<double, double>> want = {
+      {"cls_token", {0.00125, 0}},         {"pos_embed", {0.00125, 0}},         {"patch_embed.weight", {0.00125, 0.05}},
+      {"patch_embed.bias", {0.00125, 0}},  {"blocks.0.qkv.weight", {0.0025, 0.05}}, {"blocks.0.norm1.bias", {0.0025, 0}},
+      {"blocks.1.fc2.weight", {0.005, 0.05}}, {"norm.weight", {0.005, 0}},      {"head.weight", {0.01, 0.05}},
+      {"head.bias", {0.3, 0}}};
+  for (const auto& [name, lw] : want) {
+    ASSERT_EQ(got.count(name), 1u) << name;
+    EXPECT_DOUBLE_EQ(got.at(name).first, lw.first) << name;
+    EXPECT_DOUBLE_EQ(got.at(name).second, lw.second) << name;
+  }
+  EXPECT_EQ(got.size(), run->module->net().parameters().size());
+  const std::string listing = slurp(dir + "/param_groups.txt");
+  EXPECT_NE(listing.find("lr_scale"), std::string::npos) << listing;
+  EXPECT_NE(listing.find("[default/layer_0/no_decay]\ncls_token\npos_embed\npatch_embed.bias\n"), std::string::npos) << listing;
+  EXPECT_EQ(read_csv(dir + "/metrics.csv", "lr/default/layer_1").at(1).at("lr/default/layer_1"), "0.0025");
+}
+
+// Each model's depth order, as layer_decay reads it.
+TEST(ParamGroups, ModelsDeclareTheirDepthOrder) {
+  auto build = [](const std::string& yaml) {
+    auto doc = config::Document::load_string(yaml, "model");
+    auto section = doc.root();
+    return model_registry().create(section, "");
+  };
+  struct Case {
+    std::string yaml;
+    int64_t layers;
+    std::map<std::string, int64_t> of;
+  };
+  const std::string vit = "{name: vit, img_size: 16, patch_size: 8, num_classes: 4, embed_dim: 16, depth: 3, num_heads: 2, ";
+  const std::string llama = "{name: llama, vocab_size: 64, embed_dim: 16, depth: 2, num_heads: 2, num_kv_heads: 1, ";
+  const std::vector<Case> cases = {
+      {vit + "global_pool: token}", 5, {{"pos_embed", 0}, {"blocks.0.fc1.weight", 1}, {"blocks.2.qkv.bias", 3}, {"norm.weight", 3}, {"head.bias", 4}}},
+      {vit + "class_token: false, global_pool: avg}", 5, {{"patch_embed.weight", 0}, {"blocks.1.proj.weight", 2}, {"norm.bias", 4}, {"head.weight", 4}}},
+      {llama + "tie_embeddings: true}", 3, {{"embed_tokens.weight", 0}, {"layers.0.mlp.up_proj.weight", 1}, {"layers.1.input_layernorm.weight", 2}, {"norm.weight", 2}}},
+      {llama + "tie_embeddings: false}", 4, {{"embed_tokens.weight", 0}, {"layers.1.self_attn.q_proj.weight", 2}, {"norm.weight", 2}, {"lm_head.weight", 3}}},
+      {"{name: decoder_lm, vocab_size: 64, embed_dim: 16, depth: 2, num_heads: 2, max_seq_len: 8}", 4,
+       {{"embedding.weight", 0}, {"positional_embedding.weight", 0}, {"blocks.1.fc1.bias", 2}, {"output.weight", 3}}},
+      {"{name: resnet, depth: 18, num_classes: 4}", 6, {{"conv1.weight", 0}, {"bn1.bias", 0}, {"layer1.0.conv1.weight", 1}, {"layer4.1.bn2.weight", 4}, {"fc.bias", 5}}},
+  };
+  for (const auto& c : cases) {
+    auto m = build(c.yaml);
+    EXPECT_EQ(m->num_layers(), c.layers) << c.yaml;
+    for (const auto& [name, layer] : c.of) EXPECT_EQ(m->layer_of(name), layer) << c.yaml << " " << name;
+    // Every parameter lies in [0, num_layers).
+    for (const auto& p : m->named_parameters()) {
+      EXPECT_GE(m->layer_of(p.key()), 0) << p.key();
+      EXPECT_LT(m->layer_of(p.key()), c.layers) << p.key();
+    }
+  }
+  EXPECT_EQ(list_index("blocks.12.fc1.weight", "blocks"), 12);
+  EXPECT_EQ(list_index("blocks12.fc1.weight", "blocks"), -1);
+  EXPECT_EQ(list_index("blocks.x.fc1", "blocks"), -1);
+  EXPECT_EQ(list_index("blocks.3", "blocks"), -1);
 }
 
 // reduce_on_plateau's min_lr floors every group, and a group whose base lr is below it keeps its
@@ -134,6 +210,8 @@ TEST(ParamGroups, GlobsThatMatchNothingAndBadValuesExitTwo) {
       {"{groups: [{lr: 0.1}]}", "optimizer.param_groups.groups[0]"},
       {"{groups: [{params: 'head.*', lr: -1}]}", "optimizer.param_groups.groups[0].lr"},
       {"{grups: []}", "optimizer.param_groups.grups: unknown key"},
+      {"{layer_decay: 0}", "optimizer.param_groups.layer_decay: expected a factor in (0, 1]"},
+      {"{layer_decay: 1.5}", "optimizer.param_groups.layer_decay"},
   };
   for (const auto& c : cases) {
     const std::string cfg = write_config(vit_yaml(c.groups));
@@ -143,4 +221,19 @@ TEST(ParamGroups, GlobsThatMatchNothingAndBadValuesExitTwo) {
     EXPECT_NE(r.err.find(c.expect), std::string::npos) << c.groups << ": " << r.err;
     EXPECT_EQ(count_lines(r.err), 1) << r.err;
   }
+  // A model without a depth order.
+  const std::string mlp = R"(name: groups
+trainer: {max_steps: 1, device: cpu, enable_progress_bar: false}
+model: {name: mlp, in_features: 8, hidden: [8], num_classes: 2}
+data: {name: synthetic_images, image_size: 2, channels: 2, num_classes: 2, num_samples: 8, batch_size: 4, num_workers: 0}
+optimizer: {name: adamw, param_groups: {layer_decay: 0.75}}
+)";
+  const std::string dir = temp_dir("badgroups");
+  auto r = strobe_cmd("fit -c " + write_config(mlp) + " --run-dir " + dir + "/run");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("optimizer.param_groups: layer_decay needs a model that declares its depth order (vit, llama, decoder_lm, "
+                       "resnet); model 'Mlp' does not"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(count_lines(r.err), 1) << r.err;
 }
