@@ -350,6 +350,7 @@ int main(int argc, char** argv) {
       ->check(kNonEmpty);
   exp->add_option("-o,--output", export_a.output, "the .safetensors file to write (--names hf: the directory)")->required()->check(kNonEmpty);
   exp->add_flag("--overwrite", export_a.overwrite, "replace the output file if it exists");
+  exp->add_flag("--ema", export_a.ema, "write the ema callback's averaged weights instead of the trained ones");
   exp->add_option("--names", export_a.names,
                   "the names to write: strobe (the model's own, default), timm, torchvision, or hf (a llama as a Hugging Face "
                   "directory: -o DIR gets config.json + model.safetensors; docs/MODELS.md)");

@@ -106,6 +106,18 @@ int export_weights(const ExportOptions& options) {
   for (const auto& [name, tensor] : view.model_tensors()) tensors.emplace_back(name, tensor);
   if (tensors.empty())
     throw checkpoint::CheckpointError(fmt::format("{}: holds no model weights (no 'model/' tensors)", options.checkpoint));
+  if (options.ema) {
+    int64_t averaged = 0;
+    for (auto& [name, tensor] : tensors) {
+      auto it = data.tensors.find("ema/" + name);
+      if (it == data.tensors.end()) continue;
+      tensor = it->second;
+      ++averaged;
+    }
+    if (averaged == 0)
+      throw ExportError(fmt::format("--ema: {} holds no weight average (no 'ema/' tensors: train with the ema callback)",
+                                    options.checkpoint));
+  }
 
   std::optional<nlohmann::json> hf_config;
   if (options.names != "strobe") tensors = rename_tensors(options, view, tensors, hf_config);
@@ -117,6 +129,7 @@ int export_weights(const ExportOptions& options) {
 
   std::map<std::string, std::string> metadata{
       {"format", "pt"}, {"strobe.version", STROBE_VERSION}, {"strobe.names", options.names}};
+  if (options.ema) metadata["strobe.ema"] = "true";
   if (view.config() != nullptr) {
     YAML::Node model = YAML::Load(*view.config())["model"];
     if (model.IsDefined()) {

@@ -219,6 +219,28 @@ OptimizerConfig parse_optimizer(Section cfg) {
     } else {
       pg.accept("layer_decay");
     }
+    // The freeze keys are stored into the resolved config only when written (a config without them
+    // resolves as it did before they existed).
+    const YAML::Node fr = pg.node()["freeze"];
+    pg.accept("freeze");
+    if (fr.IsDefined() && !fr.IsNull()) {
+      if (!fr.IsSequence() || fr.size() == 0) pg.fail("freeze", "expected a non-empty list of globs over parameter names");
+      for (const auto& g : fr) {
+        if (!g.IsScalar() || g.Scalar().empty()) pg.fail("freeze", "expected a non-empty list of globs over parameter names");
+        o.param_groups.freeze.push_back(g.Scalar());
+      }
+    }
+    for (const char* key : {"unfreeze_at_epoch", "unfreeze_lr_scale", "train_bn"}) {
+      if (pg.is_null(key)) {
+        pg.accept(key);
+        continue;
+      }
+      if (o.param_groups.freeze.empty()) pg.fail(key, "applies to the parameters `freeze` lists, and there is no freeze list");
+      const std::string k = key;
+      if (k == "unfreeze_at_epoch") o.param_groups.unfreeze_at_epoch = pg.get_int(key, -1, 1);
+      else if (k == "unfreeze_lr_scale") o.param_groups.unfreeze_lr_scale = pg.get_double(key, 0.1, 1e-12);
+      else o.param_groups.train_bn = pg.get_bool(key, true);
+    }
     for (auto& g : pg.list("groups")) {
       ParamGroupSpec spec;
       spec.params = g.require_string("params");

@@ -105,6 +105,13 @@ struct ParamGroupsConfig {
   // layer_decay: the default group's lr scaled by decay^(L - 1 - layer) over the model's depth
   // order (Model::num_layers / layer_of; timm's param_groups_layer_decay). Unset: no scaling.
   std::optional<double> layer_decay;
+  // freeze: globs over parameter names, trained from the start of epoch unfreeze_at_epoch (-1:
+  // never) at unfreeze_lr_scale x their group's lr; train_bn: BatchNorm layers among them keep
+  // training (Lightning's BackboneFinetuning default) or, false, are frozen and run in eval mode.
+  std::vector<std::string> freeze;
+  int64_t unfreeze_at_epoch = -1;
+  double unfreeze_lr_scale = 0.1;
+  bool train_bn = true;
 };
 
 struct OptimizerConfig {

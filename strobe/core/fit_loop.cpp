@@ -7,6 +7,7 @@
 #include "strobe/checkpoint/checkpoint_io.h"
 #include "strobe/config/config.h"
 #include "strobe/core/fault_points.h"
+#include "strobe/core/freeze.h"
 #include "strobe/core/loops.h"
 #include "strobe/core/optim.h"
 #include "strobe/core/signals.h"
@@ -155,6 +156,7 @@ void FitLoop::run_epoch() {
   const bool fresh_epoch = state_.batch_in_epoch == 0;
   loader_->start(state_.epoch, state_.batch_in_epoch);
   module.net().train();
+  if (freeze_) freeze_->update(state_.epoch);
   if (fresh_epoch) {
     module.on_train_epoch_start();
     parts_.each([&](Callback& cb) { cb.on_train_epoch_start(t, module); });
@@ -205,6 +207,7 @@ torch::Tensor FitLoop::run_batch(Batch host_batch, int64_t batch_idx) {
   if (!runner_) throw std::logic_error("FitLoop::run_batch without a runner (set_runner)");
   auto& t = *parts_.view;
   auto& module = *parts_.module;
+  if (freeze_) freeze_->update(state_.epoch);
   module.attach(parts_.collector, Stage::Fit, true);
   parts_.collector->set_training(true);
   parts_.each([&](Callback& cb) { cb.on_train_batch_start(t, module, host_batch, batch_idx); });

@@ -57,6 +57,15 @@ GraphedRunner::GraphedRunner(EagerRunner& eager, StepRunner& step, Module& modul
 
 GraphedRunner::~GraphedRunner() = default;
 
+void GraphedRunner::invalidate() {
+  // The gradients a replay left allocated live in the graph's pool: released before the graph.
+  optimizer_.zero_grad(true);
+  module_.net().zero_grad(true);
+  g_.reset();
+  g_.eager_steps = 0;
+  last_eager_ = true;
+}
+
 void GraphedRunner::zero_grad() {
   if (last_eager_) eager_.zero_grad();
 }

@@ -82,6 +82,9 @@ class GraphedRunner : public TrainingRunner {
   ~GraphedRunner() override;
   torch::Tensor run(Batch batch, const MicroBatch& mb) override;
   void zero_grad() override;
+  // Drops the captured graph and its gradients and starts the warm-up anew (the set of parameters
+  // that take gradients changed: optimizer.param_groups.freeze).
+  void invalidate();
   int64_t captures() const { return g_.captures; }
   int64_t replays() const { return g_.replays; }
 

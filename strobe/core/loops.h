@@ -35,6 +35,7 @@
 
 namespace strobe {
 
+class Freeze;
 class LRScheduler;
 class TrainerView;
 class TrainingRunner;
@@ -133,6 +134,9 @@ class FitLoop {
   void setup(std::shared_ptr<data::DataLoader> loader);
   // What runs each training micro-batch (the Trainer's eager or graphed runner, or a test's).
   void set_runner(TrainingRunner* runner) { runner_ = runner; }
+  // optimizer.param_groups.freeze (freeze.h), brought to the epoch at each epoch's start (after the
+  // module is put in training mode) and before each training batch; null: none.
+  void set_freeze(Freeze* freeze) { freeze_ = freeze; }
 
   // --- counters ---
   TrainerState& state() { return state_; }
@@ -213,6 +217,7 @@ class FitLoop {
   distributed::Strategy& strategy_;
   int64_t world_size_;
   TrainingRunner* runner_ = nullptr;
+  Freeze* freeze_ = nullptr;
   int64_t accum_count_ = 0;
   Progress progress_{*this};
   Accumulation accumulation_{*this};

@@ -27,7 +27,7 @@ bool glob_matches(const std::string& glob, const std::string& name) { return ::f
 
 std::vector<ParamGroup> make_param_groups(const config::OptimizerConfig& cfg,
                                           const std::vector<std::pair<std::string, torch::Tensor>>& named,
-                                          const Model* model) {
+                                          const Model* model, const std::set<std::string>& frozen) {
   const auto& pg = cfg.param_groups;
   const size_t n = pg.groups.size();
   // The default group's layers: one without layer_decay.
@@ -40,8 +40,9 @@ std::vector<ParamGroup> make_param_groups(const config::OptimizerConfig& cfg,
     layers = static_cast<size_t>(model->num_layers());
   }
   const std::vector<std::string> model_no_decay = model ? model->no_weight_decay() : std::vector<std::string>{};
-  // Buckets: 2 per configured group, then the default's 2 per layer (decayed, no_decay).
-  std::vector<ParamGroup> buckets(2 * (n + layers));
+  // Buckets: 4 per configured group, then the default's 4 per layer: decayed, no_decay, and the
+  // frozen ones of each (at unfreeze_lr_scale x the lr).
+  std::vector<ParamGroup> buckets(4 * (n + layers));
   std::vector<bool> group_used(n, false), glob_used(pg.no_decay.size(), false);
   for (size_t g = 0; g < n + layers; ++g) {
     const bool configured = g < n;
@@ -53,8 +54,11 @@ std::vector<ParamGroup> make_param_groups(const config::OptimizerConfig& cfg,
       base += fmt::format("/layer_{}", layer);
       scale = std::pow(*pg.layer_decay, static_cast<double>(layers - 1 - layer));
     }
-    buckets[2 * g] = ParamGroup{base, {}, {}, lr * scale, wd, scale};
-    buckets[2 * g + 1] = ParamGroup{base + "/no_decay", {}, {}, lr * scale, 0.0, scale};
+    const double fs = pg.unfreeze_lr_scale;
+    buckets[4 * g] = ParamGroup{base, {}, {}, lr * scale, wd, scale};
+    buckets[4 * g + 1] = ParamGroup{base + "/no_decay", {}, {}, lr * scale, 0.0, scale};
+    buckets[4 * g + 2] = ParamGroup{base + "/frozen", {}, {}, lr * scale * fs, wd, scale * fs};
+    buckets[4 * g + 3] = ParamGroup{base + "/no_decay/frozen", {}, {}, lr * scale * fs, 0.0, scale * fs};
   }
   for (const auto& [name, p] : named) {
     size_t g = n;
@@ -74,7 +78,7 @@ std::vector<ParamGroup> make_param_groups(const config::OptimizerConfig& cfg,
                     (p.dim() <= 1 || std::find(model_no_decay.begin(), model_no_decay.end(), name) != model_no_decay.end());
     for (size_t i = 0; i < pg.no_decay.size(); ++i)
       if (glob_matches(pg.no_decay[i], name)) no_decay = true, glob_used[i] = true;
-    auto& b = buckets[2 * g + (no_decay ? 1 : 0)];
+    auto& b = buckets[4 * g + (no_decay ? 1 : 0) + (frozen.count(name) ? 2 : 0)];
     b.names.push_back(name);
     b.params.push_back(p);
   }
@@ -88,9 +92,9 @@ std::vector<ParamGroup> make_param_groups(const config::OptimizerConfig& cfg,
       cfg.section.fail("param_groups", fmt::format("no_decay[{}] '{}' matches no trainable parameter", i, pg.no_decay[i]));
   std::vector<ParamGroup> out;
   // The default group(s) first, as the only group of a config without param_groups.
-  for (size_t k = 2 * n; k < buckets.size(); ++k)
+  for (size_t k = 4 * n; k < buckets.size(); ++k)
     if (!buckets[k].params.empty()) out.push_back(std::move(buckets[k]));
-  for (size_t k = 0; k < 2 * n; ++k)
+  for (size_t k = 0; k < 4 * n; ++k)
     if (!buckets[k].params.empty()) out.push_back(std::move(buckets[k]));
   return out;
 }

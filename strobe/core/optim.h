@@ -7,6 +7,7 @@
 #pragma once
 
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -41,12 +42,14 @@ struct ParamGroup {
 // no_weight_decay(); or matching one of its globs) apart with weight decay 0. Under layer_decay
 // the default group is split by the model's layers (Model::layer_of), layer i at lr x
 // decay^(num_layers - 1 - i): "default/layer_<i>" and "default/layer_<i>/no_decay". Empty groups
-// are left out. A `groups` or `no_decay` glob that matches no parameter, or layer_decay with a
-// model that declares no depth order (or none: `model` null), is a ConfigError naming it. Without
-// param_groups: one group, "default", as before.
+// are left out. The parameters named in `frozen` (Freeze::names) sit apart in each group's
+// "<group>/frozen" (and "<group>/no_decay/frozen") at unfreeze_lr_scale x its lr. A `groups` or
+// `no_decay` glob that matches no parameter, or layer_decay with a model that declares no depth
+// order (or none: `model` null), is a ConfigError naming it. Without param_groups: one group,
+// "default", as before.
 std::vector<ParamGroup> make_param_groups(const config::OptimizerConfig& cfg,
                                           const std::vector<std::pair<std::string, torch::Tensor>>& named,
-                                          const Model* model);
+                                          const Model* model, const std::set<std::string>& frozen = {});
 // The groups as the run directory's param_groups.txt lists them: name, parameters, lr, weight decay,
 // then each parameter's name.
 std::string describe_param_groups(const std::vector<ParamGroup>& groups);

@@ -107,6 +107,15 @@ void Trainer::log_host_at(int64_t step, int64_t epoch, const std::vector<std::pa
   collector_->emit_host(step, epoch, values);
 }
 
+std::vector<std::pair<std::string, torch::Tensor>> Trainer::weights() {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (const auto& p : module_->net().named_parameters())
+    out.emplace_back(p.key(), (masters_ ? masters_->master_of(p.value()) : p.value()).detach());
+  for (const auto& b : module_->net().named_buffers())
+    if (b.value().is_floating_point()) out.emplace_back(b.key(), b.value());
+  return out;
+}
+
 void Trainer::setup_common(Stage stage, std::optional<checkpoint::CheckpointData> weights) {
   datamodule_->setup(stage);
   each([&](Callback& cb) { cb.setup(*this, *module_, stage); });
@@ -129,12 +138,18 @@ void Trainer::setup_fit() {
     throw config::ConfigError(
         "trainer.precision: bf16-master needs the optimizer built from the optimizer: section (this task's "
         "configure_optimizers returns its own, which would update the bf16 weights directly)");
+  if (optimizer_ && !exp_.optimizer.param_groups.freeze.empty())
+    exp_.optimizer.section.fail("param_groups", "freeze needs the optimizer built from the optimizer: section (this task's "
+                                                "configure_optimizers returns its own)");
   if (!optimizer_) {
+    // The frozen parameters are the optimizer's from the start (their own groups): the freeze takes
+    // their gradients away below, before the first step.
+    if (!exp_.optimizer.param_groups.freeze.empty()) freeze_ = std::make_unique<Freeze>(exp_.optimizer, module_->net());
     std::vector<std::pair<std::string, torch::Tensor>> named;
     for (auto& p : module_->net().named_parameters())
       if (p.value().requires_grad()) named.emplace_back(p.key(), masters_ ? masters_->master_of(p.value()) : p.value());
     const auto* model = dynamic_cast<const Model*>(&module_->net());
-    const auto groups = make_param_groups(exp_.optimizer, named, model);
+    const auto groups = make_param_groups(exp_.optimizer, named, model, freeze_ ? freeze_->names() : std::set<std::string>{});
     optimizer_ = build_optimizer(exp_.optimizer, groups, device_, &optimizer_info_);
     for (const auto& g : groups) param_group_names_.push_back(g.name);
     param_groups_text_ = describe_param_groups(groups);
@@ -147,6 +162,11 @@ void Trainer::setup_fit() {
   register_fit_state();
   setup_runners();
   eval_loop_->set_scheduler(scheduler_.get());
+  if (freeze_) {
+    freeze_->attach(module_->net(), world_size_ > 1 ? strategy_.get() : nullptr, graphed_runner_.get(), rank_);
+    fit_loop_->set_freeze(freeze_.get());
+    freeze_->update(state().epoch);
+  }
 }
 
 void Trainer::install_signal_handlers() {

@@ -62,6 +62,7 @@
 #include "strobe/core/loop_state.h"
 #include "strobe/core/loops.h"
 #include "strobe/core/device_transfer.h"
+#include "strobe/core/freeze.h"
 #include "strobe/core/master_weights.h"
 #include "strobe/core/module.h"
 #include "strobe/core/optim.h"
@@ -164,6 +165,7 @@ class Trainer : private TrainerView, private StepAccess {
   void log_host_at(int64_t step, int64_t epoch, const std::vector<std::pair<std::string, double>>& values) override;
   torch::optim::Optimizer* optimizer() override { return optimizer_.get(); }
   const std::vector<std::string>& param_group_names() const override { return param_group_names_; }
+  std::vector<std::pair<std::string, torch::Tensor>> weights() override;
   LRScheduler* scheduler() override { return scheduler_.get(); }
   DataModule& datamodule() override { return *datamodule_; }
   void request_stop(int exit_code = kExitOk) override { fit_loop_->request_stop(exit_code); }
@@ -192,6 +194,7 @@ class Trainer : private TrainerView, private StepAccess {
   // trainer.cuda_graphs the graphed one when the run can be captured (setup_cuda_graphs says why not).
   void setup_runners();
   void setup_cuda_graphs();
+
   void install_signal_handlers();
   // A resume needs the checkpoint's number of processes; else CheckpointError (exit 2) on every rank.
   void check_resume_world_size(const checkpoint::CheckpointData& data) const;
@@ -223,6 +226,7 @@ class Trainer : private TrainerView, private StepAccess {
   std::string param_groups_text_;  // param_groups.txt, written by rank 0 when fit starts
   std::unique_ptr<GradScaler> scaler_;
   std::unique_ptr<MasterWeights> masters_;  // precision bf16-master
+  std::unique_ptr<Freeze> freeze_;          // optimizer.param_groups.freeze
   std::unique_ptr<logging::LogCollector> collector_;
   std::unique_ptr<logging::CsvLogger> csv_;
   std::unique_ptr<logging::MetricConsumer> tensorboard_;

@@ -105,6 +105,10 @@ class TrainerView {
   // The names of the optimizer's parameter groups, in its order ("default", "default/no_decay",
   // "groups[0]", ...: optimizer.param_groups); empty before fit's setup or for a task's own optimizer.
   virtual const std::vector<std::string>& param_group_names() const = 0;
+  // The model's parameters and floating buffers by name, as checkpoints hold them (bf16-master: the
+  // fp32 masters under the parameters' names): the live tensors, to read (the ema callback averages
+  // them), never to write.
+  virtual std::vector<std::pair<std::string, torch::Tensor>> weights() = 0;
   // The learning-rate scheduler (null when there is none).
   virtual LRScheduler* scheduler() = 0;
   // The data: its loaders and their options.

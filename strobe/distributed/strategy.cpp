@@ -177,6 +177,7 @@ class SingleDeviceStrategy final : public Strategy {
   int64_t local_rank() const override { return 0; }
   const torch::Device& device() const override { return device_; }
   void setup_model(torch::nn::Module&) override {}
+  void setup_grad_sync(torch::nn::Module&) override {}
   void set_grad_sync(bool enabled) override { sync_ = enabled; }
   bool grad_sync() const override { return sync_; }
   void pre_backward() override {}
@@ -237,6 +238,24 @@ class DDPStrategy final : public Strategy {
       TORCH_CHECK(t.device() == device_, "model tensor on ", t.device(), " but the strategy's device is ", device_);
     c10d::verify_params_across_processes(pg_, params, std::nullopt);
     c10d::broadcast_coalesced(pg_, state, kBroadcastBytes, 0);
+    build_reducer(params, std::move(names));
+  }
+
+  void setup_grad_sync(torch::nn::Module& net) override {
+    std::vector<torch::Tensor> params;
+    std::unordered_map<size_t, std::string> names;
+    for (auto& p : net.named_parameters()) {
+      if (!p.value().requires_grad()) continue;
+      names[params.size()] = p.key();
+      params.push_back(p.value());
+    }
+    TORCH_CHECK(!params.empty(), "the model has no trainable parameters");
+    reducer_.reset();  // its autograd hooks go with it
+    c10d::verify_params_across_processes(pg_, params, std::nullopt);
+    build_reducer(params, std::move(names));
+  }
+
+  void build_reducer(const std::vector<torch::Tensor>& params, std::unordered_map<size_t, std::string> names) {
     // As torch's DDP without unused parameters: one bucket for the first iteration, rebuilt from the
     // order in which gradients became ready, with bucket_cap_mb buckets (a 1 MiB first one).
     std::vector<bool> sparse(params.size(), false);

@@ -79,6 +79,9 @@ class Strategy {
   virtual const torch::Device& device() const = 0;
 
   virtual void setup_model(torch::nn::Module& net) = 0;
+  // The gradient synchronisation rebuilt over the parameters of `net` that now require gradients
+  // (optimizer.param_groups.freeze: the unfreeze); every rank calls it at the same step.
+  virtual void setup_grad_sync(torch::nn::Module& net) = 0;
   virtual void set_grad_sync(bool enabled) = 0;
   virtual bool grad_sync() const = 0;
   virtual void pre_backward() = 0;

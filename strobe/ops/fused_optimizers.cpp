@@ -125,6 +125,26 @@ at::Device check_sgd_args(const char* op, TensorList params, TensorList grads,
   return device;
 }
 
+at::Device check_ema_args(TensorList averages, TensorList sources, double weight, const std::optional<Tensor>& skip) {
+  const char* op = "ema_update_";
+  TORCH_CHECK(averages.size() == sources.size(), op, ": ", averages.size(), " averages but ", sources.size(), " sources");
+  TORCH_CHECK(weight >= 0 && weight <= 1, op, ": weight must be in [0, 1], got ", weight);
+  const at::Device device = averages.empty() ? at::Device(at::kCPU) : averages[0].device();
+  for (size_t i = 0; i < averages.size(); ++i) {
+    const Tensor& a = averages[i];
+    const Tensor& s = sources[i];
+    TORCH_CHECK(a.defined() && s.defined() && a.device() == device && s.device() == device, op, ": averages[", i,
+                "] and sources[", i, "] must be defined and on ", device);
+    TORCH_CHECK(a.scalar_type() == at::kFloat && a.is_non_overlapping_and_dense(), op, ": averages[", i,
+                "] must be a dense float32 tensor, got ", a.scalar_type());
+    TORCH_CHECK(s.is_floating_point() && s.sizes() == a.sizes() && s.strides() == a.strides(), op, ": sources[", i,
+                "] must be a floating tensor laid out like averages[", i, "] (", a.sizes(), "), got ", s.scalar_type(), " ",
+                s.sizes());
+  }
+  check_optional_scalar(skip, device, op, "skip");
+  return device;
+}
+
 }  // namespace detail
 
 namespace {
@@ -574,10 +594,29 @@ void FusedSGD::load(torch::serialize::InputArchive& archive) {
   torch::optim::serialize<FusedSGDParamState, torch::optim::SGDOptions>(archive, *this);
 }
 
+void ema_update_cpu(TensorList averages, TensorList sources, double weight, const std::optional<Tensor>& skip) {
+  detail::check_ema_args(averages, sources, weight, skip);
+  if (skip.has_value() && skip->defined() && skip->item<float>() != 0.f) return;
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < averages.size(); ++i) {
+    Tensor a = averages[i];
+    a.add_(sources[i].to(at::kFloat).sub(a), weight);
+  }
+}
+
+void ema_update_(TensorList averages, TensorList sources, double weight, const Tensor& skip) {
+  if (averages.empty()) return;
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("strobe::ema_update_", "")
+                             .typed<void(TensorList, TensorList, double, const std::optional<Tensor>&)>();
+  op.call(averages, sources, weight, skip.defined() ? std::optional<Tensor>(skip) : std::nullopt);
+}
+
 }  // namespace strobe::ops
 
 TORCH_LIBRARY_IMPL(strobe, CPU, m) {
   m.impl("fused_adamw_", &strobe::ops::fused_adamw_cpu);
   m.impl("fused_adam_", &strobe::ops::fused_adam_cpu);
   m.impl("fused_sgd_", &strobe::ops::fused_sgd_cpu);
+  m.impl("ema_update_", &strobe::ops::ema_update_cpu);
 }

@@ -20,6 +20,8 @@ at::Device check_sgd_args(const char* op, at::TensorList params, at::TensorList 
                           const std::optional<at::Tensor>& found,
                           const std::optional<at::Tensor>& mult);
 void check_lr_tensor(const std::optional<at::Tensor>& t, const at::Device& device, const char* op);
+at::Device check_ema_args(at::TensorList averages, at::TensorList sources, double weight,
+                          const std::optional<at::Tensor>& skip);
 }  // namespace detail
 
 namespace {
@@ -134,6 +136,22 @@ void fused_sgd_cuda(TensorList params, TensorList grads, TensorList momentum_buf
                                  detail::current_stream()));
 }
 
+void ema_update_cuda(TensorList averages, TensorList sources, double weight, const std::optional<Tensor>& skip) {
+  const char* op = "ema_update_";
+  const at::Device device = detail::check_ema_args(averages, sources, weight, skip);
+  if (averages.empty()) return;
+  const c10::cuda::CUDAGuard guard(device);
+  std::vector<cuda::EmaTensor> meta(averages.size());
+  for (size_t i = 0; i < averages.size(); ++i) {
+    meta[i].avg = averages[i].data_ptr<float>();
+    meta[i].src = sources[i].data_ptr();
+    meta[i].numel = averages[i].numel();
+    meta[i].src_dtype = detail::kernel_dtype(sources[i], op, "sources", kGradTypes);
+  }
+  const cuda::EmaHyper h{static_cast<float>(weight), scalar_ptr(skip)};
+  C10_CUDA_CHECK(cuda::ema_update(meta.data(), static_cast<int>(meta.size()), h, detail::current_stream()));
+}
+
 }  // namespace
 }  // namespace strobe::ops
 
@@ -141,4 +159,5 @@ TORCH_LIBRARY_IMPL(strobe, CUDA, m) {
   m.impl("fused_adamw_", &strobe::ops::fused_adamw_cuda);
   m.impl("fused_adam_", &strobe::ops::fused_adam_cuda);
   m.impl("fused_sgd_", &strobe::ops::fused_sgd_cuda);
+  m.impl("ema_update_", &strobe::ops::ema_update_cuda);
 }

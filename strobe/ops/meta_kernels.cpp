@@ -72,6 +72,8 @@ void adam_meta(TensorList, TensorList, TensorList, TensorList, TensorList, Tenso
 void sgd_meta(TensorList, TensorList, TensorList, TensorList, double, double, double, double, bool,
               const std::optional<Tensor>&, const std::optional<Tensor>&, const std::optional<Tensor>&) {}
 
+void ema_meta(TensorList, TensorList, double, const std::optional<Tensor>&) {}
+
 }  // namespace
 }  // namespace strobe::ops
 
@@ -84,6 +86,7 @@ TORCH_LIBRARY_IMPL(strobe, Meta, m) {
   m.impl("fused_adamw_", &strobe::ops::adam_meta);
   m.impl("fused_adam_", &strobe::ops::adam_meta);
   m.impl("fused_sgd_", &strobe::ops::sgd_meta);
+  m.impl("ema_update_", &strobe::ops::ema_meta);
 }
 
 // nonfinite_check's outputs are flags, not functions of the inputs to differentiate: autograd

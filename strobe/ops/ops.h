@@ -97,6 +97,12 @@ void fused_sgd_(torch::TensorList params, torch::TensorList grads,
                 const torch::Tensor& found_nonfinite = {},
                 const torch::Tensor& grad_multiplier = {});
 
+// The exponential moving average's update, one multi-tensor launch on CUDA: averages[i] (dense fp32)
+// += weight * (sources[i] - averages[i]), sources of any floating dtype laid out like their average;
+// nothing at all when `skip` (a 0-d float32 flag on the averages' device, read there: no host sync
+// on CUDA) is non-zero.
+void ema_update_(torch::TensorList averages, torch::TensorList sources, double weight, const torch::Tensor& skip = {});
+
 // Flash attention (FlashAttention-2 style on tensor cores; docs/OPS.md). q [B, Sq, H, D],
 // k/v [B, Sk, H, D]; only the last dimension must be contiguous (views of a fused qkv projection
 // need no copy). causal is bottom-right aligned (row r sees key c <= r + Sk - Sq); a row that sees

@@ -145,6 +145,9 @@ TORCH_LIBRARY(strobe, m) {
       "Tensor(c!)[] steps, *, float lr, float momentum=0., float dampening=0., "
       "float weight_decay=0., bool nesterov=False, Tensor? found_nonfinite=None, "
       "Tensor? grad_multiplier=None, Tensor? lr_tensor=None) -> ()");
+  // Weight averaging (the ema callback): averages[i] += weight * (sources[i] - averages[i]) in
+  // fp32, nothing when skip (a 0-d float32 device flag) is non-zero.
+  m.def("ema_update_(Tensor(a!)[] averages, Tensor[] sources, *, float weight, Tensor? skip=None) -> ()");
   // Attention over [B, S, H, D] (or packed [T, H, D] with int32 cu_seqlens_q/k [B + 1] and host
   // max_seqlen_q/k); returns the output and the logsumexp (fp32, [B, H, Sq] or [H, Tq]).
   m.def(

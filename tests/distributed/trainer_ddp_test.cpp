@@ -287,6 +287,29 @@ TEST(TrainerDDP, TwoRanksEqualOneProcessOnTheUnionBatchAndOnlyRankZeroWrites) {
   checkpoint::remove_tree(one.dir);
 }
 
+// optimizer.param_groups.freeze under data parallelism: fc1 frozen through epoch 0 (the reducer is
+// built without it), unfrozen at epoch 1 (step 5: the reducer rebuilt with it on every rank): both
+// ranks hold bitwise the same weights, those of one process on the union batch; fc1 trained only
+// from the unfreeze.
+TEST(TrainerDDP, AnUnfreezeRebuildsTheReducerAndMatchesOneProcessOnTheUnionBatch) {
+  const std::string freeze = "optimizer.param_groups={freeze: ['fc1.*'], unfreeze_at_epoch: 1, unfreeze_lr_scale: 0.5}";
+  Job two = new_job("unfreeze2"), one = new_job("unfreeze1");
+  auto rs = fit(2, two, {freeze});
+  for (auto& r : rs) ASSERT_EQ(r.exit_code, 0) << describe(rs);
+  auto r1 = fit(1, one, {freeze, "data.batch_size=8"});
+  ASSERT_EQ(r1[0].exit_code, 0) << describe(r1);
+  EXPECT_NE(slurp(two.dir + "/rank0.stdout").find("strobe fit: epoch 1: unfroze 2 parameter tensors"), std::string::npos)
+      << slurp(two.dir + "/rank0.stdout");
+  auto p0 = load_params(two.dir + "/params0.pt"), p1 = load_params(two.dir + "/params1.pt"), ps = load_params(one.dir + "/params0.pt");
+  ASSERT_EQ(p0.size(), ps.size());
+  for (size_t i = 0; i < p0.size(); ++i) {
+    EXPECT_TRUE(torch::equal(p0[i], p1[i])) << "parameter " << i << " differs between ranks";
+    EXPECT_TRUE(torch::allclose(p0[i], ps[i], 1e-4, 1e-5)) << "parameter " << i;
+  }
+  checkpoint::remove_tree(two.dir);
+  checkpoint::remove_tree(one.dir);
+}
+
 // Reduced precisions keep data parallelism exact up to their rounding: under bf16-mixed (autocast)
 // and bf16-master (bf16 weights whose bf16 gradients the Reducer averages, fp32 masters updated
 // from them) 2 ranks x batch 4 end where one process with batch 8 ends; both ranks bitwise alike.

@@ -195,6 +195,40 @@ TEST(CudaGraphs, UnderDeterministicAlgorithmsAGraphedRunGivesBitwiseTheLossesOfA
   }
 }
 
+// optimizer.param_groups.freeze under graphs: the step captured while fc0 is frozen is dropped at
+// the unfreeze (epoch 2), the warm-up runs anew and a second graph takes the step with fc0's
+// gradients; bitwise the losses and weights of an eager run, fp32 and bf16-master.
+TEST(CudaGraphs, AnUnfreezeCapturesAnewAndMatchesAnEagerRunBitwise) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  for (const char* precision : {"32", "bf16-master"}) {
+    std::map<int64_t, std::map<std::string, std::string>> rows[2];
+    std::map<std::string, torch::Tensor> params[2];
+    for (int graphed = 0; graphed < 2; ++graphed) {
+      std::string dir = temp_dir("graphs-unfreeze");
+      auto run = make_run(cuda_mlp_yaml(),
+                          {std::string("trainer.precision=") + precision, "trainer.max_epochs=4", "scheduler.max_steps=48",
+                           "trainer.deterministic=true", std::string("trainer.cuda_graphs=") + (graphed ? "true" : "false"),
+                           "optimizer.param_groups={freeze: ['fc0.*'], unfreeze_at_epoch: 2, unfreeze_lr_scale: 0.5}"},
+                          dir);
+      const auto fc0 = run->module->net().named_parameters()["fc0.weight"].detach().clone();
+      ASSERT_EQ(run->trainer->fit(), 0) << precision << " graphed=" << graphed;
+      EXPECT_EQ(run->trainer->view().state().global_step, 48);
+      EXPECT_FALSE(torch::equal(run->module->net().named_parameters()["fc0.weight"].detach().cpu(), fc0.cpu())) << precision;
+      if (graphed) {
+        EXPECT_EQ(run->trainer->graph_counts().captures, 2) << precision;
+        EXPECT_EQ(run->trainer->graph_counts().replays, 42) << precision << ": 2 x (3 eager warm-up steps) + 42 replays";
+      }
+      rows[graphed] = read_csv(dir + "/metrics.csv", "train/loss");
+      params[graphed] = params_of(*run->module);
+    }
+    at::globalContext().setDeterministicAlgorithms(false, false);
+    at::globalContext().setDeterministicCuDNN(false);
+    ASSERT_EQ(rows[0].size(), 48u) << precision;
+    for (auto& [step, row] : rows[0]) EXPECT_EQ(rows[1][step]["train/loss"], row["train/loss"]) << precision << " step " << step;
+    EXPECT_TRUE(bitwise_equal(params[0], params[1])) << precision;
+  }
+}
+
 TEST(CudaGraphs, AGraphedResNetGivesTheLossesOfAnEagerOneOver50StepsInEveryPrecision) {
   SKIP_WITHOUT_CUDA_DEVICE();
   // ResNet-18 (convolutions, BatchNorm buffers updated inside the graph), 50 full batches and a last

@@ -117,7 +117,7 @@ callbacks:
 )",
                      graphs) +
          (monitors ? "  - name: throughput_monitor\n    every_n_steps: 1\n  - name: device_stats_monitor\n    every_n_steps: 1\n"
-                     "  - name: model_summary\n    max_depth: -1\n  - name: on_exception_checkpoint\n"
+                     "  - name: model_summary\n    max_depth: -1\n  - name: on_exception_checkpoint\n  - name: ema\n"
                    : "");
 }
 

@@ -347,6 +347,52 @@ TEST(NanCapture, SkipStepDropsExactlyTheBadStepsBitwise) {
   EXPECT_FALSE(fs::exists(fs::path(dir) / "nan"));
 }
 
+// The ema callback under skip_step: a skipped step moves no average (the skip flag read on the
+// device), the others do; the averages (BatchNorm statistics included) equal a float64 reference of
+// the weights after each applied step.
+class AppliedWeights : public Callback {
+ public:
+  std::string name() const override { return "applied_weights"; }
+  void on_before_zero_grad(TrainerView& t, Module&, torch::optim::Optimizer&) override {
+    std::map<std::string, torch::Tensor> w;
+    for (auto& [name, tensor] : t.weights()) w[name] = tensor.to(torch::kFloat64, false, true);
+    steps.push_back(std::move(w));
+    applied.push_back(t.step_access().step_pipeline().last().skipped.item<float>() == 0.f);
+  }
+  std::vector<std::map<std::string, torch::Tensor>> steps;
+  std::vector<bool> applied;
+};
+
+TEST(NanCapture, EmaMovesOnlyOnAppliedSteps) {
+  auto means = batch_means(24);
+  size_t bad_count = 0;
+  const double thr = threshold_first_bad_at(means, first_exceeding(means, 1), &bad_count);
+  ASSERT_GE(bad_count, 1u);
+  auto rec = std::make_shared<AppliedWeights>();
+  auto run = make_run(probe_yaml("forward", thr, "[{name: nan_capture, action: skip_step}, {name: ema, decay: 0.8}]", 24), "", {rec});
+  ASSERT_EQ(run->trainer->fit(), 0);
+  ASSERT_EQ(rec->steps.size(), 24u);
+  size_t skipped = 0;
+  std::map<std::string, torch::Tensor> avg;
+  for (size_t i = 0; i < rec->steps.size(); ++i) {
+    const double d = i == 0 ? 0.0 : std::min(0.8, 1.0 - std::pow(1.0 + static_cast<double>(i), -2.0 / 3.0));
+    if (!rec->applied[i]) {
+      ++skipped;
+      continue;
+    }
+    for (auto& [name, w] : rec->steps[i]) avg[name] = avg.count(name) ? d * avg[name] + (1 - d) * w : w;
+  }
+  EXPECT_EQ(skipped, bad_count);
+  const auto ckpt = run->trainer->view().make_checkpoint();
+  ASSERT_FALSE(avg.empty());
+  for (const auto& [name, want] : avg) {
+    ASSERT_TRUE(ckpt.tensors.count("ema/" + name)) << name;
+    const double err = (ckpt.tensors.at("ema/" + name).to(torch::kFloat64) - want).abs().max().item<double>();
+    EXPECT_LT(err, 2e-6 * std::max(want.abs().max().item<double>(), 1.0)) << name;
+  }
+  EXPECT_TRUE(ckpt.tensors.count("ema/bn.running_mean"));
+}
+
 TEST(NanCapture, SkipStepStopsWithACaptureOnceMaxSkipsIsSpent) {
   auto means = batch_means(48);
   const size_t first = first_exceeding(means, 1);

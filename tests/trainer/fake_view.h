@@ -49,6 +49,7 @@ class FakeView : public TrainerView, public StepAccess {
   torch::optim::Optimizer* optimizer() override { return opt.get(); }
   const std::vector<std::string>& param_group_names() const override { return group_names; }
   std::vector<std::string> group_names;
+  std::vector<std::pair<std::string, torch::Tensor>> weights() override { throw std::logic_error("no model in this view"); }
   LRScheduler* scheduler() override { return nullptr; }
   DataModule& datamodule() override { throw std::logic_error("no data in this view"); }
   void request_stop(int code) override {

@@ -109,4 +109,19 @@ struct SgdHyper {
 cudaError_t fused_sgd(const SgdTensor* tensors, int num_tensors, const SgdHyper& hyper,
                       cudaStream_t stream);
 
+// The weight average's update: avg += weight * (src - avg) in fp32 for every tensor, skipped as a
+// whole when *skip != 0 (read on the device).
+constexpr int kEmaMaxTensors = 500;
+struct EmaTensor {
+  float* avg;
+  const void* src;
+  int64_t numel;
+  DType src_dtype;
+};
+struct EmaHyper {
+  float weight;
+  const float* skip;  // null: never skipped
+};
+cudaError_t ema_update(const EmaTensor* tensors, int num_tensors, const EmaHyper& hyper, cudaStream_t stream);
+
 }  // namespace strobe::ops::cuda

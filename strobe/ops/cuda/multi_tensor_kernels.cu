@@ -1,4 +1,5 @@
-// Multi-tensor kernels: non-finite check (+ L2 norm) and fused Adam/AdamW/SGD steps.
+// Multi-tensor kernels: non-finite check (+ L2 norm), fused Adam/AdamW/SGD steps and the weight
+// average's update (ema_update).
 //
 // Each launch covers up to k*MaxTensors tensors described in the kernel parameters; every block
 // owns one chunk of kChunk elements of one tensor (block -> tensor by binary search over the
@@ -317,6 +318,45 @@ __global__ void __launch_bounds__(kThreads) sgd_kernel(const SgdLaunch L) {
   }
 }
 
+// ---- weight averaging --------------------------------------------------------------------------
+struct EmaLaunch {
+  EmaTensor tensors[kEmaMaxTensors];
+  int block_start[kEmaMaxTensors + 1];
+  int num_tensors;
+  EmaHyper hyper;
+};
+
+// avg += weight * (src - avg), in fp32 (torch.lerp's form for weights below one half).
+__global__ void __launch_bounds__(kThreads) ema_kernel(const EmaLaunch L) {
+  const EmaHyper& h = L.hyper;
+  if (h.skip != nullptr && *h.skip != 0.f) return;
+  const int t = tensor_of_block(L.block_start, L.num_tensors, blockIdx.x);
+  const EmaTensor& T = L.tensors[t];
+  const int64_t begin = static_cast<int64_t>(blockIdx.x - L.block_start[t]) * kChunk;
+  const int64_t end = min(begin + kChunk, T.numel);
+  const float w = h.weight;
+  const bool vec = is_aligned16(T.avg) && is_aligned16(T.src) && T.src_dtype != DType::kFloat64;
+  int64_t scalar_begin = begin;
+  if (vec) {
+    const int64_t vec_end = begin + ((end - begin) & ~int64_t{3});
+    for (int64_t i = begin + 4 * threadIdx.x; i < vec_end; i += 4 * kThreads) {
+      float s[4];
+      load4_as_float(T.src, i, T.src_dtype, s);
+      float4 a = *reinterpret_cast<float4*>(T.avg + i);
+      a.x = a.x + w * (s[0] - a.x);
+      a.y = a.y + w * (s[1] - a.y);
+      a.z = a.z + w * (s[2] - a.z);
+      a.w = a.w + w * (s[3] - a.w);
+      *reinterpret_cast<float4*>(T.avg + i) = a;
+    }
+    scalar_begin = vec_end;
+  }
+  for (int64_t i = scalar_begin + threadIdx.x; i < end; i += kThreads) {
+    const float a = T.avg[i];
+    T.avg[i] = a + w * (load_as_float(T.src, i, T.src_dtype) - a);
+  }
+}
+
 template <typename Launch>
 void fill_block_starts(Launch& L, const int64_t* numels, int n) {
   L.block_start[0] = 0;
@@ -423,6 +463,26 @@ cudaError_t fused_sgd(const SgdTensor* tensors, int num_tensors, const SgdHyper&
         e != cudaSuccess) {
       return e;
     }
+  }
+  return cudaSuccess;
+}
+
+cudaError_t ema_update(const EmaTensor* tensors, int num_tensors, const EmaHyper& hyper, cudaStream_t stream) {
+  static thread_local EmaLaunch L;
+  int64_t numels[kEmaMaxTensors];
+  for (int i = 0; i < num_tensors;) {
+    L.num_tensors = 0;
+    L.hyper = hyper;
+    for (; i < num_tensors && L.num_tensors < kEmaMaxTensors; ++i) {
+      if (tensors[i].numel == 0) continue;
+      const int k = L.num_tensors++;
+      L.tensors[k] = tensors[i];
+      numels[k] = tensors[i].numel;
+    }
+    if (L.num_tensors == 0) break;
+    fill_block_starts(L, numels, L.num_tensors);
+    ema_kernel<<<L.block_start[L.num_tensors], kThreads, 0, stream>>>(L);
+    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   }
   return cudaSuccess;
 }
