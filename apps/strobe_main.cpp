@@ -31,8 +31,10 @@
 #include "strobe/metrics/registry.h"
 #include "strobe/core/signals.h"
 #include "strobe/data/data_error.h"
+#include "strobe/distributed/launch_env.h"
 #include "runner/experiment_builder.h"
 #include "runner/export.h"
+#include "runner/predict.h"
 #include "runner/plugins.h"
 #include "runner/replay.h"
 
@@ -134,6 +136,8 @@ void print_fit_summary(const strobe::Run& run, int rc, double seconds) {
   std::fflush(stdout);
 }
 
+strobe::PredictOptions predict_opts;  // strobe predict's own options (main's parser fills them)
+
 int run_command(const std::string& command, const Common& c, Progress& progress) {
   auto doc = strobe::config::Document::load_file(c.config);
   for (const auto& s : c.sets) doc.apply_override(s);
@@ -157,7 +161,17 @@ int run_command(const std::string& command, const Common& c, Progress& progress)
     if (!configured) doc.apply_override("trainer.profiler={}");
   }
   strobe::RunOptions opt;
-  opt.stage = command == "fit" ? strobe::Stage::Fit : command == "validate" ? strobe::Stage::Validate : strobe::Stage::Test;
+  opt.stage = command == "fit"        ? strobe::Stage::Fit
+              : command == "validate" ? strobe::Stage::Validate
+              : command == "predict"  ? strobe::Stage::Predict
+                                      : strobe::Stage::Test;
+  if (command == "predict") {
+    // The output is checked before any work; one process (a prediction run has no ranks to merge).
+    strobe::check_predict_output(predict_opts);
+    if (strobe::distributed::launch_env_from_process().world_size > 1)
+      throw strobe::config::ConfigError(
+          "strobe predict runs as one process: start it without torchrun or srun (it writes one file in dataset order)");
+  }
   if (!c.run_dir.empty()) opt.run_dir = c.run_dir;
   if (!c.ckpt.empty()) opt.ckpt = c.ckpt;
   opt.create_run_dir = command == "fit";
@@ -188,6 +202,27 @@ int run_command(const std::string& command, const Common& c, Progress& progress)
     const int rc = run->trainer->fit(std::move(run->checkpoint));
     if (speaks) print_fit_summary(*run, rc, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     return rc;
+  }
+  if (command == "predict") {
+    const auto& task = run->experiment.task.node();
+    std::string task_name = task["name"].IsDefined() && task["name"].IsScalar() ? task["name"].Scalar() : "";
+    if (task_name.empty())
+      if (const auto* model = dynamic_cast<const strobe::Model*>(&run->module->net())) task_name = model->default_task();
+    const strobe::PredictKind kind = task_name == "classification"      ? strobe::PredictKind::kClassification
+                                     : task_name == "language_modeling" ? strobe::PredictKind::kLanguageModel
+                                                                        : strobe::PredictKind::kRaw;
+    const bool sigmoid = task["loss"].IsDefined() && task["loss"].IsScalar() && task["loss"].Scalar() == "per_class_bce";
+    strobe::PredictWriter writer(predict_opts, kind, sigmoid, run->datamodule->info().class_names);
+    const std::string source = c.ckpt.empty() ? "weights of model.init_from " + run->experiment.init_from->path : "checkpoint " + c.ckpt;
+    run->trainer->predict(std::move(run->checkpoint), predict_opts.split == "val" ? strobe::Stage::Validate : strobe::Stage::Predict,
+                          &writer);
+    if (writer.samples() == 0)
+      throw strobe::PredictError(fmt::format("the {} split has no samples (nothing written to {})", predict_opts.split,
+                                             predict_opts.output));
+    const int64_t n = writer.finish();
+    fmt::print("strobe predict: {} {} of the {} split ({}) written to {}\n", n, n == 1 ? "sample" : "samples",
+               predict_opts.split, source, predict_opts.output);
+    return 0;
   }
   int rc = command == "validate" ? run->trainer->validate(std::move(run->checkpoint))
                                  : run->trainer->test(std::move(run->checkpoint));
@@ -320,7 +355,7 @@ int main(int argc, char** argv) {
   CLI::App app{"Strobe: Lightning-style training in C++ on libtorch"};
   app.require_subcommand(0, 1);
   app.set_version_flag("--version", [] { return version_string(); });
-  Common fit_c, val_c, test_c;
+  Common fit_c, val_c, test_c, pred_c;
   auto* fit = app.add_subcommand("fit", "train (and validate) a model; resumes with --ckpt");
   add_common(fit, fit_c, false);
   fit->add_option("--run-dir", fit_c.run_dir, "run directory (default <default_root_dir>/<name>/version_<n>)")
@@ -334,6 +369,13 @@ int main(int argc, char** argv) {
   add_common(val, val_c, true);
   auto* tst = app.add_subcommand("test", "run the test set with a checkpoint");
   add_common(tst, test_c, true);
+  auto* pred = app.add_subcommand("predict", "run a checkpoint over the test (or validation) set and write its predictions");
+  add_common(pred, pred_c, true);
+  pred->add_option("-o,--output", predict_opts.output, "X.csv (classification: one row per sample) or X.safetensors")
+      ->required()
+      ->check(kNonEmpty);
+  pred->add_option("--split", predict_opts.split, "test (default) or val");
+  pred->add_flag("--overwrite", predict_opts.overwrite, "replace the output file if it exists");
   ReplayArgs replay_a;
   auto* rep = app.add_subcommand("replay", "re-run the failing step of a NaN capture and name the first non-finite operation");
   rep->add_option("capture", replay_a.capture, "capture directory: <run_dir>/nan (the latest capture) or nan/step_<N>")
@@ -407,13 +449,13 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (app.get_subcommands().empty()) {
-    fmt::print(stderr, "strobe: a command is required (fit, validate, test, replay, export, bench, list); run 'strobe --help' for usage\n");
+    fmt::print(stderr, "strobe: a command is required (fit, validate, test, predict, replay, export, bench, list); run 'strobe --help' for usage\n");
     return 2;
   }
   const std::string command = app.get_subcommands().front()->get_name();
   if (command == "fit" && strobe::signals::sigint_inherited_ignored())
     fmt::print(stderr, "strobe fit: SIGINT is ignored (inherited from the parent process); stop the run with SIGTERM\n");
-  const Common& c = command == "fit" ? fit_c : command == "validate" ? val_c : test_c;
+  const Common& c = command == "fit" ? fit_c : command == "validate" ? val_c : command == "predict" ? pred_c : test_c;
   Progress progress;
   // Out of memory: one line naming what to lower. Exit 1: the input was accepted, the run started and
   // this machine could not hold it (a batch that cannot fit at all is refused at setup with exit 2).
@@ -450,6 +492,9 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const strobe::ExportError& e) {
     fmt::print(stderr, "strobe export: {}\n", one_line(e.what()));
+    return 2;
+  } catch (const strobe::PredictError& e) {
+    fmt::print(stderr, "strobe predict: {}\n", one_line(e.what()));
     return 2;
   } catch (const strobe::RunDirError& e) {
     fmt::print(stderr, "strobe: run directory error: {}\n", one_line(e.what()));

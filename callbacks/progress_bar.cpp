@@ -76,6 +76,27 @@ class ProgressBar : public Callback {
     std::fflush(stdout);
   }
 
+  // strobe predict: the batches done and their rate (redrawn on a terminal, a line per
+  // log_every_n_steps batches otherwise).
+  void on_predict_start(TrainerView&, Module&) override { epoch_start_ = Clock::now(), batches_ = 0; }
+  void on_predict_batch_end(TrainerView& t, Module&, const torch::Tensor&, const Batch&, int64_t) override {
+    ++batches_;
+    const auto now = Clock::now();
+    if (tty_ ? now - last_draw_ < std::chrono::milliseconds(100) : batches_ % t.config().log_every_n_steps != 0) return;
+    last_draw_ = now;
+    const double secs = std::chrono::duration<double>(now - epoch_start_).count();
+    const double rate = secs > 0 ? batches_ / secs : 0.0;
+    if (tty_)
+      fmt::print("\rPredict {} batches {:.2f}it/s\x1b[K", batches_, rate);
+    else
+      fmt::print("predict batch {} {:.2f}it/s\n", batches_, rate);
+    std::fflush(stdout);
+  }
+  void on_predict_end(TrainerView&, Module&) override {
+    if (tty_ && batches_ > 0) fmt::print("\n");
+    std::fflush(stdout);
+  }
+
  private:
   using Clock = std::chrono::steady_clock;
   void draw(TrainerView& t, Clock::time_point now) {

@@ -102,6 +102,8 @@ class ImageFolderDataset : public Dataset {
   ImageFolderDataset(ImageFolderListing listing, ImageTransform t, std::shared_ptr<const BadSampleLog> log)
       : listing_(std::move(listing)), t_(t), log_(std::move(log)) {}
   int64_t size() const override { return static_cast<int64_t>(listing_.samples.size()); }
+  std::string describe(int64_t index) const override { return listing_.samples.at(index).first; }
+  const std::vector<std::string>& classes() const { return listing_.classes; }
 
   Sample get(int64_t index, at::Generator& gen) const override {
     const auto& [path, label] = listing_.samples.at(index);
@@ -206,6 +208,7 @@ std::shared_ptr<DataModule> make_image_folder(config::Section& cfg, const DataCo
   auto dm = std::make_shared<ImageFolderDataModule>(train_ds, val, test, opt, train);
   DataInfo info;
   info.batch_keys = {"image", "label"};
+  info.class_names = std::static_pointer_cast<ImageFolderDataset>(train_ds)->classes();
   dm->set_info(info);
   return dm;
 }

@@ -157,6 +157,13 @@ void check_data_fits_model(config::Section& model, const std::string& data_name,
                              d.image_size, n, data_says(data_name, d.channels_key, d.channels, "channels"),
                              data_says(data_name, d.image_size_key, d.image_size, "pixels per side")));
   }
+  if (auto f = model_int(model, "in_features"); f && d.feature_width > 0 && *f != d.feature_width)
+    model.fail("in_features", fmt::format("{}, but {}", *f,
+                                          data_says(data_name, d.feature_width_key, d.feature_width, "values per sample")));
+  if (auto w = model_int(model, "num_classes"); w && d.target_width > 0 && *w != d.target_width)
+    model.fail("num_classes", fmt::format("{} outputs per sample, but the regression target holds {} value{} per sample (one "
+                                          "output per target value: a loss would broadcast the two shapes silently)",
+                                          *w, d.target_width, d.target_width == 1 ? "" : "s"));
   if (auto v = model_int(model, "vocab_size"); v && d.vocab_size > 0 && *v < d.vocab_size)
     model.fail("vocab_size", fmt::format("{} tokens, but {} (token ids up to {} would be out of range)", *v,
                                          d.vocab_size_key.empty() && !d.vocab_size_source.empty()
@@ -257,6 +264,9 @@ std::unique_ptr<Run> build_run(config::Document& doc, const RunOptions& options)
   for (auto& section : exp.callbacks) run->callbacks.push_back(callback_registry().create(section, ""));
   // As in Lightning: a fit adds the callbacks its trainer.enable_* switches turn on when none of that
   // name is configured (a default model_checkpoint keeps last.ckpt and the latest epoch's checkpoint).
+  if (options.stage == Stage::Predict && exp.trainer.enable_progress_bar &&
+      std::none_of(run->callbacks.begin(), run->callbacks.end(), [](const auto& cb) { return cb->name() == "progress_bar"; }))
+    run->callbacks.push_back(default_callback("progress_bar"));  // strobe predict shows its progress too
   if (options.stage == Stage::Fit) {
     const size_t configured = run->callbacks.size();
     for (const auto& [enabled, default_name] : {std::pair{exp.trainer.enable_checkpointing, "model_checkpoint"},

@@ -1,6 +1,7 @@
 #include "strobe/checkpoint/safetensors.h"
 
 #include <cstring>
+#include <memory>
 #include <utility>
 
 #include <fmt/format.h>
@@ -41,6 +42,28 @@ bool st_from_torch(torch::ScalarType type, DType* out) {
 }
 
 }  // namespace
+
+File map_file(const std::string& path) {
+  auto map = std::make_shared<const checkpoint::MappedFile>(path);
+  Header header;
+  try {
+    header = parse_header(map->data(), map->size());
+  } catch (const FormatError& e) {
+    throw CheckpointError(fmt::format("{}: not a safetensors file: {}", path, e.what()));
+  }
+  File out;
+  out.metadata = std::move(header.metadata);
+  for (const auto& t : header.tensors) {
+    if (t.dtype == DType::kBool) continue;
+    const auto type = st_to_torch(t.dtype);
+    void* data = const_cast<char*>(map->data() + header.data_start + t.begin);
+    // The deleter holds the mapping: it lives as long as the last tensor over it.
+    torch::Tensor tensor = t.end > t.begin ? torch::from_blob(data, t.shape, [map](void*) {}, torch::TensorOptions().dtype(type))
+                                           : torch::empty(t.shape, torch::TensorOptions().dtype(type));
+    out.tensors.emplace_back(t.name, std::move(tensor));
+  }
+  return out;
+}
 
 File read_file(const std::string& path) {
   const checkpoint::MappedFile map(path);

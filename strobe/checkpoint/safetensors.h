@@ -25,6 +25,10 @@ struct File {
 
 // Throws checkpoint::CheckpointError "PATH: not a safetensors file: <what>" (or the I/O problem).
 File read_file(const std::string& path);
+// The same file memory-mapped: CPU tensors over the mapping itself (read-only memory: never write
+// them), which stays mapped while any of them lives. Nothing is read until a tensor's bytes are.
+// BOOL tensors are not offered (their bytes are not checked); the same errors as read_file.
+File map_file(const std::string& path);
 
 // Writes `tensors` (any device; made contiguous on the CPU) in the given order, with `metadata` as
 // __metadata__. Throws checkpoint::CheckpointError naming the file and the problem (a duplicate name,

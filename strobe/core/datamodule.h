@@ -46,6 +46,13 @@ struct DataInfo {
   // The keys every batch carries ({"tokens", "targets"}, {"image", "label"}); empty: not declared.
   // The model's and the task's batch_keys() are checked against them before the first step.
   std::vector<std::string> batch_keys;
+  // The classes' names by label (image_folder's folder names); empty: not known.
+  std::vector<std::string> class_names;
+  // Values per sample of a flat feature vector ("image" of tensor_file), checked against the
+  // model's in_features; and of a regression target, checked against its output width (num_classes).
+  int64_t feature_width = 0;
+  std::string feature_width_key;
+  int64_t target_width = 0;
 };
 
 class DataModule {

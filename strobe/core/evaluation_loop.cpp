@@ -106,10 +106,10 @@ int64_t EvaluationLoop::run(Stage stage, int64_t limit, bool sanity) {
   return ran;
 }
 
-std::vector<torch::Tensor> PredictLoop::run() {
+std::vector<torch::Tensor> PredictLoop::run(Stage split, PredictSink* sink) {
   auto& t = *parts_.view;
   auto& module = *parts_.module;
-  auto loader = parts_.datamodule->predict_loader();
+  auto loader = split == Stage::Validate ? parts_.datamodule->val_loader() : parts_.datamodule->predict_loader();
   std::vector<torch::Tensor> out;
   if (!loader) return out;
   loader->set_limit_batches(-1);
@@ -124,6 +124,7 @@ std::vector<torch::Tensor> PredictLoop::run() {
     auto b = loader->next();
     if (!b) break;
     parts_.each([&](Callback& cb) { cb.on_predict_batch_start(t, module, *b, i); });
+    const std::vector<int64_t> indices = b->indices;  // the host batch's: a data hook may build a new batch
     Batch batch = parts_.prepare(std::move(*b), 0);
     torch::Tensor y;
     {
@@ -131,7 +132,10 @@ std::vector<torch::Tensor> PredictLoop::run() {
       y = module.predict_step(batch, i);
     }
     parts_.each([&](Callback& cb) { cb.on_predict_batch_end(t, module, y, batch, i); });
-    out.push_back(y);
+    if (sink)
+      sink->consume(batch, indices, y, loader->dataset());
+    else
+      out.push_back(y.to(torch::kCPU));
   }
   loader->stop();
   parts_.each([&](Callback& cb) { cb.on_predict_epoch_end(t, module); });

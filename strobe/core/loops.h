@@ -114,10 +114,23 @@ class EvaluationLoop {
 // PredictLoop: one prediction run over the data module's predict loader (trainer.limit_predict_batches),
 // in Lightning's hook order, without gradients, under the run's precision; returns each batch's
 // predict_step output. The module is left in eval mode.
+// What a prediction run hands each batch to (strobe predict's writer, runner/predict.h): the batch on
+// the device and the host batch's dataset indices, the module's outputs (on the device), and the
+// dataset they come from. The sink keeps what it needs, on the host.
+class PredictSink {
+ public:
+  virtual ~PredictSink() = default;
+  virtual void consume(const Batch& batch, const std::vector<int64_t>& indices, const torch::Tensor& outputs,
+                       const data::Dataset& dataset) = 0;
+};
+
 class PredictLoop {
  public:
   explicit PredictLoop(LoopParts parts) : parts_(std::move(parts)) {}
-  std::vector<torch::Tensor> run();
+  // The module in evaluation mode over the predict loader (the test set's), or with `split`
+  // Validate over the validation set, in dataset order. With a sink each batch goes to it; without,
+  // the outputs are returned, moved to the host as they come.
+  std::vector<torch::Tensor> run(Stage split = Stage::Predict, PredictSink* sink = nullptr);
 
  private:
   LoopParts parts_;

@@ -293,9 +293,11 @@ int Trainer::evaluate(Stage stage, std::optional<checkpoint::CheckpointData> wei
   return kExitOk;
 }
 
-std::vector<torch::Tensor> Trainer::predict(std::optional<checkpoint::CheckpointData> weights) {
+std::vector<torch::Tensor> Trainer::predict(std::optional<checkpoint::CheckpointData> weights, Stage split, PredictSink* sink) {
   setup_common(Stage::Predict, std::move(weights));
-  return predict_loop_->run();
+  auto out = predict_loop_->run(split, sink);
+  each([&](Callback& cb) { cb.teardown(*this, *module_, Stage::Predict); });
+  return out;
 }
 
 }  // namespace strobe

@@ -125,7 +125,8 @@ class Trainer : private TrainerView, private StepAccess {
   int fit(std::optional<checkpoint::CheckpointData> resume = std::nullopt);
   int validate(std::optional<checkpoint::CheckpointData> weights = std::nullopt);
   int test(std::optional<checkpoint::CheckpointData> weights = std::nullopt);
-  std::vector<torch::Tensor> predict(std::optional<checkpoint::CheckpointData> weights = std::nullopt);
+  std::vector<torch::Tensor> predict(std::optional<checkpoint::CheckpointData> weights = std::nullopt,
+                                     Stage split = Stage::Predict, PredictSink* sink = nullptr);
 
   // What callbacks see (trainer_view.h): the loop counters, metrics, the optimizer, checkpoints.
   TrainerView& view() { return *this; }

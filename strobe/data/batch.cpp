@@ -26,6 +26,7 @@ int64_t Batch::batch_size() const {
 Batch Batch::to(const torch::Device& device, bool non_blocking) const {
   Batch out;
   out.meta = meta;
+  out.indices = indices;
   for (const auto& kv : tensors) out.tensors[kv.first] = kv.second.to(device, non_blocking);
   return out;
 }
@@ -33,6 +34,7 @@ Batch Batch::to(const torch::Device& device, bool non_blocking) const {
 Batch Batch::pin_memory() const {
   Batch out;
   out.meta = meta;
+  out.indices = indices;
   for (const auto& kv : tensors) out.tensors[kv.first] = kv.second.is_pinned() ? kv.second : kv.second.pin_memory();
   return out;
 }
@@ -40,6 +42,7 @@ Batch Batch::pin_memory() const {
 Batch Batch::clone() const {
   Batch out;
   out.meta = meta;
+  out.indices = indices;
   for (const auto& kv : tensors) out.tensors[kv.first] = kv.second.clone();
   return out;
 }

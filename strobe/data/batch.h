@@ -5,6 +5,7 @@
 
 #include <map>
 #include <string>
+#include <vector>
 
 #include <torch/types.h>
 
@@ -20,6 +21,10 @@ constexpr const char* kMetaEpoch = "epoch";
 struct Batch {
   std::map<std::string, torch::Tensor> tensors;
   std::map<std::string, int64_t> meta;  // host-side facts; "batch_size" is always set by collate
+  // The dataset indices of the batch's samples, in row order (the loader sets them; a sample the
+  // dataset skipped as bad has none). Host data, not a tensor: CUDA-graph signatures hash every
+  // tensor, and these change with every batch. Empty: not known (a hand-made batch).
+  std::vector<int64_t> indices;
 
   bool has(const std::string& key) const { return tensors.count(key) > 0; }
   const torch::Tensor& at(const std::string& key) const;  // throws naming the missing key

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include <ATen/core/Generator.h>
@@ -19,6 +20,9 @@ class Dataset {
   virtual ~Dataset() = default;
   virtual int64_t size() const = 0;
   virtual Sample get(int64_t index, at::Generator& gen) const = 0;
+  // Where sample `index` comes from, for a person (the image file of image_folder); "" when the
+  // index alone says it. `strobe predict` writes it beside each prediction.
+  virtual std::string describe(int64_t /*index*/) const { return ""; }
 };
 
 // Turns samples into a batch; must set batch.meta["batch_size"].
@@ -33,6 +37,7 @@ class SubsetDataset : public Dataset {
   SubsetDataset(std::shared_ptr<const Dataset> base, std::vector<int64_t> indices);
   int64_t size() const override { return static_cast<int64_t>(indices_.size()); }
   Sample get(int64_t index, at::Generator& gen) const override;
+  std::string describe(int64_t index) const override { return base_->describe(indices_.at(index)); }
 
  private:
   std::shared_ptr<const Dataset> base_;

@@ -64,18 +64,20 @@ Batch DataLoader::make_batch(int64_t epoch, int64_t batch_index) const {
   int64_t end = std::min<int64_t>(begin + opt_.batch_size, static_cast<int64_t>(order.size()));
   if (begin >= end) throw std::out_of_range("loader: batch index past the end of the epoch");
   std::vector<Sample> samples;
+  std::vector<int64_t> indices;
   samples.reserve(end - begin);
   for (int64_t k = begin; k < end; ++k) {
     at::Generator gen = sample_generator(opt_.seed, epoch, order[k]);
     Sample s = dataset_->get(order[k], gen);
     // An empty sample is one a dataset skipped as bad (on_bad_sample: skip; it logged it): the batch
     // is one smaller. Which samples are bad depends only on the files, so batches stay exact.
-    if (!s.empty()) samples.push_back(std::move(s));
+    if (!s.empty()) samples.push_back(std::move(s)), indices.push_back(order[k]);
   }
   if (samples.empty())
     throw DataError(fmt::format("batch {} of epoch {}: every one of its {} samples was bad and skipped", batch_index, epoch, end - begin));
   Batch b = collate_(samples);
   if (!b.meta.count("batch_size")) b.meta["batch_size"] = end - begin;
+  b.indices = std::move(indices);
   b.meta[kMetaBatchIndex] = batch_index;
   b.meta[kMetaEpoch] = epoch;
   return opt_.pin_memory ? b.pin_memory() : b;

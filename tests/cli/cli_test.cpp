@@ -30,7 +30,7 @@ TEST(Cli, VersionAndHelp) {
   r = strobe_cmd("fti -c nowhere.yaml");
   EXPECT_EQ(r.code, 2);
   EXPECT_EQ(r.err,
-            "strobe: unknown command 'fti'; did you mean 'fit'? (commands: fit, validate, test, replay, export, bench, list); "
+            "strobe: unknown command 'fti'; did you mean 'fit'? (commands: fit, validate, test, predict, replay, export, bench, list); "
             "run 'strobe --help' for usage\n");
   r = strobe_cmd("xyzzy");
   EXPECT_EQ(r.code, 2);

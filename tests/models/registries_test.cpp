@@ -20,10 +20,10 @@ using Names = std::vector<std::string>;
 
 TEST(BuiltInComponents, EveryRegistryListsExactlyTheBuiltIns) {
   EXPECT_EQ(model_registry().names(), (Names{"decoder_lm", "face_detector", "llama", "mlp", "resnet", "vit"}));
-  EXPECT_EQ(task_registry().names(), (Names{"classification", "detection", "language_modeling"}));
+  EXPECT_EQ(task_registry().names(), (Names{"classification", "detection", "language_modeling", "regression"}));
   EXPECT_EQ(data_registry().names(),
             (Names{"cifar10", "coco_boxes", "fashion_mnist", "image_folder", "synthetic_boxes", "synthetic_images",
-                   "synthetic_tokens", "text_file", "token_file"}));
+                   "synthetic_tokens", "tensor_file", "text_file", "token_file"}));
   EXPECT_EQ(callback_registry().names(),
             (Names{"device_stats_monitor", "early_stopping", "ema", "lr_monitor", "model_checkpoint", "model_summary", "nan_capture", "on_exception_checkpoint", "progress_bar", "throughput_monitor"}));
   EXPECT_EQ(metrics::metric_registry().names(),

@@ -13,6 +13,8 @@
 - the training FLOPs each model declares (throughput_monitor, strobe bench) equal what
   torch.utils.flop_counter counts for a forward and backward of the same network;
 - a run's model_summary.txt totals equal sum(p.numel()) of the library's model;
+- `strobe predict` with torchvision's resnet18 (init_from) gives torchvision's top-1 class and logits
+  on 64 images of an image folder;
 - `optimizer.param_groups: {no_decay: auto, layer_decay: 0.75}` gives every ViT parameter (token
   pooling, where timm's `norm` shares the last block's layer; average pooling, where timm's
   `fc_norm` shares the head's) the lr multiplier and weight decay timm's param_groups_layer_decay
@@ -28,6 +30,7 @@ TOL = 1e-5
 FLOPS_TOL = 1e-3
 
 try:
+    import numpy as np
     import torch
     import timm
     import torchvision
@@ -319,6 +322,48 @@ summary_matches(ckpt, torchvision.models.resnet18(num_classes=10), "strobe resne
 exported_into(torchvision.models.resnet18(num_classes=10), ckpt, "torchvision", RESNET, images64, "strobe resnet18")
 exported_into(timm.create_model("resnet18", pretrained=False, num_classes=10), ckpt, "timm", RESNET, images64,
               "strobe resnet18")
+
+# 2b. strobe predict over an image folder with torchvision's resnet18 (model.init_from, no --ckpt):
+# the top-1 class of each of 64 images (and its logits) as the library's own forward gives them.
+def predict_matches_torchvision():
+    from PIL import Image
+    net = perturb(torchvision.models.resnet18(num_classes=10))
+    weights = save_state(net, "predict_resnet18")
+    root = os.path.join(tmp, "predict_images")
+    g = torch.Generator().manual_seed(5)
+    files = []
+    for c in ("cats", "dogs"):
+        os.makedirs(os.path.join(root, c), exist_ok=True)
+        for i in range(32):
+            path = os.path.join(root, c, f"{i:02d}.png")
+            Image.fromarray(torch.randint(0, 256, (32, 32, 3), generator=g, dtype=torch.uint8).numpy()).save(path)
+            files.append(path)
+    cfg = os.path.join(tmp, "predict.yaml")
+    with open(cfg, "w") as f:
+        f.write(f"""name: predict
+trainer: {{device: cpu, enable_progress_bar: false}}
+model: {{name: resnet, depth: 18, num_classes: 10, init_from: {{path: {weights}, names: torchvision}}}}
+data: {{name: image_folder, root: {root}, val_root: {root}, image_size: 32, resize_size: 32, train_transform: resize,
+       hflip: false, batch_size: 16, num_workers: 0}}
+""")
+    out = os.path.join(tmp, "predict.safetensors")
+    r = subprocess.run([STROBE, "predict", "-c", cfg, "-o", out], capture_output=True, text=True, timeout=600)
+    if not check(r.returncode == 0, f"strobe predict failed ({r.returncode}): {r.stderr.strip()}"):
+        return
+    got = load_file(out)
+    mean, std = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1), torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
+    images = torch.stack([torch.from_numpy(np.array(Image.open(p).convert("RGB"))).permute(2, 0, 1) for p in files]).float()
+    with torch.no_grad():
+        want = net((images / 255 - mean) / std)
+    if not check(got["index"].tolist() == list(range(64)), f"predict: index {got['index'].tolist()}"):
+        return
+    same = (got["outputs"].argmax(1) == want.argmax(1)).sum().item()
+    rel = ((got["outputs"] - want).abs().max() / want.abs().max()).item()
+    if check(same == 64 and rel < TOL, f"predict vs torchvision resnet18: top-1 equal on {same}/64, logits {rel:.2e} apart"):
+        compared.append(f"strobe predict vs torchvision resnet18: top-1 equal on 64/64 images, logits {rel:.1e}")
+
+
+predict_matches_torchvision()
 
 # 3. configs/finetune_vit.yaml takes timm's vit_small_patch16_224 as scripts/timm_weights.py writes it
 # (random weights here: no network): every tensor but the ignored head loads strictly.
