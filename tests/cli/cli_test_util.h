@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <string>
@@ -45,6 +46,13 @@ inline std::string write_config(const std::string& yaml) {
 }
 
 inline int count_lines(const std::string& s) { return static_cast<int>(std::count(s.begin(), s.end(), '\n')); }
+
+// The value `strobe validate` / `test` prints for `key` ("test/acc     0.912000"); NaN when absent.
+inline double printed_metric(const std::string& out, const std::string& key) {
+  const auto at = out.find(key + " ");
+  if (at == std::string::npos) return std::nan("");
+  return std::stod(out.substr(out.find_first_not_of(' ', at + key.size())));
+}
 
 // Pieces of `s` between any of the characters in `seps` (empty pieces dropped).
 inline std::vector<std::string> split_any(const std::string& s, const std::string& seps) {

@@ -46,11 +46,6 @@ std::vector<std::vector<std::string>> read_rows(const std::string& path) {
   return rows;
 }
 
-double printed(const std::string& out, const std::string& key) {
-  const auto at = out.find(key + " ");
-  if (at == std::string::npos) return NAN;
-  return std::stod(out.substr(out.find_first_not_of(' ', at + key.size())));
-}
 
 }  // namespace
 
@@ -74,7 +69,7 @@ optimizer: {{name: adamw, lr: 0.05}}
   const std::string ckpt = (dir / "run" / "checkpoints" / "last.ckpt").string();
   auto test = strobe_cmd("test -c " + cfg + " --ckpt " + ckpt);
   ASSERT_EQ(test.code, 0) << test.err;
-  const double test_acc = printed(test.out, "test/acc");
+  const double test_acc = printed_metric(test.out, "test/acc");
   ASSERT_TRUE(std::isfinite(test_acc)) << test.out;
 
   const std::string csv = (dir / "p.csv").string();
@@ -179,7 +174,7 @@ optimizer: {name: adamw, lr: 0.01}
   EXPECT_EQ(offsets[-1].item<int64_t>(), loss.numel());
   EXPECT_TRUE(torch::equal(index, torch::arange(10)));
   EXPECT_TRUE(torch::isfinite(loss).all().item<bool>());
-  EXPECT_NEAR(loss.to(torch::kFloat64).mean().item<double>(), printed(test.out, "test/loss"), 2e-5) << test.out;
+  EXPECT_NEAR(loss.to(torch::kFloat64).mean().item<double>(), printed_metric(test.out, "test/loss"), 2e-5) << test.out;
   // No validation set: nothing to predict, one line, exit 2, no file.
   auto none = strobe_cmd("predict -c " + cfg + " --ckpt " + ckpt + " --split val --set data.num_val_samples=0 -o " +
                          (dir / "none.safetensors").string());

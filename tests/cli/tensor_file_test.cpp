@@ -25,11 +25,6 @@ std::string write_tensors(const std::string& dir, const std::string& name, const
   return p;
 }
 
-double printed(const std::string& out, const std::string& key) {
-  const auto at = out.find(key + " ");
-  if (at == std::string::npos) return NAN;
-  return std::stod(out.substr(out.find_first_not_of(' ', at + key.size())));
-}
 
 }  // namespace
 
@@ -52,9 +47,19 @@ TEST(TensorFile, TheRegressionExampleLearnsAndTheChecksComeFirst) {
   ASSERT_EQ(fit.code, 0) << fit.err;
   auto val = strobe_cmd("validate " + base + " --ckpt " + dir + "/run/checkpoints/last.ckpt");
   ASSERT_EQ(val.code, 0) << val.err;
-  const double mse = printed(val.out, "val/mse"), var = y.var().item<double>();
+  const double mse = printed_metric(val.out, "val/mse"), var = y.var().item<double>();
   EXPECT_LT(mse, 0.05 * var) << val.out << "(target variance " << var << ")";
-  EXPECT_TRUE(std::isfinite(printed(val.out, "val/mae"))) << val.out;
+  EXPECT_TRUE(std::isfinite(printed_metric(val.out, "val/mae"))) << val.out;
+  // The other losses are what they say: l1's val/loss is the mean absolute error; huber's, with a
+  // delta no error reaches, half the mean squared error.
+  for (const auto& [loss, sets] : std::vector<std::pair<std::string, std::string>>{{"l1", "--set task.loss=l1"},
+                                                                                    {"huber", "--set task.loss=huber --set task.delta=1e6"}}) {
+    auto v = strobe_cmd("validate " + base + " " + sets + " --ckpt " + dir + "/run/checkpoints/last.ckpt");
+    ASSERT_EQ(v.code, 0) << loss << ": " << v.err;
+    const double got = printed_metric(v.out, "val/loss");
+    const double want = loss == "l1" ? printed_metric(v.out, "val/mae") : 0.5 * printed_metric(v.out, "val/mse");
+    EXPECT_NEAR(got, want, 2e-6 + 1e-5 * want) << loss << "\n" << v.out;
+  }
 
   // The checks, each one line and exit 2 before training.
   auto bad_nan = x.clone();
@@ -103,7 +108,7 @@ TEST(TensorFile, TheRegressionExampleLearnsAndTheChecksComeFirst) {
   ASSERT_EQ(three.code, 0) << three.err;
   auto test = strobe_cmd("test " + cbase + " --set model.num_classes=3 --ckpt " + dir + "/cls3/checkpoints/last.ckpt");
   ASSERT_EQ(test.code, 0) << test.err;
-  EXPECT_GT(printed(test.out, "test/acc"), 0.8) << test.out;
+  EXPECT_GT(printed_metric(test.out, "test/acc"), 0.8) << test.out;
 }
 
 }  // namespace strobe::testing
