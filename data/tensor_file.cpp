@@ -155,10 +155,7 @@ std::shared_ptr<DataModule> make_tensor_file(config::Section& cfg, const DataCon
   auto dm = std::make_shared<DatasetDataModule>(train, val, test, stack_collate, opt);
   DataInfo info;
   for (const auto& [key, name] : f.map) info.batch_keys.push_back(key);
-  if (classes > 0) {
-    info.num_classes = classes;
-    info.num_classes_key = "";
-  }
+  if (classes > 0) info.num_classes = classes;  // no key sets it: "data 'tensor_file' has N classes"
   // The width of a flat feature vector, for the mlp's in_features (channels 1 x 1 x width does not
   // fit an image model's checks, so only what an MLP reads is declared).
   for (const auto& [key, t] : train_fields) {

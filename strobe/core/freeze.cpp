@@ -1,11 +1,11 @@
 #include "strobe/core/freeze.h"
 
-#include <fnmatch.h>
-
 #include <fmt/format.h>
 #include <torch/torch.h>
 
 #include "strobe/core/graph_step.h"
+#include "strobe/core/master_weights.h"
+#include "strobe/core/optim.h"
 #include "strobe/distributed/strategy.h"
 
 namespace strobe {
@@ -14,15 +14,11 @@ namespace {
 bool matches_any(const std::vector<std::string>& globs, const std::string& name, std::vector<bool>* used) {
   bool hit = false;
   for (size_t i = 0; i < globs.size(); ++i)
-    if (::fnmatch(globs[i].c_str(), name.c_str(), 0) == 0) {
+    if (glob_matches(globs[i], name)) {
       hit = true;
       if (used) (*used)[i] = true;
     }
   return hit;
-}
-
-bool is_batch_norm_layer(torch::nn::Module& m) {
-  return m.as<torch::nn::BatchNorm1d>() || m.as<torch::nn::BatchNorm2d>() || m.as<torch::nn::BatchNorm3d>();
 }
 
 std::string joined(const std::string& prefix, const std::string& name) { return prefix.empty() ? name : prefix + "." + name; }
@@ -35,7 +31,7 @@ Freeze::Freeze(const config::OptimizerConfig& cfg, torch::nn::Module& net) {
   std::vector<bool> used(pg.freeze.size(), false);
   for (const auto& item : net.named_modules()) {
     torch::nn::Module& m = *item.value();
-    const bool bn = is_batch_norm_layer(m);
+    const bool bn = is_batch_norm(m);
     bool bn_selected = false;
     for (const auto& p : m.named_parameters(/*recurse=*/false)) {
       const std::string name = joined(item.key(), p.key());

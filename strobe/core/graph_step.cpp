@@ -57,10 +57,14 @@ GraphedRunner::GraphedRunner(EagerRunner& eager, StepRunner& step, Module& modul
 
 GraphedRunner::~GraphedRunner() = default;
 
-void GraphedRunner::invalidate() {
-  // The gradients a replay left allocated live in the graph's pool: released before the graph.
+void GraphedRunner::release_grads() {
   optimizer_.zero_grad(true);
   module_.net().zero_grad(true);
+}
+
+void GraphedRunner::invalidate() {
+  // The gradients a replay left allocated live in the graph's pool: released before the graph.
+  release_grads();
   g_.reset();
   g_.eager_steps = 0;
   last_eager_ = true;
@@ -82,11 +86,6 @@ torch::Tensor GraphedRunner::run(Batch batch, const MicroBatch& mb) {
   const bool same_batch = g.graph->captured() && batch_key == g.batch_key;
   // An epoch's last batch is where a smaller batch comes: never the first one captured.
   const bool last_of_epoch = mb.epoch_last;
-  // The optimizer's gradients (the fp32 masters' under bf16-master) and the model's, released.
-  auto release_grads = [&] {
-    optimizer_.zero_grad(true);
-    module_.net().zero_grad(true);
-  };
   if (!warm || (g.graph->captured() ? !same_batch : last_of_epoch)) {
     // Eagerly: the gradients a replay left allocated must not be accumulated into.
     release_grads();

@@ -98,6 +98,8 @@ class GraphedRunner : public TrainingRunner {
   torch::Device device_;
   GraphedStep g_;
   bool last_eager_ = false;  // the last step ran eagerly: its gradients are released as the eager loop's
+  // The optimizer's gradients (the fp32 masters' under bf16-master) and the model's, released.
+  void release_grads();
 };
 
 }  // namespace strobe

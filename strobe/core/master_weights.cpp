@@ -3,13 +3,10 @@
 #include <torch/torch.h>
 
 namespace strobe {
-namespace {
 
 bool is_batch_norm(torch::nn::Module& m) {
   return m.as<torch::nn::BatchNorm1d>() || m.as<torch::nn::BatchNorm2d>() || m.as<torch::nn::BatchNorm3d>();
 }
-
-}  // namespace
 
 MasterWeights::MasterWeights(torch::nn::Module& net, c10::ScalarType dtype) {
   torch::NoGradGuard no_grad;

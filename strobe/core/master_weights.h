@@ -26,6 +26,9 @@ class Module;
 
 namespace strobe {
 
+// A BatchNorm1d/2d/3d layer (kept in fp32 under bf16-master; optimizer.param_groups.freeze's train_bn).
+bool is_batch_norm(torch::nn::Module& m);
+
 class MasterWeights {
  public:
   // Converts `net` in place (call after it is on its device, before the optimizer is built).

@@ -19,11 +19,7 @@
 
 namespace strobe {
 
-namespace {
-
 bool glob_matches(const std::string& glob, const std::string& name) { return ::fnmatch(glob.c_str(), name.c_str(), 0) == 0; }
-
-}  // namespace
 
 std::vector<ParamGroup> make_param_groups(const config::OptimizerConfig& cfg,
                                           const std::vector<std::pair<std::string, torch::Tensor>>& named,

@@ -25,6 +25,9 @@ struct OptimizerInfo {
   bool fused = false;  // our multi-tensor CUDA step is in use
 };
 
+// Whether a parameter name matches an optimizer.param_groups glob (fnmatch: `*`, `?`, `[...]`).
+bool glob_matches(const std::string& glob, const std::string& name);
+
 // One parameter group as optimizer.param_groups makes it (docs/CONFIG.md): its name ("default",
 // "default/no_decay", "groups[0]", "groups[0]/no_decay"), its parameters' names and tensors (the
 // optimizer's: under bf16-master the fp32 masters) and its hyper-parameters.
