@@ -250,6 +250,7 @@ struct ReplayArgs {
   std::string device;
   std::string report;
   bool allow_changed_plugins = false;
+  bool diagnose = false;
 };
 
 int run_replay(const ReplayArgs& a) {
@@ -283,8 +284,8 @@ int run_replay(const ReplayArgs& a) {
               e.path().filename().string()));
     }
   }
-  auto report = strobe::capture::replay_capture(a.capture, opt);
-  fmt::print("{}", strobe::capture::format_replay_report(report));
+  auto report = a.diagnose ? strobe::capture::diagnose_capture(a.capture, opt) : strobe::capture::replay_capture(a.capture, opt);
+  fmt::print("{}", a.diagnose ? strobe::capture::format_diagnosis(report) : strobe::capture::format_replay_report(report));
   if (!a.report.empty()) {
     try {
       strobe::checkpoint::write_file_atomic(a.report, report.dump(2) + "\n");
@@ -385,6 +386,9 @@ int main(int argc, char** argv) {
   rep->add_option("--report", replay_a.report, "also write the report as JSON to this file")->check(kNonEmpty);
   rep->add_flag("--allow-changed-plugins", replay_a.allow_changed_plugins,
                 "go on when a plugin the capture recorded has changed (said once; the report notes it)");
+  rep->add_flag("--diagnose", replay_a.diagnose,
+                "re-run the step as captured (twice), in fp32, in float64 on the CPU and on the previous step's batch, "
+                "and give one verdict: not reproducible, precision, data, loss or weights");
   strobe::ExportOptions export_a;
   auto* exp = app.add_subcommand("export", "write a checkpoint's model weights as a safetensors file");
   exp->add_option("checkpoint", export_a.checkpoint, "a Strobe checkpoint (last.ckpt, a top-k checkpoint)")

@@ -52,14 +52,19 @@ struct RingEntry {
   // The step began before this process resumed (a checkpoint taken mid-accumulation): its first
   // micro-batches and its start state are not here, so it can be checked but not captured.
   bool partial = false;
-  DeviceReadback flags;  // [3]: verdict, loss flag, grad flag
+  DeviceReadback flags;  // kFlags: verdict, loss flag, grad flag, spike, spike limit, spike stats
 };
+
+// The host copy of a step's flags: [0..2] verdict, loss flag, grad flag; [3] spike; [4] spike limit;
+// [5..] StepRecord::spike_stats.
+constexpr int64_t kSpikeAt = 3, kStatsAt = 5, kFlags = kStatsAt + kSpikeStats;
 
 class NaNCapture : public Callback {
  public:
-  NaNCapture(bool check_grads, bool check_loss, bool stop, int64_t max_skips, int64_t keep_last, std::string dirpath)
+  NaNCapture(bool check_grads, bool check_loss, bool stop, int64_t max_skips, int64_t keep_last, std::string dirpath,
+             SpikeGuard spike)
       : check_grads_(check_grads), check_loss_(check_loss), stop_(stop), max_skips_(max_skips), keep_last_(keep_last),
-        dirpath_(std::move(dirpath)) {}
+        dirpath_(std::move(dirpath)), spike_(spike) {}
 
   std::string name() const override { return "nan_capture"; }
 
@@ -71,8 +76,9 @@ class NaNCapture : public Callback {
     g.check_grads = check_grads_ && t.config().precision != Precision::k16Mixed;
     g.check_loss = check_loss_ || (check_grads_ && t.config().precision == Precision::k16Mixed);
     g.sticky = stop_ || (max_skips_ > 0 && skips_ >= max_skips_);
-    g.restore_buffers = !g.sticky;
+    g.restore_buffers = !g.sticky || (spike_.armed() && !spike_.stop);
     g.snapshot_buffers = true;
+    g.spike = spike_;
     t.step_access().arm_step_guard(g);
   }
 
@@ -100,8 +106,11 @@ class NaNCapture : public Callback {
     e.stepped = true;
     const auto& r = e.record;
     auto zero = [&] { return torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat32).device(t.device())); };
-    auto flags = torch::stack({r.nonfinite.defined() ? r.nonfinite : zero(), r.loss_nonfinite.defined() ? r.loss_nonfinite : zero(),
-                               r.grad_nonfinite.defined() ? r.grad_nonfinite : zero()});
+    std::vector<torch::Tensor> parts = {r.nonfinite.defined() ? r.nonfinite : zero(), r.loss_nonfinite.defined() ? r.loss_nonfinite : zero(),
+                                        r.grad_nonfinite.defined() ? r.grad_nonfinite : zero()};
+    torch::Tensor flags = torch::stack(parts);
+    if (spike_.armed() && r.spike.defined())
+      flags = torch::cat({flags, torch::stack({r.spike, r.spike_limit}), r.spike_stats});
     e.flags.start(flags);
     resolve(t, /*drain=*/false);
   }
@@ -109,10 +118,11 @@ class NaNCapture : public Callback {
   void on_train_end(TrainerView& t, Module&) override { resolve(t, /*drain=*/true); }
 
   nlohmann::json state_dict() const override {
-    return {{"skips", skips_}, {"skipped_steps", skipped_steps_}, {"captures", captures_}};
+    return {{"skips", skips_}, {"skipped_steps", skipped_steps_}, {"captures", captures_}, {"spikes", spikes_}};
   }
   void load_state_dict(const nlohmann::json& s) override {
     skips_ = s.value("skips", int64_t{0});
+    spikes_ = s.value("spikes", int64_t{0});
     skipped_steps_ = s.value("skipped_steps", std::vector<int64_t>{});
     captures_ = s.value("captures", std::vector<std::string>{});
   }
@@ -134,8 +144,12 @@ class NaNCapture : public Callback {
         e.flags.wait();
       }
       const float* f = e.flags.host().data_ptr<float>();
-      if (f[0] != 0.f) on_nonfinite(t, e, f[1] != 0.f, f[2] != 0.f);
+      if (f[0] != 0.f)
+        on_nonfinite(t, e, f[1] != 0.f, f[2] != 0.f);
+      else if (e.flags.host().numel() == kFlags && f[kSpikeAt] != 0.f)
+        on_spike(t, e, f);
       if (stopped_) break;
+      previous_indices_ = dataset_indices(e);
       ring_.pop_front();
     }
     // Entries beyond the ring depth that are still unresolved are kept until their copy lands.
@@ -207,7 +221,72 @@ class NaNCapture : public Callback {
     t.request_stop(kExitNaN);
   }
 
-  std::string write_capture(TrainerView& t, const RingEntry& e, bool loss_bad, bool grads_bad) {
+  static std::vector<std::vector<int64_t>> dataset_indices(const RingEntry& e) {
+    std::vector<std::vector<int64_t>> out;
+    for (const auto& b : e.batches) out.push_back(b.indices);
+    return out;
+  }
+
+  // "loss spike 9.21 (mean 2.1, std 0.31, z 22.9)" for each metric over its threshold; and the record.
+  std::pair<std::string, nlohmann::json> describe_spike(const float* f) const {
+    const float* st = f + kStatsAt;
+    std::string text;
+    nlohmann::json j = {{"zscore", spike_.zscore}, {"window", spike_.window}, {"warmup", spike_.warmup},
+                        {"action", spike_.stop ? "stop" : "skip_step"}, {"consecutive", static_cast<int64_t>(st[kConsecutive])}};
+    auto one = [&](const char* name, const char* label, float v, float m, float sd) {
+      const double z = sd > 0 ? (static_cast<double>(v) - m) / sd : INFINITY;
+      if (!text.empty()) text += "; ";
+      text += fmt::format("{} spike {:.6g} (mean {:.6g}, std {:.6g}, z {:.1f})", label, v, m, sd, z);
+      j[name] = {{"value", v}, {"mean", m}, {"std", sd}, {"z", std::isfinite(z) ? nlohmann::json(z) : nlohmann::json("inf")}};
+    };
+    if (st[kLossOver] != 0.f) one("loss", "loss", st[kLossValue], st[kLossMean], st[kLossStd]);
+    if (st[kNormOver] != 0.f) one("grad_norm", "grad-norm", st[kNormValue], st[kNormMean], st[kNormStd]);
+    return {text, j};
+  }
+
+  void on_spike(TrainerView& t, RingEntry& e, const float* f) {
+    const int64_t step = step_number(e);
+    auto [text, record] = describe_spike(f);
+    ++spikes_;
+    t.log_host_at(step, e.loop.epoch, {{"train/spikes", static_cast<double>(spikes_)}});
+    const bool limit = f[kSpikeAt + 1] != 0.f;
+    if (!limit) {
+      if (t.is_global_zero())
+        fmt::print(stderr, "nan_capture: {} at step {} (epoch {}, batch {}): step skipped ({} spike(s) so far)\n", text, step,
+                   e.loop.epoch, e.loop.batch_in_epoch, spikes_);
+      return;
+    }
+    std::string why;
+    if (!spike_.stop)
+      why = fmt::format(
+          "nan_capture: {} spikes in a row: the threshold (zscore {} over the last {} accepted steps) may be wrong rather "
+          "than the data; raise nan_capture.spike.zscore, or replay the capture to see\n",
+          spike_.max_consecutive, spike_.zscore, spike_.window);
+    if (e.partial) {
+      if (t.is_global_zero())
+        fmt::print(stderr,
+                   "nan_capture: {} at step {} (epoch {}, batch {}); the update was not applied. The step began before "
+                   "this run resumed from a checkpoint taken mid-way through gradient accumulation, so it cannot be "
+                   "captured\n{}",
+                   text, step, e.loop.epoch, e.loop.batch_in_epoch, why);
+      stopped_ = true;
+      t.request_stop(kExitNaN);
+      return;
+    }
+    record["description"] = text;
+    const std::string dir = write_capture(t, e, false, false, record);
+    captures_.push_back(dir);
+    if (t.is_global_zero())
+      fmt::print(stderr,
+                 "nan_capture: {} at step {} (epoch {}, batch {}); the update was not applied.\n{}"
+                 "nan_capture: capture written to {}\nnan_capture: replay it with: strobe replay {} --diagnose\n",
+                 text, step, e.loop.epoch, e.loop.batch_in_epoch, why, dir, dir);
+    stopped_ = true;
+    t.request_stop(kExitNaN);
+  }
+
+  std::string write_capture(TrainerView& t, const RingEntry& e, bool loss_bad, bool grads_bad,
+                            const nlohmann::json& spike = nullptr) {
     if (dirpath_.empty())
       throw std::runtime_error("nan_capture: no run directory to write the capture to (set the callback's dirpath)");
     // The checkpoint of the failing step's start (loop_state.h: StepStart): its loop counters, RNG
@@ -245,7 +324,11 @@ class NaNCapture : public Callback {
                            {"grads_checked", e.record.grad_norms.defined()},
                            {"nonfinite_grads", grads},
                            {"losses", losses},
+                           {"dataset_indices", dataset_indices(e)},
+                           {"previous_dataset_indices", previous_indices_},
+                           {"kind", spike.is_null() ? "nonfinite" : "spike"},
                            {"action", stop_ ? "stop" : "skip_step"}};
+    if (!spike.is_null()) info["spike"] = spike;
     d.blobs["capture"] = info.dump(2);
 
     // Data parallel: every rank writes its own capture (its micro-batches and RNG, the weights every
@@ -268,8 +351,11 @@ class NaNCapture : public Callback {
       checkpoint::save_checkpoint_file((tmp / capture::kCheckpointFile).string(), d);
       checkpoint::write_file_atomic((tmp / "config.yaml").string(), CheckpointView(d, final_dir.string()).require_config());
       std::ostringstream s;
-      s << fmt::format("Non-finite {} at step {} (epoch {}, batch {} of the epoch), {} micro-batch(es), device {}, precision {}.\n",
-                       loss_bad && grads_bad ? "loss and gradients" : loss_bad ? "loss" : "gradients", step_number(e),
+      const std::string what = !spike.is_null()             ? spike.value("description", std::string("spike"))
+                               : loss_bad && grads_bad ? "Non-finite loss and gradients"
+                               : loss_bad              ? "Non-finite loss"
+                                                       : "Non-finite gradients";
+      s << fmt::format("{} at step {} (epoch {}, batch {} of the epoch), {} micro-batch(es), device {}, precision {}.\n", what, step_number(e),
                        e.loop.epoch, e.loop.batch_in_epoch, e.batches.size(), t.device().str(), to_string(t.config().precision));
       for (size_t i = 0; i < losses.size(); ++i) s << fmt::format("loss of micro-batch {}: {}\n", i, losses[i]["value"].get<std::string>());
       if (!grads.empty()) {
@@ -297,6 +383,9 @@ class NaNCapture : public Callback {
   std::vector<int64_t> skipped_steps_;
   std::vector<std::string> captures_;
   bool stopped_ = false;
+  SpikeGuard spike_;
+  int64_t spikes_ = 0;
+  std::vector<std::vector<int64_t>> previous_indices_;  // the dataset indices of the last resolved step
 };
 
 std::shared_ptr<Callback> make_nan_capture(config::Section& cfg) {
@@ -305,8 +394,24 @@ std::shared_ptr<Callback> make_nan_capture(config::Section& cfg) {
   int64_t max_skips = cfg.get_int("max_skips", 0, 0);
   int64_t keep_last = cfg.get_int("keep_last", 4, 1, 1024);
   std::string dirpath = cfg.get_string("dirpath", "");
+  SpikeGuard spike;
+  if (cfg.has("spike")) {
+    // Present (a mapping, `{}` for the defaults): spikes are caught.
+    auto sc = cfg.child("spike");
+    const std::string metric = sc.get_choice("metric", "loss", {"loss", "grad_norm", "both"});
+    spike.loss = metric != "grad_norm";
+    spike.grad_norm = metric != "loss";
+    spike.zscore = sc.get_double("zscore", 6.0, 1e-6, 1e6);
+    spike.window = sc.get_int("window", 128, 2, 1 << 20);
+    spike.warmup = sc.get_int("warmup", 64, 2, 1 << 20);
+    if (spike.warmup > spike.window)
+      sc.fail("warmup", fmt::format("must not exceed spike.window ({}): the window holds the warm-up steps", spike.window));
+    spike.stop = sc.get_choice("action", "stop", {"stop", "skip_step"}) == "stop";
+    spike.max_consecutive = sc.get_int("max_consecutive", 5, 1, 1 << 20);
+    sc.finish();
+  }
   cfg.finish();
-  return std::make_shared<NaNCapture>(check != "loss", check != "grads", action == "stop", max_skips, keep_last, dirpath);
+  return std::make_shared<NaNCapture>(check != "loss", check != "grads", action == "stop", max_skips, keep_last, dirpath, spike);
 }
 
 STROBE_REGISTER(callback_registry(), "nan_capture", make_nan_capture);

@@ -1,6 +1,7 @@
 #include "runner/replay.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 
 #include <fmt/format.h>
@@ -24,14 +25,20 @@ class GradientObserver : public Callback, public InStepHooks {
  public:
   std::string name() const override { return "replay_observer"; }
   InStepHooks* in_step_hooks() override { return this; }
-  void on_before_optimizer_step(TrainerView&, Module& m, torch::optim::Optimizer&) override {
+  void on_before_optimizer_step(TrainerView& t, Module& m, torch::optim::Optimizer&) override {
     seen = true;
+    double sq = 0;
     for (const auto& p : m.net().named_parameters()) {
       const auto& g = p.value().grad();
-      if (g.defined() && !torch::isfinite(g).all().item<bool>()) nonfinite.push_back(p.key());
+      if (!g.defined()) continue;
+      if (!torch::isfinite(g).all().item<bool>()) nonfinite.push_back(p.key());
+      sq += g.to(torch::kDouble).square().sum().item<double>();
     }
+    // Under 16-mixed the gradients are still scaled here: the norm is not comparable, so left NaN.
+    grad_norm = t.config().precision == Precision::k16Mixed ? NAN : std::sqrt(sq);
   }
   bool seen = false;
+  double grad_norm = NAN;
   std::vector<std::string> nonfinite;
 };
 
@@ -42,37 +49,64 @@ std::vector<std::string> sorted(std::vector<std::string> v) {
 
 }  // namespace
 
-nlohmann::json replay_capture(const std::string& path, const ReplayOptions& options) {
-  const std::string dir = resolve_capture_dir(path);
-  const std::string file = (fs::path(dir) / kCheckpointFile).string();
-  auto d = checkpoint::load_checkpoint_file(file);
+LoadedCapture load_capture(const std::string& path) {
+  LoadedCapture cap;
+  cap.dir = resolve_capture_dir(path);
+  cap.file = (fs::path(cap.dir) / kCheckpointFile).string();
+  cap.data = checkpoint::load_checkpoint_file(cap.file);
+  const auto& d = cap.data;
+  const std::string& file = cap.file;
   const CheckpointView view(d, file);
   if (!d.has_blob("capture") || !d.has_blob("capture_batches") || view.config() == nullptr)
     throw checkpoint::CheckpointError(fmt::format("{}: a checkpoint but not a NaN capture (no capture record)", file));
-  nlohmann::json info;
   try {
-    info = nlohmann::json::parse(d.blob("capture"));
+    cap.info = nlohmann::json::parse(d.blob("capture"));
   } catch (const std::exception& e) {
     throw checkpoint::CheckpointError(fmt::format("{}: the capture record is not valid JSON: {}", file, e.what()));
   }
   // The capture against its own record: one that lacks micro-batches would replay another step.
-  if (!info.is_object() || !info.contains("micro_batches") || !info["micro_batches"].is_number_unsigned())
+  if (!cap.info.is_object() || !cap.info.contains("micro_batches") || !cap.info["micro_batches"].is_number_unsigned())
     throw checkpoint::CheckpointError(fmt::format("{}: the capture record has no micro_batches count", file));
-  std::vector<Batch> batches;
   try {
-    batches = get_batches(d);
+    cap.batches = get_batches(d);
   } catch (const checkpoint::CheckpointError& e) {
     throw checkpoint::CheckpointError(fmt::format("{}: {}", file, e.what()));
   }
-  if (const size_t recorded = info["micro_batches"].get<size_t>(); batches.size() != recorded)
+  if (const size_t recorded = cap.info["micro_batches"].get<size_t>(); cap.batches.size() != recorded)
     throw checkpoint::CheckpointError(fmt::format("{}: an incomplete capture: its record says {} micro-batch(es), it holds {}",
-                                                  file, recorded, batches.size()));
-  const std::string captured_device = info.value("device", "cpu");
-  const std::string device = options.device.value_or(torch::Device(captured_device).is_cuda() && !torch::cuda::is_available()
-                                                         ? std::string("cpu")
-                                                         : captured_device);
+                                                  file, recorded, cap.batches.size()));
+  cap.config_yaml = view.require_config();
+  cap.captured_device = cap.info.value("device", "cpu");
+  return cap;
+}
 
-  auto doc = config::Document::load_string(view.require_config(), file + " (resolved config)");
+std::string default_replay_device(const LoadedCapture& cap, const ReplayOptions& options) {
+  return options.device.value_or(torch::Device(cap.captured_device).is_cuda() && !torch::cuda::is_available()
+                                     ? std::string("cpu")
+                                     : cap.captured_device);
+}
+
+namespace {
+
+// Floating tensors of a batch in float64 (the float64 replay).
+Batch to_float64(const Batch& b) {
+  Batch out = b;
+  for (auto& [k, t] : out.tensors)
+    if (at::isFloatingType(t.scalar_type())) t = t.to(torch::kDouble);
+  return out;
+}
+
+struct DefaultDtype {
+  caffe2::TypeMeta saved = at::get_default_dtype();
+  explicit DefaultDtype(caffe2::TypeMeta t) { at::set_default_dtype(t); }
+  ~DefaultDtype() { at::set_default_dtype(saved); }
+};
+
+}  // namespace
+
+StepOutcome replay_step(const LoadedCapture& cap, const ReplayVariant& v) {
+  const std::string device = v.float64 ? std::string("cpu") : v.device;
+  auto doc = config::Document::load_string(cap.config_yaml, cap.file + " (resolved config)");
   // The step alone: no callbacks, files, progress bar or loggers; the captured device unless asked.
   doc.apply_override("callbacks=[]");
   doc.apply_override("trainer.enable_checkpointing=false");
@@ -81,51 +115,142 @@ nlohmann::json replay_capture(const std::string& path, const ReplayOptions& opti
   doc.apply_override("trainer.device=" + device);
   doc.apply_override("trainer.cuda_graphs=false");  // the step runs eagerly, op by op, to be observed
   doc.apply_override("model.init_from=null");  // the capture's checkpoint holds the weights (the file may be gone)
+  // Replay may change the precision, which a resume may not: the checkpoint holds fp32 weights (the
+  // masters under bf16-master), which is what a "32" run loads; no loss scaler is restored.
+  if (v.precision) doc.apply_override("trainer.precision=" + *v.precision);
+  if (v.float64) doc.apply_override("trainer.precision=32");
   RunOptions ro;
   ro.stage = Stage::Fit;
   ro.create_run_dir = false;
-  ro.allow_changed_plugins = options.allow_changed_plugins;
+  ro.allow_changed_plugins = v.allow_changed_plugins;
   auto observer = std::make_shared<GradientObserver>();
   ro.extra_callbacks.push_back(observer);
   auto run = build_run(doc, ro);
-  run->trainer->resume_state(d);
-  const auto indices = info.value("batch_indices", std::vector<int64_t>{});
-
-  nlohmann::json notes = nlohmann::json::array();
-  for (const auto& change : run->plugin_changes) notes.push_back(change);
-  if (device != captured_device)
-    notes.push_back(fmt::format("captured on {}, replayed on {}: bits may differ across devices", captured_device, device));
+  StepOutcome out;
+  out.device = device;
+  out.plugin_changes = run->plugin_changes;
+  {
+    checkpoint::CheckpointData d = cap.data;
+    if (v.precision || v.float64) d.blobs[checkpoint_keys::kConfig] = run->resolved_yaml;  // the precision change is replay's own
+    // The log accumulators start empty: the captured ones may hold the failing step's own NaN, which
+    // a replay's logging would add to (a non-finite op that is not the step's).
+    d.blobs.erase("logger");
+    run->trainer->resume_state(d);
+  }
+  if (auto loader = run->datamodule->train_loader())
+    for (const auto& b : cap.batches)
+      for (int64_t i : b.indices)
+        if (i >= 0 && i < loader->dataset().size()) out.sources[i] = loader->dataset().describe(i);
+  std::vector<Batch> previous;
+  auto indices = cap.info.value("batch_indices", std::vector<int64_t>{});
+  if (v.previous_step) {
+    // The step before, re-made by the training loader (order and per-sample randomness are functions
+    // of seed, epoch and index); its rows are checked against the dataset indices the capture recorded.
+    auto loader = run->datamodule->train_loader();
+    if (!loader) throw std::runtime_error("the data module has no training loader to re-read the previous step from");
+    const int64_t n = static_cast<int64_t>(cap.batches.size());
+    int64_t epoch = cap.info.value("epoch", int64_t{0});
+    int64_t first = indices.empty() ? -1 : indices.front() - n;
+    if (first < 0 && epoch > 0) --epoch, first = loader->num_batches() - n;
+    if (first < 0) throw std::runtime_error("the captured step is the run's first: there is no previous step");
+    const auto recorded = cap.info.value("previous_dataset_indices", std::vector<std::vector<int64_t>>{});
+    indices.clear();
+    for (int64_t i = 0; i < n; ++i) {
+      previous.push_back(loader->make_batch(epoch, first + i));
+      indices.push_back(first + i);
+      if (static_cast<size_t>(i) < recorded.size() && !recorded[i].empty() && recorded[i] != previous.back().indices)
+        out.notes.push_back(fmt::format("the re-read batch {} of epoch {} holds other samples than the capture recorded", first + i, epoch));
+    }
+  }
+  const auto& batches = v.previous_step ? previous : cap.batches;
   for (const auto& p : run->module->net().named_parameters())
-    if (!torch::isfinite(p.value()).all().item<bool>())
-      notes.push_back(fmt::format("parameter {} was already non-finite before the step", p.key()));
+    if (!torch::isfinite(p.value()).all().item<bool>()) out.nonfinite_params.push_back(p.key());
   for (size_t i = 0; i < batches.size(); ++i)
     for (const auto& [k, t] : batches[i].tensors)
       if (at::isFloatingType(t.scalar_type()) && !torch::isfinite(t).all().item<bool>())
-        notes.push_back(fmt::format("batch {} tensor '{}' holds non-finite values", i, k));
+        out.notes.push_back(fmt::format("batch {} tensor '{}' holds non-finite values", i, k));
 
-  std::vector<torch::Tensor> losses;
-  std::optional<NonFiniteEvent> first;
-  int64_t traced = 0;
-  {
+  if (v.float64) {
+    auto& net = run->module->net();
+    net.to(torch::kDouble);
+    net.train();
+    DefaultDtype dt(caffe2::TypeMeta::Make<double>());
+    NonFiniteTracer tracer(net);
+    auto& dm = *run->datamodule;
+    for (size_t i = 0; i < batches.size(); ++i) {
+      Batch b = dm.on_before_batch_transfer(batches[i], 0);
+      b = dm.on_after_batch_transfer(dm.transfer_batch_to_device(b, torch::Device(torch::kCPU), 0), 0);
+      auto loss = run->module->training_step(to_float64(b), i < indices.size() ? indices[i] : 0);
+      out.losses.push_back(loss.detach());
+      if (loss.requires_grad()) (loss / static_cast<double>(batches.size())).backward();
+    }
+    out.first = tracer.first();
+    out.traced = tracer.ops_observed();
+    double sq = 0;
+    for (const auto& p : net.named_parameters()) {
+      const auto& g = p.value().grad();
+      if (!g.defined()) continue;
+      if (!torch::isfinite(g).all().item<bool>()) out.nonfinite_grads.push_back(p.key());
+      sq += g.to(torch::kDouble).square().sum().item<double>();
+    }
+    out.grad_norm = std::sqrt(sq);
+  } else {
     NonFiniteTracer tracer(run->module->net());
     for (size_t i = 0; i < batches.size(); ++i)
-      losses.push_back(run->trainer->run_batch(batches[i], i < indices.size() ? indices[i] : 0));
-    first = tracer.first();
-    traced = tracer.ops_observed();
+      out.losses.push_back(run->trainer->run_batch(batches[i], i < indices.size() ? indices[i] : 0));
+    out.first = tracer.first();
+    out.traced = tracer.ops_observed();
+    out.nonfinite_grads = observer->nonfinite;
+    out.grad_norm = observer->grad_norm;
   }
+  for (auto& l : out.losses) l = l.defined() ? l.to(torch::kCPU) : torch::full({}, NAN);
+  return out;
+}
+
+bool StepOutcome::finite() const {
+  for (const auto& l : losses)
+    if (!torch::isfinite(l).all().item<bool>()) return false;
+  return nonfinite_grads.empty() && !first;
+}
+
+double StepOutcome::mean_loss() const {
+  double s = 0;
+  for (const auto& l : losses) s += l.to(torch::kDouble).item<double>();
+  return losses.empty() ? NAN : s / static_cast<double>(losses.size());
+}
+
+nlohmann::json replay_capture(const std::string& path, const ReplayOptions& options) {
+  const auto cap = load_capture(path);
+  const std::string device = default_replay_device(cap, options);
+  ReplayVariant v;
+  v.device = device;
+  v.allow_changed_plugins = options.allow_changed_plugins;
+  const auto run = replay_step(cap, v);
+  const auto& info = cap.info;
+  const auto& dir = cap.dir;
+  const auto& captured_device = cap.captured_device;
+  const auto indices = info.value("batch_indices", std::vector<int64_t>{});
+
+  nlohmann::json notes = nlohmann::json::array();
+  for (const auto& change : run.plugin_changes) notes.push_back(change);
+  if (device != captured_device)
+    notes.push_back(fmt::format("captured on {}, replayed on {}: bits may differ across devices", captured_device, device));
+  for (const auto& p : run.nonfinite_params) notes.push_back(fmt::format("parameter {} was already non-finite before the step", p));
+  for (const auto& n : run.notes) notes.push_back(n);
+  const auto& losses = run.losses;
+  const auto& first = run.first;
 
   nlohmann::json cap_losses = info.value("losses", nlohmann::json::array());
   nlohmann::json rep_losses = nlohmann::json::array();
   bool bits_equal = losses.size() == cap_losses.size();
   for (size_t i = 0; i < losses.size(); ++i) {
-    auto host = losses[i].defined() ? losses[i].to(torch::kCPU) : torch::full({}, NAN);
-    const auto bits = tensor_bits(host);
-    rep_losses.push_back({{"value", fmt::format("{:.9g}", host.to(torch::kDouble).item<double>())}, {"bits", bits}});
+    const auto bits = tensor_bits(losses[i]);
+    rep_losses.push_back({{"value", fmt::format("{:.9g}", losses[i].to(torch::kDouble).item<double>())}, {"bits", bits}});
     if (i >= cap_losses.size() || cap_losses[i].value("bits", "") != bits) bits_equal = false;
   }
   const bool grads_checked = info.value("grads_checked", false);
   auto cap_grads = sorted(info.value("nonfinite_grads", std::vector<std::string>{}));
-  auto rep_grads = sorted(observer->nonfinite);
+  auto rep_grads = sorted(run.nonfinite_grads);
   const bool grads_equal = !grads_checked || cap_grads == rep_grads;
   if (!grads_checked) notes.push_back("the gradients were not checked during training: only the loss bits are compared");
 
@@ -142,8 +267,10 @@ nlohmann::json replay_capture(const std::string& path, const ReplayOptions& opti
                            {"loss", {{"captured", cap_losses}, {"replayed", rep_losses}, {"bits_equal", bits_equal}}},
                            {"nonfinite_grads",
                             {{"captured", cap_grads}, {"replayed", rep_grads}, {"equal", grads_equal}, {"checked", grads_checked}}},
-                           {"ops_traced", traced},
+                           {"ops_traced", run.traced},
                            {"first_nonfinite", first ? first->to_json() : nlohmann::json(nullptr)},
+                           {"kind", info.value("kind", "nonfinite")},
+                           {"spike", info.value("spike", nlohmann::json(nullptr))},
                            {"notes", notes}};
   return report;
 }
@@ -153,6 +280,8 @@ std::string format_replay_report(const nlohmann::json& r) {
                                 r["capture"].get<std::string>(), r["step"].get<int64_t>(), r["epoch"].get<int64_t>(),
                                 r["batch_in_epoch"].get<int64_t>(), r["captured_on"].get<std::string>(),
                                 r["replayed_on"].get<std::string>(), r["precision"].get<std::string>());
+  if (r.value("kind", "") == "spike" && r["spike"].is_object())
+    out += fmt::format("  captured as a spike: {}\n", r["spike"].value("description", std::string("?")));
   const auto& loss = r["loss"];
   for (size_t i = 0; i < loss["replayed"].size(); ++i) {
     const auto& rep = loss["replayed"][i];

@@ -2,10 +2,17 @@
 // its step with the non-finite op tracer on (strobe/core/forensics.h).
 #pragma once
 
+#include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
+#include <torch/types.h>
+
+#include "strobe/checkpoint/checkpoint_io.h"
+#include "strobe/core/forensics.h"
+#include "strobe/data/batch.h"
 
 namespace strobe::capture {
 
@@ -13,6 +20,51 @@ struct ReplayOptions {
   std::optional<std::string> device;  // cpu | cuda | cuda:<i>; default: the device it was captured on
   bool allow_changed_plugins = false;   // load a plugin whose file changed since the capture (noted in the report)
 };
+
+// A capture read and checked against its own record (CheckpointError naming what is wrong).
+struct LoadedCapture {
+  std::string dir, file;  // the capture directory and its capture.ckpt
+  checkpoint::CheckpointData data;
+  nlohmann::json info;  // the capture record
+  std::vector<Batch> batches;
+  std::string config_yaml;
+  std::string captured_device;
+};
+LoadedCapture load_capture(const std::string& path);
+// The device a replay runs on: --device, else the captured one (the CPU when no GPU is visible).
+std::string default_replay_device(const LoadedCapture& cap, const ReplayOptions& options);
+
+// One way of re-running the captured step.
+struct ReplayVariant {
+  std::string device = "cpu";
+  std::optional<std::string> precision;  // another trainer.precision (replay may change it; a resume may not)
+  bool float64 = false;  // on the CPU, model and batches in float64, forward and backward only (no update)
+  bool previous_step = false;  // the micro-batches of the step before, re-read through the training loader
+  bool allow_changed_plugins = false;
+};
+
+// What one re-run gave: each micro-batch's loss (host), the non-finite gradients, the total gradient
+// norm (NaN when not comparable: scaled under 16-mixed), the first non-finite op.
+struct StepOutcome {
+  std::string device;
+  std::vector<torch::Tensor> losses;
+  std::vector<std::string> nonfinite_grads, nonfinite_params, notes, plugin_changes;
+  double grad_norm = NAN;
+  std::optional<NonFiniteEvent> first;
+  int64_t traced = 0;
+  std::map<int64_t, std::string> sources;  // the captured rows' dataset index -> Dataset::describe (where known)
+  bool finite() const;  // every loss, every gradient and every traced op finite
+  double mean_loss() const;
+};
+StepOutcome replay_step(const LoadedCapture& cap, const ReplayVariant& variant);
+
+// `strobe replay --diagnose` (docs/NAN_CAPTURE.md, "Diagnose"): the step as captured (twice), in
+// fp32, in float64 on the CPU (models up to kFloat64MaxParams parameters), and the previous step's
+// batch with the captured weights; one verdict (not reproducible | precision | data | loss |
+// weights | undetermined) with its evidence.
+inline constexpr int64_t kFloat64MaxParams = 30'000'000;
+nlohmann::json diagnose_capture(const std::string& path, const ReplayOptions& options);
+std::string format_diagnosis(const nlohmann::json& report);
 
 // Re-runs the captured step. The report (JSON) holds: capture, step/epoch/batch indices, devices,
 // exact (same loss bits and same set of non-finite gradients as when captured), the loss and

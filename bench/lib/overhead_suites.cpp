@@ -223,6 +223,7 @@ nlohmann::json nan_overhead(const NanOverheadOptions& a) {
   };
   auto plain = make("[]");
   auto nan = make("[{name: nan_capture}]");
+  auto spike = make("[{name: nan_capture, spike: {metric: both}}]");
   // Fixed host batches (pinned, as the loader delivers them); the same ones for both runs.
   std::vector<Batch> batches;
   torch::manual_seed(0);
@@ -241,15 +242,18 @@ nlohmann::json nan_overhead(const NanOverheadOptions& a) {
   const torch::Device dev(torch::kCUDA);
   for (int64_t i = 0; i < a.warmup; ++i) one(*plain);
   for (int64_t i = 0; i < a.warmup; ++i) one(*nan);
+  for (int64_t i = 0; i < a.warmup; ++i) one(*spike);
   synchronize(dev);
-  std::vector<double> t_plain, t_nan;
+  std::vector<double> t_plain, t_nan, t_spike;
   auto block = [&](Run& r) { return time_blocks([&] { one(r); }, 0, 1, a.steps, dev).at(0); };
   for (int64_t round = 0; round < a.rounds; ++round) {
     // Alternate the order so neither mode always runs first.
     if (round % 2 == 0) {
       t_plain.push_back(block(*plain));
       t_nan.push_back(block(*nan));
+      t_spike.push_back(block(*spike));
     } else {
+      t_spike.push_back(block(*spike));
       t_nan.push_back(block(*nan));
       t_plain.push_back(block(*plain));
     }
@@ -257,8 +261,11 @@ nlohmann::json nan_overhead(const NanOverheadOptions& a) {
   const int64_t syncs = count_syncs([&] {
     for (int64_t i = 0; i < a.steps; ++i) one(*nan);
   });
+  const int64_t spike_syncs = count_syncs([&] {
+    for (int64_t i = 0; i < a.steps; ++i) one(*spike);
+  });
   synchronize(dev);
-  const double mp = summarize(t_plain).median, mn = summarize(t_nan).median;
+  const double mp = summarize(t_plain).median, mn = summarize(t_nan).median, ms = summarize(t_spike).median;
   return {{"workload", fmt::format("resnet50 b{} bf16-mixed adam, 20 classes", a.batch)},
           {"steps_per_round", a.steps},
           {"rounds", a.rounds},
@@ -268,6 +275,10 @@ nlohmann::json nan_overhead(const NanOverheadOptions& a) {
           {"nan_capture_median_ms", mn},
           {"overhead_pct", (mn / mp - 1.0) * 100.0},
           {"nan_capture_syncs_in_block", syncs},
+          {"spike_step_ms", t_spike},
+          {"spike_median_ms", ms},
+          {"spike_overhead_pct", (ms / mp - 1.0) * 100.0},
+          {"spike_syncs_in_block", spike_syncs},
           {"block_steps", a.steps}};
 }
 
@@ -305,6 +316,11 @@ nlohmann::json nan_capture_suite(const SuiteOptions& o) {
        {"ms", to_json(summarize(r["nan_capture_step_ms"].get<std::vector<double>>()))},
        {"note", fmt::format("overhead {:+.2f}%, {} syncs in {} steps; {}", r["overhead_pct"].get<double>(),
                             r["nan_capture_syncs_in_block"].get<int64_t>(), n.steps, per)}});
+  out["workloads"].push_back(
+      {{"name", r["workload"].get<std::string>() + " nan_capture + spike (both)"},
+       {"ms", to_json(summarize(r["spike_step_ms"].get<std::vector<double>>()))},
+       {"note", fmt::format("overhead {:+.2f}%, {} syncs in {} steps; {}", r["spike_overhead_pct"].get<double>(),
+                            r["spike_syncs_in_block"].get<int64_t>(), n.steps, per)}});
   return out;
 }
 

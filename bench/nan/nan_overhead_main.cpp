@@ -2,7 +2,8 @@
 // ResNet-50, batch 128, 20 classes, bf16-mixed, Adam lr 1e-4 (the seed's workload, as in
 // shared/bench/pytorch_baselines.py nan), one GPU, through the trainer's own step path
 // (Trainer::run_batch: batch transfer, forward, backward, StepPipeline, logging):
-// the same model without callbacks and with nan_capture (check: both, action: stop), built in one
+// the same model without callbacks, with nan_capture (check: both, action: stop) and with
+// nan_capture plus spike detection on the loss and the gradient norm, built in one
 // process and interleaved in rounds of --steps steps; CUDA events around each block, the median
 // per-step time over rounds is reported. Host batches are pinned, as the loader delivers them.
 // Host syncs of the nan_capture run are counted with CUDA sync-debug mode "warn".
@@ -42,9 +43,13 @@ int main(int argc, char** argv) {
   }
   const auto j = strobe::bench::nan_overhead(a);
   const double mp = j["plain_median_ms"], mn = j["nan_capture_median_ms"];
+  const double ms = j["spike_median_ms"];
   std::printf("resnet50 b%ld bf16-mixed: plain %.2f ms/step, nan_capture %.2f ms/step, overhead %+.2f%%, syncs %ld in %ld steps\n",
               static_cast<long>(a.batch), mp, mn, (mn / mp - 1.0) * 100.0,
               static_cast<long>(j["nan_capture_syncs_in_block"].get<int64_t>()), static_cast<long>(a.steps));
+  std::printf("resnet50 b%ld bf16-mixed: nan_capture + spike (both) %.2f ms/step, overhead %+.2f%%, syncs %ld in %ld steps\n",
+              static_cast<long>(a.batch), ms, (ms / mp - 1.0) * 100.0, static_cast<long>(j["spike_syncs_in_block"].get<int64_t>()),
+              static_cast<long>(a.steps));
   if (!json_path.empty()) strobe::bench::write_json_atomic(json_path, j);
   return 0;
 }

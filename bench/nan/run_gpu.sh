@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 9's GPU measurements in one device call, after a build into build-gpu/:
-# 1. strobe_bench_nan: ResNet-50 b128 bf16-mixed step time without / with nan_capture (interleaved)
-#    and the host syncs of the nan_capture run;
+# 1. strobe_bench_nan: ResNet-50 b128 bf16-mixed step time without / with nan_capture / with
+#    nan_capture + spike detection (interleaved) and the host syncs of the two capture runs;
 # 2. the seed's Lightning NaNCapture next to plain Lightning on the same GPU (bench/pytorch_baselines.py nan);
 # 3. configs/resnet50_nan.yaml (the seed's NaN workload) on CUDA: exit 3, then `strobe replay` on
 #    CUDA and on the CPU.
@@ -29,6 +29,9 @@ for f in glob.glob(os.path.join(out, "*.json")):
     if isinstance(d, dict) and "nan" in d: base = d["nan"]
 p, n = s["plain_median_ms"], s["nan_capture_median_ms"]
 print(f"strobe    plain {p:.2f} ms  nan_capture {n:.2f} ms  overhead {100*(n/p-1):+.2f}%  syncs {s['nan_capture_syncs_in_block']}/{s['block_steps']} steps")
+if "spike_median_ms" in s:
+    m = s["spike_median_ms"]
+    print(f"strobe    nan_capture + spike (both) {m:.2f} ms  overhead {100*(m/p-1):+.2f}%  syncs {s['spike_syncs_in_block']}/{s['block_steps']} steps")
 lp, ln = base.get("resnet50_b128.lightning_plain.step_ms"), base.get("resnet50_b128.lightning_nancapture.step_ms")
 if lp and ln: print(f"lightning plain {lp:.1f} ms  nancapture {ln:.1f} ms  overhead {100*(ln/lp-1):+.2f}%")
 raw = base.get("resnet50_b128.raw_loop_gpu_data.step_ms")

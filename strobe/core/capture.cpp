@@ -13,12 +13,14 @@ namespace strobe::capture {
 namespace fs = std::filesystem;
 
 void put_batches(checkpoint::CheckpointData& out, const std::vector<Batch>& batches) {
-  nlohmann::json metas = nlohmann::json::array();
+  nlohmann::json metas = nlohmann::json::array(), indices = nlohmann::json::array();
   for (size_t i = 0; i < batches.size(); ++i) {
     for (const auto& [key, t] : batches[i].tensors) out.tensors[fmt::format("capture/batch/{}/{}", i, key)] = t;
     metas.push_back(batches[i].meta);
+    indices.push_back(batches[i].indices);
   }
   out.blobs["capture_batches"] = metas.dump();
+  out.blobs["capture_indices"] = indices.dump();  // each row's dataset index (Batch::indices)
 }
 
 std::vector<Batch> get_batches(const checkpoint::CheckpointData& in) {
@@ -46,6 +48,19 @@ std::vector<Batch> get_batches(const checkpoint::CheckpointData& in) {
   }
   for (size_t i = 0; i < out.size(); ++i)
     if (out[i].tensors.empty()) throw checkpoint::CheckpointError(fmt::format("the capture's batch {} holds no tensors", i));
+  if (in.has_blob("capture_indices")) {
+    const nlohmann::json idx = nlohmann::json::parse(in.blob("capture_indices"), nullptr, false);
+    if (!idx.is_array() || idx.size() != out.size())
+      throw checkpoint::CheckpointError("the capture's dataset indices (blob 'capture_indices') do not match its batches");
+    for (size_t i = 0; i < out.size(); ++i) {
+      if (!idx[i].is_array()) throw checkpoint::CheckpointError(fmt::format("the dataset indices of batch {} are not a list", i));
+      for (const auto& v : idx[i]) {
+        if (!v.is_number_integer() || v.get<int64_t>() < 0)
+          throw checkpoint::CheckpointError(fmt::format("the dataset indices of batch {} hold a non-index", i));
+        out[i].indices.push_back(v.get<int64_t>());
+      }
+    }
+  }
   return out;
 }
 

@@ -90,7 +90,8 @@ nlohmann::json NonFiniteEvent::to_json() const {
   nlohmann::json in = nlohmann::json::array();
   for (const auto& s : inputs) in.push_back(s.to_json());
   return {{"op", op},         {"kernel", kernel}, {"module", module}, {"phase", phase}, {"note", note},
-          {"inputs_finite", inputs_finite}, {"inputs", in}, {"output", output.to_json()}};
+          {"inputs_finite", inputs_finite}, {"inputs", in}, {"output", output.to_json()},
+          {"output_rows", output_rows}, {"nonfinite_rows", nonfinite_rows}};
 }
 
 struct NonFiniteTracer::Impl {
@@ -235,6 +236,12 @@ void on_op_end(const at::RecordFunction& fn, at::ObserverContext* raw) {
     if (!ctx->inputs_finite) e.note += "; an input was already non-finite (it came from outside the traced ops)";
     for (size_t i = 0; i < ctx->inputs.size(); ++i) e.inputs.push_back(tensor_stats(ctx->inputs[i], ctx->input_names[i]));
     e.output = tensor_stats(out, "output");
+    if (out.dim() >= 1 && out.size(0) > 0) {
+      e.output_rows = out.size(0);
+      auto bad = at::isfinite(out.detach()).logical_not().reshape({out.size(0), -1}).any(1).nonzero().reshape({-1}).to(torch::kCPU);
+      const int64_t* p = bad.data_ptr<int64_t>();
+      e.nonfinite_rows.assign(p, p + bad.numel());
+    }
     std::lock_guard<std::mutex> lock(impl.mu);
     if (!impl.first) impl.first = std::move(e);
     break;

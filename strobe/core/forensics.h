@@ -58,6 +58,11 @@ struct NonFiniteEvent {
   bool inputs_finite = true;
   std::vector<TensorStats> inputs;
   TensorStats output;
+  // The output's leading dimension and which of its indices hold a non-finite value (the rows of a
+  // batch when that dimension is the batch's; replay --diagnose maps them to samples). Empty for a
+  // 0-d output.
+  int64_t output_rows = 0;
+  std::vector<int64_t> nonfinite_rows;
   nlohmann::json to_json() const;
 };
 

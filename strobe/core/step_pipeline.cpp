@@ -2,6 +2,7 @@
 
 #include <map>
 
+#include <fmt/format.h>
 #include <torch/torch.h>
 
 #include "strobe/checkpoint/checkpoint_io.h"
@@ -36,6 +37,9 @@ StepRecord clone_record(const StepRecord& r) {
   out.grad_names = r.grad_names;
   for (const auto& l : r.losses) out.losses.push_back(c(l));
   for (const auto& b : r.buffers_before) out.buffers_before.push_back(c(b));
+  out.spike = c(r.spike);
+  out.spike_limit = c(r.spike_limit);
+  out.spike_stats = c(r.spike_stats);
   return out;
 }
 
@@ -68,7 +72,64 @@ StepPipeline::StepPipeline(const config::TrainerConfig& cfg, torch::nn::Module& 
 
 StepPipeline::~StepPipeline() = default;
 
-void StepPipeline::arm(const StepGuard& g) { guard_ |= g; }
+void StepPipeline::arm(const StepGuard& g) {
+  guard_ |= g;
+  if (guard_.spike.armed() && sticky_.defined() &&
+      (!spike_window_.defined() || spike_window_.size(1) != guard_.spike.window))
+    init_spike_state();
+}
+
+void StepPipeline::init_spike_state() {
+  const auto& sg = guard_.spike;
+  auto f32 = sticky_.options();
+  spike_window_ = torch::zeros({2, sg.window}, f32);
+  spike_count_ = torch::zeros({}, f32);
+  spike_pos_ = torch::zeros({}, f32.dtype(torch::kLong));
+  spike_consecutive_ = torch::zeros({}, f32);
+  spike_used_ = torch::tensor({sg.loss ? 1.f : 0.f, sg.grad_norm ? 1.f : 0.f}).to(f32.device());
+  spike_positions_ = torch::arange(sg.window, f32);
+  if (spike_loaded_.empty()) return;
+  const auto& w = spike_loaded_.at("window");
+  if (w.dim() == 2 && w.size(0) == 2 && w.size(1) == sg.window) {
+    spike_window_.copy_(w);
+    spike_count_.copy_(spike_loaded_.at("count"));
+    spike_pos_.copy_(spike_loaded_.at("pos"));
+    spike_consecutive_.copy_(spike_loaded_.at("consecutive"));
+  } else {
+    fmt::print(stderr, "nan_capture: the spike window changed since the checkpoint ({} -> {} steps): its statistics start anew\n",
+               w.dim() == 2 ? w.size(1) : 0, sg.window);
+  }
+  spike_loaded_.clear();
+}
+
+torch::Tensor StepPipeline::spike_verdict(const torch::Tensor& values) {
+  // Statistics of the accepted values before this step: population mean and std of the first
+  // `count` slots (the window is filled in order, then overwritten oldest first).
+  const auto& sg = guard_.spike;
+  auto mask = (spike_positions_ < spike_count_).to(torch::kFloat32);  // [W]
+  auto n = spike_count_.clamp_min(1.0);
+  auto mean = (spike_window_ * mask).sum(1) / n;                                  // [2]
+  auto std = (((spike_window_ - mean.unsqueeze(1)) * mask).square().sum(1) / n).sqrt();  // [2]
+  auto ready = (spike_count_ >= static_cast<double>(sg.warmup)).to(torch::kFloat32);
+  auto over = (values > mean + sg.zscore * std).to(torch::kFloat32) * spike_used_ * ready;  // [2]
+  auto spike = over.amax();
+  spike_consecutive_.copy_((spike_consecutive_ + 1.0) * spike);
+  auto limit = sg.stop ? spike : spike * (spike_consecutive_ >= static_cast<double>(sg.max_consecutive)).to(torch::kFloat32);
+  current_.spike = spike;
+  current_.spike_limit = limit;
+  current_.spike_stats = torch::stack({values[0], mean[0], std[0], values[1], mean[1], std[1], spike_consecutive_.clone(), over[0], over[1]});
+  return spike;
+}
+
+void StepPipeline::accept_spike_values(const torch::Tensor& values, const torch::Tensor& skip) {
+  // Only accepted steps enter the window: applied (not skipped for any reason) and finite.
+  auto accept = (1.0 - skip) * torch::isfinite(values).all().to(torch::kFloat32);
+  auto slot = spike_pos_.view({1});
+  auto old = spike_window_.index_select(1, slot).squeeze(1);
+  spike_window_.index_copy_(1, slot, torch::where(accept.to(torch::kBool), values, old).unsqueeze(1));
+  spike_pos_.copy_((spike_pos_ + accept.to(torch::kLong)).remainder(guard_.spike.window));
+  spike_count_.copy_((spike_count_ + accept).clamp_max(static_cast<double>(guard_.spike.window)));
+}
 
 void StepPipeline::reset_sticky() {
   if (sticky_.defined()) sticky_.zero_();
@@ -154,10 +215,11 @@ void StepPipeline::step() {
   // The one pass over the gradients: per-gradient L2 norms give both the non-finite flag (a NaN or
   // Inf element makes its tensor's norm non-finite) and the total norm for clipping.
   torch::Tensor grad_flag, total_norm;
-  if ((guard_.check_grads || clip_norm || scaler_) && !grads.empty()) {
+  const bool spike_armed = guard_.spike.armed() && spike_window_.defined();
+  if ((guard_.check_grads || clip_norm || scaler_ || (spike_armed && guard_.spike.grad_norm)) && !grads.empty()) {
     rec.grad_norms = torch::stack(at::_foreach_norm(grads, 2, torch::kFloat32));
     grad_flag = rec.grad_norms.isfinite().logical_not().any().to(torch::kFloat32);
-    if (clip_norm) total_norm = torch::linalg_vector_norm(rec.grad_norms, 2);
+    if (clip_norm || spike_armed) total_norm = torch::linalg_vector_norm(rec.grad_norms, 2);
     if (!grad_names_ || grad_names_->size() != with_grad.size()) {
       auto names = std::make_shared<std::vector<std::string>>();
       for (size_t i : with_grad) names->push_back(param_names_[i]);
@@ -181,11 +243,38 @@ void StepPipeline::step() {
   torch::Tensor skip = verdict;
   // Under 16-mixed an overflowing gradient is the loss scaler's business: skip and back off.
   if (scaler_) skip = max_defined(skip, grad_flag);
-  if (guard_.sticky && sticky_.defined()) {
-    if (verdict.defined()) sticky_.copy_(torch::maximum(sticky_, verdict));
+
+  // Spikes: the step's loss (averaged over ranks so every rank decides alike) and the total norm
+  // of the (already reduced) gradients, unscaled under 16-mixed.
+  torch::Tensor spike_values, to_stick;
+  if (spike_armed) {
+    auto zero = torch::zeros({}, sticky_.options());
+    torch::Tensor loss_value = zero;
+    if (guard_.spike.loss && !rec.losses.empty()) {
+      std::vector<torch::Tensor> ls;
+      for (const auto& l : rec.losses) ls.push_back(l.to(torch::kFloat32).reshape({}));
+      loss_value = torch::stack(ls).mean();
+      if (strategy_ && strategy_->world_size() > 1) {
+        loss_value = loss_value.clone();
+        strategy_->reduce_sum(loss_value);
+        loss_value = loss_value / static_cast<double>(strategy_->world_size());
+      }
+    }
+    torch::Tensor norm_value = zero;
+    if (guard_.spike.grad_norm && total_norm.defined())
+      norm_value = scaler_ ? total_norm * scaler_->scale_tensor().reciprocal() : total_norm;
+    spike_values = torch::stack({loss_value, norm_value.to(torch::kFloat32)});
+    auto spike = spike_verdict(spike_values);
+    skip = max_defined(skip, spike);
+    to_stick = rec.spike_limit;
+  }
+  if (guard_.sticky) to_stick = max_defined(to_stick, verdict);
+  if ((guard_.sticky || spike_armed) && sticky_.defined()) {
+    if (to_stick.defined()) sticky_.copy_(torch::maximum(sticky_, to_stick));
     skip = max_defined(skip, sticky_.clone());
   }
   rec.skipped = skip;
+  if (spike_armed) accept_spike_values(spike_values, skip);
 
   torch::Tensor multiplier;
   if (scaler_) multiplier = scaler_->scale_tensor().reciprocal();
@@ -230,6 +319,32 @@ void StepPipeline::step() {
 void StepPipeline::save(checkpoint::CheckpointData& d, const StepStart* at) {
   if (!sticky_.defined()) return;
   d.tensors["step/sticky"] = at ? torch::zeros_like(sticky_) : sticky_;
+  // The spike window: a capture (StepStart) is written while the guard is sticky, so no step since
+  // the captured one has entered it: the live window is the one from that step's start.
+  if (spike_window_.defined()) {
+    d.tensors["step/spike/window"] = spike_window_;
+    d.tensors["step/spike/count"] = spike_count_;
+    d.tensors["step/spike/pos"] = spike_pos_;
+    d.tensors["step/spike/consecutive"] = at ? torch::zeros_like(spike_consecutive_) : spike_consecutive_;
+  }
+}
+
+void StepPipeline::load(const checkpoint::CheckpointData& d) {
+  spike_loaded_.clear();
+  const char* keys[] = {"window", "count", "pos", "consecutive"};
+  for (const char* k : keys) {
+    auto it = d.tensors.find(std::string("step/spike/") + k);
+    if (it == d.tensors.end()) {
+      spike_loaded_.clear();
+      return;
+    }
+    spike_loaded_[k] = it->second;
+  }
+  const auto& c = spike_loaded_.at("count");
+  const auto& p = spike_loaded_.at("pos");
+  if (c.numel() != 1 || p.numel() != 1 || p.scalar_type() != torch::kLong || spike_loaded_.at("consecutive").numel() != 1)
+    throw checkpoint::CheckpointError("the step guard's spike state (step/spike/*) has the wrong shapes");
+  if (spike_window_.defined()) init_spike_state();  // armed before the load: apply it now
 }
 
 }  // namespace strobe

@@ -23,6 +23,7 @@
 //   state of the failing step itself.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -47,6 +48,20 @@ namespace distributed {
 class Strategy;
 }
 
+// Loss-spike detection (nan_capture.spike, docs/NAN_CAPTURE.md): a step whose metric exceeds the
+// mean + zscore x population std of the last `window` accepted steps' values is a spike. The
+// window lives on the device; only accepted steps (applied, finite) enter it.
+struct SpikeGuard {
+  bool loss = false;       // the step's loss (mean over micro-batches; averaged over ranks)
+  bool grad_norm = false;  // the total gradient L2 norm (unscaled under 16-mixed)
+  double zscore = 6.0;
+  int64_t window = 128;
+  int64_t warmup = 64;           // accepted steps in the window before a step can be a spike
+  bool stop = true;              // a spike makes the skip flag sticky (false: skip that step only)
+  int64_t max_consecutive = 5;   // with !stop: this many spikes in a row become sticky
+  bool armed() const { return loss || grad_norm; }
+};
+
 // What a callback (NaN capture) asks of the step; arm() ORs requests together.
 struct StepGuard {
   bool check_grads = false;       // non-finite gradients make the step non-finite
@@ -54,9 +69,11 @@ struct StepGuard {
   bool sticky = false;            // a non-finite step skips every later update until reset_sticky()
   bool restore_buffers = false;   // a skipped step leaves buffers (BN statistics) as before it
   bool snapshot_buffers = false;  // keep a copy of the buffers from before each step in the record
+  SpikeGuard spike;               // armed: spikes skip the update (the last armed one wins)
   StepGuard& operator|=(const StepGuard& o) {
     check_grads |= o.check_grads, check_loss |= o.check_loss, sticky |= o.sticky;
     restore_buffers |= o.restore_buffers, snapshot_buffers |= o.snapshot_buffers;
+    if (o.spike.armed()) spike = o.spike;
     return *this;
   }
 };
@@ -72,7 +89,15 @@ struct StepRecord {
   std::shared_ptr<const std::vector<std::string>> grad_names;
   std::vector<torch::Tensor> losses;          // each micro-batch's loss, detached
   std::vector<torch::Tensor> buffers_before;  // with snapshot_buffers: one flat tensor per dtype
+  // With a spike guard: `spike` 0-d float32 (1 = this step spiked), `spike_limit` (1 = it made the
+  // guard sticky: action stop, or the max_consecutive-th spike in a row), and `spike_stats` [9]:
+  // loss value, mean, std; grad-norm value, mean, std (over the window before this step);
+  // consecutive spikes; loss over threshold; grad norm over threshold.
+  torch::Tensor spike, spike_limit, spike_stats;
 };
+
+// Indices into StepRecord::spike_stats.
+enum SpikeStat : int64_t { kLossValue, kLossMean, kLossStd, kNormValue, kNormMean, kNormStd, kConsecutive, kLossOver, kNormOver, kSpikeStats };
 
 // A copy of `r` whose tensors are fresh (clones): for a holder that keeps it past the next step.
 StepRecord clone_record(const StepRecord& r);
@@ -105,10 +130,11 @@ class StepPipeline : public Stateful {
   const torch::Tensor& sticky_flag() const { return sticky_; }
   // Stateful (the checkpoint's `step_guard` entry): the sticky skip flag, saved for diagnosis (a
   // checkpoint written after a NaN was detected shows 1; at a step's start 0) but never restored: a
-  // resumed run starts with a clear guard, from the pre-corruption weights.
+  // resumed run starts with a clear guard, from the pre-corruption weights. The spike window, its
+  // position, count and the consecutive-spike counter are restored (exact resume); a checkpoint
+  // without them, or with another window size, starts the window anew (said on stderr).
   void save(checkpoint::CheckpointData& out, const StepStart* step_start) override;
-  void load(const checkpoint::CheckpointData&) override {}
-  bool restorable() const override { return false; }
+  void load(const checkpoint::CheckpointData& in) override;
   void reset_sticky();
 
   // The buffers in snapshot order, and a snapshot unflattened into tensors of their shapes.
@@ -119,6 +145,10 @@ class StepPipeline : public Stateful {
 
  private:
   std::vector<torch::Tensor> snapshot_buffers() const;
+  void init_spike_state();
+  // The spike verdict of this step from its metric values [2] (loss, grad norm); fills the record.
+  torch::Tensor spike_verdict(const torch::Tensor& values);
+  void accept_spike_values(const torch::Tensor& values, const torch::Tensor& skip);
   void restore_buffers(const std::vector<torch::Tensor>& flat, const torch::Tensor& skip);
 
   const config::TrainerConfig& cfg_;
@@ -137,6 +167,11 @@ class StepPipeline : public Stateful {
   StepRecord current_, last_;
   std::shared_ptr<const std::vector<std::string>> grad_names_;
   distributed::Strategy* strategy_ = nullptr;
+  // Spike window state (device): values [2, window] (loss, grad norm), accepted count (capped at
+  // the window, float32), write position (int64), consecutive spikes (float32); constants: which
+  // metrics are used [2] and positions [window].
+  torch::Tensor spike_window_, spike_count_, spike_pos_, spike_consecutive_, spike_used_, spike_positions_;
+  std::map<std::string, torch::Tensor> spike_loaded_;  // from a checkpoint, applied once armed
 };
 
 }  // namespace strobe

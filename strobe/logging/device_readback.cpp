@@ -15,8 +15,9 @@ void DeviceReadback::start(const torch::Tensor& value) {
   const bool cuda = value.is_cuda();
   const int64_t n = value.numel();
   if (!buffer_.defined() || buffer_.numel() < n || buffer_.scalar_type() != value.scalar_type() || pinned_ != cuda) {
-    buffer_ = torch::empty({std::max<int64_t>(n, 32)},  // room to grow: a ring reallocates rarely
-                           torch::TensorOptions().dtype(value.scalar_type()).pinned_memory(cuda));
+    // Room to grow: a ring reallocates rarely. Zeroed, not empty: the view handed out before the copy
+    // lands must not hold stale bits (replay's tracer checks every op's output, this narrow's too).
+    buffer_ = torch::zeros({std::max<int64_t>(n, 32)}, torch::TensorOptions().dtype(value.scalar_type()).pinned_memory(cuda));
     pinned_ = cuda;
   }
   host_ = buffer_.narrow(0, 0, n).view(value.sizes());

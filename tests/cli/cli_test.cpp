@@ -91,6 +91,10 @@ TEST(Cli, BadInputsExitTwoWithOneLine) {
       // What a message quotes is escaped to one line, here a kind with a newline in it.
       {"list \"$(printf 'x\\ny')\"", "strobe list: unknown kind 'x\\ny' (known:"},
       {"test -c " + cfg, "--ckpt is required"},
+      {"fit -c " + cfg + " --set 'callbacks=[{name: nan_capture, spike: {window: 8, warmup: 16}}]'",
+       "callbacks[0].spike.warmup: must not exceed spike.window (8)"},
+      {"fit -c " + cfg + " --set 'callbacks=[{name: nan_capture, spike: {metric: los}}]'",
+       "callbacks[0].spike.metric: expected one of"},
   };
   for (const auto& c : cases) {
     auto r = strobe_cmd(c.args);

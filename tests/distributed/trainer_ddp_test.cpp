@@ -56,7 +56,7 @@ class DdpProbe : public Model {
   }
   torch::Tensor forward(const Batch& batch) override {
     auto x = input(batch.at("image")).flatten(1);  // bf16-master: bf16 images
-    bool poison = false;
+    bool poison = false, spike = false;
     if (is_training()) {
       ++calls_;
       if (rank_ == fault_rank_ && calls_ == fault_call_) {
@@ -64,10 +64,12 @@ class DdpProbe : public Model {
         if (fault_ == "term") std::raise(SIGTERM);
         if (fault_ == "throw") throw std::runtime_error(fmt::format("probe failure on rank {} at call {}", rank_, calls_));
         poison = fault_ == "nan";
+        spike = fault_ == "spike";
       }
       if (rng_extra_) (void)torch::rand({rank_ + 1});
     }
     auto y = fc2->forward(drop->forward(torch::relu(fc1->forward(x))));
+    if (spike) return y * 1000;  // a finite loss spike
     return poison ? y + std::numeric_limits<float>::quiet_NaN() : y;
   }
   std::string default_task() const override { return "classification"; }
@@ -87,7 +89,7 @@ std::shared_ptr<Model> make_ddp_probe(config::Section& cfg) {
   auto hidden = cfg.get_int("hidden", 32, 1);
   auto classes = cfg.get_int("num_classes", 4, 1);
   auto dropout = cfg.get_double("dropout", 0.0, 0.0, 0.99);
-  auto fault = cfg.get_choice("fault", "none", {"none", "nan", "kill", "term", "throw"});
+  auto fault = cfg.get_choice("fault", "none", {"none", "nan", "spike", "kill", "term", "throw"});
   auto fault_rank = cfg.get_int("fault_rank", 1, 0);
   auto fault_call = cfg.get_int("fault_call", 1, 1);
   auto rng_extra = cfg.get_bool("rng_extra", false);
@@ -426,6 +428,27 @@ TEST(TrainerDDP, NaNOnOneRankStopsBothWithExit3) {
     EXPECT_TRUE(torch::isfinite(v).all().item<bool>()) << k << " is not finite in last.ckpt";
   EXPECT_EQ(count_lines_with(rs[0].stderr_text, "nan_capture: capture written to"), 1) << rs[0].stderr_text;
   EXPECT_EQ(count_lines_with(rs[1].stderr_text, "nan_capture:"), 0) << "console output is rank 0's";
+  checkpoint::remove_tree(job.dir);
+}
+
+// A loss spike on rank 1 only: the spike detector sees the loss averaged over the ranks (all-reduced
+// on the device), so both ranks call the same step a spike, capture it and stop with exit 3.
+TEST(TrainerDDP, ALossSpikeOnOneRankStopsBothAtTheSameStep) {
+  Job job = new_job("spike");
+  auto rs = fit(2, job,
+                {"model.fault=spike", "model.fault_rank=1", "model.fault_call=9",
+                 "callbacks=[{name: nan_capture, check: loss, keep_last: 2, spike: {window: 4, warmup: 3}}]"});
+  ASSERT_EQ(rs[0].exit_code, 3) << describe(rs);
+  ASSERT_EQ(rs[1].exit_code, 3) << describe(rs);
+  const std::string run_dir = read_json(job.dir + "/rank0.json")["run_dir"];
+  // Micro-batch 9 belongs to optimizer step 5.
+  for (const std::string d : {run_dir + "/nan/step_5", run_dir + "/nan/rank1/step_5"}) {
+    ASSERT_TRUE(fs::exists(d + "/" + capture::kCheckpointFile)) << d << "\n" << describe(rs);
+    auto info = nlohmann::json::parse(checkpoint::load_checkpoint_file(d + "/" + capture::kCheckpointFile).blob("capture"));
+    EXPECT_EQ(info["kind"], "spike") << d;
+    EXPECT_GT(info["spike"]["loss"]["z"].get<double>(), 6.0) << info.dump(2);
+  }
+  EXPECT_EQ(count_lines_with(rs[0].stderr_text, "nan_capture: loss spike"), 1) << rs[0].stderr_text;
   checkpoint::remove_tree(job.dir);
 }
 

@@ -99,18 +99,27 @@ std::shared_ptr<Callback> make_grad_peek(config::Section& cfg) {
 STROBE_REGISTER(callback_registry(), "grad_peek", make_grad_peek);
 
 // fc -> relu -> fc with a fault on the device: y + 0 * log(threshold - mean(x)) is NaN exactly for
-// the batches whose mean input exceeds `threshold` (known on the host from the data alone).
+// the batches whose mean input exceeds `threshold` (known on the host from the data alone); with
+// `spike: true`, y x 1000 there instead (a finite loss spike).
 class GraphNanProbe : public Model {
  public:
-  GraphNanProbe(double threshold)
+  GraphNanProbe(double threshold, bool spike, bool overflow)
       : Model("GraphNanProbe"),
         fc1(register_module("fc1", torch::nn::Linear(16, 32))),
         bn(register_module("bn", torch::nn::BatchNorm1d(32))),
         fc2(register_module("fc2", torch::nn::Linear(32, 4))),
-        threshold(threshold) {}
+        threshold(threshold),
+        spike(spike),
+        overflow(overflow) {}
   torch::Tensor forward(const Batch& batch) override {
     auto x = batch.at("image").flatten(1);
+    // overflow: the chosen batches' inputs x 1e6, so fc1's output passes fp16's 65504 (not fp32's range).
+    if (overflow) {
+      auto h = torch::relu(bn->forward(fc1->forward(x * torch::where(x.mean() > threshold, 1e6, 1.0))));
+      return fc2->forward(h);
+    }
     auto h = torch::relu(bn->forward(fc1->forward(x)));
+    if (spike) return fc2->forward(h) * torch::where(x.mean() > threshold, 1000.0, 1.0);
     return fc2->forward(h) + 0 * torch::log(threshold - x.mean());
   }
   std::string default_task() const override { return "classification"; }
@@ -118,11 +127,14 @@ class GraphNanProbe : public Model {
   torch::nn::BatchNorm1d bn;
   torch::nn::Linear fc2;
   double threshold;
+  bool spike, overflow;
 };
 std::shared_ptr<Model> make_graph_probe(config::Section& cfg) {
   auto threshold = cfg.get_double("threshold", 1e9);
+  auto spike = cfg.get_bool("spike", false);
+  auto overflow = cfg.get_bool("overflow", false);
   cfg.finish();
-  return std::make_shared<GraphNanProbe>(threshold);
+  return std::make_shared<GraphNanProbe>(threshold, spike, overflow);
 }
 STROBE_REGISTER(model_registry(), "graph_nan_probe", make_graph_probe);
 
@@ -274,7 +286,7 @@ TEST(CudaGraphs, GraphedStepsMakeNoHostSyncAndAutoTurnsGraphsOn) {
   std::string dir = temp_dir("graphs-nosync");
   auto run = make_run(resnet_yaml(40, 4096),
                       {"trainer.precision=bf16-mixed", "trainer.cuda_graphs=auto", "trainer.gradient_clip_val=1.0",
-                       "trainer.log_every_n_steps=5", "callbacks=[{name: sync_guard, from: 4}, {name: nan_capture}]"},
+                       "trainer.log_every_n_steps=5", "callbacks=[{name: sync_guard, from: 4}, {name: nan_capture, spike: {metric: both, window: 16, warmup: 4}}]"},
                       dir);
   ASSERT_EQ(run->trainer->fit(), 0);
   EXPECT_EQ(g_guarded_steps, 36) << "training batches 4..39 ran under sync-debug \"error\" (after the capture at 3, whose "
@@ -286,45 +298,90 @@ TEST(CudaGraphs, GraphedStepsMakeNoHostSyncAndAutoTurnsGraphsOn) {
 #endif
 }
 
+// Both kinds of capture: a NaN step, and (fault spike) a finite loss spike caught by the spike
+// detector, whose window lives on the device and is updated inside the captured graph.
 TEST(CudaGraphs, NanCaptureUnderGraphsStopsAtTheFailingStepWithTheWeightsOfAnEagerRun) {
   SKIP_WITHOUT_CUDA_DEVICE();
-  // Mean input of each training batch, in the order training sees them (the loader is seeded).
+  for (const bool spike : {false, true}) {
+    const std::vector<std::string> fault =
+        spike ? std::vector<std::string>{"model.spike=true", "callbacks=[{name: nan_capture, spike: {window: 8, warmup: 4}}]"}
+              : std::vector<std::string>{};
+    // Mean input of each training batch, in the order training sees them (the loader is seeded).
+    const std::vector<double> means = batch_means(probe_yaml(1e9), 64);
+    // The first batch after step 8 whose mean exceeds every earlier one: well after the capture (step 4).
+    size_t bad = means.size();
+    double earlier = -1e9;
+    for (size_t i = 0; i < means.size(); ++i) {
+      if (i >= 8 && means[i] > earlier) {
+        bad = i;
+        break;
+      }
+      earlier = std::max(earlier, means[i]);
+    }
+    ASSERT_LT(bad, 40u) << "no usable failing batch in the first 40";
+    const double threshold = (earlier + means[bad]) / 2;
+    std::map<std::string, torch::Tensor> weights[2];
+    for (int graphed = 0; graphed < 2; ++graphed) {
+      std::string dir = temp_dir("graphs-nan");
+      auto sets = fault;
+      sets.push_back(std::string("trainer.cuda_graphs=") + (graphed ? "true" : "false"));
+      auto run = make_run(probe_yaml(threshold), sets, dir);
+      ASSERT_EQ(run->trainer->fit(), 3) << "graphed=" << graphed << " spike=" << spike << ": the step stops the run with exit status 3";
+      if (graphed) EXPECT_GT(run->trainer->graph_counts().replays, 3);
+      const std::string cap = fmt::format("{}/nan/step_{}", dir, bad + 1);  // batch `bad` (0-based) is step bad + 1
+      ASSERT_TRUE(std::filesystem::exists(cap + "/capture.ckpt")) << "graphed=" << graphed << ": no capture of step " << bad;
+      auto data = checkpoint::load_checkpoint_file(cap + "/capture.ckpt");
+      for (auto& [k, t] : data.tensors)
+        if (k.rfind("model/", 0) == 0) weights[graphed][k] = t.to(torch::kCPU, torch::kDouble);
+      auto report = capture::replay_capture(cap, {});
+      EXPECT_TRUE(report["exact"].get<bool>()) << "graphed=" << graphed << "\n" << report.dump(2);
+      if (spike) {
+        EXPECT_EQ(report["kind"], "spike") << report.dump(2);
+        EXPECT_TRUE(report["first_nonfinite"].is_null()) << report.dump(2);
+        continue;
+      }
+      ASSERT_FALSE(report["first_nonfinite"].is_null());
+      EXPECT_EQ(report["first_nonfinite"]["op"], "aten::log");
+    }
+    ASSERT_FALSE(weights[0].empty());
+    ASSERT_EQ(weights[0].size(), weights[1].size());
+    for (auto& [k, t] : weights[0]) {
+      ASSERT_TRUE(weights[1].count(k)) << k;
+      EXPECT_TRUE(torch::isfinite(weights[1][k]).all().item<bool>()) << k << ": the capture holds corrupted weights";
+      EXPECT_TRUE(torch::allclose(weights[1][k], t, 1e-5, 1e-7)) << k << ": graphed and eager captures differ";
+    }
+  }
+}
+
+// strobe replay --diagnose of an fp16 overflow under 16-mixed: non-finite as captured, finite in
+// fp32 (and in float64 on the CPU): the verdict is precision, naming fc1's op and fp16's limit.
+TEST(CudaGraphs, DiagnoseCallsAnFp16OverflowThatFp32DoesNotHavePrecision) {
+  SKIP_WITHOUT_CUDA_DEVICE();
   const std::vector<double> means = batch_means(probe_yaml(1e9), 64);
-  // The first batch after step 8 whose mean exceeds every earlier one: well after the capture (step 4).
   size_t bad = means.size();
   double earlier = -1e9;
   for (size_t i = 0; i < means.size(); ++i) {
-    if (i >= 8 && means[i] > earlier) {
+    if (i >= 4 && means[i] > earlier) {
       bad = i;
       break;
     }
     earlier = std::max(earlier, means[i]);
   }
-  ASSERT_LT(bad, 40u) << "no usable failing batch in the first 40";
-  const double threshold = (earlier + means[bad]) / 2;
-  std::map<std::string, torch::Tensor> weights[2];
-  for (int graphed = 0; graphed < 2; ++graphed) {
-    std::string dir = temp_dir("graphs-nan");
-    auto run = make_run(probe_yaml(threshold), {std::string("trainer.cuda_graphs=") + (graphed ? "true" : "false")}, dir);
-    ASSERT_EQ(run->trainer->fit(), 3) << "graphed=" << graphed << ": a NaN stops the run with exit status 3";
-    if (graphed) EXPECT_GT(run->trainer->graph_counts().replays, 3);
-    const std::string cap = fmt::format("{}/nan/step_{}", dir, bad + 1);  // batch `bad` (0-based) is step bad + 1
-    ASSERT_TRUE(std::filesystem::exists(cap + "/capture.ckpt")) << "graphed=" << graphed << ": no capture of step " << bad;
-    auto data = checkpoint::load_checkpoint_file(cap + "/capture.ckpt");
-    for (auto& [k, t] : data.tensors)
-      if (k.rfind("model/", 0) == 0) weights[graphed][k] = t.to(torch::kCPU, torch::kDouble);
-    auto report = capture::replay_capture(cap, {});
-    EXPECT_TRUE(report["exact"].get<bool>()) << "graphed=" << graphed << "\n" << report.dump(2);
-    ASSERT_FALSE(report["first_nonfinite"].is_null());
-    EXPECT_EQ(report["first_nonfinite"]["op"], "aten::log");
+  ASSERT_LT(bad, 40u);
+  const std::string dir = temp_dir("graphs-fp16-overflow");
+  {
+    auto run = make_run(probe_yaml((earlier + means[bad]) / 2), {"model.overflow=true", "trainer.precision=16-mixed"}, dir);
+    ASSERT_EQ(run->trainer->fit(), 3);
   }
-  ASSERT_FALSE(weights[0].empty());
-  ASSERT_EQ(weights[0].size(), weights[1].size());
-  for (auto& [k, t] : weights[0]) {
-    ASSERT_TRUE(weights[1].count(k)) << k;
-    EXPECT_TRUE(torch::isfinite(weights[1][k]).all().item<bool>()) << k << ": the capture holds corrupted weights";
-    EXPECT_TRUE(torch::allclose(weights[1][k], t, 1e-5, 1e-7)) << k << ": graphed and eager captures differ";
-  }
+  auto r = capture::diagnose_capture(dir + "/nan", {});
+  std::cout << capture::format_diagnosis(r);
+  EXPECT_EQ(r["verdict"], "precision") << r.dump(2);
+  const std::string ev = r["evidence"].dump();
+  EXPECT_NE(ev.find("non-finite in 16-mixed and not in fp32"), std::string::npos) << ev;
+  EXPECT_NE(ev.find("in fc1 (forward): its output (Half) crossed the Half limit 65504"), std::string::npos) << ev;
+  ASSERT_GE(r["runs"].size(), 3u);
+  EXPECT_EQ(r["runs"][2]["run"], "fp32");
+  EXPECT_FALSE(r["runs"][2]["bad"].get<bool>());
 }
 
 TEST(CudaGraphs, WhatCannotBeCapturedIsAConfigErrorWithTrueAndEagerWithAuto) {

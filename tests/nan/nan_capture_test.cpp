@@ -4,6 +4,8 @@
 //
 // The probe model injects a fault whose trigger depends on the batch alone (its mean input value
 // above a threshold), so a test knows on the host which steps must go bad.
+#include <deque>
+#include <random>
 #include <filesystem>
 #include <fstream>
 
@@ -19,6 +21,7 @@
 #include "strobe/core/forensics.h"
 #include "strobe/ops/ops.h"
 #include "strobe/core/model.h"
+#include "strobe/core/step_pipeline.h"
 #include "runner/experiment_builder.h"
 #include "runner/replay.h"
 #include "tests/trainer/trainer_test_util.h"
@@ -35,7 +38,7 @@ namespace fs = std::filesystem;
 struct FaultyImpl : torch::nn::Module {
   FaultyImpl(int64_t width, std::string fault, double threshold)
       : proj(register_module("proj", torch::nn::Linear(width, width))), fault(std::move(fault)), threshold(threshold) {}
-  torch::Tensor forward(const torch::Tensor& h, const torch::Tensor& x_mean) {
+  torch::Tensor forward(const torch::Tensor& h, const torch::Tensor& x_mean, const torch::Tensor& x_rows) {
     ModuleScope scope("faulty");
     auto y = proj->forward(h);
     if (fault == "forward") return y + 0 * torch::log(threshold - x_mean);
@@ -45,6 +48,12 @@ struct FaultyImpl : torch::nn::Module {
       auto a = torch::where(x_mean > threshold, (hm - 1) * 0, torch::ones_like(hm) + 0 * hm);
       return y + 0 * torch::sqrt(a);
     }
+    // A finite loss spike: the activations scaled up a thousandfold on the chosen batches.
+    if (fault == "spike") return y * torch::where(x_mean > threshold, torch::full({}, 1000.0), torch::full({}, 1.0));
+    // NaN in the rows whose own mean input exceeds the threshold (a bad sample), in every precision.
+    if (fault == "rows") return y + 0 * torch::log(threshold - x_rows);
+    // exp(98) overflows float32 (e^88.7) but not float64: a precision fault on the chosen batches.
+    if (fault == "overflow") return y + 0 * torch::exp(88.0 + 10.0 * (x_mean > threshold).to(y.scalar_type()));
     return y;
   }
   torch::nn::Linear proj;
@@ -55,17 +64,27 @@ TORCH_MODULE(Faulty);
 
 class NanProbe : public Model {
  public:
-  NanProbe(int64_t in, int64_t width, int64_t classes, double dropout, std::string fault, double threshold)
+  NanProbe(int64_t in, int64_t width, int64_t classes, double dropout, std::string fault, double threshold, bool noise,
+           bool nan_weight)
       : Model("NanProbe"),
         fc1(register_module("fc1", torch::nn::Linear(in, width))),
         drop(register_module("drop", torch::nn::Dropout(dropout))),
         bn(register_module("bn", torch::nn::BatchNorm1d(width))),
         faulty(register_module("faulty", Faulty(width, std::move(fault), threshold))),
-        head(register_module("head", torch::nn::Linear(width, classes))) {}
+        head(register_module("head", torch::nn::Linear(width, classes))),
+        noise(noise) {
+    if (nan_weight) {
+      torch::NoGradGuard ng;
+      faulty->proj->weight[0][0] = NAN;  // a corrupt initial weight (a bad file loaded for fine-tuning)
+    }
+  }
   torch::Tensor forward(const Batch& batch) override {
     auto x = batch.at("image").flatten(1);
     auto h = bn->forward(drop->forward(torch::relu(fc1->forward(x))));
-    return head->forward(torch::relu(faulty->forward(h, x.mean())));
+    auto out = head->forward(torch::relu(faulty->forward(h, x.mean(), x.mean(1, /*keepdim=*/true))));
+    // Outside the captured RNG state: the step's loss differs from one run to the next.
+    if (noise) out = out * (1.0 + 1e-3 * static_cast<double>(1 + std::random_device{}() % 1000));
+    return out;
   }
   std::string default_task() const override { return "classification"; }
   torch::nn::Linear fc1;
@@ -73,6 +92,7 @@ class NanProbe : public Model {
   torch::nn::BatchNorm1d bn;
   Faulty faulty;
   torch::nn::Linear head;
+  bool noise;
 };
 
 std::shared_ptr<Model> make_probe(config::Section& cfg) {
@@ -80,10 +100,12 @@ std::shared_ptr<Model> make_probe(config::Section& cfg) {
   auto width = cfg.get_int("width", 16, 1);
   auto classes = cfg.get_int("num_classes", 4, 1);
   auto dropout = cfg.get_double("dropout", 0.3, 0.0, 0.99);
-  auto fault = cfg.get_choice("fault", "none", {"none", "forward", "backward"});
+  auto fault = cfg.get_choice("fault", "none", {"none", "forward", "backward", "spike", "rows", "overflow"});
   auto threshold = cfg.get_double("threshold", 1e9);
+  auto noise = cfg.get_bool("noise", false);
+  auto nan_weight = cfg.get_bool("nan_weight", false);
   cfg.finish();
-  return std::make_shared<NanProbe>(in, width, classes, dropout, fault, threshold);
+  return std::make_shared<NanProbe>(in, width, classes, dropout, fault, threshold, noise, nan_weight);
 }
 STROBE_REGISTER(model_registry(), "nan_probe", make_probe);
 
@@ -593,6 +615,247 @@ TEST(NanCapture, AStepBegunBeforeAResumeMidAccumulationStopsWithoutACapture) {
             std::string::npos)
       << err;
   EXPECT_FALSE(fs::exists(fs::path(dir) / "b" / "nan")) << "no capture of a partial step";
+}
+
+// ---- Loss spikes (nan_capture.spike) ----
+
+// Each step's loss, skip flag and spike statistics, read on the host (a test may sync).
+class SpikeRecorder : public Callback {
+ public:
+  std::string name() const override { return "spike_recorder"; }
+  void on_before_zero_grad(TrainerView& t, Module&, torch::optim::Optimizer&) override {
+    const auto& r = t.step_access().step_pipeline().last();
+    losses.push_back(r.losses.at(0).item<double>());
+    skipped.push_back(r.skipped.item<float>() != 0.f);
+    stats.push_back(r.spike_stats.to(torch::kFloat64));
+  }
+  std::vector<double> losses;
+  std::vector<bool> skipped;
+  std::vector<torch::Tensor> stats;
+};
+
+// The detector against a float64 reference: the window of the last 8 accepted losses, spikes past
+// warm-up at mean + 4 std (population); spiking steps are skipped and never enter the window.
+TEST(NanCaptureSpike, SkipStepFollowsAFloat64ReferenceOfTheRollingWindow) {
+  auto means = batch_means(32);
+  size_t bad_count = 0;
+  const double thr = threshold_first_bad_at(means, first_exceeding(means, 6), &bad_count);
+  auto rec = std::make_shared<SpikeRecorder>();
+  const auto dir = temp_dir("spike-skip");
+  auto run = make_run(probe_yaml("spike", thr,
+                                 "[{name: nan_capture, spike: {action: skip_step, window: 8, warmup: 5, zscore: 4, "
+                                 "max_consecutive: 32}}]",
+                                 32),
+                      dir, {rec});
+  ::testing::internal::CaptureStderr();
+  ASSERT_EQ(run->trainer->fit(), 0);
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  ASSERT_EQ(rec->losses.size(), 32u);
+  std::deque<double> window;
+  int64_t spikes = 0;
+  for (size_t i = 0; i < rec->losses.size(); ++i) {
+    double mean = 0, var = 0;
+    for (double v : window) mean += v;
+    mean /= std::max<size_t>(window.size(), 1);
+    for (double v : window) var += (v - mean) * (v - mean);
+    const double sd = std::sqrt(var / std::max<size_t>(window.size(), 1));
+    const auto& st = rec->stats[i];
+    EXPECT_NEAR(st[kLossMean].item<double>(), mean, 1e-5 * std::max(1.0, std::abs(mean))) << "step " << i + 1;
+    EXPECT_NEAR(st[kLossStd].item<double>(), sd, 1e-5 * std::max(1.0, sd)) << "step " << i + 1;
+    const bool spike = window.size() >= 5 && rec->losses[i] > mean + 4 * sd;
+    EXPECT_EQ(rec->skipped[i], spike) << "step " << i + 1 << " loss " << rec->losses[i] << " mean " << mean << " std " << sd;
+    if (spike) {
+      ++spikes;
+      EXPECT_NE(err.find(fmt::format("loss spike {:.6g} (mean", static_cast<float>(rec->losses[i]))), std::string::npos) << err;
+      continue;
+    }
+    window.push_back(rec->losses[i]);
+    if (window.size() > 8) window.pop_front();
+  }
+  EXPECT_GE(spikes, static_cast<int64_t>(bad_count)) << "every scaled batch spikes";
+  run->trainer->view().drain_metrics();
+  ASSERT_TRUE(run->trainer->view().metrics().count("train/spikes"));
+  EXPECT_EQ(run->trainer->view().metrics().at("train/spikes"), static_cast<double>(spikes));
+  EXPECT_FALSE(fs::exists(fs::path(dir) / "nan"));
+}
+
+// action stop: the spiking step is captured with the weights from before it, and replays exactly.
+TEST(NanCaptureSpike, StopCapturesTheSpikingStepAndReplaysIt) {
+  auto means = batch_means(32);
+  const size_t bad = first_exceeding(means, 6);
+  ASSERT_LT(bad, means.size());
+  const double thr = threshold_first_bad_at(means, bad);
+  const auto dir = temp_dir("spike-stop");
+  {
+    auto run = make_run(probe_yaml("spike", thr, "[{name: nan_capture, spike: {window: 16, warmup: 4}}]", 32), dir);
+    ::testing::internal::CaptureStderr();
+    EXPECT_EQ(run->trainer->fit(), 3);
+    const std::string err = ::testing::internal::GetCapturedStderr();
+    EXPECT_NE(err.find(fmt::format("nan_capture: loss spike ")), std::string::npos) << err;
+    EXPECT_NE(err.find(fmt::format(" at step {} ", bad + 1)), std::string::npos) << err;
+  }
+  const fs::path cap = fs::path(dir) / "nan" / fmt::format("step_{}", bad + 1);
+  ASSERT_TRUE(fs::exists(cap / capture::kCheckpointFile)) << cap;
+  auto d = checkpoint::load_checkpoint_file((cap / capture::kCheckpointFile).string());
+  auto info = nlohmann::json::parse(d.blob("capture"));
+  EXPECT_EQ(info["kind"], "spike");
+  const auto& sp = info["spike"]["loss"];
+  EXPECT_GT(sp["value"].get<double>(), sp["mean"].get<double>() + 6 * sp["std"].get<double>()) << info.dump(2);
+  EXPECT_GT(sp["z"].get<double>(), 6.0);
+  // The captured batch's rows are dataset indices (for diagnose and bisect), as is the step before it.
+  auto batches = capture::get_batches(d);
+  ASSERT_EQ(batches.size(), 1u);
+  EXPECT_EQ(batches[0].indices.size(), 8u);
+  EXPECT_EQ(info["previous_dataset_indices"].size(), 1u);
+  std::ifstream summary(cap / "summary.txt");
+  std::string text((std::istreambuf_iterator<char>(summary)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text.rfind("loss spike ", 0), 0u) << text;
+
+  auto ref = make_run(probe_yaml("spike", thr, "[]", static_cast<int64_t>(bad)), temp_dir("spike-stop-ref"));
+  EXPECT_EQ(ref->trainer->fit(), 0);
+  std::map<std::string, torch::Tensor> captured;
+  for (const auto& [k, t] : d.tensors)
+    if (k.rfind("model/", 0) == 0) captured[k] = t;
+  expect_bitwise_equal(model_state(*ref->module), captured);
+
+  auto report = capture::replay_capture(dir + "/nan", {});
+  EXPECT_TRUE(report["exact"].get<bool>()) << report.dump(2);
+  EXPECT_TRUE(report["first_nonfinite"].is_null());
+}
+
+// action skip_step, max_consecutive: 1: the first spike stops the run with a capture, saying that
+// the threshold may be at fault.
+TEST(NanCaptureSpike, MaxConsecutiveSpikesStopTheRunBlamingTheThreshold) {
+  auto means = batch_means(32);
+  const double thr = threshold_first_bad_at(means, first_exceeding(means, 6));
+  const auto dir = temp_dir("spike-consecutive");
+  auto run = make_run(probe_yaml("spike", thr, "[{name: nan_capture, spike: {action: skip_step, window: 16, warmup: 4, max_consecutive: 1}}]", 32), dir);
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(run->trainer->fit(), 3);
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("1 spikes in a row: the threshold (zscore 6 over the last 16 accepted steps) may be wrong"), std::string::npos) << err;
+  EXPECT_NE(err.find("capture written to"), std::string::npos) << err;
+}
+
+// The window is in checkpoints: a run resumed at step 8 decides every later step as the
+// uninterrupted run does and ends with the same window, bit for bit.
+TEST(NanCaptureSpike, ResumeRestoresTheWindowExactly) {
+  auto means = batch_means(32);
+  const double thr = threshold_first_bad_at(means, first_exceeding(means, 9));
+  const std::string yaml =
+      probe_yaml("spike", thr, "[{name: nan_capture, spike: {action: skip_step, window: 8, warmup: 4, max_consecutive: 32}}]", 32);
+  const auto dir = temp_dir("spike-resume");
+  struct SaveAt : Callback {
+    std::string path;
+    std::string name() const override { return "save_at"; }
+    void on_train_batch_complete(TrainerView& t, Module&) override {
+      if (t.state().global_step == 8) checkpoint::save_checkpoint_file(path, t.make_checkpoint());
+    }
+  };
+  auto saver = std::make_shared<SaveAt>();
+  saver->path = dir + "/at8.ckpt";
+  auto rec_a = std::make_shared<SpikeRecorder>();
+  auto a = strobe::testing::make_run(yaml, {}, dir + "/a", std::nullopt, {saver, rec_a});
+  ASSERT_EQ(a->trainer->fit(), 0);
+  auto rec_b = std::make_shared<SpikeRecorder>();
+  auto b = strobe::testing::make_run(yaml, {}, dir + "/b", saver->path, {rec_b});
+  ASSERT_EQ(b->trainer->fit(std::move(b->checkpoint)), 0);
+  ASSERT_EQ(rec_a->skipped.size(), 32u);
+  ASSERT_EQ(rec_b->skipped.size(), 24u);
+  int64_t spikes = 0;
+  for (size_t i = 0; i < 24; ++i) {
+    EXPECT_EQ(rec_b->skipped[i], rec_a->skipped[8 + i]) << "step " << 9 + i;
+    EXPECT_TRUE(torch::equal(rec_b->stats[i], rec_a->stats[8 + i])) << "step " << 9 + i;
+    spikes += rec_b->skipped[i];
+  }
+  EXPECT_GE(spikes, 1);
+  auto ca = a->trainer->view().make_checkpoint(), cb = b->trainer->view().make_checkpoint();
+  for (const char* k : {"step/spike/window", "step/spike/count", "step/spike/pos"})
+    EXPECT_TRUE(torch::equal(ca.tensors.at(k), cb.tensors.at(k))) << k;
+}
+
+// ---- strobe replay --diagnose: one test per verdict, each from a model that makes that cause ----
+
+nlohmann::json diagnose_after_fit(const std::string& yaml, const std::vector<std::string>& sets, const std::string& tag,
+                                  int expect_rc = 3) {
+  const auto dir = temp_dir(tag);
+  {
+    auto run = strobe::testing::make_run(yaml, sets, dir);
+    ::testing::internal::CaptureStderr();
+    const int rc = run->trainer->fit();
+    const std::string err = ::testing::internal::GetCapturedStderr();
+    EXPECT_EQ(rc, expect_rc) << err;
+  }
+  auto r = capture::diagnose_capture(dir + "/nan", {});
+  std::cout << capture::format_diagnosis(r);
+  return r;
+}
+
+TEST(NanDiagnose, RowsThatAreNonFiniteInEveryPrecisionAreData) {
+  // A row's own mean input decides: the threshold lies between the largest row mean of the batches
+  // before the first bad one (at step 5 or later) and the largest row mean of that batch.
+  auto run0 = strobe::testing::make_run(probe_yaml("none", 1e9, "[]"), {}, "");
+  run0->datamodule->setup(Stage::Fit);
+  auto loader = run0->datamodule->train_loader();
+  std::vector<double> row_max;
+  for (int64_t i = 0; i < 32; ++i)
+    row_max.push_back(loader->make_batch(0, i).at("image").flatten(1).mean(1).max().item<double>());
+  size_t first = row_max.size();
+  double earlier = -1e9;
+  for (size_t i = 0; i < row_max.size(); ++i) {
+    if (i >= 4 && row_max[i] > earlier) {
+      first = i;
+      break;
+    }
+    earlier = std::max(earlier, row_max[i]);
+  }
+  ASSERT_LT(first, row_max.size());
+  const double thr = (earlier + row_max[first]) / 2;
+  auto r = diagnose_after_fit(probe_yaml("rows", thr, "[{name: nan_capture}]", 32), {}, "diag-rows");
+  EXPECT_EQ(r["verdict"], "data") << r.dump(2);
+  ASSERT_GE(r["rows"].size(), 1u) << r.dump(2);
+  auto batch = loader->make_batch(0, static_cast<int64_t>(first));
+  auto rows_mean = batch.at("image").flatten(1).mean(1);
+  for (const auto& row : r["rows"]) {
+    const int64_t i = row["row"].get<int64_t>();
+    EXPECT_GT(rows_mean[i].item<double>(), thr) << "row " << i << " is not a bad sample";
+    EXPECT_EQ(row["dataset_index"].get<int64_t>(), batch.indices.at(static_cast<size_t>(i)));
+  }
+  int64_t expected = (rows_mean > thr).sum().item<int64_t>();
+  EXPECT_EQ(static_cast<int64_t>(r["rows"].size()), expected);
+}
+
+TEST(NanDiagnose, AnFp32OverflowThatFloat64DoesNotHaveIsPrecision) {
+  auto means = batch_means(32);
+  const double thr = threshold_first_bad_at(means, first_exceeding(means, 4));
+  auto r = diagnose_after_fit(probe_yaml("overflow", thr, "[{name: nan_capture}]", 32), {}, "diag-overflow");
+  EXPECT_EQ(r["verdict"], "precision") << r.dump(2);
+  const std::string ev = r["evidence"].dump();
+  EXPECT_NE(ev.find("non-finite in fp32 and not in float64"), std::string::npos) << ev;
+  EXPECT_NE(ev.find("aten::exp in faulty (forward)"), std::string::npos) << ev;
+  EXPECT_NE(ev.find("crossed the Float limit 3.40282e+38"), std::string::npos) << ev;
+}
+
+TEST(NanDiagnose, ACorruptWeightIsWeightsNamingTheParameter) {
+  auto r = diagnose_after_fit(probe_yaml("none", 1e9, "[{name: nan_capture}]", 32), {"model.nan_weight=true"}, "diag-weights");
+  EXPECT_EQ(r["verdict"], "weights") << r.dump(2);
+  EXPECT_NE(r["evidence"].dump().find("model/faulty.proj.weight (1 non-finite)"), std::string::npos) << r.dump(2);
+}
+
+TEST(NanDiagnose, ASpikeOnOneBatchIsDataAndNoiseIsNotReproducible) {
+  auto means = batch_means(32);
+  const double thr = threshold_first_bad_at(means, first_exceeding(means, 6));
+  const std::string cb = "[{name: nan_capture, spike: {window: 16, warmup: 4}}]";
+  auto r = diagnose_after_fit(probe_yaml("spike", thr, cb, 32), {}, "diag-spike");
+  EXPECT_EQ(r["verdict"], "data") << r.dump(2);
+  EXPECT_NE(r["evidence"].dump().find("while the previous step's batch with the same weights is not"), std::string::npos) << r.dump(2);
+  ASSERT_EQ(r["runs"].size(), 4u) << r.dump(2);  // as captured x2, float64, previous batch
+  EXPECT_TRUE(r["runs"][2]["bad"].get<bool>()) << "the float64 run spikes too";
+  EXPECT_FALSE(r["runs"][3]["bad"].get<bool>()) << "the previous step's batch does not";
+
+  auto n = diagnose_after_fit(probe_yaml("spike", thr, cb, 32), {"model.noise=true"}, "diag-noise");
+  EXPECT_EQ(n["verdict"], "not reproducible") << n.dump(2);
+  EXPECT_NE(n["evidence"].dump().find("non-deterministic kernels and a hardware fault cannot be told apart"), std::string::npos);
 }
 
 }  // namespace

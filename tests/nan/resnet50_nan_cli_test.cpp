@@ -71,6 +71,16 @@ TEST(NanCaptureCli, ResNet50PerClassBCEStopsWithACaptureThatReplaysExactlyAndNam
   EXPECT_EQ(report["first_nonfinite"]["phase"], "forward");
   EXPECT_EQ(report["global_step"].get<int64_t>(), step);
 
+  // --diagnose: the per-class BCE's division by a class count of zero is the loss's arithmetic.
+  auto diag = sh(bin + " replay " + (base / "run" / "nan").string() + " --diagnose --report " + (base / "diag.json").string(),
+                 base / "diag.log");
+  ASSERT_EQ(diag.status, 0) << diag.log;
+  EXPECT_NE(diag.log.find("verdict: loss"), std::string::npos) << diag.log;
+  nlohmann::json dj;
+  std::ifstream(base / "diag.json") >> dj;
+  EXPECT_EQ(dj["verdict"], "loss") << dj.dump(2);
+  EXPECT_NE(dj["evidence"][0].get<std::string>().find("aten::div in task.loss (forward)"), std::string::npos) << dj.dump(2);
+
   // The report never replaces an input: the capture's own files and its directory are refused, exit 2,
   // before anything runs, and the capture stays as it was.
   const std::string ckpt_file = cap + "/" + strobe::capture::kCheckpointFile;

@@ -1,0 +1,291 @@
+// strobe replay --diagnose (docs/NAN_CAPTURE.md, "Diagnose"): re-runs a captured step several ways
+// and says why it failed. The runs:
+//   as captured, twice     same device and precision: reproducible? (the recorded loss bits, and
+//                          the two replays against each other)
+//   fp32                   autocast off, bf16-master weights from their fp32 masters (when the
+//                          capture used another precision)
+//   float64 (CPU)          model and batches in float64, forward and backward only (models up to
+//                          kFloat64MaxParams parameters)
+//   previous step's batch  the captured weights on the batch before (re-read through the loader)
+// "Bad" is non-finite for a NaN capture, over the recorded threshold for a spike. The verdict, in
+// this order: not reproducible, weights (non-finite state), precision, loss, data, weights (the
+// previous batch is bad too), undetermined.
+#include <cmath>
+#include <algorithm>
+#include <limits>
+#include <optional>
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include "runner/replay.h"
+#include "strobe/core/capture.h"
+
+namespace strobe::capture {
+
+namespace {
+
+// The recorded spike thresholds (mean + zscore x std per metric over its threshold); NaN: not used.
+struct SpikeThresholds {
+  double loss = NAN, grad_norm = NAN;
+};
+
+SpikeThresholds thresholds(const nlohmann::json& info) {
+  SpikeThresholds t;
+  if (info.value("kind", "") != "spike" || !info.contains("spike")) return t;
+  const auto& s = info["spike"];
+  const double z = s.value("zscore", 6.0);
+  auto one = [&](const char* k) -> double {
+    if (!s.contains(k) || !s[k].is_object()) return NAN;
+    return s[k].value("mean", 0.0) + z * s[k].value("std", 0.0);
+  };
+  t.loss = one("loss");
+  t.grad_norm = one("grad_norm");
+  return t;
+}
+
+bool bad(const StepOutcome& o, bool spike, const SpikeThresholds& t) {
+  if (!o.finite()) return true;
+  if (!spike) return false;
+  return (std::isfinite(t.loss) && o.mean_loss() > t.loss) || (std::isfinite(t.grad_norm) && o.grad_norm > t.grad_norm);
+}
+
+double dtype_max(const std::string& dtype) {
+  if (dtype == "Half") return 65504.0;
+  if (dtype == "BFloat16") return 3.3895313892515355e38;
+  if (dtype == "Float") return static_cast<double>(std::numeric_limits<float>::max());
+  return std::numeric_limits<double>::max();
+}
+
+nlohmann::json run_json(const std::string& name, const StepOutcome& o, bool is_bad) {
+  nlohmann::json losses = nlohmann::json::array();
+  for (const auto& l : o.losses) losses.push_back(fmt::format("{:.9g}", l.to(torch::kDouble).item<double>()));
+  return {{"run", name},
+          {"device", o.device},
+          {"losses", losses},
+          {"loss", std::isfinite(o.mean_loss()) ? nlohmann::json(o.mean_loss()) : nlohmann::json(fmt::format("{}", o.mean_loss()))},
+          {"grad_norm", std::isfinite(o.grad_norm) ? nlohmann::json(o.grad_norm) : nlohmann::json(nullptr)},
+          {"finite", o.finite()},
+          {"bad", is_bad},
+          {"nonfinite_grads", o.nonfinite_grads.size()},
+          {"first_nonfinite", o.first ? o.first->to_json() : nlohmann::json(nullptr)},
+          {"notes", o.notes}};
+}
+
+std::string where(const NonFiniteEvent& e) { return fmt::format("{} in {} ({})", e.op, e.module, e.phase); }
+
+// The non-finite tensors a capture holds (weights, buffers, optimizer state, averages), worst first.
+std::vector<std::string> nonfinite_state(const checkpoint::CheckpointData& d) {
+  std::vector<std::pair<int64_t, std::string>> found;
+  for (const auto& [name, t] : d.tensors) {
+    if (name.rfind("capture/", 0) == 0 || name.rfind("step/", 0) == 0 || name.rfind("logger/", 0) == 0 ||
+        !at::isFloatingType(t.scalar_type()))
+      continue;
+    const int64_t n = torch::isfinite(t).logical_not().sum().item<int64_t>();
+    if (n > 0) found.emplace_back(n, name);
+  }
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
+  std::vector<std::string> out;
+  for (const auto& [n, name] : found) out.push_back(fmt::format("{} ({} non-finite)", name, n));
+  return out;
+}
+
+// The largest parameters by max |w| (for the weights verdict when nothing is non-finite).
+std::vector<std::string> largest_params(const checkpoint::CheckpointData& d, size_t k) {
+  std::vector<std::pair<double, std::string>> all;
+  for (const auto& [name, t] : d.tensors)
+    if (name.rfind("model/", 0) == 0 && at::isFloatingType(t.scalar_type()) && t.numel() > 0)
+      all.emplace_back(t.abs().max().to(torch::kDouble).item<double>(), name.substr(6));
+  std::sort(all.rbegin(), all.rend());
+  std::vector<std::string> out;
+  for (size_t i = 0; i < all.size() && i < k; ++i) out.push_back(fmt::format("{} (max |w| {:.4g})", all[i].second, all[i].first));
+  return out;
+}
+
+}  // namespace
+
+nlohmann::json diagnose_capture(const std::string& path, const ReplayOptions& options) {
+  const auto cap = load_capture(path);
+  const auto& info = cap.info;
+  const bool spike = info.value("kind", "") == "spike";
+  const auto thr = thresholds(info);
+  const std::string precision = info.value("precision", "32");
+  ReplayVariant base;
+  base.device = default_replay_device(cap, options);
+  base.allow_changed_plugins = options.allow_changed_plugins;
+
+  nlohmann::json runs = nlohmann::json::array(), evidence = nlohmann::json::array(), notes = nlohmann::json::array();
+  if (base.device != cap.captured_device)
+    notes.push_back(fmt::format("captured on {}, replayed on {}: bits may differ across devices", cap.captured_device, base.device));
+
+  // 1. As captured, twice.
+  const StepOutcome a = replay_step(cap, base), b = replay_step(cap, base);
+  runs.push_back(run_json("as captured (1)", a, bad(a, spike, thr)));
+  runs.push_back(run_json("as captured (2)", b, bad(b, spike, thr)));
+  const auto recorded = info.value("losses", nlohmann::json::array());
+  bool matches_record = a.losses.size() == recorded.size(), replays_agree = a.losses.size() == b.losses.size();
+  for (size_t i = 0; i < a.losses.size(); ++i) {
+    if (i >= recorded.size() || recorded[i].value("bits", "") != tensor_bits(a.losses[i])) matches_record = false;
+    if (i < b.losses.size() && tensor_bits(a.losses[i]) != tensor_bits(b.losses[i])) replays_agree = false;
+  }
+
+  // 2. fp32, 3. float64, 4. the previous step's batch.
+  std::optional<StepOutcome> fp32, f64, prev;
+  if (precision != "32") {
+    ReplayVariant v = base;
+    v.precision = "32";
+    fp32 = replay_step(cap, v);
+    runs.push_back(run_json("fp32", *fp32, bad(*fp32, spike, thr)));
+  }
+  int64_t params = 0;
+  for (const auto& [name, t] : cap.data.tensors)
+    if (name.rfind("model/", 0) == 0) params += t.numel();
+  if (params <= kFloat64MaxParams) {
+    ReplayVariant v = base;
+    v.float64 = true;
+    try {
+      f64 = replay_step(cap, v);
+      runs.push_back(run_json("float64 (CPU)", *f64, bad(*f64, spike, thr)));
+    } catch (const std::exception& e) {
+      notes.push_back(fmt::format("the float64 run failed: {}", e.what()));
+    }
+  } else {
+    notes.push_back(fmt::format("the float64 run is skipped: the model holds {} parameters, above the cap of {}", params,
+                                kFloat64MaxParams));
+  }
+  {
+    ReplayVariant v = base;
+    v.previous_step = true;
+    try {
+      prev = replay_step(cap, v);
+      runs.push_back(run_json("previous step's batch", *prev, bad(*prev, spike, thr)));
+    } catch (const std::exception& e) {
+      notes.push_back(fmt::format("the previous step's batch was not replayed: {}", e.what()));
+    }
+  }
+
+  // The verdict.
+  std::string verdict;
+  nlohmann::json rows = nlohmann::json::array();
+  const auto state = nonfinite_state(cap.data);
+  const bool a_bad = bad(a, spike, thr);
+  if (!matches_record || !replays_agree) {
+    verdict = "not reproducible";
+    if (!matches_record) evidence.push_back("the replayed loss is not the recorded one (other bits)");
+    if (!replays_agree) evidence.push_back("two replays of the same step differ");
+    const bool deterministic = cap.config_yaml.find("deterministic: true") != std::string::npos;
+    evidence.push_back(deterministic ? "the run used trainer.deterministic: true, so the same inputs should give the same bits: "
+                                       "this points at the hardware (run it again on another GPU)"
+                                     : "the run did not use trainer.deterministic: true: non-deterministic kernels and a hardware "
+                                       "fault cannot be told apart (capture again with it on)");
+  } else if (!state.empty()) {
+    verdict = "weights";
+    evidence.push_back("the captured weights or optimizer state already hold non-finite values (worst first):");
+    for (size_t i = 0; i < state.size() && i < 10; ++i) evidence.push_back("  " + state[i]);
+  } else if (!a_bad) {
+    verdict = "undetermined";
+    evidence.push_back(spike ? "the replayed step does not exceed the recorded threshold" : "the replayed step stayed finite");
+  } else if ((fp32 && !bad(*fp32, spike, thr)) || (precision == "32" && f64 && !bad(*f64, spike, thr))) {
+    verdict = "precision";
+    const std::string higher = fp32 && !bad(*fp32, spike, thr) ? "fp32" : "float64";
+    evidence.push_back(fmt::format("the step is {} in {} and not in {}", spike ? "a spike" : "non-finite", precision == "32" ? "fp32" : precision, higher));
+    if (a.first) {
+      const auto& o = a.first->output;
+      double in_max = 0;
+      for (const auto& s : a.first->inputs) in_max = std::max({in_max, std::abs(s.min), std::abs(s.max)});
+      evidence.push_back(fmt::format("first op to overflow: {}: its output ({}) crossed the {} limit {:.6g} (+inf {}, -inf {}, nan {}); "
+                                     "its largest finite input |x| {:.6g}",
+                                     where(*a.first), o.dtype, o.dtype, dtype_max(o.dtype), o.pos_inf, o.neg_inf, o.nan, in_max));
+    }
+  } else if (!spike && a.first && a.first->module == "task.loss" && a.first->inputs_finite && a.first->phase == "forward") {
+    verdict = "loss";
+    evidence.push_back(fmt::format("the model's outputs are finite; the loss arithmetic makes the first non-finite value: {}", where(*a.first)));
+    for (const auto& s : a.first->inputs)
+      evidence.push_back(fmt::format("  {} shape {}: min {:.6g} max {:.6g}", s.name, nlohmann::json(s.shape).dump(), s.min, s.max));
+  } else {
+    // Rows: non-finite rows of the batch itself, else of the first non-finite op's output when its
+    // leading dimension is the batch's.
+    std::vector<std::pair<size_t, int64_t>> bad_rows;  // (micro-batch, row)
+    std::string how;
+    for (size_t m = 0; m < cap.batches.size(); ++m)
+      for (const auto& [k, t] : cap.batches[m].tensors) {
+        if (!at::isFloatingType(t.scalar_type()) || t.dim() < 1) continue;
+        auto r = torch::isfinite(t).logical_not().reshape({t.size(0), -1}).any(1).nonzero().reshape({-1});
+        for (int64_t i = 0; i < r.numel(); ++i) bad_rows.emplace_back(m, r[i].item<int64_t>()), how = fmt::format("the batch's '{}' holds non-finite values", k);
+      }
+    const int64_t batch_rows = cap.batches.empty() ? 0 : cap.batches[0].batch_size();
+    if (bad_rows.empty() && a.first && a.first->output_rows == batch_rows && cap.batches.size() == 1 &&
+        a.first->nonfinite_rows.size() < static_cast<size_t>(batch_rows)) {
+      for (int64_t r : a.first->nonfinite_rows) bad_rows.emplace_back(0, r);
+      how = fmt::format("the first non-finite op, {}, is non-finite only in these rows of the batch", where(*a.first));
+    }
+    const bool every_precision = (!fp32 || bad(*fp32, spike, thr)) && (!f64 || bad(*f64, spike, thr));
+    if (!bad_rows.empty() && every_precision) {
+      verdict = "data";
+      evidence.push_back(fmt::format("{} in every precision; {}", spike ? "a spike" : "non-finite", how));
+      for (const auto& [m, r] : bad_rows) {
+        const auto& idx = cap.batches[m].indices;
+        nlohmann::json row = {{"micro_batch", m}, {"row", r}};
+        if (r < static_cast<int64_t>(idx.size())) {
+          const int64_t di = idx[static_cast<size_t>(r)];
+          row["dataset_index"] = di;
+          auto it = a.sources.find(di);
+          if (it != a.sources.end() && !it->second.empty()) row["source"] = it->second;
+        }
+        rows.push_back(row);
+      }
+    } else if (prev && bad(*prev, spike, thr)) {
+      verdict = "weights";
+      evidence.push_back(fmt::format("the previous step's batch is {} with the same weights too: the weights, not this batch, are at fault",
+                                     spike ? "over the threshold" : "non-finite"));
+      evidence.push_back("largest parameters:");
+      for (const auto& p : largest_params(cap.data, 5)) evidence.push_back("  " + p);
+    } else if (every_precision && prev) {
+      verdict = "data";
+      evidence.push_back(fmt::format("{} in every precision, while the previous step's batch with the same weights is not: this batch "
+                                     "is at fault{}",
+                                     spike ? "a spike" : "non-finite",
+                                     a.first ? fmt::format(" (first non-finite op {}, not traceable to single rows)", where(*a.first)) : ""));
+    } else {
+      verdict = "undetermined";
+      evidence.push_back("no single cause fits the runs below");
+    }
+  }
+  if (a.first && verdict != "precision" && verdict != "loss")
+    evidence.push_back(fmt::format("first non-finite value as captured: {}", where(*a.first)));
+
+  return {{"capture", cap.dir},
+          {"step", info.value("step", int64_t{-1})},
+          {"kind", spike ? "spike" : "nonfinite"},
+          {"precision", precision},
+          {"verdict", verdict},
+          {"evidence", evidence},
+          {"rows", rows},
+          {"runs", runs},
+          {"float64_max_params", kFloat64MaxParams},
+          {"notes", notes}};
+}
+
+std::string format_diagnosis(const nlohmann::json& r) {
+  std::string out = fmt::format("Diagnosis of {} (step {}, {}, precision {})\n", r["capture"].get<std::string>(), r["step"].get<int64_t>(),
+                                r["kind"].get<std::string>() == "spike" ? "loss spike" : "non-finite step", r["precision"].get<std::string>());
+  for (const auto& run : r["runs"]) {
+    const auto& f = run["first_nonfinite"];
+    out += fmt::format("  {:<24} {:<6} loss {:<14} {}{}\n", run["run"].get<std::string>(), run["device"].get<std::string>(),
+                       run["loss"].is_number() ? fmt::format("{:.6g}", run["loss"].get<double>()) : run["loss"].get<std::string>(),
+                       run["bad"].get<bool>() ? "BAD" : "ok",
+                       f.is_null() ? "" : fmt::format("  first non-finite: {} in {} ({})", f["op"].get<std::string>(),
+                                                      f["module"].get<std::string>(), f["phase"].get<std::string>()));
+  }
+  out += fmt::format("  verdict: {}\n", r["verdict"].get<std::string>());
+  for (const auto& e : r["evidence"]) out += fmt::format("    {}\n", e.get<std::string>());
+  for (const auto& row : r["rows"])
+    out += fmt::format("    row {} of micro-batch {}{}{}\n", row["row"].get<int64_t>(), row["micro_batch"].get<int64_t>(),
+                       row.contains("dataset_index") ? fmt::format(": dataset index {}", row["dataset_index"].get<int64_t>()) : "",
+                       row.contains("source") ? fmt::format(" ({})", row["source"].get<std::string>()) : "");
+  for (const auto& n : r["notes"]) out += fmt::format("  note: {}\n", n.get<std::string>());
+  return out;
+}
+
+}  // namespace strobe::capture
+
