@@ -251,9 +251,14 @@ struct ReplayArgs {
   std::string report;
   bool allow_changed_plugins = false;
   bool diagnose = false;
+  bool bisect = false;
+  std::string quarantine;
 };
 
 int run_replay(const ReplayArgs& a) {
+  if (a.bisect && a.diagnose) throw strobe::config::ConfigError("--bisect and --diagnose: give one of them");
+  if (!a.quarantine.empty() && !a.bisect)
+    throw strobe::config::ConfigError("--write-quarantine: needs --bisect (it writes the samples the bisection names)");
   strobe::capture::ReplayOptions opt;
   opt.allow_changed_plugins = a.allow_changed_plugins;
   if (!a.device.empty()) {
@@ -284,8 +289,20 @@ int run_replay(const ReplayArgs& a) {
               e.path().filename().string()));
     }
   }
-  auto report = a.diagnose ? strobe::capture::diagnose_capture(a.capture, opt) : strobe::capture::replay_capture(a.capture, opt);
-  fmt::print("{}", a.diagnose ? strobe::capture::format_diagnosis(report) : strobe::capture::format_replay_report(report));
+  nlohmann::json report;
+  if (a.bisect) {
+    strobe::capture::BisectOptions b;
+    b.replay = opt;
+    b.quarantine = a.quarantine;
+    report = strobe::capture::bisect_capture(a.capture, b);
+    fmt::print("{}", strobe::capture::format_bisection(report));
+  } else if (a.diagnose) {
+    report = strobe::capture::diagnose_capture(a.capture, opt);
+    fmt::print("{}", strobe::capture::format_diagnosis(report));
+  } else {
+    report = strobe::capture::replay_capture(a.capture, opt);
+    fmt::print("{}", strobe::capture::format_replay_report(report));
+  }
   if (!a.report.empty()) {
     try {
       strobe::checkpoint::write_file_atomic(a.report, report.dump(2) + "\n");
@@ -389,6 +406,12 @@ int main(int argc, char** argv) {
   rep->add_flag("--diagnose", replay_a.diagnose,
                 "re-run the step as captured (twice), in fp32, in float64 on the CPU and on the previous step's batch, "
                 "and give one verdict: not reproducible, precision, data, loss or weights");
+  rep->add_flag("--bisect", replay_a.bisect,
+                "find a minimal set of the step's samples that keeps it non-finite (or spiking) and name each one's "
+                "dataset index and source");
+  rep->add_option("--write-quarantine", replay_a.quarantine,
+                  "with --bisect: add those samples to this quarantine file (read by data.exclude)")
+      ->check(kNonEmpty);
   strobe::ExportOptions export_a;
   auto* exp = app.add_subcommand("export", "write a checkpoint's model weights as a safetensors file");
   exp->add_option("checkpoint", export_a.checkpoint, "a Strobe checkpoint (last.ckpt, a top-k checkpoint)")

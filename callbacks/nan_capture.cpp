@@ -327,6 +327,8 @@ class NaNCapture : public Callback {
                            {"dataset_indices", dataset_indices(e)},
                            {"previous_dataset_indices", previous_indices_},
                            {"kind", spike.is_null() ? "nonfinite" : "spike"},
+                           {"rank", t.rank()},
+                           {"world_size", t.world_size()},
                            {"action", stop_ ? "stop" : "skip_step"}};
     if (!spike.is_null()) info["spike"] = spike;
     d.blobs["capture"] = info.dump(2);

@@ -12,6 +12,9 @@
 // previous batch is bad too), undetermined.
 #include <cmath>
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <set>
 #include <limits>
 #include <optional>
 
@@ -19,6 +22,7 @@
 #include <torch/torch.h>
 
 #include "runner/replay.h"
+#include "strobe/config/config.h"
 #include "strobe/core/capture.h"
 
 namespace strobe::capture {
@@ -289,3 +293,249 @@ std::string format_diagnosis(const nlohmann::json& r) {
 
 }  // namespace strobe::capture
 
+// ---- strobe replay --bisect ----
+
+namespace strobe::capture {
+
+nlohmann::json write_quarantine(const std::string& path, const nlohmann::json& samples, const std::string& capture_dir) {
+  nlohmann::json q = {{"strobe_quarantine", 1}, {"samples", nlohmann::json::array()}};
+  std::error_code ec;
+  if (std::filesystem::exists(path, ec)) {
+    std::ifstream in(path);
+    q = nlohmann::json::parse(in, nullptr, false);
+    if (!in || !q.is_object() || q.value("strobe_quarantine", 0) != 1 || !q.contains("samples") || !q["samples"].is_array())
+      throw config::ConfigError(fmt::format("--write-quarantine {}: the file exists and is not a Strobe quarantine file; "
+                                            "name a new file or an earlier quarantine to add to",
+                                            path));
+  }
+  std::set<std::pair<std::string, int64_t>> have;
+  for (const auto& s : q["samples"]) have.emplace(s.value("split", ""), s.value("index", int64_t{-1}));
+  int64_t added = 0;
+  for (const auto& s : samples) {
+    const std::pair<std::string, int64_t> key{s["split"].get<std::string>(), s["dataset_index"].get<int64_t>()};
+    if (!have.insert(key).second) continue;
+    nlohmann::json e = {{"split", key.first}, {"index", key.second}, {"capture", capture_dir}};
+    if (s.contains("source")) e["source"] = s["source"];
+    q["samples"].push_back(e);
+    ++added;
+  }
+  try {
+    checkpoint::write_file_atomic(path, q.dump(2) + "\n");
+  } catch (const checkpoint::CheckpointError& e) {
+    throw config::ConfigError(fmt::format("--write-quarantine: cannot write '{}': {}", path, e.what()));
+  }
+  return {{"path", path}, {"added", added}, {"total", q["samples"].size()}};
+}
+
+namespace {
+
+// The rows `rows` of a batch: every tensor whose leading dimension is the batch's, and the indices.
+Batch take_rows(const Batch& b, const std::vector<int64_t>& rows) {
+  const int64_t n = b.batch_size();
+  Batch out;
+  out.meta = b.meta;
+  auto sel = torch::tensor(rows, torch::kLong);
+  for (const auto& [k, t] : b.tensors) out.tensors[k] = t.dim() >= 1 && t.size(0) == n ? t.index_select(0, sel.to(t.device())) : t;
+  for (int64_t r : rows)
+    if (r < static_cast<int64_t>(b.indices.size())) out.indices.push_back(b.indices[static_cast<size_t>(r)]);
+  out.meta["batch_size"] = static_cast<int64_t>(rows.size());
+  return out;
+}
+
+using Row = std::pair<size_t, int64_t>;  // (micro-batch, row)
+using Unit = std::tuple<size_t, size_t, int64_t>;  // (rank, micro-batch, row)
+
+// `pair_singles`: a micro-batch left with one row runs it as two copies of itself (BatchNorm in
+// training needs two values per channel; the copies give that row's own statistics).
+std::vector<Batch> subset(const std::vector<Batch>& batches, const std::vector<Row>& units, bool pair_singles) {
+  std::vector<std::vector<int64_t>> rows(batches.size());
+  for (const auto& [m, r] : units) rows[m].push_back(r);
+  if (pair_singles)
+    for (auto& r : rows)
+      if (r.size() == 1) r.push_back(r.front());
+  std::vector<Batch> out;
+  for (size_t m = 0; m < batches.size(); ++m)
+    if (!rows[m].empty()) out.push_back(take_rows(batches[m], rows[m]));
+  return out;
+}
+
+}  // namespace
+
+nlohmann::json bisect_capture(const std::string& path, const BisectOptions& options) {
+  const auto given = load_capture(path);
+  const auto& info = given.info;
+  // Data parallel: every rank's micro-batches; the bisection names the rank of each sample.
+  std::vector<LoadedCapture> caps = rank_captures(given);
+  if (caps.empty()) caps.push_back(given);
+  for (const auto& cap : caps)
+    for (size_t m = 0; m < cap.batches.size(); ++m)
+      if (static_cast<int64_t>(cap.batches[m].indices.size()) != cap.batches[m].batch_size())
+        throw checkpoint::CheckpointError(fmt::format(
+            "{}: --bisect needs the dataset index of every row, and micro-batch {} carries {} for {} rows (a capture of an "
+            "older build, or of batches made by hand)",
+            cap.file, m, cap.batches[m].indices.size(), cap.batches[m].batch_size()));
+  const bool spike = info.value("kind", "") == "spike";
+  const auto thr = thresholds(info);
+  ReplayVariant base;
+  base.device = default_replay_device(given, options.replay);
+  base.allow_changed_plugins = options.replay.allow_changed_plugins;
+
+  int64_t trials = 0, failed_trials = 0;
+  std::string last_error;
+  std::vector<std::string> batch_dependent;
+  // One trial: each rank's step on its remaining rows. Bad: any rank non-finite; for a spike, the
+  // step's loss as training saw it (the mean over the ranks that have rows) over the threshold, or
+  // with one process the recorded metrics as in diagnose.
+  auto is_bad = [&](const std::vector<Unit>& units) {
+    ++trials;
+    try {
+      std::vector<std::vector<Row>> per_rank(caps.size());
+      for (const auto& [k, m, r] : units) per_rank[k].emplace_back(m, r);
+      double loss_sum = 0;
+      int64_t ranks = 0;
+      for (size_t k = 0; k < caps.size(); ++k) {
+        if (per_rank[k].empty()) continue;
+        ReplayVariant v = base;
+        v.batches = subset(caps[k].batches, per_rank[k], !batch_dependent.empty());
+        auto o = replay_step(caps[k], v);
+        if (caps.size() == 1) return bad(o, spike, thr);
+        if (!o.finite()) return true;
+        loss_sum += o.mean_loss(), ++ranks;
+      }
+      return spike && ranks > 0 && std::isfinite(thr.loss) && loss_sum / static_cast<double>(ranks) > thr.loss;
+    } catch (const c10::Error& e) {
+      ++failed_trials, last_error = e.what_without_backtrace();
+      return false;
+    } catch (const std::exception& e) {
+      ++failed_trials, last_error = e.what();  // e.g. BatchNorm in training on one row
+      return false;
+    }
+  };
+
+  std::vector<Unit> all;
+  for (size_t k = 0; k < caps.size(); ++k)
+    for (size_t m = 0; m < caps[k].batches.size(); ++m)
+      for (int64_t r = 0; r < caps[k].batches[m].batch_size(); ++r) all.emplace_back(k, m, r);
+  // The whole step once per rank: sources, batch-dependent layers, the first non-finite op.
+  std::vector<StepOutcome> whole;
+  for (const auto& cap : caps) {
+    ReplayVariant v = base;
+    whole.push_back(replay_step(cap, v));
+  }
+  batch_dependent = whole.front().batch_dependent;
+  nlohmann::json notes = nlohmann::json::array();
+  if (!is_bad(all))
+    return {{"capture", given.dir}, {"step", info.value("step", int64_t{-1})}, {"reproduced", false}, {"samples", nlohmann::json::array()},
+            {"trials", trials}, {"notes", {"the captured step is not bad when replayed: there is nothing to narrow down"}}};
+  if (caps.size() > 1 && spike && info["spike"].contains("grad_norm"))
+    notes.push_back("data parallel: the trials judge the spike by the loss averaged over the ranks (the gradient norm needs the "
+                    "all-reduce, which one process does not reproduce)");
+
+  // The rows whose removal makes the step normal: the batch without them is not bad. (Asking which
+  // subset alone is bad would not do: a few ordinary rows alone can exceed a threshold set by
+  // whole-batch means.) The empty remainder counts as fixed without running.
+  auto without = [&](const std::vector<Unit>& s) {
+    std::vector<Unit> sorted_s = s, rest;
+    std::sort(sorted_s.begin(), sorted_s.end());
+    for (const auto& u : all)
+      if (!std::binary_search(sorted_s.begin(), sorted_s.end(), u)) rest.push_back(u);
+    return rest;
+  };
+  auto fixes = [&](const std::vector<Unit>& s) {
+    const auto rest = without(s);
+    return rest.empty() || !is_bad(rest);
+  };
+  // Per-row evidence first: each rank's first non-finite op's non-finite rows, when that op keeps
+  // the rows of a single micro-batch.
+  std::vector<Unit> c = all, seed;
+  for (size_t k = 0; k < caps.size(); ++k) {
+    const auto& f = whole[k].first;
+    if (f && caps[k].batches.size() == 1 && f->output_rows == caps[k].batches[0].batch_size() &&
+        static_cast<int64_t>(f->nonfinite_rows.size()) < caps[k].batches[0].batch_size())
+      for (int64_t r : f->nonfinite_rows) seed.emplace_back(k, 0, r);
+  }
+  if (!seed.empty() && fixes(seed)) c = seed;
+  // Delta debugging (ddmin) on the removal set: 1-minimal where every trial could run.
+  size_t n = 2;
+  while (c.size() >= 2) {
+    const size_t chunk = (c.size() + n - 1) / n;
+    std::vector<std::vector<Unit>> parts;
+    for (size_t i = 0; i < c.size(); i += chunk) parts.emplace_back(c.begin() + i, c.begin() + std::min(c.size(), i + chunk));
+    bool reduced = false;
+    for (const auto& p : parts)
+      if (fixes(p)) {
+        c = p, n = 2, reduced = true;
+        break;
+      }
+    if (!reduced && parts.size() > 2)
+      for (size_t i = 0; i < parts.size() && !reduced; ++i) {
+        std::vector<Unit> comp;
+        for (size_t j = 0; j < parts.size(); ++j)
+          if (j != i) comp.insert(comp.end(), parts[j].begin(), parts[j].end());
+        if (fixes(comp)) c = comp, n = std::max<size_t>(n - 1, 2), reduced = true;
+      }
+    if (reduced) continue;
+    if (n >= c.size()) break;
+    n = std::min(2 * n, c.size());
+  }
+  std::sort(c.begin(), c.end());
+  // Confirmation both ways: the batch without these rows is not bad (by construction, unless they are
+  // every row), and these rows alone are.
+  const bool rest_bad = c.size() == all.size();
+  const bool alone_bad = is_bad(c);
+
+  nlohmann::json samples = nlohmann::json::array();
+  for (const auto& [k, m, r] : c) {
+    const int64_t di = caps[k].batches[m].indices[static_cast<size_t>(r)];
+    nlohmann::json s = {{"rank", caps[k].info.value("rank", int64_t{0})}, {"micro_batch", m}, {"row", r}, {"dataset_index", di}, {"split", "train"}};
+    auto it = whole[k].sources.find(di);
+    if (it != whole[k].sources.end() && !it->second.empty()) s["source"] = it->second;
+    samples.push_back(s);
+  }
+  if (!batch_dependent.empty())
+    notes.push_back(fmt::format(
+        "the model has batch-dependent layers in training ({}{}): a subset's batch statistics differ from the whole batch's, so "
+        "each trial is a different computation (a single row runs as two copies of itself); the result is confirmed by the "
+        "batch without these rows being {} and the rows alone being {}",
+        batch_dependent.front(), batch_dependent.size() > 1 ? fmt::format(" and {} more", batch_dependent.size() - 1) : "",
+        rest_bad ? "bad" : "fine", alone_bad ? "bad" : "fine"));
+  if (rest_bad) notes.push_back("no proper subset of the rows could be removed to make the step normal: the step is bad as a whole");
+  if (failed_trials > 0)
+    notes.push_back(fmt::format("{} of {} trials could not run and counted as not bad (last error: {})", failed_trials, trials, last_error));
+  nlohmann::json report = {{"capture", given.dir},
+                           {"step", info.value("step", int64_t{-1})},
+                           {"kind", spike ? "spike" : "nonfinite"},
+                           {"world_size", caps.size()},
+                           {"reproduced", true},
+                           {"samples", samples},
+                           {"rows_in_step", all.size()},
+                           {"rest_bad", rest_bad},
+                           {"alone_bad", alone_bad},
+                           {"trials", trials},
+                           {"notes", notes}};
+  if (!options.quarantine.empty()) report["quarantine"] = write_quarantine(options.quarantine, samples, given.dir);
+  return report;
+}
+
+std::string format_bisection(const nlohmann::json& r) {
+  std::string out = fmt::format("Bisection of {} (step {})\n", r["capture"].get<std::string>(), r["step"].get<int64_t>());
+  if (!r["reproduced"].get<bool>()) {
+    for (const auto& n : r["notes"]) out += fmt::format("  {}\n", n.get<std::string>());
+    return out;
+  }
+  const std::string what = r["kind"].get<std::string>() == "spike" ? "a spike" : "non-finite";
+  out += fmt::format("  without {} of the step's {} rows the step is {}; those rows alone are {} ({} trials):\n", r["samples"].size(),
+                     r["rows_in_step"].get<size_t>(), r["rest_bad"].get<bool>() ? "still " + what : "normal",
+                     r["alone_bad"].get<bool>() ? what : "normal", r["trials"].get<int64_t>());
+  for (const auto& s : r["samples"])
+    out += fmt::format("    dataset index {} ({} split; {}row {} of micro-batch {}){}\n", s["dataset_index"].get<int64_t>(),
+                       s["split"].get<std::string>(),
+                       r.value("world_size", size_t{1}) > 1 ? fmt::format("rank {}, ", s["rank"].get<int64_t>()) : "",
+                       s["row"].get<int64_t>(), s["micro_batch"].get<size_t>(),
+                       s.contains("source") ? ": " + s["source"].get<std::string>() : "");
+  for (const auto& n : r["notes"]) out += fmt::format("  note: {}\n", n.get<std::string>());
+  if (r.contains("quarantine")) out += fmt::format("  quarantine written to {}\n", r["quarantine"]["path"].get<std::string>());
+  return out;
+}
+
+}  // namespace strobe::capture

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <set>
 
 #include <fmt/format.h>
 #include <torch/torch.h>
@@ -12,6 +13,7 @@
 #include "strobe/core/capture.h"
 #include "strobe/core/checkpoint_view.h"
 #include "strobe/core/forensics.h"
+#include "strobe/core/master_weights.h"
 #include "runner/experiment_builder.h"
 
 namespace strobe::capture {
@@ -80,6 +82,31 @@ LoadedCapture load_capture(const std::string& path) {
   return cap;
 }
 
+std::vector<LoadedCapture> rank_captures(const LoadedCapture& cap) {
+  const int64_t world = cap.info.value("world_size", int64_t{1});
+  if (world <= 1) return {};
+  const int64_t rank = cap.info.value("rank", int64_t{0});
+  // Rank 0 writes <dir>/step_<N>, rank r <dir>/rank<r>/step_<N> (callbacks/nan_capture.cpp).
+  const fs::path here(cap.dir);
+  const fs::path base = rank == 0 ? here.parent_path() : here.parent_path().parent_path();
+  const std::string name = here.filename().string();
+  std::vector<LoadedCapture> out;
+  for (int64_t r = 0; r < world; ++r) {
+    if (r == rank) {
+      out.push_back(cap);
+      continue;
+    }
+    const fs::path dir = r == 0 ? base / name : base / fmt::format("rank{}", r) / name;
+    if (!fs::exists(dir / kCheckpointFile))
+      throw checkpoint::CheckpointError(fmt::format("{}: a capture of {} ranks, but rank {}'s part ({}) is missing", cap.dir, world, r,
+                                                    dir.string()));
+    out.push_back(load_capture(dir.string()));
+    if (out.back().info.value("step", int64_t{-1}) != cap.info.value("step", int64_t{-2}))
+      throw checkpoint::CheckpointError(fmt::format("{}: rank {}'s part ({}) is of another step", cap.dir, r, dir.string()));
+  }
+  return out;
+}
+
 std::string default_replay_device(const LoadedCapture& cap, const ReplayOptions& options) {
   return options.device.value_or(torch::Device(cap.captured_device).is_cuda() && !torch::cuda::is_available()
                                      ? std::string("cpu")
@@ -135,6 +162,17 @@ StepOutcome replay_step(const LoadedCapture& cap, const ReplayVariant& v) {
     // The log accumulators start empty: the captured ones may hold the failing step's own NaN, which
     // a replay's logging would add to (a non-finite op that is not the step's).
     d.blobs.erase("logger");
+    // A data-parallel rank's part replays in this one process: its own generators (a capture holds
+    // this rank's, never a gather), the captured GPU's CUDA generator onto the replay GPU.
+    if (cap.info.value("world_size", int64_t{1}) > 1) {
+      auto meta = nlohmann::json::parse(d.blob(checkpoint_keys::kMeta), nullptr, false);
+      if (meta.is_object()) meta["world_size"] = 1, d.blobs[checkpoint_keys::kMeta] = meta.dump();
+    }
+    const torch::Device from(cap.captured_device), to(device);
+    if (from.is_cuda() && to.is_cuda() && from.index() != to.index()) {
+      auto it = d.tensors.find(fmt::format("rng/cuda/{}", from.index()));
+      if (it != d.tensors.end()) d.tensors[fmt::format("rng/cuda/{}", to.has_index() ? to.index() : 0)] = it->second;
+    }
     run->trainer->resume_state(d);
   }
   if (auto loader = run->datamodule->train_loader())
@@ -148,6 +186,8 @@ StepOutcome replay_step(const LoadedCapture& cap, const ReplayVariant& v) {
     // of seed, epoch and index); its rows are checked against the dataset indices the capture recorded.
     auto loader = run->datamodule->train_loader();
     if (!loader) throw std::runtime_error("the data module has no training loader to re-read the previous step from");
+    if (cap.info.value("world_size", int64_t{1}) > 1)
+      throw std::runtime_error("a data-parallel rank's previous batches are not re-made in one process (its loader shard is the rank's)");
     const int64_t n = static_cast<int64_t>(cap.batches.size());
     int64_t epoch = cap.info.value("epoch", int64_t{0});
     int64_t first = indices.empty() ? -1 : indices.front() - n;
@@ -162,7 +202,9 @@ StepOutcome replay_step(const LoadedCapture& cap, const ReplayVariant& v) {
         out.notes.push_back(fmt::format("the re-read batch {} of epoch {} holds other samples than the capture recorded", first + i, epoch));
     }
   }
-  const auto& batches = v.previous_step ? previous : cap.batches;
+  const auto& batches = v.previous_step ? previous : v.batches ? *v.batches : cap.batches;
+  for (const auto& m : run->module->net().named_modules("", /*include_self=*/false))
+    if (m.value()->is_training() && is_batch_norm(*m.value())) out.batch_dependent.push_back(m.key());
   for (const auto& p : run->module->net().named_parameters())
     if (!torch::isfinite(p.value()).all().item<bool>()) out.nonfinite_params.push_back(p.key());
   for (size_t i = 0; i < batches.size(); ++i)
@@ -272,6 +314,60 @@ nlohmann::json replay_capture(const std::string& path, const ReplayOptions& opti
                            {"kind", info.value("kind", "nonfinite")},
                            {"spike", info.value("spike", nlohmann::json(nullptr))},
                            {"notes", notes}};
+  // Data parallel: every rank's part, each rank's micro-batches replayed on this one device.
+  const auto parts = rank_captures(cap);
+  if (parts.empty()) return report;
+  nlohmann::json ranks = nlohmann::json::array(), culprits = nlohmann::json::array();
+  std::set<std::string> union_grads;
+  bool all_bits = true;
+  nlohmann::json first_any = nullptr;
+  for (const auto& part : parts) {
+    const int64_t r = part.info.value("rank", int64_t{0});
+    const StepOutcome o = part.dir == cap.dir ? run : replay_step(part, v);
+    union_grads.insert(o.nonfinite_grads.begin(), o.nonfinite_grads.end());
+    const auto rec = part.info.value("losses", nlohmann::json::array());
+    nlohmann::json cap_l = nlohmann::json::array(), rep_l = nlohmann::json::array();
+    bool bits = o.losses.size() == rec.size();
+    for (size_t i = 0; i < o.losses.size(); ++i) {
+      rep_l.push_back(fmt::format("{:.9g}", o.losses[i].to(torch::kDouble).item<double>()));
+      if (i >= rec.size() || rec[i].value("bits", "") != tensor_bits(o.losses[i])) bits = false;
+    }
+    for (const auto& l : rec) cap_l.push_back(l.value("value", "?"));
+    all_bits = all_bits && bits;
+    // A rank is at fault when its own step is non-finite, or, for a spike, when its own loss is over
+    // the recorded threshold (mean + zscore x std of the window).
+    bool bad_rank = !o.finite();
+    if (info.value("kind", "") == "spike" && info.contains("spike") && info["spike"].contains("loss")) {
+      const auto& sl = info["spike"]["loss"];
+      bad_rank = bad_rank || o.mean_loss() > sl.value("mean", 0.0) + info["spike"].value("zscore", 6.0) * sl.value("std", 0.0);
+    }
+    if (bad_rank) culprits.push_back(r);
+    if (bad_rank && first_any.is_null() && o.first) {
+      first_any = o.first->to_json();
+      first_any["rank"] = r;
+    }
+    ranks.push_back({{"rank", r},
+                     {"capture", part.dir},
+                     {"loss", {{"captured", cap_l}, {"replayed", rep_l}, {"bits_equal", bits}}},
+                     {"loss_nonfinite_captured", part.info.value("loss_nonfinite", false)},
+                     {"nonfinite", !o.finite()},
+                     {"at_fault", bad_rank},
+                     {"first_nonfinite", o.first ? o.first->to_json() : nlohmann::json(nullptr)}});
+  }
+  const std::vector<std::string> replayed_union(union_grads.begin(), union_grads.end());
+  const bool union_equal = !grads_checked || cap_grads == replayed_union;
+  report["world_size"] = parts.size();
+  report["ranks"] = ranks;
+  report["culprit_ranks"] = culprits;
+  report["exact"] = all_bits && union_equal;
+  report["nonfinite_grads"]["replayed"] = replayed_union;
+  report["nonfinite_grads"]["equal"] = union_equal;
+  if (!first_any.is_null()) report["first_nonfinite"] = first_any;
+  report["notes"].push_back(
+      "data parallel: each rank's micro-batches are replayed on this device from its own capture (its RNG, its batches); every "
+      "rank's losses are compared bit for bit. The all-reduced gradients are compared as the set of non-finite tensors (the "
+      "union of the ranks' local ones): the collective's reduction order is not reproduced on one device, so their values are "
+      "not compared");
   return report;
 }
 
@@ -288,6 +384,11 @@ std::string format_replay_report(const nlohmann::json& r) {
     std::string cap = i < loss["captured"].size() ? loss["captured"][i].value("value", "?") : "?";
     out += fmt::format("  loss (micro-batch {}): captured {}, replayed {}\n", i, cap, rep.value("value", "?"));
   }
+  if (r.contains("ranks"))
+    for (const auto& k : r["ranks"])
+      out += fmt::format("  rank {} ({}): loss captured {}, replayed {}: {}{}\n", k["rank"].get<int64_t>(), k["capture"].get<std::string>(),
+                         k["loss"]["captured"].dump(), k["loss"]["replayed"].dump(),
+                         k["loss"]["bits_equal"].get<bool>() ? "same bits" : "OTHER bits", k["nonfinite"].get<bool>() ? ", non-finite" : k["at_fault"].get<bool>() ? ", over the spike threshold" : "");
   const auto& g = r["nonfinite_grads"];
   if (g["checked"].get<bool>())
     out += fmt::format("  non-finite gradients: captured {}, replayed {}\n", g["captured"].size(), g["replayed"].size());
@@ -297,8 +398,8 @@ std::string format_replay_report(const nlohmann::json& r) {
   if (f.is_null()) {
     out += "  no operation produced a non-finite value in the replayed step\n";
   } else {
-    out += fmt::format("  first non-finite value: {} in {} ({}), {}\n", f["op"].get<std::string>(), f["module"].get<std::string>(),
-                       f["phase"].get<std::string>(), f["note"].get<std::string>());
+    out += fmt::format("  first non-finite value: {}{} in {} ({}), {}\n", f.contains("rank") ? fmt::format("(rank {}) ", f["rank"].get<int64_t>()) : "",
+                       f["op"].get<std::string>(), f["module"].get<std::string>(), f["phase"].get<std::string>(), f["note"].get<std::string>());
     auto line = [](const nlohmann::json& s) {
       return fmt::format("    {:<28} shape {} {}: min {:.6g} max {:.6g} mean|x| {:.6g} nan {} +inf {} -inf {}\n",
                          s["name"].get<std::string>(), s["shape"].dump(), s["dtype"].get<std::string>(), s["min"].get<double>(),

@@ -31,6 +31,10 @@ struct LoadedCapture {
   std::string captured_device;
 };
 LoadedCapture load_capture(const std::string& path);
+// A data-parallel capture's parts, one per rank in rank order (`cap` among them; rank 0 at
+// <dir>/step_<N>, rank r at <dir>/rank<r>/step_<N>); empty for a one-process capture. A missing
+// part, or one of another step, is a CheckpointError naming it.
+std::vector<LoadedCapture> rank_captures(const LoadedCapture& cap);
 // The device a replay runs on: --device, else the captured one (the CPU when no GPU is visible).
 std::string default_replay_device(const LoadedCapture& cap, const ReplayOptions& options);
 
@@ -40,6 +44,7 @@ struct ReplayVariant {
   std::optional<std::string> precision;  // another trainer.precision (replay may change it; a resume may not)
   bool float64 = false;  // on the CPU, model and batches in float64, forward and backward only (no update)
   bool previous_step = false;  // the micro-batches of the step before, re-read through the training loader
+  std::optional<std::vector<Batch>> batches;  // these micro-batches in place of the captured ones (--bisect's subsets)
   bool allow_changed_plugins = false;
 };
 
@@ -53,6 +58,7 @@ struct StepOutcome {
   std::optional<NonFiniteEvent> first;
   int64_t traced = 0;
   std::map<int64_t, std::string> sources;  // the captured rows' dataset index -> Dataset::describe (where known)
+  std::vector<std::string> batch_dependent;  // modules whose training output depends on the whole batch (BatchNorm)
   bool finite() const;  // every loss, every gradient and every traced op finite
   double mean_loss() const;
 };
@@ -65,6 +71,22 @@ StepOutcome replay_step(const LoadedCapture& cap, const ReplayVariant& variant);
 inline constexpr int64_t kFloat64MaxParams = 30'000'000;
 nlohmann::json diagnose_capture(const std::string& path, const ReplayOptions& options);
 std::string format_diagnosis(const nlohmann::json& report);
+
+// `strobe replay --bisect` (docs/NAN_CAPTURE.md, "Bisect"): a minimal set of the captured step's rows
+// that keeps it bad (the first non-finite op's rows tried first, then delta debugging over rows),
+// confirmed by replaying the step without them; each named by dataset index, split and source.
+// With `quarantine`, those samples are added to that file (data.exclude reads it).
+struct BisectOptions {
+  ReplayOptions replay;
+  std::string quarantine;  // --write-quarantine FILE
+};
+nlohmann::json bisect_capture(const std::string& path, const BisectOptions& options);
+std::string format_bisection(const nlohmann::json& report);
+
+// The quarantine file (JSON: {"strobe_quarantine": 1, "samples": [{split, index, source, capture}]}):
+// `samples` (with split, dataset_index, source) are added to it, atomically; an existing file must be
+// one (ConfigError otherwise). Returns {path, added, total}.
+nlohmann::json write_quarantine(const std::string& path, const nlohmann::json& samples, const std::string& capture_dir);
 
 // Re-runs the captured step. The report (JSON) holds: capture, step/epoch/batch indices, devices,
 // exact (same loss bits and same set of non-finite gradients as when captured), the loss and

@@ -1,5 +1,11 @@
 #include "strobe/core/datamodule.h"
 
+#include "strobe/config/config.h"
+
+#include <fstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 namespace strobe {
@@ -11,7 +17,18 @@ Batch DataModule::transfer_batch_to_device(const Batch& batch, const torch::Devi
 DatasetDataModule::DatasetDataModule(std::shared_ptr<const data::Dataset> train, std::shared_ptr<const data::Dataset> val,
                                      std::shared_ptr<const data::Dataset> test, data::CollateFn collate,
                                      data::LoaderOptions options)
-    : train_(std::move(train)), val_(std::move(val)), test_(std::move(test)), collate_(std::move(collate)), opt_(options) {}
+    : train_(std::move(train)), val_(std::move(val)), test_(std::move(test)), collate_(std::move(collate)), opt_(options) {
+  // data.exclude names indices of each split's own dataset: one past its end is refused before training.
+  for (const auto& [split, indices] : opt_.exclude) {
+    const auto& ds = split == "train" ? train_ : split == "val" ? val_ : test_;
+    if (!ds && !indices.empty())
+      throw config::ConfigError(fmt::format("data.exclude: {}: names samples of the {} split, which this data has not", opt_.exclude_file, split));
+    for (int64_t i : indices)
+      if (i < 0 || i >= ds->size())
+        throw config::ConfigError(fmt::format("data.exclude: {}: index {} of the {} split does not exist (it holds {} samples)",
+                                              opt_.exclude_file, i, split, ds->size()));
+  }
+}
 
 std::shared_ptr<data::DataLoader> DatasetDataModule::train_loader() {
   if (!train_) return nullptr;
@@ -22,7 +39,8 @@ std::shared_ptr<data::DataLoader> DatasetDataModule::train_loader() {
 namespace {
 // Evaluation sees every sample once, in order.
 std::shared_ptr<data::DataLoader> eval_loader(std::shared_ptr<const data::Dataset> dataset, const data::CollateFn& collate,
-                                              data::LoaderOptions o) {
+                                              data::LoaderOptions o, const char* split) {
+  o.split = split;
   o.shuffle = false;
   o.drop_last = false;
   return std::make_shared<data::DataLoader>(std::move(dataset), collate, o);
@@ -30,12 +48,12 @@ std::shared_ptr<data::DataLoader> eval_loader(std::shared_ptr<const data::Datase
 }  // namespace
 
 std::shared_ptr<data::DataLoader> DatasetDataModule::val_loader() {
-  if (val_ && !val_loader_) val_loader_ = eval_loader(val_, collate_, opt_);
+  if (val_ && !val_loader_) val_loader_ = eval_loader(val_, collate_, opt_, "val");
   return val_loader_;
 }
 
 std::shared_ptr<data::DataLoader> DatasetDataModule::test_loader() {
-  if (test_ && !test_loader_) test_loader_ = eval_loader(test_, collate_, opt_);
+  if (test_ && !test_loader_) test_loader_ = eval_loader(test_, collate_, opt_, "test");
   return test_loader_;
 }
 
@@ -50,6 +68,23 @@ data::LoaderOptions read_loader_options(config::Section& cfg, const DataContext&
   o.seed = ctx.seed;
   o.rank = ctx.rank;
   o.world_size = ctx.world_size;
+  // data.exclude: a quarantine file (strobe replay --bisect --write-quarantine; docs/NAN_CAPTURE.md).
+  if (auto path = cfg.get_optional_string("exclude")) {
+    o.exclude_file = *path;
+    std::ifstream in(*path);
+    if (!in) cfg.fail("exclude", fmt::format("cannot read '{}'", *path));
+    const auto q = nlohmann::json::parse(in, nullptr, false);
+    if (!q.is_object() || q.value("strobe_quarantine", 0) != 1 || !q.contains("samples") || !q["samples"].is_array())
+      cfg.fail("exclude", fmt::format("'{}' is not a Strobe quarantine file (strobe replay --bisect --write-quarantine writes one)", *path));
+    for (const auto& e : q["samples"]) {
+      const std::string split = e.is_object() ? e.value("split", "") : "";
+      if (split != "train" && split != "val" && split != "test")
+        cfg.fail("exclude", fmt::format("'{}': a sample without a split of train, val or test: {}", *path, e.dump()));
+      if (!e.contains("index") || !e["index"].is_number_integer())
+        cfg.fail("exclude", fmt::format("'{}': a sample without an integer index: {}", *path, e.dump()));
+      o.exclude[split].push_back(e["index"].get<int64_t>());
+    }
+  }
   return o;
 }
 

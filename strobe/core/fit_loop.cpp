@@ -154,6 +154,17 @@ void FitLoop::run_epoch() {
   auto& t = *parts_.view;
   auto& module = *parts_.module;
   const bool fresh_epoch = state_.batch_in_epoch == 0;
+  if (restored_exclude_) {
+    // Resumed mid-epoch with another data.exclude: the epoch finishes with the order it began with
+    // (the checkpoint's exclusion); this run's applies from the next epoch.
+    if (!fresh_epoch && *restored_exclude_ != loader_->excluded(state_.epoch)) {
+      loader_->exclude_from(state_.epoch + 1, *restored_exclude_);
+      if (t.is_global_zero())
+        fmt::print(stderr, "data.exclude: {} sample(s) of the training data left out from epoch {} on (resumed mid-way through epoch {})\n",
+                   loader_->excluded(state_.epoch + 1).size(), state_.epoch + 1, state_.epoch);
+    }
+    restored_exclude_.reset();
+  }
   loader_->start(state_.epoch, state_.batch_in_epoch);
   module.net().train();
   if (freeze_) freeze_->update(state_.epoch);
@@ -236,10 +247,26 @@ void FitLoop::finish_optimizer_step() {
 }
 
 void FitLoop::Progress::save(checkpoint::CheckpointData& d, const StepStart* at) {
-  d.blobs["loop"] = serialize_loop_state(at ? at->loop : loop_.saved_state());
+  const auto s = at ? at->loop : loop_.saved_state();
+  d.blobs["loop"] = serialize_loop_state(s);
+  // The training data's exclusion (data.exclude) in the saved epoch: a resume with another one
+  // keeps this one until the epoch ends.
+  if (loop_.loader_ && !loop_.loader_->excluded(s.epoch).empty())
+    d.blobs["data_exclude"] = nlohmann::json(loop_.loader_->excluded(s.epoch)).dump();
 }
 
-void FitLoop::Progress::load(const checkpoint::CheckpointData& d) { loop_.state_ = parse_loop_state(d.blob("loop")); }
+void FitLoop::Progress::load(const checkpoint::CheckpointData& d) {
+  loop_.state_ = parse_loop_state(d.blob("loop"));
+  loop_.restored_exclude_ = std::vector<int64_t>{};
+  if (d.has_blob("data_exclude")) {
+    const auto j = nlohmann::json::parse(d.blob("data_exclude"), nullptr, false);
+    if (!j.is_array()) throw checkpoint::CheckpointError("the loop's data_exclude record is not a JSON list");
+    for (const auto& v : j) {
+      if (!v.is_number_integer()) throw checkpoint::CheckpointError("the loop's data_exclude record holds a non-index");
+      loop_.restored_exclude_->push_back(v.get<int64_t>());
+    }
+  }
+}
 
 void FitLoop::Accumulation::save(checkpoint::CheckpointData& d, const StepStart* at) {
   const int64_t micro_batches = at ? 0 : loop_.accum_count_;  // a step starts with no partial window

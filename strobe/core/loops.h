@@ -232,6 +232,9 @@ class FitLoop {
   TrainingRunner* runner_ = nullptr;
   Freeze* freeze_ = nullptr;
   int64_t accum_count_ = 0;
+  // data.exclude: the training loader's exclusion the restored checkpoint's epoch ran with (its
+  // `data_exclude` blob), reconciled with this run's at the first epoch run after the restore.
+  std::optional<std::vector<int64_t>> restored_exclude_;
   Progress progress_{*this};
   Accumulation accumulation_{*this};
   std::shared_ptr<data::DataLoader> loader_;

@@ -1,5 +1,6 @@
 #include "strobe/data/loader.h"
 
+#include <algorithm>
 #include <condition_variable>
 #include <exception>
 #include <map>
@@ -32,12 +33,24 @@ struct DataLoader::Impl {
   void worker_loop(const DataLoader& loader, uint64_t gen);
 };
 
+namespace {
+SamplerOptions sampler_options(const LoaderOptions& o) {
+  SamplerOptions s{o.shuffle, o.drop_last, o.seed, o.rank, o.world_size};
+  auto it = o.exclude.find(o.split);
+  if (it != o.exclude.end()) {
+    s.exclude = it->second;
+    std::sort(s.exclude.begin(), s.exclude.end());
+    s.exclude.erase(std::unique(s.exclude.begin(), s.exclude.end()), s.exclude.end());
+  }
+  return s;
+}
+}  // namespace
+
 DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, CollateFn collate, LoaderOptions options)
     : dataset_(std::move(dataset)),
       collate_(std::move(collate)),
       opt_(options),
-      sampler_(dataset_->size(), SamplerOptions{options.shuffle, options.drop_last, options.seed, options.rank,
-                                                options.world_size}),
+      sampler_(dataset_->size(), sampler_options(options)),
       impl_(std::make_unique<Impl>()) {
   if (opt_.batch_size < 1) throw std::invalid_argument("loader: batch_size must be >= 1");
   if (opt_.num_workers < 0) throw std::invalid_argument("loader: num_workers must be >= 0");
@@ -46,8 +59,18 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, CollateFn collate
 
 DataLoader::~DataLoader() { stop(); }
 
-int64_t DataLoader::num_batches() const {
-  int64_t n = sampler_.num_samples();
+int64_t DataLoader::num_batches() const { return num_batches(impl_->epoch); }
+
+void DataLoader::exclude_from(int64_t epoch, std::vector<int64_t> before) {
+  auto o = sampler_options(opt_);
+  o.exclude_from_epoch = epoch;
+  std::sort(before.begin(), before.end());
+  o.exclude_before = std::move(before);
+  sampler_ = DistributedSampler(dataset_->size(), o);
+}
+
+int64_t DataLoader::num_batches(int64_t epoch) const {
+  int64_t n = sampler_.num_samples(epoch);
   int64_t full = opt_.drop_last ? n / opt_.batch_size : (n + opt_.batch_size - 1) / opt_.batch_size;
   return opt_.limit_batches >= 0 ? std::min(full, opt_.limit_batches) : full;
 }
@@ -168,6 +191,6 @@ namespace strobe::data {
 void DataLoader::set_shuffle(bool shuffle) {
   stop();
   opt_.shuffle = shuffle;
-  sampler_ = DistributedSampler(dataset_->size(), SamplerOptions{opt_.shuffle, opt_.drop_last, opt_.seed, opt_.rank, opt_.world_size});
+  sampler_ = DistributedSampler(dataset_->size(), sampler_options(opt_));
 }
 }  // namespace strobe::data

@@ -9,7 +9,10 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <string>
+#include <vector>
 #include <optional>
 
 #include "strobe/data/dataset.h"
@@ -28,6 +31,11 @@ struct LoaderOptions {
   int64_t rank = 0;
   int64_t world_size = 1;
   int64_t limit_batches = -1;  // -1: the whole epoch
+  // data.exclude: dataset indices to leave out, by split ("train", "val", "test"); this loader's
+  // split picks its set (a DataModule's evaluation loaders set theirs).
+  std::map<std::string, std::vector<int64_t>> exclude;
+  std::string split = "train";
+  std::string exclude_file;  // where the sets came from (messages)
 };
 
 class DataLoader {
@@ -37,7 +45,12 @@ class DataLoader {
   DataLoader(const DataLoader&) = delete;
   DataLoader& operator=(const DataLoader&) = delete;
 
-  int64_t num_batches() const;  // in one epoch on this rank (after limit_batches)
+  int64_t num_batches() const;  // in the current (or, before start, the first) epoch on this rank (after limit_batches)
+  int64_t num_batches(int64_t epoch) const;
+  // data.exclude on resume: this loader's set applies from `epoch` on; earlier epochs leave out
+  // `before` (what the checkpoint's epoch ran with). The set in effect in `epoch`: excluded(epoch).
+  void exclude_from(int64_t epoch, std::vector<int64_t> before);
+  const std::vector<int64_t>& excluded(int64_t epoch) const { return sampler_.excluded(epoch); }
   const LoaderOptions& options() const { return opt_; }
   void set_limit_batches(int64_t limit) { opt_.limit_batches = limit; }
   void set_pin_memory(bool pin) { opt_.pin_memory = pin; }

@@ -13,10 +13,11 @@ DistributedSampler::DistributedSampler(int64_t dataset_size, SamplerOptions opti
     throw std::invalid_argument("sampler: need 0 <= rank < world_size");
 }
 
-int64_t DistributedSampler::num_samples() const {
-  if (opt_.world_size == 1) return size_;
-  if (opt_.drop_last) return size_ / opt_.world_size;
-  return (size_ + opt_.world_size - 1) / opt_.world_size;
+int64_t DistributedSampler::num_samples(int64_t epoch) const {
+  const int64_t size = size_ - static_cast<int64_t>(excluded(epoch).size());
+  if (opt_.world_size == 1) return size;
+  if (opt_.drop_last) return size / opt_.world_size;
+  return (size + opt_.world_size - 1) / opt_.world_size;
 }
 
 std::vector<int64_t> DistributedSampler::indices(int64_t epoch) const {
@@ -30,11 +31,14 @@ std::vector<int64_t> DistributedSampler::indices(int64_t epoch) const {
       std::swap(all[i], all[j]);
     }
   }
+  if (const auto& ex = excluded(epoch); !ex.empty())
+    all.erase(std::remove_if(all.begin(), all.end(), [&](int64_t i) { return std::binary_search(ex.begin(), ex.end(), i); }), all.end());
+  const int64_t size = static_cast<int64_t>(all.size());
   if (opt_.world_size == 1) return all;
-  int64_t per_rank = num_samples();
+  int64_t per_rank = num_samples(epoch);
   int64_t total = per_rank * opt_.world_size;
-  if (!opt_.drop_last && size_ > 0) {
-    for (int64_t i = size_; i < total; ++i) all.push_back(all[(i - size_) % size_]);
+  if (!opt_.drop_last && size > 0) {
+    for (int64_t i = size; i < total; ++i) all.push_back(all[(i - size) % size]);
   }
   std::vector<int64_t> mine;
   mine.reserve(per_rank);

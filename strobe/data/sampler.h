@@ -15,13 +15,21 @@ struct SamplerOptions {
   uint64_t seed = 0;
   int64_t rank = 0;
   int64_t world_size = 1;
+  // data.exclude (sorted dataset indices): left out of the order of epochs >= exclude_from_epoch;
+  // earlier epochs leave out `exclude_before` (the set a resumed checkpoint's epoch ran with). The
+  // permutation is drawn over every index first, so the rest keep their relative order.
+  std::vector<int64_t> exclude, exclude_before;
+  int64_t exclude_from_epoch = 0;
 };
 
 class DistributedSampler {
  public:
   DistributedSampler(int64_t dataset_size, SamplerOptions options);
   std::vector<int64_t> indices(int64_t epoch) const;  // this rank's indices
-  int64_t num_samples() const;                         // per rank per epoch
+  int64_t num_samples(int64_t epoch = 0) const;        // per rank in `epoch`
+  const std::vector<int64_t>& excluded(int64_t epoch) const {
+    return epoch >= opt_.exclude_from_epoch ? opt_.exclude : opt_.exclude_before;
+  }
 
  private:
   int64_t size_;

@@ -15,11 +15,13 @@
 #include <sstream>
 
 #include "strobe/checkpoint/checkpoint_io.h"
+#include "strobe/checkpoint/safetensors.h"
 #include "strobe/config/config.h"
 #include "strobe/core/capture.h"
 #include "strobe/core/loop_state.h"
 #include "strobe/core/model.h"
 #include "runner/experiment_builder.h"
+#include "runner/replay.h"
 #include "tests/cli/cli_test_util.h"
 #include "tests/distributed/multiprocess.h"
 #include "tests/distributed/store_backend.h"
@@ -449,6 +451,57 @@ TEST(TrainerDDP, ALossSpikeOnOneRankStopsBothAtTheSameStep) {
     EXPECT_GT(info["spike"]["loss"]["z"].get<double>(), 6.0) << info.dump(2);
   }
   EXPECT_EQ(count_lines_with(rs[0].stderr_text, "nan_capture: loss spike"), 1) << rs[0].stderr_text;
+  checkpoint::remove_tree(job.dir);
+}
+
+// strobe replay of a 2-rank capture reads both ranks' parts and replays each rank's micro-batches in
+// one process (every rank's loss bit for bit); --bisect names the rank and the sample. The data: a
+// regression file whose sample 163 has an outlier target; unshuffled, the two ranks take alternate
+// indices, so sample 163 is rank 1's, in step 11.
+TEST(TrainerDDP, ReplayOfATwoRankSpikeReadsEveryRankAndBisectNamesTheRankAndSample) {
+  Job job = new_job("spike_replay");
+  const std::string data = job.dir + "/reg.safetensors";
+  auto writer = [&](int) {
+    torch::manual_seed(0);
+    auto x = torch::randn({200, 8});
+    auto y = x.mm(torch::randn({8, 1}));
+    y[163][0] = 1000.0;
+    safetensors::write_file(data, {{"x", x}, {"y", y}});
+    return 0;
+  };
+  ASSERT_EQ(st::run_ranks(1, writer, job.dir + "/writer", std::chrono::seconds(60), [] {})[0].exit_code, 0);
+  auto rs = fit(2, job,
+                {"model={name: mlp, in_features: 8, hidden: [16], num_classes: 1}", "task={name: regression}",
+                 "data={name: tensor_file, path: " + data + ", fields: {image: x, target: y}, val_fraction: 0.1, batch_size: 4, "
+                 "shuffle: false, num_workers: 0}",
+                 "trainer.gradient_clip_val=0", "callbacks=[{name: nan_capture, keep_last: 2, spike: {window: 8, warmup: 8}}]", "trainer.max_steps=20"});
+  ASSERT_EQ(rs[0].exit_code, 3) << describe(rs);
+  ASSERT_EQ(rs[1].exit_code, 3) << describe(rs);
+  const std::string run_dir = read_json(job.dir + "/rank0.json")["run_dir"];
+  ASSERT_TRUE(fs::exists(run_dir + "/nan/step_11")) << describe(rs);
+  // Replay and bisect in a process of their own (this one starts no thread pools before its forks).
+  auto body = [&](int) {
+    torch::set_num_threads(1);
+    auto rep = capture::replay_capture(run_dir + "/nan", {});
+    std::ofstream(job.dir + "/replay.json") << rep.dump(1);
+    auto bis = capture::bisect_capture(run_dir + "/nan/rank1/step_11", {});
+    std::ofstream(job.dir + "/bisect.json") << bis.dump(1);
+    return 0;
+  };
+  auto r = st::run_ranks(1, body, job.dir + "/replay", std::chrono::seconds(120), [] {});
+  ASSERT_EQ(r[0].exit_code, 0) << describe(r);
+  auto rep = read_json(job.dir + "/replay.json"), bis = read_json(job.dir + "/bisect.json");
+  EXPECT_EQ(rep["world_size"], 2) << rep.dump(1);
+  ASSERT_EQ(rep["ranks"].size(), 2u) << rep.dump(1);
+  EXPECT_TRUE(rep["ranks"][0]["loss"]["bits_equal"].get<bool>()) << rep.dump(1);
+  EXPECT_TRUE(rep["ranks"][1]["loss"]["bits_equal"].get<bool>()) << rep.dump(1);
+  EXPECT_TRUE(rep["exact"].get<bool>()) << rep.dump(1);
+  EXPECT_EQ(rep["culprit_ranks"], nlohmann::json::array({1})) << rep.dump(1);
+  EXPECT_EQ(bis["world_size"], 2) << bis.dump(1);
+  ASSERT_EQ(bis["samples"].size(), 1u) << bis.dump(1);
+  EXPECT_EQ(bis["samples"][0]["rank"], 1) << bis.dump(1);
+  EXPECT_EQ(bis["samples"][0]["dataset_index"], 163) << bis.dump(1);
+  EXPECT_FALSE(bis["rest_bad"].get<bool>()) << bis.dump(1);
   checkpoint::remove_tree(job.dir);
 }
 

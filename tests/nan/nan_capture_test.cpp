@@ -823,6 +823,30 @@ TEST(NanDiagnose, RowsThatAreNonFiniteInEveryPrecisionAreData) {
   }
   int64_t expected = (rows_mean > thr).sum().item<int64_t>();
   EXPECT_EQ(static_cast<int64_t>(r["rows"].size()), expected);
+
+  // --bisect names the same samples: removing them makes the step finite, and the note says that
+  // BatchNorm makes every subset a different computation.
+  const std::string cap = r["capture"];
+  auto b = capture::bisect_capture(cap, {});
+  std::cout << capture::format_bisection(b);
+  ASSERT_EQ(b["samples"].size(), r["rows"].size()) << b.dump(2);
+  for (size_t i = 0; i < b["samples"].size(); ++i)
+    EXPECT_EQ(b["samples"][i]["dataset_index"], r["rows"][i]["dataset_index"]) << b.dump(2);
+  EXPECT_FALSE(b["rest_bad"].get<bool>());
+  EXPECT_TRUE(b["alone_bad"].get<bool>());
+  EXPECT_NE(b["notes"].dump().find("batch-dependent layers in training (bn)"), std::string::npos) << b.dump(2);
+
+  // A capture whose rows carry no dataset indices cannot be bisected: one error naming why.
+  const std::string bare = temp_dir("diag-rows-bare");
+  auto d = checkpoint::load_checkpoint_file(cap + "/" + capture::kCheckpointFile);
+  d.blobs.erase("capture_indices");
+  checkpoint::save_checkpoint_file(bare + "/" + capture::kCheckpointFile, d);
+  try {
+    capture::bisect_capture(bare, {});
+    ADD_FAILURE() << "a capture without dataset indices was bisected";
+  } catch (const checkpoint::CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("--bisect needs the dataset index of every row"), std::string::npos) << e.what();
+  }
 }
 
 TEST(NanDiagnose, AnFp32OverflowThatFloat64DoesNotHaveIsPrecision) {
