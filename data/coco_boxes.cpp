@@ -111,6 +111,7 @@ class CocoBoxes : public Dataset {
             std::shared_ptr<const BadSampleLog> log)
       : images_(std::move(images)), s_(size), max_boxes_(max_boxes), channels_(channels), hflip_(hflip), log_(std::move(log)) {}
   int64_t size() const override { return static_cast<int64_t>(images_.size()); }
+  std::string describe(int64_t index) const override { return images_.at(index).path; }
 
   Sample get(int64_t index, at::Generator& gen) const override {
     const CocoImage& ci = images_.at(index);

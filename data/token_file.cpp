@@ -78,14 +78,18 @@ struct Layout {
 };
 
 // Sample ranges [begin, end) of a token stream (documents mode), or the window count. `largest`:
-// the largest token id seen.
+// the largest token id seen; `docs`: each piece's document (0-based, counted by end-of-text tokens).
 std::vector<std::pair<int64_t, int64_t>> cut_documents(const MappedTokens& m, const Layout& l, int64_t vocab,
-                                                       uint32_t& largest) {
+                                                       uint32_t& largest, std::vector<int64_t>* docs = nullptr) {
   std::vector<std::pair<int64_t, int64_t>> pieces;
   const int64_t n = m.size(), piece = l.max_len + 1;
+  int64_t doc = 0;
   auto add = [&](int64_t b, int64_t e) {
     for (int64_t s = b; s < e; s += piece)
-      if (std::min(e, s + piece) - s >= 2) pieces.emplace_back(s, std::min(e, s + piece));
+      if (std::min(e, s + piece) - s >= 2) {
+        pieces.emplace_back(s, std::min(e, s + piece));
+        if (docs) docs->push_back(doc);
+      }
   };
   int64_t begin = 0;
   for (int64_t i = 0; i < n; ++i) {
@@ -95,6 +99,7 @@ std::vector<std::pair<int64_t, int64_t>> cut_documents(const MappedTokens& m, co
     if (l.documents && t == l.eot) {
       add(begin, i + 1);
       begin = i + 1;
+      ++doc;
     }
   }
   if (l.documents) add(begin, n);
@@ -104,8 +109,8 @@ std::vector<std::pair<int64_t, int64_t>> cut_documents(const MappedTokens& m, co
 class TokenSamples : public Dataset {
  public:
   // documents: explicit pieces; windows: `count` windows starting at window `first`.
-  TokenSamples(std::shared_ptr<const MappedTokens> m, std::vector<std::pair<int64_t, int64_t>> pieces)
-      : m_(std::move(m)), pieces_(std::move(pieces)), count_(static_cast<int64_t>(pieces_.size())) {}
+  TokenSamples(std::shared_ptr<const MappedTokens> m, std::vector<std::pair<int64_t, int64_t>> pieces, std::vector<int64_t> docs)
+      : m_(std::move(m)), pieces_(std::move(pieces)), docs_(std::move(docs)), count_(static_cast<int64_t>(pieces_.size())) {}
   TokenSamples(std::shared_ptr<const MappedTokens> m, int64_t max_len, int64_t first, int64_t count)
       : m_(std::move(m)), windows_(true), max_len_(max_len), first_(first), count_(count) {}
   int64_t size() const override { return count_; }
@@ -120,10 +125,20 @@ class TokenSamples : public Dataset {
     auto seq = m_->slice(b, e - b);
     return {{"tokens", seq.narrow(0, 0, e - b - 1)}, {"targets", seq.narrow(0, 1, e - b - 1)}};
   }
+  // The file, the document (documents mode) or window, and the token offsets the sample holds.
+  std::string describe(int64_t index) const override {
+    if (windows_) {
+      const int64_t b = (first_ + index) * max_len_;
+      return fmt::format("{}: window {}, tokens {}-{}", m_->path(), first_ + index, b, b + max_len_);
+    }
+    const auto [b, e] = pieces_.at(index);
+    return fmt::format("{}: document {}, tokens {}-{}", m_->path(), docs_.at(index), b, e - 1);
+  }
 
  private:
   std::shared_ptr<const MappedTokens> m_;
   std::vector<std::pair<int64_t, int64_t>> pieces_;
+  std::vector<int64_t> docs_;
   bool windows_ = false;
   int64_t max_len_ = 0, first_ = 0, count_ = 0;
 };
@@ -155,12 +170,15 @@ std::shared_ptr<DataModule> make_token_file(config::Section& cfg, const DataCont
     auto m = std::make_shared<const MappedTokens>(p, width);
     uint32_t file_largest = 0;
     if (l.documents) {
-      auto pieces = cut_documents(*m, l, vocab, file_largest);
+      std::vector<int64_t> docs;
+      auto pieces = cut_documents(*m, l, vocab, file_largest, &docs);
       note_largest(p, file_largest);
       if (pieces.empty()) throw DataError(fmt::format("{}: no document of two tokens or more", p));
       const auto n_val = static_cast<int64_t>(static_cast<double>(pieces.size()) * fraction);
       std::vector<std::pair<int64_t, int64_t>> a(pieces.begin(), pieces.end() - n_val), b(pieces.end() - n_val, pieces.end());
-      return {std::make_shared<TokenSamples>(m, std::move(a)), n_val ? std::make_shared<TokenSamples>(m, std::move(b)) : nullptr};
+      std::vector<int64_t> da(docs.begin(), docs.end() - n_val), db(docs.end() - n_val, docs.end());
+      return {std::make_shared<TokenSamples>(m, std::move(a), std::move(da)),
+              n_val ? std::make_shared<TokenSamples>(m, std::move(b), std::move(db)) : nullptr};
     }
     cut_documents(*m, Layout{false, l.max_len, l.eot}, vocab, file_largest);  // the vocabulary checks only
     note_largest(p, file_largest);

@@ -51,6 +51,11 @@ TEST(CocoBoxes, ImagesWithZeroOneAndManyBoxesAreScaledSortedCutAndPadded) {
   auto dir = coco_fixture("coco_ok");
   auto dm = build_data(coco_yaml(dir));
   auto b = dm->train_loader()->make_batch(0, 0);
+  // Each sample names its image file (strobe replay --bisect, strobe predict).
+  for (int64_t i : b.indices) {
+    const std::string file = dm->train_loader()->dataset().describe(i);
+    EXPECT_TRUE(fs::exists(file) && file.rfind(dir.string(), 0) == 0) << file;
+  }
   EXPECT_EQ(b.at("image").sizes(), (std::vector<int64_t>{3, 1, 64, 64}));
   EXPECT_EQ(b.at("image").scalar_type(), torch::kUInt8);
   EXPECT_EQ(b.at("boxes").sizes(), (std::vector<int64_t>{3, 4, 4}));
@@ -147,6 +152,11 @@ TEST(TokenFile, Uint16AndUint32FilesSplitIntoDocumentsAtTheEndOfTextToken) {
       ASSERT_EQ(s.at("tokens").size(0), static_cast<int64_t>(d.size())) << i;
       for (size_t k = 0; k < d.size(); ++k) ASSERT_EQ(s.at("tokens")[k].item<int64_t>(), int64_t((unsigned char)d[k]) + offset);
       EXPECT_EQ(s.at("targets")[d.size() - 1].item<int64_t>(), eot);
+      // describe: the file, the document and the token offsets (the document's tokens and its end-of-text).
+      int64_t start = 0;
+      for (int64_t j = 0; j < i; ++j) start += static_cast<int64_t>(docs[j].size()) + 1;
+      EXPECT_EQ(loader->dataset().describe(i), fmt::format("{}: document {}, tokens {}-{}", (dir / "train.bin").string(), i, start,
+                                                            start + static_cast<int64_t>(d.size())));
     }
     auto b = loader->make_batch(0, 0);
     EXPECT_EQ(b.meta.at("num_tokens"), static_cast<int64_t>(docs[0].size() + docs[1].size() + docs[2].size() + docs[3].size()));
@@ -169,6 +179,7 @@ TEST(TokenFile, LongDocumentsAreCutAndWindowsModeIsFixedLength) {
                       "\nmode: windows\nmax_seq_len: 32\nval_fraction: 0.1\nshuffle: false\nbatch_size: 2\nnum_workers: 0\n");
   const int64_t windows = (static_cast<int64_t>(tokens.size()) - 1) / 32;
   EXPECT_EQ(w->train_loader()->dataset().size() + w->val_loader()->dataset().size(), windows);
+  EXPECT_EQ(w->train_loader()->dataset().describe(2), (dir / "t.bin").string() + ": window 2, tokens 64-96");
   auto wb = w->train_loader()->make_batch(0, 1);
   EXPECT_EQ(wb.at("tokens").sizes(), (std::vector<int64_t>{2, 32}));
   for (int k = 0; k < 32; ++k) {
