@@ -109,10 +109,18 @@ class DecoderLM : public Model {
     auto x = embedding_(tokens) + positional_embedding_(in.positions);
     if (use_fused_ops(o_.fused_ops, x, "decoder_lm")) {
       torch::Tensor pending;
-      for (auto& block : *blocks_) std::tie(x, pending) = block->as<DecoderBlock>()->forward_fused(x, pending, in);
+      for (size_t i = 0; i < blocks_->size(); ++i) {
+        auto block = blocks_->ptr<DecoderBlockImpl>(i);
+        std::tie(x, pending) = run_block(o_.activation_checkpointing, static_cast<int64_t>(i), *block, x, pending,
+                                         [block, in](const torch::Tensor& r, const torch::Tensor& p) { return block->forward_fused(r, p, in); });
+      }
       x = x + pending;  // no final LayerNorm (the seed's model): a plain add
     } else {
-      for (auto& block : *blocks_) x = block->as<DecoderBlock>()->forward(x, in);
+      for (size_t i = 0; i < blocks_->size(); ++i) {
+        auto block = blocks_->ptr<DecoderBlockImpl>(i);
+        x = run_block(o_.activation_checkpointing, static_cast<int64_t>(i), *block, x,
+                      [block, in](const torch::Tensor& t) { return block->forward(t, in); });
+      }
     }
     return {x, output_->weight, output_->bias};
   }
@@ -156,6 +164,7 @@ std::shared_ptr<Model> make_decoder_lm_from_config(config::Section& cfg) {
   o.attention = read_attention_backend(cfg);
   o.fused_ops = parse_fused_ops(cfg.get_choice("fused_ops", "auto", {"auto", "true", "false"}));
   o.gelu = cfg.get_choice("gelu", "erf", {"erf", "tanh"});
+  o.activation_checkpointing = ActivationCheckpointing::read(cfg);
   cfg.finish();
   return make_decoder_lm(o);
 }

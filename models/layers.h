@@ -1,8 +1,13 @@
 // Small layer helpers shared by the built-in models.
 #pragma once
 
+#include <functional>
+#include <utility>
+
 #include <ATen/ATen.h>
 #include <torch/nn/modules/linear.h>
+
+#include "strobe/core/activation_checkpoint.h"
 
 namespace strobe::models {
 
@@ -14,6 +19,31 @@ namespace strobe::models {
 // whose bias add happens in the GEMM's epilogue. Same parameters, same checkpoint names.
 inline at::Tensor linear(const torch::nn::Linear& layer, const at::Tensor& x) {
   return at::linear(x, layer->weight, layer->bias.defined() ? std::optional<at::Tensor>(layer->bias) : std::nullopt);
+}
+
+// Block `index` of a model's block list, checkpointed when `ac` applies to it
+// (strobe/core/activation_checkpoint.h). `fn` runs the block; it is kept until backward recomputes
+// the block, so it captures by value (a reference to the caller's locals would dangle). No built-in
+// block draws random numbers: their RNG state is not kept.
+inline at::Tensor run_block(const ActivationCheckpointing& ac, int64_t index, torch::nn::Module& block,
+                            const at::Tensor& x, std::function<at::Tensor(const at::Tensor&)> fn) {
+  if (!ac.applies(index)) return fn(x);
+  return checkpoint_block(block, {x}, [fn = std::move(fn)](const std::vector<at::Tensor>& t) {
+    return std::vector<at::Tensor>{fn(t[0])};
+  }, /*preserve_rng=*/false)[0];
+}
+
+// The fused paths' blocks: the residual stream arrives and leaves as (res, pending).
+using FusedBlockFn = std::function<std::pair<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&)>;
+inline std::pair<at::Tensor, at::Tensor> run_block(const ActivationCheckpointing& ac, int64_t index,
+                                                   torch::nn::Module& block, const at::Tensor& res,
+                                                   const at::Tensor& pending, FusedBlockFn fn) {
+  if (!ac.applies(index)) return fn(res, pending);
+  auto out = checkpoint_block(block, {res, pending}, [fn = std::move(fn)](const std::vector<at::Tensor>& t) {
+    auto [r, p] = fn(t[0], t[1]);
+    return std::vector<at::Tensor>{r, p};
+  }, /*preserve_rng=*/false);
+  return {out[0], out[1]};
 }
 
 }  // namespace strobe::models

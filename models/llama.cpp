@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "models/flops.h"
+#include "models/layers.h"
 #include "strobe/config/config.h"
 #include "strobe/core/forensics.h"
 #include "strobe/core/weight_names.h"
@@ -202,11 +203,21 @@ class Llama : public Model {
         s = s.expand({tokens.size(0), s.size(1), s.size(2)}).contiguous();
       }
       torch::Tensor pending;
-      for (auto& layer : *layers_)
-        std::tie(x, pending) = layer->as<LlamaDecoderLayer>()->forward_fused(x, pending, c, s, in, o_.norm_eps);
+      const double eps = o_.norm_eps;
+      for (size_t i = 0; i < layers_->size(); ++i) {
+        auto layer = layers_->ptr<LlamaDecoderLayerImpl>(i);
+        std::tie(x, pending) = run_block(o_.activation_checkpointing, static_cast<int64_t>(i), *layer, x, pending,
+                                         [layer, c, s, in, eps](const torch::Tensor& r, const torch::Tensor& p) {
+                                           return layer->forward_fused(r, p, c, s, in, eps);
+                                         });
+      }
       return {std::get<1>(residual_rms_norm(x, pending, *norm_, o_.norm_eps)), head, std::nullopt};
     }
-    for (auto& layer : *layers_) x = layer->as<LlamaDecoderLayer>()->forward(x, cos, sin, in);
+    for (size_t i = 0; i < layers_->size(); ++i) {
+      auto layer = layers_->ptr<LlamaDecoderLayerImpl>(i);
+      x = run_block(o_.activation_checkpointing, static_cast<int64_t>(i), *layer, x,
+                    [layer, c = cos, s = sin, in](const torch::Tensor& t) { return layer->forward(t, c, s, in); });
+    }
     return {norm_(x), head, std::nullopt};
   }
 
@@ -290,6 +301,7 @@ std::shared_ptr<Model> make_llama_from_config(config::Section& cfg) {
   }
   o.attention = read_attention_backend(cfg);
   o.fused_ops = parse_fused_ops(cfg.get_choice("fused_ops", "auto", {"auto", "true", "false"}));
+  o.activation_checkpointing = ActivationCheckpointing::read(cfg);
   cfg.finish();
   return make_llama(o);
 }

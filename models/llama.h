@@ -23,6 +23,7 @@
 #include <memory>
 #include <optional>
 
+#include "strobe/core/activation_checkpoint.h"
 #include "strobe/core/model.h"
 #include "models/attention.h"
 #include "models/fused_ops.h"
@@ -40,6 +41,7 @@ struct LlamaOptions {
   AttentionBackend attention = AttentionBackend::Math;
   FusedOps fused_ops = FusedOps::kAuto;  // models/fused_ops.h
   double init_std = 0.02;  // HF's initializer_range: every Linear and Embedding weight ~ N(0, std)
+  ActivationCheckpointing activation_checkpointing;  // over the decoder layers (strobe/core/activation_checkpoint.h)
 };
 
 // Meta's rule for the SwiGLU width: 2/3 of 4 * embed_dim, rounded up to a multiple of 256

@@ -7,6 +7,7 @@
 #include "strobe/core/weight_names.h"
 #include "strobe/ops/ops.h"
 #include "models/fused_ops.h"
+#include "models/layers.h"
 
 namespace strobe::models {
 namespace {
@@ -146,7 +147,13 @@ class ResNet : public Model {
     if (!small_stem_) {
       x = use_custom_pool(custom_pool_, x, "resnet") ? ops::max_pool2d(x, {3}, {2}, {1}) : torch::max_pool2d(x, 3, 2, 1);
     }
-    for (auto& layer : layers_) x = layer->forward(x);
+    int64_t index = 0;  // the block's number across the four stages
+    for (auto& layer : layers_) {
+      for (size_t b = 0; b < layer->size(); ++b) {
+        auto block = layer->ptr<BlockImpl>(b);
+        x = run_block(o_.activation_checkpointing, index++, *block, x, [block](const torch::Tensor& t) { return block->forward(t); });
+      }
+    }
     x = torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1);
     return fc_(x);
   }
@@ -219,6 +226,7 @@ std::shared_ptr<Model> make_resnet_from_config(config::Section& cfg) {
   o.memory_format = cfg.get_choice("memory_format", "auto", {"auto", "channels_last", "contiguous"});
   o.fused_bn = cfg.get_choice("fused_bn", "auto", {"auto", "true", "false"});
   o.custom_pool = cfg.get_choice("custom_pool", "auto", {"auto", "true", "false"});
+  o.activation_checkpointing = ActivationCheckpointing::read(cfg);
   cfg.finish();
   return make_resnet(o);
 }

@@ -26,6 +26,7 @@
 #include <memory>
 #include <string>
 
+#include "strobe/core/activation_checkpoint.h"
 #include "strobe/core/model.h"
 
 namespace strobe::models {
@@ -39,6 +40,7 @@ struct ResNetOptions {
   std::string memory_format = "auto";  // auto | channels_last | contiguous
   std::string fused_bn = "auto";       // auto | true | false
   std::string custom_pool = "auto";    // auto | true | false
+  ActivationCheckpointing activation_checkpointing;  // over the residual blocks, counted across stages
 };
 
 std::shared_ptr<Model> make_resnet(const ResNetOptions& options);

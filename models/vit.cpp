@@ -114,7 +114,11 @@ class ViT : public Model {
     x = x + pos_embed_;
     if (use_fused_ops(o_.fused_ops, x, "vit")) {
       torch::Tensor pending;
-      for (auto& block : *blocks_) std::tie(x, pending) = block->as<EncoderBlock>()->forward_fused(x, pending);
+      for (size_t i = 0; i < blocks_->size(); ++i) {
+        auto block = blocks_->ptr<EncoderBlockImpl>(i);
+        std::tie(x, pending) = run_block(o_.activation_checkpointing, static_cast<int64_t>(i), *block, x, pending,
+                                         [block](const torch::Tensor& r, const torch::Tensor& p) { return block->forward_fused(r, p); });
+      }
       const double eps = norm_->options.eps();
       if (o_.global_pool == "token") {
         // The last MLP residual fused with the final LayerNorm (over every token, as norm_(x)).
@@ -124,7 +128,11 @@ class ViT : public Model {
       }
       return head_(x);
     }
-    for (auto& block : *blocks_) x = block->as<EncoderBlock>()->forward(x);
+    for (size_t i = 0; i < blocks_->size(); ++i) {
+      auto block = blocks_->ptr<EncoderBlockImpl>(i);
+      x = run_block(o_.activation_checkpointing, static_cast<int64_t>(i), *block, x,
+                    [block](const torch::Tensor& t) { return block->forward(t); });
+    }
     x = o_.global_pool == "token" ? norm_(x).select(1, 0) : norm_(x.mean(1));
     return head_(x);
   }
@@ -189,6 +197,7 @@ std::shared_ptr<Model> make_vit_from_config(config::Section& cfg) {
   o.attention = read_attention_backend(cfg);
   o.fused_ops = parse_fused_ops(cfg.get_choice("fused_ops", "auto", {"auto", "true", "false"}));
   o.gelu = cfg.get_choice("gelu", "erf", {"erf", "tanh"});
+  o.activation_checkpointing = ActivationCheckpointing::read(cfg);
   cfg.finish();
   return make_vit(o);
 }

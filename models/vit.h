@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 
+#include "strobe/core/activation_checkpoint.h"
 #include "strobe/core/model.h"
 #include "models/attention.h"
 #include "models/fused_ops.h"
@@ -24,6 +25,7 @@ struct ViTOptions {
   bool qkv_bias = true;
   AttentionBackend attention = AttentionBackend::Math;
   FusedOps fused_ops = FusedOps::kAuto;  // models/fused_ops.h
+  ActivationCheckpointing activation_checkpointing;  // over the blocks (strobe/core/activation_checkpoint.h)
   std::string gelu = "erf";  // erf (exact) | tanh (the approximation; strobe::fused_mlp with fused ops)
 };
 

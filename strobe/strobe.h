@@ -8,6 +8,7 @@
 #include "strobe/config/experiment.h"
 #include "strobe/config/precision.h"
 #include "strobe/config/registry.h"
+#include "strobe/core/activation_checkpoint.h"
 #include "strobe/core/callback.h"
 #include "strobe/core/datamodule.h"
 #include "strobe/core/forensics.h"

@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <map>
 #include <mutex>
 #include <unordered_map>
 
@@ -27,6 +28,13 @@ struct BackwardFrame {
   std::string forward_op;
 };
 thread_local std::vector<BackwardFrame> t_backward;
+// Open activation-checkpoint recomputes (innermost last): the backward frames and the op depth
+// when each began; ops at that frame count are the recomputed block's forward ops.
+struct RecomputeFrame {
+  size_t frames;
+  int depth;
+};
+thread_local std::vector<RecomputeFrame> t_recompute;
 
 bool is_uninitialized_factory(const std::string& name) {
   return name.find("empty") != std::string::npos || name == "aten::resize_" || name == "aten::set_";
@@ -58,6 +66,14 @@ ModuleScope::ModuleScope(const char* path) : active_(g_tracing.load(std::memory_
 
 ModuleScope::~ModuleScope() {
   if (active_) t_scopes.pop_back();
+}
+
+RecomputeScope::RecomputeScope() : active_(g_tracing.load(std::memory_order_relaxed)) {
+  if (active_) t_recompute.push_back({t_backward.size(), t_depth});
+}
+
+RecomputeScope::~RecomputeScope() {
+  if (active_) t_recompute.pop_back();
 }
 
 TensorStats tensor_stats(const torch::Tensor& t, std::string name) {
@@ -97,7 +113,8 @@ nlohmann::json NonFiniteEvent::to_json() const {
 struct NonFiniteTracer::Impl {
   std::unordered_map<const c10::TensorImpl*, std::string> param_module, param_name;
   std::mutex mu;
-  std::unordered_map<int64_t, std::pair<std::string, std::string>> forward_of_seq;  // seq -> (op, module)
+  // (creating thread, sequence number) of an autograd node -> (op, module)
+  std::map<std::pair<uint64_t, int64_t>, std::pair<std::string, std::string>> forward_of_seq;
   std::string last_module;
   std::optional<NonFiniteEvent> first;
   int64_t ops = 0;
@@ -116,6 +133,7 @@ struct OpContext : at::ObserverContext {
   std::vector<std::string> input_names;
   bool inputs_finite = true;
   int64_t seq_begin = -1;  // a top-level forward op: the autograd sequence number when it began
+  uint64_t thread = 0;      // and the thread it ran on
 };
 
 std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
@@ -131,17 +149,20 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
     BackwardFrame frame{depth, "", name};
     {
       std::lock_guard<std::mutex> lock(impl.mu);
-      auto it = impl.forward_of_seq.find(fn.seqNr());
+      auto it = impl.forward_of_seq.find({fn.forwardThreadId(), fn.seqNr()});
       if (it != impl.forward_of_seq.end()) frame.forward_op = it->second.first, frame.module = it->second.second;
     }
     t_backward.push_back(std::move(frame));
     t_busy = false;
     return ctx;
   }
-  const bool in_backward = !t_backward.empty();
+  // A checkpoint's recompute: forward ops, top-level at the depth the recompute began.
+  const bool recompute = !t_recompute.empty() && t_recompute.back().frames == t_backward.size();
+  const int top = recompute ? t_recompute.back().depth : 0;
+  const bool in_backward = !t_backward.empty() && !recompute;
   // Only the ops user code (or a backward formula) calls directly are checked: their outputs are
   // complete, while an implementation's inner ops may see buffers that are not yet written.
-  ctx->check = in_backward ? depth == t_backward.back().depth + 1 : depth == 0;
+  ctx->check = in_backward ? depth == t_backward.back().depth + 1 : depth == top;
   if (ctx->check && is_uninitialized_factory(name)) ctx->check = false;
   std::vector<at::Tensor> inputs;
   for (const auto& v : fn.inputs()) collect_tensors(v, inputs);
@@ -153,7 +174,7 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
       ctx->module = f.module;
       ctx->note = fmt::format("in the backward of {} ({})", f.forward_op, f.module.empty() ? "no module" : f.module);
     } else {
-      ctx->phase = "forward";
+      ctx->phase = recompute ? "backward" : "forward";
       for (const auto& t : inputs) {
         if (!t.defined()) continue;
         auto it = impl.param_module.find(t.unsafeGetTensorImpl());
@@ -172,8 +193,12 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
         ctx->note = fmt::format("no parameter input: follows {}", impl.last_module);
       }
       if (ctx->note == "owns a parameter input") impl.last_module = ctx->module;
-      if (depth == 0 && fn.seqNr() >= 0) impl.forward_of_seq[fn.seqNr()] = {name, ctx->module};
-      if (depth == 0) ctx->seq_begin = static_cast<int64_t>(at::sequence_number::peek());
+      if (recompute) ctx->note += " (recomputed by an activation checkpoint)";
+      if (depth == top && fn.seqNr() >= 0) impl.forward_of_seq[{fn.threadId(), fn.seqNr()}] = {name, ctx->module};
+      if (depth == top) {
+        ctx->seq_begin = static_cast<int64_t>(at::sequence_number::peek());
+        ctx->thread = fn.threadId();
+      }
     }
   }
   if (ctx->check) {
@@ -216,7 +241,7 @@ void on_op_end(const at::RecordFunction& fn, at::ObserverContext* raw) {
     if (ctx->seq_begin >= 0) {
       const auto end = static_cast<int64_t>(at::sequence_number::peek());
       for (int64_t q = ctx->seq_begin; q < end && q < ctx->seq_begin + 4096; ++q)
-        impl.forward_of_seq.emplace(q, std::make_pair(std::string(fn.name()), ctx->module));
+        impl.forward_of_seq.emplace(std::make_pair(ctx->thread, q), std::make_pair(std::string(fn.name()), ctx->module));
     }
     if (impl.first || !ctx->check) {
       t_busy = false;

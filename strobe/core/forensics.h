@@ -9,7 +9,9 @@
 //   model block that declares one), else they are reported as following the last module seen.
 //   Backward ops inherit the module of the forward op they differentiate: every autograd node a
 //   top-level op creates (its own, or those of the ops a composite or a custom autograd Function such
-//   as a fused op runs inside it) is linked to it by the node's sequence number.
+//   as a fused op runs inside it) is linked to it by the node's sequence number and the thread that
+//   created it (each thread numbers its own nodes). An activation checkpoint's recompute
+//   (RecomputeScope) runs forward ops inside a backward: they are linked the same way.
 // - ModuleScope is an RAII marker that code (tasks, model blocks) places around a region. It costs
 //   one thread-local read when no tracer is installed: the tracer exists only while replaying.
 #pragma once
@@ -34,6 +36,21 @@ class ModuleScope {
   ~ModuleScope();
   ModuleScope(const ModuleScope&) = delete;
   ModuleScope& operator=(const ModuleScope&) = delete;
+
+ private:
+  bool active_;
+};
+
+// Marks an activation checkpoint's recompute (strobe/core/activation_checkpoint.h): the block's
+// forward run again inside the backward. While one is open, the ops it runs are forward ops of the
+// block (attributed to their modules, their autograd nodes linked to them), not backward ops of the
+// checkpoint's node. One thread-local read when no tracer is installed.
+class RecomputeScope {
+ public:
+  RecomputeScope();
+  ~RecomputeScope();
+  RecomputeScope(const RecomputeScope&) = delete;
+  RecomputeScope& operator=(const RecomputeScope&) = delete;
 
  private:
   bool active_;

@@ -346,13 +346,17 @@ TEST(TrainerDDP, ReducedPrecisionsMatchOneProcessOnTheUnionBatch) {
 // where one process with the 8 of them ends, in fp32, bf16-master and fp32 with the fused LM head
 // (task.fused_linear_loss), and the tied head is one parameter (the embedding's) on every rank; the
 // optimizer in 6 parameter groups (no_decay and layer_decay: 3 layers, each with its own lr).
+// A 2-layer llama with a tied head on tokens, clipped, with parameter groups.
+std::vector<std::string> llama_sets() {
+  return {"model={name: llama, vocab_size: 97, embed_dim: 32, depth: 2, num_heads: 4, num_kv_heads: 2, ffn_dim: 48, "
+          "max_seq_len: 24, rope_theta: 500000, tie_embeddings: true, attention: math}",
+          "data={name: synthetic_tokens, vocab_size: 97, max_seq_len: 24, fixed_length: true, num_samples: 64, "
+          "num_val_samples: 16, batch_size: 4, collate: pad_to_max, num_workers: 0}",
+          "trainer.gradient_clip_val=1.0", "optimizer.param_groups={no_decay: auto, layer_decay: 0.7}"};
+}
+
 TEST(TrainerDDP, LlamaWithATiedHeadMatchesOneProcessOnTheUnionBatch) {
-  const std::vector<std::string> llama = {
-      "model={name: llama, vocab_size: 97, embed_dim: 32, depth: 2, num_heads: 4, num_kv_heads: 2, ffn_dim: 48, "
-      "max_seq_len: 24, rope_theta: 500000, tie_embeddings: true, attention: math}",
-      "data={name: synthetic_tokens, vocab_size: 97, max_seq_len: 24, fixed_length: true, num_samples: 64, "
-      "num_val_samples: 16, batch_size: 4, collate: pad_to_max, num_workers: 0}",
-      "trainer.gradient_clip_val=1.0", "optimizer.param_groups={no_decay: auto, layer_decay: 0.7}"};
+  const std::vector<std::string> llama = llama_sets();
   // The fused head (strobe::linear_cross_entropy: its gradients made in the forward, each rank's
   // 1 / count on its device) reduces like the logits path.
   struct Variant {
@@ -402,6 +406,24 @@ TEST(TrainerDDP, LlamaWithATiedHeadMatchesOneProcessOnTheUnionBatch) {
     checkpoint::remove_tree(two.dir);
     checkpoint::remove_tree(one.dir);
   }
+}
+
+// Activation checkpointing under data parallelism: the checkpointed layers hand their parameters
+// gradients to the accumulators the Reducer hooks, so two ranks end on bitwise the weights of two
+// ranks without it.
+TEST(TrainerDDP, ActivationCheckpointingEndsOnBitwiseTheWeightsOfARunWithoutIt) {
+  std::vector<torch::Tensor> params[2];
+  for (int i = 0; i < 2; ++i) {
+    auto sets = llama_sets();
+    sets.push_back(std::string("model.activation_checkpointing=") + (i == 0 ? "none" : "blocks"));
+    Job job = new_job(i == 0 ? "ddp-ac-none" : "ddp-ac-blocks");
+    auto rs = fit(2, job, sets);
+    for (auto& r : rs) ASSERT_EQ(r.exit_code, 0) << describe(rs);
+    params[i] = load_params(job.dir + "/params1.pt");
+    checkpoint::remove_tree(job.dir);
+  }
+  ASSERT_EQ(params[0].size(), params[1].size());
+  for (size_t i = 0; i < params[0].size(); ++i) EXPECT_TRUE(torch::equal(params[0][i], params[1][i])) << "parameter " << i;
 }
 
 // A NaN loss on rank 1 only (the loss check alone: rank 0's own loss is finite) stops both ranks with

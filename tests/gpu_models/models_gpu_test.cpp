@@ -3,7 +3,9 @@
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
+#include "strobe/core/activation_checkpoint.h"
 #include "strobe/data/collate_tokens.h"
+#include "strobe/ops/cuda_graph.h"
 #include "models/attention.h"
 #include "tasks/giou_reference.h"
 #include "tests/models/model_test_util.h"
@@ -15,6 +17,42 @@ namespace {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device visible"
 
 using models::AttentionBackend;
+
+// A checkpointed block with dropout on CUDA: with preserve_rng the recompute draws the forward's mask
+// from the CUDA generator (bitwise the gradients of the block run plainly); under CUDA graph capture
+// the generator's state cannot be read, and the capture fails saying so.
+TEST(GpuActivationCheckpointing, DropoutOnCudaRecomputesTheSameMaskAndRefusesGraphCapture) {
+  REQUIRE_CUDA();
+  auto fc = torch::nn::Linear(64, 64);
+  fc->to(torch::kCUDA);
+  auto fn = [layer = fc.ptr()](const std::vector<torch::Tensor>& t) {
+    return std::vector<torch::Tensor>{t[0] + torch::dropout(torch::gelu(layer->forward(t[0])), 0.5, true)};
+  };
+  torch::manual_seed(1);
+  const auto x0 = torch::randn({32, 64}, torch::kCUDA);
+  auto run = [&](bool checkpointed) {
+    fc->zero_grad();
+    auto x = x0.clone().requires_grad_(true);
+    torch::manual_seed(5);
+    auto y = checkpointed ? checkpoint_block(*fc, {x}, fn)[0] : fn({x})[0];
+    torch::randn({1000}, torch::kCUDA);  // the generator moves on before backward
+    (y * y).sum().backward();
+    return std::vector<torch::Tensor>{x.grad(), fc->weight.grad()};
+  };
+  const auto want = run(false), got = run(true);
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_TRUE(torch::equal(want[i], got[i])) << i;
+
+  ops::CudaGraph graph;
+  try {
+    graph.capture(torch::Device(torch::kCUDA, 0), [&] {
+      auto x = x0.clone().requires_grad_(true);
+      checkpoint_block(*fc, {x}, fn)[0].sum().backward();
+    });
+    ADD_FAILURE() << "a block preserving its RNG state was captured";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot be captured"), std::string::npos) << e.what();
+  }
+}
 
 TEST(GpuAttention, SdpaMatchesMathInBf16PaddedAndPacked) {
   REQUIRE_CUDA();

@@ -17,6 +17,7 @@
 
 #include "strobe/checkpoint/checkpoint_io.h"
 #include "strobe/config/config.h"
+#include "strobe/core/activation_checkpoint.h"
 #include "strobe/core/capture.h"
 #include "strobe/core/forensics.h"
 #include "strobe/ops/ops.h"
@@ -65,14 +66,15 @@ TORCH_MODULE(Faulty);
 class NanProbe : public Model {
  public:
   NanProbe(int64_t in, int64_t width, int64_t classes, double dropout, std::string fault, double threshold, bool noise,
-           bool nan_weight)
+           bool nan_weight, bool checkpoint)
       : Model("NanProbe"),
         fc1(register_module("fc1", torch::nn::Linear(in, width))),
         drop(register_module("drop", torch::nn::Dropout(dropout))),
         bn(register_module("bn", torch::nn::BatchNorm1d(width))),
         faulty(register_module("faulty", Faulty(width, std::move(fault), threshold))),
         head(register_module("head", torch::nn::Linear(width, classes))),
-        noise(noise) {
+        noise(noise),
+        checkpoint(checkpoint) {
     if (nan_weight) {
       torch::NoGradGuard ng;
       faulty->proj->weight[0][0] = NAN;  // a corrupt initial weight (a bad file loaded for fine-tuning)
@@ -81,7 +83,16 @@ class NanProbe : public Model {
   torch::Tensor forward(const Batch& batch) override {
     auto x = batch.at("image").flatten(1);
     auto h = bn->forward(drop->forward(torch::relu(fc1->forward(x))));
-    auto out = head->forward(torch::relu(faulty->forward(h, x.mean(), x.mean(1, /*keepdim=*/true))));
+    torch::Tensor y;
+    if (checkpoint) {  // faulty as a checkpointed block (strobe/core/activation_checkpoint.h)
+      auto f = faulty.ptr();
+      y = checkpoint_block(*f, {h, x}, [f](const std::vector<torch::Tensor>& t) {
+        return std::vector<torch::Tensor>{f->forward(t[0], t[1].mean(), t[1].mean(1, /*keepdim=*/true))};
+      })[0];
+    } else {
+      y = faulty->forward(h, x.mean(), x.mean(1, /*keepdim=*/true));
+    }
+    auto out = head->forward(torch::relu(y));
     // Outside the captured RNG state: the step's loss differs from one run to the next.
     if (noise) out = out * (1.0 + 1e-3 * static_cast<double>(1 + std::random_device{}() % 1000));
     return out;
@@ -93,6 +104,7 @@ class NanProbe : public Model {
   Faulty faulty;
   torch::nn::Linear head;
   bool noise;
+  bool checkpoint;
 };
 
 std::shared_ptr<Model> make_probe(config::Section& cfg) {
@@ -104,8 +116,9 @@ std::shared_ptr<Model> make_probe(config::Section& cfg) {
   auto threshold = cfg.get_double("threshold", 1e9);
   auto noise = cfg.get_bool("noise", false);
   auto nan_weight = cfg.get_bool("nan_weight", false);
+  auto checkpoint = cfg.get_bool("checkpoint", false);
   cfg.finish();
-  return std::make_shared<NanProbe>(in, width, classes, dropout, fault, threshold, noise, nan_weight);
+  return std::make_shared<NanProbe>(in, width, classes, dropout, fault, threshold, noise, nan_weight, checkpoint);
 }
 STROBE_REGISTER(model_registry(), "nan_probe", make_probe);
 
@@ -260,6 +273,34 @@ TEST(NanCapture, ForwardNaNStopsWithExit3AndCapturesPreCorruptionState) {
   EXPECT_TRUE(report["first_nonfinite"]["inputs_finite"].get<bool>());
   EXPECT_GT(report["first_nonfinite"]["output"]["nan"].get<int64_t>(), 0);
   EXPECT_NE(capture::format_replay_report(report).find("EXACT"), std::string::npos);
+}
+
+// The faulty module as a checkpointed block: its forward runs without a graph and is recomputed in
+// backward, and replay still names the op and the module, in the forward and in the backward.
+TEST(NanCapture, ReplayNamesTheModuleInsideACheckpointedBlock) {
+  auto means = batch_means(12);
+  const size_t bad = first_exceeding(means, 3);
+  ASSERT_LT(bad, means.size());
+  const double thr = threshold_first_bad_at(means, bad);
+  for (const std::string fault : {"forward", "backward"}) {
+    const auto dir = temp_dir("nan-ckpt-" + fault);
+    auto yaml = probe_yaml(fault, thr, "[{name: nan_capture, check: grads}]");
+    yaml.replace(yaml.find("  fault:"), 0, "  checkpoint: true\n");
+    {
+      auto run = make_run(yaml, dir);
+      ASSERT_EQ(run->trainer->fit(), 3) << fault;
+    }
+    auto report = capture::replay_capture(capture::resolve_capture_dir(dir + "/nan"), {});
+    EXPECT_TRUE(report["exact"].get<bool>()) << report.dump(2);
+    ASSERT_FALSE(report["first_nonfinite"].is_null()) << report.dump(2);
+    const auto& first = report["first_nonfinite"];
+    EXPECT_EQ(first["module"], "faulty") << fault << " " << first.dump(2);
+    EXPECT_EQ(first["phase"], fault) << first.dump(2);
+    EXPECT_EQ(first["op"], fault == "forward" ? "aten::log" : "aten::div") << first.dump(2);
+    if (fault == "backward")  // sqrt's backward, linked to the recomputed aten::sqrt of the block
+      EXPECT_NE(first["note"].get<std::string>().find("in the backward of aten::sqrt (faulty)"), std::string::npos)
+          << first.dump(2);
+  }
 }
 
 TEST(NanCapture, DropoutReplaysExactlyOnlyWithTheCapturedRngState) {
