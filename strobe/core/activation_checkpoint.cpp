@@ -11,6 +11,7 @@
 #include <torch/torch.h>
 
 #include "strobe/core/forensics.h"
+#include "strobe/ops/cuda_graph.h"
 
 namespace strobe {
 
@@ -89,6 +90,13 @@ struct RngStates {
     RngStates r;
     r.states.emplace_back(c10::Device(c10::kCPU), read_state(c10::Device(c10::kCPU)));
     if (accelerator) {
+      // CUDA's generator hands out its state during capture too, but the recompute would not
+      // replay the captured draws: refused.
+      if (ops::stream_capturing(*accelerator))
+        throw std::runtime_error("activation checkpointing: a checkpointed block that preserves its random number "
+                                 "state cannot be captured in a CUDA graph (the recompute cannot draw the captured "
+                                 "forward's numbers); a block that draws no random numbers passes preserve_rng false, "
+                                 "or run without trainer.cuda_graphs");
       try {
         r.states.emplace_back(*accelerator, read_state(*accelerator));
       } catch (const c10::Error& e) {

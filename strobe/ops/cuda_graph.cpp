@@ -81,6 +81,16 @@ void CudaGraph::reset() { impl_.reset(); }
 
 bool CudaGraph::captured() const { return impl_ && impl_->captured; }
 
+bool stream_capturing(const torch::Device& device) {
+  if (!device.is_cuda()) return false;
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(c10::cuda::getCurrentCUDAStream(device.index()).stream(), &status) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return status != cudaStreamCaptureStatusNone;
+}
+
 #else
 
 struct CudaGraph::Impl {};
@@ -93,6 +103,7 @@ void CudaGraph::capture(const torch::Device&, const std::function<void()>&) {
 void CudaGraph::replay() { throw std::logic_error("CudaGraph::replay() in a build without CUDA"); }
 void CudaGraph::reset() {}
 bool CudaGraph::captured() const { return false; }
+bool stream_capturing(const torch::Device&) { return false; }
 
 #endif
 

@@ -19,6 +19,10 @@
 
 namespace strobe::ops {
 
+// Whether the current stream of `device` is being captured into a CUDA graph (false on the CPU and
+// in a build without CUDA).
+bool stream_capturing(const torch::Device& device);
+
 class CudaGraph {
  public:
   CudaGraph();
