@@ -1,6 +1,5 @@
 #include "strobe/core/activation_checkpoint.h"
 
-#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -11,6 +10,7 @@
 #include <torch/torch.h>
 
 #include "strobe/core/forensics.h"
+#include "strobe/core/rng_state.h"
 #include "strobe/ops/cuda_graph.h"
 
 namespace strobe {
@@ -65,30 +65,14 @@ class AutocastRestore {
   bool any_ = false;
 };
 
-at::Generator generator_of(const c10::Device& device) {
-  return device.is_cpu() ? at::detail::getDefaultCPUGenerator() : at::globalContext().defaultGenerator(device);
-}
-
-torch::Tensor read_state(const c10::Device& device) {
-  at::Generator gen = generator_of(device);
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  return gen.get_state();
-}
-
-void write_state(const c10::Device& device, const torch::Tensor& state) {
-  at::Generator gen = generator_of(device);
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  gen.set_state(state);
-}
-
 // The generators' states saved at the forward; restored for the recompute, the states the
 // backward had before put back afterwards (a fork, as torch.random.fork_rng).
 struct RngStates {
-  std::vector<std::pair<c10::Device, torch::Tensor>> states;
+  std::vector<std::pair<int, torch::Tensor>> states;  // (generator, state): -1 the CPU's, else a CUDA device's
 
   static RngStates save(const std::optional<c10::Device>& accelerator) {
     RngStates r;
-    r.states.emplace_back(c10::Device(c10::kCPU), read_state(c10::Device(c10::kCPU)));
+    r.states.emplace_back(-1, generator_state(-1));
     if (accelerator) {
       // CUDA's generator hands out its state during capture too, but the recompute would not
       // replay the captured draws: refused.
@@ -97,15 +81,7 @@ struct RngStates {
                                  "state cannot be captured in a CUDA graph (the recompute cannot draw the captured "
                                  "forward's numbers); a block that draws no random numbers passes preserve_rng false, "
                                  "or run without trainer.cuda_graphs");
-      try {
-        r.states.emplace_back(*accelerator, read_state(*accelerator));
-      } catch (const c10::Error& e) {
-        throw std::runtime_error(
-            "activation checkpointing: the " + accelerator->str() +
-            " generator's state cannot be read (during CUDA graph capture it never can), so a checkpointed block "
-            "that preserves its random number state cannot be captured; a block that draws no random numbers "
-            "passes preserve_rng false (" + std::string(e.what_without_backtrace()) + ")");
-      }
+      r.states.emplace_back(accelerator->index(), generator_state(accelerator->index()));
     }
     return r;
   }
@@ -115,18 +91,18 @@ class RngFork {
  public:
   explicit RngFork(const RngStates& saved) {
     for (const auto& [device, state] : saved.states) {
-      prev_.emplace_back(device, read_state(device));
-      write_state(device, state);
+      prev_.emplace_back(device, generator_state(device));
+      set_generator_state(device, state);
     }
   }
   ~RngFork() {
-    for (const auto& [device, state] : prev_) write_state(device, state);
+    for (const auto& [device, state] : prev_) set_generator_state(device, state);
   }
   RngFork(const RngFork&) = delete;
   RngFork& operator=(const RngFork&) = delete;
 
  private:
-  std::vector<std::pair<c10::Device, torch::Tensor>> prev_;
+  std::vector<std::pair<int, torch::Tensor>> prev_;
 };
 
 // What backward needs besides the saved inputs; held by the node (a capsule in saved_data).

@@ -17,6 +17,7 @@
 #include "strobe/core/precision.h"
 #include "strobe/core/resume_compat.h"
 #include "strobe/core/run_state.h"
+#include "strobe/core/rng_state.h"
 #include "strobe/core/trainer.h"
 #include "strobe/distributed/strategy.h"
 #include "strobe/logging/log_collector.h"
@@ -34,22 +35,6 @@ std::string archive_to_string(torch::serialize::OutputArchive& a) {
   std::ostringstream os;
   a.save_to(os);
   return os.str();
-}
-
-// A generator's state and its restore, under the generator's lock. `device` -1: the CPU's.
-at::Generator generator(int device) {
-  return device < 0 ? at::detail::getDefaultCPUGenerator()
-                    : at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(device)));
-}
-torch::Tensor generator_state(int device) {
-  at::Generator gen = generator(device);
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  return gen.get_state();
-}
-void set_generator_state(int device, const torch::Tensor& state) {
-  at::Generator gen = generator(device);
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  gen.set_state(state);
 }
 
 }  // namespace
