@@ -4,6 +4,7 @@
 // c10d::Reducer with its autograd hooks and buckets, metric syncs, the health monitor.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <ATen/CPUGeneratorImpl.h>
 
@@ -212,6 +213,111 @@ TEST(DDP, FlagsHostDecisionsBuffersAndMetricsAgreeAcrossRanks) {
   EXPECT_TRUE(torch::equal(b0[0], b1[0]));
   EXPECT_TRUE(torch::equal(b0[1], b1[1]));
   EXPECT_GT(b0[0].abs().sum().item<float>(), 0.0f);
+}
+
+// The test double's reduce-scatters and all-gathers into one tensor, called through the process
+// group as a strategy calls them, on three ranks (each rank's values differ, so a chunk taken from
+// the wrong rank or place shows): what every rank holds is checked against the definition computed
+// here from all ranks' inputs.
+namespace {
+constexpr int kCollWorld = 3;
+// Rank r's input of collective `which`: n values, different per rank and position.
+torch::Tensor coll_input(int which, int rank, int64_t n, torch::ScalarType dtype = torch::kFloat32) {
+  return (torch::arange(n, torch::kFloat32) * (rank + 1) * (which + 1) + 0.25 * rank - 3).to(dtype);
+}
+}  // namespace
+
+TEST(DDP, TheTestDoubleReduceScattersAndAllGathersAsDefined) {
+  const std::string dir = test_dir("collectives");
+  auto rs = st::run_ranks(kCollWorld, [&](int rank) {
+    torch::set_num_threads(1);
+    auto strategy = sd::make_strategy(cpu_options());
+    auto* pg = strategy->process_group();
+    std::vector<torch::Tensor> got;
+    // _reduce_scatter_base, AVG and SUM; the input is 2-d and read flat.
+    for (auto op : {c10d::ReduceOp::AVG, c10d::ReduceOp::SUM}) {
+      auto in = coll_input(0, rank, kCollWorld * 6).view({kCollWorld * 2, 3});
+      auto out = torch::full({2, 3}, std::nan(""));
+      c10d::ReduceScatterOptions o;
+      o.reduceOp = op;
+      pg->_reduce_scatter_base(out, in, o)->wait();
+      got.push_back(out);
+    }
+    // reduce_scatter_tensor_coalesced: two pairs, fp32 and bf16, AVG.
+    {
+      std::vector<torch::Tensor> in{coll_input(1, rank, kCollWorld * 5), coll_input(2, rank, kCollWorld * 4, torch::kBFloat16)};
+      std::vector<torch::Tensor> out{torch::full({5}, std::nan("")), torch::full({4}, std::nan(""), torch::kBFloat16)};
+      c10d::ReduceScatterOptions o;
+      o.reduceOp = c10d::ReduceOp::AVG;
+      pg->reduce_scatter_tensor_coalesced(out, in, o)->wait();
+      got.insert(got.end(), out.begin(), out.end());
+    }
+    // _allgather_base into a 2-d output; allgather_into_tensor_coalesced, fp32 and bf16.
+    {
+      auto in = coll_input(3, rank, 4);
+      auto out = torch::full({kCollWorld, 4}, std::nan(""));
+      pg->_allgather_base(out, in)->wait();
+      got.push_back(out);
+      std::vector<torch::Tensor> ins{coll_input(4, rank, 3), coll_input(5, rank, 2, torch::kBFloat16)};
+      std::vector<torch::Tensor> outs{torch::full({kCollWorld * 3}, std::nan("")),
+                                      torch::full({kCollWorld * 2}, std::nan(""), torch::kBFloat16)};
+      pg->allgather_into_tensor_coalesced(outs, ins)->wait();
+      got.insert(got.end(), outs.begin(), outs.end());
+    }
+    // A size that is not world_size x the output is refused on every rank before any exchange, and
+    // the next collective still pairs up.
+    std::string refused;
+    try {
+      auto in = torch::zeros({7});
+      auto out = torch::zeros({2});
+      pg->_reduce_scatter_base(out, in)->wait();
+    } catch (const std::exception& e) {
+      refused = e.what();
+    }
+    if (refused.find("not world_size x the output's 2") == std::string::npos) {
+      std::fprintf(stderr, "not refused: '%s'\n", refused.c_str());
+      return 1;
+    }
+    auto last_in = torch::tensor({static_cast<float>(rank)});
+    auto last_out = torch::zeros({kCollWorld});
+    pg->_allgather_base(last_out, last_in)->wait();
+    got.push_back(last_out);
+    got.push_back(torch::tensor({st::store_backend_reduce_scatter_calls(), st::store_backend_allgather_calls()}));
+    torch::save(got, dir + "/got" + std::to_string(rank) + ".pt");
+    strategy->shutdown();
+    return 0;
+  }, dir, std::chrono::seconds(120), st::install_store_backend);
+  for (auto& r : rs) ASSERT_EQ(r.exit_code, 0) << describe(rs);
+
+  // The definitions, from every rank's inputs.
+  auto chunk = [](const torch::Tensor& flat, int r, int64_t n) { return flat.reshape({-1}).narrow(0, r * n, n); };
+  auto reduce_chunk = [&](int which, int r, int64_t n, bool avg, torch::ScalarType dtype) {
+    auto acc = chunk(coll_input(which, 0, kCollWorld * n, dtype), r, n).clone();
+    for (int q = 1; q < kCollWorld; ++q) acc.add_(chunk(coll_input(which, q, kCollWorld * n, dtype), r, n));
+    return avg ? acc / kCollWorld : acc;
+  };
+  auto gathered = [&](int which, int64_t n, torch::ScalarType dtype) {
+    std::vector<torch::Tensor> parts;
+    for (int q = 0; q < kCollWorld; ++q) parts.push_back(coll_input(which, q, n, dtype));
+    return torch::cat(parts);
+  };
+  for (int r = 0; r < kCollWorld; ++r) {
+    std::vector<torch::Tensor> got;
+    torch::load(got, dir + "/got" + std::to_string(r) + ".pt");
+    ASSERT_EQ(got.size(), 9u);
+    EXPECT_TRUE(torch::equal(got[0], reduce_chunk(0, r, 6, true, torch::kFloat32).view({2, 3}))) << "rank " << r << ": AVG " << got[0];
+    EXPECT_TRUE(torch::equal(got[1], reduce_chunk(0, r, 6, false, torch::kFloat32).view({2, 3}))) << "rank " << r << ": SUM " << got[1];
+    EXPECT_TRUE(torch::equal(got[2], reduce_chunk(1, r, 5, true, torch::kFloat32))) << "rank " << r << ": coalesced fp32";
+    EXPECT_EQ(got[3].scalar_type(), torch::kBFloat16);
+    EXPECT_TRUE(torch::equal(got[3], reduce_chunk(2, r, 4, true, torch::kBFloat16))) << "rank " << r << ": coalesced bf16";
+    EXPECT_TRUE(torch::equal(got[4], gathered(3, 4, torch::kFloat32).view({kCollWorld, 4}))) << "rank " << r << ": allgather_base";
+    EXPECT_TRUE(torch::equal(got[5], gathered(4, 3, torch::kFloat32))) << "rank " << r << ": allgather coalesced fp32";
+    EXPECT_TRUE(torch::equal(got[6], gathered(5, 2, torch::kBFloat16))) << "rank " << r << ": allgather coalesced bf16";
+    EXPECT_TRUE(torch::equal(got[7], torch::tensor({0.f, 1.f, 2.f}))) << "rank " << r << ": after the refusal " << got[7];
+    // Completed calls, a coalesced one counting once: 2 + 1 reduce-scatters, 1 + 1 + 1 all-gathers.
+    EXPECT_EQ(got[8][0].item<int64_t>(), 3) << "rank " << r;
+    EXPECT_EQ(got[8][1].item<int64_t>(), 3) << "rank " << r;
+  }
 }
 
 TEST(DDP, KilledRankEndsTheOtherWithOneClearLineWithinTheTimeout) {

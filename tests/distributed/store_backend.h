@@ -22,6 +22,11 @@ c10::intrusive_ptr<c10d::Backend> make_store_backend(const c10::intrusive_ptr<c1
 
 // All-reduce calls this process has made through the double (lets tests see bucketing at work).
 int64_t store_backend_allreduce_calls();
+// Reduce-scatter (_reduce_scatter_base, reduce_scatter_tensor_coalesced) and all-gather into one
+// tensor (_allgather_base, allgather_into_tensor_coalesced) calls this process completed, a
+// coalesced call counting once.
+int64_t store_backend_reduce_scatter_calls();
+int64_t store_backend_allgather_calls();
 
 // Installs make_store_backend as the strategy's CPU backend factory.
 void install_store_backend();
