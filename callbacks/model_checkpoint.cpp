@@ -181,8 +181,7 @@ class ModelCheckpoint : public Callback {
       for (auto it = best_k_.begin(); it != best_k_.end(); ++it)
         if (better(worst->second, it->second)) worst = it;
       if (!better(score, worst->second)) return;
-      std::error_code ec;
-      if (t.is_global_zero() && ours(t, worst->first)) std::filesystem::remove(resolve(t, worst->first), ec);
+      if (t.is_global_zero() && ours(t, worst->first)) checkpoint::remove_checkpoint(resolve(t, worst->first));
       writers_.erase(worst->first);
       best_k_.erase(worst);
     }

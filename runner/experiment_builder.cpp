@@ -286,6 +286,7 @@ std::unique_ptr<Run> build_run(config::Document& doc, const RunOptions& options)
   distributed::StrategyOptions so;
   so.device = exp.trainer.device;
   so.timeout = std::chrono::milliseconds(static_cast<int64_t>(exp.trainer.dist_timeout_s * 1000.0));
+  so.zero2 = exp.trainer.strategy == "zero2";
   run->strategy = distributed::make_strategy(so, env);
   auto& strategy = *run->strategy;
 

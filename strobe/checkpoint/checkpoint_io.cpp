@@ -259,6 +259,12 @@ CheckpointData load_checkpoint_file(const std::string& path) {
   return data;
 }
 
+void remove_checkpoint(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::remove(path, ec);
+  remove_tree(path + kShardFolderSuffix);
+}
+
 void remove_tree(const std::string& path) {
   auto remove_entry = [](const char* p, const struct stat*, int, struct FTW*) { return ::remove(p) == 0 ? 0 : (errno == ENOENT ? 0 : -1); };
   ::nftw(path.c_str(), remove_entry, 16, FTW_DEPTH | FTW_PHYS);

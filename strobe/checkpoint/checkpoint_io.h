@@ -88,6 +88,12 @@ std::vector<std::string> remove_stale_temp_files(const std::string& dir, const s
 void remove_tree(const std::string& path);
 CheckpointData load_checkpoint_file(const std::string& path);
 
+// A checkpoint written under trainer.strategy zero2 has the ranks' optimizer shards in a folder
+// beside it: <file> + kShardFolderSuffix (docs/DISTRIBUTED.md). remove_checkpoint removes the file
+// and that folder (no error when either is missing).
+inline constexpr const char* kShardFolderSuffix = ".zero2";
+void remove_checkpoint(const std::string& path);
+
 // Called with the number of bytes written so far while the temp file is written (tests use it to
 // simulate a crash mid-write by throwing).
 void set_write_observer_for_testing(std::function<void(size_t)> observer);

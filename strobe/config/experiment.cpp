@@ -356,6 +356,7 @@ Experiment parse_experiment(Document& doc) {
   parse_profiler(t, c.profiler);
   c.cuda_graphs = t.get_choice("cuda_graphs", "false", {"false", "true", "auto"});
   c.dist_timeout_s = t.get_double("dist_timeout", 600.0, 1.0, 604800.0);  // seconds, 1 s .. 7 days
+  c.strategy = t.get_choice("strategy", "auto", {"auto", "ddp", "zero2"});
   t.finish();
 
   Section lg = root.child("logger");

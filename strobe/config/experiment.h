@@ -54,6 +54,10 @@ struct TrainerConfig {
   // Multi-process runs: the longest a rendezvous, a host decision or a collective may wait for a
   // peer before every process ends with one line (docs/DISTRIBUTED.md). Seconds.
   double dist_timeout_s = 600.0;
+  // Multi-process runs: ddp (every rank holds the whole optimizer state) or zero2 (the optimizer's
+  // fp32 values, moments and reduced gradients sharded across the ranks); auto is ddp. One process
+  // trains on its device whatever this says (docs/DISTRIBUTED.md).
+  std::string strategy = "auto";
 };
 
 struct LoggerConfig {

@@ -42,6 +42,22 @@ const torch::Tensor& MasterWeights::master_of(const torch::Tensor& param) const 
   return it == index_.end() ? param : master_[it->second];
 }
 
+void MasterWeights::drop_masters(const std::vector<torch::Tensor>& params) {
+  std::vector<torch::Tensor> model, master;
+  std::unordered_map<const c10::TensorImpl*, size_t> index;
+  std::unordered_map<const c10::TensorImpl*, bool> dropped;
+  for (const auto& p : params) dropped[p.unsafeGetTensorImpl()] = true;
+  for (size_t i = 0; i < model_.size(); ++i) {
+    if (dropped.count(model_[i].unsafeGetTensorImpl())) continue;
+    index[model_[i].unsafeGetTensorImpl()] = model.size();
+    model.push_back(model_[i]);
+    master.push_back(master_[i]);
+  }
+  model_ = std::move(model);
+  master_ = std::move(master);
+  index_ = std::move(index);
+}
+
 void MasterWeights::attach_grads(bool fp32_copies) {
   for (size_t i = 0; i < model_.size(); ++i) {
     const auto& g = model_[i].grad();

@@ -45,6 +45,9 @@ class MasterWeights {
   // Releases the masters' gradient references (after zero_grad).
   void release_grads();
   size_t converted() const { return model_.size(); }
+  // trainer.strategy zero2: the optimizer holds fp32 shards of `params` instead
+  // (strobe/distributed/zero2.h): their whole masters are freed, and master_of(p) is p itself.
+  void drop_masters(const std::vector<torch::Tensor>& params);
 
  private:
   std::vector<torch::Tensor> model_, master_;  // converted parameters and their fp32 masters

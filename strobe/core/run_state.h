@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -26,6 +27,7 @@ class Module;
 class TrainerView;
 namespace distributed {
 class Strategy;
+class Zero2Shards;
 }
 
 // `model`: tensors model/<parameter or buffer> (bf16-master: the fp32 masters under the parameters'
@@ -37,10 +39,20 @@ class ModelState : public Stateful {
   void save(checkpoint::CheckpointData& out, const StepStart* step_start) override;
   void load(const checkpoint::CheckpointData& in) override;
   bool training_only() const override { return false; }  // validate/test load the weights too
+  // zero2 (from fit's setup): the fp32 values live in the ranks' shards. A save gathers each
+  // parameter's whole value (a collective: every rank saves), one at a time, into host memory on
+  // the rank that writes the file (`keep_whole_values`; the others keep none, except at a step's
+  // start, which every rank writes: NaN capture); a local save (a step's start on one rank alone)
+  // has the parameters as this rank holds them (bf16-master: rounded to bf16). A load cuts each
+  // value into this rank's shard and the parameter.
+  void set_sharded(distributed::Zero2Shards* shards, bool keep_whole_values);
 
  private:
   Module& module_;
   MasterWeights* masters_;
+  distributed::Zero2Shards* shards_ = nullptr;
+  bool keep_whole_ = true;
+  std::map<std::string, size_t> shard_index_;
 };
 
 // `optimizer`: torch::optim's archive of the optimizer (fused ones included), loaded onto `device`.

@@ -72,6 +72,14 @@ StepPipeline::StepPipeline(const config::TrainerConfig& cfg, torch::nn::Module& 
 
 StepPipeline::~StepPipeline() = default;
 
+void StepPipeline::set_sharded(distributed::Zero2Shards* shards) {
+  TORCH_CHECK(strategy_, "StepPipeline::set_sharded before set_strategy");
+  shards_ = shards;
+  params_ = shards->shards();
+  param_names_ = shards->names();
+  grad_names_.reset();
+}
+
 void StepPipeline::arm(const StepGuard& g) {
   guard_ |= g;
   if (guard_.spike.armed() && sticky_.defined() &&
@@ -218,6 +226,11 @@ void StepPipeline::step() {
   const bool spike_armed = guard_.spike.armed() && spike_window_.defined();
   if ((guard_.check_grads || clip_norm || scaler_ || (spike_armed && guard_.spike.grad_norm)) && !grads.empty()) {
     rec.grad_norms = torch::stack(at::_foreach_norm(grads, 2, torch::kFloat32));
+    if (shards_) {  // each rank has its shards' norms: the squares add up to the whole gradients'
+      auto squares = rec.grad_norms.square();
+      strategy_->reduce_sum(squares);
+      rec.grad_norms = squares.sqrt();
+    }
     grad_flag = rec.grad_norms.isfinite().logical_not().any().to(torch::kFloat32);
     if (clip_norm || spike_armed) total_norm = torch::linalg_vector_norm(rec.grad_norms, 2);
     if (!grad_names_ || grad_names_->size() != with_grad.size()) {
@@ -298,6 +311,7 @@ void StepPipeline::step() {
     if (masters_) masters_->attach_grads(/*fp32_copies=*/false);  // the kernels read bf16 gradients
     optimizer_.step();
     if (masters_) masters_->copy_to_model();
+    if (shards_) shards_->gather_params();
     applied = false;
   }
 #endif
@@ -306,8 +320,12 @@ void StepPipeline::step() {
     // torch::optim cannot skip on the device: the documented host read of this path.
     if (!skip.defined() || skip.item<float>() == 0.0f) {
       if (masters_) masters_->attach_grads(/*fp32_copies=*/true);
+      if (shards_)  // torch::optim wants the parameters' dtype: bf16 gradient shards become fp32 copies
+        for (auto& p : params_)
+          if (p.grad().defined() && p.grad().scalar_type() != p.scalar_type()) p.mutable_grad() = p.grad().to(p.scalar_type());
       optimizer_.step();
       if (masters_) masters_->copy_to_model();
+      if (shards_) shards_->gather_params();
     }
   }
   if (scaler_) scaler_->update(grad_flag.defined() ? grad_flag : torch::zeros({}, scaler_->scale_tensor().options()));

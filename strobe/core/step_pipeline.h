@@ -46,6 +46,7 @@ class GradScaler;
 class MasterWeights;
 namespace distributed {
 class Strategy;
+class Zero2Shards;
 }
 
 // Loss-spike detection (nan_capture.spike, docs/NAN_CAPTURE.md): a step whose metric exceeds the
@@ -117,6 +118,11 @@ class StepPipeline : public Stateful {
   // Gradient flags need none: the gradients are already reduced. The record keeps the local flag.
   // `strategy` outlives the pipeline; null (the default): one process.
   void set_strategy(distributed::Strategy* strategy) { strategy_ = strategy; }
+  // trainer.strategy zero2 (after set_strategy): the gradients are the shards' (zero2.h), the
+  // per-parameter norms are all-reduced from the shards' squared norms (so the flag, clipping and
+  // the record see every parameter's global norm), and the updated shards are all-gathered into
+  // the parameters after the update.
+  void set_sharded(distributed::Zero2Shards* shards);
 
   void begin_step();
   torch::Tensor prepare_backward(const torch::Tensor& loss);
@@ -167,6 +173,7 @@ class StepPipeline : public Stateful {
   StepRecord current_, last_;
   std::shared_ptr<const std::vector<std::string>> grad_names_;
   distributed::Strategy* strategy_ = nullptr;
+  distributed::Zero2Shards* shards_ = nullptr;
   // Spike window state (device): values [2, window] (loss, grad norm), accepted count (capped at
   // the window, float32), write position (int64), consecutive spikes (float32); constants: which
   // metrics are used [2] and positions [window].

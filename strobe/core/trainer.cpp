@@ -109,6 +109,7 @@ void Trainer::log_host_at(int64_t step, int64_t epoch, const std::vector<std::pa
 
 std::vector<std::pair<std::string, torch::Tensor>> Trainer::weights() {
   std::vector<std::pair<std::string, torch::Tensor>> out;
+  // zero2 keeps no whole fp32 masters: bf16-master's weights are then the (bf16) parameters.
   for (const auto& p : module_->net().named_parameters())
     out.emplace_back(p.key(), (masters_ ? masters_->master_of(p.value()) : p.value()).detach());
   for (const auto& b : module_->net().named_buffers())
@@ -138,6 +139,10 @@ void Trainer::setup_fit() {
     throw config::ConfigError(
         "trainer.precision: bf16-master needs the optimizer built from the optimizer: section (this task's "
         "configure_optimizers returns its own, which would update the bf16 weights directly)");
+  if (optimizer_ && strategy_->sharding())
+    throw config::ConfigError(
+        "trainer.strategy: zero2 needs the optimizer built from the optimizer: section (this task's configure_optimizers "
+        "returns its own, which would update the whole parameters instead of this rank's shards)");
   if (optimizer_ && !exp_.optimizer.param_groups.freeze.empty())
     exp_.optimizer.section.fail("param_groups", "freeze needs the optimizer built from the optimizer: section (this task's "
                                                 "configure_optimizers returns its own)");
@@ -148,6 +153,23 @@ void Trainer::setup_fit() {
     std::vector<std::pair<std::string, torch::Tensor>> named;
     for (auto& p : module_->net().named_parameters())
       if (p.value().requires_grad()) named.emplace_back(p.key(), masters_ ? masters_->master_of(p.value()) : p.value());
+    if (strategy_->sharding()) {
+      // ZeRO-2: the optimizer updates this rank's shards of the fp32 values, under the same names
+      // (strobe/distributed/zero2.h); the whole fp32 masters of bf16-master are let go.
+      std::vector<distributed::ShardedParam> sharded;
+      for (auto& p : module_->net().named_parameters())
+        if (p.value().requires_grad())
+          sharded.push_back({p.key(), p.value(), masters_ ? masters_->master_of(p.value()) : p.value()});
+      zero2_ = strategy_->shard_parameters(std::move(sharded));
+      for (size_t i = 0; i < named.size(); ++i) named[i].second = zero2_->shards()[i];
+      if (masters_) {
+        std::vector<torch::Tensor> sharded_params;
+        for (const auto& p : module_->net().named_parameters())
+          if (p.value().requires_grad()) sharded_params.push_back(p.value());
+        masters_->drop_masters(sharded_params);
+      }
+      model_state_->set_sharded(zero2_, /*keep_whole_values=*/rank_ == 0);
+    }
     const auto* model = dynamic_cast<const Model*>(&module_->net());
     const auto groups = make_param_groups(exp_.optimizer, named, model, freeze_ ? freeze_->names() : std::set<std::string>{});
     optimizer_ = build_optimizer(exp_.optimizer, groups, device_, &optimizer_info_);
@@ -156,8 +178,10 @@ void Trainer::setup_fit() {
   }
   if (!scheduler_) scheduler_ = build_scheduler(exp_.scheduler, *optimizer_, estimated_stepping_batches());
   if (c.precision == Precision::k16Mixed) scaler_ = std::make_unique<GradScaler>(device_);
-  pipeline_ = std::make_unique<StepPipeline>(exp_.trainer, module_->net(), *optimizer_, scaler_.get(), masters_.get());
+  pipeline_ = std::make_unique<StepPipeline>(exp_.trainer, module_->net(), *optimizer_, scaler_.get(),
+                                             zero2_ ? nullptr : masters_.get());
   if (world_size_ > 1) pipeline_->set_strategy(strategy_.get());
+  if (zero2_) pipeline_->set_sharded(zero2_);
   pipeline_->arm(pending_guard_);
   register_fit_state();
   setup_runners();

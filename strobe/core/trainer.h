@@ -81,6 +81,7 @@ class MetricConsumer;
 }  // namespace logging
 namespace distributed {
 class Strategy;
+class Zero2Shards;
 }
 class GradScaler;
 class GraphedRunner;
@@ -172,6 +173,11 @@ class Trainer : private TrainerView, private StepAccess {
   void request_stop(int exit_code = kExitOk) override { fit_loop_->request_stop(exit_code); }
   bool should_stop() const override { return fit_loop_->should_stop(); }
   void save_checkpoint(const std::string& path) override;
+  // zero2: a checkpoint's manifest (rank 0's file) and a rank's optimizer shard (its own file, or a
+  // capture's state), and the folder of shard files beside a checkpoint file.
+  static constexpr const char* kZero2Blob = "zero2";
+  static constexpr const char* kZero2ShardBlob = "zero2_shard";
+  static constexpr const char* kZero2FolderSuffix = checkpoint::kShardFolderSuffix;
   checkpoint::CheckpointData make_checkpoint() override;
   StepAccess& step_access() override { return *this; }
 
@@ -203,6 +209,8 @@ class Trainer : private TrainerView, private StepAccess {
   void register_fit_state();  // the optimizer, scheduler, scaler and step pipeline, once they exist
   // The live state, or with `step_start` the state at that step's start (loop_state.h: StepStart).
   checkpoint::CheckpointData build_checkpoint(const StepStart* step_start);
+  void save_sharded_checkpoint(const std::string& path, checkpoint::CheckpointData d);
+  checkpoint::CheckpointData with_own_shard(const checkpoint::CheckpointData& d);
   template <class F>
   void each(F&& f) {
     for (auto& cb : callbacks_) f(*cb);
@@ -227,6 +235,7 @@ class Trainer : private TrainerView, private StepAccess {
   std::string param_groups_text_;  // param_groups.txt, written by rank 0 when fit starts
   std::unique_ptr<GradScaler> scaler_;
   std::unique_ptr<MasterWeights> masters_;  // precision bf16-master
+  distributed::Zero2Shards* zero2_ = nullptr;  // trainer.strategy zero2 (the strategy owns it)
   std::unique_ptr<Freeze> freeze_;          // optimizer.param_groups.freeze
   std::unique_ptr<logging::LogCollector> collector_;
   std::unique_ptr<logging::CsvLogger> csv_;

@@ -2,6 +2,8 @@
 // registered with the StateConnector here, once; make_checkpoint / load_checkpoint (resume,
 // validate/test), the NaN capture and replay all go through it. The entries that belong to no loop
 // or step object (run_state.h) are implemented here too.
+#include <filesystem>
+#include <random>
 #include <sstream>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -65,10 +67,33 @@ RngSnapshot snapshot_rng(bool cuda) {
   return r;
 }
 
+void ModelState::set_sharded(distributed::Zero2Shards* shards, bool keep_whole_values) {
+  shards_ = shards;
+  keep_whole_ = keep_whole_values;
+  shard_index_.clear();
+  if (shards_)
+    for (size_t i = 0; i < shards_->names().size(); ++i) shard_index_[shards_->names()[i]] = i;
+}
+
 void ModelState::save(checkpoint::CheckpointData& d, const StepStart* at) {
   // bf16-master: the fp32 masters, under the parameters' names.
-  for (const auto& p : module_.net().named_parameters())
-    d.tensors[checkpoint_keys::kModelPrefix + p.key()] = (masters_ ? masters_->master_of(p.value()) : p.value()).detach();
+  for (const auto& p : module_.net().named_parameters()) {
+    torch::Tensor value;
+    auto it = shard_index_.find(p.key());
+    if (it != shard_index_.end() && !(at && at->local)) {
+      // zero2: the whole value, gathered one parameter at a time into the writing rank's memory.
+      value = shards_->full_value(it->second);
+      if (!keep_whole_ && !at) continue;  // a step's start (NaN capture) is written by every rank
+      value = value.to(torch::kCPU);
+    } else if (it != shard_index_.end()) {
+      // zero2, a local save: the parameter as this rank holds it.
+      value = p.value().detach();
+      if (value.scalar_type() != torch::kFloat32 && masters_) value = value.to(torch::kFloat32);
+    } else {
+      value = (masters_ ? masters_->master_of(p.value()) : p.value()).detach();
+    }
+    d.tensors[checkpoint_keys::kModelPrefix + p.key()] = value;
+  }
   for (const auto& b : module_.net().named_buffers()) {
     const auto* before = at && at->buffers.count(b.key()) ? &at->buffers.at(b.key()) : nullptr;
     d.tensors[checkpoint_keys::kModelPrefix + b.key()] = before ? *before : b.value();
@@ -80,7 +105,15 @@ void ModelState::load(const checkpoint::CheckpointData& d) {
   auto load_into = [&](const std::string& key, torch::Tensor target) {
     target.copy_(d.tensor(checkpoint_keys::kModelPrefix + key));
   };
-  for (auto& p : module_.net().named_parameters()) load_into(p.key(), masters_ ? masters_->master_of(p.value()) : p.value());
+  for (auto& p : module_.net().named_parameters()) {
+    auto it = shard_index_.find(p.key());
+    if (it != shard_index_.end()) {  // zero2: this rank's shard and the parameter
+      const auto& t = d.tensor(checkpoint_keys::kModelPrefix + p.key());
+      shards_->load_full_value(it->second, t.to(p.value().device(), torch::kFloat32));
+      continue;
+    }
+    load_into(p.key(), masters_ ? masters_->master_of(p.value()) : p.value());
+  }
   for (auto& b : module_.net().named_buffers()) load_into(b.key(), b.value());
   if (masters_) masters_->copy_to_model();
 }
@@ -92,7 +125,7 @@ void OptimizerState::save(checkpoint::CheckpointData& d, const StepStart*) {
 }
 
 void OptimizerState::load(const checkpoint::CheckpointData& d) {
-  if (!d.has_blob("optimizer")) return;
+  if (!d.has_blob("optimizer") || d.blob("optimizer").empty()) return;  // empty: not restored (Trainer::restore_training_state)
   torch::serialize::InputArchive a;
   std::istringstream is(d.blob("optimizer"));
   a.load_from(is, device_);
@@ -220,18 +253,127 @@ checkpoint::CheckpointData Trainer::build_checkpoint(const StepStart* step_start
   } guard{*collector_};
   collector_->set_local_save(step_start && step_start->local);
   connector_.save(d, step_start);
+  // zero2: the optimizer entry is this rank's shard of the optimizer state.
+  if (zero2_ && d.has_blob("optimizer"))
+    d.blobs[kZero2ShardBlob] = nlohmann::json{{"rank", rank_}, {"world_size", world_size_}}.dump();
   each([&](Callback& cb) { cb.on_save_checkpoint(*this, *module_, d); });
   return d;
 }
 
 void Trainer::save_checkpoint(const std::string& path) {
   auto d = make_checkpoint();  // every rank: the RNG gather and the logger sums are collectives
+  if (zero2_) {
+    save_sharded_checkpoint(path, std::move(d));
+    return;
+  }
   if (rank_ == 0) checkpoint::save_checkpoint_file(path, d);
 }
 
-std::string Trainer::restore_training_state(const checkpoint::CheckpointData& d) {
+// zero2 (docs/DISTRIBUTED.md, "Checkpoints under zero2"): every rank writes its optimizer shard to
+// <file>.zero2/<tag>/rank<r>.ckpt; once all have, rank 0 writes <file> (the whole model's fp32
+// values and everything else, with the manifest naming the shard files), then removes the shard
+// folders of the file's earlier saves. A kill at any point leaves <file> whole with its shards
+// present: the old pair until the new file lands, the new pair after.
+void Trainer::save_sharded_checkpoint(const std::string& path, checkpoint::CheckpointData d) {
+  namespace fs = std::filesystem;
+  std::string tag;
+  if (rank_ == 0) tag = fmt::format("step{}-{:08x}", state().global_step, std::random_device{}());
+  tag = strategy_->broadcast_string(tag);
+  const fs::path file(path);
+  const std::string shard_folder = file.filename().string() + kZero2FolderSuffix;
+  auto shard_file = [&](int64_t r) { return fmt::format("{}/{}/rank{}.ckpt", shard_folder, tag, r); };
+  {
+    checkpoint::CheckpointData mine;
+    mine.blobs["optimizer"] = std::move(d.blobs.at("optimizer"));
+    auto shard = nlohmann::json::parse(d.blob(kZero2ShardBlob));
+    shard["tag"] = tag;
+    mine.blobs[kZero2ShardBlob] = shard.dump();
+    mine.blobs[checkpoint_keys::kMeta] = d.blob(checkpoint_keys::kMeta);
+    std::error_code ec;
+    fs::create_directories(file.parent_path() / shard_folder / tag, ec);
+    checkpoint::save_checkpoint_file((file.parent_path() / shard_file(rank_)).string(), mine);
+  }
+  strategy_->barrier("zero2 checkpoint shards written");
+  if (rank_ != 0) return;
+  d.blobs.erase("optimizer");
+  d.blobs.erase(kZero2ShardBlob);
+  nlohmann::json files = nlohmann::json::array();
+  for (int64_t r = 0; r < world_size_; ++r) files.push_back(shard_file(r));
+  d.blobs[kZero2Blob] = nlohmann::json{{"world_size", world_size_}, {"tag", tag}, {"files", files}}.dump();
+  checkpoint::save_checkpoint_file(path, d);
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(file.parent_path() / shard_folder, ec))
+    if (e.path().filename() != tag) checkpoint::remove_tree(e.path().string());
+}
+
+// A resume's optimizer state under zero2: this rank's shard file, named by the checkpoint's manifest.
+checkpoint::CheckpointData Trainer::with_own_shard(const checkpoint::CheckpointData& d) {
+  namespace fs = std::filesystem;
   const std::string& source = d.source;
-  check_resume_world_size(d);
+  // A refusal every rank reaches alike (the same file, the same checks): end in order, then the
+  // same exit 2 everywhere.
+  auto refuse = [&](const std::string& why) {
+    strategy_->shutdown();
+    throw checkpoint::CheckpointError(why);
+  };
+  const bool manifest = d.has_blob(kZero2Blob);
+  if (!zero2_) {
+    if (manifest)
+      refuse(fmt::format(
+          "{}: written under trainer.strategy: zero2, which shards the optimizer state over the ranks: resume it with "
+          "zero2 and the same number of processes (its weights load with strobe validate/test/export on any number)",
+          source));
+    return d;
+  }
+  if (!manifest) {
+    if (d.has_blob(kZero2ShardBlob))
+      refuse(fmt::format(
+          "{}: written by one rank alone (a failed step's start under trainer.strategy: zero2): it holds that rank's "
+          "optimizer shard only; resume from a checkpoint every rank wrote (last.ckpt)",
+          source));
+    refuse(fmt::format(
+        "{}: its optimizer state is whole (written under trainer.strategy: ddp or by one process): resume it with ddp; "
+        "trainer.strategy: zero2 resumes only its own sharded checkpoints",
+        source));
+  }
+  auto m = nlohmann::json::parse(d.blob(kZero2Blob), nullptr, false);
+  if (!m.is_object() || !m.contains("files") || !m["files"].is_array() ||
+      m["files"].size() != static_cast<size_t>(world_size_))
+    refuse(fmt::format("{}: its zero2 manifest (blob '{}') is malformed", source, kZero2Blob));
+  const fs::path base = fs::path(source).parent_path();
+  // Every rank checks every shard file, so a missing one stops all ranks alike (exit 2).
+  for (const auto& f : m["files"])
+    if (!f.is_string() || !fs::exists(base / f.get<std::string>()))
+      refuse(fmt::format("{}: the optimizer shard {} its manifest names is missing", source,
+                                                    f.is_string() ? (base / f.get<std::string>()).string() : f.dump()));
+  const std::string own = (base / m["files"][rank_].get<std::string>()).string();
+  auto shard = checkpoint::load_checkpoint_file(own);
+  auto info = nlohmann::json::parse(shard.has_blob(kZero2ShardBlob) ? shard.blob(kZero2ShardBlob) : "", nullptr, false);
+  if (!info.is_object() || info.value("rank", int64_t{-1}) != rank_ || info.value("tag", std::string()) != m.value("tag", "") ||
+      !shard.has_blob("optimizer"))
+    throw checkpoint::CheckpointError(
+        fmt::format("{}: {} is not rank {}'s optimizer shard of this checkpoint (save tag {})", source, own, rank_, m.value("tag", "")));
+  checkpoint::CheckpointData merged = d;
+  merged.blobs["optimizer"] = shard.blob("optimizer");
+  return merged;
+}
+
+std::string Trainer::restore_training_state(const checkpoint::CheckpointData& data) {
+  check_resume_world_size(data);
+  // zero2: this rank's optimizer shard joins the state. One process replaying a zero2 rank's
+  // capture: its optimizer state is that rank's shard, which fits no whole optimizer: the step
+  // restarts the moments (the forward and backward are the captured ones).
+  std::optional<checkpoint::CheckpointData> own;
+  if (!zero2_ && world_size_ == 1 && data.has_blob(kZero2ShardBlob) && !data.has_blob(kZero2Blob)) {
+    own = data;
+    own->blobs["optimizer"] = std::string();
+    fmt::print(stderr, "strobe: {}: one rank's state under trainer.strategy: zero2: its optimizer shard is not restored in one process (fresh moments)\n",
+               data.source);
+  } else if (zero2_ || data.has_blob(kZero2Blob)) {
+    own = with_own_shard(data);
+  }
+  const checkpoint::CheckpointData& d = own ? *own : data;
+  const std::string& source = d.source;
   // A resume restores the whole training state: a checkpoint without its config (the compatibility
   // check), its optimizer state (fresh moments) or its loop counters would resume silently wrong.
   std::vector<std::string> lacking;

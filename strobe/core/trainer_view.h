@@ -106,7 +106,8 @@ class TrainerView {
   // "groups[0]", ...: optimizer.param_groups); empty before fit's setup or for a task's own optimizer.
   virtual const std::vector<std::string>& param_group_names() const = 0;
   // The model's parameters and floating buffers by name, as checkpoints hold them (bf16-master: the
-  // fp32 masters under the parameters' names): the live tensors, to read (the ema callback averages
+  // fp32 masters under the parameters' names; under trainer.strategy zero2, whose fp32 values are
+  // sharded, the trained bf16 parameters): the live tensors, to read (the ema callback averages
   // them), never to write.
   virtual std::vector<std::pair<std::string, torch::Tensor>> weights() = 0;
   // The learning-rate scheduler (null when there is none).

@@ -210,6 +210,7 @@ class DDPStrategy final : public Strategy {
     // Destroyed without shutdown(): an exception is unwinding this rank. Tell the others.
     if (!shut_down_) abort("ended without finishing (an error on this rank)");
     reducer_.reset();
+    zero2_.reset();
     if (monitor_) monitor_->stop();
   }
 
@@ -238,8 +239,20 @@ class DDPStrategy final : public Strategy {
       TORCH_CHECK(t.device() == device_, "model tensor on ", t.device(), " but the strategy's device is ", device_);
     c10d::verify_params_across_processes(pg_, params, std::nullopt);
     c10d::broadcast_coalesced(pg_, state, kBroadcastBytes, 0);
+    if (options_.zero2) return;  // the shards come with the optimizer (shard_parameters)
     build_reducer(params, std::move(names));
   }
+
+  bool sharding() const override { return options_.zero2; }
+
+  Zero2Shards* shard_parameters(std::vector<ShardedParam> params) override {
+    if (!options_.zero2) return nullptr;
+    TORCH_CHECK(!zero2_, "Strategy::shard_parameters called twice");
+    zero2_ = std::make_unique<Zero2Shards>(pg_, rank(), world_size(), std::move(params), options_.bucket_cap_mb * 1024 * 1024);
+    return zero2_.get();
+  }
+
+  Zero2Shards* zero2() override { return zero2_.get(); }
 
   void setup_grad_sync(torch::nn::Module& net) override {
     std::vector<torch::Tensor> params;
@@ -252,6 +265,10 @@ class DDPStrategy final : public Strategy {
     TORCH_CHECK(!params.empty(), "the model has no trainable parameters");
     reducer_.reset();  // its autograd hooks go with it
     c10d::verify_params_across_processes(pg_, params, std::nullopt);
+    if (options_.zero2) {
+      if (zero2_) zero2_->install_hooks();  // the newly trainable parameters' gradients are sharded too
+      return;
+    }
     build_reducer(params, std::move(names));
   }
 
@@ -273,6 +290,13 @@ class DDPStrategy final : public Strategy {
   bool grad_sync() const override { return sync_; }
 
   void pre_backward() override {
+    if (options_.zero2) {
+      TORCH_CHECK(zero2_, "Strategy::pre_backward under zero2 before shard_parameters");
+      if (!sync_) return;  // gradients accumulate locally until the step's last micro-batch
+      zero2_->prepare_for_backward();
+      pending_ = true;
+      return;
+    }
     TORCH_CHECK(reducer_, "Strategy::pre_backward before setup_model");
     if (!sync_) return;  // the reducer's hooks stay idle: gradients accumulate locally
     reducer_->prepare_for_forward();
@@ -287,6 +311,7 @@ class DDPStrategy final : public Strategy {
     // them before it would bump the version of tensors the graph saved (BatchNorm's statistics).
     if (!pending_) return;
     pending_ = false;
+    if (zero2_) zero2_->finish();
     if (options_.broadcast_buffers && !buffers_.empty()) {
       torch::NoGradGuard ng;
       c10d::broadcast_coalesced(pg_, buffers_, kBroadcastBytes, 0);
@@ -478,6 +503,7 @@ class DDPStrategy final : public Strategy {
   c10::intrusive_ptr<c10d::ProcessGroup> pg_;
   std::unique_ptr<HealthMonitor> monitor_;
   std::unique_ptr<c10d::Reducer> reducer_;
+  std::unique_ptr<Zero2Shards> zero2_;
   std::vector<torch::Tensor> buffers_;
   uint64_t seq_ = 0;
   bool sync_ = true;

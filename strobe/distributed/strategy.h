@@ -40,6 +40,7 @@
 #include <torch/types.h>
 
 #include "strobe/distributed/launch_env.h"
+#include "strobe/distributed/zero2.h"
 
 namespace c10d {
 class ProcessGroup;
@@ -66,6 +67,7 @@ struct StrategyOptions {
   std::chrono::milliseconds timeout{std::chrono::seconds(600)};  // trainer.dist_timeout
   int64_t bucket_cap_mb = 25;                     // DDP's default bucket size
   bool broadcast_buffers = true;                  // rank 0's buffers win on every synced step
+  bool zero2 = false;                             // trainer.strategy: zero2 (zero2.h)
 };
 
 class Strategy {
@@ -102,6 +104,18 @@ class Strategy {
 
   // nullptr for a single device.
   virtual c10d::ProcessGroup* process_group() = 0;
+
+  // trainer.strategy: zero2 with several processes. sharding() says so from the start;
+  // shard_parameters() makes the shards once the trainable parameters' fp32 values are known (the
+  // trainer's fit setup, before the optimizer, which then updates the shards): from then on
+  // pre_backward / finish_grad_sync reduce-scatter into them instead of all-reducing, and every
+  // parameter's gradient lives in its shard (zero2.h). zero2() is null before, and under ddp.
+  virtual bool sharding() const { return false; }
+  virtual Zero2Shards* shard_parameters(std::vector<ShardedParam> params) {
+    (void)params;
+    return nullptr;
+  }
+  virtual Zero2Shards* zero2() { return nullptr; }
 
   // This rank cannot go on: tell the others (they end with `why`), then return; the caller exits.
   virtual void abort(const std::string& why) = 0;

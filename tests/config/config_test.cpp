@@ -247,7 +247,7 @@ TEST(Config, UnknownKeyMadeBySetBlamesTheSet) {
                                                     "fast_dev_run, gradient_clip_algorithm, gradient_clip_val, "
                                                     "limit_predict_batches, limit_test_batches, limit_train_batches, "
                                                     "limit_val_batches, log_every_n_steps, max_epochs, max_steps, max_time, "
-                                                    "num_sanity_val_steps, overfit_batches, precision, profiler, val_check_interval)");
+                                                    "num_sanity_val_steps, overfit_batches, precision, profiler, strategy, val_check_interval)");
 }
 
 TEST(Config, BadListElementValueFromSetNamesTheSet) {

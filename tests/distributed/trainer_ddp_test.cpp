@@ -186,6 +186,11 @@ std::vector<st::RankResult> fit(int world, const Job& job, const std::vector<std
       out["global_step"] = t.state().global_step;
       out["run_dir"] = run->run_dir;
       out["metrics"] = t.metrics();
+      int64_t optimizer_numel = 0;  // what this rank's optimizer updates (zero2: its shards)
+      if (auto* o = t.optimizer())
+        for (auto& g : o->param_groups())
+          for (auto& p : g.params()) optimizer_numel += p.numel();
+      out["optimizer_numel"] = optimizer_numel;
       std::vector<torch::Tensor> params;
       for (auto& p : run->module->net().parameters()) params.push_back(p.detach().clone());
       torch::save(params, fmt::format("{}/params{}.pt", dir, rank));
@@ -295,22 +300,28 @@ TEST(TrainerDDP, TwoRanksEqualOneProcessOnTheUnionBatchAndOnlyRankZeroWrites) {
 // built without it), unfrozen at epoch 1 (step 5: the reducer rebuilt with it on every rank): both
 // ranks hold bitwise the same weights, those of one process on the union batch; fc1 trained only
 // from the unfreeze.
+// Under zero2 the same: the frozen parameters' shards get no gradient (so no update, not even
+// weight decay) and the unfreeze hooks them.
 TEST(TrainerDDP, AnUnfreezeRebuildsTheReducerAndMatchesOneProcessOnTheUnionBatch) {
   const std::string freeze = "optimizer.param_groups={freeze: ['fc1.*'], unfreeze_at_epoch: 1, unfreeze_lr_scale: 0.5}";
-  Job two = new_job("unfreeze2"), one = new_job("unfreeze1");
-  auto rs = fit(2, two, {freeze});
-  for (auto& r : rs) ASSERT_EQ(r.exit_code, 0) << describe(rs);
-  auto r1 = fit(1, one, {freeze, "data.batch_size=8"});
+  Job one = new_job("unfreeze1");
+  auto r1 = fit(1, one, {freeze, "data.batch_size=8", "optimizer.weight_decay=0.1"});
   ASSERT_EQ(r1[0].exit_code, 0) << describe(r1);
-  EXPECT_NE(slurp(two.dir + "/rank0.stdout").find("strobe fit: epoch 1: unfroze 2 parameter tensors"), std::string::npos)
-      << slurp(two.dir + "/rank0.stdout");
-  auto p0 = load_params(two.dir + "/params0.pt"), p1 = load_params(two.dir + "/params1.pt"), ps = load_params(one.dir + "/params0.pt");
-  ASSERT_EQ(p0.size(), ps.size());
-  for (size_t i = 0; i < p0.size(); ++i) {
-    EXPECT_TRUE(torch::equal(p0[i], p1[i])) << "parameter " << i << " differs between ranks";
-    EXPECT_TRUE(torch::allclose(p0[i], ps[i], 1e-4, 1e-5)) << "parameter " << i;
+  auto ps = load_params(one.dir + "/params0.pt");
+  for (const std::string strategy : {"ddp", "zero2"}) {
+    Job two = new_job("unfreeze2-" + strategy);
+    auto rs = fit(2, two, {freeze, "trainer.strategy=" + strategy, "optimizer.weight_decay=0.1"});
+    for (auto& r : rs) ASSERT_EQ(r.exit_code, 0) << strategy << "\n" << describe(rs);
+    EXPECT_NE(slurp(two.dir + "/rank0.stdout").find("strobe fit: epoch 1: unfroze 2 parameter tensors"), std::string::npos)
+        << slurp(two.dir + "/rank0.stdout");
+    auto p0 = load_params(two.dir + "/params0.pt"), p1 = load_params(two.dir + "/params1.pt");
+    ASSERT_EQ(p0.size(), ps.size());
+    for (size_t i = 0; i < p0.size(); ++i) {
+      EXPECT_TRUE(torch::equal(p0[i], p1[i])) << strategy << " parameter " << i << " differs between ranks";
+      EXPECT_TRUE(torch::allclose(p0[i], ps[i], 1e-4, 1e-5)) << strategy << " parameter " << i;
+    }
+    checkpoint::remove_tree(two.dir);
   }
-  checkpoint::remove_tree(two.dir);
   checkpoint::remove_tree(one.dir);
 }
 
@@ -359,20 +370,27 @@ TEST(TrainerDDP, LlamaWithATiedHeadMatchesOneProcessOnTheUnionBatch) {
   const std::vector<std::string> llama = llama_sets();
   // The fused head (strobe::linear_cross_entropy: its gradients made in the forward, each rank's
   // 1 / count on its device) reduces like the logits path.
+  // zero2 (with activation checkpointing) too: the sharded optimizer over 6 groups, the tied head's
+  // one gradient reduce-scattered once.
   struct Variant {
     std::string precision;
     bool fused_head;
+    std::string strategy = "ddp";
   };
-  for (const Variant& v : {Variant{"32", false}, Variant{"bf16-master", false}, Variant{"32", true}}) {
+  for (const Variant& v : {Variant{"32", false}, Variant{"bf16-master", false}, Variant{"32", true},
+                           Variant{"32", false, "zero2"}, Variant{"bf16-master", true, "zero2"}}) {
     const std::string& precision = v.precision;
-    const std::string variant = precision + (v.fused_head ? "-fused-head" : "");
+    const std::string variant = precision + (v.fused_head ? "-fused-head" : "") + "-" + v.strategy;
     auto sets = llama;
     sets.push_back("trainer.precision=" + precision);
     if (v.fused_head) sets.push_back("task.fused_linear_loss=true");
+    if (v.strategy == "zero2") sets.push_back("model.activation_checkpointing=blocks");
+    sets.push_back("trainer.strategy=" + v.strategy);
     Job two = new_job("llama2-" + variant), one = new_job("llama1-" + variant);
     auto rs = fit(2, two, sets);
     for (auto& r : rs) ASSERT_EQ(r.exit_code, 0) << variant << "\n" << describe(rs);
     sets.push_back("data.batch_size=8");
+    sets.push_back("trainer.strategy=ddp");  // one process: the same either way
     auto r1 = fit(1, one, sets);
     ASSERT_EQ(r1[0].exit_code, 0) << variant << "\n" << describe(r1);
     auto j0 = read_json(two.dir + "/rank0.json"), js = read_json(one.dir + "/rank0.json");
@@ -426,13 +444,85 @@ TEST(TrainerDDP, ActivationCheckpointingEndsOnBitwiseTheWeightsOfARunWithoutIt) 
   for (size_t i = 0; i < params[0].size(); ++i) EXPECT_TRUE(torch::equal(params[0][i], params[1][i])) << "parameter " << i;
 }
 
+// ZeRO-2 ends where DDP ends: 2 ranks, 6 clipped AdamW steps of 2 micro-batches, in fp32 and in
+// bf16-master, over a probe whose every dim 0 is odd (33 hidden units, 5 classes: each rank's shard
+// is padded). Each rank's optimizer holds its shards only (ceil(dim0 / 2) rows of every parameter);
+// the all-gathered parameters are bitwise equal across ranks; the weights, the checkpoint's fp32
+// values and the validation loss equal DDP's within the reduction order's rounding.
+TEST(TrainerZero2, EndsWhereDdpEndsWithEachRankUpdatingItsShards) {
+  const std::vector<std::string> probe = {"model.hidden=33", "model.num_classes=5", "data.num_classes=5"};
+  const int64_t full = 33 * 64 + 33 + 5 * 33 + 5, shard = 17 * 64 + 17 + 3 * 33 + 3;
+  for (const char* precision : {"32", "bf16-master"}) {
+    auto sets = probe;
+    sets.push_back(std::string("trainer.precision=") + precision);
+    Job ddp = new_job(std::string("z2-ddp-") + precision), zero2 = new_job(std::string("z2-zero2-") + precision);
+    auto rd = fit(2, ddp, sets);
+    for (auto& r : rd) ASSERT_EQ(r.exit_code, 0) << precision << "\n" << describe(rd);
+    sets.push_back("trainer.strategy=zero2");
+    auto rz = fit(2, zero2, sets);
+    for (auto& r : rz) ASSERT_EQ(r.exit_code, 0) << precision << "\n" << describe(rz);
+    auto jd = read_json(ddp.dir + "/rank0.json"), jz0 = read_json(zero2.dir + "/rank0.json"), jz1 = read_json(zero2.dir + "/rank1.json");
+    ASSERT_EQ(jz0["global_step"], 6);
+    EXPECT_EQ(jd["optimizer_numel"], full);
+    EXPECT_EQ(jz0["optimizer_numel"], shard) << precision;
+    EXPECT_EQ(jz1["optimizer_numel"], shard) << precision;
+    auto pd = load_params(ddp.dir + "/params0.pt"), pz0 = load_params(zero2.dir + "/params0.pt"),
+         pz1 = load_params(zero2.dir + "/params1.pt");
+    ASSERT_EQ(pd.size(), pz0.size());
+    const bool fp32 = std::string(precision) == "32";
+    for (size_t i = 0; i < pd.size(); ++i) {
+      EXPECT_TRUE(torch::equal(pz0[i], pz1[i])) << precision << " parameter " << i << " differs between the zero2 ranks";
+      const double worst = (pd[i].to(torch::kFloat32) - pz0[i].to(torch::kFloat32)).abs().max().item<double>() /
+                           std::max(pd[i].to(torch::kFloat32).abs().max().item<double>(), 1e-3);
+      EXPECT_LT(worst, fp32 ? 1e-5 : 1e-2) << precision << " parameter " << i;
+    }
+    auto a = model_tensors(jd["run_dir"].get<std::string>() + "/checkpoints/last.ckpt");
+    auto b = model_tensors(jz0["run_dir"].get<std::string>() + "/checkpoints/last.ckpt");
+    ASSERT_EQ(a.size(), b.size());
+    for (auto& [k, v] : b) {
+      EXPECT_EQ(v.scalar_type(), torch::kFloat32) << k;
+      EXPECT_EQ(v.sizes(), a.at(k).sizes()) << k;
+      const double scale = std::max(a.at(k).abs().max().item<double>(), 1e-3);
+      EXPECT_LT((v - a.at(k)).abs().max().item<double>() / scale, fp32 ? 1e-5 : 1e-2) << precision << " " << k;
+    }
+    // Rank 0 writes the run's files; rank 1 writes its optimizer shards (and their save's folder)
+    // and nothing else.
+    int shard_writes = 0;
+    for (const auto& w : jz1["writes"]) {
+      const std::string path = w;
+      const bool folder = path.size() > 12 && path.substr(path.size() - 12) == "/checkpoints";  // whoever comes first
+      EXPECT_TRUE(folder || path.find(".ckpt.zero2") != std::string::npos) << path;
+      EXPECT_EQ(path.find("rank0"), std::string::npos) << path;
+      shard_writes += path.find("/rank1.ckpt") != std::string::npos;
+    }
+    EXPECT_GT(shard_writes, 0) << jz1["writes"].dump();
+    // Every shard folder belongs to a checkpoint file (top-k's removed files took theirs along).
+    int folders = 0;
+    for (const auto& e : fs::directory_iterator(jz0["run_dir"].get<std::string>() + "/checkpoints")) {
+      const std::string name = e.path().string();
+      if (name.size() < 6 || name.substr(name.size() - 6) != ".zero2") continue;
+      ++folders;
+      EXPECT_TRUE(fs::exists(name.substr(0, name.size() - 6))) << name << " outlived its checkpoint";
+    }
+    EXPECT_EQ(folders, 2) << "last.ckpt and the top-1 checkpoint";
+    const double vd = jd["metrics"]["val/loss"], vz = jz0["metrics"]["val/loss"];
+    std::cout << "[ zero2 ] " << precision << ": val/loss ddp " << vd << ", zero2 " << vz << "\n";
+    EXPECT_EQ(jz1["metrics"]["val/loss"].get<double>(), vz);
+    EXPECT_NEAR(vz, vd, (fp32 ? 1e-5 : 1e-3) * vd) << precision;
+    checkpoint::remove_tree(ddp.dir);
+    checkpoint::remove_tree(zero2.dir);
+  }
+}
+
 // A NaN loss on rank 1 only (the loss check alone: rank 0's own loss is finite) stops both ranks with
 // exit 3 at the same step; each rank writes its capture; the weights stay finite.
-TEST(TrainerDDP, NaNOnOneRankStopsBothWithExit3) {
-  Job job = new_job("nan");
+// Under zero2 too, where each rank's capture holds its optimizer shard and strobe replay runs both
+// ranks' parts in one process (fresh moments), their losses bit for bit.
+void nan_on_one_rank_stops_both(const std::string& strategy) {
+  Job job = new_job("nan-" + strategy);
   auto rs = fit(2, job,
                 {"model.fault=nan", "model.fault_rank=1", "model.fault_call=5",
-                 "callbacks=[{name: nan_capture, check: loss, keep_last: 2}]"});
+                 "callbacks=[{name: nan_capture, check: loss, keep_last: 2}]", "trainer.strategy=" + strategy});
   ASSERT_EQ(rs[0].exit_code, 3) << describe(rs);
   ASSERT_EQ(rs[1].exit_code, 3) << describe(rs);
   auto j0 = read_json(job.dir + "/rank0.json"), j1 = read_json(job.dir + "/rank1.json");
@@ -452,8 +542,40 @@ TEST(TrainerDDP, NaNOnOneRankStopsBothWithExit3) {
     EXPECT_TRUE(torch::isfinite(v).all().item<bool>()) << k << " is not finite in last.ckpt";
   EXPECT_EQ(count_lines_with(rs[0].stderr_text, "nan_capture: capture written to"), 1) << rs[0].stderr_text;
   EXPECT_EQ(count_lines_with(rs[1].stderr_text, "nan_capture:"), 0) << "console output is rank 0's";
+  if (strategy == "zero2") {
+    auto d = checkpoint::load_checkpoint_file(run_dir + "/nan/rank1/step_3/" + capture::kCheckpointFile);
+    EXPECT_EQ(nlohmann::json::parse(d.blob("zero2_shard"))["rank"], 1);
+    auto body = [&](int) {
+      torch::set_num_threads(1);
+      std::ofstream(job.dir + "/replay.json") << capture::replay_capture(run_dir + "/nan", {}).dump(1);
+      return 0;
+    };
+    auto r = st::run_ranks(1, body, job.dir + "/replay", std::chrono::seconds(120), [] {});
+    ASSERT_EQ(r[0].exit_code, 0) << describe(r);
+    auto rep = read_json(job.dir + "/replay.json");
+    ASSERT_EQ(rep["ranks"].size(), 2u) << rep.dump(1);
+    // The probe's NaN comes from its call count, which a replay restarts: rank 1's first loss is
+    // finite there; every other loss replays bit for bit from the ranks' zero2 captures.
+    EXPECT_TRUE(rep["ranks"][0]["loss"]["bits_equal"].get<bool>()) << rep.dump(1);
+    const auto& l1 = rep["ranks"][1]["loss"];
+    EXPECT_EQ(l1["captured"][0], "nan") << rep.dump(1);
+    EXPECT_EQ(l1["replayed"][1], l1["captured"][1]) << rep.dump(1);
+    EXPECT_EQ(count_lines_with(r[0].stderr_text, "its optimizer shard is not restored in one process"), 2) << r[0].stderr_text;
+    // A rank's capture holds one optimizer shard: no run resumes from it.
+    Job resume = job;
+    resume.dir = job.dir + "/resume";
+    fs::create_directories(resume.dir);
+    auto rr = fit(2, resume, {"trainer.strategy=zero2"}, run_dir + "/nan/rank1/step_3/" + capture::kCheckpointFile);
+    for (auto& x : rr) {
+      EXPECT_EQ(x.exit_code, 2) << describe(rr);
+      EXPECT_EQ(count_lines_with(x.stderr_text, "written by one rank alone"), 1) << x.stderr_text;
+    }
+  }
   checkpoint::remove_tree(job.dir);
 }
+
+TEST(TrainerDDP, NaNOnOneRankStopsBothWithExit3) { nan_on_one_rank_stops_both("ddp"); }
+TEST(TrainerZero2, NaNOnOneRankStopsBothWithExit3AndItsCaptureReplaysOnOneProcess) { nan_on_one_rank_stops_both("zero2"); }
 
 // A loss spike on rank 1 only: the spike detector sees the loss averaged over the ranks (all-reduced
 // on the device), so both ranks call the same step a spike, capture it and stop with exit 3.
@@ -528,10 +650,14 @@ TEST(TrainerDDP, ReplayOfATwoRankSpikeReadsEveryRankAndBisectNamesTheRankAndSamp
 }
 
 // A 2-rank checkpoint resumes on 2 ranks exactly (per-rank RNG: the ranks' generators differ), and a
-// different number of processes is refused with exit 2 naming both counts.
-TEST(TrainerDDP, TwoRankCheckpointResumesExactlyOnTwoRanks) {
-  const std::vector<std::string> sets = {"model.dropout=0.3", "model.rng_extra=true"};
-  Job full = new_job("full"), part = new_job("part");
+// different number of processes is refused with exit 2 naming both counts. Under zero2 the same
+// (the ranks' optimizer shards, read through the manifest, make the resume exact), and
+// additionally: the file holds the whole fp32 weights and no optimizer state, the shard folder
+// holds the latest save's files only, one process validates from it, and resuming it under ddp, or
+// with a shard file missing, is refused with one line (exit 2).
+void two_rank_checkpoint_resumes_exactly(const std::string& strategy) {
+  const std::vector<std::string> sets = {"model.dropout=0.3", "model.rng_extra=true", "trainer.strategy=" + strategy};
+  Job full = new_job("full-" + strategy), part = new_job("part-" + strategy);
   auto ra = fit(2, full, sets);
   for (auto& r : ra) ASSERT_EQ(r.exit_code, 0) << describe(ra);
   auto partial_sets = sets;
@@ -570,15 +696,83 @@ TEST(TrainerDDP, TwoRankCheckpointResumesExactlyOnTwoRanks) {
   auto rs = fit(1, single, sets, ckpt);
   EXPECT_EQ(rs[0].exit_code, 2) << describe(rs);
   EXPECT_EQ(count_lines_with(rs[0].stderr_text, "written by 2 process(es), but this run has 1"), 1) << rs[0].stderr_text;
+  if (strategy == "ddp") {  // a whole optimizer state does not resume under zero2
+    Job as_zero2 = part;
+    as_zero2.dir = part.dir + "/as_zero2";
+    fs::create_directories(as_zero2.dir);
+    auto z_sets = sets;
+    z_sets.back() = "trainer.strategy=zero2";
+    auto rz = fit(2, as_zero2, z_sets, ckpt);
+    for (auto& r : rz) {
+      EXPECT_EQ(r.exit_code, 2) << describe(rz);
+      EXPECT_EQ(count_lines_with(r.stderr_text, "its optimizer state is whole"), 1) << r.stderr_text;
+    }
+  }
+  if (strategy == "zero2") {
+    auto d = checkpoint::load_checkpoint_file(ckpt);
+    EXPECT_FALSE(d.has_blob("optimizer"));
+    auto manifest = nlohmann::json::parse(d.blob("zero2"));
+    ASSERT_EQ(manifest["files"].size(), 2u) << manifest.dump();
+    std::vector<std::string> tags;
+    for (const auto& e : fs::directory_iterator(ckpt + ".zero2")) tags.push_back(e.path().filename().string());
+    EXPECT_EQ(tags, std::vector<std::string>{manifest["tag"].get<std::string>()}) << "earlier saves' shards are removed";
+    for (int r = 0; r < 2; ++r) {
+      auto shard = checkpoint::load_checkpoint_file(part_dir + "/checkpoints/" + manifest["files"][r].get<std::string>());
+      EXPECT_EQ(nlohmann::json::parse(shard.blob("zero2_shard"))["rank"], r);
+      EXPECT_TRUE(shard.has_blob("optimizer"));
+    }
+    // One process evaluates its weights: the validation loss of the 2-rank run at step 3.
+    auto body = [&](int) {
+      torch::set_num_threads(1);
+      auto doc = config::Document::load_string(yaml(part.root), "ddp.yaml");
+      for (const auto& s : sets) doc.apply_override(s);
+      RunOptions opt;
+      opt.ckpt = ckpt;
+      opt.stage = Stage::Validate;
+      opt.create_run_dir = false;
+      auto run = build_run(doc, opt);
+      run->trainer->validate(std::move(run->checkpoint));
+      std::ofstream(part.dir + "/validate.json") << nlohmann::json(run->trainer->view().metrics()).dump();
+      return 0;
+    };
+    auto rv = st::run_ranks(1, body, part.dir + "/validate", std::chrono::seconds(60), [] {});
+    ASSERT_EQ(rv[0].exit_code, 0) << describe(rv);
+    EXPECT_TRUE(read_json(part.dir + "/validate.json").contains("val/loss"));
+    // Resumed under ddp: refused, naming zero2.
+    Job as_ddp = part;
+    as_ddp.dir = part.dir + "/as_ddp";
+    fs::create_directories(as_ddp.dir);
+    auto ddp_sets = sets;
+    ddp_sets.back() = "trainer.strategy=ddp";
+    auto rd = fit(2, as_ddp, ddp_sets, ckpt);
+    for (auto& r : rd) {
+      EXPECT_EQ(r.exit_code, 2) << describe(rd);
+      EXPECT_EQ(count_lines_with(r.stderr_text, "written under trainer.strategy: zero2"), 1) << r.stderr_text;
+    }
+    // A shard file gone: every rank refuses, naming it.
+    fs::remove(part_dir + "/checkpoints/" + manifest["files"][1].get<std::string>());
+    Job gone = part;
+    gone.dir = part.dir + "/gone";
+    fs::create_directories(gone.dir);
+    auto rg = fit(2, gone, sets, ckpt);
+    for (auto& r : rg) {
+      EXPECT_EQ(r.exit_code, 2) << describe(rg);
+      EXPECT_EQ(count_lines_with(r.stderr_text, "rank1.ckpt its manifest names is missing"), 1) << r.stderr_text;
+    }
+  }
   checkpoint::remove_tree(full.dir);
   checkpoint::remove_tree(part.dir);
 }
 
+TEST(TrainerDDP, TwoRankCheckpointResumesExactlyOnTwoRanks) { two_rank_checkpoint_resumes_exactly("ddp"); }
+TEST(TrainerZero2, ShardedCheckpointResumesExactlyOnTwoRanksAndLoadsOnOne) { two_rank_checkpoint_resumes_exactly("zero2"); }
+
 // SIGTERM reaching rank 1 alone stops both ranks after the same step, with exit 143, and rank 0 saves
 // last.ckpt at that step.
-TEST(TrainerDDP, SigtermOnOneRankStopsEveryRankAtTheSameStep) {
-  Job job = new_job("term");
-  auto rs = fit(2, job, {"model.fault=term", "model.fault_rank=1", "model.fault_call=3", "trainer.max_steps=20"});
+void sigterm_on_one_rank_stops_every_rank(const std::string& strategy) {
+  Job job = new_job("term-" + strategy);
+  auto rs = fit(2, job, {"model.fault=term", "model.fault_rank=1", "model.fault_call=3", "trainer.max_steps=20",
+                         "trainer.strategy=" + strategy});
   ASSERT_EQ(rs[0].exit_code, 143) << describe(rs);
   ASSERT_EQ(rs[1].exit_code, 143) << describe(rs);
   auto j0 = read_json(job.dir + "/rank0.json"), j1 = read_json(job.dir + "/rank1.json");
@@ -589,14 +783,18 @@ TEST(TrainerDDP, SigtermOnOneRankStopsEveryRankAtTheSameStep) {
   auto d = checkpoint::load_checkpoint_file(run_dir + "/checkpoints/last.ckpt");
   EXPECT_EQ(nlohmann::json::parse(d.blob("meta"))["global_step"], step);
   EXPECT_EQ(count_lines_with(rs[0].stderr_text, "SIGTERM received; saved"), 1) << rs[0].stderr_text;
+  if (strategy == "zero2") EXPECT_TRUE(d.has_blob("zero2")) << "the SIGTERM save is a sharded one";
   checkpoint::remove_tree(job.dir);
 }
 
+TEST(TrainerDDP, SigtermOnOneRankStopsEveryRankAtTheSameStep) { sigterm_on_one_rank_stops_every_rank("ddp"); }
+TEST(TrainerZero2, SigtermOnOneRankStopsEveryRankAtTheSameStep) { sigterm_on_one_rank_stops_every_rank("zero2"); }
+
 // A rank killed in the middle of training ends the other with one clear line within the timeout.
-TEST(TrainerDDP, KilledRankEndsTheOtherWithinTheTimeout) {
-  Job job = new_job("kill");
+void killed_rank_ends_the_other(const std::string& strategy) {
+  Job job = new_job("kill-" + strategy);
   auto rs = fit(2, job, {"model.fault=kill", "model.fault_rank=1", "model.fault_call=3", "trainer.max_steps=1000",
-                         "trainer.max_epochs=-1", "trainer.dist_timeout=4"},
+                         "trainer.max_epochs=-1", "trainer.dist_timeout=4", "trainer.strategy=" + strategy},
                 std::nullopt, 60);
   EXPECT_EQ(rs[1].exit_code, 128 + SIGKILL) << describe(rs);
   ASSERT_EQ(rs[0].exit_code, 1) << describe(rs);
@@ -605,6 +803,9 @@ TEST(TrainerDDP, KilledRankEndsTheOtherWithinTheTimeout) {
   EXPECT_LT(rs[0].seconds - rs[1].seconds, 4.0 + 2.0) << describe(rs);
   checkpoint::remove_tree(job.dir);
 }
+
+TEST(TrainerDDP, KilledRankEndsTheOtherWithinTheTimeout) { killed_rank_ends_the_other("ddp"); }
+TEST(TrainerZero2, KilledRankEndsTheOtherWithinTheTimeout) { killed_rank_ends_the_other("zero2"); }
 
 // An exception inside a step on rank 1 with on_exception_checkpoint: rank 1 writes the checkpoint of
 // the failed step's start without any collective and ends with its error; rank 0, blocked in the

@@ -172,6 +172,106 @@ TEST(GpuDDP, NcclTwoRanksMatchOneProcessOnTheUnionBatchWithoutHostSyncs) {
 #endif
 }
 
+// ZeRO-2 over NCCL (strobe/distributed/zero2.h), as the step pipeline drives it: reduce-scatter in
+// backward, the per-parameter squared norms all-reduced, SGD on the shards, the all-gather. From
+// the third step on not one host synchronization (CUDA sync-debug "error"); the parameters end
+// where one process on the union batch ends, bitwise equal on both ranks; no parameter keeps a full
+// gradient, and each rank's optimizer holds ceil(dim0 / 2) rows of every parameter.
+TEST(GpuZero2, NcclShardsMatchOneProcessOnTheUnionBatchWithoutHostSyncs) {
+#ifndef STROBE_TORCH_HAS_CUDA
+  GTEST_SKIP() << "built without STROBE_TORCH_HAS_CUDA (a libtorch without CUDA)";
+#else
+  const std::string dir = test_dir("zero2");
+  auto rs = st::run_ranks(kWorld, [&](int rank) {
+    if (too_few_gpus()) return kSkip;
+    auto o = gpu_options();
+    o.zero2 = true;
+    o.bucket_cap_mb = 1;  // several buckets in flight
+    auto strategy = sd::make_strategy(o);
+    const auto dev = strategy->device();
+    auto net = make_mlp(100 + rank);
+    net->to(dev);
+    strategy->setup_model(*net);
+    std::vector<sd::ShardedParam> sp;
+    for (auto& p : net->named_parameters()) sp.push_back({p.key(), p.value(), p.value()});
+    auto* z = strategy->shard_parameters(sp);
+    if (!z) return 6;
+    int64_t shard_numel = 0;
+    for (auto& t : z->shards()) shard_numel += t.numel();
+    torch::optim::SGD opt(z->shards(), torch::optim::SGDOptions(0.05).momentum(0.9));
+    std::vector<std::pair<torch::Tensor, torch::Tensor>> batches;
+    for (int step = 0; step < kSteps; ++step)
+      for (int m = 0; m < kAccum; ++m) {
+        auto [x, y] = global_batch(step, m);
+        batches.emplace_back(x.narrow(0, rank * kPerRank, kPerRank).to(dev), y.narrow(0, rank * kPerRank, kPerRank).to(dev));
+      }
+    torch::Tensor norms;
+    bool full_grads_kept = false;
+    torch::cuda::synchronize();
+    for (int step = 0; step < kSteps; ++step) {
+      auto body = [&] {
+        for (int m = 0; m < kAccum; ++m) {
+          auto& [x, y] = batches[step * kAccum + m];
+          strategy->set_grad_sync(m == kAccum - 1);
+          auto loss = torch::mse_loss(net->forward(x), y) / kAccum;
+          strategy->pre_backward();
+          loss.backward();
+        }
+        strategy->finish_grad_sync();
+        for (auto& p : net->parameters()) full_grads_kept |= p.grad().defined();
+        std::vector<torch::Tensor> grads;
+        for (auto& t : z->shards()) grads.push_back(t.grad());
+        auto squares = torch::stack(at::_foreach_norm(grads, 2, torch::kFloat32)).square();
+        strategy->reduce_sum(squares);
+        norms = squares.sqrt();
+        opt.step();
+        z->gather_params();
+        opt.zero_grad();
+      };
+      if (step < 2) body(); else without_host_sync(body);
+    }
+    std::vector<torch::Tensor> params;
+    for (auto& p : net->parameters()) params.push_back(p.detach().cpu());
+    params.push_back(norms.cpu());
+    params.push_back(torch::tensor({shard_numel, static_cast<int64_t>(full_grads_kept)}));
+    torch::save(params, dir + "/params" + std::to_string(rank) + ".pt");
+    strategy->shutdown();
+    return 0;
+  }, dir, std::chrono::seconds(180), nullptr);
+  if (skipped(rs)) GTEST_SKIP() << "fewer than 2 CUDA devices visible";
+  for (auto& r : rs) ASSERT_EQ(r.exit_code, 0) << describe(rs);
+  auto net = make_mlp(100);
+  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  std::vector<torch::Tensor> last_norms;
+  for (int step = 0; step < kSteps; ++step) {
+    for (int m = 0; m < kAccum; ++m) {
+      auto [x, y] = global_batch(step, m);
+      (torch::mse_loss(net->forward(x), y) / kAccum).backward();
+    }
+    last_norms.clear();
+    for (auto& p : net->parameters()) last_norms.push_back(p.grad().norm());
+    opt.step();
+    opt.zero_grad();
+  }
+  auto params = net->parameters();
+  int64_t full = 0, half = 0;
+  for (auto& p : params) full += p.numel(), half += (p.size(0) + 1) / 2 * (p.numel() / p.size(0));
+  std::vector<torch::Tensor> p0, p1;
+  torch::load(p0, dir + "/params0.pt");
+  torch::load(p1, dir + "/params1.pt");
+  ASSERT_EQ(p0.size(), params.size() + 2);
+  for (size_t i = 0; i < params.size(); ++i) {
+    EXPECT_TRUE(torch::equal(p0[i], p1[i])) << "ranks diverged at parameter " << i;
+    const double err = (p0[i] - params[i]).abs().max().item<double>();
+    EXPECT_LE(err, 1e-4 * std::max(1.0, params[i].abs().max().item<double>())) << "parameter " << i;
+  }
+  auto expected_norms = torch::stack(last_norms);
+  EXPECT_TRUE(torch::allclose(p0[params.size()], expected_norms, 1e-4, 1e-6)) << p0[params.size()] << expected_norms;
+  EXPECT_EQ(p0.back()[0].item<int64_t>(), half) << "of " << full;
+  EXPECT_EQ(p0.back()[1].item<int64_t>(), 0) << "a parameter kept its full gradient";
+#endif
+}
+
 TEST(GpuDDP, NonFiniteOnOneRankReachesEveryRankOnTheDevice) {
 #ifndef STROBE_TORCH_HAS_CUDA
   GTEST_SKIP() << "built without STROBE_TORCH_HAS_CUDA (a libtorch without CUDA)";
