@@ -70,6 +70,9 @@ class StepTimer : public Callback {
     const auto* model = dynamic_cast<const Model*>(&m.net());
     flops_.push_back(model ? model->training_flops(batch) : 0);
     if (t.accumulated_batches() != 0) return;
+    // Between steps the activations are gone: what is allocated is the model state (weights,
+    // optimizer state, kept gradient buffers).
+    if (auto mem = device_memory(t.device())) state_bytes_ = mem->allocated;
     marks_->record();
     wait_at_mark_.push_back(wait_s_);
     if (batch_size_ == 0) batch_size_ = t.datamodule().train_loader() ? t.datamodule().train_loader()->options().batch_size : 0;
@@ -86,6 +89,7 @@ class StepTimer : public Callback {
   std::vector<int64_t> tokens_;  // per training batch
   std::vector<double> flops_;    // per training batch
   double wait_s_ = 0;
+  double state_bytes_ = 0;  // allocated at the start of the latest step (CUDA)
 };
 
 
@@ -171,7 +175,14 @@ nlohmann::json run_workload(const Workload& w, const SuiteOptions& o, int64_t wa
       }
     }
   }
-  if (run->trainer->view().device().is_cuda()) j["peak_memory_gib"] = peak_memory_bytes(run->trainer->view().device()) / double(1 << 30);
+  if (run->trainer->view().device().is_cuda()) {
+    j["peak_memory_gib"] = peak_memory_bytes(run->trainer->view().device()) / double(1 << 30);
+    j["state_memory_gib"] = timer->state_bytes_ / double(1 << 30);
+  }
+  // Several processes (torchrun): this rank's numbers; the job's tokens/s is world_size times
+  // tokens_per_s when the ranks step together (they do: every step ends in a collective).
+  j["world_size"] = run->trainer->view().world_size();
+  j["rank"] = run->trainer->view().rank();
   return j;
 }
 
