@@ -6,6 +6,9 @@
 // "The end of a step"): before_validation, before_checkpoint, after_topk (model_checkpoint: the
 // top-k file written, last.ckpt not yet), after_checkpoint. Inside a step: after_backward (the eager
 // step's backward done, its update not applied; <step> is that step's number, global step + 1).
+// A checkpoint under trainer.strategy zero2 (docs/DISTRIBUTED.md): zero2_shard_written (this rank's
+// optimizer shard written, the checkpoint file not yet), zero2_file_written (rank 0: the file
+// written, the earlier saves' shard folders not yet removed).
 // STROBE_FAULT_AT=throw:<point>@<step> throws a std::runtime_error there instead ("fault point
 // <point> at step <step> (STROBE_FAULT_AT)"): an error inside training, as a failing op would raise.
 // Unset (always, outside tests): nothing.

@@ -16,6 +16,7 @@
 
 #include "strobe/checkpoint/checkpoint_io.h"
 #include "strobe/core/checkpoint_view.h"
+#include "strobe/core/fault_points.h"
 #include "strobe/core/precision.h"
 #include "strobe/core/resume_compat.h"
 #include "strobe/core/run_state.h"
@@ -293,6 +294,7 @@ void Trainer::save_sharded_checkpoint(const std::string& path, checkpoint::Check
     fs::create_directories(file.parent_path() / shard_folder / tag, ec);
     checkpoint::save_checkpoint_file((file.parent_path() / shard_file(rank_)).string(), mine);
   }
+  fault_point("zero2_shard_written", state().global_step);
   strategy_->barrier("zero2 checkpoint shards written");
   if (rank_ != 0) return;
   d.blobs.erase("optimizer");
@@ -301,6 +303,7 @@ void Trainer::save_sharded_checkpoint(const std::string& path, checkpoint::Check
   for (int64_t r = 0; r < world_size_; ++r) files.push_back(shard_file(r));
   d.blobs[kZero2Blob] = nlohmann::json{{"world_size", world_size_}, {"tag", tag}, {"files", files}}.dump();
   checkpoint::save_checkpoint_file(path, d);
+  fault_point("zero2_file_written", state().global_step);
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(file.parent_path() / shard_folder, ec))
     if (e.path().filename() != tag) checkpoint::remove_tree(e.path().string());

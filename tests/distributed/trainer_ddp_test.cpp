@@ -765,6 +765,45 @@ void two_rank_checkpoint_resumes_exactly(const std::string& strategy) {
 }
 
 TEST(TrainerDDP, TwoRankCheckpointResumesExactlyOnTwoRanks) { two_rank_checkpoint_resumes_exactly("ddp"); }
+
+// kill -9 of both ranks in the middle of a sharded save (their shards of step 6 written, the file
+// not): last.ckpt is still step 4's, whole, with the shards its manifest names; resuming from it
+// ends bitwise where the uninterrupted run ends, and that run's saves remove the crashed save's
+// shard folder.
+TEST(TrainerZero2, AKillInTheMiddleOfAShardedSaveLeavesTheLastCheckpointWholeAndExact) {
+  const std::vector<std::string> sets = {"model.dropout=0.3", "model.rng_extra=true", "trainer.strategy=zero2"};
+  Job full = new_job("z2kill-full"), crash = new_job("z2kill-crash");
+  auto ra = fit(2, full, sets);
+  for (auto& r : ra) ASSERT_EQ(r.exit_code, 0) << describe(ra);
+  ::setenv("STROBE_FAULT_AT", "zero2_shard_written@6", 1);
+  auto rb = fit(2, crash, sets);
+  ::unsetenv("STROBE_FAULT_AT");
+  for (auto& r : rb) ASSERT_EQ(r.exit_code, 128 + SIGKILL) << describe(rb);
+  const std::string ckpt_dir = crash.root + "/ddp/version_0/checkpoints";
+  auto d = checkpoint::load_checkpoint_file(ckpt_dir + "/last.ckpt");
+  EXPECT_EQ(nlohmann::json::parse(d.blob("meta"))["global_step"], 4);
+  for (const auto& f : nlohmann::json::parse(d.blob("zero2"))["files"])
+    EXPECT_TRUE(fs::exists(ckpt_dir + "/" + f.get<std::string>())) << f;
+  bool crashed_shards = false;  // the step-6 save's shards are there, unreferenced
+  for (const auto& folder : fs::directory_iterator(ckpt_dir))
+    if (folder.is_directory())
+      for (const auto& e : fs::directory_iterator(folder.path())) crashed_shards |= e.path().filename().string().rfind("step6-", 0) == 0;
+  EXPECT_TRUE(crashed_shards);
+  Job resumed = crash;
+  resumed.dir = crash.dir + "/resume";
+  fs::create_directories(resumed.dir);
+  auto rc = fit(2, resumed, sets, ckpt_dir + "/last.ckpt");
+  for (auto& r : rc) ASSERT_EQ(r.exit_code, 0) << describe(rc);
+  auto pa = load_params(full.dir + "/params0.pt"), pc = load_params(resumed.dir + "/params1.pt");
+  ASSERT_EQ(pa.size(), pc.size());
+  for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(torch::equal(pa[i], pc[i])) << "parameter " << i;
+  auto last = nlohmann::json::parse(checkpoint::load_checkpoint_file(ckpt_dir + "/last.ckpt").blob("zero2"));
+  std::vector<std::string> tags;
+  for (const auto& e : fs::directory_iterator(ckpt_dir + "/last.ckpt.zero2")) tags.push_back(e.path().filename().string());
+  EXPECT_EQ(tags, std::vector<std::string>{last["tag"].get<std::string>()});
+  checkpoint::remove_tree(full.dir);
+  checkpoint::remove_tree(crash.dir);
+}
 TEST(TrainerZero2, ShardedCheckpointResumesExactlyOnTwoRanksAndLoadsOnOne) { two_rank_checkpoint_resumes_exactly("zero2"); }
 
 // SIGTERM reaching rank 1 alone stops both ranks after the same step, with exit 143, and rank 0 saves
@@ -810,11 +849,12 @@ TEST(TrainerZero2, KilledRankEndsTheOtherWithinTheTimeout) { killed_rank_ends_th
 // An exception inside a step on rank 1 with on_exception_checkpoint: rank 1 writes the checkpoint of
 // the failed step's start without any collective and ends with its error; rank 0, blocked in the
 // step's all-reduce, ends within the timeout naming that error (not a timeout of its own).
-TEST(TrainerDDP, AnExceptionOnOneRankSavesItsCheckpointAndEndsTheOtherNamingTheError) {
-  Job job = new_job("throw");
+// Under zero2 the rank's file holds its parameters and its own optimizer shard (no gather).
+void an_exception_on_one_rank_saves_its_checkpoint(const std::string& strategy) {
+  Job job = new_job("throw-" + strategy);
   auto rs = fit(2, job, {"model.fault=throw", "model.fault_rank=1", "model.fault_call=5", "trainer.max_steps=1000",
                          "trainer.max_epochs=-1", "trainer.dist_timeout=30", "trainer.accumulate_grad_batches=1",
-                         "callbacks=[{name: on_exception_checkpoint}]"},
+                         "callbacks=[{name: on_exception_checkpoint}]", "trainer.strategy=" + strategy},
                 std::nullopt, 90);
   ASSERT_EQ(rs[1].exit_code, 1) << describe(rs);
   ASSERT_EQ(rs[0].exit_code, 1) << describe(rs);
@@ -834,7 +874,18 @@ TEST(TrainerDDP, AnExceptionOnOneRankSavesItsCheckpointAndEndsTheOtherNamingTheE
   auto d = checkpoint::load_checkpoint_file(ckpt);
   EXPECT_EQ(nlohmann::json::parse(d.blob("meta"))["global_step"], 4);
   EXPECT_EQ(parse_loop_state(d.blob("loop")).global_step, 4);
+  if (strategy == "zero2") {
+    EXPECT_EQ(nlohmann::json::parse(d.blob("zero2_shard"))["rank"], 1);
+    EXPECT_TRUE(d.tensors.count("model/fc1.weight") && d.tensor("model/fc1.weight").size(0) == 32) << "the whole parameter";
+  }
   checkpoint::remove_tree(job.dir);
+}
+
+TEST(TrainerDDP, AnExceptionOnOneRankSavesItsCheckpointAndEndsTheOtherNamingTheError) {
+  an_exception_on_one_rank_saves_its_checkpoint("ddp");
+}
+TEST(TrainerZero2, AnExceptionOnOneRankSavesItsOwnStateAndEndsTheOtherNamingTheError) {
+  an_exception_on_one_rank_saves_its_checkpoint("zero2");
 }
 
 // The CLI: a bad trainer.dist_timeout, a malformed launch variable and multi-process on CPU (no CPU
