@@ -211,6 +211,20 @@ std::vector<st::RankResult> fit(int world, const Job& job, const std::vector<std
   return st::run_ranks(world, body, dir, std::chrono::seconds(deadline_s), setup);
 }
 
+// Resumes `ckpt` on 2 ranks (in a folder of its own under job.dir) and expects every rank to refuse
+// it: exit 2, one line holding `expect`.
+void expect_refused_resume(const Job& job, const std::string& name, const std::vector<std::string>& sets,
+                           const std::string& ckpt, const std::string& expect) {
+  Job again = job;
+  again.dir = job.dir + "/" + name;
+  fs::create_directories(again.dir);
+  auto rs = fit(2, again, sets, ckpt);
+  for (auto& r : rs) {
+    EXPECT_EQ(r.exit_code, 2) << name << "\n" << describe(rs);
+    EXPECT_EQ(count_lines_with(r.stderr_text, expect), 1) << name << "\n" << r.stderr_text;
+  }
+}
+
 std::vector<torch::Tensor> load_params(const std::string& path) {
   std::vector<torch::Tensor> v;
   torch::load(v, path);
@@ -562,14 +576,8 @@ void nan_on_one_rank_stops_both(const std::string& strategy) {
     EXPECT_EQ(l1["replayed"][1], l1["captured"][1]) << rep.dump(1);
     EXPECT_EQ(count_lines_with(r[0].stderr_text, "its optimizer shard is not restored in one process"), 2) << r[0].stderr_text;
     // A rank's capture holds one optimizer shard: no run resumes from it.
-    Job resume = job;
-    resume.dir = job.dir + "/resume";
-    fs::create_directories(resume.dir);
-    auto rr = fit(2, resume, {"trainer.strategy=zero2"}, run_dir + "/nan/rank1/step_3/" + capture::kCheckpointFile);
-    for (auto& x : rr) {
-      EXPECT_EQ(x.exit_code, 2) << describe(rr);
-      EXPECT_EQ(count_lines_with(x.stderr_text, "written by one rank alone"), 1) << x.stderr_text;
-    }
+    expect_refused_resume(job, "resume", {"trainer.strategy=zero2"}, run_dir + "/nan/rank1/step_3/" + capture::kCheckpointFile,
+                          "written by one rank alone");
   }
   checkpoint::remove_tree(job.dir);
 }
@@ -696,18 +704,10 @@ void two_rank_checkpoint_resumes_exactly(const std::string& strategy) {
   auto rs = fit(1, single, sets, ckpt);
   EXPECT_EQ(rs[0].exit_code, 2) << describe(rs);
   EXPECT_EQ(count_lines_with(rs[0].stderr_text, "written by 2 process(es), but this run has 1"), 1) << rs[0].stderr_text;
-  if (strategy == "ddp") {  // a whole optimizer state does not resume under zero2
-    Job as_zero2 = part;
-    as_zero2.dir = part.dir + "/as_zero2";
-    fs::create_directories(as_zero2.dir);
-    auto z_sets = sets;
-    z_sets.back() = "trainer.strategy=zero2";
-    auto rz = fit(2, as_zero2, z_sets, ckpt);
-    for (auto& r : rz) {
-      EXPECT_EQ(r.exit_code, 2) << describe(rz);
-      EXPECT_EQ(count_lines_with(r.stderr_text, "its optimizer state is whole"), 1) << r.stderr_text;
-    }
-  }
+  auto other_strategy = sets;
+  other_strategy.back() = strategy == "ddp" ? "trainer.strategy=zero2" : "trainer.strategy=ddp";
+  if (strategy == "ddp")  // a whole optimizer state does not resume under zero2
+    expect_refused_resume(part, "as_zero2", other_strategy, ckpt, "its optimizer state is whole");
   if (strategy == "zero2") {
     auto d = checkpoint::load_checkpoint_file(ckpt);
     EXPECT_FALSE(d.has_blob("optimizer"));
@@ -738,27 +738,10 @@ void two_rank_checkpoint_resumes_exactly(const std::string& strategy) {
     auto rv = st::run_ranks(1, body, part.dir + "/validate", std::chrono::seconds(60), [] {});
     ASSERT_EQ(rv[0].exit_code, 0) << describe(rv);
     EXPECT_TRUE(read_json(part.dir + "/validate.json").contains("val/loss"));
-    // Resumed under ddp: refused, naming zero2.
-    Job as_ddp = part;
-    as_ddp.dir = part.dir + "/as_ddp";
-    fs::create_directories(as_ddp.dir);
-    auto ddp_sets = sets;
-    ddp_sets.back() = "trainer.strategy=ddp";
-    auto rd = fit(2, as_ddp, ddp_sets, ckpt);
-    for (auto& r : rd) {
-      EXPECT_EQ(r.exit_code, 2) << describe(rd);
-      EXPECT_EQ(count_lines_with(r.stderr_text, "written under trainer.strategy: zero2"), 1) << r.stderr_text;
-    }
-    // A shard file gone: every rank refuses, naming it.
+    // Resumed under ddp: refused, naming zero2. A shard file gone: every rank refuses, naming it.
+    expect_refused_resume(part, "as_ddp", other_strategy, ckpt, "written under trainer.strategy: zero2");
     fs::remove(part_dir + "/checkpoints/" + manifest["files"][1].get<std::string>());
-    Job gone = part;
-    gone.dir = part.dir + "/gone";
-    fs::create_directories(gone.dir);
-    auto rg = fit(2, gone, sets, ckpt);
-    for (auto& r : rg) {
-      EXPECT_EQ(r.exit_code, 2) << describe(rg);
-      EXPECT_EQ(count_lines_with(r.stderr_text, "rank1.ckpt its manifest names is missing"), 1) << r.stderr_text;
-    }
+    expect_refused_resume(part, "gone", sets, ckpt, "rank1.ckpt its manifest names is missing");
   }
   checkpoint::remove_tree(full.dir);
   checkpoint::remove_tree(part.dir);

@@ -79,6 +79,29 @@ std::pair<torch::Tensor, torch::Tensor> global_batch(int step, int m) {
   return {torch::randn({kWorld * kPerRank, 256}), torch::randn({kWorld * kPerRank, 4})};
 }
 
+// Rank `rank`'s share of every micro-batch of the run, on `dev`.
+std::vector<std::pair<torch::Tensor, torch::Tensor>> rank_batches(int rank, const torch::Device& dev) {
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> batches;
+  for (int step = 0; step < kSteps; ++step)
+    for (int m = 0; m < kAccum; ++m) {
+      auto [x, y] = global_batch(step, m);
+      batches.emplace_back(x.narrow(0, rank * kPerRank, kPerRank).to(dev), y.narrow(0, rank * kPerRank, kPerRank).to(dev));
+    }
+  return batches;
+}
+
+// One optimizer step's micro-batches through the strategy's hooks: sync on the last one.
+void backward_micro_batches(sd::Strategy& strategy, torch::nn::Sequential& net,
+                            const std::vector<std::pair<torch::Tensor, torch::Tensor>>& batches, int step) {
+  for (int m = 0; m < kAccum; ++m) {
+    const auto& [x, y] = batches[step * kAccum + m];
+    strategy.set_grad_sync(m == kAccum - 1);
+    auto loss = torch::mse_loss(net->forward(x), y) / kAccum;
+    strategy.pre_backward();
+    loss.backward();
+  }
+}
+
 #ifdef STROBE_TORCH_HAS_CUDA
 // Runs f with CUDA sync-debug mode "error": any host-device synchronization throws.
 template <class F>
@@ -111,23 +134,12 @@ TEST(GpuDDP, NcclTwoRanksMatchOneProcessOnTheUnionBatchWithoutHostSyncs) {
     net->to(dev);
     strategy->setup_model(*net);
     torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
-    std::vector<std::pair<torch::Tensor, torch::Tensor>> batches;
-    for (int step = 0; step < kSteps; ++step)
-      for (int m = 0; m < kAccum; ++m) {
-        auto [x, y] = global_batch(step, m);
-        batches.emplace_back(x.narrow(0, rank * kPerRank, kPerRank).to(dev), y.narrow(0, rank * kPerRank, kPerRank).to(dev));
-      }
+    const auto batches = rank_batches(rank, dev);
     auto flag = torch::zeros({}, torch::TensorOptions().device(dev));
     torch::cuda::synchronize();
     for (int step = 0; step < kSteps; ++step) {
       auto body = [&] {
-        for (int m = 0; m < kAccum; ++m) {
-          auto& [x, y] = batches[step * kAccum + m];
-          strategy->set_grad_sync(m == kAccum - 1);
-          auto loss = torch::mse_loss(net->forward(x), y) / kAccum;
-          strategy->pre_backward();
-          loss.backward();
-        }
+        backward_micro_batches(*strategy, net, batches, step);
         strategy->finish_grad_sync();
         strategy->reduce_max(flag);
         opt.step();
@@ -199,24 +211,13 @@ TEST(GpuZero2, NcclShardsMatchOneProcessOnTheUnionBatchWithoutHostSyncs) {
     int64_t shard_numel = 0;
     for (auto& t : z->shards()) shard_numel += t.numel();
     torch::optim::SGD opt(z->shards(), torch::optim::SGDOptions(0.05).momentum(0.9));
-    std::vector<std::pair<torch::Tensor, torch::Tensor>> batches;
-    for (int step = 0; step < kSteps; ++step)
-      for (int m = 0; m < kAccum; ++m) {
-        auto [x, y] = global_batch(step, m);
-        batches.emplace_back(x.narrow(0, rank * kPerRank, kPerRank).to(dev), y.narrow(0, rank * kPerRank, kPerRank).to(dev));
-      }
+    const auto batches = rank_batches(rank, dev);
     torch::Tensor norms;
     bool full_grads_kept = false;
     torch::cuda::synchronize();
     for (int step = 0; step < kSteps; ++step) {
       auto body = [&] {
-        for (int m = 0; m < kAccum; ++m) {
-          auto& [x, y] = batches[step * kAccum + m];
-          strategy->set_grad_sync(m == kAccum - 1);
-          auto loss = torch::mse_loss(net->forward(x), y) / kAccum;
-          strategy->pre_backward();
-          loss.backward();
-        }
+        backward_micro_batches(*strategy, net, batches, step);
         strategy->finish_grad_sync();
         for (auto& p : net->parameters()) full_grads_kept |= p.grad().defined();
         std::vector<torch::Tensor> grads;
