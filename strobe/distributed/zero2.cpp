@@ -92,6 +92,7 @@ void Zero2Shards::prepare_for_backward() {
       if (slots_[i].hooked && params_[i].requires_grad()) ++b.pending;
   }
   for (auto& s : slots_) s.ready = false;
+  next_bucket_ = 0;
   expecting_ = true;
   finished_ = false;
   callback_queued_ = false;
@@ -137,7 +138,21 @@ void Zero2Shards::on_grad_ready(size_t i) {
   copy_rows_in(chunked_view(b.input, i), g, i);
   params_[i].mutable_grad() = torch::Tensor();  // the full gradient is not kept: its reduced shard is
   s.ready = true;
-  if (--b.pending == 0) launch(s.bucket);
+  --b.pending;
+  launch_ready_buckets();
+}
+
+void Zero2Shards::launch_ready_buckets() {
+  // In bucket order, as c10d::Reducer does: every rank must issue the same collectives in the same
+  // order, whatever order its backward finished the buckets in. A bucket with nothing to reduce
+  // (all its parameters frozen) is passed over alike on every rank.
+  while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
+    Bucket& b = buckets_[next_bucket_];
+    bool any = false;
+    for (size_t i : b.params) any |= slots_[i].ready;
+    if (any) launch(next_bucket_);
+    ++next_bucket_;
+  }
 }
 
 void Zero2Shards::launch(size_t k) {
@@ -174,12 +189,7 @@ void Zero2Shards::finalize_backward() {
         "reduce every gradient; freeze them or use them)",
         fmt::join(missing, ", ")));
   }
-  for (size_t k = 0; k < buckets_.size(); ++k) {
-    Bucket& b = buckets_[k];
-    bool any = false;
-    for (size_t i : b.params) any |= slots_[i].ready;
-    if (any && !b.launched) launch(k);
-  }
+  launch_ready_buckets();
   for (auto& b : buckets_) {
     if (b.work) b.work->wait();
     b.work.reset();

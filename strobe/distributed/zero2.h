@@ -12,8 +12,9 @@
 // One optimizer step:
 //   backward     gradient-accumulator post hooks (as c10d::Reducer's): on a step's last micro-batch
 //                each parameter's accumulated gradient is copied into its bucket's flat input as
-//                it becomes ready and the full gradient is released; a complete bucket is
-//                reduce-scattered (ReduceOp::AVG) at once while backward goes on. An engine
+//                it becomes ready and the full gradient is released; complete buckets are
+//                reduce-scattered (ReduceOp::AVG) in bucket order (the same collectives in the
+//                same order on every rank), while backward goes on. An engine
 //                callback at the end of backward launches what is left and waits for every bucket
 //                (Work::wait: on CUDA the current stream waits, the host does not).
 //   finish()     each shard's .grad is its slice of its bucket's output (the mean over ranks).
@@ -107,6 +108,7 @@ class Zero2Shards {
 
   void on_grad_ready(size_t i);
   void launch(size_t b);
+  void launch_ready_buckets();
   void finalize_backward();
   torch::Tensor chunked_view(const torch::Tensor& flat, size_t i) const;  // [world, rows, rest] of flat [world, S]
   void copy_rows_in(const torch::Tensor& dst3, const torch::Tensor& full, size_t i) const;
@@ -118,6 +120,7 @@ class Zero2Shards {
   std::vector<torch::Tensor> params_, shards_;
   std::vector<Slot> slots_;
   std::vector<Bucket> buckets_;
+  size_t next_bucket_ = 0;     // the next bucket to launch (buckets are launched in order)
   bool expecting_ = false;     // this backward reduce-scatters
   bool callback_queued_ = false;
   bool finished_ = true;

@@ -320,6 +320,55 @@ TEST(DDP, TheTestDoubleReduceScattersAndAllGathersAsDefined) {
   }
 }
 
+// ZeRO-2's buckets go out in bucket order on every rank, whatever order each rank's backward finishes
+// them in: here the two ranks' graphs make the two parameters' gradients ready in opposite orders
+// (rank 0 multiplies by w1 last, rank 1 by w2), each parameter in a bucket of its own. Every shard's
+// gradient is the mean of the ranks' gradients, computed here; launched as completed, rank 0's w1
+// would meet rank 1's w2 in the first reduce-scatter.
+TEST(Zero2Shards, BucketsGoOutInOrderWhateverOrderBackwardFinishesThem) {
+  const std::string dir = test_dir("zero2_order");
+  auto x_of = [](int r) { return torch::arange(12, torch::kFloat32).view({4, 3}) * (r + 1) - 5; };
+  auto rs = st::run_ranks(kWorld, [&](int rank) {
+    torch::set_num_threads(1);
+    auto o = cpu_options();
+    o.zero2 = true;
+    o.bucket_cap_mb = 0;  // one parameter per bucket
+    auto strategy = sd::make_strategy(o);
+    auto w1 = torch::linspace(0.5, 2, 12).view({4, 3}).requires_grad_();
+    auto w2 = torch::linspace(-1, 1, 12).view({4, 3}).requires_grad_();
+    auto* z = strategy->shard_parameters({{"w1", w1, w1}, {"w2", w2, w2}});
+    strategy->set_grad_sync(true);
+    strategy->pre_backward();
+    auto x = x_of(rank);
+    auto loss = rank == 0 ? (w1 * (w2 * x)).square().sum() : (w2 * (w1 * x)).square().sum();
+    loss.backward();
+    strategy->finish_grad_sync();
+    torch::save(std::vector<torch::Tensor>{z->shards()[0].grad().clone(), z->shards()[1].grad().clone()},
+                dir + "/grads" + std::to_string(rank) + ".pt");
+    strategy->shutdown();
+    return 0;
+  }, dir, std::chrono::seconds(60), st::install_store_backend);
+  for (auto& r : rs) ASSERT_EQ(r.exit_code, 0) << describe(rs);
+  // The reference: each rank's gradients of the same function, averaged; rank r holds rows [2r, 2r + 2).
+  std::vector<torch::Tensor> mean(2);
+  for (int r = 0; r < kWorld; ++r) {
+    auto w1 = torch::linspace(0.5, 2, 12).view({4, 3}).requires_grad_();
+    auto w2 = torch::linspace(-1, 1, 12).view({4, 3}).requires_grad_();
+    (w1 * w2 * x_of(r)).square().sum().backward();
+    for (int k = 0; k < 2; ++k) {
+      auto g = (k == 0 ? w1 : w2).grad() / kWorld;
+      mean[k] = mean[k].defined() ? mean[k] + g : g;
+    }
+  }
+  for (int r = 0; r < kWorld; ++r) {
+    std::vector<torch::Tensor> got;
+    torch::load(got, dir + "/grads" + std::to_string(r) + ".pt");
+    for (int k = 0; k < 2; ++k)
+      EXPECT_TRUE(torch::allclose(got[k], mean[k].narrow(0, 2 * r, 2), 1e-6, 1e-6))
+          << "rank " << r << " w" << k + 1 << ": " << got[k] << " vs " << mean[k].narrow(0, 2 * r, 2);
+  }
+}
+
 TEST(DDP, KilledRankEndsTheOtherWithOneClearLineWithinTheTimeout) {
   const std::string dir = test_dir("killed");
   const milliseconds timeout(4000);
