@@ -24,29 +24,11 @@
 #include "runner/replay.h"
 #include "strobe/config/config.h"
 #include "strobe/core/capture.h"
+#include "runner/spike_thresholds.h"
 
 namespace strobe::capture {
 
 namespace {
-
-// The recorded spike thresholds (mean + zscore x std per metric over its threshold); NaN: not used.
-struct SpikeThresholds {
-  double loss = NAN, grad_norm = NAN;
-};
-
-SpikeThresholds thresholds(const nlohmann::json& info) {
-  SpikeThresholds t;
-  if (info.value("kind", "") != "spike" || !info.contains("spike")) return t;
-  const auto& s = info["spike"];
-  const double z = s.value("zscore", 6.0);
-  auto one = [&](const char* k) -> double {
-    if (!s.contains(k) || !s[k].is_object()) return NAN;
-    return s[k].value("mean", 0.0) + z * s[k].value("std", 0.0);
-  };
-  t.loss = one("loss");
-  t.grad_norm = one("grad_norm");
-  return t;
-}
 
 bool bad(const StepOutcome& o, bool spike, const SpikeThresholds& t) {
   if (!o.finite()) return true;
@@ -112,7 +94,7 @@ nlohmann::json diagnose_capture(const std::string& path, const ReplayOptions& op
   const auto cap = load_capture(path);
   const auto& info = cap.info;
   const bool spike = info.value("kind", "") == "spike";
-  const auto thr = thresholds(info);
+  const auto thr = spike_thresholds(info);
   const std::string precision = info.value("precision", "32");
   ReplayVariant base;
   base.device = default_replay_device(cap, options);
@@ -375,7 +357,7 @@ nlohmann::json bisect_capture(const std::string& path, const BisectOptions& opti
             "older build, or of batches made by hand)",
             cap.file, m, cap.batches[m].indices.size(), cap.batches[m].batch_size()));
   const bool spike = info.value("kind", "") == "spike";
-  const auto thr = thresholds(info);
+  const auto thr = spike_thresholds(info);
   ReplayVariant base;
   base.device = default_replay_device(given, options.replay);
   base.allow_changed_plugins = options.replay.allow_changed_plugins;

@@ -15,6 +15,7 @@
 #include "strobe/core/forensics.h"
 #include "strobe/core/master_weights.h"
 #include "runner/experiment_builder.h"
+#include "runner/spike_thresholds.h"
 
 namespace strobe::capture {
 
@@ -336,11 +337,8 @@ nlohmann::json replay_capture(const std::string& path, const ReplayOptions& opti
     all_bits = all_bits && bits;
     // A rank is at fault when its own step is non-finite, or, for a spike, when its own loss is over
     // the recorded threshold (mean + zscore x std of the window).
-    bool bad_rank = !o.finite();
-    if (info.value("kind", "") == "spike" && info.contains("spike") && info["spike"].contains("loss")) {
-      const auto& sl = info["spike"]["loss"];
-      bad_rank = bad_rank || o.mean_loss() > sl.value("mean", 0.0) + info["spike"].value("zscore", 6.0) * sl.value("std", 0.0);
-    }
+    const double loss_threshold = spike_thresholds(info).loss;
+    const bool bad_rank = !o.finite() || (std::isfinite(loss_threshold) && o.mean_loss() > loss_threshold);
     if (bad_rank) culprits.push_back(r);
     if (bad_rank && first_any.is_null() && o.first) {
       first_any = o.first->to_json();
