@@ -151,23 +151,20 @@ void Trainer::setup_fit() {
     // their gradients away below, before the first step.
     if (!exp_.optimizer.param_groups.freeze.empty()) freeze_ = std::make_unique<Freeze>(exp_.optimizer, module_->net());
     std::vector<std::pair<std::string, torch::Tensor>> named;
+    std::vector<distributed::ShardedParam> trainable;
     for (auto& p : module_->net().named_parameters())
-      if (p.value().requires_grad()) named.emplace_back(p.key(), masters_ ? masters_->master_of(p.value()) : p.value());
+      if (p.value().requires_grad()) {
+        named.emplace_back(p.key(), masters_ ? masters_->master_of(p.value()) : p.value());
+        trainable.push_back({p.key(), p.value(), named.back().second});
+      }
     if (strategy_->sharding()) {
       // ZeRO-2: the optimizer updates this rank's shards of the fp32 values, under the same names
       // (strobe/distributed/zero2.h); the whole fp32 masters of bf16-master are let go.
-      std::vector<distributed::ShardedParam> sharded;
-      for (auto& p : module_->net().named_parameters())
-        if (p.value().requires_grad())
-          sharded.push_back({p.key(), p.value(), masters_ ? masters_->master_of(p.value()) : p.value()});
-      zero2_ = strategy_->shard_parameters(std::move(sharded));
+      std::vector<torch::Tensor> sharded_params;
+      for (const auto& t : trainable) sharded_params.push_back(t.param);
+      zero2_ = strategy_->shard_parameters(std::move(trainable));
       for (size_t i = 0; i < named.size(); ++i) named[i].second = zero2_->shards()[i];
-      if (masters_) {
-        std::vector<torch::Tensor> sharded_params;
-        for (const auto& p : module_->net().named_parameters())
-          if (p.value().requires_grad()) sharded_params.push_back(p.value());
-        masters_->drop_masters(sharded_params);
-      }
+      if (masters_) masters_->drop_masters(sharded_params);
       model_state_->set_sharded(zero2_, /*keep_whole_values=*/rank_ == 0);
     }
     const auto* model = dynamic_cast<const Model*>(&module_->net());

@@ -252,8 +252,6 @@ class DDPStrategy final : public Strategy {
     return zero2_.get();
   }
 
-  Zero2Shards* zero2() override { return zero2_.get(); }
-
   void setup_grad_sync(torch::nn::Module& net) override {
     std::vector<torch::Tensor> params;
     std::unordered_map<size_t, std::string> names;

@@ -107,15 +107,14 @@ class Strategy {
 
   // trainer.strategy: zero2 with several processes. sharding() says so from the start;
   // shard_parameters() makes the shards once the trainable parameters' fp32 values are known (the
-  // trainer's fit setup, before the optimizer, which then updates the shards): from then on
-  // pre_backward / finish_grad_sync reduce-scatter into them instead of all-reducing, and every
-  // parameter's gradient lives in its shard (zero2.h). zero2() is null before, and under ddp.
+  // trainer's fit setup, before the optimizer, which then updates the shards; null under ddp and
+  // for one process): from then on pre_backward / finish_grad_sync reduce-scatter into them
+  // instead of all-reducing, and every parameter's gradient lives in its shard (zero2.h).
   virtual bool sharding() const { return false; }
   virtual Zero2Shards* shard_parameters(std::vector<ShardedParam> params) {
     (void)params;
     return nullptr;
   }
-  virtual Zero2Shards* zero2() { return nullptr; }
 
   // This rank cannot go on: tell the others (they end with `why`), then return; the caller exits.
   virtual void abort(const std::string& why) = 0;

@@ -87,14 +87,13 @@ void Zero2Shards::prepare_for_backward() {
   TORCH_CHECK(!expecting_, "zero2: a step's last backward began before the previous one's gradients were reduced");
   for (auto& b : buckets_) {
     b.pending = 0;
-    b.launched = false;
     for (size_t i : b.params)
       if (slots_[i].hooked && params_[i].requires_grad()) ++b.pending;
   }
   for (auto& s : slots_) s.ready = false;
   next_bucket_ = 0;
+  in_flight_.reset();
   expecting_ = true;
-  finished_ = false;
   callback_queued_ = false;
 }
 
@@ -162,15 +161,15 @@ void Zero2Shards::launch(size_t k) {
   c10d::ReduceScatterOptions o;
   o.reduceOp = c10d::ReduceOp::AVG;
   b.work = pg_->_reduce_scatter_base(b.output, b.input, o);
-  b.launched = true;
   // A bounded footprint: the bucket launched before this one is waited for (on CUDA the current
   // stream waits; the host does not) and its input freed, while this one is in flight.
-  for (auto& other : buckets_) {
-    if (&other == &b || !other.launched || !other.work) continue;
-    other.work->wait();
-    other.work.reset();
-    other.input = torch::Tensor();
+  if (in_flight_) {
+    Bucket& prev = buckets_[*in_flight_];
+    prev.work->wait();
+    prev.work.reset();
+    prev.input = torch::Tensor();
   }
+  in_flight_ = k;
 }
 
 void Zero2Shards::finalize_backward() {
@@ -205,7 +204,6 @@ void Zero2Shards::finalize_backward() {
     g.set_(out.storage(), out.storage_offset() + s.offset, shards_[i].sizes(), shards_[i].strides());
     shards_[i].mutable_grad() = g;
   }
-  finished_ = true;
 }
 
 void Zero2Shards::finish() {

@@ -31,6 +31,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -66,7 +67,6 @@ class Zero2Shards {
   // What the optimizer updates: one fp32 tensor per parameter, in the constructor's order.
   const std::vector<torch::Tensor>& shards() const { return shards_; }
   const std::vector<std::string>& names() const { return names_; }
-  int64_t world_size() const { return world_; }
 
   // Hooks on the parameters that require gradients now (again after an unfreeze).
   void install_hooks();
@@ -75,7 +75,6 @@ class Zero2Shards {
   // After that backward: every shard whose parameter got a gradient has its .grad (the mean over
   // ranks, in the parameters' dtype); no parameter keeps a .grad. Idempotent.
   void finish();
-  bool pending() const { return expecting_; }
 
   // The all-gather of the updated shards into the parameters.
   void gather_params();
@@ -103,7 +102,6 @@ class Zero2Shards {
     torch::Tensor input, output;  // [world * shard_numel] while in flight; [shard_numel] kept
     c10::intrusive_ptr<c10d::Work> work;
     int64_t pending = 0;
-    bool launched = false;
   };
 
   void on_grad_ready(size_t i);
@@ -121,9 +119,9 @@ class Zero2Shards {
   std::vector<Slot> slots_;
   std::vector<Bucket> buckets_;
   size_t next_bucket_ = 0;     // the next bucket to launch (buckets are launched in order)
+  std::optional<size_t> in_flight_;  // the latest launched bucket, its input still held
   bool expecting_ = false;     // this backward reduce-scatters
   bool callback_queued_ = false;
-  bool finished_ = true;
 };
 
 }  // namespace strobe::distributed
