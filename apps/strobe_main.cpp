@@ -436,6 +436,10 @@ int main(int argc, char** argv) {
   bench->add_option("--set", bench_a.options.sets, "step suite: override a key of every workload (repeatable)")
       ->take_all()
       ->allow_extra_args(false);
+  bench->add_option("--memory-limit-gib", bench_a.options.memory_limit_gib,
+                    "step suite: cap the run's GPU at this many GiB, as a GPU of that size would hold the run (an "
+                    "allocation past it fails as out of memory)")
+      ->check(CLI::PositiveNumber);
   bench->add_option("--warmup", bench_a.options.warmup, "warm-up steps/calls (default: per suite; step: 30 on CUDA, 3 on CPU)")
       ->check(CLI::NonNegativeNumber);
   bench->add_option("--steps", bench_a.options.steps, "timed steps/calls (default: per suite; step: 50 on CUDA, 10 on CPU)")
@@ -487,7 +491,11 @@ int main(int argc, char** argv) {
   // Out of memory: one line naming what to lower. Exit 1: the input was accepted, the run started and
   // this machine could not hold it (a batch that cannot fit at all is refused at setup with exit 2).
   auto out_of_memory = [&](const std::string& what) {
-    if (!progress.built) {
+    if (command == "bench") {
+      const double cap = bench_a.options.memory_limit_gib;
+      fmt::print(stderr, "strobe bench: out of memory{} ({})\n",
+                 cap > 0 ? fmt::format(" under --memory-limit-gib {:g}", cap) : "", first_line(what));
+    } else if (!progress.built) {
       fmt::print(stderr, "strobe: out of memory while building the model and data ({}); use a smaller model (model.*) or dataset\n",
                  first_line(what));
     } else {

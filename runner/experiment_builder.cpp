@@ -365,6 +365,7 @@ std::unique_ptr<Run> build_run(config::Document& doc, const RunOptions& options)
   parts.run_dir = run->run_dir;
   parts.strategy = run->strategy;
   if (hf_source_config) parts.hf_source_config = *hf_source_config;
+  if (options.on_device) options.on_device(strategy.device());
   run->trainer = std::make_unique<Trainer>(std::move(parts));
   run->checkpoint = std::move(ckpt_data);
   return run;

@@ -2,6 +2,7 @@
 // picks the run directory. Used by the CLI and by tests that want exactly the CLI's behaviour.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -50,6 +51,9 @@ struct RunOptions {
   // Callbacks a program adds after the configured ones (replay's gradient observer, a test's
   // recorder); their hooks run last.
   std::vector<std::shared_ptr<Callback>> extra_callbacks;
+  // Called with the device the strategy chose, before the trainer moves anything to it
+  // (`strobe bench step --memory-limit-gib` caps the GPU there).
+  std::function<void(const torch::Device&)> on_device;
 };
 
 // Plugins load first: the experiment's, and with a checkpoint (`ckpt`) also those its resolved config

@@ -18,11 +18,20 @@ Run under torchrun, one process per GPU:
 Prints (rank 0) and writes one JSON object: mean and median step ms over the timed steps (CUDA
 events around each step, 10 warm-up steps), tokens/s of the job (world x B x S / mean step), the
 largest per-GPU peak allocated memory and the largest per-GPU memory allocated between steps (the
-model state: weights, gradient buffers, optimizer state), both in GiB. Env LLAMA_TINY=1 shrinks
-the model for a smoke test.
+model state: weights, gradient buffers, optimizer state), both in GiB, with the largest peak the
+caching allocator reserved and the most memory in use on a GPU at the end (its reservation plus the
+CUDA context and NCCL's buffers). Env LLAMA_TINY=1 shrinks the model for a smoke test.
+
+--depth N gives the 8b shape N layers (bench/distributed/largest_shape.sh); --memory-limit-gib G caps
+each GPU's caching allocator at G GiB (torch.cuda.set_per_process_memory_fraction), as a GPU of
+that size would hold the run: a run past it prints {"error": "out of memory", ...} and exits 1.
+FSDP2 over an untied shape is built on the meta device, sharded, then materialized shard by shard
+on the GPU (torchtitan's way), so no GPU ever holds the whole fp32 model.
 """
 import argparse
+import datetime
 import json
+import math
 import os
 import statistics
 
@@ -114,30 +123,62 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--shape", choices=["1b", "8b"], default="1b",
                     help="8b: Llama-3-8B's shape (d 4096, 32 layers, 32 heads over 8, SwiGLU 14336, untied head)")
+    ap.add_argument("--depth", type=int, help="with --shape 8b: this many layers instead of 32")
+    ap.add_argument("--memory-limit-gib", type=float, help="cap each GPU's caching allocator at this many GiB")
     a = ap.parse_args()
 
-    dist.init_process_group("nccl")
+    # A rank that runs out of memory leaves the others in a collective: NCCL's watchdog ends them.
+    dist.init_process_group("nccl", timeout=datetime.timedelta(seconds=120))
     rank, world = dist.get_rank(), dist.get_world_size()
     dev = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
     torch.cuda.set_device(dev)
+    total = torch.cuda.mem_get_info(dev)[1]
+    if a.memory_limit_gib:
+        torch.cuda.set_per_process_memory_fraction(min(1.0, a.memory_limit_gib * 2**30 / total), dev)
     tiny = os.environ.get("LLAMA_TINY") == "1"
     kw = dict(vocab=512, d=128, depth=2, h=4, kvh=2, ffn=256) if tiny else {}
     if a.shape == "8b" and not tiny:
         kw = dict(d=4096, depth=32, h=32, kvh=8, ffn=14336, tie=False)
+    if a.depth:
+        kw["depth"] = a.depth
     B, S = a.batch, 64 if tiny else 2048
     torch.manual_seed(0)
-    m = Llama(ac=a.ac == "blocks", **kw).to(dev)
-    if a.mode == "ddp":
-        model = nn.parallel.DistributedDataParallel(m, device_ids=[dev.index])
-        autocast = True
-    else:
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
-        for layer in m.layers:
-            fully_shard(layer, reshard_after_forward=False, mp_policy=mp)
-        fully_shard(m, reshard_after_forward=False, mp_policy=mp)
-        model = m
-        autocast = False  # the policy casts the parameters; activations follow
+    meta = a.mode == "fsdp2" and not kw.get("tie", True)
+    try:
+        with torch.device("meta" if meta else "cpu"):
+            m = Llama(ac=a.ac == "blocks", **kw)
+        params = sum(p.numel() for p in m.parameters())
+        if not meta:
+            m = m.to(dev)
+        if a.mode == "ddp":
+            model = nn.parallel.DistributedDataParallel(m, device_ids=[dev.index])
+            autocast = True
+        else:
+            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+            mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
+            for layer in m.layers:
+                fully_shard(layer, reshard_after_forward=False, mp_policy=mp)
+            fully_shard(m, reshard_after_forward=False, mp_policy=mp)
+            if meta:  # each rank materializes and initializes its own shards only
+                m.to_empty(device=dev)
+                with torch.no_grad():
+                    for name, p in m.named_parameters():
+                        if name.endswith("layernorm.weight") or name == "norm.weight":
+                            p.fill_(1.0)
+                        else:
+                            p.normal_(0.0, 0.02 if "embed" in name else 1.0 / math.sqrt(p.shape[-1]))
+            model = m
+            autocast = False  # the policy casts the parameters; activations follow
+        train(a, model, autocast, params, kw, B, S, rank, world, dev, total)
+    except torch.OutOfMemoryError as e:
+        print(json.dumps({"impl": "pytorch", "mode": a.mode, "rank": rank, "error": "out of memory",
+                          "memory_limit_gib": a.memory_limit_gib, "depth": kw.get("depth", 16),
+                          "what": str(e).splitlines()[0]}), flush=True)
+        os._exit(1)  # the other ranks may sit in a collective this rank never joins
+    dist.destroy_process_group()
+
+
+def train(a, model, autocast, params, kw, B, S, rank, world, dev, total):
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, fused=True)
     g = torch.Generator().manual_seed(1 + rank)
     batches = [torch.randint(0, kw.get("vocab", 128256), (B, S + 1), generator=g).to(dev) for _ in range(4)]
@@ -165,7 +206,9 @@ def main():
         e.record()
     torch.cuda.synchronize()
     ms = [s.elapsed_time(e) for s, e in events]
-    mine = torch.tensor([torch.cuda.max_memory_allocated() / 2**30, state / 2**30, statistics.mean(ms)], device=dev)
+    used = total - torch.cuda.mem_get_info(dev)[0]
+    mine = torch.tensor([torch.cuda.max_memory_allocated() / 2**30, state / 2**30, statistics.mean(ms),
+                         torch.cuda.max_memory_reserved() / 2**30, used / 2**30], device=dev)
     dist.all_reduce(mine, op=dist.ReduceOp.MAX)
     out = {
         "impl": "pytorch", "mode": a.mode, "activation_checkpointing": a.ac, "world_size": world,
@@ -173,14 +216,14 @@ def main():
         "step_ms_median_rank0": round(statistics.median(ms), 2),
         "tokens_per_s": round(world * B * S / mine[2].item() * 1000),
         "peak_gib_max_rank": round(mine[0].item(), 2), "state_gib_max_rank": round(mine[1].item(), 2),
-        "shape": a.shape, "params": sum(p.numel() for p in m.parameters()) if a.mode == "ddp" else None,
+        "peak_reserved_gib_max_rank": round(mine[3].item(), 2), "device_used_gib_max_rank": round(mine[4].item(), 2),
+        "shape": a.shape, "depth": kw.get("depth", 16), "params": params, "memory_limit_gib": a.memory_limit_gib,
     }
     if rank == 0:
         print(json.dumps(out))
         if a.json:
             with open(a.json, "w") as f:
                 json.dump(out, f)
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

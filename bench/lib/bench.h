@@ -60,6 +60,16 @@ void write_json_atomic(const std::string& path, const nlohmann::json& j);
 // device's name is strobe::device_name (strobe/core/throughput.h).
 void reset_peak_memory(const torch::Device& device);
 double peak_memory_bytes(const torch::Device& device);
+// The caching allocator's peak of reserved bytes (what it took from the driver) since
+// reset_peak_memory, and what the whole device has in use now (its total less its free memory:
+// the allocator's reservation plus the CUDA context, NCCL's buffers and anything else outside the
+// allocator); 0 on the CPU.
+double peak_reserved_bytes(const torch::Device& device);
+double device_used_bytes(const torch::Device& device);
+// Caps the caching allocator of a CUDA `device` at `gib` GiB, as a GPU of that size would hold it:
+// an allocation past the cap fails with CUDA's out-of-memory error. Throws BenchUsageError when the
+// device is not CUDA or has less memory than the cap.
+void limit_device_memory(const torch::Device& device, double gib);
 
 // --- suites ---
 struct SuiteOptions {
@@ -68,6 +78,7 @@ struct SuiteOptions {
   std::vector<std::string> sets;   // step: --set overrides applied to every workload (after ours)
   int64_t warmup = -1, steps = -1; // -1: the suite's default (on CUDA / on the CPU)
   bool cuda = false;               // a CUDA device is visible
+  double memory_limit_gib = 0;     // step: cap the run's GPU at this many GiB (0: its whole memory)
   std::string source_dir;          // where configs/ is looked up when not found from the cwd
 };
 

@@ -115,10 +115,14 @@ nlohmann::json run_workload(const Workload& w, const SuiteOptions& o, int64_t wa
   ro.create_run_dir = false;
   auto timer = std::make_shared<StepTimer>(warmup + steps);
   ro.extra_callbacks.push_back(timer);
+  // The cap is set before the trainer moves anything to the GPU: it holds for all the run allocates,
+  // building the model's device copies included.
+  if (o.memory_limit_gib > 0) ro.on_device = [&](const torch::Device& d) { limit_device_memory(d, o.memory_limit_gib); };
   auto run = build_run(doc, ro);
-  fmt::print(stderr, "strobe bench: step {}: {} warm-up + {} timed steps on {}\n", w.name, warmup, steps,
-             run->trainer->view().device().str());
-  reset_peak_memory(run->trainer->view().device());
+  const torch::Device device = run->trainer->view().device();
+  fmt::print(stderr, "strobe bench: step {}: {} warm-up + {} timed steps on {}{}\n", w.name, warmup, steps, device.str(),
+             o.memory_limit_gib > 0 ? fmt::format(" (capped at {:g} GiB)", o.memory_limit_gib) : "");
+  reset_peak_memory(device);
   const int rc = run->trainer->fit();
   if (rc != 0) throw std::runtime_error(fmt::format("step suite: {} stopped with exit status {}", w.name, rc));
   const std::vector<double> ms = timer->marks_->intervals_ms();
@@ -135,7 +139,7 @@ nlohmann::json run_workload(const Workload& w, const SuiteOptions& o, int64_t wa
   nlohmann::json j = {{"name", w.name},
                       {"config", w.config},
                       {"overrides", w.sets},
-                      {"device", run->trainer->view().device().str()},
+                      {"device", device.str()},
                       {"precision", to_string(run->experiment.trainer.precision)},
                       {"batch_size", timer->batch_size_},
                       {"warmup_steps", warmup},
@@ -169,15 +173,22 @@ nlohmann::json run_workload(const Workload& w, const SuiteOptions& o, int64_t wa
     if (declared) {
       j["model_tflop_per_step"] = timed_flops / n / 1e12;
       const std::string dtype = matmul_dtype(run->experiment.trainer.precision);
-      if (const auto peak = dense_peak(device_name(run->trainer->view().device()), dtype)) {
+      if (const auto peak = dense_peak(device_name(device), dtype)) {
         j["mfu"] = timed_flops / n * 1e3 / s.mean / peak->flops;
         j["peak_tflops"] = fmt::format("{:g} ({} dense {})", peak->flops / 1e12, peak->device, dtype);
       }
     }
   }
-  if (run->trainer->view().device().is_cuda()) {
-    j["peak_memory_gib"] = peak_memory_bytes(run->trainer->view().device()) / double(1 << 30);
+  if (device.is_cuda()) {
+    j["peak_memory_gib"] = peak_memory_bytes(device) / double(1 << 30);
     j["state_memory_gib"] = timer->state_bytes_ / double(1 << 30);
+    // What the GPU itself must hold: the allocator's largest reservation, and the device's memory in
+    // use at the end (the reservation plus the CUDA context, NCCL's buffers, ...). A GPU of
+    // G GiB holds the run when peak_reserved_gib + (device_used_gib - the reservation then) <= G.
+    j["peak_reserved_gib"] = peak_reserved_bytes(device) / double(1 << 30);
+    j["device_used_gib"] = device_used_bytes(device) / double(1 << 30);
+    if (const auto mem = device_memory(device)) j["reserved_gib"] = mem->reserved / double(1 << 30);
+    if (o.memory_limit_gib > 0) j["memory_limit_gib"] = o.memory_limit_gib;
   }
   // Several processes (torchrun): this rank's numbers; the job's tokens/s is world_size times
   // tokens_per_s when the ranks step together (they do: every step ends in a collective).

@@ -17,6 +17,7 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
 #endif
 
 namespace strobe::bench {
@@ -210,6 +211,10 @@ int run_bench(const std::vector<std::string>& names, const std::string& json_pat
     throw BenchUsageError("--config applies to the step suite only: strobe bench step --config FILE");
   if (!opt.workloads.empty() && std::none_of(chosen.begin(), chosen.end(), [](const auto& s) { return s.first == "step"; }))
     throw BenchUsageError("--workload applies to the step suite only: strobe bench step --workload NAME");
+  if (opt.memory_limit_gib > 0 && !(chosen.size() == 1 && chosen[0].first == "step"))
+    throw BenchUsageError("--memory-limit-gib applies to the step suite only: strobe bench step --memory-limit-gib GIB");
+  if (opt.memory_limit_gib > 0 && !torch::cuda::is_available())
+    throw BenchUsageError("--memory-limit-gib caps a GPU's memory, and no CUDA device is visible");
   SuiteOptions checked = opt;
   checked.cuda = torch::cuda::is_available();
   check_step_options(checked);
@@ -242,15 +247,58 @@ void reset_peak_memory(const torch::Device& device) {
   (void)device;
 }
 
-double peak_memory_bytes(const torch::Device& device) {
+namespace {
+// The caching allocator's peak of allocated (or reserved) bytes since reset_peak_memory.
+double allocator_peak(const torch::Device& device, bool reserved) {
 #ifdef STROBE_TORCH_HAS_CUDA
   if (device.is_cuda()) {
     const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index() < 0 ? 0 : device.index());
-    return static_cast<double>(stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak);
+    const auto& stat = reserved ? stats.reserved_bytes : stats.allocated_bytes;
+    return static_cast<double>(stat[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak);
+  }
+#endif
+  (void)device, (void)reserved;
+  return 0;
+}
+}  // namespace
+
+double peak_memory_bytes(const torch::Device& device) { return allocator_peak(device, false); }
+double peak_reserved_bytes(const torch::Device& device) { return allocator_peak(device, true); }
+
+#ifdef STROBE_TORCH_HAS_CUDA
+namespace {
+// (free, total) bytes of a CUDA device, from the driver.
+std::pair<size_t, size_t> device_free_total(const torch::Device& device) {
+  c10::cuda::CUDAGuard guard(device.index() < 0 ? 0 : device.index());
+  size_t free = 0, total = 0;
+  C10_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  return {free, total};
+}
+}  // namespace
+#endif
+
+double device_used_bytes(const torch::Device& device) {
+#ifdef STROBE_TORCH_HAS_CUDA
+  if (device.is_cuda()) {
+    const auto [free, total] = device_free_total(device);
+    return static_cast<double>(total - free);
   }
 #endif
   (void)device;
   return 0;
+}
+
+void limit_device_memory(const torch::Device& device, double gib) {
+  if (!device.is_cuda())
+    throw BenchUsageError(fmt::format("--memory-limit-gib caps a GPU's memory, and this run trains on {}", device.str()));
+#ifdef STROBE_TORCH_HAS_CUDA
+  const double total = static_cast<double>(device_free_total(device).second);
+  const double limit = gib * double(1 << 30);
+  if (limit > total)
+    throw BenchUsageError(fmt::format("--memory-limit-gib {:g} is more than {} has ({:.2f} GiB)", gib, device.str(),
+                                      total / double(1 << 30)));
+  c10::cuda::CUDACachingAllocator::setMemoryFraction(limit / total, device.index() < 0 ? 0 : device.index());
+#endif
 }
 
 }  // namespace strobe::bench

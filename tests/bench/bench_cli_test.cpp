@@ -122,6 +122,14 @@ TEST(BenchCli, BadUsageExitsTwoWithOneLine) {
       {"bench step --steps 0", "--steps"},
       {"bench step --workload vit --json " + out, "--workload: unknown workload 'vit' (workloads: vit_l16, face_detector_giou, resnet50, lm_pack"},
       {"bench giou --workload vit_l16", "--workload applies to the step suite only"},
+      {"bench giou --memory-limit-gib 10", "--memory-limit-gib applies to the step suite only"},
+      {"bench step --memory-limit-gib 0", "--memory-limit-gib"},
+      // No GPU: refused before anything runs; a GPU machine running a CPU config: refused at the
+      // device the run trains on.
+      torch::cuda::is_available()
+          ? Case{"bench step --memory-limit-gib 10 --set trainer.device=cpu --config " + src("configs/cpu/vit_l16.yaml"),
+                 "--memory-limit-gib caps a GPU's memory, and this run trains on cpu"}
+          : Case{"bench step --memory-limit-gib 10 --json " + out, "--memory-limit-gib caps a GPU's memory, and no CUDA device is visible"},
   };
   for (const auto& c : cases) {
     auto r = strobe_cmd(c.args);

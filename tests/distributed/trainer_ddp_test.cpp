@@ -528,6 +528,36 @@ TEST(TrainerZero2, EndsWhereDdpEndsWithEachRankUpdatingItsShards) {
   }
 }
 
+// Four ranks: each optimizer holds ceil(dim0 / 4) rows of every parameter (27% of the probe's 2387
+// values, padding included; rank 3's share of the 5-class layer is all padding) and the run ends
+// where four ranks of ddp end: the sharding is the world size's, not two's.
+TEST(TrainerZero2, FourRanksEachUpdateAQuarterAndEndWhereDdpEnds) {
+  const std::vector<std::string> probe = {"model.hidden=33", "model.num_classes=5", "data.num_classes=5"};
+  const int64_t shard = 9 * 64 + 9 + 2 * 33 + 2;
+  Job ddp = new_job("z2-4-ddp"), zero2 = new_job("z2-4-zero2");
+  auto rd = fit(4, ddp, probe);
+  for (auto& r : rd) ASSERT_EQ(r.exit_code, 0) << describe(rd);
+  auto sets = probe;
+  sets.push_back("trainer.strategy=zero2");
+  auto rz = fit(4, zero2, sets);
+  for (auto& r : rz) ASSERT_EQ(r.exit_code, 0) << describe(rz);
+  auto pd = load_params(ddp.dir + "/params0.pt");
+  const double vd = read_json(ddp.dir + "/rank0.json")["metrics"]["val/loss"];
+  for (int r = 0; r < 4; ++r) {
+    auto j = read_json(fmt::format("{}/rank{}.json", zero2.dir, r));
+    EXPECT_EQ(j["global_step"], 6) << "rank " << r;
+    EXPECT_EQ(j["optimizer_numel"], shard) << "rank " << r;
+    EXPECT_NEAR(j["metrics"]["val/loss"].get<double>(), vd, 1e-5 * vd) << "rank " << r;
+    auto pz = load_params(fmt::format("{}/params{}.pt", zero2.dir, r));
+    ASSERT_EQ(pz.size(), pd.size());
+    for (size_t i = 0; i < pd.size(); ++i)
+      EXPECT_LT((pd[i] - pz[i]).abs().max().item<double>() / std::max(pd[i].abs().max().item<double>(), 1e-3), 1e-5)
+          << "rank " << r << " parameter " << i;
+  }
+  checkpoint::remove_tree(ddp.dir);
+  checkpoint::remove_tree(zero2.dir);
+}
+
 // A NaN loss on rank 1 only (the loss check alone: rank 0's own loss is finite) stops both ranks with
 // exit 3 at the same step; each rank writes its capture; the weights stay finite.
 // Under zero2 too, where each rank's capture holds its optimizer shard and strobe replay runs both

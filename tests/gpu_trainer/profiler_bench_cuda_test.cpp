@@ -5,6 +5,7 @@
 
 #include <filesystem>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "tests/cli/cli_test_util.h"
@@ -54,4 +55,39 @@ TEST(BenchCuda, StepSuiteTimesCudaStepsWithEvents) {
   EXPECT_GT(s.at("min").get<double>(), 0.0);
   EXPECT_LE(s.at("min").get<double>(), s.at("median").get<double>());
   EXPECT_LE(s.at("median").get<double>(), s.at("max").get<double>());
+}
+
+// --memory-limit-gib caps the run's GPU as a smaller GPU would: the same run that trains uncapped
+// runs out of memory under half its own peak allocation (one line, exit 1), and a cap past the
+// GPU's memory is refused (exit 2). The JSON says what the GPU had to hold.
+TEST(BenchCuda, MemoryLimitCapsTheRunAsASmallerGpuWould) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device visible: CUDA bench test skipped";
+  const std::string dir = temp_dir("bench-cap");
+  const std::string run = std::string("bench step --config ") + strobe::testing::source_path("configs/cpu/vit_l16.yaml") +
+                          " --set trainer.device=cuda --set model.attention=sdpa --set data.batch_size=64 --warmup 1 --steps 2";
+  auto free = strobe_cmd(run + " --json " + dir + "/free.json");
+  ASSERT_EQ(free.code, 0) << free.err;
+  const auto w = nlohmann::json::parse(slurp(dir + "/free.json")).at("suites").at("step").at("workloads").at(0);
+  const double reserved = w.at("peak_reserved_gib").get<double>();
+  EXPECT_GE(reserved, w.at("peak_memory_gib").get<double>());
+  EXPECT_GE(w.at("device_used_gib").get<double>(), w.at("reserved_gib").get<double>());
+  EXPECT_FALSE(w.contains("memory_limit_gib"));
+
+  const std::string half = fmt::format("{:.4f}", w.at("peak_memory_gib").get<double>() / 2);
+  auto capped = strobe_cmd(run + " --memory-limit-gib " + half);
+  EXPECT_EQ(capped.code, 1) << capped.err;
+  EXPECT_NE(capped.err.find("strobe bench: out of memory under --memory-limit-gib " + fmt::format("{:g}", std::stod(half)) +
+                            " (CUDA out of memory"),
+            std::string::npos)
+      << capped.err;
+  EXPECT_EQ(capped.err.find("Exception raised from"), std::string::npos) << capped.err;
+
+  auto roomy = strobe_cmd(run + " --memory-limit-gib " + fmt::format("{:.4f}", reserved * 2 + 0.5) + " --json " + dir + "/cap.json");
+  ASSERT_EQ(roomy.code, 0) << roomy.err;
+  const auto c = nlohmann::json::parse(slurp(dir + "/cap.json")).at("suites").at("step").at("workloads").at(0);
+  EXPECT_NEAR(c.at("memory_limit_gib").get<double>(), reserved * 2 + 0.5, 1e-3);
+
+  auto too_much = strobe_cmd(run + " --memory-limit-gib 100000");
+  EXPECT_EQ(too_much.code, 2) << too_much.err;
+  EXPECT_NE(too_much.err.find("strobe bench: --memory-limit-gib 100000 is more than cuda:0 has"), std::string::npos) << too_much.err;
 }
