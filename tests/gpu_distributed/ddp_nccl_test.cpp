@@ -102,6 +102,25 @@ void backward_micro_batches(sd::Strategy& strategy, torch::nn::Sequential& net,
   }
 }
 
+// One process on the union batch, the reference both NCCL equivalence tests end at: the
+// parameters after kSteps SGD steps, and the last step's per-parameter gradient norms.
+std::pair<std::vector<torch::Tensor>, std::vector<torch::Tensor>> one_process_on_the_union_batch() {
+  auto net = make_mlp(100);
+  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  std::vector<torch::Tensor> last_norms;
+  for (int step = 0; step < kSteps; ++step) {
+    for (int m = 0; m < kAccum; ++m) {
+      auto [x, y] = global_batch(step, m);
+      (torch::mse_loss(net->forward(x), y) / kAccum).backward();
+    }
+    last_norms.clear();
+    for (auto& p : net->parameters()) last_norms.push_back(p.grad().norm());
+    opt.step();
+    opt.zero_grad();
+  }
+  return {net->parameters(), last_norms};
+}
+
 #ifdef STROBE_TORCH_HAS_CUDA
 // Runs f with CUDA sync-debug mode "error": any host-device synchronization throws.
 template <class F>
@@ -157,17 +176,7 @@ TEST(GpuDDP, NcclTwoRanksMatchOneProcessOnTheUnionBatchWithoutHostSyncs) {
   }, dir, std::chrono::seconds(180), nullptr);
   if (skipped(rs)) GTEST_SKIP() << "fewer than 2 CUDA devices visible";
   for (auto& r : rs) ASSERT_EQ(r.exit_code, 0) << describe(rs);
-  auto net = make_mlp(100);
-  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
-  for (int step = 0; step < kSteps; ++step) {
-    for (int m = 0; m < kAccum; ++m) {
-      auto [x, y] = global_batch(step, m);
-      (torch::mse_loss(net->forward(x), y) / kAccum).backward();
-    }
-    opt.step();
-    opt.zero_grad();
-  }
-  auto params = net->parameters();
+  const auto params = one_process_on_the_union_batch().first;
   for (int r = 0; r < kWorld; ++r) {
     std::vector<torch::Tensor> got;
     torch::load(got, dir + "/params" + std::to_string(r) + ".pt");
@@ -241,20 +250,7 @@ TEST(GpuZero2, NcclShardsMatchOneProcessOnTheUnionBatchWithoutHostSyncs) {
   }, dir, std::chrono::seconds(180), nullptr);
   if (skipped(rs)) GTEST_SKIP() << "fewer than 2 CUDA devices visible";
   for (auto& r : rs) ASSERT_EQ(r.exit_code, 0) << describe(rs);
-  auto net = make_mlp(100);
-  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
-  std::vector<torch::Tensor> last_norms;
-  for (int step = 0; step < kSteps; ++step) {
-    for (int m = 0; m < kAccum; ++m) {
-      auto [x, y] = global_batch(step, m);
-      (torch::mse_loss(net->forward(x), y) / kAccum).backward();
-    }
-    last_norms.clear();
-    for (auto& p : net->parameters()) last_norms.push_back(p.grad().norm());
-    opt.step();
-    opt.zero_grad();
-  }
-  auto params = net->parameters();
+  const auto [params, last_norms] = one_process_on_the_union_batch();
   int64_t full = 0, half = 0;
   for (auto& p : params) full += p.numel(), half += (p.size(0) + 1) / 2 * (p.numel() / p.size(0));
   std::vector<torch::Tensor> p0, p1;
