@@ -213,15 +213,13 @@ int run_bench(const std::vector<std::string>& names, const std::string& json_pat
     throw BenchUsageError("--workload applies to the step suite only: strobe bench step --workload NAME");
   if (opt.memory_limit_gib > 0 && !(chosen.size() == 1 && chosen[0].first == "step"))
     throw BenchUsageError("--memory-limit-gib applies to the step suite only: strobe bench step --memory-limit-gib GIB");
-  if (opt.memory_limit_gib > 0 && !torch::cuda::is_available())
-    throw BenchUsageError("--memory-limit-gib caps a GPU's memory, and no CUDA device is visible");
-  SuiteOptions checked = opt;
-  checked.cuda = torch::cuda::is_available();
-  check_step_options(checked);
-  // Refuse an unwritable --json before minutes of benchmarking.
-  if (!json_path.empty()) write_json_atomic(json_path, nlohmann::json{{"status", "running"}});
   SuiteOptions o = opt;
   o.cuda = torch::cuda::is_available();
+  if (o.memory_limit_gib > 0 && !o.cuda)
+    throw BenchUsageError("--memory-limit-gib caps a GPU's memory, and no CUDA device is visible");
+  check_step_options(o);
+  // Refuse an unwritable --json before minutes of benchmarking.
+  if (!json_path.empty()) write_json_atomic(json_path, nlohmann::json{{"status", "running"}});
   nlohmann::json result = {{"strobe_version", STROBE_VERSION},
                            {"libtorch", TORCH_VERSION},
                            {"device", suite_device_name(o.cuda)},

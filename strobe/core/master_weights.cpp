@@ -1,5 +1,7 @@
 #include "strobe/core/master_weights.h"
 
+#include <unordered_set>
+
 #include <torch/torch.h>
 
 namespace strobe {
@@ -45,8 +47,8 @@ const torch::Tensor& MasterWeights::master_of(const torch::Tensor& param) const 
 void MasterWeights::drop_masters(const std::vector<torch::Tensor>& params) {
   std::vector<torch::Tensor> model, master;
   std::unordered_map<const c10::TensorImpl*, size_t> index;
-  std::unordered_map<const c10::TensorImpl*, bool> dropped;
-  for (const auto& p : params) dropped[p.unsafeGetTensorImpl()] = true;
+  std::unordered_set<const c10::TensorImpl*> dropped;
+  for (const auto& p : params) dropped.insert(p.unsafeGetTensorImpl());
   for (size_t i = 0; i < model_.size(); ++i) {
     if (dropped.count(model_[i].unsafeGetTensorImpl())) continue;
     index[model_[i].unsafeGetTensorImpl()] = model.size();

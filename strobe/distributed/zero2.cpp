@@ -29,7 +29,11 @@ Zero2Shards::Zero2Shards(c10::intrusive_ptr<c10d::ProcessGroup> pg, int64_t rank
     masters.push_back(p.master);
   }
   // The optimizer's values start equal on every rank, whatever each rank's initialization was.
-  c10d::broadcast_coalesced(pg_, masters, kBroadcastBytes, 0);
+  // A master that is its parameter (fp32 training) came with setup_model's broadcast already.
+  std::vector<torch::Tensor> separate;
+  for (size_t i = 0; i < masters.size(); ++i)
+    if (!masters[i].is_same(params_[i])) separate.push_back(masters[i]);
+  if (!separate.empty()) c10d::broadcast_coalesced(pg_, separate, kBroadcastBytes, 0);
   slots_.resize(params_.size());
   for (size_t i = 0; i < params_.size(); ++i) {
     const auto& m = masters[i];
