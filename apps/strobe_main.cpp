@@ -25,6 +25,7 @@
 #include "strobe/config/config.h"
 #include "strobe/core/callback.h"
 #include "strobe/core/capture.h"
+#include "strobe/core/quarantine.h"
 #include "strobe/core/datamodule.h"
 #include "strobe/core/model.h"
 #include "strobe/core/module.h"
@@ -32,6 +33,7 @@
 #include "strobe/core/signals.h"
 #include "strobe/data/data_error.h"
 #include "strobe/distributed/launch_env.h"
+#include "runner/command_inputs.h"
 #include "runner/experiment_builder.h"
 #include "runner/export.h"
 #include "runner/predict.h"
@@ -166,8 +168,11 @@ int run_command(const std::string& command, const Common& c, Progress& progress)
               : command == "predict"  ? strobe::Stage::Predict
                                       : strobe::Stage::Test;
   if (command == "predict") {
-    // The output is checked before any work; one process (a prediction run has no ranks to merge).
-    strobe::check_predict_output(predict_opts);
+    // The output is checked before any work (never an input: the config, the checkpoint, every file
+    // the experiment names); one process (a prediction run has no ranks to merge).
+    auto inputs = strobe::experiment_inputs(doc.root().node(), c.config);
+    if (!c.ckpt.empty()) inputs.push_back({"the checkpoint being read", c.ckpt});
+    strobe::check_predict_output(predict_opts, inputs);
     if (strobe::distributed::launch_env_from_process().world_size > 1)
       throw strobe::config::ConfigError(
           "strobe predict runs as one process: start it without torchrun or srun (it writes one file in dataset order)");
@@ -242,6 +247,7 @@ int run_command(const std::string& command, const Common& c, Progress& progress)
 struct BenchArgs {
   std::vector<std::string> suites;
   std::string json;
+  bool overwrite = false;
   strobe::bench::SuiteOptions options;
 };
 
@@ -253,6 +259,7 @@ struct ReplayArgs {
   bool diagnose = false;
   bool bisect = false;
   std::string quarantine;
+  bool overwrite = false;
 };
 
 int run_replay(const ReplayArgs& a) {
@@ -268,32 +275,37 @@ int run_replay(const ReplayArgs& a) {
       throw strobe::config::ConfigError(fmt::format("--device {}: no CUDA device is visible", a.device));
     opt.device = a.device;
   }
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  if (!a.report.empty() && fs::exists(a.report, ec)) {
-    // The report is never written over an input: the capture's own files (capture.ckpt, ...).
-    const fs::path report(a.report);
-    std::vector<fs::path> dirs{a.capture};
-    try {
-      dirs.push_back(strobe::capture::resolve_capture_dir(a.capture));
-    } catch (const strobe::checkpoint::CheckpointError&) {
-      // replay_capture below says what is wrong with it
-    }
-    for (const fs::path& dir : dirs) {
-      if (fs::equivalent(report, dir, ec))
-        throw strobe::config::ConfigError(fmt::format("--report {}: is the capture directory; write the report elsewhere", a.report));
-      for (const auto& e : fs::directory_iterator(dir, ec))
-        if (fs::equivalent(report, e.path(), ec))
-          throw strobe::config::ConfigError(fmt::format(
-              "--report {}: is the capture's {} (an input of the replay); write the report elsewhere", a.report,
-              e.path().filename().string()));
-    }
+  // The outputs are checked before the replay (docs/CONFIG.md, "Outputs"): never a file of the capture,
+  // never each other; another existing file only with --overwrite, unless it is this command's own
+  // earlier report (or, for --write-quarantine, a quarantine file, which is added to).
+  std::vector<strobe::checkpoint::CommandInput> inputs{{"the capture directory", a.capture}};
+  try {
+    inputs.push_back({"the capture directory", strobe::capture::resolve_capture_dir(a.capture)});
+  } catch (const strobe::checkpoint::CheckpointError&) {
+    // replay_capture below says what is wrong with it
+  }
+  if (!a.report.empty()) {
+    strobe::checkpoint::OutputFile out{"--report", a.report, a.overwrite, inputs, {{"the --write-quarantine file", a.quarantine}}};
+    out.is_own = [](const std::string& path) {
+      return strobe::checkpoint::json_file_where(path, [](const nlohmann::json& j) { return strobe::capture::is_replay_report(j); });
+    };
+    out.own_kind = "an earlier replay report";
+    strobe::checkpoint::check_output_file(out);
+  }
+  if (!a.quarantine.empty()) {
+    strobe::checkpoint::OutputFile out{"--write-quarantine", a.quarantine, a.overwrite, inputs, {{"the --report file", a.report}}};
+    out.is_own = [](const std::string& path) {
+      return strobe::checkpoint::json_file_where(path, [](const nlohmann::json& j) { return strobe::is_quarantine(j); });
+    };
+    out.own_kind = "a Strobe quarantine file (to add to)";
+    strobe::checkpoint::check_output_file(out);
   }
   nlohmann::json report;
   if (a.bisect) {
     strobe::capture::BisectOptions b;
     b.replay = opt;
     b.quarantine = a.quarantine;
+    b.replace_quarantine = a.overwrite;
     report = strobe::capture::bisect_capture(a.capture, b);
     fmt::print("{}", strobe::capture::format_bisection(report));
   } else if (a.diagnose) {
@@ -304,10 +316,12 @@ int run_replay(const ReplayArgs& a) {
     fmt::print("{}", strobe::capture::format_replay_report(report));
   }
   if (!a.report.empty()) {
+    report["strobe_replay_report"] = 1;  // what makes it this command's own earlier output
     try {
       strobe::checkpoint::write_file_atomic(a.report, report.dump(2) + "\n");
     } catch (const strobe::checkpoint::CheckpointError& e) {
-      throw strobe::config::ConfigError(fmt::format("--report: cannot write '{}': {}", a.report, e.what()));
+      // Checked writable before the replay: what fails now is the machine's (exit 1).
+      throw strobe::checkpoint::WriteError(fmt::format("--report {}: cannot write the report: {}", a.report, e.what()));
     }
     fmt::print("report written to {}\n", a.report);
   }
@@ -412,6 +426,9 @@ int main(int argc, char** argv) {
   rep->add_option("--write-quarantine", replay_a.quarantine,
                   "with --bisect: add those samples to this quarantine file (read by data.exclude)")
       ->check(kNonEmpty);
+  rep->add_flag("--overwrite", replay_a.overwrite,
+                "replace an existing --report (or --write-quarantine) file that is not an earlier one of this command's "
+                "(a file of the capture never)");
   strobe::ExportOptions export_a;
   auto* exp = app.add_subcommand("export", "write a checkpoint's model weights as a safetensors file");
   exp->add_option("checkpoint", export_a.checkpoint, "a Strobe checkpoint (last.ckpt, a top-k checkpoint)")
@@ -428,6 +445,8 @@ int main(int argc, char** argv) {
       "bench", "time training steps and kernels: suites step, giou, attention, optimizer, metrics, nan_capture (default: all)");
   bench->add_option("suites", bench_a.suites, "suites to run (default: all)");
   bench->add_option("--json", bench_a.json, "also write the results as JSON to this file")->check(kNonEmpty);
+  bench->add_flag("--overwrite", bench_a.overwrite,
+                  "replace an existing --json file that is not an earlier strobe bench result (the config never)");
   bench->add_option("-c,--config", bench_a.options.config, "step suite: time this config instead of the seed workloads");
   bench->add_option("--workload", bench_a.options.workloads,
                     "step suite: only these seed workloads (vit_l16, face_detector_giou, resnet50, lm_pack, lm_pad_to_max, "
@@ -511,7 +530,7 @@ int main(int argc, char** argv) {
       return run_list(list_kind);
     }
     if (command == "replay") return run_replay(replay_a);
-    if (command == "bench") return strobe::bench::run_bench(bench_a.suites, bench_a.json, bench_a.options);
+    if (command == "bench") return strobe::bench::run_bench(bench_a.suites, bench_a.json, bench_a.options, bench_a.overwrite);
     if (command == "export") {
       const int n = strobe::export_weights(export_a);
       fmt::print("strobe export: {} tensors of {} written to {}{}\n", n, export_a.checkpoint, export_a.output,
@@ -530,6 +549,9 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const strobe::PredictError& e) {
     fmt::print(stderr, "strobe predict: {}\n", one_line(e.what()));
+    return 2;
+  } catch (const strobe::checkpoint::OutputRefused& e) {
+    fmt::print(stderr, "strobe {}: {}\n", command, one_line(e.what()));  // docs/CONFIG.md, "Outputs"
     return 2;
   } catch (const strobe::RunDirError& e) {
     fmt::print(stderr, "strobe: run directory error: {}\n", one_line(e.what()));

@@ -13,6 +13,8 @@
 // the peers may be blocked in a collective this rank will never join, or gone; the trainer then
 // tells them the original error (strategy abort) and every rank ends within trainer.dist_timeout.
 // A save that fails prints one line and never replaces the original error.
+#include <algorithm>
+#include <cctype>
 #include <filesystem>
 
 #include <fmt/format.h>
@@ -30,6 +32,13 @@ class OnExceptionCheckpoint : public Callback {
  public:
   explicit OnExceptionCheckpoint(std::string filename) : filename_(std::move(filename)) {}
   std::string name() const override { return "on_exception_checkpoint"; }
+
+  // A writer killed mid-save (kill -9) left its temporary beside the file; whatever checkpoints the
+  // run otherwise keeps (none, or in another dirpath), the next start removes it.
+  void on_fit_start(TrainerView& t, Module&) override {
+    if (!t.run_dir().empty())
+      checkpoint::remove_stale_temp_files((std::filesystem::path(t.run_dir()) / "checkpoints").string(), filename_ + ".ckpt");
+  }
 
   void on_train_batch_start(TrainerView& t, Module& module, const Batch&, int64_t) override {
     if (t.accumulated_batches() != 0 && in_step_) return;  // a later micro-batch of the same step
@@ -90,9 +99,19 @@ class OnExceptionCheckpoint : public Callback {
 
 std::shared_ptr<Callback> make_on_exception_checkpoint(config::Section& cfg) {
   const std::string filename = cfg.get_string("filename", "on_exception");
-  if (filename.empty() || filename.find('/') != std::string::npos || filename == "." || filename == "..")
-    cfg.fail("filename", fmt::format("expected a file name without '/' (the checkpoint is <run>/checkpoints/<filename>.ckpt), "
-                                     "got '{}'",
+  const bool blank_edge = !filename.empty() && (std::isspace(static_cast<unsigned char>(filename.front())) ||
+                                                std::isspace(static_cast<unsigned char>(filename.back())));
+  const bool control = std::any_of(filename.begin(), filename.end(), [](char c) { return static_cast<unsigned char>(c) < 0x20; });
+  if (filename.empty() || blank_edge || control || filename.find('/') != std::string::npos || filename.front() == '.' ||
+      (filename.size() >= 5 && filename.compare(filename.size() - 5, 5, ".ckpt") == 0))
+    cfg.fail("filename", fmt::format("expected a file name without '/', a leading '.', blanks at either end or the "
+                                     "'.ckpt' suffix (the checkpoint is <run>/checkpoints/<filename>.ckpt), got '{}'",
+                                     filename));
+  // The recovery state never replaces the run's own checkpoints: last.ckpt, and model_checkpoint's
+  // top-k files (step=<n>..., epoch=<e>-step=<n>...).
+  if (filename == "last" || filename.rfind("step=", 0) == 0 || filename.rfind("epoch=", 0) == 0)
+    cfg.fail("filename", fmt::format("'{}' is a name model_checkpoint gives its checkpoints (last, step=..., epoch=...); "
+                                     "choose another (default: on_exception)",
                                      filename));
   cfg.finish();
   return std::make_shared<OnExceptionCheckpoint>(filename);

@@ -14,6 +14,7 @@
 #include <array>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 
 #include <fmt/format.h>
@@ -24,6 +25,7 @@
 #include "data/image_folder.h"
 #include "data/image_transforms.h"
 #include "data/synthetic_rng.h"
+#include "strobe/checkpoint/json_text.h"
 #include "strobe/core/datamodule.h"
 #include "strobe/data/dataset.h"
 
@@ -43,9 +45,12 @@ std::vector<CocoImage> read_coco(const std::string& ann_path, const std::string&
   require_regular_file(ann_path);
   std::ifstream in(ann_path);
   if (!in) throw DataError(fmt::format("{}: cannot open the annotation file", ann_path));
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (!checkpoint::json_nesting_within(text))
+    throw DataError(fmt::format("{}: nests deeper than {} levels: not a COCO annotation file", ann_path, checkpoint::kMaxJsonDepth));
   json doc;
   try {
-    doc = json::parse(in);
+    doc = json::parse(text);
   } catch (const json::exception& e) {
     throw DataError(fmt::format("{}: not valid JSON ({})", ann_path, e.what()));
   }

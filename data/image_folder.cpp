@@ -209,6 +209,10 @@ std::shared_ptr<DataModule> make_image_folder(config::Section& cfg, const DataCo
   DataInfo info;
   info.batch_keys = {"image", "label"};
   info.class_names = std::static_pointer_cast<ImageFolderDataset>(train_ds)->classes();
+  // Checked against model.num_classes before any run file is written (a label past the head would
+  // fail only at the first step).
+  info.num_classes = static_cast<int64_t>(info.class_names.size());
+  info.num_classes_source = fmt::format("data.root {} has {} class folders", root, info.num_classes);
   dm->set_info(info);
   return dm;
 }

@@ -2,12 +2,16 @@
 // embeddings, regression targets, precomputed images), memory-mapped as token files are: a file of
 // any size costs no RAM up front, sample i is row i of every named tensor.
 //   fields: {batch key: tensor name} ({image: x, label: y} for classification, {image: x, target: y}
-//           for regression); floating fields reach the model as float32, integer ones as int64.
+//           for regression); `image` and `target` reach the model as float32 whatever their stored
+//           dtype (uint8 pixels, int32 features), `label` as int64; other fields: floating as
+//           float32, integer as int64.
 // Validation: val_path, or else the last val_fraction of the rows (the tail, as token_file does);
 // test_path, or else the validation rows. Checked at setup (DataError / ConfigError naming the file,
-// the field and the tensor): a missing tensor (the file's names listed), tensors of different lengths,
-// a label that is not an integer vector, a negative label, and non-finite values in floating fields
-// (refused unless allow_nonfinite: true, which counts them and says so).
+// the field and the tensor): a missing tensor (the file's names listed; a BOOL one named as such),
+// tensors of different lengths, an `image` that is one value per sample (a vector, not rows of
+// features), a label that is not an integer vector, a negative label, non-finite values in floating
+// fields (refused unless allow_nonfinite: true, which counts them and says so), and a val_path or
+// test_path whose rows have another shape than path's.
 #include <algorithm>
 #include <map>
 #include <memory>
@@ -35,8 +39,8 @@ class TensorRows : public Dataset {
     Sample s;
     for (const auto& [key, t] : fields_) {
       const torch::Tensor row = t.select(0, first_ + index);
-      s[key] = t.is_floating_point() ? row.to(torch::kFloat32, /*non_blocking=*/false, /*copy=*/true)
-                                     : row.to(torch::kInt64, /*non_blocking=*/false, /*copy=*/true);
+      const bool as_float = t.is_floating_point() || key == "image" || key == "target";  // what a model or a loss reads
+      s[key] = row.to(as_float ? torch::kFloat32 : torch::kInt64, /*non_blocking=*/false, /*copy=*/true);
     }
     return s;
   }
@@ -65,6 +69,10 @@ std::vector<std::pair<std::string, torch::Tensor>> open_fields(const std::string
   for (const auto& [key, name] : f.map) {
     auto it = by_name.find(name);
     if (it == by_name.end()) {
+      if (std::find(file.unmapped_bool.begin(), file.unmapped_bool.end(), name) != file.unmapped_bool.end())
+        throw DataError(fmt::format("{}: fields.{}: tensor '{}' is BOOL, which tensor_file does not read; store it as uint8 "
+                                    "(labels: integer class indices)",
+                                    path, key, name));
       std::vector<std::string> names;
       for (const auto& kv : file.tensors) names.push_back(kv.first);
       throw DataError(fmt::format("{}: fields.{}: no tensor '{}' (the file holds: {})", path, key, name, fmt::join(names, ", ")));
@@ -77,6 +85,10 @@ std::vector<std::pair<std::string, torch::Tensor>> open_fields(const std::string
       throw DataError(fmt::format("{}: fields.{}: tensor '{}' has {} rows but '{}' has {}: every field needs one row per sample", path, key,
                                   name, t.size(0), first_name, rows));
     }
+    if (key == "image" && t.dim() == 1)
+      throw DataError(fmt::format("{}: fields.image: tensor '{}' is a vector ({} values): one value per sample is not a row of "
+                                  "features; store it as [{}, 1]",
+                                  path, name, t.size(0), t.size(0)));
     if (key == "label") {
       if (t.is_floating_point() || t.dim() != 1)
         throw DataError(fmt::format("{}: fields.label: tensor '{}' must be a vector of integer class indices, got {} {}", path, name,
@@ -139,9 +151,20 @@ std::shared_ptr<DataModule> make_tensor_file(config::Section& cfg, const DataCon
     val = std::make_shared<TensorRows>(train_fields, rows - n_val, n_val);
     classes = std::max(classes, labels(train_fields, rows - n_val, n_val));
   }
+  // Every split's rows have the training rows' shape (a model is built for one width).
+  auto same_rows = [&](const std::string& key_name, const std::string& other,
+                       const std::vector<std::pair<std::string, torch::Tensor>>& fs) {
+    for (size_t i = 0; i < fs.size(); ++i) {
+      const auto a = train_fields[i].second.sizes().slice(1), b = fs[i].second.sizes().slice(1);
+      if (a != b)
+        cfg.fail(key_name, fmt::format("{}: fields.{}: rows of shape {} (tensor '{}'), but {}'s rows are {}", other, fs[i].first,
+                                       c10::str(b), f.map[i].second, path, c10::str(a)));
+    }
+  };
   if (!val_path.empty()) {
     int64_t val_rows = 0;
     auto fs = open_fields(val_path, f, allow_nonfinite, val_rows);
+    same_rows("val_path", val_path, fs);
     val = std::make_shared<TensorRows>(fs, 0, val_rows);
     classes = std::max(classes, labels(fs, 0, val_rows));
   }
@@ -149,6 +172,7 @@ std::shared_ptr<DataModule> make_tensor_file(config::Section& cfg, const DataCon
   if (!test_path.empty()) {
     int64_t test_rows = 0;
     auto fs = open_fields(test_path, f, allow_nonfinite, test_rows);
+    same_rows("test_path", test_path, fs);
     test = std::make_shared<TensorRows>(fs, 0, test_rows);
     classes = std::max(classes, labels(fs, 0, test_rows));
   }
@@ -160,6 +184,7 @@ std::shared_ptr<DataModule> make_tensor_file(config::Section& cfg, const DataCon
   // fit an image model's checks, so only what an MLP reads is declared).
   for (const auto& [key, t] : train_fields) {
     if (key == "image") info.feature_width = t.numel() / std::max<int64_t>(t.size(0), 1);
+    if (key == "image" && t.dim() == 2) info.flat_features = true;  // an image model cannot read them
     if (key == "target") info.target_width = t.dim() == 1 ? 1 : t.numel() / std::max<int64_t>(t.size(0), 1);
   }
   dm->set_info(info);

@@ -10,6 +10,7 @@
 #include "models/layers.h"
 #include "strobe/config/config.h"
 #include "strobe/core/forensics.h"
+#include "strobe/core/memory_budget.h"
 #include "strobe/core/weight_names.h"
 #include "strobe/ops/ops.h"
 
@@ -303,6 +304,17 @@ std::shared_ptr<Model> make_llama_from_config(config::Section& cfg) {
   o.fused_ops = parse_fused_ops(cfg.get_choice("fused_ops", "auto", {"auto", "true", "false"}));
   o.activation_checkpointing = ActivationCheckpointing::read(cfg);
   cfg.finish();
+  {
+    // Before a byte is allocated: a shape this machine cannot hold is refused naming the key behind it.
+    const double e = static_cast<double>(o.embed_dim), v = static_cast<double>(o.vocab_size),
+                 f = static_cast<double>(o.ffn_dim), kv = static_cast<double>(o.num_kv_heads * (o.embed_dim / o.num_heads));
+    const double attention = 2 * e * e + 2 * e * kv, mlp = 3 * e * f, embedding = v * e * (o.tie_embeddings ? 1 : 2);
+    const double params = embedding + static_cast<double>(o.depth) * (attention + mlp + 2 * e) + e;
+    const double avail = static_cast<double>(available_memory_bytes()) / 4;
+    const char* key = attention > avail ? "embed_dim" : mlp > avail ? "ffn_dim" : embedding > avail ? "vocab_size" : "depth";
+    check_parameters_fit(cfg, key, params,
+                         fmt::format("embed_dim {}, depth {}, ffn_dim {}, vocab_size {}", o.embed_dim, o.depth, o.ffn_dim, o.vocab_size));
+  }
   return make_llama(o);
 }
 

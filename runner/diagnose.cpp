@@ -22,6 +22,7 @@
 #include <torch/torch.h>
 
 #include "runner/replay.h"
+#include "strobe/core/quarantine.h"
 #include "strobe/config/config.h"
 #include "strobe/core/capture.h"
 #include "runner/spike_thresholds.h"
@@ -279,16 +280,24 @@ std::string format_diagnosis(const nlohmann::json& r) {
 
 namespace strobe::capture {
 
-nlohmann::json write_quarantine(const std::string& path, const nlohmann::json& samples, const std::string& capture_dir) {
+bool is_replay_report(const nlohmann::json& j) {
+  const auto it = j.find("strobe_replay_report");
+  return j.is_object() && it != j.end() && it->is_number_integer() && it->get<int64_t>() == 1;
+}
+
+nlohmann::json write_quarantine(const std::string& path, const nlohmann::json& samples, const std::string& capture_dir,
+                                bool replace_other) {
   nlohmann::json q = {{"strobe_quarantine", 1}, {"samples", nlohmann::json::array()}};
   std::error_code ec;
   if (std::filesystem::exists(path, ec)) {
-    std::ifstream in(path);
-    q = nlohmann::json::parse(in, nullptr, false);
-    if (!in || !q.is_object() || q.value("strobe_quarantine", 0) != 1 || !q.contains("samples") || !q["samples"].is_array())
-      throw config::ConfigError(fmt::format("--write-quarantine {}: the file exists and is not a Strobe quarantine file; "
-                                            "name a new file or an earlier quarantine to add to",
-                                            path));
+    try {
+      q = read_quarantine(path).json;
+    } catch (const QuarantineError& e) {
+      if (!replace_other)
+        throw config::ConfigError(fmt::format("--write-quarantine: {}; name a new file or an earlier quarantine to add to "
+                                              "(or pass --overwrite to replace it)",
+                                              e.what()));
+    }
   }
   std::set<std::pair<std::string, int64_t>> have;
   for (const auto& s : q["samples"]) have.emplace(s.value("split", ""), s.value("index", int64_t{-1}));
@@ -495,7 +504,8 @@ nlohmann::json bisect_capture(const std::string& path, const BisectOptions& opti
                            {"alone_bad", alone_bad},
                            {"trials", trials},
                            {"notes", notes}};
-  if (!options.quarantine.empty()) report["quarantine"] = write_quarantine(options.quarantine, samples, given.dir);
+  if (!options.quarantine.empty())
+    report["quarantine"] = write_quarantine(options.quarantine, samples, given.dir, options.replace_quarantine);
   return report;
 }
 

@@ -1,4 +1,5 @@
 #include "runner/experiment_builder.h"
+#include "strobe/core/memory_budget.h"
 #include "runner/plugins.h"
 
 #include <algorithm>
@@ -22,13 +23,6 @@ namespace strobe {
 namespace fs = std::filesystem;
 
 namespace {
-
-std::string human_bytes(double b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-  int u = 0;
-  while (b >= 1024.0 && u < 5) b /= 1024.0, ++u;
-  return fmt::format("{:.1f} {}", b, units[u]);
-}
 
 // A callback with all its defaults, as if the config had listed `- name: <name>`.
 std::shared_ptr<Callback> default_callback(const std::string& name) {
@@ -105,42 +99,12 @@ void check_batch_memory(config::Section& data_cfg, DataModule& dm, uint64_t seed
 
 }  // namespace
 
-uint64_t available_memory_bytes() {
-  uint64_t avail = UINT64_MAX;
-  {
-    std::ifstream in("/proc/meminfo");
-    for (std::string key; in >> key;) {
-      uint64_t kb = 0;
-      in >> kb;
-      if (key == "MemAvailable:") {
-        avail = kb * 1024;
-        break;
-      }
-      in.ignore(256, '\n');
-    }
-  }
-  // cgroup v2: the limit of this process's group minus what the group already uses.
-  std::ifstream cg("/proc/self/cgroup");
-  std::string line, rel;
-  while (std::getline(cg, line))
-    if (line.rfind("0::", 0) == 0) rel = line.substr(3);
-  if (!rel.empty()) {
-    const fs::path dir = fs::path("/sys/fs/cgroup") / fs::path(rel).relative_path();
-    std::ifstream max_in(dir / "memory.max"), cur_in(dir / "memory.current");
-    std::string max_s;
-    uint64_t cur = 0;
-    if (max_in >> max_s && max_s != "max" && cur_in >> cur) {
-      const uint64_t lim = std::stoull(max_s);
-      avail = std::min(avail, lim > cur ? lim - cur : 0);
-    }
-  }
-  return avail;
-}
-
 void check_data_fits_model(config::Section& model, const std::string& data_name, const DataInfo& d) {
   if (auto nc = model_int(model, "num_classes"); nc && d.num_classes > 0 && *nc < d.num_classes)
     model.fail("num_classes", fmt::format("{} classes, but {} (labels up to {} would be out of range)", *nc,
-                                          data_says(data_name, d.num_classes_key, d.num_classes, "classes"),
+                                          d.num_classes_key.empty() && !d.num_classes_source.empty()
+                                              ? d.num_classes_source
+                                              : data_says(data_name, d.num_classes_key, d.num_classes, "classes"),
                                           d.num_classes - 1));
   if (auto ch = model_int(model, "in_channels"); ch && d.channels > 0 && *ch != d.channels)
     model.fail("in_channels", fmt::format("{} input channels, but {}", *ch,
@@ -157,6 +121,13 @@ void check_data_fits_model(config::Section& model, const std::string& data_name,
                              d.image_size, n, data_says(data_name, d.channels_key, d.channels, "channels"),
                              data_says(data_name, d.image_size_key, d.image_size, "pixels per side")));
   }
+  if (d.flat_features)
+    for (const char* key : {"img_size", "image_size", "in_channels"})
+      if (model.has(key))
+        model.fail(key, fmt::format("model '{}' reads images, but data '{}' gives flat vectors of {} values per sample "
+                                    "(an mlp with in_features: {} reads them)",
+                                    model.node()["name"].IsScalar() ? model.node()["name"].Scalar() : "?", data_name,
+                                    d.feature_width, d.feature_width));
   if (auto f = model_int(model, "in_features"); f && d.feature_width > 0 && *f != d.feature_width)
     model.fail("in_features", fmt::format("{}, but {}", *f,
                                           data_says(data_name, d.feature_width_key, d.feature_width, "values per sample")));
@@ -245,8 +216,17 @@ std::unique_ptr<Run> build_run(config::Document& doc, const RunOptions& options)
   if (options.stage == Stage::Fit) check_batch_memory(exp.data, *run->datamodule, ctx.seed);
   // model.init_from with names: hf: the shape keys the section leaves unset come from the
   // checkpoint's config.json, so the model is built to fit it and the resolved config records them.
-  if (exp.init_from && !options.ckpt) fill_from_hf_config(exp.model, *exp.init_from);
-  auto model = model_registry().create(exp.model, "");
+  std::vector<std::string> filled;
+  if (exp.init_from && !options.ckpt) filled = fill_from_hf_config(exp.model, *exp.init_from);
+  std::shared_ptr<Model> model;
+  try {
+    model = model_registry().create(exp.model, "");
+  } catch (const config::ConfigError& e) {
+    if (filled.empty()) throw;
+    // A shape the model refuses (one it cannot build, or too large for this machine) came from there.
+    throw config::ConfigError(fmt::format("{} (model.{} from {}/config.json)", e.what(), fmt::join(filled, ", model."),
+                                          exp.init_from->path));
+  }
   std::optional<std::string> hf_source_config;  // the Hugging Face config.json the weights came with
   check_data_fits_model(exp.model, exp.data.node()["name"].Scalar(), run->datamodule->info());
   if (exp.init_from) {

@@ -72,7 +72,4 @@ std::unique_ptr<Run> build_run(config::Document& doc, const RunOptions& options)
 // vocab_size, max_seq_len) against what the data provides; throws config::ConfigError.
 void check_data_fits_model(config::Section& model, const std::string& data_name, const DataInfo& data);
 
-// Bytes of memory this process can still allocate: MemAvailable, bounded by the cgroup's limit.
-uint64_t available_memory_bytes();
-
 }  // namespace strobe

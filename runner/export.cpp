@@ -1,7 +1,5 @@
 #include "runner/export.h"
 
-#include <sys/stat.h>
-
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -14,6 +12,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "strobe/checkpoint/checkpoint_io.h"
+#include "strobe/checkpoint/output_guard.h"
 #include "strobe/checkpoint/safetensors.h"
 #include "strobe/config/experiment.h"
 #include "runner/plugins.h"
@@ -85,21 +84,17 @@ std::optional<nlohmann::json> generation_config_of(const nlohmann::json& config)
 
 namespace fs = std::filesystem;
 
-// Whether `a` and `b` are the same existing file (a link or another spelling of it included).
-bool same_file(const fs::path& a, const fs::path& b) {
-  std::error_code ec;
-  return fs::exists(a, ec) && fs::exists(b, ec) && fs::equivalent(a, b, ec);
-}
-
 }  // namespace
 
 int export_weights(const ExportOptions& options) {
-  // The output is never an input: replacing it would destroy the checkpoint being read.
-  for (const fs::path& out : {fs::path(options.output), fs::path(options.output) / "model.safetensors",
-                              fs::path(options.output) / "config.json"})
-    if (same_file(out, options.checkpoint))
-      throw ExportError(fmt::format("-o {}: is the checkpoint being exported ({}); write the export elsewhere",
-                                    out.string(), options.checkpoint));
+  // The output, checked before the checkpoint is read (docs/CONFIG.md, "Outputs"): never the
+  // checkpoint being exported nor, for a directory, one holding it or another run's files.
+  const bool hf_dir = options.names == "hf";
+  const std::vector<checkpoint::CommandInput> inputs{{"the checkpoint being exported", options.checkpoint}};
+  if (hf_dir)
+    checkpoint::check_output_directory("-o", options.output, options.overwrite, inputs);
+  else
+    checkpoint::check_output_file({"-o", options.output, options.overwrite, inputs});
   const checkpoint::CheckpointData data = checkpoint::load_checkpoint_file(options.checkpoint);
   const CheckpointView view(data, options.checkpoint);
   safetensors::NamedTensors tensors;
@@ -142,7 +137,6 @@ int export_weights(const ExportOptions& options) {
   if (meta.global_step) metadata["strobe.step"] = std::to_string(*meta.global_step);
   if (meta.epoch) metadata["strobe.epoch"] = std::to_string(*meta.epoch);
 
-  struct stat st {};
   if (hf_config && fs::path(options.output).extension() == ".safetensors")
     throw ExportError(fmt::format("-o {}: --names hf writes a directory (config.json + model.safetensors), not a "
                                   ".safetensors file: give a directory name",
@@ -150,16 +144,6 @@ int export_weights(const ExportOptions& options) {
   if (hf_config) {
     // A Hugging Face checkpoint directory: config.json + model.safetensors.
     std::error_code ec;
-    if (::stat(options.output.c_str(), &st) == 0) {
-      if (!S_ISDIR(st.st_mode))
-        throw ExportError(fmt::format("-o {}: exists and is not a directory (--names hf writes a directory: config.json + "
-                                      "model.safetensors)", options.output));
-      if (!fs::is_empty(options.output, ec) && !options.overwrite)
-        throw ExportError(fmt::format("-o {}: the directory holds files (pass --overwrite to replace its config.json and "
-                                      "model.safetensors)", options.output));
-    } else if (!fs::create_directories(options.output, ec)) {
-      throw ExportError(fmt::format("-o {}: cannot create the directory ({})", options.output, ec.message()));
-    }
     try {
       // Both files are written as temporaries and both targets checked before either is renamed: a
       // failed export leaves an existing directory as it was (other files in it, a tokenizer, stay).
@@ -179,19 +163,15 @@ int export_weights(const ExportOptions& options) {
           throw ExportError(fmt::format("-o {}: {} is a directory; nothing was replaced", options.output, file->path()));
       for (auto& file : files) file->commit();
     } catch (const checkpoint::CheckpointError& e) {
-      throw ExportError(fmt::format("-o {}: cannot write it: {}", options.output, e.what()));
+      // Checked writable before the work: what fails now is the machine's (exit 1).
+      throw checkpoint::WriteError(fmt::format("-o {}: cannot write it: {}", options.output, e.what()));
     }
     return static_cast<int>(tensors.size());
-  }
-  if (::stat(options.output.c_str(), &st) == 0) {
-    if (S_ISDIR(st.st_mode)) throw ExportError(fmt::format("-o {}: is a directory", options.output));
-    if (!options.overwrite)
-      throw ExportError(fmt::format("-o {}: the file exists (pass --overwrite to replace it)", options.output));
   }
   try {
     safetensors::write_file(options.output, tensors, metadata);
   } catch (const checkpoint::CheckpointError& e) {
-    throw ExportError(fmt::format("-o {}: cannot write it: {}", options.output, e.what()));
+    throw checkpoint::WriteError(fmt::format("-o {}: cannot write it: {}", options.output, e.what()));
   }
   return static_cast<int>(tensors.size());
 }

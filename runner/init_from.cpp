@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -12,6 +13,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include "strobe/checkpoint/json_text.h"
 #include "strobe/checkpoint/mapped_file.h"
 #include "strobe/checkpoint/checkpoint_io.h"
 #include "strobe/checkpoint/safetensors.h"
@@ -57,11 +59,16 @@ std::string names_hint(const std::string& names, const std::string& family, cons
 // A JSON file beside the weights; one that cannot be read or does not parse is a config error naming
 // it under model.init_from.path.
 nlohmann::json read_json(const config::Section& init, const std::filesystem::path& path, const char* what) {
+  std::optional<checkpoint::MappedFile> file;
   try {
-    const checkpoint::MappedFile file(path.string());  // a FIFO or a device is refused, never waited on
-    return nlohmann::json::parse(file.data(), file.data() + file.size());
+    file.emplace(path.string());  // a FIFO or a device is refused, never waited on
   } catch (const checkpoint::CheckpointError& e) {
     init.fail("path", e.what());
+  }
+  if (!checkpoint::json_nesting_within({file->data(), file->size()}))
+    init.fail("path", fmt::format("{}: {}: nests deeper than {} levels", path.string(), what, checkpoint::kMaxJsonDepth));
+  try {
+    return nlohmann::json::parse(file->data(), file->data() + file->size());
   } catch (const std::exception& e) {
     init.fail("path", fmt::format("{}: {}: {}", path.string(), what, e.what()));
   }

@@ -1,9 +1,5 @@
 #include "runner/predict.h"
 
-#include <sys/stat.h>
-
-#include <filesystem>
-
 #include <fmt/format.h>
 #include <torch/torch.h>
 
@@ -13,8 +9,6 @@
 
 namespace strobe {
 namespace {
-
-namespace fs = std::filesystem;
 
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
@@ -30,17 +24,16 @@ std::string csv_field(const std::string& s) {
 
 }  // namespace
 
-void check_predict_output(const PredictOptions& o) {
+void check_predict_output(const PredictOptions& o, const std::vector<checkpoint::CommandInput>& inputs) {
   const bool csv = ends_with(o.output, ".csv"), st = ends_with(o.output, ".safetensors");
   if (!csv && !st) throw PredictError(fmt::format("-o {}: expected a .csv or a .safetensors file name", o.output));
   if (o.split != "test" && o.split != "val") throw PredictError(fmt::format("--split {}: expected test or val", o.split));
-  struct stat s {};
-  if (::stat(o.output.c_str(), &s) == 0) {
-    if (S_ISDIR(s.st_mode)) throw PredictError(fmt::format("-o {}: is a directory", o.output));
-    if (!o.overwrite) throw PredictError(fmt::format("-o {}: exists (pass --overwrite to replace it)", o.output));
-  }
-  const fs::path parent = fs::absolute(o.output).parent_path();
-  if (!fs::is_directory(parent)) throw PredictError(fmt::format("-o {}: the directory {} does not exist", o.output, parent.string()));
+  checkpoint::OutputFile out;
+  out.option = "-o";
+  out.path = o.output;
+  out.overwrite = o.overwrite;
+  out.inputs = inputs;
+  checkpoint::check_output_file(out);
 }
 
 PredictWriter::PredictWriter(PredictOptions options, PredictKind kind, bool sigmoid, std::vector<std::string> class_names)
@@ -120,10 +113,20 @@ void PredictWriter::consume(const Batch& batch, const std::vector<int64_t>& indi
 
 int64_t PredictWriter::finish() {
   const auto n = static_cast<int64_t>(index_.size());
+  try {
+    write();
+  } catch (const checkpoint::CheckpointError& e) {
+    // Checked writable before the work: what fails now is the machine's (exit 1), named by the option.
+    throw checkpoint::WriteError(fmt::format("-o {}: cannot write the predictions: {}", options_.output, e.what()));
+  }
+  return n;
+}
+
+void PredictWriter::write() {
   if (csv_) {
     if (rows_.empty()) rows_ = "index,predicted,probability,top5\n";
     checkpoint::write_file_atomic(options_.output, rows_);
-    return n;
+    return;
   }
   safetensors::NamedTensors tensors;
   const auto index = torch::tensor(index_, torch::kInt64);
@@ -137,7 +140,6 @@ int64_t PredictWriter::finish() {
   }
   tensors.emplace_back("index", index);
   safetensors::write_file(options_.output, tensors, {{"format", "pt"}, {"strobe.split", options_.split}});
-  return n;
 }
 
 }  // namespace strobe

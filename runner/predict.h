@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "strobe/checkpoint/output_guard.h"
 #include "strobe/core/loops.h"
 
 namespace strobe {
@@ -21,9 +22,10 @@ struct PredictError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// The output checked before any work: a .csv or .safetensors name, in an existing directory, not a
-// directory itself, and not an existing file unless `overwrite`. Throws PredictError (exit 2).
-void check_predict_output(const PredictOptions& options);
+// The output checked before any work: a .csv or .safetensors name (else PredictError), then the
+// output guard (checkpoint::check_output_file: never one of `inputs`, another existing file only with
+// `overwrite`, a folder that takes the file; else checkpoint::OutputRefused). Both exit 2.
+void check_predict_output(const PredictOptions& options, const std::vector<checkpoint::CommandInput>& inputs);
 
 // What the task makes of the outputs. classification: logits [B, C] (probabilities by softmax, or
 // sigmoid under per_class_bce); language_modeling: logits over the vocabulary, from which the
@@ -47,6 +49,7 @@ class PredictWriter : public PredictSink {
   int64_t finish();
 
  private:
+  void write();  // the file, atomically
   PredictOptions options_;
   PredictKind kind_;
   bool sigmoid_, csv_;

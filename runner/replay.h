@@ -79,14 +79,19 @@ std::string format_diagnosis(const nlohmann::json& report);
 struct BisectOptions {
   ReplayOptions replay;
   std::string quarantine;  // --write-quarantine FILE
+  bool replace_quarantine = false;  // --overwrite: an existing file that is not a quarantine file is replaced
 };
 nlohmann::json bisect_capture(const std::string& path, const BisectOptions& options);
 std::string format_bisection(const nlohmann::json& report);
 
 // The quarantine file (JSON: {"strobe_quarantine": 1, "samples": [{split, index, source, capture}]}):
 // `samples` (with split, dataset_index, source) are added to it, atomically; an existing file must be
-// one (ConfigError otherwise). Returns {path, added, total}.
-nlohmann::json write_quarantine(const std::string& path, const nlohmann::json& samples, const std::string& capture_dir);
+// one (ConfigError otherwise) unless `replace_other`, which starts a new one in its place. Returns
+// {path, added, total}.
+nlohmann::json write_quarantine(const std::string& path, const nlohmann::json& samples, const std::string& capture_dir,
+                                bool replace_other = false);
+// Whether `j` is a report `strobe replay --report` wrote (its "strobe_replay_report" marker is 1).
+bool is_replay_report(const nlohmann::json& j);
 
 // Re-runs the captured step. The report (JSON) holds: capture, step/epoch/batch indices, devices,
 // exact (same loss bits and same set of non-finite gradients as when captured), the loss and

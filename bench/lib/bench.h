@@ -53,8 +53,13 @@ std::vector<double> time_blocks(const std::function<void()>& fn, int64_t warmup,
 
 void synchronize(torch::Device device);
 
-// Writes `j` to `path` atomically (temp file beside it, rename); BenchUsageError if it cannot.
+// Writes `j` to `path` atomically (temp file beside it, rename); checkpoint::WriteError (exit 1)
+// naming --json if it cannot, the temp file removed.
 void write_json_atomic(const std::string& path, const nlohmann::json& j);
+// The output guard for --json (strobe/checkpoint/output_guard.h): never the config `config` or a file
+// it names; an existing file only with `overwrite` unless it is an earlier strobe bench result; a
+// folder that takes the file. Throws checkpoint::OutputRefused (exit 2).
+void check_json_output(const std::string& path, bool overwrite, const std::string& config);
 
 // The CUDA caching allocator's peak of allocated bytes since reset_peak_memory (0 on the CPU). The
 // device's name is strobe::device_name (strobe/core/throughput.h).
@@ -101,7 +106,8 @@ nlohmann::json skipped(const std::string& suite, const std::string& reason);
 
 // `strobe bench`: runs the named suites (all when empty), prints one table, writes --json.
 // Returns the exit status; throws BenchUsageError for bad usage before anything runs.
-int run_bench(const std::vector<std::string>& names, const std::string& json_path, const SuiteOptions& o);
+int run_bench(const std::vector<std::string>& names, const std::string& json_path, const SuiteOptions& o,
+              bool overwrite = false);
 
 // The table printed for a result document (one row per workload).
 std::string format_table(const nlohmann::json& result);

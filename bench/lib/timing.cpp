@@ -12,6 +12,9 @@
 #include <torch/torch.h>
 
 #include "bench/lib/bench.h"
+#include "runner/command_inputs.h"
+#include "strobe/checkpoint/checkpoint_io.h"
+#include "strobe/checkpoint/output_guard.h"
 
 #ifdef STROBE_TORCH_HAS_CUDA
 #include <ATen/cuda/CUDAContext.h>
@@ -131,22 +134,32 @@ std::vector<double> time_blocks(const std::function<void()>& fn, int64_t warmup,
 }
 
 void write_json_atomic(const std::string& path, const nlohmann::json& j) {
-  namespace fs = std::filesystem;
-  const fs::path p(path);
-  const fs::path tmp = p.parent_path() / fmt::format(".{}.tmp.{}", p.filename().string(), ::getpid());
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    if (!out) throw BenchUsageError(fmt::format("--json: cannot write '{}'", path));
-    out << j.dump(2) << "\n";
-    out.flush();
-    if (!out) throw BenchUsageError(fmt::format("--json: cannot write '{}'", path));
+  try {
+    checkpoint::write_file_atomic(path, j.dump(2) + "\n");
+  } catch (const checkpoint::CheckpointError& e) {
+    // Checked writable before the work (check_json_output): what fails now is the machine's (exit 1).
+    throw checkpoint::WriteError(fmt::format("--json {}: cannot write the results: {}", path, e.what()));
   }
-  std::error_code ec;
-  fs::rename(tmp, p, ec);
-  if (ec) {
-    ::unlink(tmp.c_str());  // not fs::remove: see checkpoint::remove_tree on the wheel's std::filesystem
-    throw BenchUsageError(fmt::format("--json: cannot write '{}' ({})", path, ec.message()));
+}
+
+void check_json_output(const std::string& path, bool overwrite, const std::string& config) {
+  checkpoint::OutputFile out{"--json", path, overwrite};
+  if (!config.empty()) {
+    out.inputs.push_back({"the config file", config});
+    try {
+      const auto more = experiment_inputs(YAML::LoadFile(config), "");
+      out.inputs.insert(out.inputs.end(), more.begin(), more.end());
+    } catch (const std::exception&) {
+      // the step suite says what is wrong with the config
+    }
   }
+  out.is_own = [](const std::string& p) {
+    return checkpoint::json_file_where(p, [](const nlohmann::json& j) {
+      return j.contains("strobe_version") && j.contains("suites") && j["suites"].is_object();
+    });
+  };
+  out.own_kind = "an earlier strobe bench result";
+  checkpoint::check_output_file(out);
 }
 
 namespace {
@@ -195,7 +208,7 @@ std::string format_table(const nlohmann::json& result) {
   return out;
 }
 
-int run_bench(const std::vector<std::string>& names, const std::string& json_path, const SuiteOptions& opt) {
+int run_bench(const std::vector<std::string>& names, const std::string& json_path, const SuiteOptions& opt, bool overwrite) {
   std::vector<std::pair<std::string, SuiteFn>> chosen;
   for (const auto& n : names) {
     auto it = std::find_if(suites().begin(), suites().end(), [&](const auto& s) { return s.first == n; });
@@ -218,8 +231,9 @@ int run_bench(const std::vector<std::string>& names, const std::string& json_pat
   if (o.memory_limit_gib > 0 && !o.cuda)
     throw BenchUsageError("--memory-limit-gib caps a GPU's memory, and no CUDA device is visible");
   check_step_options(o);
-  // Refuse an unwritable --json before minutes of benchmarking.
-  if (!json_path.empty()) write_json_atomic(json_path, nlohmann::json{{"status", "running"}});
+  // An unwritable --json, or one that would replace a file that is not an earlier result, is refused
+  // before minutes of benchmarking (docs/CONFIG.md, "Outputs").
+  if (!json_path.empty()) check_json_output(json_path, overwrite, o.config);
   nlohmann::json result = {{"strobe_version", STROBE_VERSION},
                            {"libtorch", TORCH_VERSION},
                            {"device", suite_device_name(o.cuda)},

@@ -54,7 +54,10 @@ File map_file(const std::string& path) {
   File out;
   out.metadata = std::move(header.metadata);
   for (const auto& t : header.tensors) {
-    if (t.dtype == DType::kBool) continue;
+    if (t.dtype == DType::kBool) {
+      out.unmapped_bool.push_back(t.name);
+      continue;
+    }
     const auto type = st_to_torch(t.dtype);
     void* data = const_cast<char*>(map->data() + header.data_start + t.begin);
     // The deleter holds the mapping: it lives as long as the last tensor over it.

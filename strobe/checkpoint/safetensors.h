@@ -21,6 +21,7 @@ using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
 struct File {
   NamedTensors tensors;  // in the file's buffer order; CPU, contiguous, owning their memory
   std::map<std::string, std::string> metadata;
+  std::vector<std::string> unmapped_bool;  // map_file: the BOOL tensors it leaves out (their bytes are unchecked)
 };
 
 // Throws checkpoint::CheckpointError "PATH: not a safetensors file: <what>" (or the I/O problem).

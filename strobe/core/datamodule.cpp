@@ -1,8 +1,8 @@
 #include "strobe/core/datamodule.h"
+#include "strobe/core/quarantine.h"
 
 #include "strobe/config/config.h"
 
-#include <fstream>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -71,18 +71,11 @@ data::LoaderOptions read_loader_options(config::Section& cfg, const DataContext&
   // data.exclude: a quarantine file (strobe replay --bisect --write-quarantine; docs/NAN_CAPTURE.md).
   if (auto path = cfg.get_optional_string("exclude")) {
     o.exclude_file = *path;
-    std::ifstream in(*path);
-    if (!in) cfg.fail("exclude", fmt::format("cannot read '{}'", *path));
-    const auto q = nlohmann::json::parse(in, nullptr, false);
-    if (!q.is_object() || q.value("strobe_quarantine", 0) != 1 || !q.contains("samples") || !q["samples"].is_array())
-      cfg.fail("exclude", fmt::format("'{}' is not a Strobe quarantine file (strobe replay --bisect --write-quarantine writes one)", *path));
-    for (const auto& e : q["samples"]) {
-      const std::string split = e.is_object() ? e.value("split", "") : "";
-      if (split != "train" && split != "val" && split != "test")
-        cfg.fail("exclude", fmt::format("'{}': a sample without a split of train, val or test: {}", *path, e.dump()));
-      if (!e.contains("index") || !e["index"].is_number_integer())
-        cfg.fail("exclude", fmt::format("'{}': a sample without an integer index: {}", *path, e.dump()));
-      o.exclude[split].push_back(e["index"].get<int64_t>());
+    try {
+      for (auto& [split, indices] : read_quarantine(*path).indices)
+        o.exclude[split].insert(o.exclude[split].end(), indices.begin(), indices.end());
+    } catch (const QuarantineError& e) {
+      cfg.fail("exclude", e.what());
     }
   }
   return o;

@@ -52,7 +52,11 @@ struct DataInfo {
   // model's in_features; and of a regression target, checked against its output width (num_classes).
   int64_t feature_width = 0;
   std::string feature_width_key;
+  // "image" holds flat vectors ([samples, feature_width]), which a model of images cannot read.
+  bool flat_features = false;
   int64_t target_width = 0;
+  // Where num_classes comes from when no key sets it, for messages ("data.root R has 4 class folders").
+  std::string num_classes_source;
 };
 
 class DataModule {

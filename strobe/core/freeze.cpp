@@ -46,6 +46,16 @@ Freeze::Freeze(const config::OptimizerConfig& cfg, torch::nn::Module& net) {
   }
   for (size_t i = 0; i < pg.freeze.size(); ++i)
     if (!used[i]) cfg.section.fail("param_groups", fmt::format("freeze[{}] '{}' matches no trainable parameter", i, pg.freeze[i]));
+  // Everything frozen: a step would have no gradient to compute (autograd: "element 0 of tensors
+  // does not require grad"). Refused before training, whether or not an epoch unfreezes them.
+  size_t trainable = 0;
+  for (const auto& p : net.parameters()) trainable += p.requires_grad();
+  if (!params_.empty() && params_.size() == trainable)
+    cfg.section.fail("param_groups",
+                     fmt::format("freeze selects every trainable parameter ({} tensors): {} would train nothing; leave some "
+                                 "trainable (a new head, say){}",
+                                 trainable, unfreeze_at_ < 0 ? "the run" : fmt::format("epochs 0 to {}", unfreeze_at_ - 1),
+                                 unfreeze_at_ < 0 ? "" : ", or start the run from that epoch's weights without freeze"));
 }
 
 bool Freeze::apply(int64_t epoch) {

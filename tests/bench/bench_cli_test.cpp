@@ -115,7 +115,7 @@ TEST(BenchCli, BadUsageExitsTwoWithOneLine) {
     std::string args, expect;
   } cases[] = {
       {"bench stepz", "strobe bench: unknown suite 'stepz' (suites: step, giou, attention, optimizer, metrics, nan_capture)"},
-      {"bench step --json /nonexistent/dir/out.json", "strobe bench: --json: cannot write '/nonexistent/dir/out.json'"},
+      {"bench step --json /nonexistent/dir/out.json", "strobe bench: --json /nonexistent/dir/out.json: the directory /nonexistent/dir does not exist"},
       {"bench giou --config x.yaml", "--config applies to the step suite only"},
       {"bench step --config /nonexistent.yaml", "/nonexistent.yaml: cannot open config file"},
       {"bench step --config " + src("configs/cpu/vit_l16.yaml") + " --set model.depthh=2", "model.depthh: unknown key"},

@@ -83,11 +83,11 @@ TEST(CliExport, BadInputIsOneLineAndExitTwoAndAnExistingFileIsKept) {
   refused("export " + ckpt, "strobe: --output is required; run 'strobe --help' for usage");
   std::ofstream(dir + "/keep.safetensors") << "mine";
   refused("export " + ckpt + " -o " + dir + "/keep.safetensors",
-          "strobe export: -o " + dir + "/keep.safetensors: the file exists (pass --overwrite to replace it)");
+          "strobe export: -o " + dir + "/keep.safetensors: exists (pass --overwrite to replace it)");
   EXPECT_EQ(slurp(dir + "/keep.safetensors"), "mine");
   refused("export " + ckpt + " -o " + dir, "strobe export: -o " + dir + ": is a directory");
   refused("export " + ckpt + " -o " + cfg + "/sub/w.safetensors",
-          "strobe export: -o " + cfg + "/sub/w.safetensors: cannot write it: ");
+          "strobe export: -o " + cfg + "/sub/w.safetensors: cannot reach the directory " + cfg + "/sub (Not a directory)");
   EXPECT_FALSE(std::filesystem::exists(out));
   r = strobe_cmd("export " + ckpt + " -o " + dir + "/keep.safetensors --overwrite");
   EXPECT_EQ(r.code, 0) << r.err;
@@ -210,6 +210,13 @@ TEST(CliExport, NamesHfWritesACheckpointDirectoryAndRefusesToWriteOverFiles) {
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_NE(r.err.find(out + "/config.json: is a directory, not a regular file"), std::string::npos) << r.err;
   std::filesystem::remove(out + "/config.json");
+  // Nested 100,000 deep: refused for its depth in one line, not by running out of memory.
+  std::ofstream(out + "/config.json", std::ios::trunc) << std::string(100000, '[');
+  r = testing::strobe_cmd("fit -c " + testing::source_path("configs/cpu/llama_1b.yaml") + " --run-dir " + dir +
+                          "/deep --set 'model.init_from={path: " + out + ", names: hf}' --set trainer.max_steps=1");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find(out + "/config.json: not valid JSON: nests deeper than 64 levels"), std::string::npos) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
   std::ofstream(out + "/config.json", std::ios::trunc) << config;
 
   // The directory alone, with no shape key: the shape comes from its config.json (as from_pretrained
@@ -239,8 +246,8 @@ TEST(CliExport, NamesHfWritesACheckpointDirectoryAndRefusesToWriteOverFiles) {
 
   r = testing::strobe_cmd("export " + ckpt + " --names hf -o " + out);
   EXPECT_EQ(r.code, 2);
-  EXPECT_EQ(r.err, "strobe export: -o " + out + ": the directory holds files (pass --overwrite to replace its config.json "
-                    "and model.safetensors)\n");
+  EXPECT_EQ(r.err, "strobe export: -o " + out + ": the directory holds files (pass --overwrite to replace the ones this "
+                    "command writes)\n");
   r = testing::strobe_cmd("export " + ckpt + " --names hf -o " + out + " --overwrite");
   EXPECT_EQ(r.code, 0) << r.err;
   r = testing::strobe_cmd("export " + ckpt + " --names hf -o " + out + "/config.json");
@@ -273,8 +280,8 @@ TEST(CliExport, NamesHfWritesACheckpointDirectoryAndRefusesToWriteOverFiles) {
   const std::string ckpt_bytes = testing::slurp(ckpt);
   r = testing::strobe_cmd("export " + ckpt + " -o " + ckpt + " --overwrite");
   EXPECT_EQ(r.code, 2);
-  EXPECT_EQ(r.err, "strobe export: -o " + ckpt + ": is the checkpoint being exported (" + ckpt +
-                    "); write the export elsewhere\n");
+  EXPECT_EQ(r.err, "strobe export: -o " + ckpt + ": is the checkpoint being exported, an input of this command; it is "
+                    "never replaced, --overwrite or not: write elsewhere\n");
   EXPECT_EQ(testing::slurp(ckpt), ckpt_bytes);
 }
 

@@ -90,7 +90,9 @@ TEST(NanCaptureCli, ResNet50PerClassBCEStopsWithACaptureThatReplaysExactlyAndNam
   for (const std::string& target : {ckpt_file, cap + "/config.yaml", cap, (base / "run" / "nan").string()}) {
     auto refused = sh(bin + " replay " + (base / "run" / "nan").string() + " --report " + target, base / "refused.log");
     EXPECT_EQ(refused.status, 2) << target << "\n" << refused.log;
-    EXPECT_NE(refused.log.find("strobe: config error: --report " + target + ": is the capture"), std::string::npos)
+    const bool dir = fs::is_directory(target);
+    EXPECT_NE(refused.log.find("strobe replay: --report " + target + (dir ? ": is a directory" : ": lies in the capture directory")),
+              std::string::npos)
         << refused.log;
     EXPECT_EQ(std::count(refused.log.begin(), refused.log.end(), '\n'), 1) << refused.log;
   }
@@ -190,7 +192,8 @@ TEST(NanCaptureCli, SpikeDiagnoseBisectQuarantineResume) {
       {"fit -c " + config + sets + " --run-dir " + (base / "b3").string() + " --set data.exclude=" + config,
        "is not a Strobe quarantine file"},
       {"replay " + run + "/nan --write-quarantine " + q, "--write-quarantine: needs --bisect"},
-      {"replay " + run + "/nan --bisect --write-quarantine " + config, "the file exists and is not a Strobe quarantine file"},
+      {"replay " + run + "/nan --bisect --write-quarantine " + config,
+       "--write-quarantine " + config + ": exists and is not a Strobe quarantine file (to add to) (pass --overwrite to replace it)"},
   };
   for (const auto& c : cases) {
     auto r = sh(bin + " " + c.args, base / "bad.log");
