@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <string_view>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -46,6 +47,25 @@ std::string version_string() {
   std::string cuda = torch::cuda::is_available() ? fmt::format("CUDA, {} device(s) visible", torch::cuda::device_count())
                                                  : "no CUDA device visible";
   return fmt::format("strobe {} (libtorch {}; {})", STROBE_VERSION, TORCH_VERSION, cuda);
+}
+
+// A number option: finite, and above (or at least) zero; one short line otherwise, never CLI11's
+// "Value 0 not in range 0.000000 to 1797693134862315...".
+CLI::Validator number_above_zero(bool zero_allowed) {
+  return CLI::Validator(
+      [zero_allowed](std::string& v) -> std::string {
+        const char* what = zero_allowed ? "a number of 0 or more" : "a number above 0";
+        try {
+          size_t used = 0;
+          const double x = std::stod(v, &used);
+          if (used != v.size() || !std::isfinite(x) || (zero_allowed ? x < 0 : x <= 0))
+            return fmt::format("expected {}, got '{}'", what, v);
+        } catch (const std::exception&) {
+          return fmt::format("expected {}, got '{}'", what, v);
+        }
+        return std::string();
+      },
+      zero_allowed ? "NUMBER >= 0" : "NUMBER > 0");
 }
 
 // A path option given as "" would be silently ignored (no --run-dir, no --ckpt): refused by the parser.
@@ -458,11 +478,11 @@ int main(int argc, char** argv) {
   bench->add_option("--memory-limit-gib", bench_a.options.memory_limit_gib,
                     "step suite: cap the run's GPU at this many GiB, as a GPU of that size would hold the run (an "
                     "allocation past it fails as out of memory)")
-      ->check(CLI::PositiveNumber);
+      ->check(number_above_zero(false));
   bench->add_option("--warmup", bench_a.options.warmup, "warm-up steps/calls (default: per suite; step: 30 on CUDA, 3 on CPU)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(number_above_zero(true));
   bench->add_option("--steps", bench_a.options.steps, "timed steps/calls (default: per suite; step: 50 on CUDA, 10 on CPU)")
-      ->check(CLI::PositiveNumber);
+      ->check(number_above_zero(false));
   std::string list_kind;
   std::vector<std::string> list_plugins;
   auto* list = app.add_subcommand("list", "list the models, tasks, data modules, callbacks and metrics an experiment can name");
@@ -503,6 +523,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string command = app.get_subcommands().front()->get_name();
+  if (command != "fit") strobe::signals::set_command(command);
   if (command == "fit" && strobe::signals::sigint_inherited_ignored())
     fmt::print(stderr, "strobe fit: SIGINT is ignored (inherited from the parent process); stop the run with SIGTERM\n");
   const Common& c = command == "fit" ? fit_c : command == "validate" ? val_c : command == "predict" ? pred_c : test_c;
@@ -584,6 +605,10 @@ int main(int argc, char** argv) {
     const std::string what = e.what();
     if (is_allocation_failure(what)) return out_of_memory(what);
     fmt::print(stderr, "strobe: error: {}\n", one_line(what));
+    return 1;
+  } catch (...) {
+    // A plugin's code outside a callback hook (call_hook wraps those) threw what is not a std::exception.
+    fmt::print(stderr, "strobe: error: an exception that is not a std::exception (thrown by a plugin's code?)\n");
     return 1;
   }
 }

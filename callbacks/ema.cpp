@@ -19,6 +19,7 @@
 
 #include "strobe/checkpoint/checkpoint_io.h"
 #include "strobe/core/callback.h"
+#include "strobe/core/checkpoint_view.h"
 #include "strobe/core/module.h"
 #include "strobe/core/step_pipeline.h"
 #include "strobe/core/trainer_view.h"
@@ -93,20 +94,21 @@ class EmaWeights : public Callback {
 
   void on_load_checkpoint(TrainerView& t, Module&, const checkpoint::CheckpointData& d) override {
     bind(t);
-    std::vector<torch::Tensor> loaded;
-    for (size_t i = 0; i < names_.size(); ++i) {
-      auto it = d.tensors.find(kEmaPrefix + names_[i]);
-      if (it == d.tensors.end()) {
-        if (!loaded.empty())
-          throw checkpoint::CheckpointError(fmt::format("{}: holds ema/ averages but not ema/{}", d.source, names_[i]));
-        if (t.is_global_zero())
-          fmt::print("strobe fit: ema: {} holds no weight average; the average starts from the resumed weights\n", d.source);
-        return;
-      }
-      loaded.push_back(it->second.to(sources_[i].device(), torch::kFloat32).contiguous(sources_[i].suggest_memory_format()));
+    std::map<std::string, torch::Tensor> weights;
+    for (size_t i = 0; i < names_.size(); ++i) weights.emplace(names_[i], sources_[i]);
+    // Checked whole before any is taken: a missing, integer or mis-shaped average names its tensor.
+    const auto averages = CheckpointView(d, d.source).ema_averages(weights);
+    if (averages.empty()) {
+      if (t.is_global_zero())
+        fmt::print("strobe fit: ema: {} holds no weight average; the average starts from the resumed weights\n", d.source);
+      return;
     }
+    std::vector<torch::Tensor> loaded;
+    for (size_t i = 0; i < names_.size(); ++i)
+      loaded.push_back(averages.at(names_[i]).to(sources_[i].device(), torch::kFloat32).contiguous(sources_[i].suggest_memory_format()));
     averages_ = std::move(loaded);
   }
+
 
  private:
   // The averaged tensors' names and sources, in the view's order.

@@ -71,6 +71,12 @@ class NaNCapture : public Callback {
   void setup(TrainerView& t, Module&, Stage stage) override {
     if (stage != Stage::Fit) return;
     if (dirpath_.empty() && !t.run_dir().empty()) dirpath_ = (fs::path(t.run_dir()) / "nan").string();
+    // A capture killed mid-write (kill -9) left its temporary folder and its empty claim: removed.
+    if (!dirpath_.empty()) {
+      const fs::path base = t.is_global_zero() ? fs::path(dirpath_) : fs::path(dirpath_) / fmt::format("rank{}", t.rank());
+      for (const auto& name : capture::remove_capture_leftovers(base.string()))
+        fmt::print(stderr, "nan_capture: removed {} (left by a capture that was killed while it was written)\n", (base / name).string());
+    }
     StepGuard g;
     // 16-mixed: a non-finite gradient is an overflow the loss scaler handles; only the loss counts.
     g.check_grads = check_grads_ && t.config().precision != Precision::k16Mixed;

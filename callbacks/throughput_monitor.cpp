@@ -12,6 +12,7 @@
 // training waits for the last window. On the CPU the clock is the host's steady clock.
 // Data parallel: rank 0's window, samples and tokens times the world size (every rank steps alike);
 // FLOP/s and utilisation are per device.
+#include <cmath>
 #include <chrono>
 #include <cstdio>
 #include <deque>
@@ -98,7 +99,7 @@ class ThroughputMonitor : public Callback {
     open_->samples += static_cast<double>(batch_samples(batch));
     open_->tokens += static_cast<double>(batch_tokens(batch));
     const double f = model_ ? model_->training_flops(batch) : 0;
-    if (f <= 0) open_->flops_known = false;
+    if (!(std::isfinite(f) && f > 0)) open_->flops_known = false;  // undeclared, or a declaration of inf, NaN or < 0
     open_->flops += f;
   }
 

@@ -10,7 +10,14 @@
 // "Bad" is non-finite for a NaN capture, over the recorded threshold for a spike. The verdict, in
 // this order: not reproducible, weights (non-finite state), precision, loss, data, weights (the
 // previous batch is bad too), undetermined.
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -287,9 +294,31 @@ bool is_replay_report(const nlohmann::json& j) {
 
 nlohmann::json write_quarantine(const std::string& path, const nlohmann::json& samples, const std::string& capture_dir,
                                 bool replace_other) {
+  // Read, add, write under an exclusive lock on the file, so that bisections writing one quarantine
+  // at once each add their samples (the write replaces the file: a waiter that locked the replaced
+  // one opens the path again).
+  int fd = -1;
+  bool created = false;
+  for (int attempt = 0;; ++attempt) {
+    struct stat before {};
+    const bool existed = ::stat(path.c_str(), &before) == 0;
+    fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NONBLOCK, 0644);
+    if (fd < 0)
+      throw config::ConfigError(fmt::format("--write-quarantine: cannot open '{}' ({})", path, std::strerror(errno)));
+    created = !existed;
+    ::flock(fd, LOCK_EX);
+    struct stat held {}, now {};
+    if (::fstat(fd, &held) == 0 && ::stat(path.c_str(), &now) == 0 && held.st_ino == now.st_ino && held.st_dev == now.st_dev) break;
+    ::close(fd);
+    if (attempt > 1000) throw config::ConfigError(fmt::format("--write-quarantine: '{}' keeps being replaced", path));
+  }
+  struct Unlock {
+    int fd;
+    ~Unlock() { ::close(fd); }
+  } unlock{fd};
   nlohmann::json q = {{"strobe_quarantine", 1}, {"samples", nlohmann::json::array()}};
-  std::error_code ec;
-  if (std::filesystem::exists(path, ec)) {
+  struct stat st {};
+  if (::fstat(fd, &st) == 0 && st.st_size > 0) {
     try {
       q = read_quarantine(path).json;
     } catch (const QuarantineError& e) {
@@ -313,6 +342,7 @@ nlohmann::json write_quarantine(const std::string& path, const nlohmann::json& s
   try {
     checkpoint::write_file_atomic(path, q.dump(2) + "\n");
   } catch (const checkpoint::CheckpointError& e) {
+    if (created && st.st_size == 0) ::unlink(path.c_str());  // the empty file this call created to lock
     throw config::ConfigError(fmt::format("--write-quarantine: cannot write '{}': {}", path, e.what()));
   }
   return {{"path", path}, {"added", added}, {"total", q["samples"].size()}};

@@ -102,14 +102,10 @@ int export_weights(const ExportOptions& options) {
   if (tensors.empty())
     throw checkpoint::CheckpointError(fmt::format("{}: holds no model weights (no 'model/' tensors)", options.checkpoint));
   if (options.ema) {
-    int64_t averaged = 0;
-    for (auto& [name, tensor] : tensors) {
-      auto it = data.tensors.find("ema/" + name);
-      if (it == data.tensors.end()) continue;
-      tensor = it->second;
-      ++averaged;
-    }
-    if (averaged == 0)
+    const auto averages = view.ema_averages(view.model_tensors());  // checked whole, each problem named
+    for (auto& [name, tensor] : tensors)
+      if (auto it = averages.find(name); it != averages.end()) tensor = it->second;
+    if (averages.empty())
       throw ExportError(fmt::format("--ema: {} holds no weight average (no 'ema/' tensors: train with the ema callback)",
                                     options.checkpoint));
   }

@@ -154,6 +154,14 @@ StepOutcome replay_step(const LoadedCapture& cap, const ReplayVariant& v) {
   auto observer = std::make_shared<GradientObserver>();
   ro.extra_callbacks.push_back(observer);
   auto run = build_run(doc, ro);
+  // Every captured micro-batch holds what the data's batches hold (a damaged capture missing a tensor
+  // is refused naming it, not run into the model).
+  const auto keys = run->datamodule->info().batch_keys;
+  for (size_t i = 0; i < cap.batches.size(); ++i)
+    for (const auto& k : keys)
+      if (!cap.batches[i].has(k))
+        throw checkpoint::CheckpointError(fmt::format("{}: the capture's batch {} lacks its tensor '{}' (capture/batch/{}/{})",
+                                                      cap.file, i, k, i, k));
   StepOutcome out;
   out.device = device;
   out.plugin_changes = run->plugin_changes;

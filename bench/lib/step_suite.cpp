@@ -6,6 +6,7 @@
 // spent blocked on the loader's next batch inside that interval (Trainer::last_input_wait_s());
 // compute is step minus input-wait.
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <optional>
 
@@ -95,6 +96,12 @@ class StepTimer : public Callback {
 
 nlohmann::json run_workload(const Workload& w, const SuiteOptions& o, int64_t warmup, int64_t steps) {
   const std::string path = find_config(w.config, o.source_dir);
+  std::error_code ec;
+  if (o.config.empty() && !std::filesystem::exists(path, ec))
+    throw BenchUsageError(fmt::format("workload {}: its config {} is one of the repository's configs/ and is found from the "
+                                      "repository root (or the source tree this strobe was built from); run strobe bench "
+                                      "from the repository root, or time a config of yours with -c FILE",
+                                      w.name, w.config));
   auto doc = config::Document::load_file(path);
   // No validation, checkpoints, logs, model summary or progress bar: only training steps are timed. The caller's
   // --set come last and win.
@@ -163,7 +170,7 @@ nlohmann::json run_workload(const Workload& w, const SuiteOptions& o, int64_t wa
     for (size_t i = first; i < end; ++i) {
       timed_tokens += static_cast<double>(tokens[i]);
       timed_flops += flops[i];
-      declared &= flops[i] > 0;
+      declared &= std::isfinite(flops[i]) && flops[i] > 0;  // a declaration of inf, NaN or < 0 is none
     }
     const double n = static_cast<double>(step_ms.size());
     if (timed_tokens > 0) {

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -91,6 +92,43 @@ const torch::Tensor& CheckpointData::tensor(const std::string& k) const {
   return it->second;
 }
 
+namespace {
+
+// The temporaries being written, by path, for unlink_pending_temp_files (a signal handler: fixed
+// slots of plain memory; a path too long or a 33rd writer at once is simply not tracked).
+struct TempSlot {
+  std::atomic<int> state{0};  // 0 free, 1 being filled, 2 in use
+  char path[4096] = {};
+};
+TempSlot g_temps[32];
+
+int track_temp(const std::string& path) {
+  if (path.size() >= sizeof g_temps[0].path) return -1;
+  for (int i = 0; i < 32; ++i) {
+    int expected = 0;
+    if (!g_temps[i].state.compare_exchange_strong(expected, 1)) continue;
+    std::memcpy(g_temps[i].path, path.c_str(), path.size() + 1);
+    g_temps[i].state.store(2);
+    return i;
+  }
+  return -1;
+}
+
+void untrack_temp(const std::string& path) {
+  for (auto& slot : g_temps)
+    if (slot.state.load() == 2 && path == slot.path) {
+      slot.state.store(0);
+      return;
+    }
+}
+
+}  // namespace
+
+void unlink_pending_temp_files() noexcept {
+  for (auto& slot : g_temps)
+    if (slot.state.load() == 2) ::unlink(slot.path);
+}
+
 PendingWrite::PendingWrite(const std::string& path, const std::vector<ByteSpan>& parts) : path_(path) {
   namespace fs = std::filesystem;
   fs::path target(path);
@@ -100,8 +138,13 @@ PendingWrite::PendingWrite(const std::string& path, const std::vector<ByteSpan>&
   if (mk) throw CheckpointError(fmt::format("{}: cannot create directory ({})", dir.string(), mk.message()));
   remove_stale_temp_files(dir.string(), target.filename().string());
   const fs::path tmp = dir / fmt::format(".{}.tmp.{}", target.filename().string(), ::getpid());
+  track_temp(tmp.string());  // before it exists: a signal from here on removes it
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw_write_error(tmp.string(), "cannot create", errno);
+  if (fd < 0) {
+    const int err = errno;
+    untrack_temp(tmp.string());
+    throw_write_error(tmp.string(), "cannot create", err);
+  }
   size_t written = 0;
   try {
     // Errors name the target: the temp file is gone when the message is read, the previous file kept.
@@ -110,6 +153,7 @@ PendingWrite::PendingWrite(const std::string& path, const std::vector<ByteSpan>&
   } catch (...) {
     ::close(fd);
     ::unlink(tmp.c_str());
+    untrack_temp(tmp.string());
     throw;
   }
   ::close(fd);
@@ -118,6 +162,7 @@ PendingWrite::PendingWrite(const std::string& path, const std::vector<ByteSpan>&
 
 PendingWrite::~PendingWrite() {
   if (!committed_ && !tmp_.empty()) ::unlink(tmp_.c_str());
+  if (!tmp_.empty()) untrack_temp(tmp_);
 }
 
 void PendingWrite::commit() {
@@ -129,6 +174,7 @@ void PendingWrite::commit() {
     throw_write_error(path_, "rename failed", err);
   }
   committed_ = true;
+  untrack_temp(tmp_);
   const fs::path target(path_);
   const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
   int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);

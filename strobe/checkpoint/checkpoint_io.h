@@ -76,6 +76,10 @@ class PendingWrite {
   bool committed_ = false;
 };
 
+// Unlinks the temporaries being written at this moment (async-signal-safe: the stop-signal handler
+// calls it before the process exits, so a command stopped mid-write leaves no temporary behind).
+void unlink_pending_temp_files() noexcept;
+
 // Removes the temp files (".<name>.tmp.<pid>") that a writer killed mid-write left in `dir`, skipping
 // those of a process that is still running; returns the names removed. Missing `dir`: nothing.
 // `only_for`: just the temp files of that file name. Every atomic write does this for its target

@@ -1,6 +1,8 @@
 // A file's bytes mapped read-only (mmap, MAP_PRIVATE) for the life of the object. Checkpoints,
 // safetensors files and token files are read through it: the kernel pages the file in on demand
 // (page cache, reclaimable), so reading a multi-GB file holds no second copy of it in the process.
+// A mapped file truncated or rewritten while the process reads it (SIGBUS) ends the process with one
+// line naming the file and exit status 1 (docs/CONFIG.md, "Errors").
 #pragma once
 
 #include <cstdint>
@@ -35,6 +37,7 @@ class MappedFile {
  private:
   const char* data_ = nullptr;
   uint64_t size_ = 0;
+  int slot_ = -1;  // its entry in the table the SIGBUS handler reads (mapped_file.cpp)
 };
 
 }  // namespace strobe::checkpoint

@@ -502,7 +502,7 @@ Section Section::child(const std::string& key) {
   return Section(v, key_path(key), source_);
 }
 
-std::vector<Section> Section::list(const std::string& key) {
+std::vector<Section> Section::list(const std::string& key, const std::string& element) {
   known_.insert(key);
   std::vector<Section> out;
   if (is_null(key)) {
@@ -514,7 +514,7 @@ std::vector<Section> Section::list(const std::string& key) {
   for (size_t i = 0; i < v.size(); ++i) {
     YAML::Node e = v[i];
     Section s(e, fmt::format("{}[{}]", key_path(key), i), source_);
-    if (!e.IsMap()) s.fail_here("expected a mapping with a 'name'");
+    if (!e.IsMap()) s.fail_here("expected " + element);
     out.push_back(s);
   }
   return out;

@@ -84,7 +84,7 @@ class Section {
 
   // A nested mapping (created empty when absent) and a sequence of mappings.
   Section child(const std::string& key);
-  std::vector<Section> list(const std::string& key);
+  std::vector<Section> list(const std::string& key, const std::string& element = "a mapping with a 'name'");
 
   // Marks keys as known without reading them (e.g. `name`, read by the registry).
   void accept(const std::string& key) { known_.insert(key); }

@@ -241,7 +241,7 @@ OptimizerConfig parse_optimizer(Section cfg) {
       else if (k == "unfreeze_lr_scale") o.param_groups.unfreeze_lr_scale = pg.get_double(key, 0.1, 1e-12);
       else o.param_groups.train_bn = pg.get_bool(key, true);
     }
-    for (auto& g : pg.list("groups")) {
+    for (auto& g : pg.list("groups", "a mapping {params: GLOB, lr: X, weight_decay: Y}")) {
       ParamGroupSpec spec;
       spec.params = g.require_string("params");
       if (!g.is_null("lr")) spec.lr = g.get_double("lr", 0.0, 0.0);

@@ -97,6 +97,39 @@ ResumeCheck compare_for_resume(const std::string& checkpoint_yaml, const std::st
   }
   for (const auto& [k, v] : after)
     if (!before.count(k)) changes.push_back({k, kAbsent, v, ""});
+  // A key that is a leaf on one side and a mapping or list on the other (a section written out in
+  // the checkpoint, `null` now): one change from the whole section to the value, not "(absent) -> null"
+  // beside the section's leaves going absent.
+  auto fold = [&](const std::map<std::string, std::string>& side, bool side_is_before) {
+    for (auto& c : changes) {
+      if ((side_is_before ? c.before : c.after) != kAbsent) continue;
+      std::string text;
+      for (auto it = side.lower_bound(c.key); it != side.end() && it->first.rfind(c.key, 0) == 0; ++it) {
+        const char next = it->first.size() > c.key.size() ? it->first[c.key.size()] : '\0';
+        if (next != '.' && next != '[') continue;
+        text += fmt::format("{}{}: {}", text.empty() ? "{" : ", ", it->first.substr(c.key.size() + (next == '.' ? 1 : 0)), it->second);
+      }
+      if (text.empty()) continue;
+      (side_is_before ? c.before : c.after) = text + "}";
+      const std::string key = c.key;
+      c.key = "\x01" + key;  // marked: the section's own leaves are dropped below
+    }
+    std::vector<std::string> folded;
+    for (const auto& c : changes)
+      if (!c.key.empty() && c.key[0] == '\x01') folded.push_back(c.key.substr(1));
+    changes.erase(std::remove_if(changes.begin(), changes.end(),
+                                 [&](const ConfigChange& c) {
+                                   for (const auto& f : folded)
+                                     if (c.key.size() > f.size() && c.key.rfind(f, 0) == 0 && (c.key[f.size()] == '.' || c.key[f.size()] == '['))
+                                       return true;
+                                   return false;
+                                 }),
+                  changes.end());
+    for (auto& c : changes)
+      if (!c.key.empty() && c.key[0] == '\x01') c.key = c.key.substr(1);
+  };
+  fold(before, /*side_is_before=*/true);
+  fold(after, /*side_is_before=*/false);
   std::sort(changes.begin(), changes.end(), [](const ConfigChange& a, const ConfigChange& b) { return a.key < b.key; });
   // Another optimizer (scheduler, model, task) brings its own keys: those follow from the name.
   std::vector<std::string> renamed;

@@ -8,6 +8,7 @@
 #include <exception>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 
 #include <nlohmann/json_fwd.hpp>
@@ -107,6 +108,25 @@ class Callback {
   virtual nlohmann::json state_dict() const;
   virtual void load_state_dict(const nlohmann::json& state);
 };
+
+// A callback's hook that threw something that is not a std::exception (a plugin's `throw 42;`): the
+// boundary turns it into this error naming the callback and the hook, so it ends the run as any error
+// does (one line, exit 1, on_exception_checkpoint written) instead of terminating the process.
+struct CallbackError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// Runs `f`, one hook of `cb`, at that boundary.
+template <class F>
+void call_hook(const Callback& cb, const char* hook, F&& f) {
+  try {
+    f();
+  } catch (const std::exception&) {
+    throw;
+  } catch (...) {
+    throw CallbackError(fmt::format("callback '{}': {} threw an exception that is not a std::exception", cb.name(), hook));
+  }
+}
 
 using CallbackRegistry = Registry<std::shared_ptr<Callback>>;
 CallbackRegistry& callback_registry();

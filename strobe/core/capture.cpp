@@ -1,6 +1,11 @@
 #include "strobe/core/capture.h"
 
+#include <signal.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <regex>
 #include <filesystem>
 
 #include <fmt/format.h>
@@ -89,6 +94,35 @@ std::string resolve_capture_dir(const std::string& path) {
     throw checkpoint::CheckpointError(
         fmt::format("{}: not a NaN capture (no {} here and no step_<N> capture inside)", path, kCheckpointFile));
   return best.string();
+}
+
+std::vector<std::string> remove_capture_leftovers(const std::string& base) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> removed;
+  std::error_code ec;
+  if (!fs::is_directory(base, ec)) return removed;
+  static const std::regex tmp_re(R"(^\.step_[0-9]+\.tmp\.([0-9]+)$)");
+  bool live_writer = false;
+  std::vector<fs::path> empty_claims;
+  for (const auto& e : fs::directory_iterator(base, ec)) {
+    const std::string name = e.path().filename().string();
+    std::smatch m;
+    if (std::regex_match(name, m, tmp_re) && e.is_directory(ec)) {
+      const long pid = std::strtol(m[1].str().c_str(), nullptr, 10);
+      if (pid != ::getpid() && pid > 0 && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM)) {
+        live_writer = true;  // another run sharing this directory is writing its capture
+        continue;
+      }
+      checkpoint::remove_tree(e.path().string());
+      removed.push_back(name);
+    } else if (name.rfind("step_", 0) == 0 && e.is_directory(ec) && fs::is_empty(e.path(), ec)) {
+      empty_claims.push_back(e.path());
+    }
+  }
+  if (!live_writer)
+    for (const auto& p : empty_claims)
+      if (::rmdir(p.c_str()) == 0) removed.push_back(p.filename().string());
+  return removed;
 }
 
 std::string tensor_bits(const torch::Tensor& t) {

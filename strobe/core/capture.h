@@ -36,6 +36,12 @@ std::vector<Batch> get_batches(const checkpoint::CheckpointData& in);
 // latest step_<N> inside it (a run's nan/). Throws checkpoint::CheckpointError naming the path.
 std::string resolve_capture_dir(const std::string& path);
 
+// What a capture killed while it was written (kill -9) leaves in `base` (a nan/ directory, or its
+// rank<r>/): its temporary `.step_<N>.tmp.<pid>/` of a process no longer running, and the empty
+// `step_<N>/` it had claimed (only when no live writer has a temporary there). Removed at the next
+// fit's setup; returns the names removed. A whole capture is never touched.
+std::vector<std::string> remove_capture_leftovers(const std::string& base);
+
 // Hex of a tensor's raw bytes (exact loss comparison across processes and devices).
 std::string tensor_bits(const torch::Tensor& t);
 

@@ -52,6 +52,30 @@ std::map<std::string, torch::Tensor> CheckpointView::model_tensors() const {
   return out;
 }
 
+std::map<std::string, torch::Tensor> CheckpointView::ema_averages(const std::map<std::string, torch::Tensor>& weights) const {
+  const std::string prefix = "ema/";
+  std::map<std::string, torch::Tensor> out;
+  for (auto it = data_.tensors.lower_bound(prefix); it != data_.tensors.end() && it->first.rfind(prefix, 0) == 0; ++it) {
+    const std::string name = it->first.substr(prefix.size());
+    const auto w = weights.find(name);
+    if (w == weights.end() || !w->second.is_floating_point())
+      throw checkpoint::CheckpointError(
+          fmt::format("{}: {}: an average of no floating weight of this model", source_, it->first));
+    if (!it->second.is_floating_point())
+      throw checkpoint::CheckpointError(fmt::format("{}: {}: an average of {} elements (expected floating point)", source_,
+                                                    it->first, c10::toString(it->second.scalar_type())));
+    if (it->second.sizes() != w->second.sizes())
+      throw checkpoint::CheckpointError(fmt::format("{}: {}: shape {}, but the weight's is {}", source_, it->first,
+                                                    c10::str(it->second.sizes()), c10::str(w->second.sizes())));
+    out.emplace(name, it->second);
+  }
+  if (out.empty()) return out;
+  for (const auto& [name, t] : weights)
+    if (t.is_floating_point() && !out.count(name))
+      throw checkpoint::CheckpointError(fmt::format("{}: holds ema/ averages but not ema/{}", source_, name));
+  return out;
+}
+
 const torch::Tensor* CheckpointView::model_tensor(const std::string& name) const {
   auto it = data_.tensors.find(checkpoint_keys::kModelPrefix + name);
   return it == data_.tensors.end() ? nullptr : &it->second;

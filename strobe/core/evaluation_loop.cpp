@@ -43,12 +43,12 @@ int64_t EvaluationLoop::run(Stage stage, int64_t limit, bool sanity) {
   torch::NoGradGuard no_grad;
   const bool val = stage == Stage::Validate;
   if (val) {
-    parts_.each([&](Callback& cb) { cb.on_validation_start(t, module); });
+    parts_.each("on_validation_start", [&](Callback& cb) { cb.on_validation_start(t, module); });
     module.on_validation_epoch_start();
-    parts_.each([&](Callback& cb) { cb.on_validation_epoch_start(t, module); });
+    parts_.each("on_validation_epoch_start", [&](Callback& cb) { cb.on_validation_epoch_start(t, module); });
   } else {
-    parts_.each([&](Callback& cb) { cb.on_test_start(t, module); });
-    parts_.each([&](Callback& cb) { cb.on_test_epoch_start(t, module); });
+    parts_.each("on_test_start", [&](Callback& cb) { cb.on_test_start(t, module); });
+    parts_.each("on_test_epoch_start", [&](Callback& cb) { cb.on_test_epoch_start(t, module); });
   }
   int64_t ran = 0;
   loader->start(0, 0);
@@ -56,9 +56,9 @@ int64_t EvaluationLoop::run(Stage stage, int64_t limit, bool sanity) {
     auto b = loader->next();
     if (!b) break;
     if (val)
-      parts_.each([&](Callback& cb) { cb.on_validation_batch_start(t, module, *b, i); });
+      parts_.each("on_validation_batch_start", [&](Callback& cb) { cb.on_validation_batch_start(t, module, *b, i); });
     else
-      parts_.each([&](Callback& cb) { cb.on_test_batch_start(t, module, *b, i); });
+      parts_.each("on_test_batch_start", [&](Callback& cb) { cb.on_test_batch_start(t, module, *b, i); });
     Batch batch = parts_.prepare(std::move(*b), 0);
     module.set_current_batch_size(batch.batch_size());
     {
@@ -69,9 +69,9 @@ int64_t EvaluationLoop::run(Stage stage, int64_t limit, bool sanity) {
         module.test_step(batch, i);
     }
     if (val)
-      parts_.each([&](Callback& cb) { cb.on_validation_batch_end(t, module, batch, i); });
+      parts_.each("on_validation_batch_end", [&](Callback& cb) { cb.on_validation_batch_end(t, module, batch, i); });
     else
-      parts_.each([&](Callback& cb) { cb.on_test_batch_end(t, module, batch, i); });
+      parts_.each("on_test_batch_end", [&](Callback& cb) { cb.on_test_batch_end(t, module, batch, i); });
     ++ran;
   }
   loader->stop();
@@ -87,7 +87,7 @@ int64_t EvaluationLoop::run(Stage stage, int64_t limit, bool sanity) {
   }
   if (val) {
     if (!sanity) ++state_.val_runs;
-    parts_.each([&](Callback& cb) { cb.on_validation_epoch_end(t, module); });
+    parts_.each("on_validation_epoch_end", [&](Callback& cb) { cb.on_validation_epoch_end(t, module); });
     if (!sanity && scheduler_ && scheduler_->wants_monitor()) {
       const auto& metrics = t.metrics();
       auto it = metrics.find(scheduler_->monitor());
@@ -95,10 +95,10 @@ int64_t EvaluationLoop::run(Stage stage, int64_t limit, bool sanity) {
         throw std::runtime_error(fmt::format("scheduler.monitor: '{}' was not logged during validation", scheduler_->monitor()));
       scheduler_->on_validation_end(it->second);
     }
-    parts_.each([&](Callback& cb) { cb.on_validation_end(t, module); });
+    parts_.each("on_validation_end", [&](Callback& cb) { cb.on_validation_end(t, module); });
   } else {
-    parts_.each([&](Callback& cb) { cb.on_test_epoch_end(t, module); });
-    parts_.each([&](Callback& cb) { cb.on_test_end(t, module); });
+    parts_.each("on_test_epoch_end", [&](Callback& cb) { cb.on_test_epoch_end(t, module); });
+    parts_.each("on_test_end", [&](Callback& cb) { cb.on_test_end(t, module); });
   }
   collector.set_training(true);
   module.attach(&collector, Stage::Fit, true);
@@ -117,13 +117,13 @@ std::vector<torch::Tensor> PredictLoop::run(Stage split, PredictSink* sink) {
   module.net().eval();
   module.attach(parts_.collector, Stage::Predict, false);
   torch::NoGradGuard ng;
-  parts_.each([&](Callback& cb) { cb.on_predict_start(t, module); });
-  parts_.each([&](Callback& cb) { cb.on_predict_epoch_start(t, module); });
+  parts_.each("on_predict_start", [&](Callback& cb) { cb.on_predict_start(t, module); });
+  parts_.each("on_predict_epoch_start", [&](Callback& cb) { cb.on_predict_epoch_start(t, module); });
   loader->start(0, 0);
   for (int64_t i = 0; i < n; ++i) {
     auto b = loader->next();
     if (!b) break;
-    parts_.each([&](Callback& cb) { cb.on_predict_batch_start(t, module, *b, i); });
+    parts_.each("on_predict_batch_start", [&](Callback& cb) { cb.on_predict_batch_start(t, module, *b, i); });
     const std::vector<int64_t> indices = b->indices;  // the host batch's: a data hook may build a new batch
     Batch batch = parts_.prepare(std::move(*b), 0);
     torch::Tensor y;
@@ -131,15 +131,15 @@ std::vector<torch::Tensor> PredictLoop::run(Stage split, PredictSink* sink) {
       AutocastGuard ac(parts_.device, parts_.cfg->precision);
       y = module.predict_step(batch, i);
     }
-    parts_.each([&](Callback& cb) { cb.on_predict_batch_end(t, module, y, batch, i); });
+    parts_.each("on_predict_batch_end", [&](Callback& cb) { cb.on_predict_batch_end(t, module, y, batch, i); });
     if (sink)
       sink->consume(batch, indices, y, loader->dataset());
     else
       out.push_back(y.to(torch::kCPU));
   }
   loader->stop();
-  parts_.each([&](Callback& cb) { cb.on_predict_epoch_end(t, module); });
-  parts_.each([&](Callback& cb) { cb.on_predict_end(t, module); });
+  parts_.each("on_predict_epoch_end", [&](Callback& cb) { cb.on_predict_epoch_end(t, module); });
+  parts_.each("on_predict_end", [&](Callback& cb) { cb.on_predict_end(t, module); });
   return out;
 }
 

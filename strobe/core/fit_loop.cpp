@@ -170,7 +170,7 @@ void FitLoop::run_epoch() {
   if (freeze_) freeze_->update(state_.epoch);
   if (fresh_epoch) {
     module.on_train_epoch_start();
-    parts_.each([&](Callback& cb) { cb.on_train_epoch_start(t, module); });
+    parts_.each("on_train_epoch_start", [&](Callback& cb) { cb.on_train_epoch_start(t, module); });
   }
   for (;;) {
     const auto wait_start = std::chrono::steady_clock::now();
@@ -192,7 +192,7 @@ void FitLoop::run_epoch() {
     if (last) state_.epoch_done = true;
     // The end of a step, in this order (docs/ARCHITECTURE.md): the batch hooks, the validation it
     // triggers, the epoch's end, and only then the checkpoints, which thus hold everything it logged.
-    parts_.each([&](Callback& cb) { cb.on_train_batch_end(t, module, loss, host_batch, idx); });
+    parts_.each("on_train_batch_end", [&](Callback& cb) { cb.on_train_batch_end(t, module, loss, host_batch, idx); });
     fault_point("before_validation", state_.global_step);
     if (should_validate_now(state_.batch_in_epoch, last)) {
       evaluation_->run(Stage::Validate, -1, false);
@@ -202,10 +202,10 @@ void FitLoop::run_epoch() {
       module.on_train_epoch_end();
       parts_.collector->set_training(true);
       parts_.collector->end_epoch(state_.global_step, state_.epoch, false);
-      parts_.each([&](Callback& cb) { cb.on_train_epoch_end(t, module); });
+      parts_.each("on_train_epoch_end", [&](Callback& cb) { cb.on_train_epoch_end(t, module); });
     }
     fault_point("before_checkpoint", state_.global_step);
-    parts_.each([&](Callback& cb) { cb.on_train_batch_complete(t, module); });
+    parts_.each("on_train_batch_complete", [&](Callback& cb) { cb.on_train_batch_complete(t, module); });
     fault_point("after_checkpoint", state_.global_step);
     if (last) break;
     if (accum_count_ == 0 && done()) break;
@@ -221,7 +221,7 @@ torch::Tensor FitLoop::run_batch(Batch host_batch, int64_t batch_idx) {
   if (freeze_) freeze_->update(state_.epoch);
   module.attach(parts_.collector, Stage::Fit, true);
   parts_.collector->set_training(true);
-  parts_.each([&](Callback& cb) { cb.on_train_batch_start(t, module, host_batch, batch_idx); });
+  parts_.each("on_train_batch_start", [&](Callback& cb) { cb.on_train_batch_start(t, module, host_batch, batch_idx); });
   MicroBatch mb;
   mb.index = batch_idx;
   mb.first = accum_count_ == 0;
@@ -236,7 +236,7 @@ torch::Tensor FitLoop::run_batch(Batch host_batch, int64_t batch_idx) {
 void FitLoop::finish_optimizer_step() {
   auto& t = *parts_.view;
   if (torch::optim::Optimizer* opt = t.optimizer())
-    parts_.each([&](Callback& cb) { cb.on_before_zero_grad(t, *parts_.module, *opt); });
+    parts_.each("on_before_zero_grad", [&](Callback& cb) { cb.on_before_zero_grad(t, *parts_.module, *opt); });
   runner_->zero_grad();
   accum_count_ = 0;
   ++state_.global_step;

@@ -116,6 +116,9 @@ struct NonFiniteTracer::Impl {
   // (creating thread, sequence number) of an autograd node -> (op, module)
   std::map<std::pair<uint64_t, int64_t>, std::pair<std::string, std::string>> forward_of_seq;
   std::string last_module;
+  // Storages holding infinities the code meant (an attention mask's -inf, an LSE's +inf for a row
+  // without keys), and what was computed from them without adding any: never a finding.
+  std::unordered_map<const c10::StorageImpl*, c10::weak_intrusive_ptr<c10::StorageImpl>> intended;
   std::optional<NonFiniteEvent> first;
   int64_t ops = 0;
   at::CallbackHandle handle = 0;
@@ -125,12 +128,59 @@ namespace {
 
 NonFiniteTracer::Impl* g_impl = nullptr;
 
+// The ops that write a constant: with an infinite value they build a mask (masked_fill of -inf over
+// the scores a causal or padding mask hides, full_like of +inf for an LSE without keys).
+bool is_fill_op(const std::string& name) {
+  return name == "aten::full" || name == "aten::full_like" || name == "aten::new_full" || name == "aten::fill_" ||
+         name == "aten::fill" || name == "aten::masked_fill" || name == "aten::masked_fill_";
+}
+
+bool holds_nan(const at::Tensor& t) { return checkable(t) && at::isnan(t).any().item<bool>(); }
+
+bool is_intended(const NonFiniteTracer::Impl& impl, const at::Tensor& t) {
+  if (!t.defined() || !t.has_storage()) return false;
+  const c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  auto it = impl.intended.find(s);
+  return it != impl.intended.end() && it->second.lock().get() == s;
+}
+
+void mark_intended(NonFiniteTracer::Impl& impl, const at::Tensor& t) {
+  if (!t.defined() || !t.has_storage()) return;
+  const c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  impl.intended.insert_or_assign(s, c10::weak_intrusive_ptr<c10::StorageImpl>(t.storage().getWeakStorageImpl()));
+}
+
+// Whether a non-finite `out` of op `name` holds only infinities the code meant: a fill op's infinite
+// constant over finite inputs, or infinities that were already in an intended input at the same
+// places (a mask added to the scores, the masked scores less their maximum, a copy or a view). Any
+// NaN, or an infinity at a place no intended input had one, is a finding.
+bool only_intended_infinities(const std::string& name, const at::Tensor& out, const std::vector<at::Tensor>& inputs,
+                              const std::vector<bool>& intended) {
+  if (holds_nan(out)) return false;
+  if (is_fill_op(name)) {
+    for (size_t i = 0; i < inputs.size(); ++i)
+      if (inputs[i].dim() > 0 && !intended[i] && !all_finite(inputs[i])) return false;  // a 0-d input: the fill value
+    return true;
+  }
+  const at::Tensor out_inf = at::isinf(out.detach());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!intended[i]) continue;
+    if (out.has_storage() && inputs[i].has_storage() && out.storage().is_alias_of(inputs[i].storage())) return true;  // a view
+    if (!at::is_expandable_to(inputs[i].sizes(), out.sizes())) continue;
+    // The input as it was (a copy for an in-place op), broadcast to the output: no new infinity.
+    const at::Tensor in_inf = at::isinf(inputs[i]).expand(out.sizes());
+    if (!(out_inf & in_inf.logical_not()).any().item<bool>()) return true;
+  }
+  return false;
+}
+
 struct OpContext : at::ObserverContext {
   std::string module, note, phase;
   bool check = false;
   bool backward_function = false;
   std::vector<at::Tensor> inputs;  // copies for in-place ops: their inputs are overwritten
   std::vector<std::string> input_names;
+  std::vector<bool> input_intended;  // whether each input held intended infinities (before an in-place op)
   bool inputs_finite = true;
   int64_t seq_begin = -1;  // a top-level forward op: the autograd sequence number when it began
   uint64_t thread = 0;      // and the thread it ran on
@@ -214,6 +264,10 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
       if (!all_finite(t)) ctx->inputs_finite = false;
       ctx->inputs.push_back(in_place ? t.detach().clone() : t.detach());
       ctx->input_names.push_back(label);
+      {
+        std::lock_guard<std::mutex> lock(impl.mu);
+        ctx->input_intended.push_back(is_intended(impl, t));
+      }
     }
   }
   t_busy = false;
@@ -252,6 +306,13 @@ void on_op_end(const at::RecordFunction& fn, at::ObserverContext* raw) {
   for (const auto& v : fn.outputs()) collect_tensors(v, outputs);
   for (const auto& out : outputs) {
     if (all_finite(out)) continue;
+    {
+      std::lock_guard<std::mutex> lock(impl.mu);
+      if (only_intended_infinities(fn.name(), out, ctx->inputs, ctx->input_intended)) {
+        mark_intended(impl, out);
+        continue;
+      }
+    }
     NonFiniteEvent e;
     e.op = e.kernel = fn.name();
     e.module = ctx->module.empty() ? "(no module)" : ctx->module;

@@ -80,9 +80,10 @@ struct LoopParts {
     return preparer ? preparer->prepare(std::move(batch), dataloader_idx) : batch;
   }
 
+  // `hook` names the hook for a callback that throws what is not a std::exception (call_hook).
   template <class F>
-  void each(F&& f) const {
-    for (auto& cb : *callbacks) f(*cb);
+  void each(const char* hook, F&& f) const {
+    for (auto& cb : *callbacks) call_hook(*cb, hook, [&] { f(*cb); });
   }
 };
 

@@ -33,6 +33,11 @@ std::vector<ParamGroup> make_param_groups(const config::OptimizerConfig& cfg,
       cfg.section.fail("param_groups", fmt::format("layer_decay needs a model that declares its depth order (vit, llama, "
                                                    "decoder_lm, resnet); {} does not",
                                                    model ? "model '" + model->name() + "'" : "this task's network"));
+    // A model's declared depth (a plugin's num_layers()) is checked before a group is made for each layer.
+    if (model->num_layers() > static_cast<int64_t>(named.size()) + 1)
+      cfg.section.fail("param_groups", fmt::format("layer_decay: model '{}' declares {} layers (num_layers()), more than its {} "
+                                                   "parameter tensors could fill: its num_layers() is wrong",
+                                                   model->name(), model->num_layers(), named.size()));
     layers = static_cast<size_t>(model->num_layers());
   }
   const std::vector<std::string> model_no_decay = model ? model->no_weight_decay() : std::vector<std::string>{};
@@ -67,7 +72,9 @@ std::vector<ParamGroup> make_param_groups(const config::OptimizerConfig& cfg,
     if (!configured && pg.layer_decay) {
       const int64_t layer = model->layer_of(name);
       if (layer < 0 || layer >= static_cast<int64_t>(layers))
-        throw std::logic_error(fmt::format("{}: layer_of({}) = {} is outside [0, {})", model->name(), name, layer, layers));
+        cfg.section.fail("param_groups", fmt::format("layer_decay: model '{}' puts parameter '{}' in layer {} (layer_of()), "
+                                                     "outside [0, {}) of its num_layers()",
+                                                     model->name(), name, layer, layers));
       g = n + static_cast<size_t>(layer);
     }
     bool no_decay = pg.no_decay_auto &&

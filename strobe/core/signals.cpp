@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "strobe/checkpoint/checkpoint_io.h"
+
 namespace strobe::signals {
 namespace {
 
@@ -20,6 +22,7 @@ bool g_sigint_ignored = false;
 // Texts the handler writes: prepared outside it (the handler may only call async-signal-safe
 // functions: write, _exit).
 char g_save_target[1024] = "checkpoints/last.ckpt";
+char g_command[64] = "";  // set_command: a command that does not train ("" for fit)
 
 void put(char*& p, const char* end, const char* s) {
   while (*s && p < end) *p++ = *s++;
@@ -53,10 +56,19 @@ extern "C" void on_signal(int sig) {
   const char* end = buf + sizeof buf - 2;
   const int phase = g_phase.load();
   if (phase != kLoop) {
-    put(p, end, "\nstrobe: ");
-    put(p, end, name_of(sig));
-    put(p, end, phase == kBefore ? " received before training started; exiting (nothing to save)\n"
-                                 : " received after training ended; exiting\n");
+    checkpoint::unlink_pending_temp_files();  // an output being written is left as it was, no temporary
+    if (g_command[0] != '\0') {
+      put(p, end, "\nstrobe ");
+      put(p, end, g_command);
+      put(p, end, ": ");
+      put(p, end, name_of(sig));
+      put(p, end, " received; stopped (an output it was writing is left as it was)\n");
+    } else {
+      put(p, end, "\nstrobe: ");
+      put(p, end, name_of(sig));
+      put(p, end, phase == kBefore ? " received before training started; exiting (nothing to save)\n"
+                                   : " received after training ended; exiting\n");
+    }
     say(buf, static_cast<size_t>(p - buf));
     _exit(128 + sig);
   }
@@ -75,6 +87,7 @@ extern "C" void on_signal(int sig) {
     say(buf, static_cast<size_t>(p - buf));
     return;
   }
+  checkpoint::unlink_pending_temp_files();
   put(p, end, "\nstrobe fit: second signal (");
   put(p, end, name_of(sig));
   put(p, end, "): stopping now; nothing was saved (the last checkpoint written before stays as it was)\n");
@@ -113,6 +126,8 @@ void install() {
 }
 
 bool sigint_inherited_ignored() { return g_sigint_ignored; }
+
+void set_command(const std::string& name) { copy(g_command, sizeof g_command, name); }
 
 void enter_training_loop(const std::string& save_target) {
   install();  // a program embedding the trainer may not have

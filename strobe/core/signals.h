@@ -18,6 +18,10 @@ namespace strobe::signals {
 // Called first thing in main (later calls do nothing).
 void install();
 bool sigint_inherited_ignored();
+// A command that does not train (predict, export, replay, bench, validate, test): a stop signal says
+// "strobe NAME: SIGTERM received; stopped ..." instead of speaking of training. Any stop signal
+// outside the training loop removes the temporaries being written (checkpoint_io.h).
+void set_command(const std::string& name);
 
 // The loop's mode. `save_target` is what the first signal's message promises to write.
 void enter_training_loop(const std::string& save_target);

@@ -51,13 +51,13 @@ void CallbackStepHooks::before_forward(bool last_micro_batch) { strategy_.set_gr
 
 void CallbackStepHooks::before_backward(const torch::Tensor& loss) {
   for (auto& cb : callbacks_)
-    if (InStepHooks* h = cb->in_step_hooks()) h->on_before_backward(view_, module_, loss);
+    if (InStepHooks* h = cb->in_step_hooks()) call_hook(*cb, "on_before_backward", [&] { h->on_before_backward(view_, module_, loss); });
   strategy_.pre_backward();
 }
 
 void CallbackStepHooks::after_backward() {
   for (auto& cb : callbacks_)
-    if (InStepHooks* h = cb->in_step_hooks()) h->on_after_backward(view_, module_);
+    if (InStepHooks* h = cb->in_step_hooks()) call_hook(*cb, "on_after_backward", [&] { h->on_after_backward(view_, module_); });
   fault_point("after_backward", view_.state().global_step + 1);
 }
 
@@ -66,7 +66,8 @@ void CallbackStepHooks::before_optimizer_step() {
   // the last backward); callbacks, the non-finite check and clipping see the reduced ones.
   strategy_.finish_grad_sync();
   for (auto& cb : callbacks_)
-    if (InStepHooks* h = cb->in_step_hooks()) h->on_before_optimizer_step(view_, module_, *view_.optimizer());
+    if (InStepHooks* h = cb->in_step_hooks())
+      call_hook(*cb, "on_before_optimizer_step", [&] { h->on_before_optimizer_step(view_, module_, *view_.optimizer()); });
 }
 
 EagerRunner::EagerRunner(StepRunner& step, StepRunner::Hooks& hooks, Module& module, torch::optim::Optimizer& optimizer,

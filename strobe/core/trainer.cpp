@@ -119,7 +119,7 @@ std::vector<std::pair<std::string, torch::Tensor>> Trainer::weights() {
 
 void Trainer::setup_common(Stage stage, std::optional<checkpoint::CheckpointData> weights) {
   datamodule_->setup(stage);
-  each([&](Callback& cb) { cb.setup(*this, *module_, stage); });
+  each("setup", [&](Callback& cb) { cb.setup(*this, *module_, stage); });
   if (weights) load_weights(*weights);  // and let them go on return
 }
 
@@ -238,15 +238,15 @@ int Trainer::fit(std::optional<checkpoint::CheckpointData> resume) {
   install_signal_handlers();
   fit_loop_->start_clock();
   try {
-    each([&](Callback& cb) { cb.on_fit_start(*this, *module_); });
+    each("on_fit_start", [&](Callback& cb) { cb.on_fit_start(*this, *module_); });
     if (!resumed && c.fast_dev_run == 0 && c.num_sanity_val_steps != 0 && datamodule_->val_loader()) {
       sanity_checking_ = true;
-      each([&](Callback& cb) { cb.on_sanity_check_start(*this, *module_); });
+      each("on_sanity_check_start", [&](Callback& cb) { cb.on_sanity_check_start(*this, *module_); });
       eval_loop_->run(Stage::Validate, c.num_sanity_val_steps < 0 ? -1 : c.num_sanity_val_steps, true);
-      each([&](Callback& cb) { cb.on_sanity_check_end(*this, *module_); });
+      each("on_sanity_check_end", [&](Callback& cb) { cb.on_sanity_check_end(*this, *module_); });
       sanity_checking_ = false;
     }
-    each([&](Callback& cb) { cb.on_train_start(*this, *module_); });
+    each("on_train_start", [&](Callback& cb) { cb.on_train_start(*this, *module_); });
     // From here a first signal finishes the step in progress and saves (before: it exits at once).
     signals::set_current_step(state().global_step);
     signals::enter_training_loop(run_dir_.empty() ? "nothing (no run directory)" : run_dir_ + "/checkpoints/last.ckpt");
@@ -258,20 +258,22 @@ int Trainer::fit(std::optional<checkpoint::CheckpointData> resume) {
         fmt::print(stderr, "\nstrobe: {} received; saved {}/checkpoints/last.ckpt at step {}\n",
                    sig == SIGINT ? "SIGINT" : "SIGTERM", run_dir_, state().global_step);
     }
-    each([&](Callback& cb) { cb.on_train_end(*this, *module_); });
+    each("on_train_end", [&](Callback& cb) { cb.on_train_end(*this, *module_); });
     collector_->drain();
-    each([&](Callback& cb) { cb.on_fit_end(*this, *module_); });
-    each([&](Callback& cb) { cb.teardown(*this, *module_, Stage::Fit); });
+    each("on_fit_end", [&](Callback& cb) { cb.on_fit_end(*this, *module_); });
+    each("teardown", [&](Callback& cb) { cb.teardown(*this, *module_, Stage::Fit); });
   } catch (const std::exception& e) {
     signals::leave_training_loop();
     // A callback failing here never replaces the error that ended training.
-    each([&](Callback& cb) {
+    for (auto& cb : callbacks_) {
       try {
-        cb.on_exception(*this, *module_, e);
+        cb->on_exception(*this, *module_, e);
       } catch (const std::exception& inner) {
-        fmt::print(stderr, "strobe: {}: on_exception failed: {}\n", cb.name(), inner.what());
+        fmt::print(stderr, "strobe: {}: on_exception failed: {}\n", cb->name(), inner.what());
+      } catch (...) {
+        fmt::print(stderr, "strobe: {}: on_exception failed with an exception that is not a std::exception\n", cb->name());
       }
-    });
+    }
     // Data parallel: the other ranks end within trainer.dist_timeout naming this error (they may be
     // blocked in a collective this rank will never join).
     if (world_size_ > 1) strategy_->abort(e.what());
@@ -309,7 +311,7 @@ int Trainer::test(std::optional<checkpoint::CheckpointData> weights) { return ev
 int Trainer::evaluate(Stage stage, std::optional<checkpoint::CheckpointData> weights) {
   setup_common(stage, std::move(weights));
   eval_loop_->run(stage, -1, false);
-  each([&](Callback& cb) { cb.teardown(*this, *module_, stage); });
+  each("teardown", [&](Callback& cb) { cb.teardown(*this, *module_, stage); });
   strategy_->shutdown();
   return kExitOk;
 }
@@ -317,7 +319,7 @@ int Trainer::evaluate(Stage stage, std::optional<checkpoint::CheckpointData> wei
 std::vector<torch::Tensor> Trainer::predict(std::optional<checkpoint::CheckpointData> weights, Stage split, PredictSink* sink) {
   setup_common(Stage::Predict, std::move(weights));
   auto out = predict_loop_->run(split, sink);
-  each([&](Callback& cb) { cb.teardown(*this, *module_, Stage::Predict); });
+  each("teardown", [&](Callback& cb) { cb.teardown(*this, *module_, Stage::Predict); });
   return out;
 }
 

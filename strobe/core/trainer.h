@@ -211,9 +211,10 @@ class Trainer : private TrainerView, private StepAccess {
   checkpoint::CheckpointData build_checkpoint(const StepStart* step_start);
   void save_sharded_checkpoint(const std::string& path, checkpoint::CheckpointData d);
   checkpoint::CheckpointData with_own_shard(const checkpoint::CheckpointData& d);
+  // `hook` names the hook for a callback that throws what is not a std::exception (call_hook).
   template <class F>
-  void each(F&& f) {
-    for (auto& cb : callbacks_) f(*cb);
+  void each(const char* hook, F&& f) {
+    for (auto& cb : callbacks_) call_hook(*cb, hook, [&] { f(*cb); });
   }
 
   config::Experiment exp_;

@@ -257,7 +257,7 @@ checkpoint::CheckpointData Trainer::build_checkpoint(const StepStart* step_start
   // zero2: the optimizer entry is this rank's shard of the optimizer state.
   if (zero2_ && d.has_blob("optimizer"))
     d.blobs[kZero2ShardBlob] = nlohmann::json{{"rank", rank_}, {"world_size", world_size_}}.dump();
-  each([&](Callback& cb) { cb.on_save_checkpoint(*this, *module_, d); });
+  each("on_save_checkpoint", [&](Callback& cb) { cb.on_save_checkpoint(*this, *module_, d); });
   return d;
 }
 
@@ -392,7 +392,7 @@ std::string Trainer::restore_training_state(const checkpoint::CheckpointData& da
   // precision or model shape is refused naming the change; the rest is returned for fit to list).
   std::string changes = check_resume_compatible(source, d, config_yaml_, module_->net());
   connector_.load(d, /*restore_training_state=*/true, source);
-  each([&](Callback& cb) { cb.on_load_checkpoint(*this, *module_, d); });
+  each("on_load_checkpoint", [&](Callback& cb) { cb.on_load_checkpoint(*this, *module_, d); });
   return changes;
 }
 

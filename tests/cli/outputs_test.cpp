@@ -167,19 +167,29 @@ TEST(CliOutputs, AQuarantineFileThatIsNotOneIsRefusedInOneLine) {
   fs::remove(fifo);
 }
 
-// A kill -9 while on_exception_checkpoint writes leaves its temporary in <run>/checkpoints; the next
-// start removes it even when the run keeps no checkpoints there (enable_checkpointing: false).
-TEST(CliOutputs, AKilledExceptionCheckpointsTemporaryIsRemovedAtTheNextStart) {
+// What writers killed mid-write (kill -9) leave is removed at the next start: on_exception_checkpoint's
+// temporary in <run>/checkpoints even when the run keeps no checkpoints there (enable_checkpointing:
+// false), and a NaN capture's temporary folder with the empty step_<N>/ it had claimed.
+TEST(CliOutputs, WhatKilledWritersLeaveIsRemovedAtTheNextStart) {
   const fs::path d = temp_dir("outputs_tmp");
   const std::string cfg = write_config(tiny_yaml());
   fs::create_directories(d / "run" / "checkpoints");
   const fs::path stale = d / "run" / "checkpoints" / ".on_exception.ckpt.tmp.4194305";  // above Linux's pid_max
   std::ofstream(stale) << "half a checkpoint";
+  fs::create_directories(d / "run" / "nan" / ".step_5.tmp.4194305");
+  std::ofstream(d / "run" / "nan" / ".step_5.tmp.4194305" / "capture.ckpt") << "half a capture";
+  fs::create_directories(d / "run" / "nan" / "step_5");
+  fs::create_directories(d / "run" / "nan" / "step_3");
+  std::ofstream(d / "run" / "nan" / "step_3" / "capture.ckpt") << "a whole capture stays";
   auto r = strobe_cmd("fit -c " + cfg + " --run-dir " + (d / "run").string() +
                       " --set trainer.max_steps=1 --set trainer.enable_checkpointing=false"
-                      " --set 'callbacks=[{name: on_exception_checkpoint}]'");
+                      " --set 'callbacks=[{name: on_exception_checkpoint}, {name: nan_capture}]'");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_FALSE(fs::exists(stale));
+  EXPECT_FALSE(fs::exists(d / "run" / "nan" / ".step_5.tmp.4194305"));
+  EXPECT_FALSE(fs::exists(d / "run" / "nan" / "step_5"));
+  EXPECT_TRUE(fs::exists(d / "run" / "nan" / "step_3" / "capture.ckpt"));
+  EXPECT_NE(r.err.find("nan_capture: removed " + (d / "run" / "nan" / ".step_5.tmp.4194305").string()), std::string::npos) << r.err;
 }
 
 }  // namespace

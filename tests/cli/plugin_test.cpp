@@ -277,3 +277,46 @@ TEST(PluginCli, ReplayLoadsTheCapturesPluginAndRefusesAChangedOne) {
 }
 
 }  // namespace
+
+// A plugin's components misbehaving at run time: a hook throwing what is not a std::exception ends
+// the run as any error does (one line naming the callback and the hook, exit 1, the exception
+// checkpoint written), never `terminate`; a model's wrong depth order is one line and exit 2 at setup.
+TEST(PluginCli, AMisbehavingPluginIsOneLineNeverATerminate) {
+  const std::string bad = plugin("plugin_misbehaving") + " --plugin " + plugin("plugin_good");  // good: the step counter
+  ASSERT_TRUE(fs::exists(plugin("plugin_misbehaving")));
+  const std::string dir = temp_dir("plugin-misbehaving");
+  const std::string yaml = plugin_yaml("mlp", "  - {name: misbehaving_throws_int, at_step: 2}\n  - name: on_exception_checkpoint\n");
+  auto r = strobe_cmd("fit -c " + write_config(yaml) + " --run-dir " + dir + "/throws --plugin " + bad + " --set model.hidden=[16]");
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find("strobe: error: callback 'misbehaving_throws_int': on_train_batch_start threw an exception that is not "
+                       "a std::exception\n"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.err.find("terminate called"), std::string::npos) << r.err;
+  EXPECT_TRUE(fs::exists(dir + "/throws/checkpoints/on_exception.ckpt")) << r.err;
+
+  const std::string layered = plugin_yaml("misbehaving_bad_layers");
+  for (const auto& [sets, expect] : std::vector<std::pair<std::string, std::string>>{
+           {"--set model.layers=4611686018427387904",
+            "layer_decay: model 'BadLayers' declares 4611686018427387904 layers (num_layers()), more than its 2 "
+            "parameter tensors could fill"},
+           {"--set model.weight_layer=7",
+            "layer_decay: model 'BadLayers' puts parameter 'fc.weight' in layer 7 (layer_of()), outside [0, 2)"},
+       }) {
+    auto res = strobe_cmd("fit -c " + write_config(layered) + " --run-dir " + dir + "/layers --plugin " + bad +
+                          " --set 'optimizer.param_groups={layer_decay: 0.5}' " + sets);
+    EXPECT_EQ(res.code, 2) << sets << "\n" << res.err;
+    EXPECT_NE(res.err.find(expect), std::string::npos) << sets << "\n" << res.err;
+    EXPECT_EQ(std::count(res.err.begin(), res.err.end(), '\n'), 1) << res.err;
+  }
+
+  // Declared training FLOPs of inf, NaN or below zero are no declaration: no TFLOP/s or utilisation.
+  for (const std::string flops : {"1e6", "inf", "nan", "-1"}) {
+    const std::string run = dir + "/flops_" + flops;
+    auto res = strobe_cmd("fit -c " + write_config(layered) + " --run-dir " + run + " --plugin " + bad + " --set model.flops=" +
+                          flops + " --set 'callbacks=[{name: throughput_monitor, every_n_steps: 2, peak_tflops: 1}]'");
+    ASSERT_EQ(res.code, 0) << flops << "\n" << res.err;
+    const std::string csv = slurp(run + "/metrics.csv");
+    EXPECT_EQ(csv.find("throughput/mfu") != std::string::npos, flops == "1e6") << flops << "\n" << csv;
+  }
+}

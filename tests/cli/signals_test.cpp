@@ -82,6 +82,22 @@ TEST(CliSignals, ASignalBeforeTheLoopExitsWithAMessage) {
   EXPECT_FALSE(std::filesystem::exists(dir + "/run/checkpoints"));
 }
 
+// A command that does not train says so (not "before training started") and leaves no output.
+TEST(CliSignals, ASignalStopsAPredictionSayingWhatStopped) {
+  const std::string cfg = write_config(tiny_yaml());
+  const std::string dir = temp_dir("sig-predict");
+  auto fit = strobe_cmd("fit -c " + cfg + " --run-dir " + dir + "/run --set trainer.max_steps=1");
+  ASSERT_EQ(fit.code, 0) << fit.err;
+  Child c = start({"predict", "-c", cfg, "--ckpt", dir + "/run/checkpoints/last.ckpt", "-o", dir + "/p.csv", "--split", "val",
+                   "--set", "data.num_classes=20000", "--set", "data.image_size=64"},
+                  dir);
+  ASSERT_TRUE(wait_until([&] { return catches(c.pid, SIGTERM); })) << "strobe never installed its handler";
+  kill(c.pid, SIGTERM);
+  EXPECT_EQ(wait_for(c), 143);
+  EXPECT_EQ(c.err(), "\nstrobe predict: SIGTERM received; stopped (an output it was writing is left as it was)\n");
+  EXPECT_FALSE(std::filesystem::exists(dir + "/p.csv"));
+}
+
 namespace {
 // Steps of about a second on two cores (a 4096-wide layer at batch 512), so that signals land
 // inside a step; a checkpoint every 2 steps.

@@ -150,3 +150,33 @@ TEST(TensorFile, TheFineTuningWalkThroughRuns) {
 }
 
 }  // namespace strobe::testing
+
+namespace strobe::testing {
+namespace {
+
+// The training file truncated while the run reads it (it is memory-mapped: the next read of a lost
+// page raises SIGBUS): one line naming the file, exit 1, never a bare "Bus error".
+TEST(TensorFile, AFileTruncatedUnderTheRunEndsItNamingTheFile) {
+  const std::string dir = temp_dir("tensor-file-truncated");
+  torch::manual_seed(0);
+  const std::string data = dir + "/big.safetensors";
+  safetensors::write_file(data, {{"x", torch::randn({20000, 64})}, {"y", torch::randn({20000, 1})}});
+  const std::string cfg = source_path("configs/regression_tensor_file.yaml");
+  const std::string run = dir + "/run";
+  const std::string script =
+      "(" + bin() + " fit -c " + cfg + " --set data.path=" + data + " --set model.in_features=64 --set trainer.device=cpu" +
+      " --set trainer.enable_progress_bar=false --set trainer.max_steps=1000000 --set trainer.max_epochs=-1"
+      " --set trainer.log_every_n_steps=1 --set data.batch_size=8 --set data.val_fraction=0 --set trainer.enable_checkpointing=false"
+      " --run-dir " + run + " > " + dir + "/out 2> " + dir + "/err; echo $? > " + dir + "/rc) & "
+      "for i in $(seq 1 2400); do [ -s " + run + "/metrics.csv ] && [ $(wc -l < " + run + "/metrics.csv) -gt 5 ] && break; "
+      "sleep 0.05; done; truncate -s 0 " + data + "; wait";
+  ASSERT_EQ(std::system(("timeout 300 bash -c '" + script + "'").c_str()), 0);
+  EXPECT_EQ(slurp(dir + "/rc"), "1\n") << slurp(dir + "/err");
+  const std::string err = slurp(dir + "/err");
+  EXPECT_NE(err.find("strobe: error: " + data + ": the file changed under the run (truncated or rewritten while it was read)"),
+            std::string::npos)
+      << err;
+}
+
+}  // namespace
+}  // namespace strobe::testing

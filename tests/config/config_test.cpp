@@ -308,6 +308,35 @@ TEST(ResumeCheck, SortsChangesIntoIncompatibleModelAndAllowed) {
             "callbacks[0].every_n_steps: 6 -> 3, trainer.log_every_n_steps: (absent) -> 5, trainer.max_steps: 24 -> 48");
 }
 
+// A section written out on one side and a plain value on the other is one change, in its direction
+// (the groups removed: the section -> null, never "(absent) -> null").
+TEST(ResumeCheck, ASectionReplacedByAValueIsOneChangeInItsDirection) {
+  using strobe::config::compare_for_resume;
+  const std::string with = "optimizer:\n  name: adamw\n  param_groups:\n    groups: [{params: 'fc*', lr: 0.1}]\n";
+  const std::string without = "optimizer:\n  name: adamw\n  param_groups: null\n";
+  auto removed = compare_for_resume(with, without);
+  ASSERT_EQ(removed.incompatible.size(), 1u) << strobe::config::join_changes(removed.allowed);
+  EXPECT_EQ(removed.incompatible[0].text(), "optimizer.param_groups: {groups[0].lr: 0.1, groups[0].params: fc*} -> null");
+  auto added = compare_for_resume(without, with);
+  ASSERT_EQ(added.incompatible.size(), 1u);
+  EXPECT_EQ(added.incompatible[0].text(), "optimizer.param_groups: null -> {groups[0].lr: 0.1, groups[0].params: fc*}");
+}
+
+TEST(ConfigParse, AParamGroupThatIsNotAMappingSaysWhatAGroupIs) {
+  auto doc = Document::load_string(std::string(kBase) + "", "exp.yaml");
+  doc.apply_override("optimizer.param_groups={groups: [5]}");
+  try {
+    parse_experiment(doc);
+    ADD_FAILURE() << "a group of 5 was accepted";
+  } catch (const ConfigError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("optimizer.param_groups.groups[0]: expected a mapping {params: GLOB, lr: X, weight_decay: Y}"),
+              std::string::npos)
+        << what;
+    EXPECT_EQ(what.find("'name'"), std::string::npos) << what;
+  }
+}
+
 TEST(ConfigResolved, EmptyListsAndComponentDoublesReadBackTheSame) {
   auto doc = Document::load_string(kBase, "exp.yaml");
   parse_experiment(doc);

@@ -553,6 +553,8 @@ TEST(NanCapture, ReplayRefusesAnIncompleteOrDamagedCaptureNamingWhatIsWrong) {
     info.erase("micro_batches");
     d.blobs["capture"] = info.dump();
   }, "the capture record has no micro_batches count");
+  damaged("no_label", [](auto& d) { d.tensors.erase("capture/batch/0/label"); },
+          "the capture's batch 0 lacks its tensor 'label' (capture/batch/0/label)");
   const fs::path loop = fs::path(dir) / "loop";
   fs::create_symlink(loop, loop);
   try {

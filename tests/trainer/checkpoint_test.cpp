@@ -2,7 +2,13 @@
 // leaves the previous checkpoint intact.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "strobe/checkpoint/checkpoint_io.h"
 #include "strobe/core/resume_compat.h"
+#include "tests/cli/cli_test_util.h"
 #include "tests/trainer/trainer_test_util.h"
 
 using namespace strobe;
@@ -119,4 +125,20 @@ TEST(Checkpoint, WeightsMismatchNamesTheTensorsWhenNoConfigKeyExplainsIt) {
   d.blobs["config"] = "model:\n  name: mlp\n  hidden: [5]\n";
   EXPECT_EQ(weights_mismatch(d, "model:\n  name: mlp\n  hidden: [3]\n", *net).rfind("model.hidden: checkpoint [5], config [3] (missing '1.bias';", 0), 0u)
       << weights_mismatch(d, "model:\n  name: mlp\n  hidden: [3]\n", *net);
+}
+
+// What a stop signal's handler calls before the process exits: the temporaries being written now are
+// unlinked (the target keeps its previous content), and one already renamed into place is not touched.
+TEST(Checkpoint, PendingTemporariesAreUnlinkedForAStopSignal) {
+  const std::string dir = temp_dir("pending-temps");
+  checkpoint::write_file_atomic(dir + "/a.txt", "before");
+  const std::string bytes = "after";
+  checkpoint::PendingWrite pending(dir + "/a.txt", {{bytes.data(), bytes.size()}});
+  const std::string tmp = dir + "/.a.txt.tmp." + std::to_string(::getpid());
+  ASSERT_TRUE(std::filesystem::exists(tmp));
+  checkpoint::write_file_atomic(dir + "/b.txt", "whole");
+  checkpoint::unlink_pending_temp_files();
+  EXPECT_FALSE(std::filesystem::exists(tmp));
+  EXPECT_EQ(slurp(dir + "/a.txt"), "before");
+  EXPECT_EQ(slurp(dir + "/b.txt"), "whole");
 }

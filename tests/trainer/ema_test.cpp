@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 
 #include "strobe/checkpoint/safetensors.h"
 #include "strobe/core/step_pipeline.h"
@@ -158,3 +159,46 @@ TEST(Ema, ResumeIsExactAndExportWritesTheAverages) {
   EXPECT_NE(r.err.find("--ema: " + plain + "/checkpoints/last.ckpt holds no weight average"), std::string::npos) << r.err;
   EXPECT_EQ(count_lines(r.err), 1) << r.err;
 }
+
+namespace strobe {
+namespace {
+
+// A crafted or damaged ema state (an average missing, of an integer dtype or another shape, or one
+// of no weight) is refused by resume and by export --ema: one line naming the tensor, exit 2.
+TEST(Ema, ADamagedAverageIsRefusedNamingItsTensor) {
+  const std::string yaml = tiny_yaml() + "callbacks: [{name: ema, decay: 0.95}]\n";
+  const std::string dir = temp_dir("ema-damaged");
+  auto run = testing::make_run(yaml, {"trainer.max_epochs=1"}, dir);
+  ASSERT_EQ(run->trainer->fit(), 0);
+  const std::string last = dir + "/checkpoints/last.ckpt";
+  const auto good = checkpoint::load_checkpoint_file(last);
+  const std::string first = good.tensors.lower_bound("ema/")->first;  // the first average, by name
+  const std::string cfg = testing::write_config(yaml);
+  struct Case {
+    std::string name, expect;
+    std::function<void(checkpoint::CheckpointData&)> damage;
+  } cases[] = {
+      {"missing", ": holds ema/ averages but not " + first, [&](auto& d) { d.tensors.erase(first); }},
+      {"integer", ": " + first + ": an average of Long elements (expected floating point)",
+       [&](auto& d) { d.tensors[first] = d.tensors[first].to(torch::kLong); }},
+      {"shape", ": " + first + ": shape [", [&](auto& d) { d.tensors[first] = d.tensors[first].reshape({-1}).narrow(0, 0, 3).clone(); }},
+      {"stray", ": ema/fc9.weight: an average of no floating weight of this model",
+       [&](auto& d) { d.tensors["ema/fc9.weight"] = torch::zeros({2}); }},
+  };
+  for (const auto& c : cases) {
+    auto d = good;
+    c.damage(d);
+    const std::string path = dir + "/" + c.name + ".ckpt";
+    checkpoint::save_checkpoint_file(path, d);
+    for (const std::string& args : {"export " + path + " --ema -o " + dir + "/" + c.name + ".safetensors",
+                                    "fit -c " + cfg + " --ckpt " + path + " --run-dir " + dir + "/" + c.name + "_run"}) {
+      auto r = testing::strobe_cmd(args);
+      EXPECT_EQ(r.code, 2) << args << "\n" << r.err;
+      EXPECT_NE(r.err.find("strobe: checkpoint error: " + path + c.expect), std::string::npos) << args << "\n" << r.err;
+      EXPECT_EQ(testing::count_lines(r.err), 1) << r.err;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace strobe
