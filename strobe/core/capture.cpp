@@ -81,9 +81,12 @@ std::string resolve_capture_dir(const std::string& path) {
   if (fs::exists(p / kCheckpointFile)) return p.string();
   fs::path best;
   int64_t best_step = -1;
-  for (const auto& e : fs::directory_iterator(p)) {
+  // Every call with an error code: an entry that cannot be followed (a symlink loop) is skipped, not
+  // a filesystem exception.
+  for (const auto& e : fs::directory_iterator(p, ec)) {
     const auto n = e.path().filename().string();
-    if (!e.is_directory() || n.rfind("step_", 0) != 0 || !fs::exists(e.path() / kCheckpointFile)) continue;
+    std::error_code entry;
+    if (!e.is_directory(entry) || n.rfind("step_", 0) != 0 || !fs::exists(e.path() / kCheckpointFile, entry)) continue;
     try {
       int64_t s = std::stoll(n.substr(5));
       if (s > best_step) best_step = s, best = e.path();

@@ -565,6 +565,18 @@ TEST(NanCapture, ReplayRefusesAnIncompleteOrDamagedCaptureNamingWhatIsWrong) {
               std::string::npos)
         << e.what();
   }
+  // A nan/ folder whose only step_<N> entry is a symlink loop: no capture in it, said in one line.
+  const fs::path looped = fs::path(dir) / "looped_nan";
+  fs::create_directories(looped);
+  fs::create_symlink(looped / "step_99", looped / "step_99");
+  try {
+    capture::replay_capture(looped.string(), {});
+    ADD_FAILURE() << "a nan/ folder holding only a symlink loop replayed";
+  } catch (const checkpoint::CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find(looped.string() + ": not a NaN capture (no capture.ckpt here and no step_<N> capture inside)"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(NanCapture, TracerCostsNothingWhenNotInstalledAndNamesParameterModules) {
