@@ -2,6 +2,8 @@
 // counts, statistics that hold together), CUDA-only suites skipped on the CPU, bad usage refused.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include <filesystem>
 
 #include <fmt/format.h>
@@ -165,6 +167,24 @@ TEST(BenchCli, SeedWorkloadsAwayFromTheRepositorySayWhereTheyAreLookedFor) {
             std::string::npos)
       << err;
   EXPECT_EQ(count_lines(err), 1) << err;
+}
+
+}  // namespace
+}  // namespace strobe::testing
+
+namespace strobe::testing {
+namespace {
+
+// -c from a pipe with --json: the output check reads no byte of the pipe (the suite reads it once).
+TEST(BenchCli, AConfigFromAPipeIsReadOnceByTheSuite) {
+  const std::string dir = temp_dir("bench-pipe");
+  const std::string fifo = dir + "/cfg";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  auto r = shell_cmd("(cat " + src("configs/cpu/vit_l16.yaml") + " > " + fifo + " &); timeout 120 ",
+                     "bench step -c " + fifo + " --steps 1 --warmup 0 --set model.depth=1 --set data.batch_size=2 --json " + dir +
+                         "/r.json");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(json::parse(slurp(dir + "/r.json")).at("suites").at("step").at("workloads").size(), 1u);
 }
 
 }  // namespace
