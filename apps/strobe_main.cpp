@@ -337,12 +337,8 @@ int run_replay(const ReplayArgs& a) {
   }
   if (!a.report.empty()) {
     report["strobe_replay_report"] = 1;  // what makes it this command's own earlier output
-    try {
-      strobe::checkpoint::write_file_atomic(a.report, report.dump(2) + "\n");
-    } catch (const strobe::checkpoint::CheckpointError& e) {
-      // Checked writable before the replay: what fails now is the machine's (exit 1).
-      throw strobe::checkpoint::WriteError(fmt::format("--report {}: cannot write the report: {}", a.report, e.what()));
-    }
+    strobe::checkpoint::write_output("--report", a.report,
+                                     [&] { strobe::checkpoint::write_file_atomic(a.report, report.dump(2) + "\n"); });
     fmt::print("report written to {}\n", a.report);
   }
   return 0;

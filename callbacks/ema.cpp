@@ -109,7 +109,6 @@ class EmaWeights : public Callback {
     averages_ = std::move(loaded);
   }
 
-
  private:
   // The averaged tensors' names and sources, in the view's order.
   void bind(TrainerView& t) {

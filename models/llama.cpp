@@ -310,9 +310,7 @@ std::shared_ptr<Model> make_llama_from_config(config::Section& cfg) {
                  f = static_cast<double>(o.ffn_dim), kv = static_cast<double>(o.num_kv_heads * (o.embed_dim / o.num_heads));
     const double attention = 2 * e * e + 2 * e * kv, mlp = 3 * e * f, embedding = v * e * (o.tie_embeddings ? 1 : 2);
     const double params = embedding + static_cast<double>(o.depth) * (attention + mlp + 2 * e) + e;
-    const double avail = static_cast<double>(available_memory_bytes()) / 4;
-    const char* key = attention > avail ? "embed_dim" : mlp > avail ? "ffn_dim" : embedding > avail ? "vocab_size" : "depth";
-    check_parameters_fit(cfg, key, params,
+    check_parameters_fit(cfg, params, {{"embed_dim", attention}, {"ffn_dim", mlp}, {"vocab_size", embedding}}, "depth",
                          fmt::format("embed_dim {}, depth {}, ffn_dim {}, vocab_size {}", o.embed_dim, o.depth, o.ffn_dim, o.vocab_size));
   }
   return make_llama(o);

@@ -140,7 +140,7 @@ int export_weights(const ExportOptions& options) {
   if (hf_config) {
     // A Hugging Face checkpoint directory: config.json + model.safetensors.
     std::error_code ec;
-    try {
+    checkpoint::write_output("-o", options.output, [&] {
       // Both files are written as temporaries and both targets checked before either is renamed: a
       // failed export leaves an existing directory as it was (other files in it, a tokenizer, stay).
       const std::string config_text = hf_config->dump(2) + "\n";
@@ -158,17 +158,10 @@ int export_weights(const ExportOptions& options) {
         if (fs::is_directory(file->path(), ec))
           throw ExportError(fmt::format("-o {}: {} is a directory; nothing was replaced", options.output, file->path()));
       for (auto& file : files) file->commit();
-    } catch (const checkpoint::CheckpointError& e) {
-      // Checked writable before the work: what fails now is the machine's (exit 1).
-      throw checkpoint::WriteError(fmt::format("-o {}: cannot write it: {}", options.output, e.what()));
-    }
+    });
     return static_cast<int>(tensors.size());
   }
-  try {
-    safetensors::write_file(options.output, tensors, metadata);
-  } catch (const checkpoint::CheckpointError& e) {
-    throw checkpoint::WriteError(fmt::format("-o {}: cannot write it: {}", options.output, e.what()));
-  }
+  checkpoint::write_output("-o", options.output, [&] { safetensors::write_file(options.output, tensors, metadata); });
   return static_cast<int>(tensors.size());
 }
 

@@ -112,14 +112,8 @@ void PredictWriter::consume(const Batch& batch, const std::vector<int64_t>& indi
 }
 
 int64_t PredictWriter::finish() {
-  const auto n = static_cast<int64_t>(index_.size());
-  try {
-    write();
-  } catch (const checkpoint::CheckpointError& e) {
-    // Checked writable before the work: what fails now is the machine's (exit 1), named by the option.
-    throw checkpoint::WriteError(fmt::format("-o {}: cannot write the predictions: {}", options_.output, e.what()));
-  }
-  return n;
+  checkpoint::write_output("-o", options_.output, [&] { write(); });
+  return static_cast<int64_t>(index_.size());
 }
 
 void PredictWriter::write() {

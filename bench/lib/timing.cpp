@@ -135,12 +135,7 @@ std::vector<double> time_blocks(const std::function<void()>& fn, int64_t warmup,
 }
 
 void write_json_atomic(const std::string& path, const nlohmann::json& j) {
-  try {
-    checkpoint::write_file_atomic(path, j.dump(2) + "\n");
-  } catch (const checkpoint::CheckpointError& e) {
-    // Checked writable before the work (check_json_output): what fails now is the machine's (exit 1).
-    throw checkpoint::WriteError(fmt::format("--json {}: cannot write the results: {}", path, e.what()));
-  }
+  checkpoint::write_output("--json", path, [&] { checkpoint::write_file_atomic(path, j.dump(2) + "\n"); });
 }
 
 void check_json_output(const std::string& path, bool overwrite, const std::string& config) {

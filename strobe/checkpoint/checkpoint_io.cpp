@@ -231,20 +231,26 @@ void save_checkpoint_file(const std::string& path, const CheckpointData& data) {
 
 void write_file_atomic(const std::string& path, const std::string& bytes) { write_parts_atomic(path, {&bytes}); }
 
+TempName temp_name_state(const std::string& name) {
+  static const std::regex tmp_re(R"(^\..+\.tmp\.([0-9]+)$)");
+  std::smatch m;
+  if (!std::regex_match(name, m, tmp_re)) return TempName::kNotTemp;
+  const long pid = std::strtol(m[1].str().c_str(), nullptr, 10);
+  // A live writer other than this process may still rename its temporary into place.
+  if (pid != ::getpid() && pid > 0 && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM)) return TempName::kLiveWriter;
+  return TempName::kStale;
+}
+
 std::vector<std::string> remove_stale_temp_files(const std::string& dir, const std::string& only_for) {
   namespace fs = std::filesystem;
-  static const std::regex tmp_re(R"(^\..+\.tmp\.([0-9]+)$)");
   std::vector<std::string> removed;
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return removed;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
-    std::smatch m;
-    if (!std::regex_match(name, m, tmp_re) || !e.is_regular_file(ec)) continue;
+    if (!e.is_regular_file(ec)) continue;
     if (!only_for.empty() && name.compare(1, only_for.size() + 5, only_for + ".tmp.") != 0) continue;
-    const long pid = std::strtol(m[1].str().c_str(), nullptr, 10);
-    // A live writer other than this process may still rename its temp file into place.
-    if (pid != ::getpid() && pid > 0 && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM)) continue;
+    if (temp_name_state(name) != TempName::kStale) continue;
     if (fs::remove(e.path(), ec)) removed.push_back(name);
   }
   return removed;

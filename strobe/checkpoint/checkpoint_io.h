@@ -80,6 +80,12 @@ class PendingWrite {
 // calls it before the process exits, so a command stopped mid-write leaves no temporary behind).
 void unlink_pending_temp_files() noexcept;
 
+// What a directory entry named `name` is: not a temporary of an atomic writer (".<name>.tmp.<pid>"),
+// one whose writer (another process) still runs, or a stale one (its writer is gone, or is this
+// process). remove_stale_temp_files and the NaN capture's cleanup (built the same way) use it.
+enum class TempName { kNotTemp, kLiveWriter, kStale };
+TempName temp_name_state(const std::string& name);
+
 // Removes the temp files (".<name>.tmp.<pid>") that a writer killed mid-write left in `dir`, skipping
 // those of a process that is still running; returns the names removed. Missing `dir`: nothing.
 // `only_for`: just the temp files of that file name. Every atomic write does this for its target

@@ -5,13 +5,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <signal.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
-#include <mutex>
 
 #include <fmt/format.h>
 
@@ -31,10 +28,8 @@ const char* kind_of(mode_t mode) {
   return "not a file";
 }
 
-// The files mapped now, for the SIGBUS handler: a mapped file truncated or rewritten under the process
-// makes the next read of a page past its new end raise SIGBUS, which would kill Strobe without a
-// word. The handler names the file whose mapping holds the faulting address and exits 1. Fixed
-// slots (the handler may only read plain memory and call write and _exit).
+// The files mapped now, for mapped_file_at (the SIGBUS handler's question: which file?). Fixed slots
+// of plain memory, read without a lock.
 struct MapSlot {
   std::atomic<int> state{0};  // 0 free, 1 being filled, 2 in use
   const char* begin = nullptr;
@@ -43,36 +38,7 @@ struct MapSlot {
 };
 MapSlot g_maps[256];
 
-void say(const char* s) {
-  size_t n = std::strlen(s);
-  while (n > 0) {
-    const ssize_t w = ::write(STDERR_FILENO, s, n);
-    if (w <= 0) return;
-    s += w, n -= static_cast<size_t>(w);
-  }
-}
-
-extern "C" void on_sigbus(int, siginfo_t* info, void*) {
-  const char* at = static_cast<const char*>(info->si_addr);
-  const char* which = nullptr;
-  for (auto& slot : g_maps)
-    if (slot.state.load() == 2 && at >= slot.begin && at < slot.begin + slot.size) which = slot.path;
-  say("\nstrobe: error: ");
-  say(which != nullptr ? which : "a memory-mapped file");
-  say(": the file changed under the run (truncated or rewritten while it was read); restore it and resume from the "
-      "last checkpoint\n");
-  _exit(1);
-}
-
 int track_mapping(const char* begin, uint64_t size, const std::string& path) {
-  static std::once_flag installed;
-  std::call_once(installed, [] {
-    struct sigaction sa {};
-    sa.sa_sigaction = on_sigbus;
-    sa.sa_flags = SA_SIGINFO;
-    sigemptyset(&sa.sa_mask);
-    ::sigaction(SIGBUS, &sa, nullptr);
-  });
   for (int i = 0; i < 256; ++i) {
     int expected = 0;
     if (!g_maps[i].state.compare_exchange_strong(expected, 1)) continue;
@@ -116,6 +82,13 @@ MappedFile::MappedFile(const std::string& path, const std::string& kind) {
     slot_ = track_mapping(data_, size_, path);
   }
   ::close(fd);
+}
+
+const char* mapped_file_at(const void* address) noexcept {
+  const char* at = static_cast<const char*>(address);
+  for (auto& slot : g_maps)
+    if (slot.state.load() == 2 && at >= slot.begin && at < slot.begin + slot.size) return slot.path;
+  return nullptr;
 }
 
 MappedFile::~MappedFile() {

@@ -1,8 +1,9 @@
 // A file's bytes mapped read-only (mmap, MAP_PRIVATE) for the life of the object. Checkpoints,
 // safetensors files and token files are read through it: the kernel pages the file in on demand
 // (page cache, reclaimable), so reading a multi-GB file holds no second copy of it in the process.
-// A mapped file truncated or rewritten while the process reads it (SIGBUS) ends the process with one
-// line naming the file and exit status 1 (docs/CONFIG.md, "Errors").
+// A mapped file truncated or rewritten while the process reads it raises SIGBUS at the next read of a
+// lost page: the stop-signal handlers (strobe/core/signals.h) end the process with one line naming
+// the file (mapped_file_at) and exit status 1 (docs/CONFIG.md, "Errors").
 #pragma once
 
 #include <cstdint>
@@ -16,6 +17,9 @@ namespace strobe::checkpoint {
 // (stat never blocks): a FIFO would block the open or the read forever, a device (/dev/zero) would be
 // read until memory runs out; both are refused in one line instead (docs/CONFIG.md, "Limits").
 std::string non_regular_kind(const std::string& path);
+
+// The path of the live MappedFile whose bytes hold `address` (null: none). Async-signal-safe.
+const char* mapped_file_at(const void* address) noexcept;
 
 class MappedFile {
  public:

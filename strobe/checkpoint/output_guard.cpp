@@ -1,4 +1,5 @@
 #include "strobe/checkpoint/output_guard.h"
+#include "strobe/checkpoint/checkpoint_io.h"
 #include "strobe/checkpoint/json_text.h"
 
 #include <fcntl.h>
@@ -8,8 +9,6 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -139,17 +138,19 @@ void check_output_directory(const std::string& option, const std::string& dir, b
   probe_folder(option, dir, missing);
 }
 
-bool json_file_where(const std::string& path, const std::function<bool(const nlohmann::json&)>& accept, size_t max_bytes) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || static_cast<size_t>(st.st_size) > max_bytes) return false;
-  std::ifstream in(path, std::ios::binary);
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (!in.eof() && in.fail()) return false;
-  if (!json_nesting_within(text)) return false;
-  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object()) return false;
+void write_output(const std::string& option, const std::string& path, const std::function<void()>& write) {
   try {
-    return accept(j);
+    write();
+  } catch (const CheckpointError& e) {
+    throw WriteError(fmt::format("{} {}: cannot write it: {}", option, path, e.what()));
+  }
+}
+
+bool json_file_where(const std::string& path, const std::function<bool(const nlohmann::json&)>& accept, size_t max_bytes) {
+  const JsonFile f = read_json_file(path, max_bytes);
+  if (f.problem != JsonFile::Problem::kNone || !f.json.is_object()) return false;
+  try {
+    return accept(f.json);
   } catch (const nlohmann::json::exception&) {
     return false;
   }

@@ -55,6 +55,11 @@ void check_output_file(const OutputFile& out);
 void check_output_directory(const std::string& option, const std::string& dir, bool overwrite,
                             const std::vector<CommandInput>& inputs);
 
+// Runs `write`, the atomic write of an output check_output_file (or check_output_directory) passed:
+// a CheckpointError from it is then the machine's, not the input's (the folder was checked), so it
+// becomes a WriteError "OPTION PATH: cannot write it: ..." (exit 1). Other errors pass through.
+void write_output(const std::string& option, const std::string& path, const std::function<void()>& write);
+
 // Whether `a` and `b` name the same file: the same inode when both exist (links and other spellings
 // included), else the same absolute normalised path.
 bool same_path(const std::string& a, const std::string& b);

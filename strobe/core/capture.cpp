@@ -1,11 +1,8 @@
 #include "strobe/core/capture.h"
 
-#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <regex>
 #include <filesystem>
 
 #include <fmt/format.h>
@@ -104,15 +101,13 @@ std::vector<std::string> remove_capture_leftovers(const std::string& base) {
   std::vector<std::string> removed;
   std::error_code ec;
   if (!fs::is_directory(base, ec)) return removed;
-  static const std::regex tmp_re(R"(^\.step_[0-9]+\.tmp\.([0-9]+)$)");
   bool live_writer = false;
   std::vector<fs::path> empty_claims;
   for (const auto& e : fs::directory_iterator(base, ec)) {
     const std::string name = e.path().filename().string();
-    std::smatch m;
-    if (std::regex_match(name, m, tmp_re) && e.is_directory(ec)) {
-      const long pid = std::strtol(m[1].str().c_str(), nullptr, 10);
-      if (pid != ::getpid() && pid > 0 && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM)) {
+    const checkpoint::TempName state = name.rfind(".step_", 0) == 0 ? checkpoint::temp_name_state(name) : checkpoint::TempName::kNotTemp;
+    if (state != checkpoint::TempName::kNotTemp && e.is_directory(ec)) {
+      if (state == checkpoint::TempName::kLiveWriter) {
         live_writer = true;  // another run sharing this directory is writing its capture
         continue;
       }

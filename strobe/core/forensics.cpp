@@ -155,11 +155,11 @@ void mark_intended(NonFiniteTracer::Impl& impl, const at::Tensor& t) {
 // places (a mask added to the scores, the masked scores less their maximum, a copy or a view). Any
 // NaN, or an infinity at a place no intended input had one, is a finding.
 bool only_intended_infinities(const std::string& name, const at::Tensor& out, const std::vector<at::Tensor>& inputs,
-                              const std::vector<bool>& intended) {
+                              const std::vector<bool>& finite, const std::vector<bool>& intended) {
   if (holds_nan(out)) return false;
   if (is_fill_op(name)) {
     for (size_t i = 0; i < inputs.size(); ++i)
-      if (inputs[i].dim() > 0 && !intended[i] && !all_finite(inputs[i])) return false;  // a 0-d input: the fill value
+      if (inputs[i].dim() > 0 && !finite[i] && !intended[i]) return false;  // a 0-d input: the fill value
     return true;
   }
   const at::Tensor out_inf = at::isinf(out.detach());
@@ -180,7 +180,8 @@ struct OpContext : at::ObserverContext {
   bool backward_function = false;
   std::vector<at::Tensor> inputs;  // copies for in-place ops: their inputs are overwritten
   std::vector<std::string> input_names;
-  std::vector<bool> input_intended;  // whether each input held intended infinities (before an in-place op)
+  std::vector<bool> input_finite;    // whether each input was finite (before an in-place op)
+  std::vector<bool> input_intended;  // whether each input held intended infinities (likewise)
   bool inputs_finite = true;
   int64_t seq_begin = -1;  // a top-level forward op: the autograd sequence number when it began
   uint64_t thread = 0;      // and the thread it ran on
@@ -261,13 +262,17 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
         if (it != impl.param_name.end()) label = fmt::format("{} (parameter {})", label, it->second);
       }
       if (!checkable(t)) continue;
-      if (!all_finite(t)) ctx->inputs_finite = false;
+      const bool finite = all_finite(t);
+      if (!finite) ctx->inputs_finite = false;
       ctx->inputs.push_back(in_place ? t.detach().clone() : t.detach());
       ctx->input_names.push_back(label);
-      {
+      ctx->input_finite.push_back(finite);
+      bool intended = false;
+      if (!finite) {  // only a non-finite input can hold a mask's infinities
         std::lock_guard<std::mutex> lock(impl.mu);
-        ctx->input_intended.push_back(is_intended(impl, t));
+        intended = is_intended(impl, t);
       }
+      ctx->input_intended.push_back(intended);
     }
   }
   t_busy = false;
@@ -308,7 +313,7 @@ void on_op_end(const at::RecordFunction& fn, at::ObserverContext* raw) {
     if (all_finite(out)) continue;
     {
       std::lock_guard<std::mutex> lock(impl.mu);
-      if (only_intended_infinities(fn.name(), out, ctx->inputs, ctx->input_intended)) {
+      if (only_intended_infinities(fn.name(), out, ctx->inputs, ctx->input_finite, ctx->input_intended)) {
         mark_intended(impl, out);
         continue;
       }

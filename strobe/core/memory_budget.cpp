@@ -48,9 +48,16 @@ std::string human_bytes(double b) {
   return fmt::format("{:.1f} {}", b, units[u]);
 }
 
-void check_parameters_fit(const config::Section& cfg, const std::string& key, double params, const std::string& shape) {
+void check_parameters_fit(const config::Section& cfg, double params, const std::vector<ParamTerm>& alone, const char* otherwise,
+                          const std::string& shape) {
   const double need = params * 4.0, avail = static_cast<double>(available_memory_bytes());
   if (need <= avail) return;
+  const char* key = otherwise;
+  for (const auto& term : alone)
+    if (term.params * 4.0 > avail) {
+      key = term.key;
+      break;
+    }
   cfg.fail(key, fmt::format("the model's shape ({}) holds about {:.3g} parameters, {} as built in fp32, but only {} of memory "
                             "is available; use a smaller shape",
                             shape, params, human_bytes(need), human_bytes(avail)));

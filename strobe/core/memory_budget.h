@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "strobe/config/config.h"
 
@@ -18,9 +19,17 @@ uint64_t available_memory_bytes();
 // "1.5 GiB".
 std::string human_bytes(double bytes);
 
-// Refuses (ConfigError on `key` of `cfg`) a model whose `params` parameters would not fit in the
-// memory available as they are built (fp32, 4 bytes each); `shape` describes the values behind the
-// estimate ("embed_dim 1000000, depth 16, ...").
-void check_parameters_fit(const config::Section& cfg, const std::string& key, double params, const std::string& shape);
+// One term of a model's parameter count and the key that sets it ({"embed_dim", one layer's attention}).
+struct ParamTerm {
+  const char* key;
+  double params;
+};
+
+// Refuses (ConfigError) a model whose `params` parameters would not fit in the memory available as
+// they are built (fp32, 4 bytes each), naming the first key of `alone` whose term alone would not
+// fit, else `otherwise` (the key that multiplies the terms: depth); `shape` describes the values
+// behind the estimate ("embed_dim 1000000, depth 16, ...").
+void check_parameters_fit(const config::Section& cfg, double params, const std::vector<ParamTerm>& alone, const char* otherwise,
+                          const std::string& shape);
 
 }  // namespace strobe

@@ -1,17 +1,10 @@
 #include "strobe/core/quarantine.h"
 
-#include <sys/stat.h>
-
-#include <cerrno>
-#include <cstring>
-#include <fstream>
-#include <iterator>
 #include <limits>
 
 #include <fmt/format.h>
 
 #include "strobe/checkpoint/json_text.h"
-#include "strobe/checkpoint/mapped_file.h"
 
 namespace strobe {
 namespace {
@@ -45,22 +38,25 @@ std::string problem(const nlohmann::json& j, std::map<std::string, std::vector<i
 bool is_quarantine(const nlohmann::json& j) { return problem(j, nullptr).empty(); }
 
 Quarantine read_quarantine(const std::string& path) {
-  if (const std::string kind = checkpoint::non_regular_kind(path); !kind.empty())
-    throw QuarantineError(fmt::format("'{}' is {}, not a regular file", path, kind));
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) throw QuarantineError(fmt::format("cannot read '{}' ({})", path, std::strerror(errno)));
-  if (st.st_size > (int64_t{64} << 20))
-    throw QuarantineError(fmt::format("'{}' is {} bytes: a quarantine file is at most 64 MiB", path, st.st_size));
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw QuarantineError(fmt::format("cannot read '{}' ({})", path, std::strerror(errno)));
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) throw QuarantineError(fmt::format("cannot read '{}'", path));
-  if (!checkpoint::json_nesting_within(text))
-    throw QuarantineError(
-        fmt::format("'{}' is not a Strobe quarantine file (it nests deeper than {} levels)", path, checkpoint::kMaxJsonDepth));
+  checkpoint::JsonFile f = checkpoint::read_json_file(path, size_t{64} << 20);
+  using P = checkpoint::JsonFile::Problem;
+  switch (f.problem) {
+    case P::kNone:
+      break;
+    case P::kNotRegular:
+      throw QuarantineError(fmt::format("'{}' is {}, not a regular file", path, f.detail));
+    case P::kUnreadable:
+      throw QuarantineError(fmt::format("cannot read '{}' ({})", path, f.detail));
+    case P::kTooLarge:
+      throw QuarantineError(fmt::format("'{}' is {} bytes: a quarantine file is at most 64 MiB", path, f.detail));
+    case P::kTooDeep:
+      throw QuarantineError(
+          fmt::format("'{}' is not a Strobe quarantine file (it nests deeper than {} levels)", path, checkpoint::kMaxJsonDepth));
+    case P::kNotJson:
+      throw QuarantineError(fmt::format("'{}' is not a Strobe quarantine file (it is not JSON)", path));
+  }
   Quarantine q;
-  q.json = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (q.json.is_discarded()) throw QuarantineError(fmt::format("'{}' is not a Strobe quarantine file (it is not JSON)", path));
+  q.json = std::move(f.json);
   if (std::string why = problem(q.json, &q.indices); !why.empty())
     throw QuarantineError(why.rfind("is not", 0) == 0 ? fmt::format("'{}' {}", path, why) : fmt::format("'{}': {}", path, why));
   return q;

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "strobe/checkpoint/checkpoint_io.h"
+#include "strobe/checkpoint/mapped_file.h"
 
 namespace strobe::signals {
 namespace {
@@ -95,6 +96,21 @@ extern "C" void on_signal(int sig) {
   _exit(128 + sig);
 }
 
+// A memory-mapped input truncated under the process: the read of a lost page raises SIGBUS, which
+// would end Strobe without a word. One line naming the file (checkpoint::mapped_file_at), exit 1.
+extern "C" void on_sigbus(int, siginfo_t* info, void*) {
+  char buf[1400];
+  char* p = buf;
+  const char* end = buf + sizeof buf - 2;
+  const char* file = checkpoint::mapped_file_at(info->si_addr);
+  put(p, end, "\nstrobe: error: ");
+  put(p, end, file != nullptr ? file : "a memory-mapped file");
+  put(p, end, ": the file changed under the run (truncated or rewritten while it was read); restore it and resume from the "
+              "last checkpoint\n");
+  say(buf, static_cast<size_t>(p - buf));
+  _exit(1);
+}
+
 void copy(char* dst, size_t cap, const std::string& s) {
   const size_t n = std::min(cap - 1, s.size());
   std::memcpy(dst, s.data(), n);
@@ -123,6 +139,11 @@ void install() {
   // A file-size limit (ulimit -f) would kill the process mid-write: ignored, the write fails with
   // EFBIG instead, and the writer removes its temp file and says which file (checkpoint::WriteError).
   signal(SIGXFSZ, SIG_IGN);
+  struct sigaction bus {};
+  bus.sa_sigaction = on_sigbus;
+  bus.sa_flags = SA_SIGINFO;
+  sigemptyset(&bus.sa_mask);
+  sigaction(SIGBUS, &bus, nullptr);
 }
 
 bool sigint_inherited_ignored() { return g_sigint_ignored; }

@@ -15,7 +15,8 @@
 
 namespace strobe::signals {
 
-// Called first thing in main (later calls do nothing).
+// Called first thing in main (later calls do nothing). Also installs the SIGBUS handler: a memory-
+// mapped input truncated under the process ends it with one line naming the file, exit 1.
 void install();
 bool sigint_inherited_ignored();
 // A command that does not train (predict, export, replay, bench, validate, test): a stop signal says

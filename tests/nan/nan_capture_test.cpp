@@ -555,28 +555,22 @@ TEST(NanCapture, ReplayRefusesAnIncompleteOrDamagedCaptureNamingWhatIsWrong) {
   }, "the capture record has no micro_batches count");
   damaged("no_label", [](auto& d) { d.tensors.erase("capture/batch/0/label"); },
           "the capture's batch 0 lacks its tensor 'label' (capture/batch/0/label)");
+  // A path that cannot be read, and a nan/ folder whose only step_<N> entry is a symlink loop: one line each.
+  auto refused = [](const fs::path& path, const std::string& want) {
+    try {
+      capture::replay_capture(path.string(), {});
+      ADD_FAILURE() << path << " replayed";
+    } catch (const checkpoint::CheckpointError& e) {
+      EXPECT_NE(std::string(e.what()).find(path.string() + want), std::string::npos) << e.what();
+    }
+  };
   const fs::path loop = fs::path(dir) / "loop";
   fs::create_symlink(loop, loop);
-  try {
-    capture::replay_capture(loop.string(), {});
-    ADD_FAILURE() << "a symlink loop replayed";
-  } catch (const checkpoint::CheckpointError& e) {
-    EXPECT_NE(std::string(e.what()).find(loop.string() + ": cannot be read (Too many levels of symbolic links)"),
-              std::string::npos)
-        << e.what();
-  }
-  // A nan/ folder whose only step_<N> entry is a symlink loop: no capture in it, said in one line.
+  refused(loop, ": cannot be read (Too many levels of symbolic links)");
   const fs::path looped = fs::path(dir) / "looped_nan";
   fs::create_directories(looped);
   fs::create_symlink(looped / "step_99", looped / "step_99");
-  try {
-    capture::replay_capture(looped.string(), {});
-    ADD_FAILURE() << "a nan/ folder holding only a symlink loop replayed";
-  } catch (const checkpoint::CheckpointError& e) {
-    EXPECT_NE(std::string(e.what()).find(looped.string() + ": not a NaN capture (no capture.ckpt here and no step_<N> capture inside)"),
-              std::string::npos)
-        << e.what();
-  }
+  refused(looped, ": not a NaN capture (no capture.ckpt here and no step_<N> capture inside)");
 }
 
 TEST(NanCapture, TracerCostsNothingWhenNotInstalledAndNamesParameterModules) {
