@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # Installs what a fresh Debian 12 machine lacks, then configures and builds Strobe into build/.
+# Usage: setup.sh [TARGET ...]: builds only the named targets (`setup.sh strobe`: the executable
+# alone, what the quickstart runs), else everything (the tests, their plugins and helper programs).
 # Idempotent and fast when everything is there: apt runs only for missing packages, pip only when
 # the virtual environment lacks torch 2.11.0 or a comparison package.
 # Env: STROBE_VENV (default ~/.cache/strobe/venv), STROBE_BUILD_DIR (default build), STROBE_JOBS,
@@ -74,8 +76,25 @@ if command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then
   cmake_args+=(-DCMAKE_CUDA_COMPILER="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")
 fi
 if [ ! -f "$build/build.ninja" ]; then
-  cmake "${cmake_args[@]}" >/dev/null
+  # libtorch's CMake files warn about settings Strobe makes on purpose: the output is shown only
+  # when configuring fails.
+  log=$(mktemp)
+  if ! cmake "${cmake_args[@]}" >"$log" 2>&1; then
+    cat "$log" >&2
+    rm -f "$log"
+    echo "setup: configuring $build failed (above)" >&2
+    exit 1
+  fi
+  rm -f "$log"
 fi
 jobs=${STROBE_JOBS:-$(nproc)}
-echo "setup: building ($build, -j$jobs)"
-cmake --build "$build" -j"$jobs"
+targets=()
+for t in "$@"; do
+  if ! ninja -C "$build" -t query "$t" >/dev/null 2>&1; then
+    echo "setup: '$t' is not a target of $build (strobe builds the executable; no target builds everything)" >&2
+    exit 2
+  fi
+  targets+=(--target "$t")
+done
+echo "setup: building ${*:-everything} ($build, -j$jobs)"
+cmake --build "$build" -j"$jobs" "${targets[@]}"
