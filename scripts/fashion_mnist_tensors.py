@@ -4,17 +4,22 @@ classes from Debian's dataset-fashion-mnist, as float32 [N, 1, 28, 28] in [0, 1]
 labels renumbered from 0 in the order given (`y`), written to OUT/train.safetensors and
 OUT/test.safetensors.
 
-    python3 scripts/fashion_mnist_tensors.py --classes 0-4 -o /tmp/fmnist_0_4
-    python3 scripts/fashion_mnist_tensors.py --classes 5-9 -o /tmp/fmnist_5_9
+    python3 scripts/fashion_mnist_tensors.py --classes 0-4 -o datasets/fmnist_0_4
+    python3 scripts/fashion_mnist_tensors.py --classes 5-9 -o datasets/fmnist_5_9
 
-Needs numpy and safetensors (scripts/setup.sh installs them into its venv)."""
+Needs numpy and safetensors: run with a python3 that lacks them, it runs itself with the virtual
+environment scripts/setup.sh makes."""
 import argparse
 import gzip
 import os
 import sys
 
-import numpy as np
-from safetensors.numpy import save_file
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import project_python  # noqa: E402
+
+project_python.require("numpy", "safetensors")
+import numpy as np  # noqa: E402
+from safetensors.numpy import save_file  # noqa: E402
 
 
 def read_idx(path):
@@ -51,7 +56,9 @@ def main():
         remap[classes] = np.arange(len(classes))
         x = (images[keep].astype(np.float32) / 255.0)[:, None, :, :]
         y = remap[labels[keep]]
-        save_file({"x": np.ascontiguousarray(x), "y": y}, os.path.join(a.out, f"{split}.safetensors"))
+        out = os.path.join(a.out, f"{split}.safetensors")
+        save_file({"x": np.ascontiguousarray(x), "y": y}, out + ".tmp")
+        os.replace(out + ".tmp", out)  # whole or not at all
         print(f"{split}: {len(y)} images of classes {classes} -> {os.path.join(a.out, split + '.safetensors')}")
 
 

@@ -12,6 +12,9 @@ import argparse
 import os
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import project_python  # noqa: E402
+
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -20,6 +23,7 @@ def main():
     ap.add_argument("--pretrained", action="store_true", help="timm's pretrained weights (Hugging Face Hub)")
     ap.add_argument("--num-classes", type=int, default=None, help="the head's classes (default: the model's)")
     args = ap.parse_args()
+    project_python.require("timm", "safetensors")
     try:
         import timm
         from safetensors.torch import save_file
