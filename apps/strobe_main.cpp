@@ -74,7 +74,7 @@ const CLI::Validator kNonEmpty(
     "PATH");
 
 struct Common {
-  std::string config;
+  std::vector<std::string> configs;
   std::vector<std::string> plugins;
   std::vector<std::string> sets;
   std::string ckpt;
@@ -85,7 +85,11 @@ struct Common {
 };
 
 void add_common(CLI::App* cmd, Common& c, bool evaluates) {
-  cmd->add_option("-c,--config", c.config, "experiment YAML file")->required()->check(kNonEmpty);
+  cmd->add_option("-c,--config", c.configs,
+                  "experiment YAML file; several (-c a.yaml -c b.yaml) compose in order: mappings merge, lists and values "
+                  "replace")
+      ->required()
+      ->check(kNonEmpty);
   cmd->add_option("--set", c.sets, "override a key: --set trainer.max_steps=200 (repeatable)")->take_all();
   cmd->add_option("--plugin", c.plugins, "load a plugin (a component library built with strobe_add_plugin; repeatable)")
       ->take_all()
@@ -152,16 +156,20 @@ void print_fit_summary(const strobe::Run& run, int rc, double seconds) {
     else
       fmt::print("  best checkpoint: {} ({}={:.6g})\n", best->path, best->monitor, best->score);
   }
-  if (std::filesystem::exists(run.run_dir + "/checkpoints/last.ckpt"))
-    fmt::print("  last checkpoint: {}/checkpoints/last.ckpt\n", run.run_dir);
-  fmt::print("  run directory: {}\n", run.run_dir);
+  if (run.run_dir.empty()) {
+    fmt::print("  no run directory (trainer.fast_dev_run writes no files)\n");
+  } else {
+    if (std::filesystem::exists(run.run_dir + "/checkpoints/last.ckpt"))
+      fmt::print("  last checkpoint: {}/checkpoints/last.ckpt\n", run.run_dir);
+    fmt::print("  run directory: {}\n", run.run_dir);
+  }
   std::fflush(stdout);
 }
 
 strobe::PredictOptions predict_opts;  // strobe predict's own options (main's parser fills them)
 
 int run_command(const std::string& command, const Common& c, Progress& progress) {
-  auto doc = strobe::config::Document::load_file(c.config);
+  auto doc = strobe::config::Document::load_files(c.configs);
   for (const auto& s : c.sets) doc.apply_override(s);
   // --plugin joins the experiment's plugins: (so the resolved config records it), relative to here.
   if (!c.plugins.empty()) {
@@ -190,7 +198,8 @@ int run_command(const std::string& command, const Common& c, Progress& progress)
   if (command == "predict") {
     // The output is checked before any work (never an input: the config, the checkpoint, every file
     // the experiment names); one process (a prediction run has no ranks to merge).
-    auto inputs = strobe::experiment_inputs(doc.root().node(), c.config);
+    auto inputs = strobe::experiment_inputs(doc.root().node(), c.configs.front());
+    for (size_t i = 1; i < c.configs.size(); ++i) inputs.push_back({"a config file", c.configs[i]});
     if (!c.ckpt.empty()) inputs.push_back({"the checkpoint being read", c.ckpt});
     strobe::check_predict_output(predict_opts, inputs);
     if (strobe::distributed::launch_env_from_process().world_size > 1)
@@ -213,6 +222,12 @@ int run_command(const std::string& command, const Common& c, Progress& progress)
   }
   auto run = strobe::build_run(doc, opt);
   progress.built = true;
+  // What composing the config dropped (a component another name replaced), once the run is built and
+  // a resume's checks have passed: a refused run is then its one-line error alone.
+  if (command == "fit")
+    run->trainer->set_start_notes(doc.notes());
+  else if (run->trainer->view().is_global_zero())
+    for (const auto& note : doc.notes()) fmt::print(stderr, "strobe: {}\n", note);
   progress.device = run->trainer->view().device().str();
   const YAML::Node bs = run->experiment.data.node()["batch_size"];
   progress.batch_size = bs.IsScalar() ? bs.Scalar() : "?";
@@ -220,7 +235,9 @@ int run_command(const std::string& command, const Common& c, Progress& progress)
   const bool speaks = run->trainer->view().is_global_zero();
   if (command == "fit") {
     if (speaks)
-      fmt::print("strobe fit: run directory {} (device {}{})\n", run->run_dir, run->trainer->view().device().str(),
+      fmt::print("strobe fit: {} (device {}{})\n",
+                 run->run_dir.empty() ? "fast_dev_run, no run directory" : "run directory " + run->run_dir,
+                 run->trainer->view().device().str(),
                  run->trainer->view().world_size() > 1 ? fmt::format(", {} processes", run->trainer->view().world_size()) : "");
     std::fflush(stdout);
     const auto t0 = std::chrono::steady_clock::now();
@@ -424,6 +441,10 @@ int main(int argc, char** argv) {
       ->check(kNonEmpty);
   pred->add_option("--split", predict_opts.split, "test (default) or val");
   pred->add_flag("--overwrite", predict_opts.overwrite, "replace the output file if it exists");
+  pred->add_flag("--logits", predict_opts.logits,
+                 "language models: also write every token's logits (fp32, tokens x vocabulary) beside token_loss");
+  pred->add_option("--logits-limit-gib", predict_opts.logits_limit_gib,
+                   "refuse --logits past this many GiB of logits (default 4)");
   ReplayArgs replay_a;
   auto* rep = app.add_subcommand("replay", "re-run the failing step of a NaN capture and name the first non-finite operation");
   rep->add_option("capture", replay_a.capture, "capture directory: <run_dir>/nan (the latest capture) or nan/step_<N>")

@@ -2,8 +2,10 @@
 // (at most 10 times a second), fitted to the terminal's width (a line that wraps cannot be redrawn
 // and floods the screen): the bar shrinks, then the least useful fields go. Otherwise one plain line
 // per log interval. Epochs are 0-based everywhere (bar, validation line, metrics.csv, checkpoint
-// names), as in Lightning: "Epoch 0/1" is the first of two. Values come from the trainer's delivered
-// metrics, so drawing never waits for the device.
+// names), as in Lightning: "epoch 0 (1 of 2)" is the first of two. Values come from the trainer's
+// delivered metrics, so drawing never waits for the device: the loss reaches the host every
+// log_every_n_steps, and the bar says which step it is from ("loss 2.463 @ step 20"). The ETA is to
+// the end of the run, by whichever limit ends it first (max_epochs, max_steps, max_time).
 #include <sys/ioctl.h>
 #include <unistd.h>
 
@@ -44,7 +46,7 @@ class ProgressBar : public Callback {
   std::string name() const override { return "progress_bar"; }
 
   void on_train_epoch_start(TrainerView&, Module&) override { epoch_start_ = Clock::now(), batches_ = 0; }
-  void on_train_start(TrainerView&, Module&) override { epoch_start_ = Clock::now(), batches_ = 0; }
+  void on_train_start(TrainerView&, Module&) override { train_start_ = epoch_start_ = Clock::now(), batches_ = 0; }
 
   // Console output is rank 0's (data parallel: the other ranks stay quiet).
   void on_train_batch_end(TrainerView& t, Module&, const torch::Tensor&, const Batch&, int64_t) override {
@@ -101,20 +103,22 @@ class ProgressBar : public Callback {
   using Clock = std::chrono::steady_clock;
   void draw(TrainerView& t, Clock::time_point now) {
     const auto& s = t.state();
+    const auto& c = t.config();
     const int64_t n = t.num_training_batches();
     double secs = std::chrono::duration<double>(now - epoch_start_).count();
     double rate = secs > 0 ? batches_ / secs : 0.0;
-    double eta = rate > 0 ? (n - s.batch_in_epoch) / rate : -1;
+    const double eta = seconds_left(t, rate, std::chrono::duration<double>(now - train_start_).count());
     std::string loss;
     for (const char* key : {"train/loss", "train/loss_step"}) {
       auto it = t.metrics().find(key);
       if (it != t.metrics().end()) {
-        loss = fmt::format(" loss={:.4f}", it->second);
+        const auto at = t.metric_step(key);
+        loss = fmt::format(" loss {:.4g}{}", it->second, at ? fmt::format(" @ step {}", *at) : "");
         break;
       }
     }
-    std::string epochs = t.config().max_epochs >= 0 ? fmt::format("{}/{}", s.epoch, t.config().max_epochs - 1)
-                                                    : fmt::format("{}", s.epoch);
+    std::string epochs = c.max_epochs >= 0 ? fmt::format("{} ({} of {})", s.epoch, s.epoch + 1, c.max_epochs)
+                                           : fmt::format("{}", s.epoch);
     if (tty_) {
       fmt::print("\r{}\x1b[K", fit_line(epochs, s.batch_in_epoch, n, s.global_step, rate, hms(eta), loss, terminal_width()));
     } else {
@@ -124,12 +128,32 @@ class ProgressBar : public Callback {
     std::fflush(stdout);
   }
 
+  // Seconds to the end of the run at `rate` batches a second: the fewest batches any limit leaves
+  // (the epochs left, the optimizer steps left times the accumulation), or max_time's rest; -1 when
+  // neither is known.
+  static double seconds_left(TrainerView& t, double rate, double secs_since_start) {
+    const auto& s = t.state();
+    const auto& c = t.config();
+    const int64_t n = t.num_training_batches();
+    int64_t batches = -1;
+    auto take = [&](int64_t v) { batches = batches < 0 ? v : std::min(batches, v); };
+    if (c.max_epochs >= 0) take(std::max<int64_t>(0, n - s.batch_in_epoch) + std::max<int64_t>(0, c.max_epochs - 1 - s.epoch) * n);
+    if (c.max_steps >= 0)
+      take(std::max<int64_t>(0, (c.max_steps - s.global_step) * c.accumulate_grad_batches - t.accumulated_batches()));
+    double eta = batches >= 0 && rate > 0 ? static_cast<double>(batches) / rate : -1;
+    if (c.max_time_s) {
+      const double rest = std::max(0.0, *c.max_time_s - s.elapsed_s - secs_since_start);
+      eta = eta < 0 ? rest : std::min(eta, rest);
+    }
+    return eta;
+  }
+
   // The redrawn line in at most width - 1 columns (the last column would wrap on some terminals).
   static std::string fit_line(const std::string& epochs, int64_t batch, int64_t n, int64_t step, double rate,
                               const std::string& eta, const std::string& loss, int width) {
     const size_t room = static_cast<size_t>(std::max(width - 1, 10));
     // Fields by importance; the bar takes what is left, 24 columns at most, none under 6.
-    std::vector<std::string> fields = {fmt::format("Epoch {}", epochs), fmt::format("{}/{}", batch, n), loss.empty() ? "" : loss.substr(1),
+    std::vector<std::string> fields = {fmt::format("epoch {}", epochs), fmt::format("{}/{}", batch, n), loss.empty() ? "" : loss.substr(1),
                                        fmt::format("ETA {}", eta), fmt::format("{:.2f}it/s", rate),
                                        fmt::format("step {}", step)};
     auto join = [&](size_t count, int bar) {
@@ -151,7 +175,7 @@ class ProgressBar : public Callback {
   }
 
   bool tty_;
-  Clock::time_point epoch_start_, last_draw_;
+  Clock::time_point train_start_, epoch_start_, last_draw_;
   int64_t batches_ = 0, printed_step_ = -1;
 };
 

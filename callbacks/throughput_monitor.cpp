@@ -75,16 +75,17 @@ class ThroughputMonitor : public Callback {
     const std::string device = device_name(t.device());
     if (peak_override_) {
       peak_ = *peak_override_ * 1e12;
-      peak_note_ = fmt::format("{:g} TFLOP/s (callbacks' peak_tflops)", *peak_override_);
+      peak_note_ = fmt::format("peak {:g} TFLOP/s (callbacks' peak_tflops)", *peak_override_);
     } else if (auto p = dense_peak(device, dtype)) {
       peak_ = p->flops;
-      peak_note_ = fmt::format("{:g} TFLOP/s ({} dense {})", p->flops / 1e12, p->device, dtype);
+      peak_note_ = fmt::format("peak {:g} TFLOP/s ({} dense {})", p->flops / 1e12, p->device, dtype);
     } else {
       peak_ = 0;
-      peak_note_ = fmt::format("no dense peak known for '{}' at {}: no utilisation (set peak_tflops)", device, dtype);
+      peak_note_ = fmt::format("no dense {} peak is known for '{}', so no utilisation (throughput/mfu) is logged "
+                               "(set the callback's peak_tflops to have it)", dtype, device);
     }
     if (t.is_global_zero()) {
-      fmt::print(stderr, "strobe: throughput_monitor: peak {}\n", peak_note_);
+      fmt::print(stderr, "strobe: throughput_monitor: {}\n", peak_note_);
       std::fflush(stderr);
     }
   }

@@ -216,16 +216,25 @@ std::unique_ptr<Run> build_run(config::Document& doc, const RunOptions& options)
   if (options.stage == Stage::Fit) check_batch_memory(exp.data, *run->datamodule, ctx.seed);
   // model.init_from with names: hf: the shape keys the section leaves unset come from the
   // checkpoint's config.json, so the model is built to fit it and the resolved config records them.
+  // With --ckpt, from the config.json the checkpoint recorded (the directory may be gone since).
   std::vector<std::string> filled;
-  if (exp.init_from && !options.ckpt) filled = fill_from_hf_config(exp.model, *exp.init_from);
+  std::string filled_from;
+  if (exp.init_from && !options.ckpt) {
+    filled = fill_from_hf_config(exp.model, *exp.init_from);
+    filled_from = exp.init_from->path + "/config.json";
+  } else if (exp.init_from && ckpt_data) {
+    if (const std::string* hf = CheckpointView(*ckpt_data, *options.ckpt).hf_config()) {
+      filled = fill_from_recorded_hf_config(exp.model, *exp.init_from, *hf, *options.ckpt);
+      filled_from = "the config.json " + *options.ckpt + " recorded";
+    }
+  }
   std::shared_ptr<Model> model;
   try {
     model = model_registry().create(exp.model, "");
   } catch (const config::ConfigError& e) {
     if (filled.empty()) throw;
     // A shape the model refuses (one it cannot build, or too large for this machine) came from there.
-    throw config::ConfigError(fmt::format("{} (model.{} from {}/config.json)", e.what(), fmt::join(filled, ", model."),
-                                          exp.init_from->path));
+    throw config::ConfigError(fmt::format("{} (model.{} from {})", e.what(), fmt::join(filled, ", model."), filled_from));
   }
   std::optional<std::string> hf_source_config;  // the Hugging Face config.json the weights came with
   check_data_fits_model(exp.model, exp.data.node()["name"].Scalar(), run->datamodule->info());
@@ -270,7 +279,9 @@ std::unique_ptr<Run> build_run(config::Document& doc, const RunOptions& options)
   run->strategy = distributed::make_strategy(so, env);
   auto& strategy = *run->strategy;
 
-  if (options.create_run_dir) {
+  // trainer.fast_dev_run writes no files (no checkpoints, logs or config.yaml): it claims no
+  // version_<n>, and a run directory only when --run-dir names one.
+  if (options.create_run_dir && (exp.trainer.fast_dev_run == 0 || options.run_dir)) {
     // Rank 0 alone picks (next_version_dir would race between ranks) and checks the run directory,
     // then tells the others its name, or its error: every rank then ends with the same exit 2.
     // The claim (docs/CONFIG.md, "Run directory"): a version_<n> taken with mkdir, a lock held while

@@ -89,6 +89,21 @@ std::vector<std::string> fill_from_hf_config(config::Section& model_cfg, const c
   return codec->fill(read_json(init, path, "not valid JSON"), model_cfg.node());
 }
 
+std::vector<std::string> fill_from_recorded_hf_config(config::Section& model_cfg, const config::InitFrom& f,
+                                                      const std::string& text, const std::string& ckpt) {
+  if (f.names != "hf") return {};
+  const HfConfigCodec* codec = hf_config_registry().find(model_cfg.node()["name"].Scalar());
+  if (codec == nullptr || !codec->fill) return {};
+  nlohmann::json source;
+  try {
+    if (!checkpoint::json_nesting_within(text)) throw config::ConfigError("");
+    source = nlohmann::json::parse(text);
+  } catch (const std::exception&) {
+    throw config::ConfigError(fmt::format("{}: the config.json it recorded (blob hf_config) is not valid JSON", ckpt));
+  }
+  return codec->fill(source, model_cfg.node());
+}
+
 std::optional<std::string> load_init_from(Model& model, config::Section& model_cfg, const config::InitFrom& f, bool speaks) {
   const std::string family = model_cfg.node()["name"].Scalar();
   config::Section init = model_cfg.child("init_from");  // errors name the key and where it was set

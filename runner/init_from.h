@@ -28,4 +28,11 @@ std::optional<std::string> load_init_from(Model& model, config::Section& model_c
 // naming model.init_from.path for a config.json that cannot be read or parsed.
 std::vector<std::string> fill_from_hf_config(config::Section& model_cfg, const config::InitFrom& f);
 
+// The same from a checkpoint (`fit`/`validate`/`test`/`predict --ckpt`): the config.json its weights
+// came with (blob `hf_config`, `text`), so a config that leaves the shape to config.json builds the
+// model the checkpoint holds even when model.init_from.path is gone. `ckpt` names the checkpoint in
+// errors.
+std::vector<std::string> fill_from_recorded_hf_config(config::Section& model_cfg, const config::InitFrom& f,
+                                                      const std::string& text, const std::string& ckpt);
+
 }  // namespace strobe

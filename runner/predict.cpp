@@ -1,5 +1,6 @@
 #include "runner/predict.h"
 
+#include <cmath>
 #include <fmt/format.h>
 #include <torch/torch.h>
 
@@ -28,6 +29,9 @@ void check_predict_output(const PredictOptions& o, const std::vector<checkpoint:
   const bool csv = ends_with(o.output, ".csv"), st = ends_with(o.output, ".safetensors");
   if (!csv && !st) throw PredictError(fmt::format("-o {}: expected a .csv or a .safetensors file name", o.output));
   if (o.split != "test" && o.split != "val") throw PredictError(fmt::format("--split {}: expected test or val", o.split));
+  if (o.logits && csv) throw PredictError(fmt::format("--logits: a CSV holds no logits; write -o X.safetensors"));
+  if (!(o.logits_limit_gib > 0) || !std::isfinite(o.logits_limit_gib))
+    throw PredictError(fmt::format("--logits-limit-gib {}: expected a positive number of GiB", o.logits_limit_gib));
   checkpoint::OutputFile out;
   out.option = "-o";
   out.path = o.output;
@@ -39,6 +43,10 @@ void check_predict_output(const PredictOptions& o, const std::vector<checkpoint:
 PredictWriter::PredictWriter(PredictOptions options, PredictKind kind, bool sigmoid, std::vector<std::string> class_names)
     : options_(std::move(options)), kind_(kind), sigmoid_(sigmoid), csv_(ends_with(options_.output, ".csv")),
       class_names_(std::move(class_names)) {
+  if (options_.logits && kind_ != PredictKind::kLanguageModel)
+    throw PredictError(fmt::format("--logits: for language models, whose file otherwise holds per-token losses; this "
+                                   "task's -o {} holds its raw outputs (`outputs`) already",
+                                   options_.output));
   if (csv_ && kind_ != PredictKind::kClassification)
     throw PredictError(fmt::format("-o {}: a CSV of predicted classes is written for classification; this task's "
                                    "predictions go to a .safetensors file",
@@ -69,12 +77,28 @@ void PredictWriter::consume(const Batch& batch, const std::vector<int64_t>& indi
       }
       return parts.empty() ? torch::empty({0}, logits.options().dtype(torch::kFloat32)) : torch::cat(parts);
     };
+    // --logits: the rows the losses came from, fp32 on the host, within the limit.
+    auto keep_logits = [&](const torch::Tensor& rows) {
+      if (!options_.logits) return;
+      logits_bytes_ += static_cast<uint64_t>(rows.numel()) * sizeof(float);
+      const double limit = options_.logits_limit_gib * 1024.0 * 1024.0 * 1024.0;
+      if (static_cast<double>(logits_bytes_) > limit)
+        throw PredictError(fmt::format(
+            "--logits: the logits of the first {} documents already take {:.2f} GiB (fp32, {} tokens x {} vocabulary), "
+            "over --logits-limit-gib {:g}; nothing written. Raise the limit, or take them from transformers: strobe export "
+            "CKPT --names hf -o DIR, then AutoModelForCausalLM.from_pretrained(DIR) (docs/CONFIG.md, \"strobe predict\")",
+            index_.size(), static_cast<double>(logits_bytes_) / (1024.0 * 1024.0 * 1024.0),
+            logits_bytes_ / sizeof(float) / static_cast<uint64_t>(vocab), vocab, options_.logits_limit_gib));
+      logits_.push_back(rows.to(torch::kFloat32).to(torch::kCPU));
+    };
     if (packed) {
       outputs_.push_back(token_loss(outputs.reshape({-1, vocab}), targets.reshape({-1})).to(torch::kCPU));
+      keep_logits(outputs.reshape({-1, vocab}));
     } else {
       for (int64_t r = 0; r < n; ++r) {
         const int64_t len = lengths[r].item<int64_t>();
         outputs_.push_back(token_loss(outputs[r].narrow(0, 0, len), targets[r].narrow(0, 0, len)).to(torch::kCPU));
+        keep_logits(outputs[r].narrow(0, 0, len));
       }
     }
     for (int64_t r = 0; r < n; ++r) lengths_.push_back(lengths[r].item<int64_t>());
@@ -129,6 +153,8 @@ void PredictWriter::write() {
     for (int64_t len : lengths_) offsets.push_back(offsets.back() + len);
     tensors.emplace_back("token_loss", outputs_.empty() ? torch::empty({0}) : torch::cat(outputs_));
     tensors.emplace_back("offsets", torch::tensor(offsets, torch::kInt64));
+    if (options_.logits)
+      tensors.emplace_back("logits", logits_.empty() ? torch::empty({0}) : torch::cat(logits_).contiguous());
   } else {
     tensors.emplace_back("outputs", outputs_.empty() ? torch::empty({0}) : torch::cat(outputs_));
   }

@@ -16,6 +16,8 @@ struct PredictOptions {
   std::string output;        // -o: X.csv (classification) or X.safetensors
   bool overwrite = false;    // replace an existing output
   std::string split = "test";  // test | val
+  bool logits = false;         // --logits: a language model's logits too (tokens x vocabulary, fp32)
+  double logits_limit_gib = 4;  // --logits-limit-gib: refused past this many GiB of logits
 };
 
 struct PredictError : std::runtime_error {
@@ -57,6 +59,8 @@ class PredictWriter : public PredictSink {
   std::vector<int64_t> index_;
   std::vector<torch::Tensor> outputs_;        // raw (kRaw), per-token losses (kLanguageModel)
   std::vector<int64_t> lengths_;              // kLanguageModel: tokens per document
+  std::vector<torch::Tensor> logits_;         // kLanguageModel with --logits: each document's [tokens, vocab]
+  uint64_t logits_bytes_ = 0;
   std::string rows_;                          // the CSV's rows so far
 };
 

@@ -15,6 +15,8 @@
 #include <set>
 #include <sstream>
 
+#include <filesystem>
+
 #include <fmt/format.h>
 
 namespace strobe::config {
@@ -334,8 +336,17 @@ std::string Section::location(const std::string& key) const {
       if (path.rfind(kp + ".", 0) == 0 || path.rfind(kp + "[", 0) == 0) return text;
   }
   if (mark.is_null() && node_.IsDefined()) mark = node_.Mark();
-  if (mark.is_null() || mark.line < 0) return source_->file;
-  return fmt::format("{}:{}:{}", source_->file, mark.line + 1, mark.column + 1);
+  // A key a later config file gave (Document::load_files): that file's line and column.
+  std::string file = source_->file;
+  for (std::string p = key_found ? kp : path_; !p.empty(); p = parent_path(p)) {
+    auto it = source_->files.find(p);
+    if (it != source_->files.end()) {
+      file = it->second;
+      break;
+    }
+  }
+  if (mark.is_null() || mark.line < 0) return file;
+  return fmt::format("{}:{}:{}", file, mark.line + 1, mark.column + 1);
 }
 
 void Section::fail(const std::string& key, const std::string& what) const {
@@ -553,6 +564,48 @@ Document Document::load_string(const std::string& text, const std::string& sourc
   return d;
 }
 
+Document Document::load_files(const std::vector<std::string>& paths) {
+  Document doc = load_file(paths.at(0));
+  for (size_t i = 1; i < paths.size(); ++i) {
+    const Document next = load_file(paths[i]);
+    YAML::Node over = next.root_;
+    // A later file's plugins are relative to that file, as the first file's are to it.
+    if (over["plugins"].IsDefined() && over["plugins"].IsSequence()) {
+      const auto dir = std::filesystem::absolute(paths[i]).parent_path();
+      for (size_t k = 0; k < over["plugins"].size(); ++k) {
+        YAML::Node p = over["plugins"][k];
+        if (p.IsScalar() && !p.Scalar().empty() && p.Scalar()[0] != '/') p = (dir / p.Scalar()).lexically_normal().string();
+        if (p.IsMap() && p["path"].IsScalar() && !p["path"].Scalar().empty() && p["path"].Scalar()[0] != '/')
+          p["path"] = (dir / p["path"].Scalar()).lexically_normal().string();
+      }
+    }
+    doc.merge(doc.root_, over, "", paths[i]);
+  }
+  return doc;
+}
+
+void Document::merge(YAML::Node base, const YAML::Node& over, const std::string& path, const std::string& file) {
+  // Another component by name: the earlier files' keys of that section go before the merge.
+  if (!path.empty() && base["name"].IsDefined() && base["name"].IsScalar() && over["name"].IsDefined() &&
+      over["name"].IsScalar() && base["name"].Scalar() != over["name"].Scalar())
+    drop_component_keys(base, path, base["name"].Scalar(), fmt::format("{} sets {}.name: {}", file, path, over["name"].Scalar()));
+  for (auto it = over.begin(); it != over.end(); ++it) {
+    const std::string key = it->first.Scalar();
+    const std::string kp = path.empty() ? key : path + "." + key;
+    YAML::Node mine = base[key];
+    if (mine.IsDefined() && mine.IsMap() && it->second.IsMap()) {
+      merge(mine, it->second, kp, file);
+      continue;
+    }
+    // A value or a list replaces the earlier one; the key node comes along, so its errors point here.
+    base.remove(key);
+    base.force_insert(it->first, it->second);
+    source_->files[kp] = file;
+    for (auto f = source_->files.begin(); f != source_->files.end();)  // what was below it is gone
+      f = (f->first.rfind(kp + ".", 0) == 0 || f->first.rfind(kp + "[", 0) == 0) ? source_->files.erase(f) : std::next(f);
+  }
+}
+
 Document Document::load_file(const std::string& path) {
   // Non-blocking open, then fstat: a FIFO without a writer or a device never blocks the open. A
   // regular file and a pipe (`-c <(cmd)`, `-c /dev/stdin`) are read, at most kMaxConfigBytes; any
@@ -674,6 +727,15 @@ void Document::apply_override(const std::string& assignment) {
     chain.push_back(next);
   }
   YAML::Node parent = chain.back();
+  // Another component by name (`--set scheduler.name=none`): the keys the old one's section got from
+  // the files belong to it and go, saying so; keys an earlier --set gave stay (a typo still fails).
+  if (parts.size() > 1 && parts.back() == "name" && parent.IsMap()) {
+    const YAML::Node old = parent["name"];
+    if (old.IsDefined() && old.IsScalar() && parsed.IsScalar() && old.Scalar() != parsed.Scalar()) {
+      const std::string section = section_path(std::vector<std::string>(parts.begin(), parts.end() - 1));
+      drop_component_keys(parent, section, old.Scalar(), text);
+    }
+  }
   if (parent.IsSequence()) {
     size_t idx = std::strtoull(parts.back().c_str(), nullptr, 10);
     if (idx >= parent.size()) throw ConfigError(fmt::format("{}: list index out of range", text));
@@ -682,6 +744,35 @@ void Document::apply_override(const std::string& assignment) {
     parent[parts.back()] = parsed;
   }
   source_->overrides[section_path(parts)] = text;
+}
+
+void Document::drop_component_keys(YAML::Node section, const std::string& path, const std::string& old_name,
+                                   const std::string& because) {
+  std::vector<std::string> keys, dropped;
+  for (auto it = section.begin(); it != section.end(); ++it) keys.push_back(it->first.Scalar());
+  for (const auto& k : keys) {
+    if (k == "name") continue;
+    const std::string kp = path + "." + k;
+    bool given = false;  // by a --set: of the key, below it, or of the whole section
+    for (const auto& [set_path, t] : source_->overrides)
+      given |= set_path == kp || set_path == path || set_path.rfind(kp + ".", 0) == 0 || set_path.rfind(kp + "[", 0) == 0;
+    if (given) continue;
+    section.remove(k);
+    dropped.push_back(kp);
+  }
+  if (dropped.empty()) return;
+  std::string list, files;
+  for (size_t i = 0; i < dropped.size(); ++i) {
+    list += (i ? ", " : "") + dropped[i];
+    std::string file = source_->file;  // the file each key came from (a later one of load_files, or the first)
+    for (std::string p = dropped[i]; !p.empty(); p = parent_path(p))
+      if (auto it = source_->files.find(p); it != source_->files.end()) {
+        file = it->second;
+        break;
+      }
+    if (files.find(file) == std::string::npos) files += (files.empty() ? "" : ", ") + file;
+  }
+  notes_.push_back(fmt::format("{}: dropped {} ({}'s keys from {})", because, list, old_name, files));
 }
 
 Section Document::root() { return Section(root_, "", source_); }

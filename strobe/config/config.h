@@ -48,8 +48,9 @@ std::string shown(std::string_view s);
 
 // Where the values of a document came from: the file, and which dotted paths --set replaced.
 struct SourceInfo {
-  std::string file;
+  std::string file;                               // the first (or only) config file
   std::map<std::string, std::string> overrides;  // dotted path -> the "--set a.b=c" text
+  std::map<std::string, std::string> files;      // dotted path -> a later config file it came from
 };
 
 // A value that YAML writes either as an integer (a count) or as a float (a fraction), like
@@ -110,16 +111,29 @@ class Section {
 class Document {
  public:
   static Document load_file(const std::string& path);
+  // Several config files composed in order, as LightningCLI's repeated --config: a later file's
+  // mappings merge into the earlier ones key by key, its lists and values replace, and a section whose
+  // `name` it changes loses the earlier files' keys (a note says which). Each key's errors name the
+  // file, line and column it came from. `paths` holds at least one file.
+  static Document load_files(const std::vector<std::string>& paths);
   static Document load_string(const std::string& text, const std::string& source_name);
-  // "a.b.c=value": value parsed as YAML; intermediate mappings are created. Bad syntax throws.
+  // "a.b.c=value": value parsed as YAML; intermediate mappings are created. Bad syntax throws. A
+  // changed component name ("scheduler.name=none") drops the keys the old component's section got
+  // from the files (not those an earlier override gave), adding a line to notes().
   void apply_override(const std::string& assignment);
+  // What composing the document did that a user should read (one line each): keys dropped with a
+  // component that another name replaced.
+  const std::vector<std::string>& notes() const { return notes_; }
   Section root();
   std::string emit() const;
   const std::string& file() const { return source_->file; }
 
  private:
+  void merge(YAML::Node base, const YAML::Node& over, const std::string& path, const std::string& file);
+  void drop_component_keys(YAML::Node section, const std::string& path, const std::string& old_name, const std::string& because);
   YAML::Node root_;
   std::shared_ptr<SourceInfo> source_;
+  std::vector<std::string> notes_;
 };
 
 // Closest candidate within a small edit distance, or "" when nothing is close.

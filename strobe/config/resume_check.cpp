@@ -1,7 +1,12 @@
 #include "strobe/config/resume_check.h"
 
 #include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
 #include <map>
+#include <optional>
 
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
@@ -75,6 +80,50 @@ const char* incompatible_reason(const std::string& key) {
 
 }  // namespace
 
+namespace {
+
+// The finite or infinite number a YAML scalar's text spells (int or float forms, YAML's .inf), if any.
+std::optional<double> number_of(const std::string& s) {
+  if (s == ".inf" || s == "+.inf" || s == ".Inf" || s == "+.Inf" || s == ".INF") return HUGE_VAL;
+  if (s == "-.inf" || s == "-.Inf" || s == "-.INF") return -HUGE_VAL;
+  if (s.empty() || std::isspace(static_cast<unsigned char>(s[0]))) return std::nullopt;
+  // Decimal digits, a sign, a point and an exponent only (no hex, no "nan"/"inf" words).
+  for (char c : s)
+    if (!std::isdigit(static_cast<unsigned char>(c)) && c != '.' && c != '-' && c != '+' && c != 'e' && c != 'E') return std::nullopt;
+  char* end = nullptr;
+  errno = 0;
+  const double v = std::strtod(s.c_str(), &end);
+  if (end != s.c_str() + s.size()) return std::nullopt;
+  return v;
+}
+
+std::vector<std::string> list_items(const std::string& s) {
+  std::vector<std::string> out;
+  if (s.size() < 2 || s.front() != '[' || s.back() != ']') return out;
+  const std::string body = s.substr(1, s.size() - 2);
+  size_t start = 0;
+  while (start <= body.size()) {
+    const size_t comma = body.find(", ", start);
+    out.push_back(body.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    if (comma == std::string::npos) break;
+    start = comma + 2;
+  }
+  return out;
+}
+
+}  // namespace
+
+bool same_config_value(const std::string& a, const std::string& b) {
+  if (a == b) return true;
+  const auto x = number_of(a), y = number_of(b);
+  if (x && y) return *x == *y;
+  const auto xs = list_items(a), ys = list_items(b);
+  if (xs.empty() || xs.size() != ys.size()) return false;
+  for (size_t i = 0; i < xs.size(); ++i)
+    if (!same_config_value(xs[i], ys[i])) return false;
+  return true;
+}
+
 std::string ConfigChange::text() const { return fmt::format("{}: {} -> {}", key, before, after); }
 
 std::string join_changes(const std::vector<ConfigChange>& changes, size_t max) {
@@ -92,7 +141,7 @@ ResumeCheck compare_for_resume(const std::string& checkpoint_yaml, const std::st
     auto it = after.find(k);
     if (it == after.end())
       changes.push_back({k, v, kAbsent, ""});
-    else if (it->second != v)
+    else if (!same_config_value(v, it->second))
       changes.push_back({k, v, it->second, ""});
   }
   for (const auto& [k, v] : after)

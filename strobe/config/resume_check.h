@@ -26,7 +26,12 @@ struct ResumeCheck {
   std::vector<ConfigChange> allowed;
 };
 
-// Throws ConfigError when either text is not YAML.
+// Two leaf values of a config (as compare_for_resume flattens them: a scalar's text, or a list of
+// scalars as "[a, b]") are the same when their texts are, or when both are numbers of one value:
+// 10000 and 10000.0, 1e-05 and 1.0000000000000001e-05 (element by element in a list).
+bool same_config_value(const std::string& a, const std::string& b);
+
+// Throws ConfigError when either text is not YAML. Numbers compare as numbers (same_config_value).
 ResumeCheck compare_for_resume(const std::string& checkpoint_yaml, const std::string& current_yaml);
 
 // "a -> b, c -> d" (at most `max` entries, then "and N more").

@@ -103,12 +103,15 @@ std::vector<ParamGroup> make_param_groups(const config::OptimizerConfig& cfg,
 }
 
 std::string describe_param_groups(const std::vector<ParamGroup>& groups) {
-  std::string out = fmt::format("{:<28} {:>8} {:>12} {:>12} {:>12}\n", "group", "tensors", "lr", "lr_scale", "weight_decay");
+  // The name column is as wide as the longest name, so that every row's columns line up.
+  size_t w = 5;
+  for (const auto& g : groups) w = std::max(w, g.name.size());
+  std::string out = fmt::format("{:<{}} {:>8} {:>12} {:>12} {:>12}\n", "group", w, "tensors", "lr", "lr_scale", "weight_decay");
   for (const auto& g : groups) {
     int64_t numel = 0;
     for (const auto& p : g.params) numel += p.numel();
-    out += fmt::format("{:<28} {:>8} {:>12.6g} {:>12.6g} {:>12.6g}  ({} parameters)\n", g.name, g.params.size(), g.lr, g.lr_scale,
-                       g.weight_decay, numel);
+    out += fmt::format("{:<{}} {:>8} {:>12.6g} {:>12.6g} {:>12.6g}  ({} parameters)\n", g.name, w, g.params.size(), g.lr,
+                       g.lr_scale, g.weight_decay, numel);
   }
   for (const auto& g : groups) {
     out += fmt::format("\n[{}]\n", g.name);
@@ -208,11 +211,16 @@ void LRScheduler::step(int64_t global_step) {
   apply();
 }
 
-nlohmann::json LRScheduler::state_dict() const { return {{"step", step_}, {"base_lrs", base_lrs_}}; }
+nlohmann::json LRScheduler::state_dict() const {
+  nlohmann::json s = {{"step", step_}, {"base_lrs", base_lrs_}};
+  if (length() >= 0) s["length"] = length();
+  return s;
+}
 
 void LRScheduler::load_state_dict(const nlohmann::json& s) {
   step_ = s.at("step").get<int64_t>();
   base_lrs_ = s.at("base_lrs").get<std::vector<double>>();
+  saved_length_ = s.contains("length") ? s.at("length").get<int64_t>() : -1;
   apply();
 }
 
@@ -250,6 +258,8 @@ class CosineWarmup : public LRScheduler {
     double p = std::min(1.0, static_cast<double>(s - warmup_) / static_cast<double>(total_ - warmup_));
     return min_ + (1.0 - min_) * 0.5 * (1.0 + std::cos(M_PI * p));
   }
+  int64_t length() const override { return total_; }
+  void set_length(int64_t steps) override { total_ = steps; }
   int64_t warmup_, total_;
   double start_, min_;
 };

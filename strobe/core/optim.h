@@ -79,6 +79,13 @@ class LRScheduler : public Stateful {
   virtual void load_state_dict(const nlohmann::json& state);
   // Re-applies the lrs for the current step (after loading optimizer + scheduler state).
   void apply();
+  // The schedule's length in optimizer steps where it depends on the run's (cosine: the step it
+  // reaches its floor), else -1. It lives in the checkpoint: saved_length() is the loaded state's
+  // (-1 before a load, or from a checkpoint that predates it), and a resume keeps it unless the run's
+  // length was changed on purpose (Trainer::settle_schedule_length, docs/CONFIG.md "Resuming").
+  virtual int64_t length() const { return -1; }
+  virtual void set_length(int64_t) {}
+  int64_t saved_length() const { return saved_length_; }
   // Stateful (the checkpoint's `scheduler` entry, a JSON blob): state_dict, with a step's start's
   // global step when asked for one.
   void save(checkpoint::CheckpointData& out, const StepStart* step_start) override;
@@ -91,6 +98,7 @@ class LRScheduler : public Stateful {
   torch::optim::Optimizer& opt_;
   std::vector<double> base_lrs_;
   int64_t step_ = 0;
+  int64_t saved_length_ = -1;
 };
 
 // Returns nullptr for `name: none`. `total_steps` is the run's number of optimizer steps when

@@ -1,5 +1,9 @@
 #include "strobe/core/resume_compat.h"
 
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
 #include <algorithm>
 #include <map>
 #include <vector>
@@ -93,6 +97,27 @@ std::string function_changes(const checkpoint::CheckpointData& data, const std::
   return out.empty() ? out : out + " (they change the function the weights compute)";
 }
 
+std::string run_config_hint(const std::string& ckpt_path, const checkpoint::CheckpointData& data) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path ck(ckpt_path);
+  const std::string* saved = CheckpointView(data, ckpt_path).config();
+  if (saved == nullptr || ck.parent_path().filename() != "checkpoints") return "";
+  const fs::path run_config = ck.parent_path().parent_path() / "config.yaml";
+  if (!fs::is_regular_file(run_config, ec) || fs::file_size(run_config, ec) > (1u << 20)) return "";
+  std::ifstream in(run_config);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  try {
+    const auto r = config::compare_for_resume(*saved, text);
+    for (const auto* list : {&r.incompatible, &r.model_changes, &r.allowed})
+      for (const auto& c : *list)
+        if (is_model_key(c.key) && c.key.rfind("model.init_from", 0) != 0) return "";
+  } catch (const config::ConfigError&) {
+    return "";
+  }
+  return fmt::format("; -c {} builds the model this checkpoint was trained as", run_config.string());
+}
+
 std::string check_resume_compatible(const std::string& path, const checkpoint::CheckpointData& data,
                                     const std::string& current_yaml, torch::nn::Module& net) {
   const std::string mismatch = weights_mismatch(data, current_yaml, net);
@@ -117,6 +142,7 @@ std::string check_resume_compatible(const std::string& path, const checkpoint::C
     std::string msg = fmt::format("{}: cannot resume with this config: ", path);
     for (size_t i = 0; i < refused.size(); ++i) msg += (i ? "; " : "") + refused[i];
     if (!r.allowed.empty()) msg += fmt::format(" (allowed changes: {})", config::join_changes(r.allowed));
+    if (!mismatch.empty()) msg += run_config_hint(path, data);
     throw checkpoint::CheckpointError(msg);
   }
   std::sort(r.allowed.begin(), r.allowed.end(), [](const auto& a, const auto& b) { return a.key < b.key; });

@@ -26,6 +26,11 @@ std::string weights_mismatch(const checkpoint::CheckpointData& data, const std::
 // "model.rope_theta: checkpoint 500000, config 10000"; "" when none (or either config is unknown).
 std::string function_changes(const checkpoint::CheckpointData& data, const std::string& current_yaml);
 
+// For a refusal of `ckpt_path`'s weights: when it is a run's checkpoint (<run>/checkpoints/X.ckpt)
+// and <run>/config.yaml's model section is the one the checkpoint recorded, "; -c <run>/config.yaml
+// builds the model this checkpoint was trained as"; else "".
+std::string run_config_hint(const std::string& ckpt_path, const checkpoint::CheckpointData& data);
+
 // Returns the allowed changes as one text ("" when there are none). `current_yaml` empty (a program
 // that set no resolved config) or a checkpoint without a config: only the shapes are checked.
 std::string check_resume_compatible(const std::string& ckpt_path, const checkpoint::CheckpointData& data,

@@ -98,6 +98,12 @@ Trainer::Trainer(TrainerParts parts)
 Trainer::~Trainer() = default;
 
 const std::map<std::string, double>& Trainer::metrics() const { return collector_->latest(); }
+std::optional<int64_t> Trainer::metric_step(const std::string& name) const {
+  const auto& steps = collector_->latest_steps();
+  auto it = steps.find(name);
+  if (it == steps.end()) return std::nullopt;
+  return it->second;
+}
 void Trainer::drain_metrics() { collector_->drain(); }
 void Trainer::log_host(const std::vector<std::pair<std::string, double>>& values) {
   collector_->emit_host(state().global_step, state().epoch, values);
@@ -211,10 +217,15 @@ int Trainer::fit(std::optional<checkpoint::CheckpointData> resume) {
   const bool resumed = resume.has_value();
   if (resume) {
     const std::string changes = restore_training_state(*resume);
-    if (!changes.empty() && rank_ == 0)
-      fmt::print("strobe fit: resuming from {} (step {}) with changes: {}\n", resume->source, state().global_step, changes);
+    const std::string schedule = settle_schedule_length(*resume);
+    // Every resume says where it continues from, what changed, and what became of the schedule.
+    if (rank_ == 0)
+      fmt::print("strobe fit: resuming from {} (step {}){}{}\n", resume->source, state().global_step,
+                 changes.empty() ? "" : " with changes: " + changes, schedule.empty() ? "" : "; " + schedule);
     resume.reset();  // the tensors are restored: let them go before training
   }
+  if (rank_ == 0)
+    for (const auto& note : start_notes_) fmt::print(stderr, "strobe: {}\n", note);
   // Rank 0 alone writes the run's logs.
   if (!run_dir_.empty() && c.fast_dev_run == 0 && exp_.logger.csv && rank_ == 0) {
     // On resume, the rows logged up to the checkpoint are kept and anything a crashed continuation

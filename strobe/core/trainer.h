@@ -124,6 +124,9 @@ class Trainer : private TrainerView, private StepAccess {
   // its first call: their config errors (optimizer.fused: true that cannot be had, trainer.cuda_graphs:
   // true that cannot be captured, a cosine schedule without a run length) are thrown before any step.
   int fit(std::optional<checkpoint::CheckpointData> resume = std::nullopt);
+  // Lines fit() prints (rank 0, stderr, "strobe: " before each) once a resume's checks have passed
+  // and before training: what composing the config did (config::Document::notes()).
+  void set_start_notes(std::vector<std::string> notes) { start_notes_ = std::move(notes); }
   int validate(std::optional<checkpoint::CheckpointData> weights = std::nullopt);
   int test(std::optional<checkpoint::CheckpointData> weights = std::nullopt);
   std::vector<torch::Tensor> predict(std::optional<checkpoint::CheckpointData> weights = std::nullopt,
@@ -162,6 +165,7 @@ class Trainer : private TrainerView, private StepAccess {
   int64_t world_size() const override { return world_size_; }
   std::optional<double> rank0_value(std::optional<double> value) override;
   const std::map<std::string, double>& metrics() const override;
+  std::optional<int64_t> metric_step(const std::string& name) const override;
   void drain_metrics() override;
   void log_host(const std::vector<std::pair<std::string, double>>& values) override;
   void log_host_at(int64_t step, int64_t epoch, const std::vector<std::pair<std::string, double>>& values) override;
@@ -195,6 +199,10 @@ class Trainer : private TrainerView, private StepAccess {
   // Restores `data` (resume_state's contract) and returns the allowed config changes it carries
   // ("" when none), which fit lists.
   std::string restore_training_state(const checkpoint::CheckpointData& data);
+  // After a resume's restore: the schedule's length is the checkpoint's unless trainer.max_steps,
+  // trainer.max_epochs or scheduler.max_steps changed against its config; returns what the resume
+  // line says of it ("" when the length is the same).
+  std::string settle_schedule_length(const checkpoint::CheckpointData& data);
   // validate/test/predict: the weights alone, strictly.
   void load_weights(const checkpoint::CheckpointData& data);
   // The step's runners (trainer_step.cpp), handed to FitLoop: the eager one, and under
@@ -234,6 +242,7 @@ class Trainer : private TrainerView, private StepAccess {
   OptimizerInfo optimizer_info_;
   std::vector<std::string> param_group_names_;
   std::string param_groups_text_;  // param_groups.txt, written by rank 0 when fit starts
+  std::vector<std::string> start_notes_;
   std::unique_ptr<GradScaler> scaler_;
   std::unique_ptr<MasterWeights> masters_;  // precision bf16-master
   distributed::Zero2Shards* zero2_ = nullptr;  // trainer.strategy zero2 (the strategy owns it)

@@ -15,6 +15,7 @@
 #include <torch/torch.h>
 
 #include "strobe/checkpoint/checkpoint_io.h"
+#include "strobe/config/resume_check.h"
 #include "strobe/core/checkpoint_view.h"
 #include "strobe/core/fault_points.h"
 #include "strobe/core/precision.h"
@@ -396,12 +397,38 @@ std::string Trainer::restore_training_state(const checkpoint::CheckpointData& da
   return changes;
 }
 
+std::string Trainer::settle_schedule_length(const checkpoint::CheckpointData& data) {
+  if (!scheduler_ || !optimizer_ || optimizer_->param_groups().empty()) return "";
+  const int64_t was = scheduler_->saved_length(), now = scheduler_->length();
+  if (was < 0 || now < 0 || was == now) return "";
+  // The changes of the run's length the user made on purpose, against the checkpoint's config.
+  std::vector<std::string> asked;
+  const std::string* saved = CheckpointView(data, data.source).config();
+  if (saved != nullptr && !config_yaml_.empty())
+    for (const auto& c : config::compare_for_resume(*saved, config_yaml_).allowed)
+      if (c.key == "trainer.max_steps" || c.key == "trainer.max_epochs" || c.key == "scheduler.max_steps") asked.push_back(c.text());
+  auto lr = [&] { return optimizer_->param_groups()[0].options().get_lr(); };
+  const double lr_now = lr();
+  scheduler_->set_length(was);
+  scheduler_->apply();
+  if (asked.empty())
+    return fmt::format("cosine length {} kept from the checkpoint (this run's data and limits would make it {}; only a "
+                       "change of trainer.max_steps, trainer.max_epochs or scheduler.max_steps changes it)",
+                       was, now);
+  const double lr_was = lr();
+  scheduler_->set_length(now);
+  scheduler_->apply();
+  return fmt::format("cosine length {} -> {} ({}): lr {:.3g} -> {:.3g}; set scheduler.max_steps={} to keep it", was, now,
+                     fmt::join(asked, ", "), lr_was, lr_now, was);
+}
+
 void Trainer::load_weights(const checkpoint::CheckpointData& d) {
   const std::string& source = d.source;
   // Every load of weights is strict: all names and all shapes, or refused naming the model config
   // keys that differ, else the tensors.
   if (auto mismatch = weights_mismatch(d, config_yaml_, module_->net()); !mismatch.empty())
-    throw checkpoint::CheckpointError(fmt::format("{}: the checkpoint's weights do not fit this model: {}", source, mismatch));
+    throw checkpoint::CheckpointError(
+        fmt::format("{}: the checkpoint's weights do not fit this model: {}{}", source, mismatch, run_config_hint(source, d)));
   if (const std::string changed = function_changes(d, config_yaml_); !changed.empty() && is_global_zero()) {
     // The weights fit, but they are evaluated as another function than they were trained as.
     fmt::print(stderr, "strobe: warning: {}: evaluated with model keys that differ from the checkpoint's config: {}\n", source,

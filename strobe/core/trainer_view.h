@@ -92,6 +92,9 @@ class TrainerView {
   // --- metrics and logging ---
   // Host values of the latest delivered metrics, by name (never forces a sync).
   virtual const std::map<std::string, double>& metrics() const = 0;
+  // The global step of the row metrics()'s value of `name` came in (a value reaches the host every
+  // log_every_n_steps, so it can be older than state().global_step); nullopt for a name not there.
+  virtual std::optional<int64_t> metric_step(const std::string& name) const = 0;
   // Waits for every pending metric copy (epoch-end decisions and checkpoints only).
   virtual void drain_metrics() = 0;
   // Host values for the current step's row, delivered to the loggers at once.

@@ -71,6 +71,7 @@ void LogCollector::deliver(Slot& s) {
   for (size_t i = 0; i < s.names.size(); ++i) {
     row.values.emplace_back(s.names[i], static_cast<double>(p[i]));
     latest_[s.names[i]] = p[i];
+    latest_step_[s.names[i]] = s.step;
   }
   s.busy = false;
   pending_.pop_front();
@@ -183,7 +184,7 @@ void LogCollector::load_state(const checkpoint::CheckpointData& in) {
 
 void LogCollector::emit_host(int64_t step, int64_t epoch, const std::vector<std::pair<std::string, double>>& values) {
   MetricRow row{step, epoch, values};
-  for (const auto& kv : values) latest_[kv.first] = kv.second;
+  for (const auto& kv : values) latest_[kv.first] = kv.second, latest_step_[kv.first] = step;
   for (auto* c : consumers_) c->consume(row);
 }
 

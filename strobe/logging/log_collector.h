@@ -55,6 +55,8 @@ class LogCollector : public LogSink, public Stateful {
     reduce_sum_ = std::move(sum), primary_ = primary;
   }
   const std::map<std::string, double>& latest() const { return latest_; }
+  // The step of the row each latest() value came in.
+  const std::map<std::string, int64_t>& latest_steps() const { return latest_step_; }
   // The state connector's entry: epoch accumulators and a step's partial (micro-batch) values, so a
   // checkpoint taken mid-epoch resumes with the same epoch means.
   void save_state(checkpoint::CheckpointData& out) const;
@@ -95,6 +97,7 @@ class LogCollector : public LogSink, public Stateful {
   size_t next_slot_ = 0;
   std::vector<MetricConsumer*> consumers_;
   std::map<std::string, double> latest_;
+  std::map<std::string, int64_t> latest_step_;
 };
 
 }  // namespace strobe::logging

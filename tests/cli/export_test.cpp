@@ -237,6 +237,34 @@ TEST(CliExport, NamesHfWritesACheckpointDirectoryAndRefusesToWriteOverFiles) {
   EXPECT_EQ(taken["rope_scaling"]["factor"].as<double>(), 32.0);
   EXPECT_EQ(taken["rope_scaling"]["original_max_position_embeddings"].as<int64_t>(), 16);
   EXPECT_TRUE(taken["tie_embeddings"].as<bool>());
+  // That run's checkpoint with the same config (the shape keys still left out): the shape comes from
+  // the config.json the checkpoint recorded, for test and for a resume, with the directory gone.
+  const std::string shapeless = "-c " + testing::source_path("configs/cpu/llama_1b.yaml") +
+                                " --set 'model={name: llama, attention: math, init_from: {path: " + out + ", names: hf}}'";
+  const std::string from_ckpt = dir + "/from_config/checkpoints/last.ckpt";
+  std::filesystem::rename(out, out + ".moved");
+  r = testing::strobe_cmd("test " + shapeless + " --ckpt " + from_ckpt + " --set trainer.limit_test_batches=1");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("test/loss"), std::string::npos) << r.out;
+  r = testing::strobe_cmd("fit " + shapeless + " --ckpt " + from_ckpt + " --run-dir " + dir +
+                          "/from_config --set trainer.max_steps=2 --set trainer.enable_progress_bar=false");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("strobe fit: resuming from " + from_ckpt + " (step 1) with changes: trainer.max_steps: 1 -> 2"),
+            std::string::npos)
+      << r.out;
+  std::filesystem::rename(out + ".moved", out);
+  // Numbers compare as numbers: the run's own config.yaml with rope_theta written as an integer.
+  r = testing::strobe_cmd("fit -c " + dir + "/from_config/config.yaml --ckpt " + from_ckpt +
+                          " --set model.rope_theta=500000 --set trainer.max_steps=3 --set trainer.enable_progress_bar=false");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out.find("rope_theta"), std::string::npos) << r.out;
+  // A config of another shape is refused, pointing at the run's own config.yaml.
+  r = testing::strobe_cmd("test -c " + testing::source_path("configs/cpu/llama_1b.yaml") + " --ckpt " + from_ckpt +
+                          " --set model.depth=3");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("; -c " + dir + "/from_config/config.yaml builds the model this checkpoint was trained as\n"),
+            std::string::npos)
+      << r.err;
   // A key that is set is the config's and is checked against the file as before.
   r = testing::strobe_cmd("fit -c " + testing::source_path("configs/cpu/llama_1b.yaml") + " --run-dir " + dir +
                           "/set_depth --set 'model={name: llama, depth: 3, init_from: {path: " + out +

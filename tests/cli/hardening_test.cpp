@@ -340,7 +340,7 @@ TEST(CliConsole, ProgressBarFitsANarrowTerminal) {
   int redraws = 0;
   for (const std::string& piece : split_any(r.out, "\r\n")) {
     std::string visible = std::regex_replace(piece, std::regex("\x1b\\[K"), "");
-    if (visible.rfind("Epoch ", 0) != 0) continue;
+    if (visible.rfind("epoch ", 0) != 0) continue;
     ++redraws;
     EXPECT_LT(visible.size(), 50u) << "'" << visible << "'";
     EXPECT_NE(visible.find("/12"), std::string::npos) << visible;  // the batch count always stays
@@ -366,8 +366,9 @@ TEST(CliConsole, EpochsAreZeroBasedInBarValidationLineAndCsv) {
   std::smatch m;
   int bar = 0, val = 0;
   for (const std::string& line : split_any(r.out, "\n")) {
-    if (std::regex_search(line, m, std::regex(R"(^epoch (\d+)/1 batch \d+/12 step (\d+) )"))) {
-      EXPECT_EQ(std::stoll(m[1]), csv_epoch.at(std::stoll(m[2]))) << line;
+    if (std::regex_search(line, m, std::regex(R"(^epoch (\d+) \((\d) of 2\) batch \d+/12 step (\d+) )"))) {
+      EXPECT_EQ(std::stoll(m[2]), std::stoll(m[1]) + 1) << line;
+      EXPECT_EQ(std::stoll(m[1]), csv_epoch.at(std::stoll(m[3]))) << line;
       ++bar;
     } else if (std::regex_search(line, m, std::regex(R"(^validation at epoch (\d+) step (\d+):)"))) {
       EXPECT_EQ(std::stoll(m[1]), csv_epoch.at(std::stoll(m[2]))) << line;

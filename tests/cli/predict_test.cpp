@@ -140,6 +140,10 @@ optimizer: {{name: adamw, lr: 0.05}}
   EXPECT_EQ(slurp(csv), before);
   auto over = strobe_cmd("predict -c " + cfg + " --ckpt " + ckpt + " --overwrite -o " + csv);
   EXPECT_EQ(over.code, 0) << over.err;
+  auto cls_logits = strobe_cmd("predict -c " + cfg + " --ckpt " + ckpt + " --logits -o " + (dir / "c.safetensors").string());
+  EXPECT_EQ(cls_logits.code, 2) << cls_logits.err;
+  EXPECT_NE(cls_logits.err.find("--logits: for language models"), std::string::npos) << cls_logits.err;
+  EXPECT_FALSE(fs::exists(dir / "c.safetensors"));
   auto ranks = shell_cmd("WORLD_SIZE=2 RANK=0 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29555 ",
                          "predict -c " + cfg + " --ckpt " + ckpt + " -o " + (dir / "r.csv").string());
   EXPECT_EQ(ranks.code, 2) << ranks.err;
@@ -175,6 +179,28 @@ optimizer: {name: adamw, lr: 0.01}
   EXPECT_TRUE(torch::equal(index, torch::arange(10)));
   EXPECT_TRUE(torch::isfinite(loss).all().item<bool>());
   EXPECT_NEAR(loss.to(torch::kFloat64).mean().item<double>(), printed_metric(test.out, "test/loss"), 2e-5) << test.out;
+  // --logits: every token's logits beside its loss, which is their cross-entropy at one token of the
+  // vocabulary (its target); past --logits-limit-gib one line, exit 2, no file; a CSV takes none.
+  const std::string with_logits = (dir / "lm_logits.safetensors").string();
+  p = strobe_cmd("predict -c " + cfg + " --ckpt " + ckpt + " --logits -o " + with_logits);
+  ASSERT_EQ(p.code, 0) << p.err;
+  const auto lfile = safetensors::read_file(with_logits);
+  std::map<std::string, torch::Tensor> lt(lfile.tensors.begin(), lfile.tensors.end());
+  const auto logits = lt.at("logits").to(torch::kFloat64);
+  ASSERT_EQ(logits.sizes(), (std::vector<int64_t>{loss.numel(), 61}));
+  EXPECT_TRUE(torch::equal(lt.at("token_loss"), loss));
+  const auto gap = (torch::logsumexp(logits, 1, true) - logits - loss.to(torch::kFloat64).unsqueeze(1)).abs().amin(1);
+  EXPECT_LT(gap.max().item<double>(), 1e-4);
+  const std::string big = (dir / "big.safetensors").string();
+  auto over_limit = strobe_cmd("predict -c " + cfg + " --ckpt " + ckpt + " --logits --logits-limit-gib 0.000001 -o " + big);
+  EXPECT_EQ(over_limit.code, 2) << over_limit.err;
+  EXPECT_NE(over_limit.err.find("--logits: the logits of the first "), std::string::npos) << over_limit.err;
+  EXPECT_NE(over_limit.err.find("strobe export CKPT --names hf -o DIR"), std::string::npos) << over_limit.err;
+  EXPECT_EQ(count_lines(over_limit.err), 1) << over_limit.err;
+  EXPECT_FALSE(fs::exists(big));
+  auto csv_logits = strobe_cmd("predict -c " + cfg + " --ckpt " + ckpt + " --logits -o " + (dir / "l.csv").string());
+  EXPECT_EQ(csv_logits.code, 2) << csv_logits.err;
+  EXPECT_NE(csv_logits.err.find("--logits: a CSV holds no logits; write -o X.safetensors"), std::string::npos) << csv_logits.err;
   // No validation set: nothing to predict, one line, exit 2, no file.
   auto none = strobe_cmd("predict -c " + cfg + " --ckpt " + ckpt + " --split val --set data.num_val_samples=0 -o " +
                          (dir / "none.safetensors").string());

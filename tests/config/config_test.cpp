@@ -1,6 +1,7 @@
 // The config loader: typed reads, defaults written back, and one clear line for every kind of bad
 // input (unknown key with did-you-mean, wrong type, out of range, missing file, bad --set syntax).
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
@@ -124,6 +125,74 @@ TEST(Config, SetOverridesAnyKeyAndCreatesSections) {
   EXPECT_EQ(e.trainer.max_steps, 200);
   EXPECT_EQ(e.trainer.precision, strobe::Precision::kBf16Mixed);
   EXPECT_EQ(e.model.get_int("depth", 18), 34);
+}
+
+// --set of another component name drops the old component's keys that came from the file, in one
+// note; keys an earlier --set gave stay (so a typo still fails); the same name, or the experiment's
+// own name, drops nothing.
+TEST(Config, SetOfAnotherComponentNameDropsTheOldOnesFileKeys) {
+  const std::string yaml = "name: exp\nscheduler: {name: cosine, warmup_steps: 30, max_steps: 100}\n"
+                           "callbacks:\n  - name: early_stopping\n    patience: 3\n";
+  auto doc = Document::load_string(yaml, "exp.yaml");
+  doc.apply_override("scheduler.name=none");
+  EXPECT_EQ(YAML::Dump(doc.root().node()["scheduler"]), "{name: none}");
+  ASSERT_EQ(doc.notes().size(), 1u);
+  EXPECT_EQ(doc.notes()[0], "--set scheduler.name=none: dropped scheduler.warmup_steps, scheduler.max_steps (cosine's keys from exp.yaml)");
+
+  auto kept = Document::load_string(yaml, "exp.yaml");
+  kept.apply_override("scheduler.warmup_stpes=5");
+  kept.apply_override("scheduler.name=linear_warmup");
+  EXPECT_EQ(YAML::Dump(kept.root().node()["scheduler"]), "{name: linear_warmup, warmup_stpes: 5}");
+  kept.apply_override("callbacks.0.name=ema");
+  EXPECT_FALSE(kept.root().node()["callbacks"][0]["patience"].IsDefined());
+  ASSERT_EQ(kept.notes().size(), 2u);
+  EXPECT_EQ(kept.notes()[1], "--set callbacks.0.name=ema: dropped callbacks[0].patience (early_stopping's keys from exp.yaml)");
+  std::string err;
+  try {
+    strobe::config::Section s = kept.root().child("scheduler");
+    s.get_string("name", "");
+    s.finish();
+  } catch (const ConfigError& e) {
+    err = e.what();
+  }
+  EXPECT_NE(err.find("--set scheduler.warmup_stpes=5"), std::string::npos) << err;
+
+  auto same = Document::load_string(yaml, "exp.yaml");
+  same.apply_override("scheduler.name=cosine");
+  same.apply_override("name=other");
+  EXPECT_TRUE(same.notes().empty());
+  EXPECT_EQ(same.root().node()["scheduler"]["warmup_steps"].as<int>(), 30);
+}
+
+// Several -c files compose in order: mappings merge, lists and values replace, another component
+// name drops the earlier files' keys of that section (one note), and every key's errors name the
+// file it came from with its line and column.
+TEST(Config, SeveralConfigFilesComposeInOrder) {
+  const auto dir = std::filesystem::temp_directory_path() / ("strobe-compose-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string a = (dir / "a.yaml").string(), b = (dir / "b.yaml").string();
+  std::ofstream(a) << "name: exp\ntrainer: {max_epochs: 2, log_every_n_steps: 5}\nmodel: {name: mlp, hidden: [32, 16]}\n"
+                      "scheduler: {name: cosine, warmup_steps: 30}\ncallbacks:\n  - name: early_stopping\n";
+  std::ofstream(b) << "trainer: {max_epochs: 3}\nmodel: {hidden: [8]}\nscheduler: {name: linear_warmup}\ncallbacks: []\n"
+                      "data: {name: x, batch_sise: 4}\n";
+  auto doc = Document::load_files({a, b});
+  const YAML::Node root = doc.root().node();
+  EXPECT_EQ(root["trainer"]["max_epochs"].as<int>(), 3);
+  EXPECT_EQ(root["trainer"]["log_every_n_steps"].as<int>(), 5);
+  EXPECT_EQ(YAML::Dump(root["model"]["hidden"]), "[8]");
+  EXPECT_EQ(root["model"]["name"].as<std::string>(), "mlp");
+  EXPECT_EQ(YAML::Dump(root["scheduler"]), "{name: linear_warmup}");
+  EXPECT_EQ(root["callbacks"].size(), 0u);
+  ASSERT_EQ(doc.notes().size(), 1u);
+  EXPECT_EQ(doc.notes()[0], b + " sets scheduler.name: linear_warmup: dropped scheduler.warmup_steps (cosine's keys from " + a + ")");
+  auto where = [&](const std::string& section, const std::string& key) { return doc.root().child(section).location(key); };
+  EXPECT_EQ(where("trainer", "log_every_n_steps"), a + ":2:26");
+  EXPECT_EQ(where("trainer", "max_epochs"), b + ":1:11");
+  EXPECT_EQ(where("data", "batch_sise"), b + ":5:17");
+  // A --set after them still wins, and names itself.
+  doc.apply_override("trainer.max_epochs=4");
+  EXPECT_EQ(where("trainer", "max_epochs"), "--set trainer.max_epochs=4");
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Config, SetOverridesListElements) {
@@ -310,6 +379,24 @@ TEST(ResumeCheck, SortsChangesIntoIncompatibleModelAndAllowed) {
 
 // A section written out on one side and a plain value on the other is one change, in its direction
 // (the groups removed: the section -> null, never "(absent) -> null").
+// Numbers compare as numbers: an integer and a float of one value, a float printed in full, a list
+// of them, YAML's infinities; another value, or text, is a change.
+TEST(ResumeCheck, NumbersCompareAsNumbers) {
+  const auto r = strobe::config::compare_for_resume(
+      "model: {rope_theta: 10000, norm_eps: 1.0000000000000001e-05, hidden: [32, 16], clip: .inf, act: gelu}\nseed: 7\n",
+      "model: {rope_theta: 10000.0, norm_eps: 1.0e-05, hidden: [32.0, 16], clip: +.inf, act: gelu}\nseed: 7\n");
+  EXPECT_TRUE(r.incompatible.empty() && r.model_changes.empty() && r.allowed.empty())
+      << strobe::config::join_changes(r.incompatible) << " | " << strobe::config::join_changes(r.model_changes);
+  const auto d = strobe::config::compare_for_resume("model: {rope_theta: 10000, hidden: [32, 16], act: gelu}\nseed: 7\n",
+                                                    "model: {rope_theta: 10001, hidden: [32, 17], act: Gelu}\nseed: 7.5\n");
+  EXPECT_EQ(strobe::config::join_changes(d.incompatible), "model.rope_theta: 10000 -> 10001");
+  EXPECT_EQ(strobe::config::join_changes(d.model_changes), "model.act: gelu -> Gelu, model.hidden: [32, 16] -> [32, 17]");
+  EXPECT_EQ(strobe::config::join_changes(d.allowed), "seed: 7 -> 7.5");
+  EXPECT_FALSE(strobe::config::same_config_value("1e5x", "1e5"));
+  EXPECT_FALSE(strobe::config::same_config_value("nan", "nan2"));
+  EXPECT_FALSE(strobe::config::same_config_value("[1, 2]", "[1, 2, 3]"));
+}
+
 TEST(ResumeCheck, ASectionReplacedByAValueIsOneChangeInItsDirection) {
   using strobe::config::compare_for_resume;
   const std::string with = "optimizer:\n  name: adamw\n  param_groups:\n    groups: [{params: 'fc*', lr: 0.1}]\n";

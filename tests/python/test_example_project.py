@@ -98,6 +98,25 @@ def main():
                                 for n in names if n in ("build.make", "flags.make", "link.txt"))
     check(SRC + "/" not in generated.replace(project, "<project>"),
           "the example's build names a path of the source tree: it must need the installed prefix alone")
+    # strobe_add_plugin's precompiled <torch/torch.h> (docs/EXTENDING.md, "Build times"): built once
+    # by strobe_plugin_pch and reused by the plugin's compiles.
+    pch_dir = os.path.join(out, "CMakeFiles", "strobe_plugin_pch.dir")
+    check(any(n.startswith("cmake_pch.hxx.") and n.endswith((".pch", ".gch")) for n in os.listdir(pch_dir))
+          if os.path.isdir(pch_dir) else False, f"no precompiled header in {pch_dir}")
+    flags = "".join(open(os.path.join(d, n), errors="replace").read()
+                    for d, _, names in os.walk(os.path.join(out, "CMakeFiles", "strobe_example.dir"))
+                    for n in names if n == "flags.make")
+    check("strobe_plugin_pch.dir/cmake_pch.hxx" in flags, f"the plugin's compiles do not use the precompiled header:\n{flags}")
+    # Without a launcher of the user's, ccache (when installed) launches the plugin's compiles.
+    if shutil.which("ccache"):
+        bare = os.path.join(tmp, "bare")
+        env_bare = {k: v for k, v in os.environ.items() if k != "CMAKE_CXX_COMPILER_LAUNCHER"}
+        r = run(["cmake", "-S", project, "-B", bare, "-DCMAKE_BUILD_TYPE=Release", f"-DCMAKE_PREFIX_PATH={prefix}"], env=env_bare)
+        rules = "".join(open(os.path.join(d, n), errors="replace").read()
+                        for d, _, names in os.walk(os.path.join(bare, "CMakeFiles", "strobe_example.dir"))
+                        for n in names if n == "build.make")
+        check(r.returncode == 0 and "CCACHE_SLOPPINESS=pch_defines,time_macros" in rules and "ccache" in rules,
+              f"strobe_add_plugin did not make ccache the compiler launcher:\n{r.stderr}")
     # scripts/build_example.sh (the README's route): installs again and builds the same copy.
     r = run(["bash", os.path.join(SRC, "scripts", "build_example.sh"), prefix, project],
             env=dict(os.environ, STROBE_BUILD_DIR=BUILD))

@@ -32,7 +32,7 @@ class FakeView : public TrainerView, public StepAccess {
   const torch::Device& device() const override { return dev; }
   const TrainerState& state() const override { return live ? *live : loop; }
   int64_t accumulated_batches() const override { return 0; }
-  int64_t num_training_batches() const override { return 10; }
+  int64_t num_training_batches() const override { return n_batches; }
   int64_t estimated_stepping_batches() const override { return 100; }
   bool sanity_checking() const override { return false; }
   double last_input_wait_s() const override { return 0; }
@@ -41,6 +41,11 @@ class FakeView : public TrainerView, public StepAccess {
   int64_t world_size() const override { return 1; }
   std::optional<double> rank0_value(std::optional<double> v) override { return v; }
   const std::map<std::string, double>& metrics() const override { return latest; }
+  std::optional<int64_t> metric_step(const std::string& name) const override {
+    if (!latest.count(name)) return std::nullopt;
+    auto it = latest_step.find(name);
+    return it == latest_step.end() ? state().global_step : it->second;
+  }
   void drain_metrics() override {}
   void log_host(const std::vector<std::pair<std::string, double>>& values) override {
     for (const auto& v : values) logged.push_back(v);
@@ -70,6 +75,8 @@ class FakeView : public TrainerView, public StepAccess {
   TrainerState loop;
   const TrainerState* live = nullptr;  // a loop's counters instead of `loop`
   std::map<std::string, double> latest;
+  std::map<std::string, int64_t> latest_step;  // a metric's step when not the current one
+  int64_t n_batches = 10;                      // training batches per epoch
   std::vector<std::pair<std::string, double>> logged;
   std::shared_ptr<torch::optim::Optimizer> opt;
   std::vector<int> stops;

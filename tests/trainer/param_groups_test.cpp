@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <sstream>
 
 #include "strobe/core/optim.h"
 #include "strobe/core/trainer.h"
@@ -236,4 +237,23 @@ optimizer: {name: adamw, param_groups: {layer_decay: 0.75}}
             std::string::npos)
       << r.err;
   EXPECT_EQ(count_lines(r.err), 1) << r.err;
+}
+
+// param_groups.txt's table: the name column is as wide as the longest group name, so every row's
+// columns line up under the header however long a name is (layer decay's names run long).
+TEST(ParamGroups, ListingColumnsLineUpUnderLongGroupNames) {
+  std::vector<ParamGroup> groups(3);
+  groups[0].name = "default", groups[1].name = "default/layer_11/no_decay", groups[2].name = "groups[12]/layer_3/no_decay_and_more";
+  for (auto& g : groups) g.params = {torch::zeros({3})}, g.names = {"w"}, g.lr = 1e-3, g.weight_decay = 0.05;
+  const std::string text = describe_param_groups(groups);
+  std::istringstream in(text);
+  std::string header;
+  std::getline(in, header);
+  for (size_t i = 0; i < groups.size(); ++i) {
+    std::string row;
+    std::getline(in, row);
+    ASSERT_NE(row.find("  ("), std::string::npos) << row;
+    EXPECT_EQ(row.substr(0, row.find("  (")).size(), header.size()) << "row " << i << " does not line up:\n" << text;
+    EXPECT_EQ(row.rfind(groups[i].name + " ", 0), 0u) << row;
+  }
 }

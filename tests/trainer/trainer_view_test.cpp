@@ -2,6 +2,10 @@
 // against a fake view with no Trainer behind it, and do their jobs through its members only.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <sstream>
+#include <thread>
+
 #include <torch/torch.h>
 
 #include "strobe/checkpoint/checkpoint_io.h"
@@ -35,6 +39,67 @@ TEST(TrainerView, EarlyStoppingDecidesFromTheViewsMetricsAndStopsThroughIt) {
   }
   ASSERT_EQ(view.stops, (std::vector<int>{kExitOk})) << "two validations without improvement must stop once";
   EXPECT_EQ(cb->state_dict().at("stopped_step").get<int64_t>(), 4);
+}
+
+// The plain progress line (docs/CONFIG.md, "progress_bar"): the epoch of how many, the step the shown
+// loss is from, and an ETA to the end of the run by whichever limit ends it first.
+std::vector<std::string> progress_lines(FakeView& view, Callback& cb, ViewModule& module, int64_t steps) {
+  ::testing::internal::CaptureStdout();
+  cb.on_train_start(view, module);
+  for (int64_t step = 1; step <= steps; ++step) {
+    view.loop.global_step = step, view.loop.batch_in_epoch = step;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    cb.on_train_batch_end(view, module, torch::Tensor(), Batch{}, step - 1);
+  }
+  std::vector<std::string> lines;
+  std::istringstream in(::testing::internal::GetCapturedStdout());
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+TEST(TrainerView, ProgressLineSaysTheLossStepTheEpochOfHowManyAndTheRunsEta) {
+  ViewModule module;
+  auto bar = callback_from("name: progress_bar\nmode: plain\n");
+  FakeView view;
+  view.cfg.log_every_n_steps = 5, view.cfg.max_epochs = 1, view.cfg.max_steps = 8, view.n_batches = 100000;
+  view.latest["train/loss"] = 2.46291, view.latest_step["train/loss"] = 3;
+  auto lines = progress_lines(view, *bar, module, 5);
+  ASSERT_EQ(lines.size(), 1u);
+  // max_steps ends the run after 3 more steps (under 0.1 s), long before the epoch's 99,995 batches.
+  EXPECT_EQ(lines[0].rfind("epoch 0 (1 of 1) batch 5/100000 step 5 ", 0), 0u) << lines[0];
+  EXPECT_NE(lines[0].find(" ETA 00:00 loss 2.463 @ step 3"), std::string::npos) << lines[0];
+
+  FakeView epochs;  // no max_steps: the epochs left are the run's end (two of them: minutes away)
+  epochs.cfg.log_every_n_steps = 5, epochs.cfg.max_epochs = 2, epochs.n_batches = 100000;
+  auto bar2 = callback_from("name: progress_bar\nmode: plain\n");
+  lines = progress_lines(epochs, *bar2, module, 5);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0].rfind("epoch 0 (1 of 2) batch 5/100000 step 5 ", 0), 0u) << lines[0];
+  EXPECT_EQ(lines[0].find("ETA 00:00"), std::string::npos) << lines[0];
+  EXPECT_EQ(lines[0].find("loss"), std::string::npos) << "no loss has reached the host yet: " << lines[0];
+
+  FakeView timed;  // max_time ends it in about a second
+  timed.cfg.log_every_n_steps = 5, timed.cfg.max_epochs = -1, timed.cfg.max_time_s = 1.0, timed.n_batches = 100000;
+  auto bar3 = callback_from("name: progress_bar\nmode: plain\n");
+  lines = progress_lines(timed, *bar3, module, 5);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0].rfind("epoch 0 batch 5/100000 step 5 ", 0), 0u) << lines[0];
+  EXPECT_TRUE(lines[0].find("ETA 00:00") != std::string::npos || lines[0].find("ETA 00:01") != std::string::npos) << lines[0];
+}
+
+TEST(TrainerView, ThroughputMonitorSaysInOneReadableLineWhetherItKnowsThePeak) {
+  ViewModule module;
+  FakeView view;
+  auto unknown = callback_from("name: throughput_monitor\n");
+  ::testing::internal::CaptureStderr();
+  unknown->on_fit_start(view, module);
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(),
+            "strobe: throughput_monitor: no dense fp32 peak is known for 'cpu', so no utilisation (throughput/mfu) is "
+            "logged (set the callback's peak_tflops to have it)\n");
+  auto stated = callback_from("name: throughput_monitor\npeak_tflops: 0.5\n");
+  ::testing::internal::CaptureStderr();
+  stated->on_fit_start(view, module);
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "strobe: throughput_monitor: peak 0.5 TFLOP/s (callbacks' peak_tflops)\n");
 }
 
 TEST(TrainerView, LrMonitorReadsTheViewsOptimizerAndLogsThroughIt) {
