@@ -17,6 +17,7 @@
 #include "strobe/core/checkpoint_view.h"
 #include "strobe/distributed/strategy.h"
 #include "runner/init_from.h"
+#include "runner/step_memory.h"
 
 namespace strobe {
 
@@ -278,6 +279,11 @@ std::unique_ptr<Run> build_run(config::Document& doc, const RunOptions& options)
   so.zero2 = exp.trainer.strategy == "zero2";
   run->strategy = distributed::make_strategy(so, env);
   auto& strategy = *run->strategy;
+  // The training step's memory at data.batch_size, measured on a small trial before anything is
+  // written (runner/step_memory.h).
+  if (options.stage == Stage::Fit)
+    if (auto m = measure_step_memory(exp, *run->datamodule, *run->module, strategy.device(), strategy.world_size()))
+      check_step_memory(exp.data, *m, static_cast<double>(available_memory_bytes()));
 
   // trainer.fast_dev_run writes no files (no checkpoints, logs or config.yaml): it claims no
   // version_<n>, and a run directory only when --run-dir names one.

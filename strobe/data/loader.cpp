@@ -106,6 +106,25 @@ Batch DataLoader::make_batch(int64_t epoch, int64_t batch_index) const {
   return opt_.pin_memory ? b.pin_memory() : b;
 }
 
+Batch DataLoader::make_first_samples(int64_t epoch, int64_t count) const {
+  const std::vector<int64_t> order = sampler_.indices(epoch);
+  std::vector<Sample> samples;
+  std::vector<int64_t> indices;
+  for (int64_t k = 0; k < static_cast<int64_t>(order.size()) && static_cast<int64_t>(samples.size()) < count; ++k) {
+    at::Generator gen = sample_generator(opt_.seed, epoch, order[k]);
+    Sample s = dataset_->get(order[k], gen);
+    if (!s.empty()) samples.push_back(std::move(s)), indices.push_back(order[k]);
+  }
+  if (samples.empty()) throw DataError(fmt::format("epoch {}: no sample to make a batch of", epoch));
+  const int64_t n = static_cast<int64_t>(samples.size());
+  Batch b = collate_(samples);
+  if (!b.meta.count("batch_size")) b.meta["batch_size"] = n;
+  b.indices = std::move(indices);
+  b.meta[kMetaBatchIndex] = 0;
+  b.meta[kMetaEpoch] = epoch;
+  return b;
+}
+
 void DataLoader::start(int64_t epoch, int64_t first_batch) {
   stop();
   Impl& m = *impl_;

@@ -64,6 +64,9 @@ class DataLoader {
   std::optional<Batch> next();
   // Batch `batch_index` of `epoch`, made on the calling thread (used by replay and tests).
   Batch make_batch(int64_t epoch, int64_t batch_index) const;
+  // The first `count` samples of `epoch`'s order as one batch, made on the calling thread (a memory
+  // trial before training: runner/step_memory.h).
+  Batch make_first_samples(int64_t epoch, int64_t count) const;
   void stop();
 
  private:

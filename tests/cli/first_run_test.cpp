@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "tests/cli/cli_test_util.h"
+#include "tests/source_path.h"
 
 using namespace strobe::testing;
 
@@ -102,4 +103,23 @@ TEST(FirstRun, ANameChangedBySetDropsTheOldComponentsKeys) {
   EXPECT_NE(r.err.find("strobe: --set scheduler.name=none: dropped scheduler.warmup_steps (cosine's keys from " + cfg + ")\n"),
             std::string::npos)
       << r.err;
+}
+
+// A batch the machine cannot hold (the quickstart at data.batch_size=100000000, which the dataset
+// caps at 55,000): the measured training step is refused in one line naming data.batch_size, before
+// the run directory exists (before, the kernel's OOM killer ended it, exit 137, no message). Run
+// under a 16 GB address-space limit, so that a regression fails instead of exhausting the machine.
+TEST(FirstRun, ABatchWhoseStepCannotFitIsRefusedBeforeAnyRunFile) {
+  if (!std::filesystem::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"))
+    GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  const std::string run = temp_dir("big_batch") + "/run";
+  auto r = shell_cmd("ulimit -v 16000000; ", "fit -c " + strobe::testing::source_path("configs/quickstart.yaml") +
+                                                 " --run-dir " + run + " --set data.batch_size=100000000");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("data.batch_size: a training step on 55000 samples needs about "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("(measured by a forward and backward on 2 and 4 samples: "), std::string::npos) << r.err;
+  EXPECT_EQ(count_lines(r.err), 1) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(run));
+  // The batch the quickstart uses is not refused, and its trial leaves the run as it was: the
+  // quickstart's own test (Cli.QuickstartFirstSteps) and every resume test train through it.
 }
