@@ -416,6 +416,13 @@ int run_list(const std::string& kind) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // The command is named before the handlers exist, so that a signal arriving while the command line
+  // is parsed already says which command it stopped.
+  if (argc > 1) {
+    const std::string first = argv[1];
+    for (const char* name : {"validate", "test", "predict", "replay", "export", "bench", "list"})
+      if (first == name) strobe::signals::set_command(first);
+  }
   strobe::signals::install();
   CLI::App app{"Strobe: Lightning-style training in C++ on libtorch"};
   app.require_subcommand(0, 1);
