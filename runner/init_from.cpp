@@ -77,12 +77,23 @@ nlohmann::json read_json(const config::Section& init, const std::filesystem::pat
 }  // namespace
 
 
+namespace {
+
+// The family's codec that fills shape keys from a config.json, when init_from names Hugging Face
+// weights and the family has one.
+const HfConfigCodec* shape_filler(const config::Section& model_cfg, const config::InitFrom& f) {
+  if (f.names != "hf") return nullptr;
+  const HfConfigCodec* codec = hf_config_registry().find(model_cfg.node()["name"].Scalar());
+  return codec != nullptr && codec->fill ? codec : nullptr;
+}
+
+}  // namespace
+
 std::vector<std::string> fill_from_hf_config(config::Section& model_cfg, const config::InitFrom& f) {
   namespace fs = std::filesystem;
-  if (f.names != "hf") return {};
-  const HfConfigCodec* codec = hf_config_registry().find(model_cfg.node()["name"].Scalar());
+  const HfConfigCodec* codec = shape_filler(model_cfg, f);
   std::error_code ec;
-  if (codec == nullptr || !codec->fill || !fs::is_directory(f.path, ec)) return {};
+  if (codec == nullptr || !fs::is_directory(f.path, ec)) return {};
   const fs::path path = fs::path(f.path) / "config.json";
   if (!fs::exists(path, ec)) return {};
   config::Section init = model_cfg.child("init_from");
@@ -91,9 +102,8 @@ std::vector<std::string> fill_from_hf_config(config::Section& model_cfg, const c
 
 std::vector<std::string> fill_from_recorded_hf_config(config::Section& model_cfg, const config::InitFrom& f,
                                                       const std::string& text, const std::string& ckpt) {
-  if (f.names != "hf") return {};
-  const HfConfigCodec* codec = hf_config_registry().find(model_cfg.node()["name"].Scalar());
-  if (codec == nullptr || !codec->fill) return {};
+  const HfConfigCodec* codec = shape_filler(model_cfg, f);
+  if (codec == nullptr) return {};
   nlohmann::json source;
   try {
     if (!checkpoint::json_nesting_within(text)) throw config::ConfigError("");

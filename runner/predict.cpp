@@ -89,7 +89,7 @@ void PredictWriter::consume(const Batch& batch, const std::vector<int64_t>& indi
             "CKPT --names hf -o DIR, then AutoModelForCausalLM.from_pretrained(DIR) (docs/CONFIG.md, \"strobe predict\")",
             index_.size(), static_cast<double>(logits_bytes_) / (1024.0 * 1024.0 * 1024.0),
             logits_bytes_ / sizeof(float) / static_cast<uint64_t>(vocab), vocab, options_.logits_limit_gib));
-      logits_.push_back(rows.to(torch::kFloat32).to(torch::kCPU));
+      logits_.push_back(rows.to(torch::kCPU, torch::kFloat32));
     };
     if (packed) {
       outputs_.push_back(token_loss(outputs.reshape({-1, vocab}), targets.reshape({-1})).to(torch::kCPU));

@@ -1,8 +1,6 @@
 #include "runner/step_memory.h"
 
 #include <algorithm>
-#include <atomic>
-#include <cmath>
 #include <mutex>
 #include <unordered_map>
 

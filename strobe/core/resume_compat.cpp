@@ -118,7 +118,7 @@ std::string run_config_hint(const std::string& ckpt_path, const checkpoint::Chec
   return fmt::format("; -c {} builds the model this checkpoint was trained as", run_config.string());
 }
 
-std::string check_resume_compatible(const std::string& path, const checkpoint::CheckpointData& data,
+std::vector<config::ConfigChange> check_resume_compatible(const std::string& path, const checkpoint::CheckpointData& data,
                                     const std::string& current_yaml, torch::nn::Module& net) {
   const std::string mismatch = weights_mismatch(data, current_yaml, net);
 
@@ -146,7 +146,7 @@ std::string check_resume_compatible(const std::string& path, const checkpoint::C
     throw checkpoint::CheckpointError(msg);
   }
   std::sort(r.allowed.begin(), r.allowed.end(), [](const auto& a, const auto& b) { return a.key < b.key; });
-  return config::join_changes(r.allowed, 1000);
+  return r.allowed;
 }
 
 }  // namespace strobe

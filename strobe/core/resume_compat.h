@@ -11,6 +11,7 @@
 #include <torch/nn/module.h>
 
 #include "strobe/checkpoint/checkpoint_io.h"
+#include "strobe/config/resume_check.h"
 
 namespace strobe {
 
@@ -31,9 +32,9 @@ std::string function_changes(const checkpoint::CheckpointData& data, const std::
 // builds the model this checkpoint was trained as"; else "".
 std::string run_config_hint(const std::string& ckpt_path, const checkpoint::CheckpointData& data);
 
-// Returns the allowed changes as one text ("" when there are none). `current_yaml` empty (a program
-// that set no resolved config) or a checkpoint without a config: only the shapes are checked.
-std::string check_resume_compatible(const std::string& ckpt_path, const checkpoint::CheckpointData& data,
+// Returns the allowed changes, sorted by key (none when nothing changed). `current_yaml` empty (a
+// program that set no resolved config) or a checkpoint without a config: only the shapes are checked.
+std::vector<config::ConfigChange> check_resume_compatible(const std::string& ckpt_path, const checkpoint::CheckpointData& data,
                                     const std::string& current_yaml, torch::nn::Module& net);
 
 }  // namespace strobe

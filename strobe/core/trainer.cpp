@@ -216,8 +216,9 @@ int Trainer::fit(std::optional<checkpoint::CheckpointData> resume) {
   const auto& c = exp_.trainer;
   const bool resumed = resume.has_value();
   if (resume) {
-    const std::string changes = restore_training_state(*resume);
-    const std::string schedule = settle_schedule_length(*resume);
+    const auto allowed = restore_training_state(*resume);
+    const std::string changes = config::join_changes(allowed, 1000);
+    const std::string schedule = settle_schedule_length(allowed);
     // Every resume says where it continues from, what changed, and what became of the schedule.
     if (rank_ == 0)
       fmt::print("strobe fit: resuming from {} (step {}){}{}\n", resume->source, state().global_step,

@@ -57,6 +57,7 @@
 
 #include "strobe/checkpoint/checkpoint_io.h"
 #include "strobe/config/experiment.h"
+#include "strobe/config/resume_check.h"
 #include "strobe/core/callback.h"
 #include "strobe/core/datamodule.h"
 #include "strobe/core/loop_state.h"
@@ -198,11 +199,12 @@ class Trainer : private TrainerView, private StepAccess {
   void setup_fit();
   // Restores `data` (resume_state's contract) and returns the allowed config changes it carries
   // ("" when none), which fit lists.
-  std::string restore_training_state(const checkpoint::CheckpointData& data);
-  // After a resume's restore: the schedule's length is the checkpoint's unless trainer.max_steps,
-  // trainer.max_epochs or scheduler.max_steps changed against its config; returns what the resume
-  // line says of it ("" when the length is the same).
-  std::string settle_schedule_length(const checkpoint::CheckpointData& data);
+  std::vector<config::ConfigChange> restore_training_state(const checkpoint::CheckpointData& data);
+  // After a resume's restore: the schedule's length is the checkpoint's unless `changes` (the allowed
+  // changes restore_training_state found against its config) hold trainer.max_steps,
+  // trainer.max_epochs or scheduler.max_steps; returns what the resume line says of it ("" when the
+  // length is the same).
+  std::string settle_schedule_length(const std::vector<config::ConfigChange>& changes);
   // validate/test/predict: the weights alone, strictly.
   void load_weights(const checkpoint::CheckpointData& data);
   // The step's runners (trainer_step.cpp), handed to FitLoop: the eager one, and under

@@ -362,7 +362,7 @@ checkpoint::CheckpointData Trainer::with_own_shard(const checkpoint::CheckpointD
   return merged;
 }
 
-std::string Trainer::restore_training_state(const checkpoint::CheckpointData& data) {
+std::vector<config::ConfigChange> Trainer::restore_training_state(const checkpoint::CheckpointData& data) {
   check_resume_world_size(data);
   // zero2: this rank's optimizer shard joins the state. One process replaying a zero2 rank's
   // capture: its optimizer state is that rank's shard, which fits no whole optimizer: the step
@@ -391,22 +391,20 @@ std::string Trainer::restore_training_state(const checkpoint::CheckpointData& da
         source, fmt::join(lacking, ", ")));
   // Before any state is restored: the saved config against the current one (another optimizer,
   // precision or model shape is refused naming the change; the rest is returned for fit to list).
-  std::string changes = check_resume_compatible(source, d, config_yaml_, module_->net());
+  auto changes = check_resume_compatible(source, d, config_yaml_, module_->net());
   connector_.load(d, /*restore_training_state=*/true, source);
   each("on_load_checkpoint", [&](Callback& cb) { cb.on_load_checkpoint(*this, *module_, d); });
   return changes;
 }
 
-std::string Trainer::settle_schedule_length(const checkpoint::CheckpointData& data) {
+std::string Trainer::settle_schedule_length(const std::vector<config::ConfigChange>& changes) {
   if (!scheduler_ || !optimizer_ || optimizer_->param_groups().empty()) return "";
   const int64_t was = scheduler_->saved_length(), now = scheduler_->length();
   if (was < 0 || now < 0 || was == now) return "";
   // The changes of the run's length the user made on purpose, against the checkpoint's config.
   std::vector<std::string> asked;
-  const std::string* saved = CheckpointView(data, data.source).config();
-  if (saved != nullptr && !config_yaml_.empty())
-    for (const auto& c : config::compare_for_resume(*saved, config_yaml_).allowed)
-      if (c.key == "trainer.max_steps" || c.key == "trainer.max_epochs" || c.key == "scheduler.max_steps") asked.push_back(c.text());
+  for (const auto& c : changes)
+    if (c.key == "trainer.max_steps" || c.key == "trainer.max_epochs" || c.key == "scheduler.max_steps") asked.push_back(c.text());
   auto lr = [&] { return optimizer_->param_groups()[0].options().get_lr(); };
   const double lr_now = lr();
   scheduler_->set_length(was);
