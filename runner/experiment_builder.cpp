@@ -281,9 +281,10 @@ std::unique_ptr<Run> build_run(config::Document& doc, const RunOptions& options)
   auto& strategy = *run->strategy;
   // The training step's memory at data.batch_size, measured on a small trial before anything is
   // written (runner/step_memory.h).
-  if (options.stage == Stage::Fit)
-    if (auto m = measure_step_memory(exp, *run->datamodule, *run->module, strategy.device(), strategy.world_size()))
-      check_step_memory(exp.data, *m, static_cast<double>(available_memory_bytes()));
+  if (options.stage == Stage::Fit) {
+    run->step_memory = measure_step_memory(exp, *run->datamodule, *run->module, strategy.device(), strategy.world_size());
+    if (run->step_memory) check_step_memory(exp.data, *run->step_memory);
+  }
 
   // trainer.fast_dev_run writes no files (no checkpoints, logs or config.yaml): it claims no
   // version_<n>, and a run directory only when --run-dir names one.

@@ -11,6 +11,7 @@
 #include "strobe/config/experiment.h"
 #include "strobe/core/trainer.h"
 #include "runner/run_dir.h"
+#include "runner/step_memory.h"
 
 namespace strobe {
 
@@ -37,6 +38,7 @@ struct Run {
   std::string run_dir;
   std::string resolved_yaml;  // the config with every default filled in
   std::vector<std::string> plugin_changes;  // allowed changed plugins (--allow-changed-plugins), one line each
+  std::optional<StepMemory> step_memory;    // fit: the training step's memory, measured before the run (runner/step_memory.h)
 };
 
 struct RunOptions {

@@ -12,6 +12,7 @@
 #include "strobe/core/memory_budget.h"
 #include "strobe/core/module.h"
 #include "strobe/core/precision.h"
+#include "strobe/core/throughput.h"
 #include "strobe/data/loader.h"
 
 namespace strobe {
@@ -82,10 +83,28 @@ void CountingAllocator::release(void* p) {
   // `inner` frees the wrapped block here, outside the lock.
 }
 
-// The peak bytes of one training step on `count` samples above what was alive before it.
-double step_peak(Module& module, DataModule& dm, data::DataLoader& loader, int64_t count, Precision precision) {
+// The peak bytes of one training step on `count` samples above what was alive before it. On CUDA the
+// caching allocator's own peak, the batch on the device included; on the CPU the counting allocator's
+// (the host batch is the loader's, checked on its own).
+double step_peak(Module& module, DataModule& dm, data::DataLoader& loader, int64_t count, Precision precision,
+                 const torch::Device& device) {
   Batch batch = loader.make_first_samples(0, count);
   batch = dm.on_before_batch_transfer(std::move(batch), 0);
+  if (device.is_cuda()) {
+    const double base = device_memory(device)->allocated;
+    reset_device_peak(device);
+    double peak = 0;
+    {
+      Batch on_device = dm.on_after_batch_transfer(dm.transfer_batch_to_device(batch, device, 0), 0);
+      AutocastGuard autocast(device, precision);
+      module.set_current_batch_size(on_device.batch_size());
+      torch::Tensor loss = module.training_step(on_device, 0);
+      loss.backward();
+      peak = device_memory(device)->peak_allocated;
+    }
+    for (auto& p : module.net().parameters()) p.mutable_grad() = torch::Tensor();
+    return peak - base;
+  }
   batch = dm.transfer_batch_to_device(batch, torch::Device(torch::kCPU), 0);
   batch = dm.on_after_batch_transfer(std::move(batch), 0);
   CountingAllocator& counter = counting_allocator();
@@ -112,10 +131,20 @@ double step_peak(Module& module, DataModule& dm, data::DataLoader& loader, int64
 
 std::optional<StepMemory> measure_step_memory(const config::Experiment& exp, DataModule& dm, Module& module,
                                               const torch::Device& device, int64_t world_size) {
-  if (!device.is_cpu() || world_size > 1 || exp.trainer.precision == Precision::kBf16Master) return std::nullopt;
+  if (!exp.trainer.memory_check || !(device.is_cpu() || device.is_cuda()) || world_size > 1 ||
+      exp.trainer.precision == Precision::kBf16Master)
+    return std::nullopt;
   auto loader = dm.train_loader();
   if (!loader || loader->dataset().size() < 4) return std::nullopt;
   StepMemory m;
+  if (device.is_cuda()) {
+    release_cached_device_memory(device);
+    m.available = device_free_bytes(device).value_or(0);
+    m.where = fmt::format("{} memory is free", device.str());
+  } else {
+    m.available = static_cast<double>(available_memory_bytes());
+    m.where = "memory is available";
+  }
   m.batch = std::min<int64_t>(loader->options().batch_size, loader->dataset().size());
   // What the trial changes, restored after it: buffers (BatchNorm's statistics), gradients, the
   // generator (dropout draws), the train/eval mode.
@@ -129,9 +158,15 @@ std::optional<StepMemory> measure_step_memory(const config::Experiment& exp, Dat
   const bool was_training = net.is_training();
   double two = -1, four = -1;
   try {
+    // On CUDA the model moves to the device for the trial and stays there: the trainer moves it
+    // there next (its move is then a no-op), so the trial costs no transfer back.
+    if (device.is_cuda()) net.to(device);
     net.train();
-    two = step_peak(module, dm, *loader, 2, exp.trainer.precision);
-    four = two < 0 ? -1 : step_peak(module, dm, *loader, 4, exp.trainer.precision);
+    // On CUDA the first step allocates what then stays (cuBLAS's workspace, cuDNN's): a step first
+    // that is not measured, so that the two measured ones differ by their samples alone.
+    if (device.is_cuda()) step_peak(module, dm, *loader, 2, exp.trainer.precision, device);
+    two = step_peak(module, dm, *loader, 2, exp.trainer.precision, device);
+    four = two < 0 ? -1 : step_peak(module, dm, *loader, 4, exp.trainer.precision, device);
   } catch (const std::exception&) {
     two = four = -1;  // the run meets the problem itself, with its own message
   }
@@ -139,13 +174,14 @@ std::optional<StepMemory> measure_step_memory(const config::Experiment& exp, Dat
     torch::NoGradGuard no_grad;
     for (auto& [live, saved] : buffers) live.copy_(saved);
   }
-  for (auto& [p, g] : grads) p.mutable_grad() = g;
+  for (auto& [p, g] : grads) p.mutable_grad() = g.defined() ? g.to(p.device()) : g;
   {
     at::Generator gen = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(gen.mutex());
     gen.set_state(rng);
   }
   net.train(was_training);
+  release_cached_device_memory(device);  // the trial's blocks go back; the run starts from an empty cache
   if (two < 0 || four < 0) return std::nullopt;
   m.per_sample = std::max(0.0, (four - two) / 2.0);
   m.fixed = std::max(0.0, two - 2.0 * m.per_sample);
@@ -153,17 +189,24 @@ std::optional<StepMemory> measure_step_memory(const config::Experiment& exp, Dat
   for (const auto& p : net.parameters())
     if (p.requires_grad()) trainable += static_cast<double>(p.numel()) * static_cast<double>(p.element_size());
   m.optimizer = 2.0 * trainable;
+  if (device.is_cuda()) {  // the parameters and buffers live on the device too (on the CPU they are already allocated)
+    for (const auto& p : net.parameters()) m.resident += static_cast<double>(p.numel()) * static_cast<double>(p.element_size());
+    for (const auto& b : net.buffers())
+      if (b.defined()) m.resident += static_cast<double>(b.numel()) * static_cast<double>(b.element_size());
+  }
   return m;
 }
 
-void check_step_memory(config::Section& data_cfg, const StepMemory& m, double available) {
-  if (m.total() <= available) return;
+void check_step_memory(config::Section& data_cfg, const StepMemory& m) {
+  if (m.total() <= m.available) return;
+  const std::string weights = m.resident > 0 ? fmt::format(", {} of parameters and buffers", human_bytes(m.resident)) : "";
   data_cfg.fail("batch_size",
                 fmt::format("a training step on {} samples needs about {} (measured by a forward and backward on 2 and 4 "
-                            "samples: {} a sample, {} at any size, and {} of optimizer state), but only {} of memory is "
-                            "available; lower data.batch_size (trainer.accumulate_grad_batches keeps the effective batch)",
-                            m.batch, human_bytes(m.total()), human_bytes(m.per_sample), human_bytes(m.fixed),
-                            human_bytes(m.optimizer), human_bytes(available)));
+                            "samples: {} a sample, {} at any size{}, and {} of optimizer state), but only {} of {}; lower "
+                            "data.batch_size (trainer.accumulate_grad_batches keeps the effective batch; "
+                            "trainer.memory_check: false skips this check)",
+                            m.batch, human_bytes(m.total()), human_bytes(m.per_sample), human_bytes(m.fixed), weights,
+                            human_bytes(m.optimizer), human_bytes(m.available), m.where));
 }
 
 }  // namespace strobe

@@ -353,6 +353,7 @@ Experiment parse_experiment(Document& doc) {
   c.enable_progress_bar = t.get_bool("enable_progress_bar", true);
   c.enable_checkpointing = t.get_bool("enable_checkpointing", true);
   c.enable_model_summary = t.get_bool("enable_model_summary", true);
+  c.memory_check = t.get_bool("memory_check", true);
   parse_profiler(t, c.profiler);
   c.cuda_graphs = t.get_choice("cuda_graphs", "false", {"false", "true", "auto"});
   c.dist_timeout_s = t.get_double("dist_timeout", 600.0, 1.0, 604800.0);  // seconds, 1 s .. 7 days

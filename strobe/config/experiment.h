@@ -46,6 +46,9 @@ struct TrainerConfig {
   bool enable_progress_bar = true;
   bool enable_checkpointing = true;
   bool enable_model_summary = true;
+  // Before a fit claims its run directory, measure its training step's memory on a small trial and
+  // refuse a data.batch_size that cannot fit (runner/step_memory.h); false skips the trial.
+  bool memory_check = true;
   ProfilerConfig profiler;
   // Whole-step CUDA graphs (forward, backward, step pipeline, optimizer) replayed for batches of the
   // captured shape (docs/ARCHITECTURE.md "CUDA graphs"): false | true (or an error saying why not) |

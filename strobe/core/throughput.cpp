@@ -107,6 +107,29 @@ std::optional<DeviceMemory> device_memory(const torch::Device& device) {
   return std::nullopt;
 }
 
+void reset_device_peak(const torch::Device& device) {
+#ifdef STROBE_TORCH_HAS_CUDA
+  if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device.index() < 0 ? 0 : device.index());
+#endif
+  (void)device;
+}
+
+void release_cached_device_memory(const torch::Device& device) {
+#ifdef STROBE_TORCH_HAS_CUDA
+  if (device.is_cuda()) c10::cuda::CUDACachingAllocator::emptyCache();
+#endif
+  (void)device;
+}
+
+std::optional<double> device_free_bytes(const torch::Device& device) {
+#ifdef STROBE_TORCH_HAS_CUDA
+  if (device.is_cuda())
+    return static_cast<double>(c10::cuda::CUDACachingAllocator::get()->getMemoryInfo(device.index() < 0 ? 0 : device.index()).first);
+#endif
+  (void)device;
+  return std::nullopt;
+}
+
 double resident_memory_bytes() {
   std::ifstream in("/proc/self/statm");
   double size = 0, resident = 0;

@@ -43,6 +43,12 @@ struct DeviceMemory {
 // The CUDA caching allocator's statistics of `device` (host-side counters, no device sync); nullopt
 // for the CPU.
 std::optional<DeviceMemory> device_memory(const torch::Device& device);
+// The caching allocator's peak of `device` set to what is allocated now (a no-op on the CPU).
+void reset_device_peak(const torch::Device& device);
+// Frees the caching allocator's unused blocks of `device` back to the driver (a no-op on the CPU).
+void release_cached_device_memory(const torch::Device& device);
+// Bytes of `device` the driver can still give this process (cudaMemGetInfo's free); nullopt for the CPU.
+std::optional<double> device_free_bytes(const torch::Device& device);
 // This process's resident memory in bytes (/proc/self/statm); 0 when it cannot be read.
 double resident_memory_bytes();
 

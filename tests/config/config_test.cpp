@@ -315,7 +315,7 @@ TEST(Config, UnknownKeyMadeBySetBlamesTheSet) {
                                                     "deterministic, device, dist_timeout, enable_checkpointing, enable_model_summary, enable_progress_bar, "
                                                     "fast_dev_run, gradient_clip_algorithm, gradient_clip_val, "
                                                     "limit_predict_batches, limit_test_batches, limit_train_batches, "
-                                                    "limit_val_batches, log_every_n_steps, max_epochs, max_steps, max_time, "
+                                                    "limit_val_batches, log_every_n_steps, max_epochs, max_steps, max_time, memory_check, "
                                                     "num_sanity_val_steps, overfit_batches, precision, profiler, strategy, val_check_interval)");
 }
 

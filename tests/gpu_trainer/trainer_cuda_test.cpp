@@ -7,7 +7,9 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 
 #ifdef STROBE_TORCH_HAS_CUDA
@@ -268,20 +270,16 @@ TEST(TrainerCuda, NanOnCudaIsCapturedAndReplaysExactlyOnCudaAndRunsOnCpu) {
 #endif
 }
 
-// A CUDA allocation failure in the middle of a run: one line naming the setting to lower, exit 1
-// (the CPU twin of this test, under a ulimit, is tests/cli/hardening_test.cpp).
-TEST(TrainerCuda, RunningOutOfCudaMemoryNamesTheBatchSize) {
-  SKIP_WITHOUT_CUDA_DEVICE();
-  const char* bin = std::getenv("STROBE_BIN");
-  ASSERT_TRUE(bin != nullptr) << "STROBE_BIN must name the strobe executable (set by ctest)";
-  std::string dir = temp_dir("cuda-oom");
-  std::ofstream(dir + "/oom.yaml") << R"(name: oom
+// resnet18 at 2048 x 2048, batch 128: about 2 GiB of activations a sample, more than an H200 holds.
+// `trainer_extra` goes into the trainer section.
+std::string too_big_yaml(const std::string& trainer_extra, int workers = 8) {
+  return R"(name: oom
 trainer:
   max_steps: 2
   num_sanity_val_steps: 0
   enable_progress_bar: false
   device: cuda
-model:
+)" + trainer_extra + R"(model:
   name: resnet
   depth: 18
   num_classes: 10
@@ -294,8 +292,18 @@ data:
   num_samples: 256
   num_val_samples: 8
   batch_size: 128
-  num_workers: 8
-)";
+  num_workers: )" + std::to_string(workers) + "\n";
+}
+
+// A CUDA allocation failure in the middle of a run: one line naming the setting to lower, exit 1
+// (the CPU twin of this test, under a ulimit, is tests/cli/hardening_test.cpp). The memory trial,
+// which would refuse this batch before the run, is off.
+TEST(TrainerCuda, RunningOutOfCudaMemoryNamesTheBatchSize) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  const char* bin = std::getenv("STROBE_BIN");
+  ASSERT_TRUE(bin != nullptr) << "STROBE_BIN must name the strobe executable (set by ctest)";
+  std::string dir = temp_dir("cuda-oom");
+  std::ofstream(dir + "/oom.yaml") << too_big_yaml("  memory_check: false\n");
   const std::string log = dir + "/oom.log";
   int raw = std::system((std::string(bin) + " fit -c " + dir + "/oom.yaml --run-dir " + dir + "/run > " + log + " 2>&1").c_str());
   std::ifstream in(log);
@@ -305,6 +313,49 @@ data:
   EXPECT_NE(out.find("strobe: out of memory on cuda"), std::string::npos) << out;
   EXPECT_NE(out.find("lower data.batch_size (now 128)"), std::string::npos) << out;
   EXPECT_EQ(out.find("Exception raised from"), std::string::npos) << out;
+}
+
+// The same batch with the memory trial on (the default): refused before the run claims anything,
+// one line naming data.batch_size, the measured estimate and the device's free memory, exit 2.
+TEST(TrainerCuda, ABatchWhoseStepCannotFitOnTheDeviceIsRefusedBeforeAnyRunFile) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  const char* bin = std::getenv("STROBE_BIN");
+  ASSERT_TRUE(bin != nullptr) << "STROBE_BIN must name the strobe executable (set by ctest)";
+  std::string dir = temp_dir("cuda-too-big");
+  std::ofstream(dir + "/big.yaml") << too_big_yaml("", 1);  // few batches in host memory: the device is the limit
+  const std::string log = dir + "/big.log";
+  int raw = std::system((std::string(bin) + " fit -c " + dir + "/big.yaml --run-dir " + dir + "/run > " + log + " 2>&1").c_str());
+  std::ifstream in(log);
+  std::string out((std::istreambuf_iterator<char>(in)), {});
+  ASSERT_TRUE(WIFEXITED(raw)) << out;
+  EXPECT_EQ(WEXITSTATUS(raw), 2) << out;
+  EXPECT_NE(out.find("data.batch_size: a training step on 128 samples needs about "), std::string::npos) << out;
+  EXPECT_NE(out.find("of parameters and buffers"), std::string::npos) << out;
+  EXPECT_NE(out.find(" of cuda:0 memory is free; lower data.batch_size"), std::string::npos) << out;
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
+  EXPECT_FALSE(std::filesystem::exists(dir + "/run"));
+}
+
+// The trial measures (a per-sample cost) and leaves the run as it was: with deterministic algorithms,
+// a run with the trial ends with the weights of the run without it, bit for bit, for a model with
+// dropout (the generator) and one with BatchNorm (its statistics).
+TEST(TrainerCuda, TheMemoryTrialLeavesTheRunAsItWas) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  for (const char* model : {"", "model={name: resnet, depth: 18, width: 8, num_classes: 4, in_channels: 1, stem: cifar}"}) {
+    std::map<std::string, torch::Tensor> ends[2];
+    for (int check = 0; check < 2; ++check) {
+      std::vector<std::string> sets{"trainer.deterministic=true", "trainer.max_steps=6",
+                                    std::string("trainer.memory_check=") + (check ? "true" : "false")};
+      if (*model) sets.push_back(model);
+      auto run = make_run(cuda_yaml(), sets, "");
+      EXPECT_EQ(run->step_memory.has_value(), check == 1) << model;
+      if (check) EXPECT_GT(run->step_memory->per_sample, 0) << model;
+      ASSERT_EQ(run->trainer->fit(), 0) << model;
+      ends[check] = params_of(*run->module);
+    }
+    ASSERT_EQ(ends[0].size(), ends[1].size());
+    for (auto& [name, t] : ends[0]) EXPECT_TRUE(torch::equal(t, ends[1].at(name))) << model << " " << name;
+  }
 }
 
 // model.init_from under the CUDA precisions and layouts (tests/cli/init_from_check.h): loaded before the
