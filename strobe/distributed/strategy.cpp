@@ -5,6 +5,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <mutex>
 #include <thread>
 #include <type_traits>
@@ -35,10 +36,16 @@ CpuBackendFactory& cpu_backend_factory() {
   return f;
 }
 
+}  // namespace
+
 std::string short_error(const std::exception& e) {
   if (auto* c = dynamic_cast<const c10::Error*>(&e)) return c->what_without_backtrace();
   return e.what();
 }
+
+bool is_collective_error(const std::exception& e) { return dynamic_cast<const c10::DistError*>(&e) != nullptr; }
+
+namespace {
 
 std::string one_line(std::string s) {
   for (char& c : s)
@@ -77,7 +84,7 @@ class HealthMonitor {
                 std::string store_address)
       : store_(std::move(store)), rank_(rank), world_(world), address_(std::move(store_address)) {
     interval_ = std::clamp<milliseconds>(timeout / 20, milliseconds(100), milliseconds(1000));
-    stale_after_ = std::max<milliseconds>(3 * interval_, std::min<milliseconds>(timeout / 2, milliseconds(30000)));
+    stale_after_ms_ = std::max<milliseconds>(3 * interval_, std::min<milliseconds>(timeout / 2, milliseconds(30000))).count();
     store_->set(hb_key(rank_), std::vector<uint8_t>{0});
   }
   ~HealthMonitor() { stop(); }
@@ -97,6 +104,19 @@ class HealthMonitor {
   }
   // From now on store errors are the expected end of the job, not a failure.
   void quiet() { quiet_ = true; }
+  milliseconds interval() const { return interval_; }
+
+  // A collective failed on this rank, so a peer's death is likely: from now on a heartbeat that stood
+  // still for 3 beats names its rank. Waits up to 5 beats for a verdict (that one, or another rank's
+  // reason under "abort"); once one is found this thread ends the process with it, so the wait goes
+  // on until then. Returns when none came.
+  void expect_a_verdict() {
+    if (!thread_.joinable() || stopping_ || quiet_) return;
+    stale_after_ms_ = (3 * interval_).count();
+    const auto until = Clock::now() + 5 * interval_;
+    while (Clock::now() < until || (verdict_ && Clock::now() < until + 5 * interval_))
+      std::this_thread::sleep_for(milliseconds(20));
+  }
 
  private:
   static std::string hb_key(int64_t r) { return "hb/" + std::to_string(r); }
@@ -119,6 +139,7 @@ class HealthMonitor {
         } else {
           why = check_peers();
           if (!why.empty()) {
+            verdict_ = true;
             store_->set("abort", std::vector<uint8_t>(why.begin(), why.end()));
             // Let the other ranks read the reason before this process (maybe the store's host) ends.
             std::this_thread::sleep_for(2 * interval_);
@@ -144,7 +165,7 @@ class HealthMonitor {
         p.changed = now;
         continue;
       }
-      if (now - p.changed <= stale_after_) continue;
+      if (now - p.changed <= milliseconds(stale_after_ms_.load())) continue;
       if (store_->check({"done/" + std::to_string(p.rank)})) continue;  // finished in order
       return fmt::format("rank {} stopped responding: no heartbeat for {:.1f} s (the process died or is frozen)", p.rank,
                          std::chrono::duration<double>(now - p.changed).count());
@@ -160,7 +181,9 @@ class HealthMonitor {
   c10::intrusive_ptr<c10d::Store> store_;
   int64_t rank_, world_;
   std::string address_;
-  milliseconds interval_{}, stale_after_{};
+  milliseconds interval_{};
+  std::atomic<int64_t> stale_after_ms_{0};  // lowered by expect_a_verdict() on the main thread
+  std::atomic<bool> verdict_{false};        // this thread found a dead or frozen peer and will end the process
   std::vector<Peer> peers_;
   std::thread thread_;
   std::mutex mutex_;
@@ -199,12 +222,21 @@ class SingleDeviceStrategy final : public Strategy {
   bool sync_ = true;
 };
 
+class DDPStrategy;
+std::atomic<DDPStrategy*> g_live_strategy{nullptr};
+std::terminate_handler g_previous_terminate = nullptr;
+[[noreturn]] void on_terminate();
+
 class DDPStrategy final : public Strategy {
  public:
   DDPStrategy(const StrategyOptions& options, const LaunchEnv& env, torch::Device device)
       : options_(options), env_(env), device_(device) {
     address_ = fmt::format("{}:{}", env.master_addr, env.master_port);
     rendezvous();
+    // NCCL's watchdog thread ends the process (std::terminate) on a collective's error, often before
+    // the main thread has seen it: the handler gives that error the same one line.
+    g_live_strategy = this;
+    g_previous_terminate = std::set_terminate(&on_terminate);
   }
   ~DDPStrategy() override {
     // Destroyed without shutdown(): an exception is unwinding this rank. Tell the others.
@@ -212,6 +244,8 @@ class DDPStrategy final : public Strategy {
     reducer_.reset();
     zero2_.reset();
     if (monitor_) monitor_->stop();
+    std::set_terminate(g_previous_terminate);
+    g_live_strategy = nullptr;
   }
 
   int64_t rank() const override { return env_.rank; }
@@ -385,6 +419,21 @@ class DDPStrategy final : public Strategy {
     }
   }
 
+  void collective_failed(const std::string& why) override {
+    // The main thread and NCCL's watchdog may both get here: the first one ends the process.
+    static std::mutex once;
+    once.lock();
+    if (shut_down_) {  // the job had finished in order: nothing is left to explain
+      once.unlock();
+      return;
+    }
+    if (monitor_ && !aborted_) monitor_->expect_a_verdict();  // may end the process, naming a dead rank
+    abort(why);
+    // Let the other ranks read the reason before this process (maybe the store's host) ends.
+    if (monitor_) std::this_thread::sleep_for(2 * monitor_->interval());
+    fail_now(rank(), world_size(), "a collective failed on this rank: " + one_line(why));
+  }
+
   void shutdown() override {
     if (shut_down_) return;
     shut_down_ = true;
@@ -509,6 +558,22 @@ class DDPStrategy final : public Strategy {
   bool shut_down_ = false;
   bool aborted_ = false;
 };
+
+void on_terminate() {
+  if (DDPStrategy* s = g_live_strategy.load(); s != nullptr) {
+    if (auto current = std::current_exception()) {
+      try {
+        std::rethrow_exception(current);
+      } catch (const std::exception& e) {
+        const std::string why = short_error(e);
+        if (is_collective_error(e) || why.find("NCCL") != std::string::npos) s->collective_failed(why);
+      } catch (...) {
+      }
+    }
+  }
+  if (g_previous_terminate) g_previous_terminate();
+  std::abort();
+}
 
 }  // namespace
 

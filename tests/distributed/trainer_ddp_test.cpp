@@ -13,6 +13,7 @@
 #include <fstream>
 #include <limits>
 #include <sstream>
+#include <thread>
 
 #include "strobe/checkpoint/checkpoint_io.h"
 #include "strobe/checkpoint/safetensors.h"
@@ -41,6 +42,9 @@ using st::describe;
 // training forward draws rank + 1 extra numbers from the CPU generator, so the ranks' generator
 // states differ (as they do in real runs with per-rank augmentation): a resume that restored
 // another rank's RNG would change the dropout masks.
+constexpr const char* kNcclRemoteError =
+    "NCCL error in: ProcessGroupNCCL.cpp:3780, remote process exited or there was a network error, NCCL version 2.28.9";
+
 class DdpProbe : public Model {
  public:
   DdpProbe(int64_t in, int64_t hidden, int64_t classes, double dropout, std::string fault, int64_t fault_rank,
@@ -65,8 +69,16 @@ class DdpProbe : public Model {
         if (fault_ == "kill") std::raise(SIGKILL);
         if (fault_ == "term") std::raise(SIGTERM);
         if (fault_ == "throw") throw std::runtime_error(fmt::format("probe failure on rank {} at call {}", rank_, calls_));
+        if (fault_ == "collective_error") C10_THROW_ERROR(DistBackendError, kNcclRemoteError);
+        // lost_peer: the fault rank dies; the others' next collective fails as NCCL's does over a
+        // network when the peer's socket closes (in well under a heartbeat).
+        if (fault_ == "lost_peer") std::raise(SIGKILL);
         poison = fault_ == "nan";
         spike = fault_ == "spike";
+      }
+      if (rank_ != fault_rank_ && calls_ == fault_call_ && fault_ == "lost_peer") {
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        C10_THROW_ERROR(DistBackendError, kNcclRemoteError);
       }
       if (rng_extra_) (void)torch::rand({rank_ + 1});
     }
@@ -91,7 +103,7 @@ std::shared_ptr<Model> make_ddp_probe(config::Section& cfg) {
   auto hidden = cfg.get_int("hidden", 32, 1);
   auto classes = cfg.get_int("num_classes", 4, 1);
   auto dropout = cfg.get_double("dropout", 0.0, 0.0, 0.99);
-  auto fault = cfg.get_choice("fault", "none", {"none", "nan", "spike", "kill", "term", "throw"});
+  auto fault = cfg.get_choice("fault", "none", {"none", "nan", "spike", "kill", "term", "throw", "collective_error", "lost_peer"});
   auto fault_rank = cfg.get_int("fault_rank", 1, 0);
   auto fault_call = cfg.get_int("fault_call", 1, 1);
   auto rng_extra = cfg.get_bool("rng_extra", false);
@@ -857,6 +869,41 @@ void killed_rank_ends_the_other(const std::string& strategy) {
 }
 
 TEST(TrainerDDP, KilledRankEndsTheOtherWithinTheTimeout) { killed_rank_ends_the_other("ddp"); }
+
+// A peer lost where the collective fails at once (NCCL over a network sees the closed socket in
+// about a second, long before a heartbeat is stale): the survivor still names the dead rank, within
+// a few heartbeats (1 s each here; a heartbeat would otherwise be stale only after 15 s).
+TEST(TrainerDDP, ACollectiveThatFailsBecauseAPeerDiedNamesThatPeer) {
+  Job job = new_job("lost-peer");
+  auto rs = fit(2, job, {"model.fault=lost_peer", "model.fault_rank=1", "model.fault_call=3", "trainer.max_steps=1000",
+                         "trainer.max_epochs=-1", "trainer.dist_timeout=30"},
+                std::nullopt, 60);
+  EXPECT_EQ(rs[1].exit_code, 128 + SIGKILL) << describe(rs);
+  ASSERT_EQ(rs[0].exit_code, 1) << describe(rs);
+  EXPECT_EQ(count_lines_with(rs[0].stderr_text, "strobe: rank 0 of 2: distributed job failed: rank 1 stopped responding"), 1)
+      << rs[0].stderr_text;
+  EXPECT_EQ(count_lines_with(rs[0].stderr_text, "strobe:"), 1) << rs[0].stderr_text;
+  EXPECT_LT(rs[0].seconds - rs[1].seconds, 8.0) << describe(rs);
+  checkpoint::remove_tree(job.dir);
+}
+
+// A collective that fails on one rank while every peer lives: that rank ends saying so, and the
+// other ends naming it.
+TEST(TrainerDDP, ACollectiveThatFailsWithEveryPeerAliveIsThatRanksError) {
+  Job job = new_job("collective-error");
+  auto rs = fit(2, job, {"model.fault=collective_error", "model.fault_rank=0", "model.fault_call=3", "trainer.max_steps=1000",
+                         "trainer.max_epochs=-1", "trainer.dist_timeout=30"},
+                std::nullopt, 60);
+  ASSERT_EQ(rs[0].exit_code, 1) << describe(rs);
+  ASSERT_EQ(rs[1].exit_code, 1) << describe(rs);
+  EXPECT_EQ(count_lines_with(rs[0].stderr_text, "strobe: rank 0 of 2: distributed job failed: a collective failed on this "
+                                                "rank: NCCL error in: ProcessGroupNCCL.cpp:3780, remote process exited"),
+            1)
+      << rs[0].stderr_text;
+  EXPECT_EQ(count_lines_with(rs[1].stderr_text, "strobe: rank 1 of 2: distributed job failed: rank 0 failed: NCCL error in:"), 1)
+      << rs[1].stderr_text;
+  checkpoint::remove_tree(job.dir);
+}
 TEST(TrainerZero2, KilledRankEndsTheOtherWithinTheTimeout) { killed_rank_ends_the_other("zero2"); }
 
 // An exception inside a step on rank 1 with on_exception_checkpoint: rank 1 writes the checkpoint of
