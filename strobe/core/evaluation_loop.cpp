@@ -5,7 +5,6 @@
 #include "strobe/core/loops.h"
 #include "strobe/core/optim.h"
 #include "strobe/core/precision.h"
-#include "strobe/core/trainer_view.h"
 #include "strobe/logging/log_collector.h"
 
 namespace strobe {
@@ -89,7 +88,7 @@ int64_t EvaluationLoop::run(Stage stage, int64_t limit, bool sanity) {
     if (!sanity) ++state_.val_runs;
     parts_.each("on_validation_epoch_end", [&](Callback& cb) { cb.on_validation_epoch_end(t, module); });
     if (!sanity && scheduler_ && scheduler_->wants_monitor()) {
-      const auto& metrics = t.metrics();
+      const auto& metrics = collector.latest();
       auto it = metrics.find(scheduler_->monitor());
       if (it == metrics.end())
         throw std::runtime_error(fmt::format("scheduler.monitor: '{}' was not logged during validation", scheduler_->monitor()));

@@ -12,7 +12,6 @@
 #include "strobe/core/optim.h"
 #include "strobe/core/signals.h"
 #include "strobe/core/step_runner.h"
-#include "strobe/core/trainer_view.h"
 #include "strobe/data/data_error.h"
 #include "strobe/data/loader.h"
 #include "strobe/distributed/strategy.h"
@@ -159,7 +158,7 @@ void FitLoop::run_epoch() {
     // (the checkpoint's exclusion); this run's applies from the next epoch.
     if (!fresh_epoch && *restored_exclude_ != loader_->excluded(state_.epoch)) {
       loader_->exclude_from(state_.epoch + 1, *restored_exclude_);
-      if (t.is_global_zero())
+      if (parts_.global_zero)
         fmt::print(stderr, "data.exclude: {} sample(s) of the training data left out from epoch {} on (resumed mid-way through epoch {})\n",
                    loader_->excluded(state_.epoch + 1).size(), state_.epoch + 1, state_.epoch);
     }
@@ -235,12 +234,12 @@ torch::Tensor FitLoop::run_batch(Batch host_batch, int64_t batch_idx) {
 
 void FitLoop::finish_optimizer_step() {
   auto& t = *parts_.view;
-  if (torch::optim::Optimizer* opt = t.optimizer())
-    parts_.each("on_before_zero_grad", [&](Callback& cb) { cb.on_before_zero_grad(t, *parts_.module, *opt); });
+  if (optimizer_)
+    parts_.each("on_before_zero_grad", [&](Callback& cb) { cb.on_before_zero_grad(t, *parts_.module, *optimizer_); });
   runner_->zero_grad();
   accum_count_ = 0;
   ++state_.global_step;
-  if (LRScheduler* scheduler = t.scheduler()) scheduler->step(state_.global_step);
+  if (scheduler_) scheduler_->step(state_.global_step);
   const bool emit = state_.global_step % parts_.cfg->log_every_n_steps == 0 || state_.global_step == 1;
   parts_.collector->end_step(state_.global_step, state_.epoch, emit);
   share_stop_code(/*blocking=*/false);

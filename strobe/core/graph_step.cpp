@@ -142,7 +142,7 @@ torch::Tensor GraphedRunner::run(Batch batch, const MicroBatch& mb) {
   ++g.replays;
   // Outputs the next replay overwrites are copied for whoever keeps them (logger, NaN capture).
   for (const auto& e : g.logged) collector_.log(e.name, e.value.clone(), e.options, e.batch_size);
-  pipeline_.set_last(clone_record(g.record));
+  pipeline_.step_replayed(g.record);
   const auto& losses = pipeline_.last().losses;
   return losses.empty() ? torch::Tensor() : losses.front();
 #else

@@ -13,6 +13,9 @@
 
 namespace strobe {
 
+// Exit status of a run (fit() returns it; request_stop takes it): CONFIG.md's codes.
+enum ExitCode : int { kExitOk = 0, kExitFailure = 1, kExitUsage = 2, kExitNaN = 3, kExitSigint = 130, kExitSigterm = 143 };
+
 struct TrainerState {
   int64_t epoch = 0;             // current (0-based) epoch
   int64_t global_step = 0;       // optimizer steps taken

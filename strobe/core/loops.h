@@ -8,7 +8,10 @@
 // and under data parallel the stop code agreed across ranks), and the optimizer step's progress: the
 // accumulation window, global_step, the scheduler's step and the end of each optimizer step. One
 // step's path runs downward: FitLoop::run_batch -> its TrainingRunner (step_runner.h: eager, or the
-// graphed one) -> StepRunner -> StepPipeline -> the optimizer; callbacks are reached through the view.
+// graphed one) -> StepRunner -> StepPipeline -> the optimizer. Nothing on that path calls back into
+// the Trainer: the loops and runners are handed what they read (the optimizer, the scheduler, the
+// counters, whether this is rank 0) when they are built or set up, and they pass the callbacks' view
+// on to the hooks without using it (trainer_view.h is not included here or on the step's path).
 //
 // EvaluationLoop: one validation or test run over its limited batches, in Lightning's hook order,
 // with the epoch's metrics waited for once at its end (early stopping, checkpoints and a plateau
@@ -32,6 +35,10 @@
 #include "strobe/checkpoint/stateful.h"
 #include "strobe/data/batch.h"
 #include "strobe/logging/device_readback.h"
+
+namespace torch::optim {
+class Optimizer;
+}
 
 namespace strobe {
 
@@ -67,7 +74,7 @@ class BatchPreparer {
 
 // What both loops are wired to (the Trainer's parts, which outlive the loops).
 struct LoopParts {
-  TrainerView* view = nullptr;  // the callbacks' view of the trainer
+  TrainerView* view = nullptr;  // the callbacks' view of the trainer: handed to their hooks, never used here
   Module* module = nullptr;
   DataModule* datamodule = nullptr;
   logging::LogCollector* collector = nullptr;
@@ -75,6 +82,7 @@ struct LoopParts {
   torch::Device device{torch::kCPU};
   const std::vector<std::shared_ptr<Callback>>* callbacks = nullptr;
   BatchPreparer* preparer = nullptr;  // null: batches stay as the loader made them (tests)
+  bool global_zero = true;            // this process is rank 0: it prints the loop's notes
 
   Batch prepare(Batch batch, int64_t dataloader_idx) const {
     return preparer ? preparer->prepare(std::move(batch), dataloader_idx) : batch;
@@ -148,6 +156,12 @@ class FitLoop {
   void setup(std::shared_ptr<data::DataLoader> loader);
   // What runs each training micro-batch (the Trainer's eager or graphed runner, or a test's).
   void set_runner(TrainingRunner* runner) { runner_ = runner; }
+  // The optimizer whose step ends each accumulation window (callbacks' on_before_zero_grad gets it)
+  // and the scheduler stepped after it; null: none (a test's loop).
+  void set_optimizer(torch::optim::Optimizer* optimizer, LRScheduler* scheduler) {
+    optimizer_ = optimizer;
+    scheduler_ = scheduler;
+  }
   // optimizer.param_groups.freeze (freeze.h), brought to the epoch at each epoch's start (after the
   // module is put in training mode) and before each training batch; null: none.
   void set_freeze(Freeze* freeze) { freeze_ = freeze; }
@@ -231,6 +245,8 @@ class FitLoop {
   distributed::Strategy& strategy_;
   int64_t world_size_;
   TrainingRunner* runner_ = nullptr;
+  torch::optim::Optimizer* optimizer_ = nullptr;
+  LRScheduler* scheduler_ = nullptr;
   Freeze* freeze_ = nullptr;
   int64_t accum_count_ = 0;
   // data.exclude: the training loader's exclusion the restored checkpoint's epoch ran with (its

@@ -129,9 +129,9 @@ class StepPipeline : public Stateful {
   void step();
 
   const StepRecord& last() const { return last_; }
-  // CUDA graphs: the record of a replayed step (a copy of the captured step's record, whose tensors
-  // the next replay overwrites).
-  void set_last(StepRecord record) { last_ = std::move(record); }
+  // CUDA graphs: a replay of a captured step() ran. `captured` is the record last() held right after
+  // that capture (its tensors are the graph's, overwritten by every replay); last() becomes a copy.
+  void step_replayed(const StepRecord& captured) { last_ = clone_record(captured); }
   // 0-d float32 device flag (1 = every update is skipped) of the sticky guard.
   const torch::Tensor& sticky_flag() const { return sticky_; }
   // Stateful (the checkpoint's `step_guard` entry): the sticky skip flag, saved for diagnosis (a

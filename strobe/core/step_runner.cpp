@@ -8,7 +8,6 @@
 #include "strobe/core/fault_points.h"
 #include "strobe/core/master_weights.h"
 #include "strobe/core/precision.h"
-#include "strobe/core/trainer_view.h"
 #include "strobe/distributed/strategy.h"
 
 namespace strobe {
@@ -43,8 +42,9 @@ torch::Tensor StepRunner::run(const Batch& batch, int64_t batch_idx, const Optio
 
 CallbackStepHooks::CallbackStepHooks(TrainerView& view, Module& module,
                                      const std::vector<std::shared_ptr<Callback>>& callbacks,
-                                     distributed::Strategy& strategy)
-    : view_(view), module_(module), callbacks_(callbacks), strategy_(strategy) {}
+                                     distributed::Strategy& strategy, torch::optim::Optimizer& optimizer,
+                                     const TrainerState& state)
+    : view_(view), module_(module), callbacks_(callbacks), strategy_(strategy), optimizer_(optimizer), state_(state) {}
 
 // Accumulation micro-batches all-reduce nothing; the step's last one carries the sum.
 void CallbackStepHooks::before_forward(bool last_micro_batch) { strategy_.set_grad_sync(last_micro_batch); }
@@ -58,7 +58,7 @@ void CallbackStepHooks::before_backward(const torch::Tensor& loss) {
 void CallbackStepHooks::after_backward() {
   for (auto& cb : callbacks_)
     if (InStepHooks* h = cb->in_step_hooks()) call_hook(*cb, "on_after_backward", [&] { h->on_after_backward(view_, module_); });
-  fault_point("after_backward", view_.state().global_step + 1);
+  fault_point("after_backward", state_.global_step + 1);
 }
 
 void CallbackStepHooks::before_optimizer_step() {
@@ -67,7 +67,7 @@ void CallbackStepHooks::before_optimizer_step() {
   strategy_.finish_grad_sync();
   for (auto& cb : callbacks_)
     if (InStepHooks* h = cb->in_step_hooks())
-      call_hook(*cb, "on_before_optimizer_step", [&] { h->on_before_optimizer_step(view_, module_, *view_.optimizer()); });
+      call_hook(*cb, "on_before_optimizer_step", [&] { h->on_before_optimizer_step(view_, module_, optimizer_); });
 }
 
 EagerRunner::EagerRunner(StepRunner& step, StepRunner::Hooks& hooks, Module& module, torch::optim::Optimizer& optimizer,

@@ -31,6 +31,7 @@
 
 #include <torch/types.h>
 
+#include "strobe/core/loop_state.h"
 #include "strobe/core/module.h"
 #include "strobe/core/step_pipeline.h"
 #include "strobe/data/batch.h"
@@ -105,10 +106,12 @@ class TrainingRunner {
 };
 
 // The eager step's hooks: the callbacks' in-step hooks (InStepHooks) and the data-parallel strategy.
+// `view` is handed to the callbacks' hooks, never used here; `state`: the fit loop's counters (the
+// step a fault point names).
 class CallbackStepHooks : public StepRunner::Hooks {
  public:
   CallbackStepHooks(TrainerView& view, Module& module, const std::vector<std::shared_ptr<Callback>>& callbacks,
-                    distributed::Strategy& strategy);
+                    distributed::Strategy& strategy, torch::optim::Optimizer& optimizer, const TrainerState& state);
   void before_forward(bool last_micro_batch) override;
   void before_backward(const torch::Tensor& loss) override;
   void after_backward() override;
@@ -119,6 +122,8 @@ class CallbackStepHooks : public StepRunner::Hooks {
   Module& module_;
   const std::vector<std::shared_ptr<Callback>>& callbacks_;
   distributed::Strategy& strategy_;
+  torch::optim::Optimizer& optimizer_;
+  const TrainerState& state_;
 };
 
 class EagerRunner : public TrainingRunner {

@@ -77,6 +77,7 @@ Trainer::Trainer(TrainerParts parts)
   loop_parts.device = device_;
   loop_parts.callbacks = &callbacks_;
   loop_parts.preparer = preparer_.get();
+  loop_parts.global_zero = rank_ == 0;
   fit_loop_ = std::make_unique<FitLoop>(loop_parts, *strategy_, world_size_);
   eval_loop_ = std::make_unique<EvaluationLoop>(loop_parts, fit_loop_->state());
   fit_loop_->set_evaluation(eval_loop_.get());
@@ -156,28 +157,28 @@ void Trainer::setup_fit() {
     // The frozen parameters are the optimizer's from the start (their own groups): the freeze takes
     // their gradients away below, before the first step.
     if (!exp_.optimizer.param_groups.freeze.empty()) freeze_ = std::make_unique<Freeze>(exp_.optimizer, module_->net());
-    std::vector<std::pair<std::string, torch::Tensor>> named;
     std::vector<distributed::ShardedParam> trainable;
+    std::vector<torch::Tensor> trainable_params;
     for (auto& p : module_->net().named_parameters())
       if (p.value().requires_grad()) {
-        named.emplace_back(p.key(), masters_ ? masters_->master_of(p.value()) : p.value());
-        trainable.push_back({p.key(), p.value(), named.back().second});
+        trainable.push_back({p.key(), p.value(), masters_ ? masters_->master_of(p.value()) : p.value()});
+        trainable_params.push_back(p.value());
       }
-    if (strategy_->sharding()) {
-      // ZeRO-2: the optimizer updates this rank's shards of the fp32 values, under the same names
-      // (strobe/distributed/zero2.h); the whole fp32 masters of bf16-master are let go.
-      std::vector<torch::Tensor> sharded_params;
-      for (const auto& t : trainable) sharded_params.push_back(t.param);
-      zero2_ = strategy_->shard_parameters(std::move(trainable));
-      for (size_t i = 0; i < named.size(); ++i) named[i].second = zero2_->shards()[i];
-      if (masters_) masters_->drop_masters(sharded_params);
+    // The strategy picks the tensors the optimizer updates (the whole fp32 values, or zero2's shards
+    // of them) and calls this with them: the optimizer: section's groups over those tensors.
+    const auto* model = dynamic_cast<const Model*>(&module_->net());
+    auto built = strategy_->setup_optimizer(std::move(trainable), [&](const std::vector<std::pair<std::string, torch::Tensor>>& named) {
+      const auto groups = make_param_groups(exp_.optimizer, named, model, freeze_ ? freeze_->names() : std::set<std::string>{});
+      for (const auto& g : groups) param_group_names_.push_back(g.name);
+      param_groups_text_ = describe_param_groups(groups);
+      return build_optimizer(exp_.optimizer, groups, device_, &optimizer_info_);
+    });
+    optimizer_ = std::move(built.optimizer);
+    zero2_ = built.shards;
+    if (zero2_) {  // the optimizer holds the shards: bf16-master's whole fp32 masters are let go
+      if (masters_) masters_->drop_masters(trainable_params);
       model_state_->set_sharded(zero2_, /*keep_whole_values=*/rank_ == 0);
     }
-    const auto* model = dynamic_cast<const Model*>(&module_->net());
-    const auto groups = make_param_groups(exp_.optimizer, named, model, freeze_ ? freeze_->names() : std::set<std::string>{});
-    optimizer_ = build_optimizer(exp_.optimizer, groups, device_, &optimizer_info_);
-    for (const auto& g : groups) param_group_names_.push_back(g.name);
-    param_groups_text_ = describe_param_groups(groups);
   }
   if (!scheduler_) scheduler_ = build_scheduler(exp_.scheduler, *optimizer_, estimated_stepping_batches());
   if (c.precision == Precision::k16Mixed) scaler_ = std::make_unique<GradScaler>(device_);

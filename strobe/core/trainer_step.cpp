@@ -36,11 +36,12 @@ Trainer::GraphCounts Trainer::graph_counts() const {
 
 void Trainer::setup_runners() {
   step_runner_ = std::make_unique<StepRunner>(*module_, *pipeline_, device_, exp_.trainer.precision);
-  step_hooks_ = std::make_unique<CallbackStepHooks>(view(), *module_, callbacks_, *strategy_);
+  step_hooks_ = std::make_unique<CallbackStepHooks>(view(), *module_, callbacks_, *strategy_, *optimizer_, fit_loop_->state());
   eager_runner_ = std::make_unique<EagerRunner>(*step_runner_, *step_hooks_, *module_, *optimizer_,
                                                  zero2_ ? nullptr : masters_.get());
   if (exp_.trainer.cuda_graphs != "false") setup_cuda_graphs();
   fit_loop_->set_runner(graphed_runner_ ? static_cast<TrainingRunner*>(graphed_runner_.get()) : eager_runner_.get());
+  fit_loop_->set_optimizer(optimizer_.get(), scheduler_.get());
 }
 
 void Trainer::setup_cuda_graphs() {

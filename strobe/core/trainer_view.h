@@ -39,9 +39,6 @@ namespace checkpoint {
 struct CheckpointData;
 }
 
-// Exit status of a run (fit() returns it; request_stop takes it): CONFIG.md's codes.
-enum ExitCode : int { kExitOk = 0, kExitFailure = 1, kExitUsage = 2, kExitNaN = 3, kExitSigint = 130, kExitSigterm = 143 };
-
 class StepAccess {
  public:
   // ORs `guard` into the step guard (non-finite checks, sticky skip, buffer snapshots); callable in

@@ -577,6 +577,19 @@ void on_terminate() {
 
 }  // namespace
 
+Strategy::OptimizerSetup Strategy::setup_optimizer(std::vector<ShardedParam> trainable, const BuildOptimizer& build) {
+  std::vector<std::pair<std::string, torch::Tensor>> named;
+  for (const auto& t : trainable) named.emplace_back(t.name, t.master);
+  OptimizerSetup out;
+  if (sharding()) {
+    // ZeRO-2: the optimizer updates this rank's shards of the fp32 values, under the same names (zero2.h).
+    out.shards = shard_parameters(std::move(trainable));
+    for (size_t i = 0; i < named.size(); ++i) named[i].second = out.shards->shards()[i];
+  }
+  out.optimizer = build(named);
+  return out;
+}
+
 void set_cpu_backend_factory(CpuBackendFactory factory) { cpu_backend_factory() = std::move(factory); }
 
 torch::Device resolve_device(const std::string& spec, const LaunchEnv& env) {

@@ -50,6 +50,9 @@ class Store;
 namespace torch::nn {
 class Module;
 }
+namespace torch::optim {
+class Optimizer;
+}
 namespace strobe::metrics {
 class Metric;
 class MetricCollection;
@@ -115,6 +118,19 @@ class Strategy {
     (void)params;
     return nullptr;
   }
+
+  // Builds the training optimizer (Lightning's Strategy.setup_optimizers): `build` makes it over
+  // named fp32 tensors (the optimizer: section's groups, the frozen ones among them); which tensors
+  // is this strategy's choice: every trainable parameter's fp32 value, or under zero2 this rank's
+  // shards of them (shard_parameters, under the same names). `trainable`: the model's trainable
+  // parameters in order, each with its fp32 value. The shards are returned too (null: none).
+  struct OptimizerSetup {
+    std::shared_ptr<torch::optim::Optimizer> optimizer;
+    Zero2Shards* shards = nullptr;
+  };
+  using BuildOptimizer =
+      std::function<std::shared_ptr<torch::optim::Optimizer>(const std::vector<std::pair<std::string, torch::Tensor>>& named)>;
+  OptimizerSetup setup_optimizer(std::vector<ShardedParam> trainable, const BuildOptimizer& build);
 
   // This rank cannot go on: tell the others (they end with `why`), then return; the caller exits.
   virtual void abort(const std::string& why) = 0;

@@ -10,9 +10,12 @@ not pass.
 
 The same rule holds for the step's path: the loops (loops.h, fit_loop.cpp, evaluation_loop.cpp), the
 runners (step_runner.h/.cpp, graph_step.h/.cpp) and the step pipeline never reach trainer.h, and
-their headers hold no std::function: the Trainer hands them objects (the view, the runner, the
-batch preparer, the strategy), never a callback of its own. Its self test plants a std::function
-member into a copy of loops.h and requires it to be reported.
+their headers hold no std::function: the Trainer hands them objects (the runner, the optimizer, the
+scheduler, the counters, the batch preparer, the strategy), never a callback of its own. Its self
+test plants a std::function member into a copy of loops.h and requires it to be reported. Nor do
+they reach trainer_view.h: they pass the callbacks' view on to the hooks (a forward-declared type)
+but never call it, so nothing on the step's path calls back into the Trainer. Its self test plants
+that include into a copy of fit_loop.cpp and requires the chain to be reported.
 
 Second rule: the headers a component is written against (callback.h, datamodule.h and what they
 include) bring no threading header (<thread>, <mutex>, <condition_variable>): the data loader's
@@ -63,14 +66,14 @@ def includes(src, rel):
     return out
 
 
-def chains(src):
-    """[chain] for each root that reaches FORBIDDEN; a chain lists the files from the root to it."""
+def chains(src, forbidden=FORBIDDEN, root_files=None):
+    """[chain] for each root that reaches `forbidden`; a chain lists the files from the root to it."""
     found = []
-    for root in roots(src):
+    for root in (roots(src) if root_files is None else root_files):
         parent, todo = {root: None}, [root]
         while todo:
             cur = todo.pop()
-            if cur == FORBIDDEN:
+            if cur == forbidden:
                 chain = [cur]
                 while parent[chain[-1]] is not None:
                     chain.append(parent[chain[-1]])
@@ -106,6 +109,27 @@ def self_test(src):
         for c in got:
             if c[-2:] != ["strobe/core/loop_state.h", FORBIDDEN]:
                 return [f"self test: wrong chain {' -> '.join(c)}"]
+        return []
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+VIEW = "strobe/core/trainer_view.h"
+
+
+def step_path_view_self_test(src):
+    """Plants an include of trainer_view.h into a copy of fit_loop.cpp: exactly that chain is reported."""
+    tmp = tempfile.mkdtemp(prefix="strobe-step-path-view-")
+    try:
+        shutil.copytree(os.path.join(src, "strobe"), os.path.join(tmp, "strobe"),
+                        ignore=shutil.ignore_patterns("*.cu", "*.cuh", "*.py", "*.md"))
+        if chains(tmp, VIEW, STEP_PATH):
+            return ["self test: the copy of the tree already reaches trainer_view.h from the step path"]
+        with open(os.path.join(tmp, "strobe/core/fit_loop.cpp"), "a", encoding="utf-8") as f:
+            f.write('\n#include "strobe/core/trainer_view.h"\n')
+        got = chains(tmp, VIEW, STEP_PATH)
+        if got != [["strobe/core/fit_loop.cpp", VIEW]]:
+            return [f"self test: a planted include of trainer_view.h in fit_loop.cpp was reported as {got}"]
         return []
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -201,6 +225,16 @@ def main():
         print("\n".join(problems))
         return 1
     print(f"test_callback_view: the step path ({len(STEP_PATH)} files) holds no std::function; self test: a planted one is reported")
+    up = chains(SRC, VIEW, STEP_PATH)
+    for c in up:
+        print("the step path never calls back into the Trainer, but: " + " -> ".join(c))
+    if up:
+        return 1
+    problems = step_path_view_self_test(SRC)
+    if problems:
+        print("\n".join(problems))
+        return 1
+    print("test_callback_view: the step path does not reach trainer_view.h; self test: a planted include is reported")
     bad = threading_includes(SRC)
     for header, sys_header in bad:
         print(f"a component's headers include no threading header, but {header} includes <{sys_header}>")

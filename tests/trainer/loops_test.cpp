@@ -180,10 +180,9 @@ TEST(FitLoop, OwnsTheAccumulationWindowAndTrainsWithTheEagerRunnerAsTheTrainerDo
   for (auto& p : module.net().named_parameters()) named.emplace_back(p.key(), p.value());
   auto opt = build_optimizer(rig.run->experiment.optimizer, make_param_groups(rig.run->experiment.optimizer, named, nullptr),
                              torch::Device(torch::kCPU));
-  rig.view.opt = opt;
   StepPipeline pipeline(rig.cfg, module.net(), *opt, nullptr, nullptr);
   StepRunner step(module, pipeline, torch::Device(torch::kCPU), rig.cfg.precision);
-  CallbackStepHooks hooks(rig.view, module, rig.callbacks, *rig.run->strategy);
+  CallbackStepHooks hooks(rig.view, module, rig.callbacks, *rig.run->strategy, *opt, rig.fit->state());
   EagerRunner eager(step, hooks, module, *opt, nullptr);
   // What the window looks like from inside a step, and after each optimizer step.
   struct Probe : TrainingRunner {
@@ -203,6 +202,7 @@ TEST(FitLoop, OwnsTheAccumulationWindowAndTrainsWithTheEagerRunnerAsTheTrainerDo
   FitLoop* fit = rig.fit.get();
   Probe probe(eager, fit);
   rig.fit->set_runner(&probe);
+  rig.fit->set_optimizer(opt.get(), nullptr);  // the loop is handed its optimizer: it never asks the view
   struct ZeroGradLog : Callback {
     std::string name() const override { return "zero_grad_log"; }
     int calls = 0;
