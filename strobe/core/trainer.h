@@ -86,6 +86,7 @@ class Zero2Shards;
 }
 class GradScaler;
 class GraphedRunner;
+class ShardedCheckpoint;
 
 // The SIGINT/SIGTERM received since fit() installed its handlers (0: none).
 int received_stop_signal();
@@ -178,11 +179,6 @@ class Trainer : private TrainerView, private StepAccess {
   void request_stop(int exit_code = kExitOk) override { fit_loop_->request_stop(exit_code); }
   bool should_stop() const override { return fit_loop_->should_stop(); }
   void save_checkpoint(const std::string& path) override;
-  // zero2: a checkpoint's manifest (rank 0's file) and a rank's optimizer shard (its own file, or a
-  // capture's state), and the folder of shard files beside a checkpoint file.
-  static constexpr const char* kZero2Blob = "zero2";
-  static constexpr const char* kZero2ShardBlob = "zero2_shard";
-  static constexpr const char* kZero2FolderSuffix = checkpoint::kShardFolderSuffix;
   checkpoint::CheckpointData make_checkpoint() override;
   StepAccess& step_access() override { return *this; }
 
@@ -219,8 +215,8 @@ class Trainer : private TrainerView, private StepAccess {
   void register_fit_state();  // the optimizer, scheduler, scaler and step pipeline, once they exist
   // The live state, or with `step_start` the state at that step's start (loop_state.h: StepStart).
   checkpoint::CheckpointData build_checkpoint(const StepStart* step_start);
-  void save_sharded_checkpoint(const std::string& path, checkpoint::CheckpointData d);
-  checkpoint::CheckpointData with_own_shard(const checkpoint::CheckpointData& d);
+  // How this run's checkpoints are laid out on disk: one file, or zero2's shards (sharded_checkpoint.h).
+  ShardedCheckpoint sharded_checkpoint() const;
   // `hook` names the hook for a callback that throws what is not a std::exception (call_hook).
   template <class F>
   void each(const char* hook, F&& f) {

@@ -22,6 +22,7 @@
 #include "strobe/core/resume_compat.h"
 #include "strobe/core/run_state.h"
 #include "strobe/core/rng_state.h"
+#include "strobe/core/sharded_checkpoint.h"
 #include "strobe/core/trainer.h"
 #include "strobe/distributed/strategy.h"
 #include "strobe/logging/log_collector.h"
@@ -243,6 +244,8 @@ void Trainer::register_fit_state() {
   connector_.add("step_guard", *pipeline_);
 }
 
+ShardedCheckpoint Trainer::sharded_checkpoint() const { return ShardedCheckpoint(*strategy_, zero2_ != nullptr); }
+
 checkpoint::CheckpointData Trainer::make_checkpoint() { return build_checkpoint(nullptr); }
 checkpoint::CheckpointData Trainer::make_checkpoint_at(const StepStart& start) { return build_checkpoint(&start); }
 
@@ -255,127 +258,20 @@ checkpoint::CheckpointData Trainer::build_checkpoint(const StepStart* step_start
   } guard{*collector_};
   collector_->set_local_save(step_start && step_start->local);
   connector_.save(d, step_start);
-  // zero2: the optimizer entry is this rank's shard of the optimizer state.
-  if (zero2_ && d.has_blob("optimizer"))
-    d.blobs[kZero2ShardBlob] = nlohmann::json{{"rank", rank_}, {"world_size", world_size_}}.dump();
+  sharded_checkpoint().mark(d);  // zero2: the optimizer entry is this rank's shard of the optimizer state
   each("on_save_checkpoint", [&](Callback& cb) { cb.on_save_checkpoint(*this, *module_, d); });
   return d;
 }
 
 void Trainer::save_checkpoint(const std::string& path) {
   auto d = make_checkpoint();  // every rank: the RNG gather and the logger sums are collectives
-  if (zero2_) {
-    save_sharded_checkpoint(path, std::move(d));
-    return;
-  }
-  if (rank_ == 0) checkpoint::save_checkpoint_file(path, d);
-}
-
-// zero2 (docs/DISTRIBUTED.md, "Checkpoints under zero2"): every rank writes its optimizer shard to
-// <file>.zero2/<tag>/rank<r>.ckpt; once all have, rank 0 writes <file> (the whole model's fp32
-// values and everything else, with the manifest naming the shard files), then removes the shard
-// folders of the file's earlier saves. A kill at any point leaves <file> whole with its shards
-// present: the old pair until the new file lands, the new pair after.
-void Trainer::save_sharded_checkpoint(const std::string& path, checkpoint::CheckpointData d) {
-  namespace fs = std::filesystem;
-  std::string tag;
-  if (rank_ == 0) tag = fmt::format("step{}-{:08x}", state().global_step, std::random_device{}());
-  tag = strategy_->broadcast_string(tag);
-  const fs::path file(path);
-  const std::string shard_folder = file.filename().string() + kZero2FolderSuffix;
-  auto shard_file = [&](int64_t r) { return fmt::format("{}/{}/rank{}.ckpt", shard_folder, tag, r); };
-  {
-    checkpoint::CheckpointData mine;
-    mine.blobs["optimizer"] = std::move(d.blobs.at("optimizer"));
-    auto shard = nlohmann::json::parse(d.blob(kZero2ShardBlob));
-    shard["tag"] = tag;
-    mine.blobs[kZero2ShardBlob] = shard.dump();
-    mine.blobs[checkpoint_keys::kMeta] = d.blob(checkpoint_keys::kMeta);
-    std::error_code ec;
-    fs::create_directories(file.parent_path() / shard_folder / tag, ec);
-    checkpoint::save_checkpoint_file((file.parent_path() / shard_file(rank_)).string(), mine);
-  }
-  fault_point("zero2_shard_written", state().global_step);
-  strategy_->barrier("zero2 checkpoint shards written");
-  if (rank_ != 0) return;
-  d.blobs.erase("optimizer");
-  d.blobs.erase(kZero2ShardBlob);
-  nlohmann::json files = nlohmann::json::array();
-  for (int64_t r = 0; r < world_size_; ++r) files.push_back(shard_file(r));
-  d.blobs[kZero2Blob] = nlohmann::json{{"world_size", world_size_}, {"tag", tag}, {"files", files}}.dump();
-  checkpoint::save_checkpoint_file(path, d);
-  fault_point("zero2_file_written", state().global_step);
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(file.parent_path() / shard_folder, ec))
-    if (e.path().filename() != tag) checkpoint::remove_tree(e.path().string());
-}
-
-// A resume's optimizer state under zero2: this rank's shard file, named by the checkpoint's manifest.
-checkpoint::CheckpointData Trainer::with_own_shard(const checkpoint::CheckpointData& d) {
-  namespace fs = std::filesystem;
-  const std::string& source = d.source;
-  // A refusal every rank reaches alike (the same file, the same checks): end in order, then the
-  // same exit 2 everywhere.
-  auto refuse = [&](const std::string& why) {
-    strategy_->shutdown();
-    throw checkpoint::CheckpointError(why);
-  };
-  const bool manifest = d.has_blob(kZero2Blob);
-  if (!zero2_) {
-    if (manifest)
-      refuse(fmt::format(
-          "{}: written under trainer.strategy: zero2, which shards the optimizer state over the ranks: resume it with "
-          "zero2 and the same number of processes (its weights load with strobe validate/test/export on any number)",
-          source));
-    return d;
-  }
-  if (!manifest) {
-    if (d.has_blob(kZero2ShardBlob))
-      refuse(fmt::format(
-          "{}: written by one rank alone (a failed step's start under trainer.strategy: zero2): it holds that rank's "
-          "optimizer shard only; resume from a checkpoint every rank wrote (last.ckpt)",
-          source));
-    refuse(fmt::format(
-        "{}: its optimizer state is whole (written under trainer.strategy: ddp or by one process): resume it with ddp; "
-        "trainer.strategy: zero2 resumes only its own sharded checkpoints",
-        source));
-  }
-  auto m = nlohmann::json::parse(d.blob(kZero2Blob), nullptr, false);
-  if (!m.is_object() || !m.contains("files") || !m["files"].is_array() ||
-      m["files"].size() != static_cast<size_t>(world_size_))
-    refuse(fmt::format("{}: its zero2 manifest (blob '{}') is malformed", source, kZero2Blob));
-  const fs::path base = fs::path(source).parent_path();
-  // Every rank checks every shard file, so a missing one stops all ranks alike (exit 2).
-  for (const auto& f : m["files"])
-    if (!f.is_string() || !fs::exists(base / f.get<std::string>()))
-      refuse(fmt::format("{}: the optimizer shard {} its manifest names is missing", source,
-                                                    f.is_string() ? (base / f.get<std::string>()).string() : f.dump()));
-  const std::string own = (base / m["files"][rank_].get<std::string>()).string();
-  auto shard = checkpoint::load_checkpoint_file(own);
-  auto info = nlohmann::json::parse(shard.has_blob(kZero2ShardBlob) ? shard.blob(kZero2ShardBlob) : "", nullptr, false);
-  if (!info.is_object() || info.value("rank", int64_t{-1}) != rank_ || info.value("tag", std::string()) != m.value("tag", "") ||
-      !shard.has_blob("optimizer"))
-    throw checkpoint::CheckpointError(
-        fmt::format("{}: {} is not rank {}'s optimizer shard of this checkpoint (save tag {})", source, own, rank_, m.value("tag", "")));
-  checkpoint::CheckpointData merged = d;
-  merged.blobs["optimizer"] = shard.blob("optimizer");
-  return merged;
+  sharded_checkpoint().save(path, std::move(d), state().global_step);
 }
 
 std::vector<config::ConfigChange> Trainer::restore_training_state(const checkpoint::CheckpointData& data) {
   check_resume_world_size(data);
-  // zero2: this rank's optimizer shard joins the state. One process replaying a zero2 rank's
-  // capture: its optimizer state is that rank's shard, which fits no whole optimizer: the step
-  // restarts the moments (the forward and backward are the captured ones).
-  std::optional<checkpoint::CheckpointData> own;
-  if (!zero2_ && world_size_ == 1 && data.has_blob(kZero2ShardBlob) && !data.has_blob(kZero2Blob)) {
-    own = data;
-    own->blobs["optimizer"] = std::string();
-    fmt::print(stderr, "strobe: {}: one rank's state under trainer.strategy: zero2: its optimizer shard is not restored in one process (fresh moments)\n",
-               data.source);
-  } else if (zero2_ || data.has_blob(kZero2Blob)) {
-    own = with_own_shard(data);
-  }
+  // zero2: this rank's optimizer shard joins the state (sharded_checkpoint.h).
+  const std::optional<checkpoint::CheckpointData> own = sharded_checkpoint().for_resume(data);
   const checkpoint::CheckpointData& d = own ? *own : data;
   const std::string& source = d.source;
   // A resume restores the whole training state: a checkpoint without its config (the compatibility
