@@ -167,21 +167,16 @@ StepOutcome replay_step(const LoadedCapture& cap, const ReplayVariant& v) {
   out.plugin_changes = run->plugin_changes;
   {
     checkpoint::CheckpointData d = cap.data;
-    if (v.precision || v.float64) d.blobs[checkpoint_keys::kConfig] = run->resolved_yaml;  // the precision change is replay's own
+    CheckpointEditor edit(d);
+    if (v.precision || v.float64) edit.set_config(run->resolved_yaml);  // the precision change is replay's own
     // The log accumulators start empty: the captured ones may hold the failing step's own NaN, which
     // a replay's logging would add to (a non-finite op that is not the step's).
-    d.blobs.erase("logger");
+    edit.drop_logger_sums();
     // A data-parallel rank's part replays in this one process: its own generators (a capture holds
     // this rank's, never a gather), the captured GPU's CUDA generator onto the replay GPU.
-    if (cap.info.value("world_size", int64_t{1}) > 1) {
-      auto meta = nlohmann::json::parse(d.blob(checkpoint_keys::kMeta), nullptr, false);
-      if (meta.is_object()) meta["world_size"] = 1, d.blobs[checkpoint_keys::kMeta] = meta.dump();
-    }
+    if (cap.info.value("world_size", int64_t{1}) > 1) edit.set_world_size(1);
     const torch::Device from(cap.captured_device), to(device);
-    if (from.is_cuda() && to.is_cuda() && from.index() != to.index()) {
-      auto it = d.tensors.find(fmt::format("rng/cuda/{}", from.index()));
-      if (it != d.tensors.end()) d.tensors[fmt::format("rng/cuda/{}", to.has_index() ? to.index() : 0)] = it->second;
-    }
+    if (from.is_cuda() && to.is_cuda() && from.index() != to.index()) edit.move_cuda_generator(from.index(), to.has_index() ? to.index() : 0);
     run->trainer->resume_state(d);
   }
   if (auto loader = run->datamodule->train_loader())

@@ -26,8 +26,8 @@ std::string scalar_text(const YAML::Node& n) {
   return out + "]";
 }
 
-// Leaves as {path -> text}; a list of scalars is one leaf ("[32, 16]"), a list of mappings is indexed.
-void flatten(const YAML::Node& n, const std::string& path, std::map<std::string, std::string>& out) {
+// Leaves as (path, text); a list of scalars is one leaf ("[32, 16]"), a list of mappings is indexed.
+void flatten(const YAML::Node& n, const std::string& path, std::vector<std::pair<std::string, std::string>>& out) {
   if (n.IsMap()) {
     for (auto it = n.begin(); it != n.end(); ++it)
       flatten(it->second, path.empty() ? it->first.Scalar() : path + "." + it->first.Scalar(), out);
@@ -41,17 +41,16 @@ void flatten(const YAML::Node& n, const std::string& path, std::map<std::string,
       return;
     }
   }
-  out[path] = scalar_text(n);
+  out.emplace_back(path, scalar_text(n));
 }
 
 std::map<std::string, std::string> leaves(const std::string& yaml, const char* what) {
-  std::map<std::string, std::string> out;
   try {
-    flatten(YAML::Load(yaml), "", out);
+    auto flat = flatten_config(yaml);
+    return {flat.begin(), flat.end()};
   } catch (const YAML::Exception& e) {
     throw ConfigError(fmt::format("{}: not a YAML config ({})", what, e.msg));
   }
-  return out;
 }
 
 // Keys whose change invalidates saved state, and why.
@@ -79,6 +78,12 @@ const char* incompatible_reason(const std::string& key) {
 }
 
 }  // namespace
+
+std::vector<std::pair<std::string, std::string>> flatten_config(const std::string& yaml) {
+  std::vector<std::pair<std::string, std::string>> out;
+  if (!yaml.empty()) flatten(YAML::Load(yaml), "", out);
+  return out;
+}
 
 namespace {
 

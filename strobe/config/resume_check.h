@@ -8,9 +8,16 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace strobe::config {
+
+// A config's leaves as (path, text), in document order: the one flattening of a config (the resume
+// check compares it, the TensorBoard logger records it as hparams). Paths are dotted, list elements
+// [i] ("callbacks[0].monitor"); a list of scalars is one leaf, "[32, 16]"; null is "null". Throws
+// YAML::Exception when `yaml` is not YAML.
+std::vector<std::pair<std::string, std::string>> flatten_config(const std::string& yaml);
 
 struct ConfigChange {
   std::string key;     // dotted path, list elements as [i]: "optimizer.name", "callbacks[0].monitor"

@@ -9,6 +9,24 @@ const std::string* CheckpointView::blob(const char* key) const {
   return it == data_.blobs.end() ? nullptr : &it->second;
 }
 
+void CheckpointEditor::set_config(std::string yaml) { data_.blobs[checkpoint_keys::kConfig] = std::move(yaml); }
+
+void CheckpointEditor::drop_logger_sums() { data_.blobs.erase(checkpoint_keys::kLogger); }
+
+void CheckpointEditor::set_world_size(int64_t world_size) {
+  auto it = data_.blobs.find(checkpoint_keys::kMeta);
+  if (it == data_.blobs.end()) return;
+  auto meta = nlohmann::json::parse(it->second, nullptr, false);
+  if (!meta.is_object()) return;
+  meta["world_size"] = world_size;
+  it->second = meta.dump();
+}
+
+void CheckpointEditor::move_cuda_generator(int64_t from, int64_t to) {
+  auto it = data_.tensors.find(checkpoint_keys::rng_cuda(from));
+  if (it != data_.tensors.end()) data_.tensors[checkpoint_keys::rng_cuda(to)] = it->second;
+}
+
 CheckpointMeta CheckpointView::meta() const {
   CheckpointMeta m;
   const std::string* b = blob(checkpoint_keys::kMeta);

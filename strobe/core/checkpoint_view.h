@@ -13,16 +13,9 @@
 #include <torch/types.h>
 
 #include "strobe/checkpoint/checkpoint_io.h"
+#include "strobe/checkpoint/checkpoint_keys.h"
 
 namespace strobe {
-
-namespace checkpoint_keys {
-inline constexpr const char* kModelPrefix = "model/";  // tensors model/<parameter or buffer>
-inline constexpr const char* kMeta = "meta";
-inline constexpr const char* kConfig = "config";
-inline constexpr const char* kHfConfig = "hf_config";
-inline constexpr const char* kCallbacks = "callbacks";
-}  // namespace checkpoint_keys
 
 // The `meta` blob: what wrote the checkpoint and where the run stood.
 struct CheckpointMeta {
@@ -30,6 +23,24 @@ struct CheckpointMeta {
   std::string strobe_version, device, precision;  // "": not recorded
   std::optional<int64_t> global_step, epoch;
   int64_t world_size = 1;  // not recorded (builds before data parallelism): one process
+};
+
+// The edits a program makes to a checkpoint it restores otherwise than it was written (strobe replay
+// re-runs one captured step in one process, maybe on another GPU, under another precision).
+class CheckpointEditor {
+ public:
+  explicit CheckpointEditor(checkpoint::CheckpointData& data) : data_(data) {}
+  // The resolved experiment YAML the restored run reads instead of the saved one.
+  void set_config(std::string yaml);
+  // The log accumulators start empty (their sums are not restored).
+  void drop_logger_sums();
+  // meta's world_size (when meta is a JSON object): a data-parallel rank's state restored alone.
+  void set_world_size(int64_t world_size);
+  // The CUDA generator saved for GPU `from` restored onto GPU `to` (nothing when none was saved).
+  void move_cuda_generator(int64_t from, int64_t to);
+
+ private:
+  checkpoint::CheckpointData& data_;
 };
 
 class CheckpointView {

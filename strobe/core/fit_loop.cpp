@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include "strobe/checkpoint/checkpoint_io.h"
+#include "strobe/checkpoint/checkpoint_keys.h"
 #include "strobe/config/config.h"
 #include "strobe/core/fault_points.h"
 #include "strobe/core/freeze.h"
@@ -247,18 +248,18 @@ void FitLoop::finish_optimizer_step() {
 
 void FitLoop::Progress::save(checkpoint::CheckpointData& d, const StepStart* at) {
   const auto s = at ? at->loop : loop_.saved_state();
-  d.blobs["loop"] = serialize_loop_state(s);
+  d.blobs[checkpoint_keys::kLoop] = serialize_loop_state(s);
   // The training data's exclusion (data.exclude) in the saved epoch: a resume with another one
   // keeps this one until the epoch ends.
   if (loop_.loader_ && !loop_.loader_->excluded(s.epoch).empty())
-    d.blobs["data_exclude"] = nlohmann::json(loop_.loader_->excluded(s.epoch)).dump();
+    d.blobs[checkpoint_keys::kDataExclude] = nlohmann::json(loop_.loader_->excluded(s.epoch)).dump();
 }
 
 void FitLoop::Progress::load(const checkpoint::CheckpointData& d) {
-  loop_.state_ = parse_loop_state(d.blob("loop"));
+  loop_.state_ = parse_loop_state(d.blob(checkpoint_keys::kLoop));
   loop_.restored_exclude_ = std::vector<int64_t>{};
-  if (d.has_blob("data_exclude")) {
-    const auto j = nlohmann::json::parse(d.blob("data_exclude"), nullptr, false);
+  if (d.has_blob(checkpoint_keys::kDataExclude)) {
+    const auto j = nlohmann::json::parse(d.blob(checkpoint_keys::kDataExclude), nullptr, false);
     if (!j.is_array()) throw checkpoint::CheckpointError("the loop's data_exclude record is not a JSON list");
     for (const auto& v : j) {
       if (!v.is_number_integer()) throw checkpoint::CheckpointError("the loop's data_exclude record holds a non-index");
@@ -269,17 +270,17 @@ void FitLoop::Progress::load(const checkpoint::CheckpointData& d) {
 
 void FitLoop::Accumulation::save(checkpoint::CheckpointData& d, const StepStart* at) {
   const int64_t micro_batches = at ? 0 : loop_.accum_count_;  // a step starts with no partial window
-  d.blobs["accumulation"] = nlohmann::json{{"micro_batches", micro_batches}}.dump();
+  d.blobs[checkpoint_keys::kAccumulation] = nlohmann::json{{"micro_batches", micro_batches}}.dump();
   if (micro_batches == 0) return;
   for (const auto& p : loop_.parts_.module->net().named_parameters())
-    if (p.value().grad().defined()) d.tensors["accumulation/grad/" + p.key()] = p.value().grad();
+    if (p.value().grad().defined()) d.tensors[checkpoint_keys::kAccumulationGradPrefix + p.key()] = p.value().grad();
 }
 
 void FitLoop::Accumulation::load(const checkpoint::CheckpointData& d) {
   loop_.accum_count_ =
-      d.has_blob("accumulation") ? nlohmann::json::parse(d.blob("accumulation")).at("micro_batches").get<int64_t>() : 0;
+      d.has_blob(checkpoint_keys::kAccumulation) ? nlohmann::json::parse(d.blob(checkpoint_keys::kAccumulation)).at("micro_batches").get<int64_t>() : 0;
   for (auto& p : loop_.parts_.module->net().named_parameters()) {
-    auto it = d.tensors.find("accumulation/grad/" + p.key());
+    auto it = d.tensors.find(checkpoint_keys::kAccumulationGradPrefix + p.key());
     if (loop_.accum_count_ > 0 && it != d.tensors.end())
       p.value().mutable_grad() = it->second.to(p.value().device()).clone();
     else

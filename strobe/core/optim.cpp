@@ -10,6 +10,7 @@
 #include <torch/torch.h>
 
 #include "strobe/checkpoint/checkpoint_io.h"
+#include "strobe/checkpoint/checkpoint_keys.h"
 #include "strobe/core/loop_state.h"
 
 #if STROBE_HAS_OPS
@@ -359,11 +360,11 @@ std::shared_ptr<LRScheduler> build_scheduler(const config::SchedulerConfig& cfg,
 void LRScheduler::save(checkpoint::CheckpointData& d, const StepStart* at) {
   nlohmann::json s = state_dict();
   if (at) s["step"] = at->loop.global_step;
-  d.blobs["scheduler"] = s.dump();
+  d.blobs[checkpoint_keys::kScheduler] = s.dump();
 }
 
 void LRScheduler::load(const checkpoint::CheckpointData& d) {
-  if (d.has_blob("scheduler")) load_state_dict(nlohmann::json::parse(d.blob("scheduler")));
+  if (d.has_blob(checkpoint_keys::kScheduler)) load_state_dict(nlohmann::json::parse(d.blob(checkpoint_keys::kScheduler)));
 }
 
 }  // namespace strobe

@@ -15,7 +15,7 @@ namespace strobe {
 namespace fs = std::filesystem;
 
 void ShardedCheckpoint::mark(checkpoint::CheckpointData& d) const {
-  if (sharded_ && d.has_blob("optimizer"))
+  if (sharded_ && d.has_blob(checkpoint_keys::kOptimizer))
     d.blobs[kShardBlob] = nlohmann::json{{"rank", strategy_.rank()}, {"world_size", strategy_.world_size()}}.dump();
 }
 
@@ -33,7 +33,7 @@ void ShardedCheckpoint::save(const std::string& path, checkpoint::CheckpointData
   auto shard_file = [&](int64_t r) { return fmt::format("{}/{}/rank{}.ckpt", shard_folder, tag, r); };
   {
     checkpoint::CheckpointData mine;
-    mine.blobs["optimizer"] = std::move(d.blobs.at("optimizer"));
+    mine.blobs[checkpoint_keys::kOptimizer] = std::move(d.blobs.at(checkpoint_keys::kOptimizer));
     auto shard = nlohmann::json::parse(d.blob(kShardBlob));
     shard["tag"] = tag;
     mine.blobs[kShardBlob] = shard.dump();
@@ -45,7 +45,7 @@ void ShardedCheckpoint::save(const std::string& path, checkpoint::CheckpointData
   fault_point("zero2_shard_written", global_step);
   strategy_.barrier("zero2 checkpoint shards written");
   if (rank != 0) return;
-  d.blobs.erase("optimizer");
+  d.blobs.erase(checkpoint_keys::kOptimizer);
   d.blobs.erase(kShardBlob);
   nlohmann::json files = nlohmann::json::array();
   for (int64_t r = 0; r < world; ++r) files.push_back(shard_file(r));
@@ -62,7 +62,7 @@ std::optional<checkpoint::CheckpointData> ShardedCheckpoint::for_resume(const ch
   // fits no whole optimizer: the step restarts the moments (the forward and backward are the captured ones).
   if (!sharded_ && strategy_.world_size() == 1 && d.has_blob(kShardBlob) && !d.has_blob(kManifestBlob)) {
     checkpoint::CheckpointData own = d;
-    own.blobs["optimizer"] = std::string();
+    own.blobs[checkpoint_keys::kOptimizer] = std::string();
     fmt::print(stderr, "strobe: {}: one rank's state under trainer.strategy: zero2: its optimizer shard is not restored in one process (fresh moments)\n",
                d.source);
     return own;
@@ -111,11 +111,11 @@ checkpoint::CheckpointData ShardedCheckpoint::with_own_shard(const checkpoint::C
   auto shard = checkpoint::load_checkpoint_file(own);
   auto info = nlohmann::json::parse(shard.has_blob(kShardBlob) ? shard.blob(kShardBlob) : "", nullptr, false);
   if (!info.is_object() || info.value("rank", int64_t{-1}) != rank || info.value("tag", std::string()) != m.value("tag", "") ||
-      !shard.has_blob("optimizer"))
+      !shard.has_blob(checkpoint_keys::kOptimizer))
     throw checkpoint::CheckpointError(
         fmt::format("{}: {} is not rank {}'s optimizer shard of this checkpoint (save tag {})", source, own, rank, m.value("tag", "")));
   checkpoint::CheckpointData merged = d;
-  merged.blobs["optimizer"] = shard.blob("optimizer");
+  merged.blobs[checkpoint_keys::kOptimizer] = shard.blob(checkpoint_keys::kOptimizer);
   return merged;
 }
 

@@ -124,21 +124,21 @@ void ModelState::load(const checkpoint::CheckpointData& d) {
 void OptimizerState::save(checkpoint::CheckpointData& d, const StepStart*) {
   torch::serialize::OutputArchive a;
   optimizer_.save(a);
-  d.blobs["optimizer"] = archive_to_string(a);
+  d.blobs[checkpoint_keys::kOptimizer] = archive_to_string(a);
 }
 
 void OptimizerState::load(const checkpoint::CheckpointData& d) {
-  if (!d.has_blob("optimizer") || d.blob("optimizer").empty()) return;  // empty: not restored (Trainer::restore_training_state)
+  if (!d.has_blob(checkpoint_keys::kOptimizer) || d.blob(checkpoint_keys::kOptimizer).empty()) return;  // empty: not restored (Trainer::restore_training_state)
   torch::serialize::InputArchive a;
-  std::istringstream is(d.blob("optimizer"));
+  std::istringstream is(d.blob(checkpoint_keys::kOptimizer));
   a.load_from(is, device_);
   optimizer_.load(a);
 }
 
 void RngState::save(checkpoint::CheckpointData& d, const StepStart* at) {
   auto put = [&](const RngSnapshot& r) {
-    d.tensors["rng/cpu"] = r.cpu;
-    for (const auto& [i, state] : r.cuda) d.tensors[fmt::format("rng/cuda/{}", i)] = state;
+    d.tensors[checkpoint_keys::rng_cpu()] = r.cpu;
+    for (const auto& [i, state] : r.cuda) d.tensors[checkpoint_keys::rng_cuda(i)] = state;
   };
   if (at) {  // this process's generators at the step's start, never a gather (no collective)
     put(at->rng);
@@ -160,26 +160,26 @@ void RngState::save(checkpoint::CheckpointData& d, const StepStart* at) {
     in.load_from(is);
     for (const char* k : {"cpu", "cuda"}) {
       torch::Tensor t;
-      if (in.try_read(k, t)) d.tensors[fmt::format("rng/rank{}/{}", r, k)] = t;
+      if (in.try_read(k, t)) d.tensors[checkpoint_keys::rng_of_rank(static_cast<int64_t>(r), k)] = t;
     }
   }
-  d.tensors["rng/cpu"] = mine["cpu"];
-  if (mine.count("cuda")) d.tensors[fmt::format("rng/cuda/{}", device_.index())] = mine["cuda"];
+  d.tensors[checkpoint_keys::rng_cpu()] = mine["cpu"];
+  if (mine.count("cuda")) d.tensors[checkpoint_keys::rng_cuda(device_.index())] = mine["cuda"];
 }
 
 void RngState::load(const checkpoint::CheckpointData& d) {
-  const std::string own = fmt::format("rng/rank{}/", rank_);
-  if (world_size_ > 1 && d.tensors.count(own + "cpu")) {
-    set_generator_state(-1, d.tensor(own + "cpu"));
-    if (device_.is_cuda() && d.tensors.count(own + "cuda")) set_generator_state(device_.index(), d.tensor(own + "cuda"));
+  const std::string own_cpu = checkpoint_keys::rng_of_rank(rank_, "cpu"), own_cuda = checkpoint_keys::rng_of_rank(rank_, "cuda");
+  if (world_size_ > 1 && d.tensors.count(own_cpu)) {
+    set_generator_state(-1, d.tensor(own_cpu));
+    if (device_.is_cuda() && d.tensors.count(own_cuda)) set_generator_state(device_.index(), d.tensor(own_cuda));
     return;
   }
-  set_generator_state(-1, d.tensor("rng/cpu"));
+  set_generator_state(-1, d.tensor(checkpoint_keys::rng_cpu()));
   if (torch::cuda::is_available()) {
     for (size_t i = 0; i < torch::cuda::device_count(); ++i) {
       // Data parallel (a checkpoint without per-rank states): only this rank's own GPU.
       if (world_size_ > 1 && static_cast<c10::DeviceIndex>(i) != device_.index()) continue;
-      auto it = d.tensors.find(fmt::format("rng/cuda/{}", i));
+      auto it = d.tensors.find(checkpoint_keys::rng_cuda(i));
       if (it != d.tensors.end()) set_generator_state(static_cast<int>(i), it->second);
     }
   }
@@ -225,11 +225,11 @@ void Trainer::register_state() {
   config_record_ = std::make_unique<TextRecord>(checkpoint_keys::kConfig, config_yaml_, false);
   hf_record_ = std::make_unique<TextRecord>(checkpoint_keys::kHfConfig, hf_source_config_, true);
   meta_record_ = std::make_unique<MetaRecord>(view(), exp_.trainer.precision);
-  connector_.add("model", *model_state_);
-  connector_.add("loop", fit_loop_->progress_state());
-  connector_.add("accumulation", fit_loop_->accumulation_state());
-  connector_.add("logger", *collector_);
-  connector_.add("rng", *rng_state_);
+  connector_.add(checkpoint_keys::kModel, *model_state_);
+  connector_.add(checkpoint_keys::kLoop, fit_loop_->progress_state());
+  connector_.add(checkpoint_keys::kAccumulation, fit_loop_->accumulation_state());
+  connector_.add(checkpoint_keys::kLogger, *collector_);
+  connector_.add(checkpoint_keys::kRng, *rng_state_);
   connector_.add(checkpoint_keys::kCallbacks, *callback_states_);
   connector_.add(checkpoint_keys::kConfig, *config_record_);
   connector_.add(checkpoint_keys::kHfConfig, *hf_record_);
@@ -238,10 +238,10 @@ void Trainer::register_state() {
 
 void Trainer::register_fit_state() {
   optimizer_state_ = std::make_unique<OptimizerState>(*optimizer_, device_);
-  connector_.add("optimizer", *optimizer_state_);
-  if (scheduler_) connector_.add("scheduler", *scheduler_);
-  if (scaler_) connector_.add("scaler", *scaler_);
-  connector_.add("step_guard", *pipeline_);
+  connector_.add(checkpoint_keys::kOptimizer, *optimizer_state_);
+  if (scheduler_) connector_.add(checkpoint_keys::kScheduler, *scheduler_);
+  if (scaler_) connector_.add(checkpoint_keys::kScaler, *scaler_);
+  connector_.add(checkpoint_keys::kStepGuard, *pipeline_);
 }
 
 ShardedCheckpoint Trainer::sharded_checkpoint() const { return ShardedCheckpoint(*strategy_, zero2_ != nullptr); }
@@ -278,8 +278,8 @@ std::vector<config::ConfigChange> Trainer::restore_training_state(const checkpoi
   // check), its optimizer state (fresh moments) or its loop counters would resume silently wrong.
   std::vector<std::string> lacking;
   if (!d.has_blob("config")) lacking.push_back("its config (blob 'config')");
-  if (!d.has_blob("optimizer")) lacking.push_back("the optimizer state (blob 'optimizer')");
-  if (!d.has_blob("loop")) lacking.push_back("the loop counters (blob 'loop')");
+  if (!d.has_blob(checkpoint_keys::kOptimizer)) lacking.push_back("the optimizer state (blob 'optimizer')");
+  if (!d.has_blob(checkpoint_keys::kLoop)) lacking.push_back("the loop counters (blob 'loop')");
   if (!lacking.empty())
     throw checkpoint::CheckpointError(fmt::format(
         "{}: cannot resume from it: it lacks {}; a file of weights alone is for starting a new run (strobe export it, "

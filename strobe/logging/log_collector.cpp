@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include "strobe/checkpoint/checkpoint_io.h"
+#include "strobe/checkpoint/checkpoint_keys.h"
 #include "strobe/logging/device_readback.h"
 
 namespace strobe::logging {
@@ -162,14 +163,14 @@ void LogCollector::save_state(checkpoint::CheckpointData& out) const {
     out.tensors["logger/step/" + name] = acc.sum;
     steps[name] = acc.n;
   }
-  out.blobs["logger"] = nlohmann::json{{"epoch_counts", counts}, {"step_counts", steps}}.dump();
+  out.blobs[checkpoint_keys::kLogger] = nlohmann::json{{"epoch_counts", counts}, {"step_counts", steps}}.dump();
 }
 
 void LogCollector::load_state(const checkpoint::CheckpointData& in) {
   epoch_values_.clear();
   step_values_.clear();
-  if (!in.has_blob("logger")) return;  // a checkpoint of an older build: epoch means restart
-  auto j = nlohmann::json::parse(in.blob("logger"));
+  if (!in.has_blob(checkpoint_keys::kLogger)) return;  // a checkpoint of an older build: epoch means restart
+  auto j = nlohmann::json::parse(in.blob(checkpoint_keys::kLogger));
   for (const auto& [name, count] : j.at("epoch_counts").items()) {
     auto sum = in.tensor("logger/epoch/" + name).to(device_);
     // Data parallel: the saved sums are every rank's; rank 0 carries them on, the others add theirs.

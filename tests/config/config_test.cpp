@@ -352,6 +352,18 @@ TEST(Config, DirectoryOrEmptyFileSaysSo) {
   }
 }
 
+// The one flattening of a config (the resume check and TensorBoard's hparams): document order, dotted
+// paths, [i] for list elements, a list of scalars as one leaf, null spelled out.
+TEST(ResumeCheck, AConfigFlattensOneWay) {
+  const auto flat = strobe::config::flatten_config(
+      "name: t\nmodel:\n  hidden: [32, 16]\n  init_from: null\ncallbacks:\n  - name: ema\n    decay: 0.9\n  - {name: lr_monitor}\n");
+  const std::vector<std::pair<std::string, std::string>> want = {
+      {"name", "t"}, {"model.hidden", "[32, 16]"}, {"model.init_from", "null"},
+      {"callbacks[0].name", "ema"}, {"callbacks[0].decay", "0.9"}, {"callbacks[1].name", "lr_monitor"}};
+  EXPECT_EQ(flat, want);
+  EXPECT_TRUE(strobe::config::flatten_config("").empty());
+}
+
 TEST(ResumeCheck, SortsChangesIntoIncompatibleModelAndAllowed) {
   using strobe::config::compare_for_resume;
   const std::string saved =
