@@ -83,30 +83,38 @@ void CountingAllocator::release(void* p) {
   // `inner` frees the wrapped block here, outside the lock.
 }
 
+// The trial's batch of `count` samples on `device`, through the data module's hooks.
+Batch trial_batch(DataModule& dm, data::DataLoader& loader, int64_t count, const torch::Device& device) {
+  Batch batch = dm.on_before_batch_transfer(loader.make_first_samples(0, count), 0);
+  return dm.on_after_batch_transfer(dm.transfer_batch_to_device(batch, device, 0), 0);
+}
+
+// The forward and the backward of `batch` (on the module's device); the caller reads its peak, then
+// releases the gradients.
+void forward_backward(Module& module, const Batch& batch, Precision precision, const torch::Device& device) {
+  AutocastGuard autocast(device, precision);
+  module.set_current_batch_size(batch.batch_size());
+  module.training_step(batch, 0).backward();
+}
+
+void release_grads(Module& module) {
+  for (auto& p : module.net().parameters()) p.mutable_grad() = torch::Tensor();
+}
+
 // The peak bytes of one training step on `count` samples above what was alive before it. On CUDA the
 // caching allocator's own peak, the batch on the device included; on the CPU the counting allocator's
 // (the host batch is the loader's, checked on its own).
 double step_peak(Module& module, DataModule& dm, data::DataLoader& loader, int64_t count, Precision precision,
                  const torch::Device& device) {
-  Batch batch = loader.make_first_samples(0, count);
-  batch = dm.on_before_batch_transfer(std::move(batch), 0);
   if (device.is_cuda()) {
     const double base = device_memory(device)->allocated;
     reset_device_peak(device);
-    double peak = 0;
-    {
-      Batch on_device = dm.on_after_batch_transfer(dm.transfer_batch_to_device(batch, device, 0), 0);
-      AutocastGuard autocast(device, precision);
-      module.set_current_batch_size(on_device.batch_size());
-      torch::Tensor loss = module.training_step(on_device, 0);
-      loss.backward();
-      peak = device_memory(device)->peak_allocated;
-    }
-    for (auto& p : module.net().parameters()) p.mutable_grad() = torch::Tensor();
+    forward_backward(module, trial_batch(dm, loader, count, device), precision, device);
+    const double peak = device_memory(device)->peak_allocated;
+    release_grads(module);
     return peak - base;
   }
-  batch = dm.transfer_batch_to_device(batch, torch::Device(torch::kCPU), 0);
-  batch = dm.on_after_batch_transfer(std::move(batch), 0);
+  const Batch batch = trial_batch(dm, loader, count, device);
   CountingAllocator& counter = counting_allocator();
   c10::Allocator* before = c10::GetCPUAllocator();
   c10::SetCPUAllocator(&counter, /*priority=*/0);
@@ -117,13 +125,8 @@ double step_peak(Module& module, DataModule& dm, data::DataLoader& loader, int64
   } restore{before};
   counter.reset_peak();
   const int64_t base = counter.live();
-  {
-    AutocastGuard autocast(torch::Device(torch::kCPU), precision);
-    module.set_current_batch_size(batch.batch_size());
-    torch::Tensor loss = module.training_step(batch, 0);
-    loss.backward();
-  }
-  for (auto& p : module.net().parameters()) p.mutable_grad() = torch::Tensor();
+  forward_backward(module, batch, precision, device);
+  release_grads(module);
   return static_cast<double>(counter.peak() - base);
 }
 
@@ -185,15 +188,17 @@ std::optional<StepMemory> measure_step_memory(const config::Experiment& exp, Dat
   if (two < 0 || four < 0) return std::nullopt;
   m.per_sample = std::max(0.0, (four - two) / 2.0);
   m.fixed = std::max(0.0, two - 2.0 * m.per_sample);
-  double trainable = 0;
-  for (const auto& p : net.parameters())
-    if (p.requires_grad()) trainable += static_cast<double>(p.numel()) * static_cast<double>(p.element_size());
-  m.optimizer = 2.0 * trainable;
-  if (device.is_cuda()) {  // the parameters and buffers live on the device too (on the CPU they are already allocated)
-    for (const auto& p : net.parameters()) m.resident += static_cast<double>(p.numel()) * static_cast<double>(p.element_size());
-    for (const auto& b : net.buffers())
-      if (b.defined()) m.resident += static_cast<double>(b.numel()) * static_cast<double>(b.element_size());
+  // Two optimizer moments per trainable parameter; on CUDA the parameters and buffers live on the
+  // device too (on the CPU they are already allocated, outside the memory available).
+  auto bytes = [](const torch::Tensor& t) { return static_cast<double>(t.numel()) * static_cast<double>(t.element_size()); };
+  const bool resident = device.is_cuda();
+  for (const auto& p : net.parameters()) {
+    if (p.requires_grad()) m.optimizer += 2.0 * bytes(p);
+    if (resident) m.resident += bytes(p);
   }
+  if (resident)
+    for (const auto& b : net.buffers())
+      if (b.defined()) m.resident += bytes(b);
   return m;
 }
 

@@ -290,8 +290,7 @@ int Trainer::fit(std::optional<checkpoint::CheckpointData> resume) {
     // Data parallel: a failed collective ends this process with one line naming its cause (a dead
     // peer, when the health monitor finds one); any other error reaches the other ranks, which end
     // within trainer.dist_timeout naming it (they may be blocked in a collective this rank will never join).
-    if (world_size_ > 1 && distributed::is_collective_error(e)) strategy_->collective_failed(distributed::short_error(e));
-    if (world_size_ > 1) strategy_->abort(e.what());
+    if (world_size_ > 1) strategy_->abort_on_error(e);
     throw;
   }
   signals::leave_training_loop();

@@ -36,16 +36,14 @@ CpuBackendFactory& cpu_backend_factory() {
   return f;
 }
 
-}  // namespace
-
 std::string short_error(const std::exception& e) {
   if (auto* c = dynamic_cast<const c10::Error*>(&e)) return c->what_without_backtrace();
   return e.what();
 }
 
+// c10d's errors: NCCL's "remote process exited or there was a network error", an aborted
+// communicator, a store collective that failed.
 bool is_collective_error(const std::exception& e) { return dynamic_cast<const c10::DistError*>(&e) != nullptr; }
-
-namespace {
 
 std::string one_line(std::string s) {
   for (char& c : s)
@@ -419,7 +417,14 @@ class DDPStrategy final : public Strategy {
     }
   }
 
-  void collective_failed(const std::string& why) override {
+  void abort_on_error(const std::exception& error) override {
+    if (is_collective_error(error)) collective_failed(short_error(error));
+    abort(error.what());
+  }
+
+  // A collective failed on this rank: see abort_on_error (strategy.h). Ends the process, unless the
+  // job had already finished in order.
+  void collective_failed(const std::string& why) {
     // The main thread and NCCL's watchdog may both get here: the first one ends the process.
     static std::mutex once;
     once.lock();

@@ -134,19 +134,15 @@ class Strategy {
 
   // This rank cannot go on: tell the others (they end with `why`), then return; the caller exits.
   virtual void abort(const std::string& why) = 0;
-  // A collective failed on this rank (is_collective_error): with several processes this ends the
-  // process with one line, naming the rank whose death caused it when the health monitor finds one
-  // within a few heartbeats, else this error (docs/DISTRIBUTED.md, "Failures"). One process: returns.
-  virtual void collective_failed(const std::string& why) { (void)why; }
+  // The same for the exception ending this rank (the Trainer's fit, unwinding): abort(error.what()).
+  // Data parallel: a failed collective (any c10d error, e.g. NCCL's "remote process exited or there
+  // was a network error") ends the process here instead, with one line naming the rank whose death
+  // caused it when the health monitor finds one within a few heartbeats, else the error
+  // (docs/DISTRIBUTED.md, "Failure behaviour").
+  virtual void abort_on_error(const std::exception& error) { abort(error.what()); }
   // The orderly end of the job on this rank (waits for every rank to reach it).
   virtual void shutdown() = 0;
 };
-
-// c10d's errors (NCCL's "remote process exited or there was a network error", an aborted
-// communicator, a store collective that failed).
-bool is_collective_error(const std::exception& e);
-// The message without c10's backtrace.
-std::string short_error(const std::exception& e);
 
 // Builds the strategy the environment asks for (launch_env_from_process()): a single-device one
 // for one process, else a DDP strategy after the rendezvous (TCPStore at MASTER_ADDR:MASTER_PORT,

@@ -39,21 +39,9 @@ optimizer: {name: adamw, lr: 0.001, fused: false}  # this check builds without o
 scheduler: {name: none}
 EOF
 if [ "$WHAT" = llama ]; then
-  python3 - <<'EOF'
-import random, struct
-random.seed(7)
-toks = []
-while len(toks) < 150000:  # ~2070 training windows of 65 tokens: an epoch is 8 steps of 2 x 2 x 64
-    s, k, n = random.randint(1, 255), random.choice([1, 2, 3, 5]), random.randint(30, 200)
-    toks += [random.randint(1, 255) if random.random() < 0.1 else 1 + (s - 1 + i * k) % 255 for i in range(n)] + [0]
-open("strides.bin", "wb").write(struct.pack(f"<{len(toks)}H", *toks))
-EOF
-  cat >> cfg.yaml <<EOF
-model: {name: llama, vocab_size: 256, embed_dim: 128, depth: 2, num_heads: 4, num_kv_heads: 2, ffn_dim: 256,
-        max_seq_len: 64, rope_theta: 500000, tie_embeddings: true, attention: math}
-data: {name: token_file, path: $W/strides.bin, dtype: uint16, mode: windows, vocab_size: 256, max_seq_len: 64,
-       val_fraction: 0.1, collate: pad_to_max, batch_size: 64, num_workers: 2}
-EOF
+  source "$(dirname "$(realpath "${BASH_SOURCE[0]}")")/llama_strides.sh"
+  write_llama_strides "$W"
+  llama_strides_yaml "$W" >> cfg.yaml
 else
   cat >> cfg.yaml <<'EOF'
 model: {name: mlp, in_features: 768, hidden: [512, 256], num_classes: 10, dropout: 0.0}

@@ -5,8 +5,7 @@
 # Each node is its own torchrun (`--nnodes 2 --node-rank N --nproc-per-node 1`, static rendezvous on
 # 127.0.0.1) with its own CUDA_VISIBLE_DEVICES, so both workers get LOCAL_RANK 0 and cuda:0, as on
 # two machines; NCCL_HOSTID differs per node, so NCCL takes its inter-node (network) transport
-# instead of the host's NVLink. The model: a llama (GQA 4 heads over 2, tied embeddings, math
-# attention) on full-length windows of a learnable token file written here.
+# instead of the host's NVLink. The model: the llama of llama_strides.sh on its learnable token file.
 # For ddp and for zero2:
 # 1. The two-node run trains (both agents exit 0, one `strobe fit:` line naming cuda:0 and 2
 #    processes, one version directory) and its validation means equal one process's on the union
@@ -23,15 +22,8 @@ shift 2
 WHAT=" ${*:-ddp zero2 kill} "
 rm -rf "$W" && mkdir -p "$W" && cd "$W" || exit 1
 export NCCL_NVLS_ENABLE=0
-python3 - <<'EOF'
-import random, struct
-random.seed(7)
-toks = []
-while len(toks) < 150000:  # ~2070 training windows of 65 tokens: an epoch is 8 steps of 2 x 2 x 64
-    s, k, n = random.randint(1, 255), random.choice([1, 2, 3, 5]), random.randint(30, 200)
-    toks += [random.randint(1, 255) if random.random() < 0.1 else 1 + (s - 1 + i * k) % 255 for i in range(n)] + [0]
-open("strides.bin", "wb").write(struct.pack(f"<{len(toks)}H", *toks))
-EOF
+source "$(dirname "$(realpath "${BASH_SOURCE[0]}")")/llama_strides.sh"
+write_llama_strides "$W"
 cat > cfg.yaml <<EOF
 name: twonode
 seed: 11
@@ -48,11 +40,8 @@ trainer:
   dist_timeout: 20
 optimizer: {name: adamw, lr: 0.001}
 scheduler: {name: none}
-model: {name: llama, vocab_size: 256, embed_dim: 128, depth: 2, num_heads: 4, num_kv_heads: 2, ffn_dim: 256,
-        max_seq_len: 64, rope_theta: 500000, tie_embeddings: true, attention: math}
-data: {name: token_file, path: $W/strides.bin, dtype: uint16, mode: windows, vocab_size: 256, max_seq_len: 64,
-       val_fraction: 0.1, collate: pad_to_max, batch_size: 64, num_workers: 2}
 EOF
+llama_strides_yaml "$W" >> cfg.yaml
 fails=0
 check() {  # check NAME CONDITION-EXIT-STATUS DETAIL
   if [ "$2" = 0 ]; then echo "PASS $1 $3"; else echo "FAIL $1 $3"; fails=$((fails + 1)); fi
