@@ -30,6 +30,7 @@
 #include <torch/torch.h>
 
 #include "strobe/checkpoint/checkpoint_io.h"
+#include "strobe/checkpoint/checkpoint_keys.h"
 #include "strobe/core/callback.h"
 #include "strobe/core/capture.h"
 #include "strobe/core/checkpoint_view.h"
@@ -337,7 +338,7 @@ class NaNCapture : public Callback {
                            {"world_size", t.world_size()},
                            {"action", stop_ ? "stop" : "skip_step"}};
     if (!spike.is_null()) info["spike"] = spike;
-    d.blobs["capture"] = info.dump(2);
+    d.blobs[checkpoint_keys::kCapture] = info.dump(2);
 
     // Data parallel: every rank writes its own capture (its micro-batches and RNG, the weights every
     // rank shares): rank 0 to <dir>/step_<N>, rank r to <dir>/rank<r>/step_<N>.

@@ -167,7 +167,7 @@ nlohmann::json diagnose_capture(const std::string& path, const ReplayOptions& op
     verdict = "not reproducible";
     if (!matches_record) evidence.push_back("the replayed loss is not the recorded one (other bits)");
     if (!replays_agree) evidence.push_back("two replays of the same step differ");
-    const bool deterministic = cap.config_yaml.find("deterministic: true") != std::string::npos;
+    const bool deterministic = cap.config->leaf("trainer.deterministic") == "true";
     evidence.push_back(deterministic ? "the run used trainer.deterministic: true, so the same inputs should give the same bits: "
                                        "this points at the hardware (run it again on another GPU)"
                                      : "the run did not use trainer.deterministic: true: non-deterministic kernels and a hardware "

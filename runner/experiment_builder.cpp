@@ -14,6 +14,7 @@
 
 #include "callbacks/profiler.h"
 #include "strobe/checkpoint/checkpoint_io.h"
+#include "strobe/config/saved_config.h"
 #include "strobe/core/checkpoint_view.h"
 #include "strobe/distributed/strategy.h"
 #include "runner/init_from.h"
@@ -179,11 +180,15 @@ std::unique_ptr<Run> build_run(config::Document& doc, const RunOptions& options)
   const distributed::LaunchEnv env = options.launch_env ? *options.launch_env : distributed::launch_env_from_process();
   std::vector<config::PluginSpec> plugins = exp.plugins;
   // Read once: the trainer is handed the loaded checkpoint below instead of reading it again.
+  // Its saved config is parsed once: its plugins here, the resume check's comparison in the trainer.
   std::optional<checkpoint::CheckpointData> ckpt_data;
+  std::shared_ptr<const config::SavedConfig> ckpt_config;
   if (options.ckpt) {
     ckpt_data = checkpoint::load_checkpoint_file(*options.ckpt);
-    if (const std::string* saved = CheckpointView(*ckpt_data, *options.ckpt).config())
-      plugins = with_recorded_plugins(plugins, config::recorded_plugins(*saved, *options.ckpt));
+    if (const std::string* saved = CheckpointView(*ckpt_data, *options.ckpt).config()) {
+      ckpt_config = std::make_shared<const config::SavedConfig>(*saved, *options.ckpt);
+      plugins = with_recorded_plugins(plugins, ckpt_config->plugins());
+    }
   }
   if (!plugins.empty()) {
     YAML::Node record(YAML::NodeType::Sequence);
@@ -357,6 +362,7 @@ std::unique_ptr<Run> build_run(config::Document& doc, const RunOptions& options)
   TrainerParts parts;
   parts.experiment = exp;
   parts.resolved_config = run->resolved_yaml;
+  parts.checkpoint_config = std::move(ckpt_config);
   parts.module = run->module;
   parts.datamodule = run->datamodule;
   parts.callbacks = run->callbacks;

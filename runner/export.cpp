@@ -9,12 +9,12 @@
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
-#include <yaml-cpp/yaml.h>
 
 #include "strobe/checkpoint/checkpoint_io.h"
 #include "strobe/checkpoint/output_guard.h"
 #include "strobe/checkpoint/safetensors.h"
 #include "strobe/config/experiment.h"
+#include "strobe/config/saved_config.h"
 #include "runner/plugins.h"
 #include "strobe/core/checkpoint_view.h"
 #include "strobe/core/model.h"
@@ -26,19 +26,18 @@ namespace {
 
 // The checkpoint's tensors under another name set: the model is built from the checkpoint's saved
 // config (its map depends on the configuration) and its map renames them.
-safetensors::NamedTensors rename_tensors(const ExportOptions& options, const CheckpointView& view,
+safetensors::NamedTensors rename_tensors(const ExportOptions& options, const config::SavedConfig* saved,
                                          const safetensors::NamedTensors& tensors, std::optional<nlohmann::json>& hf_config) {
   const std::string flag = "--names " + options.names;
-  const std::string* saved = view.config();
   if (saved == nullptr)
     throw ExportError(fmt::format("{}: {} has no saved config to build its model from", flag, options.checkpoint));
   std::shared_ptr<Model> model;
   std::string family;
   try {
-    auto doc = config::Document::load_string(*saved, options.checkpoint + " (saved config)");
+    auto doc = saved->document();
     // A plugin's model is built by its plugin (which may register its name sets too): load the
     // plugins the checkpoint recorded, at their recorded hashes (PluginError, exit 2, otherwise).
-    load_plugins(config::recorded_plugins(*saved, options.checkpoint));
+    load_plugins(saved->plugins());
     config::Section section = doc.root().child("model");
     family = section.require_string("name");
     config::parse_init_from(section);  // accepts the key: the weights come from the checkpoint
@@ -110,8 +109,18 @@ int export_weights(const ExportOptions& options) {
                                     options.checkpoint));
   }
 
+  // The saved config, parsed once: the model it builds (other name sets) and the model section
+  // the file's metadata records.
+  std::optional<config::SavedConfig> saved;
+  if (const std::string* text = view.config()) {
+    try {
+      saved.emplace(*text, options.checkpoint + " (saved config)");
+    } catch (const config::ConfigError& e) {
+      throw checkpoint::CheckpointError(e.what());
+    }
+  }
   std::optional<nlohmann::json> hf_config;
-  if (options.names != "strobe") tensors = rename_tensors(options, view, tensors, hf_config);
+  if (options.names != "strobe") tensors = rename_tensors(options, saved ? &*saved : nullptr, tensors, hf_config);
   std::optional<nlohmann::json> generation_config;
   if (hf_config) {
     hf_config = with_source_fields(*hf_config, view);
@@ -121,14 +130,8 @@ int export_weights(const ExportOptions& options) {
   std::map<std::string, std::string> metadata{
       {"format", "pt"}, {"strobe.version", STROBE_VERSION}, {"strobe.names", options.names}};
   if (options.ema) metadata["strobe.ema"] = "true";
-  if (view.config() != nullptr) {
-    YAML::Node model = YAML::Load(*view.config())["model"];
-    if (model.IsDefined()) {
-      YAML::Emitter out;
-      out << model;
-      metadata["strobe.model"] = out.c_str();
-    }
-  }
+  if (saved)
+    if (std::string model = saved->section_yaml("model"); !model.empty()) metadata["strobe.model"] = std::move(model);
   const CheckpointMeta meta = view.meta();
   if (meta.global_step) metadata["strobe.step"] = std::to_string(*meta.global_step);
   if (meta.epoch) metadata["strobe.epoch"] = std::to_string(*meta.epoch);

@@ -9,6 +9,7 @@
 #include <torch/torch.h>
 
 #include "strobe/checkpoint/checkpoint_io.h"
+#include "strobe/checkpoint/checkpoint_keys.h"
 #include "strobe/config/config.h"
 #include "strobe/core/capture.h"
 #include "strobe/core/checkpoint_view.h"
@@ -60,10 +61,10 @@ LoadedCapture load_capture(const std::string& path) {
   const auto& d = cap.data;
   const std::string& file = cap.file;
   const CheckpointView view(d, file);
-  if (!d.has_blob("capture") || !d.has_blob("capture_batches") || view.config() == nullptr)
+  if (!d.has_blob(checkpoint_keys::kCapture) || !d.has_blob(checkpoint_keys::kCaptureBatches) || view.config() == nullptr)
     throw checkpoint::CheckpointError(fmt::format("{}: a checkpoint but not a NaN capture (no capture record)", file));
   try {
-    cap.info = nlohmann::json::parse(d.blob("capture"));
+    cap.info = nlohmann::json::parse(d.blob(checkpoint_keys::kCapture));
   } catch (const std::exception& e) {
     throw checkpoint::CheckpointError(fmt::format("{}: the capture record is not valid JSON: {}", file, e.what()));
   }
@@ -78,7 +79,7 @@ LoadedCapture load_capture(const std::string& path) {
   if (const size_t recorded = cap.info["micro_batches"].get<size_t>(); cap.batches.size() != recorded)
     throw checkpoint::CheckpointError(fmt::format("{}: an incomplete capture: its record says {} micro-batch(es), it holds {}",
                                                   file, recorded, cap.batches.size()));
-  cap.config_yaml = view.require_config();
+  cap.config = std::make_shared<const config::SavedConfig>(view.require_config(), file + " (resolved config)");
   cap.captured_device = cap.info.value("device", "cpu");
   return cap;
 }
@@ -134,7 +135,7 @@ struct DefaultDtype {
 
 StepOutcome replay_step(const LoadedCapture& cap, const ReplayVariant& v) {
   const std::string device = v.float64 ? std::string("cpu") : v.device;
-  auto doc = config::Document::load_string(cap.config_yaml, cap.file + " (resolved config)");
+  auto doc = cap.config->document();
   // The step alone: no callbacks, files, progress bar or loggers; the captured device unless asked.
   doc.apply_override("callbacks=[]");
   doc.apply_override("trainer.enable_checkpointing=false");

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -11,6 +12,7 @@
 #include <torch/types.h>
 
 #include "strobe/checkpoint/checkpoint_io.h"
+#include "strobe/config/saved_config.h"
 #include "strobe/core/forensics.h"
 #include "strobe/data/batch.h"
 
@@ -27,7 +29,7 @@ struct LoadedCapture {
   checkpoint::CheckpointData data;
   nlohmann::json info;  // the capture record
   std::vector<Batch> batches;
-  std::string config_yaml;
+  std::shared_ptr<const config::SavedConfig> config;  // its resolved config, parsed once
   std::string captured_device;
 };
 LoadedCapture load_capture(const std::string& path);

@@ -3,6 +3,7 @@
 // strobe/core/checkpoint_view.h reads the run's record; ShardedCheckpoint adds zero2's own).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -31,5 +32,14 @@ inline std::string rng_cpu() { return "rng/cpu"; }
 inline std::string rng_cuda(int64_t index) { return "rng/cuda/" + std::to_string(index); }
 // Data parallel: every rank's generators, gathered by rank 0 ("cpu" or "cuda").
 inline std::string rng_of_rank(int64_t rank, const std::string& which) { return "rng/rank" + std::to_string(rank) + "/" + which; }
+
+// A NaN capture's own entries, beside a full checkpoint's (strobe/core/capture.h).
+inline constexpr const char* kCapture = "capture";                 // the capture record (JSON)
+inline constexpr const char* kCaptureBatches = "capture_batches";  // each micro-batch's meta (JSON list)
+inline constexpr const char* kCaptureIndices = "capture_indices";  // each micro-batch's dataset indices (JSON list)
+inline constexpr const char* kCaptureBatchPrefix = "capture/batch/";  // tensors capture/batch/<i>/<key>
+inline std::string capture_batch(size_t i, const std::string& key) {
+  return kCaptureBatchPrefix + std::to_string(i) + "/" + key;
+}
 
 }  // namespace strobe::checkpoint_keys

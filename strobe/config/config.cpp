@@ -564,6 +564,13 @@ Document Document::load_string(const std::string& text, const std::string& sourc
   return d;
 }
 
+Document Document::clone() const {
+  Document d = *this;
+  d.root_ = YAML::Clone(root_);
+  d.source_ = std::make_shared<SourceInfo>(*source_);
+  return d;
+}
+
 Document Document::load_files(const std::vector<std::string>& paths) {
   Document doc = load_file(paths.at(0));
   for (size_t i = 1; i < paths.size(); ++i) {

@@ -117,6 +117,8 @@ class Document {
   // file, line and column it came from. `paths` holds at least one file.
   static Document load_files(const std::vector<std::string>& paths);
   static Document load_string(const std::string& text, const std::string& source_name);
+  // A deep copy: overrides applied to it never reach this one.
+  Document clone() const;
   // "a.b.c=value": value parsed as YAML; intermediate mappings are created. Bad syntax throws. A
   // changed component name ("scheduler.name=none") drops the keys the old component's section got
   // from the files (not those an earlier override gave), adding a line to notes().

@@ -1,4 +1,5 @@
 #include "strobe/config/experiment.h"
+#include "strobe/config/saved_config.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -154,10 +155,10 @@ static std::vector<PluginSpec> parse_plugins(Section& root, const std::string& c
   return out;
 }
 
-std::vector<PluginSpec> recorded_plugins(const std::string& resolved_yaml, const std::string& source) {
-  Document doc = Document::load_string(resolved_yaml, source);
+std::vector<PluginSpec> SavedConfig::plugins() const {
+  Document doc = document();
   Section root = doc.root();
-  std::vector<PluginSpec> out = parse_plugins(root, source);
+  std::vector<PluginSpec> out = parse_plugins(root, source());
   for (auto& spec : out) spec.listed_at.clear();  // a recorded entry is named by recorded_by, not a line of YAML text
   return out;
 }

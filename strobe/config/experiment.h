@@ -170,10 +170,6 @@ struct Experiment {
   std::vector<PluginSpec> plugins;
 };
 
-// The `plugins:` a resolved config (a checkpoint's or a capture's) recorded; `source` names it in
-// errors and in recorded_by. Throws ConfigError for an entry that is neither a path nor {path, sha256}.
-std::vector<PluginSpec> recorded_plugins(const std::string& resolved_yaml, const std::string& source);
-
 // "DD:HH:MM:SS" (or fewer fields, "HH:MM:SS", "MM:SS", "SS") into seconds; nullopt on bad syntax.
 std::optional<double> parse_duration(const std::string& text);
 

@@ -44,10 +44,9 @@ void flatten(const YAML::Node& n, const std::string& path, std::vector<std::pair
   out.emplace_back(path, scalar_text(n));
 }
 
-std::map<std::string, std::string> leaves(const std::string& yaml, const char* what) {
+ConfigLeaves leaves(const std::string& yaml, const char* what) {
   try {
-    auto flat = flatten_config(yaml);
-    return {flat.begin(), flat.end()};
+    return flatten_config(yaml);
   } catch (const YAML::Exception& e) {
     throw ConfigError(fmt::format("{}: not a YAML config ({})", what, e.msg));
   }
@@ -79,9 +78,14 @@ const char* incompatible_reason(const std::string& key) {
 
 }  // namespace
 
-std::vector<std::pair<std::string, std::string>> flatten_config(const std::string& yaml) {
-  std::vector<std::pair<std::string, std::string>> out;
-  if (!yaml.empty()) flatten(YAML::Load(yaml), "", out);
+ConfigLeaves flatten_config(const std::string& yaml) {
+  if (yaml.empty()) return {};
+  return flatten_config(YAML::Load(yaml));
+}
+
+ConfigLeaves flatten_config(const YAML::Node& root) {
+  ConfigLeaves out;
+  flatten(root, "", out);
   return out;
 }
 
@@ -139,8 +143,11 @@ std::string join_changes(const std::vector<ConfigChange>& changes, size_t max) {
 }
 
 ResumeCheck compare_for_resume(const std::string& checkpoint_yaml, const std::string& current_yaml) {
-  const auto before = leaves(checkpoint_yaml, "the checkpoint's config");
-  const auto after = leaves(current_yaml, "the current config");
+  return compare_for_resume(leaves(checkpoint_yaml, "the checkpoint's config"), leaves(current_yaml, "the current config"));
+}
+
+ResumeCheck compare_for_resume(const ConfigLeaves& checkpoint, const ConfigLeaves& current) {
+  const std::map<std::string, std::string> before(checkpoint.begin(), checkpoint.end()), after(current.begin(), current.end());
   std::vector<ConfigChange> changes;
   for (const auto& [k, v] : before) {
     auto it = after.find(k);

@@ -11,13 +11,21 @@
 #include <utility>
 #include <vector>
 
+namespace YAML {
+class Node;
+}
+
 namespace strobe::config {
+
+// A config's leaves: (dotted path, value text), in document order.
+using ConfigLeaves = std::vector<std::pair<std::string, std::string>>;
 
 // A config's leaves as (path, text), in document order: the one flattening of a config (the resume
 // check compares it, the TensorBoard logger records it as hparams). Paths are dotted, list elements
 // [i] ("callbacks[0].monitor"); a list of scalars is one leaf, "[32, 16]"; null is "null". Throws
 // YAML::Exception when `yaml` is not YAML.
-std::vector<std::pair<std::string, std::string>> flatten_config(const std::string& yaml);
+ConfigLeaves flatten_config(const std::string& yaml);
+ConfigLeaves flatten_config(const YAML::Node& root);
 
 struct ConfigChange {
   std::string key;     // dotted path, list elements as [i]: "optimizer.name", "callbacks[0].monitor"
@@ -40,6 +48,8 @@ bool same_config_value(const std::string& a, const std::string& b);
 
 // Throws ConfigError when either text is not YAML. Numbers compare as numbers (same_config_value).
 ResumeCheck compare_for_resume(const std::string& checkpoint_yaml, const std::string& current_yaml);
+// The same on configs already flattened (a checkpoint's SavedConfig, strobe/config/saved_config.h).
+ResumeCheck compare_for_resume(const ConfigLeaves& checkpoint, const ConfigLeaves& current);
 
 // "a -> b, c -> d" (at most `max` entries, then "and N more").
 std::string join_changes(const std::vector<ConfigChange>& changes, size_t max = 8);

@@ -9,25 +9,27 @@
 #include <torch/torch.h>
 
 #include "strobe/checkpoint/checkpoint_io.h"
+#include "strobe/checkpoint/checkpoint_keys.h"
 
 namespace strobe::capture {
 
 namespace fs = std::filesystem;
+namespace keys = checkpoint_keys;
 
 void put_batches(checkpoint::CheckpointData& out, const std::vector<Batch>& batches) {
   nlohmann::json metas = nlohmann::json::array(), indices = nlohmann::json::array();
   for (size_t i = 0; i < batches.size(); ++i) {
-    for (const auto& [key, t] : batches[i].tensors) out.tensors[fmt::format("capture/batch/{}/{}", i, key)] = t;
+    for (const auto& [key, t] : batches[i].tensors) out.tensors[keys::capture_batch(i, key)] = t;
     metas.push_back(batches[i].meta);
     indices.push_back(batches[i].indices);
   }
-  out.blobs["capture_batches"] = metas.dump();
-  out.blobs["capture_indices"] = indices.dump();  // each row's dataset index (Batch::indices)
+  out.blobs[keys::kCaptureBatches] = metas.dump();
+  out.blobs[keys::kCaptureIndices] = indices.dump();  // each row's dataset index (Batch::indices)
 }
 
 std::vector<Batch> get_batches(const checkpoint::CheckpointData& in) {
   // Every part checked: a damaged capture is refused naming what is wrong, never a library's exception.
-  const nlohmann::json metas = nlohmann::json::parse(in.blob("capture_batches"), nullptr, false);
+  const nlohmann::json metas = nlohmann::json::parse(in.blob(keys::kCaptureBatches), nullptr, false);
   if (!metas.is_array()) throw checkpoint::CheckpointError("the capture's batch record (blob 'capture_batches') is not a JSON list");
   if (metas.empty()) throw checkpoint::CheckpointError("the capture holds no batches");
   std::vector<Batch> out(metas.size());
@@ -39,8 +41,9 @@ std::vector<Batch> get_batches(const checkpoint::CheckpointData& in) {
     }
   }
   for (const auto& [name, t] : in.tensors) {
-    if (name.rfind("capture/batch/", 0) != 0) continue;
-    const std::string rest = name.substr(14);
+    const std::string prefix = keys::kCaptureBatchPrefix;
+    if (name.rfind(prefix, 0) != 0) continue;
+    const std::string rest = name.substr(prefix.size());
     const size_t slash = rest.find('/');
     const std::string index = rest.substr(0, slash);
     if (slash == std::string::npos || index.empty() || index.size() > 9 ||
@@ -50,8 +53,8 @@ std::vector<Batch> get_batches(const checkpoint::CheckpointData& in) {
   }
   for (size_t i = 0; i < out.size(); ++i)
     if (out[i].tensors.empty()) throw checkpoint::CheckpointError(fmt::format("the capture's batch {} holds no tensors", i));
-  if (in.has_blob("capture_indices")) {
-    const nlohmann::json idx = nlohmann::json::parse(in.blob("capture_indices"), nullptr, false);
+  if (in.has_blob(keys::kCaptureIndices)) {
+    const nlohmann::json idx = nlohmann::json::parse(in.blob(keys::kCaptureIndices), nullptr, false);
     if (!idx.is_array() || idx.size() != out.size())
       throw checkpoint::CheckpointError("the capture's dataset indices (blob 'capture_indices') do not match its batches");
     for (size_t i = 0; i < out.size(); ++i) {

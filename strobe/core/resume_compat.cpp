@@ -9,6 +9,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <yaml-cpp/yaml.h>
 #include <torch/torch.h>
 
 #include "strobe/config/config.h"
@@ -34,7 +35,24 @@ std::string first_of(const std::vector<std::string>& names) {
 
 }  // namespace
 
-std::string weights_mismatch(const checkpoint::CheckpointData& data, const std::string& current_yaml, torch::nn::Module& net) {
+ConfigComparison compare_configs(const checkpoint::CheckpointData& data, const std::string& current_yaml,
+                                 const std::shared_ptr<const config::SavedConfig>& parsed) {
+  ConfigComparison c;
+  const std::string* text = CheckpointView(data, data.source).config();
+  if (text == nullptr) return c;
+  try {
+    c.saved = parsed && parsed->text() == *text ? parsed
+                                                : std::make_shared<const config::SavedConfig>(*text, "the checkpoint's config");
+    if (!current_yaml.empty()) c.check = config::compare_for_resume(c.saved->leaves(), config::flatten_config(current_yaml));
+  } catch (const config::ConfigError& e) {
+    c.error = e.what();
+  } catch (const YAML::Exception& e) {
+    c.error = fmt::format("the current config: not a YAML config ({})", e.msg);
+  }
+  return c;
+}
+
+std::string weights_mismatch(const checkpoint::CheckpointData& data, const ConfigComparison& configs, torch::nn::Module& net) {
   std::map<std::string, torch::Tensor> own;
   for (const auto& p : net.named_parameters()) own.emplace(p.key(), p.value());
   for (const auto& b : net.named_buffers()) own.emplace(b.key(), b.value());
@@ -64,17 +82,12 @@ std::string weights_mismatch(const checkpoint::CheckpointData& data, const std::
   for (size_t i = 0; i < parts.size(); ++i) tensors += (i ? "; " : "") + parts[i];
 
   // The model keys of the checkpoint's own config that differ from the current config, when both are known.
+  // A saved config that does not parse: the tensor names alone say what differs.
   std::vector<std::string> keys;
-  if (!current_yaml.empty() && view.config() != nullptr) {
-    try {
-      auto r = config::compare_for_resume(*view.config(), current_yaml);
-      for (const auto* list : {&r.incompatible, &r.model_changes, &r.allowed})
-        for (const auto& c : *list)
-          if (is_model_key(c.key)) keys.push_back(fmt::format("{}: checkpoint {}, config {}", c.key, c.before, c.after));
-    } catch (const config::ConfigError&) {
-      // A saved config that does not parse: the tensor names alone say what differs.
-    }
-  }
+  if (const auto& r = configs.check)
+    for (const auto* list : {&r->incompatible, &r->model_changes, &r->allowed})
+      for (const auto& c : *list)
+        if (is_model_key(c.key)) keys.push_back(fmt::format("{}: checkpoint {}, config {}", c.key, c.before, c.after));
   std::sort(keys.begin(), keys.end());
   if (keys.empty()) return tensors;
   std::string out;
@@ -82,55 +95,41 @@ std::string weights_mismatch(const checkpoint::CheckpointData& data, const std::
   return fmt::format("{} ({})", out, tensors);
 }
 
-std::string function_changes(const checkpoint::CheckpointData& data, const std::string& current_yaml) {
-  const std::string* saved = CheckpointView(data, "").config();
-  if (current_yaml.empty() || saved == nullptr) return "";
+std::string function_changes(const ConfigComparison& configs) {
+  if (!configs.check) return "";
   std::vector<std::string> keys;
-  try {
-    for (const auto& c : config::compare_for_resume(*saved, current_yaml).incompatible)
-      if (is_model_key(c.key)) keys.push_back(fmt::format("{}: checkpoint {}, config {}", c.key, c.before, c.after));
-  } catch (const config::ConfigError&) {
-    return "";
-  }
+  for (const auto& c : configs.check->incompatible)
+    if (is_model_key(c.key)) keys.push_back(fmt::format("{}: checkpoint {}, config {}", c.key, c.before, c.after));
   std::string out;
   for (size_t i = 0; i < keys.size(); ++i) out += (i ? ", " : "") + keys[i];
   return out.empty() ? out : out + " (they change the function the weights compute)";
 }
 
-std::string run_config_hint(const std::string& ckpt_path, const checkpoint::CheckpointData& data) {
+std::string run_config_hint(const std::string& ckpt_path, const ConfigComparison& configs) {
   namespace fs = std::filesystem;
   std::error_code ec;
   const fs::path ck(ckpt_path);
-  const std::string* saved = CheckpointView(data, ckpt_path).config();
-  if (saved == nullptr || ck.parent_path().filename() != "checkpoints") return "";
+  if (configs.saved == nullptr || ck.parent_path().filename() != "checkpoints") return "";
   const fs::path run_config = ck.parent_path().parent_path() / "config.yaml";
   if (!fs::is_regular_file(run_config, ec) || fs::file_size(run_config, ec) > (1u << 20)) return "";
   std::ifstream in(run_config);
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   try {
-    const auto r = config::compare_for_resume(*saved, text);
+    const auto r = config::compare_for_resume(configs.saved->leaves(), config::flatten_config(text));
     for (const auto* list : {&r.incompatible, &r.model_changes, &r.allowed})
       for (const auto& c : *list)
         if (is_model_key(c.key) && c.key.rfind("model.init_from", 0) != 0) return "";
-  } catch (const config::ConfigError&) {
+  } catch (const YAML::Exception&) {
     return "";
   }
   return fmt::format("; -c {} builds the model this checkpoint was trained as", run_config.string());
 }
 
 std::vector<config::ConfigChange> check_resume_compatible(const std::string& path, const checkpoint::CheckpointData& data,
-                                    const std::string& current_yaml, torch::nn::Module& net) {
-  const std::string mismatch = weights_mismatch(data, current_yaml, net);
-
-  config::ResumeCheck r;
-  const std::string* saved = CheckpointView(data, path).config();
-  if (!current_yaml.empty() && saved != nullptr) {
-    try {
-      r = config::compare_for_resume(*saved, current_yaml);
-    } catch (const config::ConfigError& e) {
-      throw checkpoint::CheckpointError(fmt::format("{}: {}", path, e.what()));
-    }
-  }
+                                                          const ConfigComparison& configs, torch::nn::Module& net) {
+  if (!configs.error.empty()) throw checkpoint::CheckpointError(fmt::format("{}: {}", path, configs.error));
+  const std::string mismatch = weights_mismatch(data, configs, net);
+  config::ResumeCheck r = configs.check.value_or(config::ResumeCheck{});
   std::vector<std::string> refused;
   for (const auto& c : r.incompatible) refused.push_back(fmt::format("{} ({})", c.text(), c.why));
   if (!mismatch.empty()) {
@@ -142,7 +141,7 @@ std::vector<config::ConfigChange> check_resume_compatible(const std::string& pat
     std::string msg = fmt::format("{}: cannot resume with this config: ", path);
     for (size_t i = 0; i < refused.size(); ++i) msg += (i ? "; " : "") + refused[i];
     if (!r.allowed.empty()) msg += fmt::format(" (allowed changes: {})", config::join_changes(r.allowed));
-    if (!mismatch.empty()) msg += run_config_hint(path, data);
+    if (!mismatch.empty()) msg += run_config_hint(path, configs);
     throw checkpoint::CheckpointError(msg);
   }
   std::sort(r.allowed.begin(), r.allowed.end(), [](const auto& a, const auto& b) { return a.key < b.key; });

@@ -33,6 +33,7 @@ int received_stop_signal() { return signals::received(); }
 Trainer::Trainer(TrainerParts parts)
     : exp_(std::move(parts.experiment)),
       config_yaml_(std::move(parts.resolved_config)),
+      checkpoint_config_(std::move(parts.checkpoint_config)),
       hf_source_config_(std::move(parts.hf_source_config)),
       module_(std::move(parts.module)),
       datamodule_(std::move(parts.datamodule)),

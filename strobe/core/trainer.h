@@ -84,6 +84,9 @@ namespace distributed {
 class Strategy;
 class Zero2Shards;
 }
+namespace config {
+class SavedConfig;
+}
 class GradScaler;
 class GraphedRunner;
 class ShardedCheckpoint;
@@ -107,6 +110,10 @@ struct TrainerParts {
   // when none: every checkpoint keeps it (blob `hf_config`, restored on resume) so `export --names hf`
   // writes its fields back (max_position_embeddings, bos/eos token ids, ...).
   std::string hf_source_config;
+  // The saved config of the checkpoint the command loads (--ckpt), when whoever read the checkpoint
+  // parsed it already (build_run reads its plugins): the resume check compares it without parsing it
+  // again. Null: parsed from the checkpoint.
+  std::shared_ptr<const config::SavedConfig> checkpoint_config;
 };
 
 // The composition root: built once from its parts, it builds and wires the loops, the step and the
@@ -225,6 +232,7 @@ class Trainer : private TrainerView, private StepAccess {
 
   config::Experiment exp_;
   std::string config_yaml_;
+  std::shared_ptr<const config::SavedConfig> checkpoint_config_;
   std::string hf_source_config_;  // empty: none
   std::shared_ptr<Module> module_;
   std::shared_ptr<DataModule> datamodule_;

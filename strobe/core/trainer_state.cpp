@@ -287,7 +287,7 @@ std::vector<config::ConfigChange> Trainer::restore_training_state(const checkpoi
         source, fmt::join(lacking, ", ")));
   // Before any state is restored: the saved config against the current one (another optimizer,
   // precision or model shape is refused naming the change; the rest is returned for fit to list).
-  auto changes = check_resume_compatible(source, d, config_yaml_, module_->net());
+  auto changes = check_resume_compatible(source, d, compare_configs(d, config_yaml_, checkpoint_config_), module_->net());
   connector_.load(d, /*restore_training_state=*/true, source);
   each("on_load_checkpoint", [&](Callback& cb) { cb.on_load_checkpoint(*this, *module_, d); });
   return changes;
@@ -320,10 +320,11 @@ void Trainer::load_weights(const checkpoint::CheckpointData& d) {
   const std::string& source = d.source;
   // Every load of weights is strict: all names and all shapes, or refused naming the model config
   // keys that differ, else the tensors.
-  if (auto mismatch = weights_mismatch(d, config_yaml_, module_->net()); !mismatch.empty())
+  const ConfigComparison configs = compare_configs(d, config_yaml_, checkpoint_config_);
+  if (auto mismatch = weights_mismatch(d, configs, module_->net()); !mismatch.empty())
     throw checkpoint::CheckpointError(
-        fmt::format("{}: the checkpoint's weights do not fit this model: {}{}", source, mismatch, run_config_hint(source, d)));
-  if (const std::string changed = function_changes(d, config_yaml_); !changed.empty() && is_global_zero()) {
+        fmt::format("{}: the checkpoint's weights do not fit this model: {}{}", source, mismatch, run_config_hint(source, configs)));
+  if (const std::string changed = function_changes(configs); !changed.empty() && is_global_zero()) {
     // The weights fit, but they are evaluated as another function than they were trained as.
     fmt::print(stderr, "strobe: warning: {}: evaluated with model keys that differ from the checkpoint's config: {}\n", source,
                changed);

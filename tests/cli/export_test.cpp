@@ -89,6 +89,14 @@ TEST(CliExport, BadInputIsOneLineAndExitTwoAndAnExistingFileIsKept) {
   refused("export " + ckpt + " -o " + cfg + "/sub/w.safetensors",
           "strobe export: -o " + cfg + "/sub/w.safetensors: cannot reach the directory " + cfg + "/sub (Not a directory)");
   EXPECT_FALSE(std::filesystem::exists(out));
+  // A checkpoint whose saved config is damaged: named with its line, before anything is written.
+  checkpoint::CheckpointData damaged = checkpoint::load_checkpoint_file(ckpt);
+  damaged.blobs["config"] = "model:\n  name: [mlp\n";
+  checkpoint::save_checkpoint_file(dir + "/damaged.ckpt", damaged);
+  for (const char* names : {"strobe", "timm"})
+    refused("export " + dir + "/damaged.ckpt -o " + out + " --names " + names,
+            "strobe: checkpoint error: " + dir + "/damaged.ckpt (saved config):3:1: invalid YAML");
+  EXPECT_FALSE(std::filesystem::exists(out));
   r = strobe_cmd("export " + ckpt + " -o " + dir + "/keep.safetensors --overwrite");
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_GT(safetensors::read_file(dir + "/keep.safetensors").tensors.size(), 0u);

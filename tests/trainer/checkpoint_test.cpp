@@ -114,17 +114,32 @@ TEST(Checkpoint, WeightsMismatchNamesTheTensorsWhenNoConfigKeyExplainsIt) {
   checkpoint::CheckpointData d;
   for (const auto& p : net->named_parameters()) d.tensors["model/" + p.key()] = p.value().detach().clone();
   d.tensors["optimizer/not_a_weight"] = torch::zeros({1});
-  EXPECT_EQ(weights_mismatch(d, "", *net), "");
+  EXPECT_EQ(weights_mismatch(d, compare_configs(d, ""), *net), "");
   d.tensors.erase("model/1.bias");
   d.tensors["model/2.weight"] = torch::zeros({2, 2});
   d.tensors["model/2.bias"] = torch::zeros({2});
   d.tensors["model/0.weight"] = torch::zeros({5, 4});
-  EXPECT_EQ(weights_mismatch(d, "", *net),
+  EXPECT_EQ(weights_mismatch(d, compare_configs(d, ""), *net),
             "missing '1.bias'; unexpected '2.bias' (and 1 more); '0.weight' is [5, 4] in the checkpoint, [3, 4] in the model");
   // A saved config whose model keys differ from the current one: those keys first.
   d.blobs["config"] = "model:\n  name: mlp\n  hidden: [5]\n";
-  EXPECT_EQ(weights_mismatch(d, "model:\n  name: mlp\n  hidden: [3]\n", *net).rfind("model.hidden: checkpoint [5], config [3] (missing '1.bias';", 0), 0u)
-      << weights_mismatch(d, "model:\n  name: mlp\n  hidden: [3]\n", *net);
+  const ConfigComparison configs = compare_configs(d, "model:\n  name: mlp\n  hidden: [3]\n");
+  EXPECT_EQ(weights_mismatch(d, configs, *net).rfind("model.hidden: checkpoint [5], config [3] (missing '1.bias';", 0), 0u)
+      << weights_mismatch(d, configs, *net);
+  // The config a command parsed already is used when it is the checkpoint's (and only then).
+  auto parsed = std::make_shared<const config::SavedConfig>(d.blob("config"), "read before");
+  EXPECT_EQ(compare_configs(d, "model:\n  name: mlp\n  hidden: [3]\n", parsed).saved, parsed);
+  auto other = std::make_shared<const config::SavedConfig>("model:\n  name: mlp\n  hidden: [9]\n", "another");
+  const ConfigComparison fresh = compare_configs(d, "model:\n  name: mlp\n  hidden: [3]\n", other);
+  ASSERT_NE(fresh.saved, nullptr);
+  EXPECT_NE(fresh.saved, other);
+  EXPECT_EQ(weights_mismatch(d, fresh, *net).rfind("model.hidden: checkpoint [5], config [3]", 0), 0u);
+  // A saved config that does not parse: the tensors alone are named, and a resume is refused naming it.
+  d.blobs["config"] = "model: [unclosed\n";
+  const ConfigComparison broken = compare_configs(d, "model:\n  name: mlp\n");
+  EXPECT_EQ(broken.saved, nullptr);
+  EXPECT_EQ(weights_mismatch(d, broken, *net).rfind("missing '1.bias'", 0), 0u);
+  EXPECT_NE(broken.error.find("the checkpoint's config:"), std::string::npos) << broken.error;
 }
 
 // What a stop signal's handler calls before the process exits: the temporaries being written now are
