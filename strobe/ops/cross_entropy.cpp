@@ -7,6 +7,7 @@
 #include <torch/autograd.h>
 #include <torch/library.h>
 
+#include "strobe/ops/internal.h"
 #include "strobe/ops/ops.h"
 
 namespace strobe::ops {
@@ -30,15 +31,6 @@ namespace {
 
 using at::Tensor;
 using OptTensor = std::optional<Tensor>;
-
-enum CeReduction : int64_t { kCeNone = 0, kCeMean = 1, kCeSum = 2 };
-
-int64_t parse_reduction(std::string_view r) {
-  if (r == "mean") return kCeMean;
-  if (r == "sum") return kCeSum;
-  if (r == "none") return kCeNone;
-  TORCH_CHECK(false, "cross_entropy: reduction must be 'none', 'mean' or 'sum', got '", r, "'");
-}
 
 at::ScalarType ce_loss_dtype(const Tensor& logits) {
   return logits.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
@@ -106,8 +98,8 @@ const c10::TypedOperatorHandle<CeBwdSig>& ce_bwd_op() {
 // The reduction over the per-row losses (ATen sums: a fixed order for a given size on a device).
 // Returns (loss, count of non-ignored rows as fp32 for mean, else undefined).
 std::tuple<Tensor, Tensor> reduce(const Tensor& rows, const Tensor& target, int64_t ignore_index, int64_t r) {
-  if (r == kCeNone) return {rows, Tensor()};
-  if (r == kCeSum) return {rows.sum(), Tensor()};
+  if (r == detail::kNone) return {rows, Tensor()};
+  if (r == detail::kSum) return {rows.sum(), Tensor()};
   // mean over non-ignored rows; 0 of them gives NaN, as PyTorch.
   const Tensor count = target.ne(ignore_index).sum().to(rows.scalar_type());
   return {rows.sum() / count, count};
@@ -118,7 +110,7 @@ class CrossEntropyFunction : public torch::autograd::Function<CrossEntropyFuncti
   static Tensor forward(torch::autograd::AutogradContext* ctx, const Tensor& logits, const Tensor& target,
                         int64_t ignore_index, std::string_view reduction) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    const int64_t r = parse_reduction(reduction);
+    const int64_t r = detail::parse_reduction(reduction, "cross_entropy");
     auto [rows, lse] = ce_fwd_op().call(logits, target, ignore_index);
     auto [loss, count] = reduce(rows, target, ignore_index, r);
     ctx->save_for_backward({logits, target, lse, count});
@@ -143,7 +135,7 @@ Tensor ce_autograd(const Tensor& logits, const Tensor& target, int64_t ignore_in
 }
 
 Tensor ce_nograd(const Tensor& logits, const Tensor& target, int64_t ignore_index, std::string_view reduction) {
-  const int64_t r = parse_reduction(reduction);
+  const int64_t r = detail::parse_reduction(reduction, "cross_entropy");
   auto [rows, lse] = ce_fwd_op().call(logits, target, ignore_index);
   return std::get<0>(reduce(rows, target, ignore_index, r));
 }

@@ -3,7 +3,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
-#include "strobe/ops/cuda/fused_norm.h"
+#include "strobe/ops/cuda/cross_entropy.h"
 #include "strobe/ops/cuda_glue.h"
 
 namespace strobe::ops {

@@ -2,6 +2,8 @@
 // (torch::optim's ATen ops, in torch::optim's order), the C++ wrappers and the Optimizer classes.
 #include "strobe/ops/fused_optimizers.h"
 
+#include <type_traits>
+
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
@@ -428,8 +430,8 @@ void check_adam_options(const Options& o) {
 }
 
 template <typename Options>
-void adam_family_step(FusedOptimizerBase& self, bool decoupled, const Tensor& found,
-                      const Tensor& mult) {
+void adam_family_step(FusedOptimizerBase& self, const Tensor& found, const Tensor& mult) {
+  constexpr bool decoupled = std::is_same_v<Options, torch::optim::AdamWOptions>;
   for (size_t gi = 0; gi < self.param_groups().size(); ++gi) {
     auto& group = self.param_groups()[gi];
     const auto& o = static_cast<const Options&>(group.options());
@@ -472,7 +474,7 @@ void adam_family_step(FusedOptimizerBase& self, bool decoupled, const Tensor& fo
     args.lr_tensor = self.lr_tensor(gi);
     for (const DeviceLists& l : per_device) {
       const Tensor f = to_device(found, l.device), m = to_device(mult, l.device);
-      if (decoupled) {
+      if constexpr (decoupled) {
         fused_adamw_(l.params, l.grads, l.a, l.b, l.c, l.steps, args, f, m);
       } else {
         fused_adam_(l.params, l.grads, l.a, l.b, l.c, l.steps, args, f, m);
@@ -483,49 +485,34 @@ void adam_family_step(FusedOptimizerBase& self, bool decoupled, const Tensor& fo
 
 }  // namespace
 
-FusedAdamW::FusedAdamW(const std::vector<torch::optim::OptimizerParamGroup>& param_groups,
-                       torch::optim::AdamWOptions defaults)
-    : FusedOptimizerBase(param_groups, std::make_unique<torch::optim::AdamWOptions>(defaults)) {
+template <typename Options>
+FusedAdamFamily<Options>::FusedAdamFamily(const std::vector<torch::optim::OptimizerParamGroup>& param_groups,
+                                          Options defaults)
+    : FusedOptimizerBase(param_groups, std::make_unique<Options>(defaults)) {
   check_adam_options(defaults);
 }
 
-Tensor FusedAdamW::step(LossClosure closure) {
+template <typename Options>
+Tensor FusedAdamFamily<Options>::step(LossClosure closure) {
   at::NoGradGuard no_grad;
   Tensor loss = run_closure(closure);
   auto [found, mult] = take_guards();
-  adam_family_step<torch::optim::AdamWOptions>(*this, true, found, mult);
+  adam_family_step<Options>(*this, found, mult);
   return loss;
 }
 
-void FusedAdamW::save(torch::serialize::OutputArchive& archive) const {
-  torch::optim::serialize<FusedAdamParamState, torch::optim::AdamWOptions>(archive, *this);
+template <typename Options>
+void FusedAdamFamily<Options>::save(torch::serialize::OutputArchive& archive) const {
+  torch::optim::serialize<FusedAdamParamState, Options>(archive, *this);
 }
 
-void FusedAdamW::load(torch::serialize::InputArchive& archive) {
-  torch::optim::serialize<FusedAdamParamState, torch::optim::AdamWOptions>(archive, *this);
+template <typename Options>
+void FusedAdamFamily<Options>::load(torch::serialize::InputArchive& archive) {
+  torch::optim::serialize<FusedAdamParamState, Options>(archive, *this);
 }
 
-FusedAdam::FusedAdam(const std::vector<torch::optim::OptimizerParamGroup>& param_groups,
-                     torch::optim::AdamOptions defaults)
-    : FusedOptimizerBase(param_groups, std::make_unique<torch::optim::AdamOptions>(defaults)) {
-  check_adam_options(defaults);
-}
-
-Tensor FusedAdam::step(LossClosure closure) {
-  at::NoGradGuard no_grad;
-  Tensor loss = run_closure(closure);
-  auto [found, mult] = take_guards();
-  adam_family_step<torch::optim::AdamOptions>(*this, false, found, mult);
-  return loss;
-}
-
-void FusedAdam::save(torch::serialize::OutputArchive& archive) const {
-  torch::optim::serialize<FusedAdamParamState, torch::optim::AdamOptions>(archive, *this);
-}
-
-void FusedAdam::load(torch::serialize::InputArchive& archive) {
-  torch::optim::serialize<FusedAdamParamState, torch::optim::AdamOptions>(archive, *this);
-}
+template class FusedAdamFamily<torch::optim::AdamWOptions>;
+template class FusedAdamFamily<torch::optim::AdamOptions>;
 
 FusedSGD::FusedSGD(const std::vector<torch::optim::OptimizerParamGroup>& param_groups,
                    torch::optim::SGDOptions defaults)

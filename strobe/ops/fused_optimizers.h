@@ -71,27 +71,23 @@ class FusedOptimizerBase : public torch::optim::Optimizer {
   torch::Tensor grad_multiplier_;
 };
 
-class FusedAdamW : public FusedOptimizerBase {
+// Adam and AdamW: one class over torch::optim's option type, which decides the weight decay
+// (AdamWOptions: decoupled, p *= 1 - lr * wd; AdamOptions: L2, grad += wd * p) and the archive's
+// option layout.
+template <typename Options>
+class FusedAdamFamily : public FusedOptimizerBase {
  public:
-  explicit FusedAdamW(const std::vector<torch::optim::OptimizerParamGroup>& param_groups,
-                      torch::optim::AdamWOptions defaults = {});
-  explicit FusedAdamW(std::vector<torch::Tensor> params, torch::optim::AdamWOptions defaults = {})
-      : FusedAdamW({torch::optim::OptimizerParamGroup(std::move(params))}, std::move(defaults)) {}
+  explicit FusedAdamFamily(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, Options defaults = {});
+  explicit FusedAdamFamily(std::vector<torch::Tensor> params, Options defaults = {})
+      : FusedAdamFamily({torch::optim::OptimizerParamGroup(std::move(params))}, std::move(defaults)) {}
   torch::Tensor step(LossClosure closure = nullptr) override;
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;
 };
-
-class FusedAdam : public FusedOptimizerBase {
- public:
-  explicit FusedAdam(const std::vector<torch::optim::OptimizerParamGroup>& param_groups,
-                     torch::optim::AdamOptions defaults = {});
-  explicit FusedAdam(std::vector<torch::Tensor> params, torch::optim::AdamOptions defaults = {})
-      : FusedAdam({torch::optim::OptimizerParamGroup(std::move(params))}, std::move(defaults)) {}
-  torch::Tensor step(LossClosure closure = nullptr) override;
-  void save(torch::serialize::OutputArchive& archive) const override;
-  void load(torch::serialize::InputArchive& archive) override;
-};
+using FusedAdamW = FusedAdamFamily<torch::optim::AdamWOptions>;
+using FusedAdam = FusedAdamFamily<torch::optim::AdamOptions>;
+extern template class FusedAdamFamily<torch::optim::AdamWOptions>;
+extern template class FusedAdamFamily<torch::optim::AdamOptions>;
 
 class FusedSGD : public FusedOptimizerBase {
  public:

@@ -260,21 +260,21 @@ Tensor giou_nograd(const Tensor& pred, const Tensor& target, const std::optional
 }
 
 Tensor giou_loss_autograd(const Tensor& pred, const Tensor& target, std::string_view reduction) {
-  return giou_autograd(pred, target, std::nullopt, kPadded, detail::parse_reduction(reduction));
+  return giou_autograd(pred, target, std::nullopt, kPadded, detail::parse_reduction(reduction, "giou_loss"));
 }
 Tensor giou_loss_nograd(const Tensor& pred, const Tensor& target, std::string_view reduction) {
-  return giou_nograd(pred, target, std::nullopt, kPadded, detail::parse_reduction(reduction));
+  return giou_nograd(pred, target, std::nullopt, kPadded, detail::parse_reduction(reduction, "giou_loss"));
 }
 int64_t packed_layout(const Tensor& pred) { return pred.dim() == 3 ? kPackedTargets : kPacked; }
 Tensor giou_loss_packed_autograd(const Tensor& pred, const Tensor& target, const Tensor& offsets,
                                  std::string_view reduction) {
   return giou_autograd(pred, target, offsets, packed_layout(pred),
-                       detail::parse_reduction(reduction));
+                       detail::parse_reduction(reduction, "giou_loss"));
 }
 Tensor giou_loss_packed_nograd(const Tensor& pred, const Tensor& target, const Tensor& offsets,
                                std::string_view reduction) {
   return giou_nograd(pred, target, offsets, packed_layout(pred),
-                     detail::parse_reduction(reduction));
+                     detail::parse_reduction(reduction, "giou_loss"));
 }
 
 }  // namespace
@@ -309,7 +309,7 @@ namespace {
 // come from giou_packed's own kernels (CompositeImplicitAutograd).
 Tensor generalized_box_iou_loss_composite(const Tensor& pred, const Tensor& target,
                                           std::string_view reduction) {
-  const int64_t r = detail::parse_reduction(reduction);
+  const int64_t r = detail::parse_reduction(reduction, "giou_loss");
   TORCH_CHECK(pred.dim() >= 1 && pred.size(-1) == 4,
               "generalized_box_iou_loss: pred must be [..., 4], got ", pred.sizes());
   TORCH_CHECK(pred.sym_sizes() == target.sym_sizes(), "generalized_box_iou_loss: pred ", pred.sizes(),

@@ -7,11 +7,6 @@
 #include "strobe/ops/internal.h"
 
 namespace strobe::ops {
-namespace detail {
-void giou_check_inputs(const at::Tensor& pred, const at::Tensor& target,
-                       const std::optional<at::Tensor>& offsets, int64_t layout);
-}  // namespace detail
-
 namespace {
 
 using at::Tensor;

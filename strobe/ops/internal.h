@@ -2,24 +2,35 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string_view>
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 
+#include "strobe/ops/cuda/giou_layout.h"
+
 namespace strobe::ops::detail {
 
-// Reduction codes of the internal giou ops (ATen's at::Reduction values).
+// The reduction codes the internal ops' schemas carry (ATen's at::Reduction values): giou_loss and
+// cross_entropy.
 enum Reduction : int64_t { kNone = 0, kMean = 1, kSum = 2 };
-// Layout codes, equal to cuda::GiouLayout.
-enum Layout : int64_t { kPadded = 0, kPackedTargets = 1, kPacked = 2 };
+// The GIoU layout codes the schemas carry: cuda::GiouLayout's values, named once there.
+inline constexpr int64_t kPadded = static_cast<int64_t>(cuda::GiouLayout::kPadded);
+inline constexpr int64_t kPackedTargets = static_cast<int64_t>(cuda::GiouLayout::kPackedTargets);
+inline constexpr int64_t kPacked = static_cast<int64_t>(cuda::GiouLayout::kPacked);
 
-inline int64_t parse_reduction(std::string_view r) {
+// A user's reduction word as its code; `op` names the op in the error.
+inline int64_t parse_reduction(std::string_view r, const char* op) {
   if (r == "mean") return kMean;
   if (r == "sum") return kSum;
   if (r == "none") return kNone;
-  TORCH_CHECK(false, "giou_loss: reduction must be 'none', 'mean' or 'sum', got '", r, "'");
+  TORCH_CHECK(false, op, ": reduction must be 'none', 'mean' or 'sum', got '", r, "'");
 }
+
+// The GIoU loss's input checks, shared by its CPU, CUDA and meta kernels (giou_loss.cpp).
+void giou_check_inputs(const at::Tensor& pred, const at::Tensor& target, const std::optional<at::Tensor>& offsets,
+                       int64_t layout);
 
 inline void check_same_device(const at::Tensor& t, const at::Device& d, const char* op,
                               const char* what) {

@@ -5,7 +5,7 @@
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 
-#include "strobe/ops/cuda/fused_norm.h"
+#include "strobe/ops/cuda/cross_entropy.h"
 #include "strobe/ops/cuda_glue.h"
 
 namespace strobe::ops::detail {

@@ -8,11 +8,6 @@
 #include "strobe/ops/internal.h"
 
 namespace strobe::ops {
-namespace detail {
-void giou_check_inputs(const at::Tensor& pred, const at::Tensor& target,
-                       const std::optional<at::Tensor>& offsets, int64_t layout);
-}  // namespace detail
-
 namespace {
 
 using at::Tensor;
@@ -48,13 +43,13 @@ Tensor giou_bwd_meta(const Tensor& grad_out, const Tensor& grad_box, const Tenso
 }
 
 Tensor giou_loss_meta(const Tensor& pred, const Tensor& target, std::string_view reduction) {
-  const int64_t r = detail::parse_reduction(reduction);
+  const int64_t r = detail::parse_reduction(reduction, "giou_loss");
   return std::get<0>(giou_fwd_meta(pred, target, std::nullopt, detail::kPadded, r, false));
 }
 
 Tensor giou_loss_packed_meta(const Tensor& pred, const Tensor& target, const Tensor& offsets,
                              std::string_view reduction) {
-  const int64_t r = detail::parse_reduction(reduction);
+  const int64_t r = detail::parse_reduction(reduction, "giou_loss");
   const int64_t layout = pred.dim() == 3 ? detail::kPackedTargets : detail::kPacked;
   return std::get<0>(giou_fwd_meta(pred, target, offsets, layout, r, false));
 }

@@ -294,18 +294,10 @@ cudaError_t batch_norm_act_fwd(const void* x, const void* residual, DType dtype,
                                float eps, bool relu, void* y, float* mean, float* invstd, float* workspace,
                                const BnShape& s, cudaStream_t stream) {
   if (s.rows < 1 || s.c < kVec || s.c % kVec != 0) return cudaErrorInvalidValue;
-  switch (dtype) {
-    case DType::kFloat32:
-      return fwd_impl<float>(x, residual, dtype, weight, bias, running_mean, running_var, momentum, eps, relu, y, mean,
-                             invstd, workspace, s, stream);
-    case DType::kBFloat16:
-      return fwd_impl<__nv_bfloat16>(x, residual, dtype, weight, bias, running_mean, running_var, momentum, eps, relu, y,
-                                     mean, invstd, workspace, s, stream);
-    case DType::kFloat16:
-      return fwd_impl<__half>(x, residual, dtype, weight, bias, running_mean, running_var, momentum, eps, relu, y, mean,
-                              invstd, workspace, s, stream);
-  }
-  return cudaErrorInvalidValue;
+  return dispatch_float(dtype, [&](auto t) {
+    return fwd_impl<typename decltype(t)::type>(x, residual, dtype, weight, bias, running_mean, running_var, momentum, eps,
+                                                relu, y, mean, invstd, workspace, s, stream);
+  });
 }
 
 cudaError_t batch_norm_act_bwd(const void* grad_y, const void* y, const void* x, DType dtype, const float* weight,
@@ -313,18 +305,10 @@ cudaError_t batch_norm_act_bwd(const void* grad_y, const void* y, const void* x,
                                float* grad_weight, float* grad_bias, float* workspace, const BnShape& s,
                                cudaStream_t stream) {
   if (s.rows < 1 || s.c < kVec || s.c % kVec != 0) return cudaErrorInvalidValue;
-  switch (dtype) {
-    case DType::kFloat32:
-      return bwd_impl<float>(grad_y, y, x, weight, mean, invstd, relu, grad_x, grad_residual, grad_weight, grad_bias,
-                             workspace, s, stream);
-    case DType::kBFloat16:
-      return bwd_impl<__nv_bfloat16>(grad_y, y, x, weight, mean, invstd, relu, grad_x, grad_residual, grad_weight,
-                                     grad_bias, workspace, s, stream);
-    case DType::kFloat16:
-      return bwd_impl<__half>(grad_y, y, x, weight, mean, invstd, relu, grad_x, grad_residual, grad_weight,
-                              grad_bias, workspace, s, stream);
-  }
-  return cudaErrorInvalidValue;
+  return dispatch_float(dtype, [&](auto t) {
+    return bwd_impl<typename decltype(t)::type>(grad_y, y, x, weight, mean, invstd, relu, grad_x, grad_residual,
+                                                grad_weight, grad_bias, workspace, s, stream);
+  });
 }
 
 }  // namespace strobe::ops::cuda

@@ -7,8 +7,10 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_runtime.h>
 
 #include <cstdint>
+#include <utility>
 
 #include "strobe/ops/cuda/dtype.h"
 
@@ -148,6 +150,33 @@ __device__ __forceinline__ T block_sum_to_thread0(T v, T* sh) {
   __syncthreads();
   if (warp == 0) v = warp_sum_to_lane0(lane < kThreads / 32 ? sh[lane] : T(0));
   return v;
+}
+
+// ---- launcher dispatch ---------------------------------------------------------------------------
+// A storage type handed to a launcher's generic lambda: `using T = typename decltype(t)::type;`.
+template <typename T>
+struct As {
+  using type = T;
+};
+
+// The one switch from a runtime DType to the storage type a kernel is instantiated for: f(As<T>{})
+// with T float, __half or __nv_bfloat16; another DType (float64, uint8) is cudaErrorInvalidValue.
+// `f` returns cudaError_t.
+template <typename F>
+inline cudaError_t dispatch_float(DType dt, F&& f) {
+  switch (dt) {
+    case DType::kFloat32: return f(As<float>{});
+    case DType::kFloat16: return f(As<__half>{});
+    case DType::kBFloat16: return f(As<__nv_bfloat16>{});
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+// The same, with float64 as a fourth type (the GIoU loss's targets).
+template <typename F>
+inline cudaError_t dispatch_float_or_double(DType dt, F&& f) {
+  if (dt == DType::kFloat64) return f(As<double>{});
+  return dispatch_float(dt, std::forward<F>(f));
 }
 
 }  // namespace strobe::ops::cuda

@@ -383,14 +383,10 @@ bool flash_attention_uses_wgmma() {
 
 cudaError_t flash_attention_bwd(const FlashAttnParams& p, cudaStream_t stream) {
   if (!flash_attention_supported(p.head_dim, p.dtype)) return cudaErrorInvalidValue;
-  const bool bf16 = p.dtype == DType::kBFloat16;
   const bool wgmma = flash_attention_uses_wgmma();
-  if (p.head_dim == 64) {
-    return bf16 ? flash::launch_bwd<__nv_bfloat16, 64>(p, wgmma, stream)
-                : flash::launch_bwd<__half, 64>(p, wgmma, stream);
-  }
-  return bf16 ? flash::launch_bwd<__nv_bfloat16, 128>(p, wgmma, stream)
-              : flash::launch_bwd<__half, 128>(p, wgmma, stream);
+  return flash::dispatch(p.dtype, p.head_dim, [&](auto t, auto d) {
+    return flash::launch_bwd<typename decltype(t)::type, decltype(d)::value>(p, wgmma, stream);
+  });
 }
 
 }  // namespace strobe::ops::cuda

@@ -313,11 +313,9 @@ cudaError_t launch(const FlashAttnParams& p, cudaStream_t stream) {
 // dK, dV and dQ of the backward (the Dsum pre-pass already ran): flash_bwd.cu calls it on compute
 // capability 9.0 devices.
 cudaError_t flash_attention_bwd_sm90(const FlashAttnParams& p, cudaStream_t stream) {
-  const bool bf16 = p.dtype == DType::kBFloat16;
-  if (p.head_dim == 64) {
-    return bf16 ? flash::launch<__nv_bfloat16, 64>(p, stream) : flash::launch<__half, 64>(p, stream);
-  }
-  return bf16 ? flash::launch<__nv_bfloat16, 128>(p, stream) : flash::launch<__half, 128>(p, stream);
+  return flash::dispatch(p.dtype, p.head_dim, [&](auto t, auto d) {
+    return flash::launch<typename decltype(t)::type, decltype(d)::value>(p, stream);
+  });
 }
 
 }  // namespace strobe::ops::cuda

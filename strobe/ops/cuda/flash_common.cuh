@@ -12,10 +12,24 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
+#include "strobe/ops/cuda/common.cuh"
 #include "strobe/ops/cuda/flash_attention.h"
 
 namespace strobe::ops::cuda::flash {
+
+// The one switch from (dtype, head_dim) to the instantiations the kernels are built for:
+// f(As<T>{}, std::integral_constant<int, D>{}) with T __nv_bfloat16 or __half and D 64 or 128;
+// anything else (flash_attention_supported says no) is cudaErrorInvalidValue.
+template <typename F>
+inline cudaError_t dispatch(DType dtype, int head_dim, F&& f) {
+  if (!flash_attention_supported(head_dim, dtype)) return cudaErrorInvalidValue;
+  auto with_dim = [&](auto t) {
+    return head_dim == 64 ? f(t, std::integral_constant<int, 64>{}) : f(t, std::integral_constant<int, 128>{});
+  };
+  return dtype == DType::kBFloat16 ? with_dim(As<__nv_bfloat16>{}) : with_dim(As<__half>{});
+}
 
 constexpr float kLog2e = 1.4426950408889634f;
 

@@ -252,13 +252,9 @@ bool flash_attention_supported(int head_dim, DType dtype) {
 cudaError_t flash_attention_fwd(const FlashAttnParams& p, cudaStream_t stream) {
   if (!flash_attention_supported(p.head_dim, p.dtype)) return cudaErrorInvalidValue;
   if (flash_attention_uses_wgmma()) return flash_attention_fwd_sm90(p, stream);
-  const bool bf16 = p.dtype == DType::kBFloat16;
-  if (p.head_dim == 64) {
-    return bf16 ? flash::launch_fwd<__nv_bfloat16, 64>(p, stream)
-                : flash::launch_fwd<__half, 64>(p, stream);
-  }
-  return bf16 ? flash::launch_fwd<__nv_bfloat16, 128>(p, stream)
-              : flash::launch_fwd<__half, 128>(p, stream);
+  return flash::dispatch(p.dtype, p.head_dim, [&](auto t, auto d) {
+    return flash::launch_fwd<typename decltype(t)::type, decltype(d)::value>(p, stream);
+  });
 }
 
 }  // namespace strobe::ops::cuda

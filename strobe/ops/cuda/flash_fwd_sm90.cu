@@ -184,11 +184,9 @@ cudaError_t launch(const FlashAttnParams& p, cudaStream_t stream) {
 }  // namespace flash
 
 cudaError_t flash_attention_fwd_sm90(const FlashAttnParams& p, cudaStream_t stream) {
-  const bool bf16 = p.dtype == DType::kBFloat16;
-  if (p.head_dim == 64) {
-    return bf16 ? flash::launch<__nv_bfloat16, 64>(p, stream) : flash::launch<__half, 64>(p, stream);
-  }
-  return bf16 ? flash::launch<__nv_bfloat16, 128>(p, stream) : flash::launch<__half, 128>(p, stream);
+  return flash::dispatch(p.dtype, p.head_dim, [&](auto t, auto d) {
+    return flash::launch<typename decltype(t)::type, decltype(d)::value>(p, stream);
+  });
 }
 
 }  // namespace strobe::ops::cuda

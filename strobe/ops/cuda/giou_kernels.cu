@@ -183,18 +183,6 @@ __global__ void __launch_bounds__(kThreads)
   grad_pred[row] = out;
 }
 
-template <typename TP>
-void launch_fwd_for_target(const GiouFwdParams& p, dim3 grid, cudaStream_t stream) {
-  switch (p.target_dtype) {
-    case DType::kFloat32: giou_fwd_kernel<TP, float><<<grid, kThreads, 0, stream>>>(p); break;
-    case DType::kFloat16: giou_fwd_kernel<TP, __half><<<grid, kThreads, 0, stream>>>(p); break;
-    case DType::kBFloat16:
-      giou_fwd_kernel<TP, __nv_bfloat16><<<grid, kThreads, 0, stream>>>(p);
-      break;
-    case DType::kFloat64: giou_fwd_kernel<TP, double><<<grid, kThreads, 0, stream>>>(p); break;
-  }
-}
-
 }  // namespace
 
 int64_t giou_fwd_num_blocks(int64_t rows) { return (rows + kThreads - 1) / kThreads; }
@@ -202,13 +190,13 @@ int64_t giou_fwd_num_blocks(int64_t rows) { return (rows + kThreads - 1) / kThre
 cudaError_t giou_fwd(const GiouFwdParams& p, cudaStream_t stream) {
   if (p.rows == 0) return cudaSuccess;
   const dim3 grid(static_cast<unsigned>(giou_fwd_num_blocks(p.rows)));
-  switch (p.pred_dtype) {
-    case DType::kFloat32: launch_fwd_for_target<float>(p, grid, stream); break;
-    case DType::kFloat16: launch_fwd_for_target<__half>(p, grid, stream); break;
-    case DType::kBFloat16: launch_fwd_for_target<__nv_bfloat16>(p, grid, stream); break;
-    case DType::kFloat64: return cudaErrorInvalidValue;
-  }
-  return cudaGetLastError();
+  // Predictions in fp32, fp16 or bf16; targets in those or fp64.
+  return dispatch_float(p.pred_dtype, [&](auto tp) {
+    return dispatch_float_or_double(p.target_dtype, [&](auto tt) {
+      giou_fwd_kernel<typename decltype(tp)::type, typename decltype(tt)::type><<<grid, kThreads, 0, stream>>>(p);
+      return cudaGetLastError();
+    });
+  });
 }
 
 cudaError_t giou_finalize(const float* partial_sum, const int* partial_count, int64_t n, bool mean,
@@ -223,22 +211,11 @@ cudaError_t giou_bwd(const float* grad_out, bool per_box, const float* scale, co
   if (rows == 0) return cudaSuccess;
   const dim3 grid(static_cast<unsigned>((rows + kThreads - 1) / kThreads));
   const auto* gb = reinterpret_cast<const float4*>(grad_box);
-  switch (pred_dtype) {
-    case DType::kFloat32:
-      giou_bwd_kernel<float><<<grid, kThreads, 0, stream>>>(
-          grad_out, per_box, scale, gb, static_cast<Vec4<float>*>(grad_pred), rows);
-      break;
-    case DType::kFloat16:
-      giou_bwd_kernel<__half><<<grid, kThreads, 0, stream>>>(
-          grad_out, per_box, scale, gb, static_cast<Vec4<__half>*>(grad_pred), rows);
-      break;
-    case DType::kBFloat16:
-      giou_bwd_kernel<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(
-          grad_out, per_box, scale, gb, static_cast<Vec4<__nv_bfloat16>*>(grad_pred), rows);
-      break;
-    case DType::kFloat64: return cudaErrorInvalidValue;
-  }
-  return cudaGetLastError();
+  return dispatch_float(pred_dtype, [&](auto t) {
+    using T = typename decltype(t)::type;
+    giou_bwd_kernel<T><<<grid, kThreads, 0, stream>>>(grad_out, per_box, scale, gb, static_cast<Vec4<T>*>(grad_pred), rows);
+    return cudaGetLastError();
+  });
 }
 
 }  // namespace strobe::ops::cuda

@@ -8,16 +8,12 @@
 #include <cuda_runtime_api.h>
 
 #include "strobe/ops/cuda/dtype.h"
+#include "strobe/ops/cuda/giou_layout.h"
 
 namespace strobe::ops::cuda {
 
 // ---- GIoU loss ----------------------------------------------------------------------------------
-// How prediction row r finds its target row and whether it counts:
-//   kPadded:        target row r; valid when target[r][3] > 0 (zero-padded targets).
-//   kPackedTargets: predictions padded [B, N, 4], targets packed [T, 4] with offsets[B + 1];
-//                   r = b * N + j pairs with target offsets[b] + j, valid when j < offsets[b+1]-offsets[b].
-//   kPacked:        predictions and targets both packed [T, 4]; every row valid.
-enum class GiouLayout : int { kPadded = 0, kPackedTargets = 1, kPacked = 2 };
+// How prediction row r finds its target row and whether it counts: GiouLayout (giou_layout.h).
 
 struct GiouFwdParams {
   const void* pred = nullptr;  // [rows, 4], contiguous

@@ -345,31 +345,20 @@ cudaError_t max_pool_fwd(const void* x, void* y, uint8_t* index, DType dtype, co
                          cudaStream_t stream) {
   if (s.n == 0 || s.c == 0 || s.oh == 0 || s.ow == 0) return cudaSuccess;
   const bool vec = max_pool_vectorized(s, dtype, x, y, index);
-  switch (dtype) {
-    case DType::kFloat32:
-      return fwd_typed(static_cast<const float*>(x), static_cast<float*>(y), index, s, vec, stream);
-    case DType::kBFloat16:
-      return fwd_typed(static_cast<const __nv_bfloat16*>(x), static_cast<__nv_bfloat16*>(y), index, s, vec, stream);
-    case DType::kFloat16:
-      return fwd_typed(static_cast<const __half*>(x), static_cast<__half*>(y), index, s, vec, stream);
-  }
-  return cudaErrorInvalidValue;
+  return dispatch_float(dtype, [&](auto t) {
+    using T = typename decltype(t)::type;
+    return fwd_typed(static_cast<const T*>(x), static_cast<T*>(y), index, s, vec, stream);
+  });
 }
 
 cudaError_t max_pool_bwd(const void* grad_y, const uint8_t* index, void* grad_x, DType dtype,
                          const PoolShape& s, cudaStream_t stream) {
   if (s.n == 0 || s.c == 0 || s.h == 0 || s.w == 0) return cudaSuccess;
   const bool vec = max_pool_vectorized(s, dtype, grad_y, grad_x, index);
-  switch (dtype) {
-    case DType::kFloat32:
-      return bwd_typed(static_cast<const float*>(grad_y), index, static_cast<float*>(grad_x), s, vec, stream);
-    case DType::kBFloat16:
-      return bwd_typed(static_cast<const __nv_bfloat16*>(grad_y), index, static_cast<__nv_bfloat16*>(grad_x), s,
-                       vec, stream);
-    case DType::kFloat16:
-      return bwd_typed(static_cast<const __half*>(grad_y), index, static_cast<__half*>(grad_x), s, vec, stream);
-  }
-  return cudaErrorInvalidValue;
+  return dispatch_float(dtype, [&](auto t) {
+    using T = typename decltype(t)::type;
+    return bwd_typed(static_cast<const T*>(grad_y), index, static_cast<T*>(grad_x), s, vec, stream);
+  });
 }
 
 }  // namespace strobe::ops::cuda

@@ -66,6 +66,33 @@ __device__ __forceinline__ int tensor_of_block(const int* block_start, int n, in
 
 int blocks_for(int64_t numel) { return static_cast<int>((numel + kChunk - 1) / kChunk); }
 
+// The prologue every multi-tensor kernel shares: this block's chunk, the tensor it falls in and
+// [begin, end) of that tensor's elements (kChunk of them, fewer at a tensor's end).
+struct Chunk {
+  int tensor;
+  int64_t begin, end;
+};
+template <typename NumelOf>
+__device__ __forceinline__ Chunk block_chunk(const int* block_start, int num_tensors, NumelOf numel_of) {
+  const int t = tensor_of_block(block_start, num_tensors, blockIdx.x);
+  const int64_t begin = static_cast<int64_t>(blockIdx.x - block_start[t]) * kChunk;
+  return {t, begin, min(begin + kChunk, numel_of(t))};
+}
+
+// This thread's elements of chunk `c`: with `vec` (every operand 16-byte aligned, no fp64),
+// quad(i) for each of its groups of 4 (i a multiple of 4), then one(i) for the tail; else one(i)
+// for each element.
+template <typename Quad, typename One>
+__device__ __forceinline__ void for_each_element(const Chunk& c, bool vec, Quad quad, One one) {
+  int64_t scalar_begin = c.begin;
+  if (vec) {
+    const int64_t vec_end = c.begin + ((c.end - c.begin) & ~int64_t{3});
+    for (int64_t i = c.begin + 4 * threadIdx.x; i < vec_end; i += 4 * kThreads) quad(i);
+    scalar_begin = vec_end;
+  }
+  for (int64_t i = scalar_begin + threadIdx.x; i < c.end; i += kThreads) one(i);
+}
+
 // ---- non-finite check --------------------------------------------------------------------------
 struct NonfiniteLaunch {
   const void* data[kNonfiniteMaxTensors];
@@ -79,40 +106,29 @@ struct NonfiniteLaunch {
 };
 
 __global__ void __launch_bounds__(kThreads) nonfinite_kernel(const NonfiniteLaunch L) {
-  const int t = tensor_of_block(L.block_start, L.num_tensors, blockIdx.x);
-  const int64_t begin = static_cast<int64_t>(blockIdx.x - L.block_start[t]) * kChunk;
-  const int64_t end = min(begin + kChunk, L.numel[t]);
-  const void* base = L.data[t];
-  const DType dt = L.dtype[t];
+  const Chunk c = block_chunk(L.block_start, L.num_tensors, [&](int t) { return L.numel[t]; });
+  const void* base = L.data[c.tensor];
+  const DType dt = L.dtype[c.tensor];
   int bad = 0;
   float sumsq = 0.f;
-  if (is_aligned16(base) && dt != DType::kFloat64) {
-    const int64_t vec_end = begin + ((end - begin) & ~int64_t{3});
-    for (int64_t i = begin + 4 * threadIdx.x; i < vec_end; i += 4 * kThreads) {
-      float v[4];
-      load4_as_float(base, i, dt, v);
+  for_each_element(
+      c, is_aligned16(base) && dt != DType::kFloat64,
+      [&](int64_t i) {
+        float v[4];
+        load4_as_float(base, i, dt, v);
 #pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        bad |= !isfinite(v[k]);
-        sumsq = fmaf(v[k], v[k], sumsq);
-      }
-    }
-    for (int64_t i = vec_end + threadIdx.x; i < end; i += kThreads) {
-      const float v = load_as_float(base, i, dt);
-      bad |= !isfinite(v);
-      sumsq = fmaf(v, v, sumsq);
-    }
-  } else {
-    for (int64_t i = begin + threadIdx.x; i < end; i += kThreads) {
-      if (dt == DType::kFloat64) {
-        const double d = static_cast<const double*>(base)[i];
-        bad |= !isfinite(d);
-      }
-      const float v = load_as_float(base, i, dt);
-      bad |= !isfinite(v) && dt != DType::kFloat64;
-      sumsq = fmaf(v, v, sumsq);
-    }
-  }
+        for (int k = 0; k < 4; ++k) {
+          bad |= !isfinite(v[k]);
+          sumsq = fmaf(v[k], v[k], sumsq);
+        }
+      },
+      [&](int64_t i) {
+        // fp64 is checked in fp64 (a finite double can round to an infinite float).
+        if (dt == DType::kFloat64) bad |= !isfinite(static_cast<const double*>(base)[i]);
+        const float v = load_as_float(base, i, dt);
+        bad |= !isfinite(v) && dt != DType::kFloat64;
+        sumsq = fmaf(v, v, sumsq);
+      });
   bad = __syncthreads_or(bad);
   if (L.with_norm) {
     __shared__ float sh[kThreads / 32];
@@ -184,10 +200,8 @@ __device__ __forceinline__ void adam_update(float& p, float g, float& m, float& 
 __global__ void __launch_bounds__(kThreads) adam_kernel(const AdamLaunch L) {
   const AdamHyper& h = L.hyper;
   if (h.found_nonfinite != nullptr && *h.found_nonfinite != 0.f) return;
-  const int t = tensor_of_block(L.block_start, L.num_tensors, blockIdx.x);
-  const AdamTensor& T = L.tensors[t];
-  const int64_t begin = static_cast<int64_t>(blockIdx.x - L.block_start[t]) * kChunk;
-  const int64_t end = min(begin + kChunk, T.numel);
+  const Chunk c = block_chunk(L.block_start, L.num_tensors, [&](int t) { return L.tensors[t].numel; });
+  const AdamTensor& T = L.tensors[c.tensor];
   const double step = static_cast<double>(*T.step) + 1.0;
   const double bc1 = 1.0 - pow(h.beta1, step);
   const double bc2 = 1.0 - pow(h.beta2, step);
@@ -207,39 +221,35 @@ __global__ void __launch_bounds__(kThreads) adam_kernel(const AdamLaunch L) {
   const bool vec = is_aligned16(T.param) && is_aligned16(T.grad) && is_aligned16(T.exp_avg) &&
                    is_aligned16(T.exp_avg_sq) &&
                    (!h.amsgrad || is_aligned16(T.max_exp_avg_sq)) && T.grad_dtype != DType::kFloat64;
-  int64_t scalar_begin = begin;
-  if (vec) {
-    const int64_t vec_end = begin + ((end - begin) & ~int64_t{3});
-    for (int64_t i = begin + 4 * threadIdx.x; i < vec_end; i += 4 * kThreads) {
-      float g[4];
-      load4_as_float(T.grad, i, T.grad_dtype, g);
-      float4 p = *reinterpret_cast<float4*>(T.param + i);
-      float4 m = *reinterpret_cast<float4*>(T.exp_avg + i);
-      float4 v = *reinterpret_cast<float4*>(T.exp_avg_sq + i);
-      float4 vm = h.amsgrad ? *reinterpret_cast<float4*>(T.max_exp_avg_sq + i) : make_float4(0, 0, 0, 0);
-      if (use_mult) {
+  for_each_element(
+      c, vec,
+      [&](int64_t i) {
+        float g[4];
+        load4_as_float(T.grad, i, T.grad_dtype, g);
+        float4 p = *reinterpret_cast<float4*>(T.param + i);
+        float4 m = *reinterpret_cast<float4*>(T.exp_avg + i);
+        float4 v = *reinterpret_cast<float4*>(T.exp_avg_sq + i);
+        float4 vm = h.amsgrad ? *reinterpret_cast<float4*>(T.max_exp_avg_sq + i) : make_float4(0, 0, 0, 0);
+        if (use_mult) {
 #pragma unroll
-        for (int k = 0; k < 4; ++k) g[k] *= mult;
-      }
-      adam_update(p.x, g[0], m.x, v.x, &vm.x, s, h.amsgrad, h.decoupled_weight_decay);
-      adam_update(p.y, g[1], m.y, v.y, &vm.y, s, h.amsgrad, h.decoupled_weight_decay);
-      adam_update(p.z, g[2], m.z, v.z, &vm.z, s, h.amsgrad, h.decoupled_weight_decay);
-      adam_update(p.w, g[3], m.w, v.w, &vm.w, s, h.amsgrad, h.decoupled_weight_decay);
-      *reinterpret_cast<float4*>(T.param + i) = p;
-      *reinterpret_cast<float4*>(T.exp_avg + i) = m;
-      *reinterpret_cast<float4*>(T.exp_avg_sq + i) = v;
-      if (h.amsgrad) *reinterpret_cast<float4*>(T.max_exp_avg_sq + i) = vm;
-    }
-    scalar_begin = vec_end;
-  }
-  for (int64_t i = scalar_begin + threadIdx.x; i < end; i += kThreads) {
-    float g = load_as_float(T.grad, i, T.grad_dtype);
-    if (use_mult) g *= mult;
-    float vm = h.amsgrad ? T.max_exp_avg_sq[i] : 0.f;
-    adam_update(T.param[i], g, T.exp_avg[i], T.exp_avg_sq[i], &vm, s, h.amsgrad,
-                h.decoupled_weight_decay);
-    if (h.amsgrad) T.max_exp_avg_sq[i] = vm;
-  }
+          for (int k = 0; k < 4; ++k) g[k] *= mult;
+        }
+        adam_update(p.x, g[0], m.x, v.x, &vm.x, s, h.amsgrad, h.decoupled_weight_decay);
+        adam_update(p.y, g[1], m.y, v.y, &vm.y, s, h.amsgrad, h.decoupled_weight_decay);
+        adam_update(p.z, g[2], m.z, v.z, &vm.z, s, h.amsgrad, h.decoupled_weight_decay);
+        adam_update(p.w, g[3], m.w, v.w, &vm.w, s, h.amsgrad, h.decoupled_weight_decay);
+        *reinterpret_cast<float4*>(T.param + i) = p;
+        *reinterpret_cast<float4*>(T.exp_avg + i) = m;
+        *reinterpret_cast<float4*>(T.exp_avg_sq + i) = v;
+        if (h.amsgrad) *reinterpret_cast<float4*>(T.max_exp_avg_sq + i) = vm;
+      },
+      [&](int64_t i) {
+        float g = load_as_float(T.grad, i, T.grad_dtype);
+        if (use_mult) g *= mult;
+        float vm = h.amsgrad ? T.max_exp_avg_sq[i] : 0.f;
+        adam_update(T.param[i], g, T.exp_avg[i], T.exp_avg_sq[i], &vm, s, h.amsgrad, h.decoupled_weight_decay);
+        if (h.amsgrad) T.max_exp_avg_sq[i] = vm;
+      });
 }
 
 // Runs after the update kernel of the same tensors (same stream), so every block has read the
@@ -266,10 +276,8 @@ struct SgdLaunch {
 __global__ void __launch_bounds__(kThreads) sgd_kernel(const SgdLaunch L) {
   const SgdHyper& h = L.hyper;
   if (h.found_nonfinite != nullptr && *h.found_nonfinite != 0.f) return;
-  const int t = tensor_of_block(L.block_start, L.num_tensors, blockIdx.x);
-  const SgdTensor& T = L.tensors[t];
-  const int64_t begin = static_cast<int64_t>(blockIdx.x - L.block_start[t]) * kChunk;
-  const int64_t end = min(begin + kChunk, T.numel);
+  const Chunk c = block_chunk(L.block_start, L.num_tensors, [&](int t) { return L.tensors[t].numel; });
+  const SgdTensor& T = L.tensors[c.tensor];
   const float mult = h.grad_multiplier != nullptr ? *h.grad_multiplier : 1.f;
   const bool use_mult = h.grad_multiplier != nullptr;
   const float wd = static_cast<float>(h.weight_decay);
@@ -294,28 +302,25 @@ __global__ void __launch_bounds__(kThreads) sgd_kernel(const SgdLaunch L) {
   // billion-weight head streams ~12 GB per step), and scalar accesses left a third of it unused.
   const bool vec = is_aligned16(T.param) && is_aligned16(T.grad) &&
                    (!has_buf || is_aligned16(T.momentum_buffer)) && T.grad_dtype != DType::kFloat64;
-  int64_t scalar_begin = begin;
-  if (vec) {
-    const int64_t vec_end = begin + ((end - begin) & ~int64_t{3});
-    for (int64_t i = begin + 4 * threadIdx.x; i < vec_end; i += 4 * kThreads) {
-      float g[4];
-      load4_as_float(T.grad, i, T.grad_dtype, g);
-      float4 p = *reinterpret_cast<float4*>(T.param + i);
-      float4 b = has_buf ? *reinterpret_cast<float4*>(T.momentum_buffer + i) : make_float4(0, 0, 0, 0);
-      update(g[0], p.x, &b.x);
-      update(g[1], p.y, &b.y);
-      update(g[2], p.z, &b.z);
-      update(g[3], p.w, &b.w);
-      *reinterpret_cast<float4*>(T.param + i) = p;
-      if (has_buf) *reinterpret_cast<float4*>(T.momentum_buffer + i) = b;
-    }
-    scalar_begin = vec_end;
-  }
-  for (int64_t i = scalar_begin + threadIdx.x; i < end; i += kThreads) {
-    float b = has_buf ? T.momentum_buffer[i] : 0.f;
-    update(load_as_float(T.grad, i, T.grad_dtype), T.param[i], &b);
-    if (has_buf) T.momentum_buffer[i] = b;
-  }
+  for_each_element(
+      c, vec,
+      [&](int64_t i) {
+        float g[4];
+        load4_as_float(T.grad, i, T.grad_dtype, g);
+        float4 p = *reinterpret_cast<float4*>(T.param + i);
+        float4 b = has_buf ? *reinterpret_cast<float4*>(T.momentum_buffer + i) : make_float4(0, 0, 0, 0);
+        update(g[0], p.x, &b.x);
+        update(g[1], p.y, &b.y);
+        update(g[2], p.z, &b.z);
+        update(g[3], p.w, &b.w);
+        *reinterpret_cast<float4*>(T.param + i) = p;
+        if (has_buf) *reinterpret_cast<float4*>(T.momentum_buffer + i) = b;
+      },
+      [&](int64_t i) {
+        float b = has_buf ? T.momentum_buffer[i] : 0.f;
+        update(load_as_float(T.grad, i, T.grad_dtype), T.param[i], &b);
+        if (has_buf) T.momentum_buffer[i] = b;
+      });
 }
 
 // ---- weight averaging --------------------------------------------------------------------------
@@ -330,31 +335,25 @@ struct EmaLaunch {
 __global__ void __launch_bounds__(kThreads) ema_kernel(const EmaLaunch L) {
   const EmaHyper& h = L.hyper;
   if (h.skip != nullptr && *h.skip != 0.f) return;
-  const int t = tensor_of_block(L.block_start, L.num_tensors, blockIdx.x);
-  const EmaTensor& T = L.tensors[t];
-  const int64_t begin = static_cast<int64_t>(blockIdx.x - L.block_start[t]) * kChunk;
-  const int64_t end = min(begin + kChunk, T.numel);
+  const Chunk c = block_chunk(L.block_start, L.num_tensors, [&](int t) { return L.tensors[t].numel; });
+  const EmaTensor& T = L.tensors[c.tensor];
   const float w = h.weight;
-  const bool vec = is_aligned16(T.avg) && is_aligned16(T.src) && T.src_dtype != DType::kFloat64;
-  int64_t scalar_begin = begin;
-  if (vec) {
-    const int64_t vec_end = begin + ((end - begin) & ~int64_t{3});
-    for (int64_t i = begin + 4 * threadIdx.x; i < vec_end; i += 4 * kThreads) {
-      float s[4];
-      load4_as_float(T.src, i, T.src_dtype, s);
-      float4 a = *reinterpret_cast<float4*>(T.avg + i);
-      a.x = a.x + w * (s[0] - a.x);
-      a.y = a.y + w * (s[1] - a.y);
-      a.z = a.z + w * (s[2] - a.z);
-      a.w = a.w + w * (s[3] - a.w);
-      *reinterpret_cast<float4*>(T.avg + i) = a;
-    }
-    scalar_begin = vec_end;
-  }
-  for (int64_t i = scalar_begin + threadIdx.x; i < end; i += kThreads) {
-    const float a = T.avg[i];
-    T.avg[i] = a + w * (load_as_float(T.src, i, T.src_dtype) - a);
-  }
+  for_each_element(
+      c, is_aligned16(T.avg) && is_aligned16(T.src) && T.src_dtype != DType::kFloat64,
+      [&](int64_t i) {
+        float s[4];
+        load4_as_float(T.src, i, T.src_dtype, s);
+        float4 a = *reinterpret_cast<float4*>(T.avg + i);
+        a.x = a.x + w * (s[0] - a.x);
+        a.y = a.y + w * (s[1] - a.y);
+        a.z = a.z + w * (s[2] - a.z);
+        a.w = a.w + w * (s[3] - a.w);
+        *reinterpret_cast<float4*>(T.avg + i) = a;
+      },
+      [&](int64_t i) {
+        const float a = T.avg[i];
+        T.avg[i] = a + w * (load_as_float(T.src, i, T.src_dtype) - a);
+      });
 }
 
 template <typename Launch>

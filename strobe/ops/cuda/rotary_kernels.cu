@@ -122,12 +122,7 @@ int rotary_max_head_dim() { return 512; }
 cudaError_t rotary_qk(const RotaryParams& p, cudaStream_t stream) {
   if (p.tokens == 0 || p.q_heads + p.k_heads == 0) return cudaSuccess;
   if (p.head_dim % 2 != 0 || p.head_dim > rotary_max_head_dim()) return cudaErrorInvalidValue;
-  switch (p.dtype) {
-    case DType::kFloat32: return launch<float>(p, stream);
-    case DType::kFloat16: return launch<__half>(p, stream);
-    case DType::kBFloat16: return launch<__nv_bfloat16>(p, stream);
-    default: return cudaErrorInvalidValue;
-  }
+  return dispatch_float(p.dtype, [&](auto t) { return launch<typename decltype(t)::type>(p, stream); });
 }
 
 }  // namespace strobe::ops::cuda

@@ -96,23 +96,13 @@ cudaError_t bwd(const void* dy, const void* gu, void* dgu, int64_t rows, int64_t
 
 cudaError_t swiglu_fwd(const void* gu, void* y, int64_t rows, int64_t cols, DType dtype, cudaStream_t stream) {
   if (rows == 0 || cols == 0) return cudaSuccess;
-  switch (dtype) {
-    case DType::kFloat32: return fwd<float>(gu, y, rows, cols, stream);
-    case DType::kFloat16: return fwd<__half>(gu, y, rows, cols, stream);
-    case DType::kBFloat16: return fwd<__nv_bfloat16>(gu, y, rows, cols, stream);
-    default: return cudaErrorInvalidValue;
-  }
+  return dispatch_float(dtype, [&](auto t) { return fwd<typename decltype(t)::type>(gu, y, rows, cols, stream); });
 }
 
 cudaError_t swiglu_bwd(const void* dy, const void* gu, void* dgu, int64_t rows, int64_t cols, DType dtype,
                        cudaStream_t stream) {
   if (rows == 0 || cols == 0) return cudaSuccess;
-  switch (dtype) {
-    case DType::kFloat32: return bwd<float>(dy, gu, dgu, rows, cols, stream);
-    case DType::kFloat16: return bwd<__half>(dy, gu, dgu, rows, cols, stream);
-    case DType::kBFloat16: return bwd<__nv_bfloat16>(dy, gu, dgu, rows, cols, stream);
-    default: return cudaErrorInvalidValue;
-  }
+  return dispatch_float(dtype, [&](auto t) { return bwd<typename decltype(t)::type>(dy, gu, dgu, rows, cols, stream); });
 }
 
 }  // namespace strobe::ops::cuda
