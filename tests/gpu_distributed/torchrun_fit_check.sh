@@ -15,6 +15,7 @@
 #    writes its capture (ranks started with plain env:// variables, to read each exit status).
 # Prints PASS/FAIL per check; exits non-zero if any failed.
 set -uo pipefail
+HERE=$(dirname "$(realpath "${BASH_SOURCE[0]}")")  # before any cd
 BIN=$(realpath "$1")
 WHAT=${3:-mlp}
 W=$(realpath -m "$2")/ddp-$WHAT
@@ -39,7 +40,7 @@ optimizer: {name: adamw, lr: 0.001, fused: false}  # this check builds without o
 scheduler: {name: none}
 EOF
 if [ "$WHAT" = llama ]; then
-  source "$(dirname "$(realpath "${BASH_SOURCE[0]}")")/llama_strides.sh"
+  source "$HERE/llama_strides.sh"
   write_llama_strides "$W"
   llama_strides_yaml "$W" >> cfg.yaml
 else

@@ -16,13 +16,14 @@
 # non-zero, within trainer.dist_timeout (20 s) with the health monitor's line naming rank 1.
 # Prints PASS/FAIL per check; exits with the number of failed checks.
 set -uo pipefail
+HERE=$(dirname "$(realpath "${BASH_SOURCE[0]}")")  # before any cd
 BIN=$(realpath "$1")
 W=$(realpath -m "$2")/two-node
 shift 2
 WHAT=" ${*:-ddp zero2 kill} "
 rm -rf "$W" && mkdir -p "$W" && cd "$W" || exit 1
 export NCCL_NVLS_ENABLE=0
-source "$(dirname "$(realpath "${BASH_SOURCE[0]}")")/llama_strides.sh"
+source "$HERE/llama_strides.sh"
 write_llama_strides "$W"
 cat > cfg.yaml <<EOF
 name: twonode
