@@ -21,7 +21,7 @@
 #include "strobe/core/callback.h"
 #include "strobe/core/checkpoint_view.h"
 #include "strobe/core/module.h"
-#include "strobe/core/step_pipeline.h"
+#include "strobe/core/step_record.h"
 #include "strobe/core/trainer_view.h"
 
 #if STROBE_HAS_OPS

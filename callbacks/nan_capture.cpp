@@ -34,7 +34,7 @@
 #include "strobe/core/callback.h"
 #include "strobe/core/capture.h"
 #include "strobe/core/checkpoint_view.h"
-#include "strobe/core/step_pipeline.h"
+#include "strobe/core/step_record.h"
 #include "strobe/core/trainer_view.h"
 #include "strobe/logging/device_readback.h"
 

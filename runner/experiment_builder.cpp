@@ -1,4 +1,5 @@
 #include "runner/experiment_builder.h"
+#include "strobe/config/experiment_parse.h"
 #include "strobe/core/memory_budget.h"
 #include "runner/plugins.h"
 

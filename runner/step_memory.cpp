@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include "strobe/core/engine_access.h"
 #include "strobe/core/datamodule.h"
 #include "strobe/core/memory_budget.h"
 #include "strobe/core/module.h"
@@ -93,7 +94,7 @@ Batch trial_batch(DataModule& dm, data::DataLoader& loader, int64_t count, const
 // releases the gradients.
 void forward_backward(Module& module, const Batch& batch, Precision precision, const torch::Device& device) {
   AutocastGuard autocast(device, precision);
-  module.set_current_batch_size(batch.batch_size());
+  EngineAccess::set_current_batch_size(module, batch.batch_size());
   module.training_step(batch, 0).backward();
 }
 

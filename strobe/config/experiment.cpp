@@ -1,4 +1,5 @@
 #include "strobe/config/experiment.h"
+#include "strobe/config/experiment_parse.h"
 #include "strobe/config/saved_config.h"
 
 #include <algorithm>

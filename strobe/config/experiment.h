@@ -150,11 +150,6 @@ struct SchedulerConfig {
   Section section;
 };
 
-// Read and check one section each (ConfigError naming the key); the defaults are written into the
-// section, so the resolved config shows them.
-OptimizerConfig parse_optimizer(Section section);
-SchedulerConfig parse_scheduler(Section section);
-
 struct Experiment {
   std::string name = "experiment";
   int64_t seed = 0;
@@ -169,11 +164,5 @@ struct Experiment {
   // paths (a relative one is taken from the config file's directory; the resolved config stores these).
   std::vector<PluginSpec> plugins;
 };
-
-// "DD:HH:MM:SS" (or fewer fields, "HH:MM:SS", "MM:SS", "SS") into seconds; nullopt on bad syntax.
-std::optional<double> parse_duration(const std::string& text);
-
-// Validates the top level and the trainer section of `doc`; throws ConfigError.
-Experiment parse_experiment(Document& doc);
 
 }  // namespace strobe::config

@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include "strobe/core/engine_access.h"
 #include "strobe/core/loops.h"
 #include "strobe/core/optim.h"
 #include "strobe/core/precision.h"
@@ -28,8 +29,8 @@ int64_t EvaluationLoop::planned_batches(Stage stage, int64_t limit) const {
 int64_t EvaluationLoop::run(Stage stage, int64_t limit, bool sanity) {
   auto loader = loader_of(stage);
   if (!loader) return 0;
-  loader->set_pin_memory(parts_.device.is_cuda());
-  loader->set_limit_batches(-1);
+  EngineAccess::set_pin_memory(*loader, parts_.device.is_cuda());
+  EngineAccess::set_limit_batches(*loader, -1);
   const int64_t n = planned_batches(stage, limit);
   if (n == 0) return 0;
   auto& t = *parts_.view;
@@ -38,7 +39,7 @@ int64_t EvaluationLoop::run(Stage stage, int64_t limit, bool sanity) {
   const bool was_training = module.net().is_training();
   module.net().eval();
   collector.set_training(false);
-  module.attach(&collector, stage, false);
+  EngineAccess::attach(module, &collector, stage, false);
   torch::NoGradGuard no_grad;
   const bool val = stage == Stage::Validate;
   if (val) {
@@ -59,7 +60,7 @@ int64_t EvaluationLoop::run(Stage stage, int64_t limit, bool sanity) {
     else
       parts_.each("on_test_batch_start", [&](Callback& cb) { cb.on_test_batch_start(t, module, *b, i); });
     Batch batch = parts_.prepare(std::move(*b), 0);
-    module.set_current_batch_size(batch.batch_size());
+    EngineAccess::set_current_batch_size(module, batch.batch_size());
     {
       AutocastGuard ac(parts_.device, parts_.cfg->precision);
       if (val)
@@ -100,7 +101,7 @@ int64_t EvaluationLoop::run(Stage stage, int64_t limit, bool sanity) {
     parts_.each("on_test_end", [&](Callback& cb) { cb.on_test_end(t, module); });
   }
   collector.set_training(true);
-  module.attach(&collector, Stage::Fit, true);
+  EngineAccess::attach(module, &collector, Stage::Fit, true);
   if (was_training) module.net().train();
   return ran;
 }
@@ -111,10 +112,10 @@ std::vector<torch::Tensor> PredictLoop::run(Stage split, PredictSink* sink) {
   auto loader = split == Stage::Validate ? parts_.datamodule->val_loader() : parts_.datamodule->predict_loader();
   std::vector<torch::Tensor> out;
   if (!loader) return out;
-  loader->set_limit_batches(-1);
+  EngineAccess::set_limit_batches(*loader, -1);
   const int64_t n = parts_.cfg->limit_predict_batches.resolve(loader->num_batches());
   module.net().eval();
-  module.attach(parts_.collector, Stage::Predict, false);
+  EngineAccess::attach(module, parts_.collector, Stage::Predict, false);
   torch::NoGradGuard ng;
   parts_.each("on_predict_start", [&](Callback& cb) { cb.on_predict_start(t, module); });
   parts_.each("on_predict_epoch_start", [&](Callback& cb) { cb.on_predict_epoch_start(t, module); });

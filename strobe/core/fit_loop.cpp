@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include "strobe/core/engine_access.h"
 #include "strobe/checkpoint/checkpoint_io.h"
 #include "strobe/checkpoint/checkpoint_keys.h"
 #include "strobe/config/config.h"
@@ -33,7 +34,7 @@ FitLoop::FitLoop(LoopParts parts, distributed::Strategy& strategy, int64_t world
 void FitLoop::setup(std::shared_ptr<data::DataLoader> loader) {
   const auto& c = *parts_.cfg;
   loader_ = std::move(loader);
-  loader_->set_pin_memory(parts_.device.is_cuda());
+  EngineAccess::set_pin_memory(*loader_, parts_.device.is_cuda());
   int64_t full = loader_->num_batches();
   // Nothing to train on is refused before the first step, naming what left nothing.
   if (full == 0)
@@ -45,14 +46,14 @@ void FitLoop::setup(std::shared_ptr<data::DataLoader> loader) {
   if (c.overfit_batches.is_count ? c.overfit_batches.count > 0 : c.overfit_batches.fraction > 0.0) {
     n = c.overfit_batches.resolve(full);
     limited_by = "trainer.overfit_batches";
-    loader_->set_shuffle(false);
+    EngineAccess::set_shuffle(*loader_, false);
   }
   if (c.fast_dev_run > 0) n = std::min(full, c.fast_dev_run);
   if (n == 0)
     throw config::ConfigError(fmt::format("{}: leaves none of the {} training batches to train on (give a count >= 1 "
                                           "or a fraction > 0)",
                                           limited_by, full));
-  loader_->set_limit_batches(n);
+  EngineAccess::set_limit_batches(*loader_, n);
   num_batches_ = loader_->num_batches();
 }
 
@@ -158,7 +159,7 @@ void FitLoop::run_epoch() {
     // Resumed mid-epoch with another data.exclude: the epoch finishes with the order it began with
     // (the checkpoint's exclusion); this run's applies from the next epoch.
     if (!fresh_epoch && *restored_exclude_ != loader_->excluded(state_.epoch)) {
-      loader_->exclude_from(state_.epoch + 1, *restored_exclude_);
+      EngineAccess::exclude_from(*loader_, state_.epoch + 1, *restored_exclude_);
       if (parts_.global_zero)
         fmt::print(stderr, "data.exclude: {} sample(s) of the training data left out from epoch {} on (resumed mid-way through epoch {})\n",
                    loader_->excluded(state_.epoch + 1).size(), state_.epoch + 1, state_.epoch);
@@ -219,7 +220,7 @@ torch::Tensor FitLoop::run_batch(Batch host_batch, int64_t batch_idx) {
   auto& t = *parts_.view;
   auto& module = *parts_.module;
   if (freeze_) freeze_->update(state_.epoch);
-  module.attach(parts_.collector, Stage::Fit, true);
+  EngineAccess::attach(module, parts_.collector, Stage::Fit, true);
   parts_.collector->set_training(true);
   parts_.each("on_train_batch_start", [&](Callback& cb) { cb.on_train_batch_start(t, module, host_batch, batch_idx); });
   MicroBatch mb;

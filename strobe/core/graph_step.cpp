@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 #include <torch/torch.h>
 
+#include "strobe/core/engine_access.h"
 #include "strobe/core/graph_step.h"
 #include "strobe/logging/log_collector.h"
 
@@ -79,7 +80,7 @@ torch::Tensor GraphedRunner::run(Batch batch, const MicroBatch& mb) {
   auto& g = g_;
   const int64_t batch_idx = mb.index;
   optimizer_.sync_device_lr();  // the scheduler's lr for this step, eager or replayed
-  module_.set_current_batch_size(batch.batch_size());
+  EngineAccess::set_current_batch_size(module_, batch.batch_size());
   const std::string batch_key = GraphedStep::batch_signature(batch);
   const std::string guard_key = GraphedStep::guard_signature(pipeline_.guard());
   const bool warm = g.eager_steps >= GraphedStep::kWarmupSteps;
@@ -111,12 +112,12 @@ torch::Tensor GraphedRunner::run(Batch batch, const MicroBatch& mb) {
         LogSink* collector;
         bool cache = at::autocast::is_autocast_cache_enabled();
         CaptureScope(Module& m, LogSink* c, LogSink* sink) : module(m), collector(c) {
-          module.attach(sink, Stage::Fit, true);
+          EngineAccess::attach(module, sink, Stage::Fit, true);
           at::autocast::set_autocast_cache_enabled(false);
         }
         ~CaptureScope() {
           at::autocast::set_autocast_cache_enabled(cache);
-          module.attach(collector, Stage::Fit, true);
+          EngineAccess::attach(module, collector, Stage::Fit, true);
         }
       } scope(module_, &collector_, &sink);
       // The eager step without its hooks (step_runner.h): one micro-batch, begun and ended here.

@@ -27,6 +27,7 @@ class MetricCollection;
 }
 
 class LRScheduler;
+struct EngineAccess;
 
 struct OptimizerSetup {
   std::shared_ptr<torch::optim::Optimizer> optimizer;
@@ -60,20 +61,23 @@ class Module {
 
   void log(const std::string& name, const torch::Tensor& value, const LogOptions& options = {});
 
-  // Set by the trainer.
-  void attach(LogSink* sink, Stage stage, bool training) { sink_ = sink, stage_ = stage, training_ = training; }
-  void set_current_batch_size(int64_t n) { batch_size_ = n; }
   // Call before a metric collection's compute(): under data parallel it all-reduces the states of
   // every rank (set by the trainer from its strategy), so the value is the one of the whole data;
   // with one process it does nothing.
   void sync_metrics(metrics::MetricCollection& collection) {
     if (metric_sync_) metric_sync_(collection);
   }
-  void set_metric_sync(std::function<void(metrics::MetricCollection&)> sync) { metric_sync_ = std::move(sync); }
   bool training() const { return training_; }
   Stage stage() const { return stage_; }
 
  private:
+  // Set by the trainer (strobe/core/engine_access.h): where log() goes, the batch size it weights
+  // epoch means by, and the data-parallel metric sync.
+  friend struct EngineAccess;
+  void attach(LogSink* sink, Stage stage, bool training) { sink_ = sink, stage_ = stage, training_ = training; }
+  void set_current_batch_size(int64_t n) { batch_size_ = n; }
+  void set_metric_sync(std::function<void(metrics::MetricCollection&)> sync) { metric_sync_ = std::move(sync); }
+
   LogSink* sink_ = nullptr;
   Stage stage_ = Stage::Fit;
   bool training_ = false;

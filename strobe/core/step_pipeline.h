@@ -32,6 +32,7 @@
 
 #include "strobe/checkpoint/stateful.h"
 #include "strobe/config/experiment.h"
+#include "strobe/core/step_record.h"
 
 namespace torch::nn {
 class Module;
@@ -49,61 +50,8 @@ class Strategy;
 class Zero2Shards;
 }
 
-// Loss-spike detection (nan_capture.spike, docs/NAN_CAPTURE.md): a step whose metric exceeds the
-// mean + zscore x population std of the last `window` accepted steps' values is a spike. The
-// window lives on the device; only accepted steps (applied, finite) enter it.
-struct SpikeGuard {
-  bool loss = false;       // the step's loss (mean over micro-batches; averaged over ranks)
-  bool grad_norm = false;  // the total gradient L2 norm (unscaled under 16-mixed)
-  double zscore = 6.0;
-  int64_t window = 128;
-  int64_t warmup = 64;           // accepted steps in the window before a step can be a spike
-  bool stop = true;              // a spike makes the skip flag sticky (false: skip that step only)
-  int64_t max_consecutive = 5;   // with !stop: this many spikes in a row become sticky
-  bool armed() const { return loss || grad_norm; }
-};
-
-// What a callback (NaN capture) asks of the step; arm() ORs requests together.
-struct StepGuard {
-  bool check_grads = false;       // non-finite gradients make the step non-finite
-  bool check_loss = false;        // a non-finite loss of any micro-batch makes the step non-finite
-  bool sticky = false;            // a non-finite step skips every later update until reset_sticky()
-  bool restore_buffers = false;   // a skipped step leaves buffers (BN statistics) as before it
-  bool snapshot_buffers = false;  // keep a copy of the buffers from before each step in the record
-  SpikeGuard spike;               // armed: spikes skip the update (the last armed one wins)
-  StepGuard& operator|=(const StepGuard& o) {
-    check_grads |= o.check_grads, check_loss |= o.check_loss, sticky |= o.sticky;
-    restore_buffers |= o.restore_buffers, snapshot_buffers |= o.snapshot_buffers;
-    if (o.spike.armed()) spike = o.spike;
-    return *this;
-  }
-};
-
-// The device-side outcome of the latest step; tensors are fresh each step, so a holder can keep
-// them (a reference, no copy) after the next step has begun.
-struct StepRecord {
-  torch::Tensor nonfinite;       // 0-d float32: this step's verdict under the armed checks (1 = bad)
-  torch::Tensor loss_nonfinite;  // 0-d float32, defined when the loss is checked
-  torch::Tensor grad_nonfinite;  // 0-d float32, defined when the gradients were checked
-  torch::Tensor skipped;         // 0-d float32: the update was not applied (undefined: it was)
-  torch::Tensor grad_norms;      // [n] per-gradient L2 norms (fp32), aligned with grad_names
-  std::shared_ptr<const std::vector<std::string>> grad_names;
-  std::vector<torch::Tensor> losses;          // each micro-batch's loss, detached
-  std::vector<torch::Tensor> buffers_before;  // with snapshot_buffers: one flat tensor per dtype
-  // With a spike guard: `spike` 0-d float32 (1 = this step spiked), `spike_limit` (1 = it made the
-  // guard sticky: action stop, or the max_consecutive-th spike in a row), and `spike_stats` [9]:
-  // loss value, mean, std; grad-norm value, mean, std (over the window before this step);
-  // consecutive spikes; loss over threshold; grad norm over threshold.
-  torch::Tensor spike, spike_limit, spike_stats;
-};
-
-// Indices into StepRecord::spike_stats.
-enum SpikeStat : int64_t { kLossValue, kLossMean, kLossStd, kNormValue, kNormMean, kNormStd, kConsecutive, kLossOver, kNormOver, kSpikeStats };
-
-// A copy of `r` whose tensors are fresh (clones): for a holder that keeps it past the next step.
-StepRecord clone_record(const StepRecord& r);
-
-class StepPipeline : public Stateful {
+// The engine's object (not installed); callbacks read it through StepPipelineView (step_record.h).
+class StepPipeline : public Stateful, public StepPipelineView {
  public:
   // The optimizer must hold `net`'s parameters; our fused optimizers are detected and skip on the device.
   // `masters` (precision bf16-master): the optimizer holds fp32 masters of net's bf16 parameters.
@@ -128,7 +76,7 @@ class StepPipeline : public Stateful {
   torch::Tensor prepare_backward(const torch::Tensor& loss);
   void step();
 
-  const StepRecord& last() const { return last_; }
+  const StepRecord& last() const override { return last_; }
   // CUDA graphs: a replay of a captured step() ran. `captured` is the record last() held right after
   // that capture (its tensors are the graph's, overwritten by every replay); last() becomes a copy.
   void step_replayed(const StepRecord& captured) { last_ = clone_record(captured); }
@@ -145,8 +93,8 @@ class StepPipeline : public Stateful {
 
   // The buffers in snapshot order, and a snapshot unflattened into tensors of their shapes.
   const std::vector<torch::Tensor>& buffers() const { return buffers_; }
-  const std::vector<std::string>& buffer_names() const { return buffer_names_; }
-  std::vector<torch::Tensor> unflatten_buffers(const std::vector<torch::Tensor>& flat) const;
+  const std::vector<std::string>& buffer_names() const override { return buffer_names_; }
+  std::vector<torch::Tensor> unflatten_buffers(const std::vector<torch::Tensor>& flat) const override;
   bool fused() const { return fused_; }
 
  private:

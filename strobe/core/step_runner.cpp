@@ -1,3 +1,4 @@
+#include "strobe/core/engine_access.h"
 #include "strobe/core/step_runner.h"
 
 #include <stdexcept>
@@ -20,7 +21,7 @@ torch::Tensor StepRunner::run(const Batch& batch, int64_t batch_idx, const Optio
   Hooks& hooks = options.hooks ? *options.hooks : none;
   if (options.first_micro_batch) pipeline_.begin_step();
   hooks.before_forward(options.last_micro_batch);
-  module_.set_current_batch_size(batch.batch_size());
+  EngineAccess::set_current_batch_size(module_, batch.batch_size());
   torch::Tensor loss;
   {
     AutocastGuard ac(device_, precision_);

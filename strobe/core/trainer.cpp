@@ -1,3 +1,4 @@
+#include "strobe/core/engine_access.h"
 #include "strobe/core/trainer.h"
 
 // Trainer: construction (the loops wired to the step, the data and the callbacks), the fit /
@@ -93,7 +94,7 @@ Trainer::Trainer(TrainerParts parts)
     // starts from rank 0's weights and the Reducer's hooks go on the parameters the optimizer steps.
     strategy_->setup_model(module_->net());
     collector_->set_epoch_reducer([s = strategy_.get()](torch::Tensor& t) { s->reduce_sum(t); }, rank_ == 0);
-    module_->set_metric_sync([s = strategy_.get()](metrics::MetricCollection& c) { s->sync_metrics(c); });
+    EngineAccess::set_metric_sync(*module_, [s = strategy_.get()](metrics::MetricCollection& c) { s->sync_metrics(c); });
   }
 }
 

@@ -191,7 +191,7 @@ class Trainer : private TrainerView, private StepAccess {
 
   // --- StepAccess (NaN capture) ---
   void arm_step_guard(const StepGuard& guard) override;
-  const StepPipeline& step_pipeline() const override;
+  const StepPipelineView& step_pipeline() const override;
   checkpoint::CheckpointData make_checkpoint_at(const StepStart& start) override;
 
   // The data and the callbacks set up for `stage`; with `weights`, those loaded (load_weights).

@@ -19,7 +19,7 @@
 
 namespace strobe {
 
-const StepPipeline& Trainer::step_pipeline() const {
+const StepPipelineView& Trainer::step_pipeline() const {
   if (!pipeline_) throw std::logic_error("StepAccess::step_pipeline() before fit's setup");
   return *pipeline_;
 }

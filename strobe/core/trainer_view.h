@@ -33,7 +33,7 @@ namespace strobe {
 
 class DataModule;
 class LRScheduler;
-class StepPipeline;
+class StepPipelineView;
 struct StepGuard;
 namespace checkpoint {
 struct CheckpointData;
@@ -46,7 +46,7 @@ class StepAccess {
   virtual void arm_step_guard(const StepGuard& guard) = 0;
   // The step pipeline, from on_fit_start on: the latest step's record (device flags, losses, gradient
   // norms, buffer snapshots) and the buffers' names in snapshot order.
-  virtual const StepPipeline& step_pipeline() const = 0;
+  virtual const StepPipelineView& step_pipeline() const = 0;
   // A checkpoint whose loop counters, generators and named buffers are `start`'s (loop_state.h,
   // StepStart) and whose weights, optimizer and callbacks' state are the live ones; same keys as any.
   virtual checkpoint::CheckpointData make_checkpoint_at(const StepStart& start) = 0;

@@ -18,6 +18,10 @@
 #include "strobe/data/dataset.h"
 #include "strobe/data/sampler.h"
 
+namespace strobe {
+struct EngineAccess;
+}
+
 namespace strobe::data {
 
 struct LoaderOptions {
@@ -47,15 +51,9 @@ class DataLoader {
 
   int64_t num_batches() const;  // in the current (or, before start, the first) epoch on this rank (after limit_batches)
   int64_t num_batches(int64_t epoch) const;
-  // data.exclude on resume: this loader's set applies from `epoch` on; earlier epochs leave out
-  // `before` (what the checkpoint's epoch ran with). The set in effect in `epoch`: excluded(epoch).
-  void exclude_from(int64_t epoch, std::vector<int64_t> before);
+  // The data.exclude set in effect in `epoch`.
   const std::vector<int64_t>& excluded(int64_t epoch) const { return sampler_.excluded(epoch); }
   const LoaderOptions& options() const { return opt_; }
-  void set_limit_batches(int64_t limit) { opt_.limit_batches = limit; }
-  void set_pin_memory(bool pin) { opt_.pin_memory = pin; }
-  // Rebuilds the sampler (overfit_batches turns shuffling off).
-  void set_shuffle(bool shuffle);
   const Dataset& dataset() const { return *dataset_; }
 
   // Begins epoch `epoch` at batch `first_batch` (stops any epoch in progress).
@@ -70,6 +68,15 @@ class DataLoader {
   void stop();
 
  private:
+  // The trainer's settings (strobe/core/engine_access.h): the limits, pinning and shuffling of the
+  // run, and data.exclude on resume (this loader's set applies from `epoch` on; earlier epochs leave
+  // out `before`, what the checkpoint's epoch ran with).
+  friend struct strobe::EngineAccess;
+  void exclude_from(int64_t epoch, std::vector<int64_t> before);
+  void set_limit_batches(int64_t limit) { opt_.limit_batches = limit; }
+  void set_pin_memory(bool pin) { opt_.pin_memory = pin; }
+  void set_shuffle(bool shuffle);  // rebuilds the sampler (overfit_batches turns shuffling off)
+
   struct Impl;  // the epoch's order and position, the prefetch queue, the workers (loader.cpp)
 
   std::shared_ptr<const Dataset> dataset_;

@@ -5,6 +5,7 @@
 
 #include <filesystem>
 
+#include "strobe/config/experiment_parse.h"
 #include "strobe/core/callback.h"
 #include "tests/cli/cli_test_util.h"
 #include "tests/config/yaml_types.h"

@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "strobe/config/experiment.h"
+#include "strobe/config/experiment_parse.h"
 #include "strobe/config/resume_check.h"
 #include "tests/config/yaml_types.h"
 

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "strobe/config/experiment.h"
+#include "strobe/config/experiment_parse.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace strobe::config;

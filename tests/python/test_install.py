@@ -2,7 +2,9 @@
 
 `cmake --install` puts the build into a temporary prefix; then:
 - the installed headers are exactly closed under their project includes (every `#include "..."` of a
-  project header names an installed one) and hold no internal header (trainer.h);
+  project header names an installed one), hold no engine header (ENGINE_HEADERS: the trainer, the
+  step pipeline, the loops, the strategy, ...) and declare no engine setter where a component could
+  call it (ENGINE_SETTERS outside a `private:` section);
 - the installed `strobe` runs from the prefix and lists what the build's lists;
 - a project outside the tree (a copy of tests/install/consumer) configures with find_package(Strobe)
   and CMAKE_PREFIX_PATH = the prefix + libtorch, with no include path into the source tree, builds a
@@ -19,17 +21,32 @@
   TrainerView) is refused by the installed `strobe` before it loads, with one line saying to rebuild.
 
 Usage: test_install.py (STROBE_SOURCE_DIR, STROBE_BUILD_DIR: the source and a built build tree)."""
-import json, os, re, shutil, subprocess, sys, tempfile
+import csv, json, os, re, shutil, subprocess, sys, tempfile
 
 SRC = os.path.realpath(os.environ.get("STROBE_SOURCE_DIR", "."))
 BUILD = os.path.realpath(os.environ.get("STROBE_BUILD_DIR", "build"))
 INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"')
+ACCESS = re.compile(r"^\s*(public:|protected:|private:)")
+# The engine: what builds and runs a fit, never a component's business (docs/EXTENDING.md, "What is
+# installed"). Each is refused in the installed package.
+ENGINE_HEADERS = [
+    "strobe/core/trainer.h", "strobe/core/step_pipeline.h", "strobe/core/engine_access.h", "strobe/core/loops.h",
+    "strobe/core/step_runner.h", "strobe/core/graph_step.h", "strobe/core/state_connector.h", "strobe/core/run_state.h",
+    "strobe/core/sharded_checkpoint.h", "strobe/core/resume_compat.h", "strobe/core/optim.h",
+    "strobe/config/experiment_parse.h", "strobe/config/saved_config.h", "strobe/distributed/strategy.h",
+    "strobe/distributed/zero2.h", "strobe/logging/log_collector.h", "runner/experiment_builder.h", "runner/plugins.h",
+]
+# Setters the trainer calls on public classes (Module, DataLoader), and the engine's config parsers.
+ENGINE_SETTERS = ["attach", "set_current_batch_size", "set_metric_sync", "set_limit_batches", "set_pin_memory",
+                  "set_shuffle", "exclude_from", "set_strategy", "set_sharded", "parse_experiment", "parse_optimizer",
+                  "parse_scheduler"]
 failures = []
 CONSUMER_YAML = """name: consumer
 plugins: [{plugin}]
 trainer:
   max_steps: 4
   max_epochs: -1
+  log_every_n_steps: 1
   num_sanity_val_steps: 0
   limit_val_batches: 0
   enable_progress_bar: false
@@ -78,9 +95,20 @@ def check_headers(prefix):
                 m = INCLUDE.match(line)
                 if m and os.path.isfile(os.path.join(SRC, m.group(1))) and m.group(1) not in installed:
                     failures.append(f"{h}:{n}: includes {m.group(1)}, which is not installed")
-    for internal in ("strobe/core/trainer.h", "runner/experiment_builder.h"):
+    for internal in ENGINE_HEADERS:
         if internal in installed:
-            failures.append(f"internal header {internal} is installed")
+            failures.append(f"engine header {internal} is installed")
+    # The engine's setters of public classes stay private there (their one friend: EngineAccess).
+    for h in sorted(installed):
+        access = "public:"
+        with open(os.path.join(inc, h)) as f:
+            for n, line in enumerate(f, 1):
+                m = ACCESS.match(line)
+                if m:
+                    access = m.group(1)
+                for name in ENGINE_SETTERS:
+                    if re.search(r"\b" + name + r"\s*\(", line) and access != "private:":
+                        failures.append(f"{h}:{n}: the engine's {name} is {access.rstrip(':')} in an installed header")
     return installed
 
 
@@ -150,6 +178,20 @@ def main():
             failures.append(f"the installed strobe could not train the consumer's model: exit {r.returncode}\n{r.stdout}\n{r.stderr}")
         else:
             print("test_install: the installed strobe trained consumer_gated_mlp (plugin) for 4 steps")
+            # The plugin's callback read each step's loss from the step's device record through the
+            # installed headers (step_record.h, device_readback.h): the last one is the logged train/loss.
+            m = re.search(r"consumer_step_counter: 4 steps; the last step's loss read from the device: (\S+) \((\d+) reads\)", r.stdout)
+            logged = None
+            for root, _, files in os.walk(os.path.join(tmp, "run")):
+                if "metrics.csv" in files:
+                    with open(os.path.join(root, "metrics.csv")) as f:
+                        rows = list(csv.DictReader(f))
+                    losses = [row["train/loss"] for row in rows if row.get("step") == "4" and row.get("train/loss")]
+                    logged = float(losses[-1]) if losses else None
+            if not m or m.group(2) != "4" or logged is None or abs(float(m.group(1)) - logged) > 1e-6 * max(1.0, abs(logged)):
+                failures.append(f"the plugin callback's device reads: {m.group(0) if m else r.stdout!r}; logged train/loss at step 4: {logged}")
+            else:
+                print(f"test_install: the plugin callback read the step's loss from the device: {m.group(1)} (train/loss {logged})")
 
         # Another libtorch than the package records: refused at configure time, one line.
         def edited_package(name, pattern, replacement):

@@ -66,7 +66,7 @@ class FakeView : public TrainerView, public StepAccess {
   checkpoint::CheckpointData make_checkpoint() override { throw std::logic_error("not here"); }
   StepAccess& step_access() override { return *this; }
   void arm_step_guard(const StepGuard& g) override { guards.push_back(g); }
-  const StepPipeline& step_pipeline() const override { throw std::logic_error("not here"); }
+  const StepPipelineView& step_pipeline() const override { throw std::logic_error("not here"); }
   checkpoint::CheckpointData make_checkpoint_at(const StepStart&) override { throw std::logic_error("not here"); }
 
   config::TrainerConfig cfg;

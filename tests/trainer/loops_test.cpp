@@ -7,6 +7,7 @@
 // limited batches in Lightning's hook order, without gradients, and returns predict_step's outputs.
 #include <gtest/gtest.h>
 
+#include "strobe/core/engine_access.h"
 #include "strobe/core/loops.h"
 #include "strobe/core/optim.h"
 #include "strobe/core/step_runner.h"
@@ -60,7 +61,7 @@ struct LoopRig {
     fit->set_evaluation(eval.get());
     view.live = &fit->state();
     view.on_stop = [this](int code) { fit->request_stop(code); };
-    run->module->attach(&collector, Stage::Fit, true);
+    EngineAccess::attach(*run->module, &collector, Stage::Fit, true);
     fit->setup(run->datamodule->train_loader());
     runner.on_run = [this](const MicroBatch& mb) { steps.emplace_back(fit->state().epoch, mb.index); };
     fit->set_runner(&runner);

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <sstream>
 
+#include "strobe/config/experiment_parse.h"
 #include "strobe/core/optim.h"
 #include "strobe/core/trainer.h"
 #include "strobe/core/trainer_view.h"

@@ -3,6 +3,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "strobe/config/experiment_parse.h"
 #include "strobe/core/callback.h"
 #include "strobe/core/optim.h"
 #include "tests/trainer/trainer_test_util.h"
