@@ -122,7 +122,7 @@ std::string describe_param_groups(const std::vector<ParamGroup>& groups) {
 }
 
 std::shared_ptr<torch::optim::Optimizer> build_optimizer(const config::OptimizerConfig& cfg, const std::vector<ParamGroup>& groups,
-                                                         const torch::Device& device, OptimizerInfo* info) {
+                                                         const torch::Device& device) {
   std::vector<torch::Tensor> params;
   for (const auto& g : groups) params.insert(params.end(), g.params.begin(), g.params.end());
   std::string why_not;
@@ -183,7 +183,6 @@ std::shared_ptr<torch::optim::Optimizer> build_optimizer(const config::Optimizer
 #endif
     if (!opt) opt = std::make_shared<torch::optim::AdamW>(make_groups(o), o);
   }
-  if (info) *info = OptimizerInfo{cfg.name, use_fused};
   return opt;
 }
 

@@ -20,11 +20,6 @@
 
 namespace strobe {
 
-struct OptimizerInfo {
-  std::string name;  // sgd | adam | adamw
-  bool fused = false;  // our multi-tensor CUDA step is in use
-};
-
 // Whether a parameter name matches an optimizer.param_groups glob (fnmatch: `*`, `?`, `[...]`).
 bool glob_matches(const std::string& glob, const std::string& name);
 
@@ -60,7 +55,7 @@ std::string describe_param_groups(const std::vector<ParamGroup>& groups);
 // `device` and the parameters decide whether optimizer.fused (default auto) selects the fused CUDA
 // step; fused: true where it cannot be had is a ConfigError naming the key.
 std::shared_ptr<torch::optim::Optimizer> build_optimizer(const config::OptimizerConfig& cfg, const std::vector<ParamGroup>& groups,
-                                                         const torch::Device& device, OptimizerInfo* info = nullptr);
+                                                         const torch::Device& device);
 
 double get_lr(const torch::optim::Optimizer& opt, size_t group = 0);
 void set_lr(torch::optim::Optimizer& opt, size_t group, double lr);

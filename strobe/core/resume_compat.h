@@ -1,4 +1,4 @@
-// Resume compatibility (DESIGN: "loading checks the saved config against the current one"): before
+// Resume compatibility (docs/ARCHITECTURE.md, "Resume compatibility"): before
 // any state of a checkpoint is restored for training, its resolved config is compared with the
 // current one. Another optimizer, scheduler, precision, model or task, or model keys that change a
 // parameter's shape, are refused with a CheckpointError naming each change and why (exit 2 in the

@@ -32,7 +32,7 @@ class Zero2Shards;
 
 // `model`: tensors model/<parameter or buffer> (bf16-master: the fp32 masters under the parameters'
 // names; at a step's start, the buffers as they were). Names and shapes are checked before any
-// state is restored (Trainer::load_checkpoint_data).
+// state is restored (the resume check, strobe/core/resume_compat.h).
 class ModelState : public Stateful {
  public:
   ModelState(Module& module, MasterWeights* masters) : module_(module), masters_(masters) {}

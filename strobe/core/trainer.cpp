@@ -29,7 +29,6 @@
 namespace strobe {
 
 
-int received_stop_signal() { return signals::received(); }
 
 Trainer::Trainer(TrainerParts parts)
     : exp_(std::move(parts.experiment)),
@@ -173,7 +172,7 @@ void Trainer::setup_fit() {
       const auto groups = make_param_groups(exp_.optimizer, named, model, freeze_ ? freeze_->names() : std::set<std::string>{});
       for (const auto& g : groups) param_group_names_.push_back(g.name);
       param_groups_text_ = describe_param_groups(groups);
-      return build_optimizer(exp_.optimizer, groups, device_, &optimizer_info_);
+      return build_optimizer(exp_.optimizer, groups, device_);
     });
     optimizer_ = std::move(built.optimizer);
     zero2_ = built.shards;

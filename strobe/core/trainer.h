@@ -91,8 +91,6 @@ class GradScaler;
 class GraphedRunner;
 class ShardedCheckpoint;
 
-// The SIGINT/SIGTERM received since fit() installed its handlers (0: none).
-int received_stop_signal();
 
 // What a Trainer is built from. build_run (runner/experiment_builder.h) makes one from a config;
 // a program embedding Strobe may make its own.
@@ -245,7 +243,6 @@ class Trainer : private TrainerView, private StepAccess {
 
   std::shared_ptr<torch::optim::Optimizer> optimizer_;
   std::shared_ptr<LRScheduler> scheduler_;
-  OptimizerInfo optimizer_info_;
   std::vector<std::string> param_group_names_;
   std::string param_groups_text_;  // param_groups.txt, written by rank 0 when fit starts
   std::vector<std::string> start_notes_;

@@ -1,6 +1,6 @@
 // Trainer, the state: the objects that save their own state (state_connector.h: Stateful) are
-// registered with the StateConnector here, once; make_checkpoint / load_checkpoint (resume,
-// validate/test), the NaN capture and replay all go through it. The entries that belong to no loop
+// registered with the StateConnector here, once; make_checkpoint, a resume (restore_training_state)
+// and a load of weights (load_weights, validate/test), the NaN capture and replay all go through it. The entries that belong to no loop
 // or step object (run_state.h) are implemented here too.
 #include <filesystem>
 #include <random>

@@ -1,0 +1,156 @@
+// The liveness of a multi-process job (not installed): every rank's heartbeat on its own thread and
+// store connection, the verdict when one stands still, and the one line a rank ends with
+// (docs/DISTRIBUTED.md, "When a rank fails"). Used by the data-parallel strategy (ddp_strategy.cpp).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+namespace strobe::distributed::detail {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+// A c10 error's message without its backtrace; any other exception's what().
+std::string short_error(const std::exception& e);
+// c10d's errors: NCCL's "remote process exited or there was a network error", an aborted
+// communicator, a store collective that failed.
+bool is_collective_error(const std::exception& e);
+// `s` with its newlines as spaces and no trailing blanks.
+std::string one_line(std::string s);
+double seconds(milliseconds d);
+// The one line every rank prints when the job cannot go on, then the process ends at once: a peer
+// blocked in a collective cannot be unblocked, and destructors of communicators may block too.
+[[noreturn]] void fail_now(int64_t rank, int64_t world, const std::string& why);
+// The rendezvous store at `address` is gone, as one line.
+std::string lost_store_message(const std::string& address, const std::exception& e);
+
+// Liveness of the job, on its own thread and its own store connection (the main thread may be
+// blocked in a collective). Every rank bumps its heartbeat key; rank 0 watches all ranks, the others
+// watch rank 0 and the "abort" key. A heartbeat that stands still longer than `stale_after` means a
+// dead or frozen process: the watcher publishes the reason under "abort" and every rank ends with it.
+class HealthMonitor {
+ public:
+  HealthMonitor(c10::intrusive_ptr<c10d::Store> store, int64_t rank, int64_t world, milliseconds timeout,
+                std::string store_address)
+      : store_(std::move(store)), rank_(rank), world_(world), address_(std::move(store_address)) {
+    interval_ = std::clamp<milliseconds>(timeout / 20, milliseconds(100), milliseconds(1000));
+    stale_after_ms_ = std::max<milliseconds>(3 * interval_, std::min<milliseconds>(timeout / 2, milliseconds(30000))).count();
+    store_->set(hb_key(rank_), std::vector<uint8_t>{0});
+  }
+  ~HealthMonitor() { stop(); }
+
+  void start() {
+    for (int64_t r = 0; r < world_; ++r)
+      if (r != rank_ && (rank_ == 0 || r == 0)) peers_.push_back({r, {}, Clock::now()});
+    thread_ = std::thread([this] { run(); });
+  }
+  void stop() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+  // From now on store errors are the expected end of the job, not a failure.
+  void quiet() { quiet_ = true; }
+  milliseconds interval() const { return interval_; }
+
+  // A collective failed on this rank, so a peer's death is likely: from now on a heartbeat that stood
+  // still for 3 beats names its rank. Waits up to 5 beats for a verdict (that one, or another rank's
+  // reason under "abort"); once one is found this thread ends the process with it, so the wait goes
+  // on until then. Returns when none came.
+  void expect_a_verdict() {
+    if (!thread_.joinable() || stopping_ || quiet_) return;
+    stale_after_ms_ = (3 * interval_).count();
+    const auto until = Clock::now() + 5 * interval_;
+    while (Clock::now() < until || (verdict_ && Clock::now() < until + 5 * interval_))
+      std::this_thread::sleep_for(milliseconds(20));
+  }
+
+ private:
+  static std::string hb_key(int64_t r) { return "hb/" + std::to_string(r); }
+
+  void run() {
+    uint64_t beat = 0;
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        if (cv_.wait_for(lock, interval_, [&] { return stopping_.load(); })) return;
+      }
+      std::string why;
+      try {
+        ++beat;
+        std::vector<uint8_t> b(reinterpret_cast<uint8_t*>(&beat), reinterpret_cast<uint8_t*>(&beat) + sizeof beat);
+        store_->set(hb_key(rank_), b);
+        if (store_->check({"abort"})) {
+          auto v = store_->get("abort");
+          why = std::string(v.begin(), v.end());
+        } else {
+          why = check_peers();
+          if (!why.empty()) {
+            verdict_ = true;
+            store_->set("abort", std::vector<uint8_t>(why.begin(), why.end()));
+            // Let the other ranks read the reason before this process (maybe the store's host) ends.
+            std::this_thread::sleep_for(2 * interval_);
+          }
+        }
+      } catch (const std::exception& e) {
+        if (quiet_ || stopping_) return;
+        why = lost_store_message(address_, e);
+      }
+      if (!why.empty() && !quiet_ && !stopping_) fail_now(rank_, world_, why);
+    }
+  }
+
+  std::string check_peers() {
+    std::vector<std::string> keys;
+    for (auto& p : peers_) keys.push_back(hb_key(p.rank));
+    auto values = store_->multiGet(keys);
+    const auto now = Clock::now();
+    for (size_t i = 0; i < peers_.size(); ++i) {
+      auto& p = peers_[i];
+      if (values[i] != p.last) {
+        p.last = values[i];
+        p.changed = now;
+        continue;
+      }
+      if (now - p.changed <= milliseconds(stale_after_ms_.load())) continue;
+      if (store_->check({"done/" + std::to_string(p.rank)})) continue;  // finished in order
+      return fmt::format("rank {} stopped responding: no heartbeat for {:.1f} s (the process died or is frozen)", p.rank,
+                         std::chrono::duration<double>(now - p.changed).count());
+    }
+    return {};
+  }
+
+  struct Peer {
+    int64_t rank;
+    std::vector<uint8_t> last;
+    Clock::time_point changed;
+  };
+  c10::intrusive_ptr<c10d::Store> store_;
+  int64_t rank_, world_;
+  std::string address_;
+  milliseconds interval_{};
+  std::atomic<int64_t> stale_after_ms_{0};  // lowered by expect_a_verdict() on the main thread
+  std::atomic<bool> verdict_{false};        // this thread found a dead or frozen peer and will end the process
+  std::vector<Peer> peers_;
+  std::thread thread_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<bool> quiet_{false};
+};
+
+}  // namespace strobe::distributed::detail
