@@ -413,21 +413,21 @@ int run_list(const std::string& kind) {
   return 2;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  // The command is named before the handlers exist, so that a signal arriving while the command line
-  // is parsed already says which command it stopped.
-  if (argc > 1) {
-    const std::string first = argv[1];
-    for (const char* name : {"validate", "test", "predict", "replay", "export", "bench", "list"})
-      if (first == name) strobe::signals::set_command(first);
-  }
-  strobe::signals::install();
+// The command line: every command's options, filled by CLI11's parser.
+struct Cli {
   CLI::App app{"Strobe: Lightning-style training in C++ on libtorch"};
-  app.require_subcommand(0, 1);
-  app.set_version_flag("--version", [] { return version_string(); });
   Common fit_c, val_c, test_c, pred_c;
+  ReplayArgs replay_a;
+  strobe::ExportOptions export_a;
+  BenchArgs bench_a;
+  std::string list_kind;
+  std::vector<std::string> list_plugins;
+};
+
+// fit, validate, test and predict: the commands that build a run from a config.
+void add_run_commands(Cli& cli) {
+  CLI::App& app = cli.app;
+  Common &fit_c = cli.fit_c, &val_c = cli.val_c, &test_c = cli.test_c, &pred_c = cli.pred_c;
   auto* fit = app.add_subcommand("fit", "train (and validate) a model; resumes with --ckpt");
   add_common(fit, fit_c, false);
   fit->add_option("--run-dir", fit_c.run_dir, "run directory (default <default_root_dir>/<name>/version_<n>)")
@@ -452,8 +452,11 @@ int main(int argc, char** argv) {
                  "language models: also write every token's logits (fp32, tokens x vocabulary) beside token_loss");
   pred->add_option("--logits-limit-gib", predict_opts.logits_limit_gib,
                    "refuse --logits past this many GiB of logits (default 4)");
-  ReplayArgs replay_a;
-  auto* rep = app.add_subcommand("replay", "re-run the failing step of a NaN capture and name the first non-finite operation");
+}
+
+void add_replay_command(Cli& cli) {
+  ReplayArgs& replay_a = cli.replay_a;
+  auto* rep = cli.app.add_subcommand("replay", "re-run the failing step of a NaN capture and name the first non-finite operation");
   rep->add_option("capture", replay_a.capture, "capture directory: <run_dir>/nan (the latest capture) or nan/step_<N>")
       ->required()
       ->check(kNonEmpty);
@@ -473,8 +476,11 @@ int main(int argc, char** argv) {
   rep->add_flag("--overwrite", replay_a.overwrite,
                 "replace an existing --report (or --write-quarantine) file that is not an earlier one of this command's "
                 "(a file of the capture never)");
-  strobe::ExportOptions export_a;
-  auto* exp = app.add_subcommand("export", "write a checkpoint's model weights as a safetensors file");
+}
+
+void add_export_command(Cli& cli) {
+  strobe::ExportOptions& export_a = cli.export_a;
+  auto* exp = cli.app.add_subcommand("export", "write a checkpoint's model weights as a safetensors file");
   exp->add_option("checkpoint", export_a.checkpoint, "a Strobe checkpoint (last.ckpt, a top-k checkpoint)")
       ->required()
       ->check(kNonEmpty);
@@ -484,8 +490,11 @@ int main(int argc, char** argv) {
   exp->add_option("--names", export_a.names,
                   "the names to write: strobe (the model's own, default), timm, torchvision, or hf (a llama as a Hugging Face "
                   "directory: -o DIR gets config.json + model.safetensors; docs/MODELS.md)");
-  BenchArgs bench_a;
-  auto* bench = app.add_subcommand(
+}
+
+void add_bench_command(Cli& cli) {
+  BenchArgs& bench_a = cli.bench_a;
+  auto* bench = cli.app.add_subcommand(
       "bench", "time training steps and kernels: suites step, giou, attention, optimizer, metrics, nan_capture (default: all)");
   bench->add_option("suites", bench_a.suites, "suites to run (default: all)");
   bench->add_option("--json", bench_a.json, "also write the results as JSON to this file")->check(kNonEmpty);
@@ -507,14 +516,19 @@ int main(int argc, char** argv) {
       ->check(number_above_zero(true));
   bench->add_option("--steps", bench_a.options.steps, "timed steps/calls (default: per suite; step: 50 on CUDA, 10 on CPU)")
       ->check(number_above_zero(false));
-  std::string list_kind;
-  std::vector<std::string> list_plugins;
-  auto* list = app.add_subcommand("list", "list the models, tasks, data modules, callbacks and metrics an experiment can name");
-  list->add_option("kind", list_kind, "models | tasks | data | callbacks | metrics: that kind's names, one per line");
-  list->add_option("--plugin", list_plugins, "load a plugin first: its components are listed too (repeatable)")
+}
+
+void add_list_command(Cli& cli) {
+  auto* list = cli.app.add_subcommand("list", "list the models, tasks, data modules, callbacks and metrics an experiment can name");
+  list->add_option("kind", cli.list_kind, "models | tasks | data | callbacks | metrics: that kind's names, one per line");
+  list->add_option("--plugin", cli.list_plugins, "load a plugin first: its components are listed too (repeatable)")
       ->take_all()
       ->check(kNonEmpty);
-  app.footer(components_text());
+}
+
+// Parses the command line; returns the exit status when the process ends here (help, version, a
+// usage error: one line and 2), nullopt when a command is to run.
+std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv) {
   // A mistyped command (`strobe fti -c x.yaml`): name it and the closest command, instead of
   // CLI11's list of every argument it did not expect.
   if (argc > 1 && argv[1][0] != '-') {
@@ -546,43 +560,49 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "strobe: a command is required (fit, validate, test, predict, replay, export, bench, list); run 'strobe --help' for usage\n");
     return 2;
   }
-  const std::string command = app.get_subcommands().front()->get_name();
-  if (command != "fit") strobe::signals::set_command(command);
-  if (command == "fit" && strobe::signals::sigint_inherited_ignored())
-    fmt::print(stderr, "strobe fit: SIGINT is ignored (inherited from the parent process); stop the run with SIGTERM\n");
-  const Common& c = command == "fit" ? fit_c : command == "validate" ? val_c : command == "predict" ? pred_c : test_c;
-  Progress progress;
-  // Out of memory: one line naming what to lower. Exit 1: the input was accepted, the run started and
-  // this machine could not hold it (a batch that cannot fit at all is refused at setup with exit 2).
-  auto out_of_memory = [&](const std::string& what) {
-    if (command == "bench") {
-      const double cap = bench_a.options.memory_limit_gib;
-      fmt::print(stderr, "strobe bench: out of memory{} ({})\n",
-                 cap > 0 ? fmt::format(" under --memory-limit-gib {:g}", cap) : "", first_line(what));
-    } else if (!progress.built) {
-      fmt::print(stderr, "strobe: out of memory while building the model and data ({}); use a smaller model (model.*) or dataset\n",
-                 first_line(what));
-    } else {
-      fmt::print(stderr, "strobe: out of memory on {} ({}); lower data.batch_size (now {}), or keep the effective batch "
-                 "with trainer.accumulate_grad_batches, or use trainer.precision: bf16-mixed\n",
-                 progress.device, first_line(what), progress.batch_size);
-    }
-    return 1;
-  };
+  return std::nullopt;
+}
+
+// Out of memory: one line naming what to lower. Exit 1: the input was accepted, the run started and
+// this machine could not hold it (a batch that cannot fit at all is refused at setup with exit 2).
+int out_of_memory(const std::string& command, const Cli& cli, const Progress& progress, const std::string& what) {
+  if (command == "bench") {
+    const double cap = cli.bench_a.options.memory_limit_gib;
+    fmt::print(stderr, "strobe bench: out of memory{} ({})\n",
+               cap > 0 ? fmt::format(" under --memory-limit-gib {:g}", cap) : "", first_line(what));
+  } else if (!progress.built) {
+    fmt::print(stderr, "strobe: out of memory while building the model and data ({}); use a smaller model (model.*) or dataset\n",
+               first_line(what));
+  } else {
+    fmt::print(stderr, "strobe: out of memory on {} ({}); lower data.batch_size (now {}), or keep the effective batch "
+               "with trainer.accumulate_grad_batches, or use trainer.precision: bf16-mixed\n",
+               progress.device, first_line(what), progress.batch_size);
+  }
+  return 1;
+}
+
+int run_parsed(const std::string& command, Cli& cli, Progress& progress) {
+  if (command == "list") {
+    strobe::load_plugins(cli.list_plugins);
+    return run_list(cli.list_kind);
+  }
+  if (command == "replay") return run_replay(cli.replay_a);
+  if (command == "bench") return strobe::bench::run_bench(cli.bench_a.suites, cli.bench_a.json, cli.bench_a.options, cli.bench_a.overwrite);
+  if (command == "export") {
+    const int n = strobe::export_weights(cli.export_a);
+    fmt::print("strobe export: {} tensors of {} written to {}{}\n", n, cli.export_a.checkpoint, cli.export_a.output,
+               cli.export_a.names == "strobe" ? "" : fmt::format(" ({} names)", cli.export_a.names));
+    return 0;
+  }
+  const Common& c = command == "fit" ? cli.fit_c : command == "validate" ? cli.val_c : command == "predict" ? cli.pred_c : cli.test_c;
+  return run_command(command, c, progress);
+}
+
+// The exception a command ended with, as one line and its exit status (docs/CONFIG.md, "Exit codes").
+int report_error(const std::string& command, const Cli& cli, const Progress& progress) {
+  auto oom = [&](const std::string& what) { return out_of_memory(command, cli, progress, what); };
   try {
-    if (command == "list") {
-      strobe::load_plugins(list_plugins);
-      return run_list(list_kind);
-    }
-    if (command == "replay") return run_replay(replay_a);
-    if (command == "bench") return strobe::bench::run_bench(bench_a.suites, bench_a.json, bench_a.options, bench_a.overwrite);
-    if (command == "export") {
-      const int n = strobe::export_weights(export_a);
-      fmt::print("strobe export: {} tensors of {} written to {}{}\n", n, export_a.checkpoint, export_a.output,
-                 export_a.names == "strobe" ? "" : fmt::format(" ({} names)", export_a.names));
-      return 0;
-    }
-    return run_command(command, c, progress);
+    throw;
   } catch (const strobe::PluginError& e) {
     fmt::print(stderr, "strobe: plugin error: {}\n", one_line(e.what()));
     return 2;
@@ -607,9 +627,9 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "strobe: write error: {}\n", one_line(e.what()));
     return 1;
   } catch (const c10::OutOfMemoryError& e) {
-    return out_of_memory(e.what_without_backtrace());
+    return oom(e.what_without_backtrace());
   } catch (const std::bad_alloc& e) {
-    return out_of_memory(e.what());
+    return oom(e.what());
   } catch (const strobe::config::ConfigError& e) {
     fmt::print(stderr, "strobe: config error: {}\n", one_line(e.what()));
     return 2;
@@ -622,17 +642,50 @@ int main(int argc, char** argv) {
   } catch (const c10::Error& e) {
     const std::string what = e.what_without_backtrace();
     // libtorch's CPU allocator reports a failed allocation as a plain c10::Error.
-    if (is_allocation_failure(what)) return out_of_memory(what);
+    if (is_allocation_failure(what)) return oom(what);
     fmt::print(stderr, "strobe: error: {}\n", one_line(what));
     return 1;
   } catch (const std::exception& e) {
     const std::string what = e.what();
-    if (is_allocation_failure(what)) return out_of_memory(what);
+    if (is_allocation_failure(what)) return oom(what);
     fmt::print(stderr, "strobe: error: {}\n", one_line(what));
     return 1;
   } catch (...) {
     // A plugin's code outside a callback hook (call_hook wraps those) threw what is not a std::exception.
     fmt::print(stderr, "strobe: error: an exception that is not a std::exception (thrown by a plugin's code?)\n");
     return 1;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // The command is named before the handlers exist, so that a signal arriving while the command line
+  // is parsed already says which command it stopped.
+  if (argc > 1) {
+    const std::string first = argv[1];
+    for (const char* name : {"validate", "test", "predict", "replay", "export", "bench", "list"})
+      if (first == name) strobe::signals::set_command(first);
+  }
+  strobe::signals::install();
+  Cli cli;
+  cli.app.require_subcommand(0, 1);
+  cli.app.set_version_flag("--version", [] { return version_string(); });
+  add_run_commands(cli);
+  add_replay_command(cli);
+  add_export_command(cli);
+  add_bench_command(cli);
+  add_list_command(cli);
+  cli.app.footer(components_text());
+  if (const std::optional<int> rc = parse_command_line(cli.app, argc, argv)) return *rc;
+  const std::string command = cli.app.get_subcommands().front()->get_name();
+  if (command != "fit") strobe::signals::set_command(command);
+  if (command == "fit" && strobe::signals::sigint_inherited_ignored())
+    fmt::print(stderr, "strobe fit: SIGINT is ignored (inherited from the parent process); stop the run with SIGTERM\n");
+  Progress progress;
+  try {
+    return run_parsed(command, cli, progress);
+  } catch (...) {
+    return report_error(command, cli, progress);
   }
 }
