@@ -63,6 +63,8 @@ class HealthMonitor {
     cv_.notify_all();
     if (thread_.joinable()) thread_.join();
   }
+  // The key a rank sets once it has read the "abort" reason.
+  static std::string abort_read_key(int64_t r) { return "abort_read/" + std::to_string(r); }
   // From now on store errors are the expected end of the job, not a failure.
   void quiet() { quiet_ = true; }
   milliseconds interval() const { return interval_; }
@@ -97,6 +99,8 @@ class HealthMonitor {
         if (store_->check({"abort"})) {
           auto v = store_->get("abort");
           why = std::string(v.begin(), v.end());
+          // Read: the rank that wrote it (maybe the store's host) may end now (abort_read_by_all).
+          store_->set(abort_read_key(rank_), std::vector<uint8_t>{1});
         } else {
           why = check_peers();
           if (!why.empty()) {
