@@ -171,24 +171,32 @@ static void check_batch_keys(config::Experiment& exp, const DataInfo& d, const M
   }
 }
 
-std::unique_ptr<Run> build_run(config::Document& doc, const RunOptions& options) {
-  auto run = std::make_unique<Run>();
-  run->experiment = config::parse_experiment(doc);
-  auto& exp = run->experiment;
+namespace {
+
+// The checkpoint a command starts from (--ckpt), read once, and its saved config parsed once.
+struct RunCheckpoint {
+  std::optional<checkpoint::CheckpointData> data;
+  std::shared_ptr<const config::SavedConfig> config;
+};
+
+// Before any component is built: reads --ckpt (a bad one is refused before any work) and loads the
+// plugins the config names and the checkpoint recorded, whose components join the registries; the
+// resolved config records each plugin with its hash.
+RunCheckpoint read_checkpoint_and_load_plugins(config::Document& doc, Run& run, const RunOptions& options,
+                                               const distributed::LaunchEnv& env) {
+  auto& exp = run.experiment;
   // Before any component is built: the plugins' components join the registries (runner/plugins.h).
   // A checkpoint (read here first, so a bad one is refused before any work) brings the plugins it
   // was written with, at their recorded hashes.
-  const distributed::LaunchEnv env = options.launch_env ? *options.launch_env : distributed::launch_env_from_process();
   std::vector<config::PluginSpec> plugins = exp.plugins;
   // Read once: the trainer is handed the loaded checkpoint below instead of reading it again.
   // Its saved config is parsed once: its plugins here, the resume check's comparison in the trainer.
-  std::optional<checkpoint::CheckpointData> ckpt_data;
-  std::shared_ptr<const config::SavedConfig> ckpt_config;
+  RunCheckpoint ckpt;
   if (options.ckpt) {
-    ckpt_data = checkpoint::load_checkpoint_file(*options.ckpt);
-    if (const std::string* saved = CheckpointView(*ckpt_data, *options.ckpt).config()) {
-      ckpt_config = std::make_shared<const config::SavedConfig>(*saved, *options.ckpt);
-      plugins = with_recorded_plugins(plugins, ckpt_config->plugins());
+    ckpt.data = checkpoint::load_checkpoint_file(*options.ckpt);
+    if (const std::string* saved = CheckpointView(*ckpt.data, *options.ckpt).config()) {
+      ckpt.config = std::make_shared<const config::SavedConfig>(*saved, *options.ckpt);
+      plugins = with_recorded_plugins(plugins, ckpt.config->plugins());
     }
   }
   if (!plugins.empty()) {
@@ -197,7 +205,7 @@ std::unique_ptr<Run> build_run(config::Document& doc, const RunOptions& options)
     for (const auto& p : load_plugins(plugins, options.allow_changed_plugins)) {
       if (!p.changed.empty()) {
         if (env.rank == 0) fmt::print(stderr, "strobe: {}\n", p.changed);
-        run->plugin_changes.push_back(p.changed);
+        run.plugin_changes.push_back(p.changed);
       }
       YAML::Node entry;
       entry["path"] = p.spec.path;
@@ -208,7 +216,15 @@ std::unique_ptr<Run> build_run(config::Document& doc, const RunOptions& options)
     }
     doc.root().node()["plugins"] = record;
   }
+  return ckpt;
+}
 
+// The data module, the model (its shape maybe filled from a Hugging Face config.json, its weights
+// from model.init_from), the task and the callbacks (the configured ones, then the defaults the
+// trainer.enable_* switches turn on). Returns the config.json the initial weights came with.
+std::optional<std::string> build_components(Run& run, const RunOptions& options, const distributed::LaunchEnv& env,
+                                            const std::optional<checkpoint::CheckpointData>& ckpt_data) {
+  auto& exp = run.experiment;
   DataContext ctx;
   ctx.seed = static_cast<uint64_t>(exp.seed);
   // The distributed sampler: rank r takes its stride of every epoch's permutation.
@@ -219,8 +235,8 @@ std::unique_ptr<Run> build_run(config::Document& doc, const RunOptions& options)
   // Models draw their initial weights from the global generator: seed it before building them so a
   // run's initialization depends only on `seed`.
   torch::manual_seed(static_cast<uint64_t>(exp.seed));
-  run->datamodule = data_registry().create(exp.data, "", ctx);
-  if (options.stage == Stage::Fit) check_batch_memory(exp.data, *run->datamodule, ctx.seed);
+  run.datamodule = data_registry().create(exp.data, "", ctx);
+  if (options.stage == Stage::Fit) check_batch_memory(exp.data, *run.datamodule, ctx.seed);
   // model.init_from with names: hf: the shape keys the section leaves unset come from the
   // checkpoint's config.json, so the model is built to fit it and the resolved config records them.
   // With --ckpt, from the config.json the checkpoint recorded (the directory may be gone since).
@@ -244,7 +260,7 @@ std::unique_ptr<Run> build_run(config::Document& doc, const RunOptions& options)
     throw config::ConfigError(fmt::format("{} (model.{} from {})", e.what(), fmt::join(filled, ", model."), filled_from));
   }
   std::optional<std::string> hf_source_config;  // the Hugging Face config.json the weights came with
-  check_data_fits_model(exp.model, exp.data.node()["name"].Scalar(), run->datamodule->info());
+  check_data_fits_model(exp.model, exp.data.node()["name"].Scalar(), run.datamodule->info());
   if (exp.init_from) {
     if (options.ckpt) {
       if (env.rank == 0)
@@ -254,26 +270,101 @@ std::unique_ptr<Run> build_run(config::Document& doc, const RunOptions& options)
       hf_source_config = load_init_from(*model, exp.model, *exp.init_from, env.rank == 0);
     }
   }
-  run->module = task_registry().create(exp.task, model->default_task(), model);
-  check_batch_keys(exp, run->datamodule->info(), *model, *run->module);
+  run.module = task_registry().create(exp.task, model->default_task(), model);
+  check_batch_keys(exp, run.datamodule->info(), *model, *run.module);
 
-  for (auto& section : exp.callbacks) run->callbacks.push_back(callback_registry().create(section, ""));
+  for (auto& section : exp.callbacks) run.callbacks.push_back(callback_registry().create(section, ""));
   // As in Lightning: a fit adds the callbacks its trainer.enable_* switches turn on when none of that
   // name is configured (a default model_checkpoint keeps last.ckpt and the latest epoch's checkpoint).
   if (options.stage == Stage::Predict && exp.trainer.enable_progress_bar &&
-      std::none_of(run->callbacks.begin(), run->callbacks.end(), [](const auto& cb) { return cb->name() == "progress_bar"; }))
-    run->callbacks.push_back(default_callback("progress_bar"));  // strobe predict shows its progress too
+      std::none_of(run.callbacks.begin(), run.callbacks.end(), [](const auto& cb) { return cb->name() == "progress_bar"; }))
+    run.callbacks.push_back(default_callback("progress_bar"));  // strobe predict shows its progress too
   if (options.stage == Stage::Fit) {
-    const size_t configured = run->callbacks.size();
+    const size_t configured = run.callbacks.size();
     for (const auto& [enabled, default_name] : {std::pair{exp.trainer.enable_checkpointing, "model_checkpoint"},
                                                 std::pair{exp.trainer.enable_progress_bar, "progress_bar"},
                                                 std::pair{exp.trainer.enable_model_summary, "model_summary"}}) {
       const std::string name = default_name;
-      const auto end = run->callbacks.begin() + static_cast<std::ptrdiff_t>(configured);
-      if (enabled && std::none_of(run->callbacks.begin(), end, [&](const auto& cb) { return cb->name() == name; }))
-        run->callbacks.push_back(default_callback(name));
+      const auto end = run.callbacks.begin() + static_cast<std::ptrdiff_t>(configured);
+      if (enabled && std::none_of(run.callbacks.begin(), end, [&](const auto& cb) { return cb->name() == name; }))
+        run.callbacks.push_back(default_callback(name));
     }
   }
+
+  return hf_source_config;
+}
+
+// The run directory (docs/CONFIG.md, "Run directory"), claimed by rank 0 and told to the others,
+// with the callbacks' checkpoint directories outside it; none for a fast_dev_run without --run-dir.
+void claim_run_directory(Run& run, const RunOptions& options) {
+  auto& exp = run.experiment;
+  auto& strategy = *run.strategy;
+  // trainer.fast_dev_run writes no files (no checkpoints, logs or config.yaml): it claims no
+  // version_<n>, and a run directory only when --run-dir names one.
+  if (options.create_run_dir && (exp.trainer.fast_dev_run == 0 || options.run_dir)) {
+    // Rank 0 alone picks (next_version_dir would race between ranks) and checks the run directory,
+    // then tells the others its name, or its error: every rank then ends with the same exit 2.
+    // The claim (docs/CONFIG.md, "Run directory"): a version_<n> taken with mkdir, a lock held while
+    // the run lives, and a directory holding another run refused unless resumed or --overwrite.
+    std::string error;
+    if (strategy.is_global_zero()) {
+      try {
+        std::string origin;
+        if (options.run_dir) {
+          run.claim = std::make_shared<RunDirClaim>(RunDirClaim::at(*options.run_dir, "--run-dir"));
+          origin = "--run-dir";
+        } else if (options.ckpt && options.stage == Stage::Fit) {
+          fs::path ck = fs::absolute(*options.ckpt);
+          if (ck.parent_path().filename() == "checkpoints" && fs::exists(ck.parent_path().parent_path() / "config.yaml")) {
+            origin = "the run directory of --ckpt,";
+            run.claim = std::make_shared<RunDirClaim>(RunDirClaim::at(ck.parent_path().parent_path().string(), origin));
+          }
+        }
+        if (!run.claim) {
+          origin = "trainer.default_root_dir:";
+          run.claim = std::make_shared<RunDirClaim>(RunDirClaim::next_version(exp.trainer.default_root_dir, exp.name));
+        }
+        check_run_dir_free(*run.claim, origin, options.stage == Stage::Fit ? options.ckpt : std::nullopt, options.overwrite);
+        run.run_dir = run.claim->dir();
+        // A callback's checkpoint directory outside the run directory is claimed as the run directory
+        // is (docs/CONFIG.md, "Run directory"): never another run's, locked while this run lives. The
+        // configured callbacks come first in run.callbacks, in their config order.
+        std::set<std::string> claimed;
+        for (size_t i = 0; i < run.callbacks.size(); ++i) {
+          const std::string dirpath = run.callbacks[i]->checkpoint_dir();
+          if (dirpath.empty() || !claimed.insert(fs::absolute(dirpath).lexically_normal().string()).second) continue;
+          const std::string origin = i < exp.callbacks.size() ? exp.callbacks[i].key_path("dirpath") + ":"
+                                                              : run.callbacks[i]->name() + ": checkpoint directory";
+          auto c = CheckpointDirClaim::claim(dirpath, run.run_dir, origin,
+                                             options.stage == Stage::Fit ? options.ckpt : std::nullopt, options.overwrite);
+          if (c) run.checkpoint_dirs.push_back(std::move(c));
+        }
+      } catch (const RunDirError& e) {
+        if (strategy.world_size() == 1) throw;
+        error = e.what();
+      }
+    }
+    if (strategy.world_size() > 1) {
+      const std::string got = strategy.broadcast_string(error.empty() ? run.run_dir : "\x01" + error);
+      if (!got.empty() && got[0] == '\x01') {
+        strategy.shutdown();
+        throw RunDirError(got.substr(1));
+      }
+      run.run_dir = got;
+    }
+  }
+
+}
+
+}  // namespace
+
+std::unique_ptr<Run> build_run(config::Document& doc, const RunOptions& options) {
+  auto run = std::make_unique<Run>();
+  run->experiment = config::parse_experiment(doc);
+  auto& exp = run->experiment;
+  const distributed::LaunchEnv env = options.launch_env ? *options.launch_env : distributed::launch_env_from_process();
+  RunCheckpoint ckpt = read_checkpoint_and_load_plugins(doc, *run, options, env);
+  const std::optional<std::string> hf_source_config = build_components(*run, options, env, ckpt.data);
 
   // The strategy once every component is built (a config or data error is then refused on every
   // rank before any rendezvous, exit 2 without a word from the others): under torchrun / Slurm it is
@@ -292,60 +383,7 @@ std::unique_ptr<Run> build_run(config::Document& doc, const RunOptions& options)
     if (run->step_memory) check_step_memory(exp.data, *run->step_memory);
   }
 
-  // trainer.fast_dev_run writes no files (no checkpoints, logs or config.yaml): it claims no
-  // version_<n>, and a run directory only when --run-dir names one.
-  if (options.create_run_dir && (exp.trainer.fast_dev_run == 0 || options.run_dir)) {
-    // Rank 0 alone picks (next_version_dir would race between ranks) and checks the run directory,
-    // then tells the others its name, or its error: every rank then ends with the same exit 2.
-    // The claim (docs/CONFIG.md, "Run directory"): a version_<n> taken with mkdir, a lock held while
-    // the run lives, and a directory holding another run refused unless resumed or --overwrite.
-    std::string error;
-    if (strategy.is_global_zero()) {
-      try {
-        std::string origin;
-        if (options.run_dir) {
-          run->claim = std::make_shared<RunDirClaim>(RunDirClaim::at(*options.run_dir, "--run-dir"));
-          origin = "--run-dir";
-        } else if (options.ckpt && options.stage == Stage::Fit) {
-          fs::path ck = fs::absolute(*options.ckpt);
-          if (ck.parent_path().filename() == "checkpoints" && fs::exists(ck.parent_path().parent_path() / "config.yaml")) {
-            origin = "the run directory of --ckpt,";
-            run->claim = std::make_shared<RunDirClaim>(RunDirClaim::at(ck.parent_path().parent_path().string(), origin));
-          }
-        }
-        if (!run->claim) {
-          origin = "trainer.default_root_dir:";
-          run->claim = std::make_shared<RunDirClaim>(RunDirClaim::next_version(exp.trainer.default_root_dir, exp.name));
-        }
-        check_run_dir_free(*run->claim, origin, options.stage == Stage::Fit ? options.ckpt : std::nullopt, options.overwrite);
-        run->run_dir = run->claim->dir();
-        // A callback's checkpoint directory outside the run directory is claimed as the run directory
-        // is (docs/CONFIG.md, "Run directory"): never another run's, locked while this run lives. The
-        // configured callbacks come first in run->callbacks, in their config order.
-        std::set<std::string> claimed;
-        for (size_t i = 0; i < run->callbacks.size(); ++i) {
-          const std::string dirpath = run->callbacks[i]->checkpoint_dir();
-          if (dirpath.empty() || !claimed.insert(fs::absolute(dirpath).lexically_normal().string()).second) continue;
-          const std::string origin = i < exp.callbacks.size() ? exp.callbacks[i].key_path("dirpath") + ":"
-                                                              : run->callbacks[i]->name() + ": checkpoint directory";
-          auto c = CheckpointDirClaim::claim(dirpath, run->run_dir, origin,
-                                             options.stage == Stage::Fit ? options.ckpt : std::nullopt, options.overwrite);
-          if (c) run->checkpoint_dirs.push_back(std::move(c));
-        }
-      } catch (const RunDirError& e) {
-        if (strategy.world_size() == 1) throw;
-        error = e.what();
-      }
-    }
-    if (strategy.world_size() > 1) {
-      const std::string got = strategy.broadcast_string(error.empty() ? run->run_dir : "\x01" + error);
-      if (!got.empty() && got[0] == '\x01') {
-        strategy.shutdown();
-        throw RunDirError(got.substr(1));
-      }
-      run->run_dir = got;
-    }
-  }
+  claim_run_directory(*run, options);
 
   // Per process: every rank of a multi-process run writes its own trace (<host>_<pid> names).
   if (exp.trainer.profiler.enabled && options.stage == Stage::Fit) {
@@ -363,7 +401,7 @@ std::unique_ptr<Run> build_run(config::Document& doc, const RunOptions& options)
   TrainerParts parts;
   parts.experiment = exp;
   parts.resolved_config = run->resolved_yaml;
-  parts.checkpoint_config = std::move(ckpt_config);
+  parts.checkpoint_config = std::move(ckpt.config);
   parts.module = run->module;
   parts.datamodule = run->datamodule;
   parts.callbacks = run->callbacks;
@@ -372,7 +410,7 @@ std::unique_ptr<Run> build_run(config::Document& doc, const RunOptions& options)
   if (hf_source_config) parts.hf_source_config = *hf_source_config;
   if (options.on_device) options.on_device(strategy.device());
   run->trainer = std::make_unique<Trainer>(std::move(parts));
-  run->checkpoint = std::move(ckpt_data);
+  run->checkpoint = std::move(ckpt.data);
   return run;
 }
 
