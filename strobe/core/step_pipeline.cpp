@@ -206,40 +206,32 @@ torch::Tensor StepPipeline::prepare_backward(const torch::Tensor& loss) {
   return out;
 }
 
-void StepPipeline::step() {
-  torch::NoGradGuard ng;
-  std::vector<torch::Tensor> grads;
-  std::vector<size_t> with_grad;
-  grads.reserve(params_.size());
-  for (size_t i = 0; i < params_.size(); ++i) {
-    const auto& g = params_[i].grad();
-    if (g.defined()) grads.push_back(g), with_grad.push_back(i);
-  }
-  const double clip = cfg_.gradient_clip_val;
-  const bool clip_norm = clip > 0 && cfg_.gradient_clip_algorithm == "norm";
-  const bool clip_value = clip > 0 && cfg_.gradient_clip_algorithm == "value";
-
+// The one pass over the gradients: per-gradient L2 norms give both the non-finite flag (a NaN or
+// Inf element makes its tensor's norm non-finite) and the total norm for clipping and spikes.
+StepPipeline::GradPass StepPipeline::grad_pass(const std::vector<torch::Tensor>& grads, const std::vector<size_t>& with_grad,
+                                               bool total) {
+  GradPass out;
   StepRecord& rec = current_;
-  // The one pass over the gradients: per-gradient L2 norms give both the non-finite flag (a NaN or
-  // Inf element makes its tensor's norm non-finite) and the total norm for clipping.
-  torch::Tensor grad_flag, total_norm;
-  const bool spike_armed = guard_.spike.armed() && spike_window_.defined();
-  if ((guard_.check_grads || clip_norm || scaler_ || (spike_armed && guard_.spike.grad_norm)) && !grads.empty()) {
-    rec.grad_norms = torch::stack(at::_foreach_norm(grads, 2, torch::kFloat32));
-    if (shards_) {  // each rank has its shards' norms: the squares add up to the whole gradients'
-      auto squares = rec.grad_norms.square();
-      strategy_->reduce_sum(squares);
-      rec.grad_norms = squares.sqrt();
-    }
-    grad_flag = rec.grad_norms.isfinite().logical_not().any().to(torch::kFloat32);
-    if (clip_norm || spike_armed) total_norm = torch::linalg_vector_norm(rec.grad_norms, 2);
-    if (!grad_names_ || grad_names_->size() != with_grad.size()) {
-      auto names = std::make_shared<std::vector<std::string>>();
-      for (size_t i : with_grad) names->push_back(param_names_[i]);
-      grad_names_ = std::move(names);
-    }
-    rec.grad_names = grad_names_;
+  rec.grad_norms = torch::stack(at::_foreach_norm(grads, 2, torch::kFloat32));
+  if (shards_) {  // each rank has its shards' norms: the squares add up to the whole gradients'
+    auto squares = rec.grad_norms.square();
+    strategy_->reduce_sum(squares);
+    rec.grad_norms = squares.sqrt();
   }
+  out.nonfinite = rec.grad_norms.isfinite().logical_not().any().to(torch::kFloat32);
+  if (total) out.total_norm = torch::linalg_vector_norm(rec.grad_norms, 2);
+  if (!grad_names_ || grad_names_->size() != with_grad.size()) {
+    auto names = std::make_shared<std::vector<std::string>>();
+    for (size_t i : with_grad) names->push_back(param_names_[i]);
+    grad_names_ = std::move(names);
+  }
+  rec.grad_names = grad_names_;
+  return out;
+}
+
+// The armed checks' verdict on this step (1 = non-finite), the same on every rank, in the record.
+torch::Tensor StepPipeline::nonfinite_verdict(const torch::Tensor& grad_flag) {
+  StepRecord& rec = current_;
   if (guard_.check_grads) rec.grad_nonfinite = grad_flag;
   if (guard_.check_loss) rec.loss_nonfinite = loss_flag_;
   torch::Tensor loss_verdict = loss_flag_;
@@ -252,43 +244,37 @@ void StepPipeline::step() {
   if (guard_.check_grads) verdict = max_defined(verdict, grad_flag);
   if (guard_.check_loss) verdict = max_defined(verdict, loss_verdict);
   rec.nonfinite = verdict;
+  return verdict;
+}
 
-  torch::Tensor skip = verdict;
-  // Under 16-mixed an overflowing gradient is the loss scaler's business: skip and back off.
-  if (scaler_) skip = max_defined(skip, grad_flag);
-
-  // Spikes: the step's loss (averaged over ranks so every rank decides alike) and the total norm
-  // of the (already reduced) gradients, unscaled under 16-mixed.
-  torch::Tensor spike_values, to_stick;
-  if (spike_armed) {
-    auto zero = torch::zeros({}, sticky_.options());
-    torch::Tensor loss_value = zero;
-    if (guard_.spike.loss && !rec.losses.empty()) {
-      std::vector<torch::Tensor> ls;
-      for (const auto& l : rec.losses) ls.push_back(l.to(torch::kFloat32).reshape({}));
-      loss_value = torch::stack(ls).mean();
-      if (strategy_ && strategy_->world_size() > 1) {
-        loss_value = loss_value.clone();
-        strategy_->reduce_sum(loss_value);
-        loss_value = loss_value / static_cast<double>(strategy_->world_size());
-      }
+// Spikes: the step's loss (averaged over ranks so every rank decides alike) and the total norm of
+// the (already reduced) gradients, unscaled under 16-mixed: [loss, grad norm].
+torch::Tensor StepPipeline::spike_values(const torch::Tensor& total_norm) {
+  const StepRecord& rec = current_;
+  auto zero = torch::zeros({}, sticky_.options());
+  torch::Tensor loss_value = zero;
+  if (guard_.spike.loss && !rec.losses.empty()) {
+    std::vector<torch::Tensor> ls;
+    for (const auto& l : rec.losses) ls.push_back(l.to(torch::kFloat32).reshape({}));
+    loss_value = torch::stack(ls).mean();
+    if (strategy_ && strategy_->world_size() > 1) {
+      loss_value = loss_value.clone();
+      strategy_->reduce_sum(loss_value);
+      loss_value = loss_value / static_cast<double>(strategy_->world_size());
     }
-    torch::Tensor norm_value = zero;
-    if (guard_.spike.grad_norm && total_norm.defined())
-      norm_value = scaler_ ? total_norm * scaler_->scale_tensor().reciprocal() : total_norm;
-    spike_values = torch::stack({loss_value, norm_value.to(torch::kFloat32)});
-    auto spike = spike_verdict(spike_values);
-    skip = max_defined(skip, spike);
-    to_stick = rec.spike_limit;
   }
-  if (guard_.sticky) to_stick = max_defined(to_stick, verdict);
-  if ((guard_.sticky || spike_armed) && sticky_.defined()) {
-    if (to_stick.defined()) sticky_.copy_(torch::maximum(sticky_, to_stick));
-    skip = max_defined(skip, sticky_.clone());
-  }
-  rec.skipped = skip;
-  if (spike_armed) accept_spike_values(spike_values, skip);
+  torch::Tensor norm_value = zero;
+  if (guard_.spike.grad_norm && total_norm.defined())
+    norm_value = scaler_ ? total_norm * scaler_->scale_tensor().reciprocal() : total_norm;
+  return torch::stack({loss_value, norm_value.to(torch::kFloat32)});
+}
 
+// What the optimizer multiplies the gradients by: 1 / loss scale, times the clipping coefficient.
+// Clipping by value rewrites the gradients in place instead (it needs unscaled values).
+torch::Tensor StepPipeline::gradient_multiplier(std::vector<torch::Tensor>& grads, const torch::Tensor& total_norm) {
+  const double clip = cfg_.gradient_clip_val;
+  const bool clip_norm = clip > 0 && cfg_.gradient_clip_algorithm == "norm";
+  const bool clip_value = clip > 0 && cfg_.gradient_clip_algorithm == "value";
   torch::Tensor multiplier;
   if (scaler_) multiplier = scaler_->scale_tensor().reciprocal();
   if (clip_norm && total_norm.defined()) {
@@ -302,8 +288,11 @@ void StepPipeline::step() {
     at::_foreach_clamp_min_(grads, -clip);
     at::_foreach_clamp_max_(grads, clip);
   }
+  return multiplier;
+}
 
-  bool applied = true;
+// The update, unless `skip` (our fused optimizers skip on the device; torch::optim reads the flag).
+void StepPipeline::apply(std::vector<torch::Tensor>& grads, const torch::Tensor& skip, const torch::Tensor& multiplier) {
 #if STROBE_HAS_OPS
   if (auto* f = dynamic_cast<ops::FusedOptimizerBase*>(&optimizer_)) {
     if (skip.defined()) f->set_found_nonfinite(skip);
@@ -312,24 +301,58 @@ void StepPipeline::step() {
     optimizer_.step();
     if (masters_) masters_->copy_to_model();
     if (shards_) shards_->gather_params();
-    applied = false;
+    return;
   }
 #endif
-  if (applied) {
-    if (multiplier.defined() && !grads.empty()) at::_foreach_mul_(grads, multiplier);
-    // torch::optim cannot skip on the device: the documented host read of this path.
-    if (!skip.defined() || skip.item<float>() == 0.0f) {
-      if (masters_) masters_->attach_grads(/*fp32_copies=*/true);
-      if (shards_)  // torch::optim wants the parameters' dtype: bf16 gradient shards become fp32 copies
-        for (auto& p : params_)
-          if (p.grad().defined() && p.grad().scalar_type() != p.scalar_type()) p.mutable_grad() = p.grad().to(p.scalar_type());
-      optimizer_.step();
-      if (masters_) masters_->copy_to_model();
-      if (shards_) shards_->gather_params();
-    }
+  if (multiplier.defined() && !grads.empty()) at::_foreach_mul_(grads, multiplier);
+  // torch::optim cannot skip on the device: the documented host read of this path.
+  if (skip.defined() && skip.item<float>() != 0.0f) return;
+  if (masters_) masters_->attach_grads(/*fp32_copies=*/true);
+  if (shards_)  // torch::optim wants the parameters' dtype: bf16 gradient shards become fp32 copies
+    for (auto& p : params_)
+      if (p.grad().defined() && p.grad().scalar_type() != p.scalar_type()) p.mutable_grad() = p.grad().to(p.scalar_type());
+  optimizer_.step();
+  if (masters_) masters_->copy_to_model();
+  if (shards_) shards_->gather_params();
+}
+
+void StepPipeline::step() {
+  torch::NoGradGuard ng;
+  std::vector<torch::Tensor> grads;
+  std::vector<size_t> with_grad;
+  grads.reserve(params_.size());
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const auto& g = params_[i].grad();
+    if (g.defined()) grads.push_back(g), with_grad.push_back(i);
   }
-  if (scaler_) scaler_->update(grad_flag.defined() ? grad_flag : torch::zeros({}, scaler_->scale_tensor().options()));
-  if (guard_.restore_buffers && skip.defined() && !rec.buffers_before.empty()) restore_buffers(rec.buffers_before, skip);
+  const bool clip_norm = cfg_.gradient_clip_val > 0 && cfg_.gradient_clip_algorithm == "norm";
+  const bool spike_armed = guard_.spike.armed() && spike_window_.defined();
+  GradPass pass;
+  if ((guard_.check_grads || clip_norm || scaler_ || (spike_armed && guard_.spike.grad_norm)) && !grads.empty())
+    pass = grad_pass(grads, with_grad, clip_norm || spike_armed);
+
+  // The skip flag: the verdict, an overflow under 16-mixed (the loss scaler's business: skip and back
+  // off), a spike, the sticky guard.
+  const torch::Tensor verdict = nonfinite_verdict(pass.nonfinite);
+  torch::Tensor skip = verdict;
+  if (scaler_) skip = max_defined(skip, pass.nonfinite);
+  torch::Tensor values, to_stick;
+  if (spike_armed) {
+    values = spike_values(pass.total_norm);
+    skip = max_defined(skip, spike_verdict(values));
+    to_stick = current_.spike_limit;
+  }
+  if (guard_.sticky) to_stick = max_defined(to_stick, verdict);
+  if ((guard_.sticky || spike_armed) && sticky_.defined()) {
+    if (to_stick.defined()) sticky_.copy_(torch::maximum(sticky_, to_stick));
+    skip = max_defined(skip, sticky_.clone());
+  }
+  current_.skipped = skip;
+  if (spike_armed) accept_spike_values(values, skip);
+
+  apply(grads, skip, gradient_multiplier(grads, pass.total_norm));
+  if (scaler_) scaler_->update(pass.nonfinite.defined() ? pass.nonfinite : torch::zeros({}, scaler_->scale_tensor().options()));
+  if (guard_.restore_buffers && skip.defined() && !current_.buffers_before.empty()) restore_buffers(current_.buffers_before, skip);
   last_ = std::move(current_);
   current_ = StepRecord{};
 }

@@ -98,6 +98,16 @@ class StepPipeline : public Stateful, public StepPipelineView {
   bool fused() const { return fused_; }
 
  private:
+  // step()'s parts, in order.
+  struct GradPass {
+    torch::Tensor nonfinite;   // 0-d float32: a gradient holds a NaN or an Inf
+    torch::Tensor total_norm;  // the gradients' L2 norm (when clipping by norm or watching spikes)
+  };
+  GradPass grad_pass(const std::vector<torch::Tensor>& grads, const std::vector<size_t>& with_grad, bool total);
+  torch::Tensor nonfinite_verdict(const torch::Tensor& grad_flag);
+  torch::Tensor spike_values(const torch::Tensor& total_norm);
+  torch::Tensor gradient_multiplier(std::vector<torch::Tensor>& grads, const torch::Tensor& total_norm);
+  void apply(std::vector<torch::Tensor>& grads, const torch::Tensor& skip, const torch::Tensor& multiplier);
   std::vector<torch::Tensor> snapshot_buffers() const;
   void init_spike_state();
   // The spike verdict of this step from its metric values [2] (loss, grad norm); fills the record.
