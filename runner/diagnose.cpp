@@ -96,40 +96,46 @@ std::vector<std::string> largest_params(const checkpoint::CheckpointData& d, siz
   return out;
 }
 
-}  // namespace
+// The step replayed every way diagnose compares: as captured twice, in fp32, in float64 on the CPU
+// and on the previous step's batch (each run that could be made).
+struct DiagnosisRuns {
+  StepOutcome a, b;  // as captured, twice
+  std::optional<StepOutcome> fp32, f64, prev;
+  bool matches_record = true, replays_agree = true;  // a's losses are the recorded bits; a and b agree
+  nlohmann::json runs = nlohmann::json::array(), notes = nlohmann::json::array();
+};
 
-nlohmann::json diagnose_capture(const std::string& path, const ReplayOptions& options) {
-  const auto cap = load_capture(path);
+DiagnosisRuns replay_every_way(const LoadedCapture& cap, const ReplayOptions& options, bool spike, const SpikeThresholds& thr) {
+  DiagnosisRuns d;
   const auto& info = cap.info;
-  const bool spike = info.value("kind", "") == "spike";
-  const auto thr = spike_thresholds(info);
   const std::string precision = info.value("precision", "32");
   ReplayVariant base;
   base.device = default_replay_device(cap, options);
   base.allow_changed_plugins = options.allow_changed_plugins;
-
-  nlohmann::json runs = nlohmann::json::array(), evidence = nlohmann::json::array(), notes = nlohmann::json::array();
+  auto& runs = d.runs;
+  auto& notes = d.notes;
   if (base.device != cap.captured_device)
     notes.push_back(fmt::format("captured on {}, replayed on {}: bits may differ across devices", cap.captured_device, base.device));
 
   // 1. As captured, twice.
-  const StepOutcome a = replay_step(cap, base), b = replay_step(cap, base);
+  d.a = replay_step(cap, base);
+  d.b = replay_step(cap, base);
+  const StepOutcome &a = d.a, &b = d.b;
   runs.push_back(run_json("as captured (1)", a, bad(a, spike, thr)));
   runs.push_back(run_json("as captured (2)", b, bad(b, spike, thr)));
   const auto recorded = info.value("losses", nlohmann::json::array());
-  bool matches_record = a.losses.size() == recorded.size(), replays_agree = a.losses.size() == b.losses.size();
+  d.matches_record = a.losses.size() == recorded.size(), d.replays_agree = a.losses.size() == b.losses.size();
   for (size_t i = 0; i < a.losses.size(); ++i) {
-    if (i >= recorded.size() || recorded[i].value("bits", "") != tensor_bits(a.losses[i])) matches_record = false;
-    if (i < b.losses.size() && tensor_bits(a.losses[i]) != tensor_bits(b.losses[i])) replays_agree = false;
+    if (i >= recorded.size() || recorded[i].value("bits", "") != tensor_bits(a.losses[i])) d.matches_record = false;
+    if (i < b.losses.size() && tensor_bits(a.losses[i]) != tensor_bits(b.losses[i])) d.replays_agree = false;
   }
 
   // 2. fp32, 3. float64, 4. the previous step's batch.
-  std::optional<StepOutcome> fp32, f64, prev;
   if (precision != "32") {
     ReplayVariant v = base;
     v.precision = "32";
-    fp32 = replay_step(cap, v);
-    runs.push_back(run_json("fp32", *fp32, bad(*fp32, spike, thr)));
+    d.fp32 = replay_step(cap, v);
+    runs.push_back(run_json("fp32", *d.fp32, bad(*d.fp32, spike, thr)));
   }
   int64_t params = 0;
   for (const auto& [name, t] : cap.data.tensors)
@@ -138,8 +144,8 @@ nlohmann::json diagnose_capture(const std::string& path, const ReplayOptions& op
     ReplayVariant v = base;
     v.float64 = true;
     try {
-      f64 = replay_step(cap, v);
-      runs.push_back(run_json("float64 (CPU)", *f64, bad(*f64, spike, thr)));
+      d.f64 = replay_step(cap, v);
+      runs.push_back(run_json("float64 (CPU)", *d.f64, bad(*d.f64, spike, thr)));
     } catch (const std::exception& e) {
       notes.push_back(fmt::format("the float64 run failed: {}", e.what()));
     }
@@ -151,12 +157,49 @@ nlohmann::json diagnose_capture(const std::string& path, const ReplayOptions& op
     ReplayVariant v = base;
     v.previous_step = true;
     try {
-      prev = replay_step(cap, v);
-      runs.push_back(run_json("previous step's batch", *prev, bad(*prev, spike, thr)));
+      d.prev = replay_step(cap, v);
+      runs.push_back(run_json("previous step's batch", *d.prev, bad(*d.prev, spike, thr)));
     } catch (const std::exception& e) {
       notes.push_back(fmt::format("the previous step's batch was not replayed: {}", e.what()));
     }
   }
+
+  return d;
+}
+
+// Non-finite rows of the batch itself, else of the first non-finite op's output when its leading
+// dimension is the batch's: (micro-batch, row) pairs, and how they were found.
+std::pair<std::vector<std::pair<size_t, int64_t>>, std::string> nonfinite_rows(const LoadedCapture& cap, const StepOutcome& a) {
+  std::vector<std::pair<size_t, int64_t>> bad_rows;  // (micro-batch, row)
+  std::string how;
+  for (size_t m = 0; m < cap.batches.size(); ++m)
+    for (const auto& [k, t] : cap.batches[m].tensors) {
+      if (!at::isFloatingType(t.scalar_type()) || t.dim() < 1) continue;
+      auto r = torch::isfinite(t).logical_not().reshape({t.size(0), -1}).any(1).nonzero().reshape({-1});
+      for (int64_t i = 0; i < r.numel(); ++i) bad_rows.emplace_back(m, r[i].item<int64_t>()), how = fmt::format("the batch's '{}' holds non-finite values", k);
+    }
+  const int64_t batch_rows = cap.batches.empty() ? 0 : cap.batches[0].batch_size();
+  if (bad_rows.empty() && a.first && a.first->output_rows == batch_rows && cap.batches.size() == 1 &&
+      a.first->nonfinite_rows.size() < static_cast<size_t>(batch_rows)) {
+    for (int64_t r : a.first->nonfinite_rows) bad_rows.emplace_back(0, r);
+    how = fmt::format("the first non-finite op, {}, is non-finite only in these rows of the batch", where(*a.first));
+  }
+  return {bad_rows, how};
+}
+
+}  // namespace
+
+nlohmann::json diagnose_capture(const std::string& path, const ReplayOptions& options) {
+  const auto cap = load_capture(path);
+  const auto& info = cap.info;
+  const bool spike = info.value("kind", "") == "spike";
+  const auto thr = spike_thresholds(info);
+  const std::string precision = info.value("precision", "32");
+  const DiagnosisRuns d = replay_every_way(cap, options, spike, thr);
+  const StepOutcome& a = d.a;
+  const std::optional<StepOutcome>&fp32 = d.fp32, &f64 = d.f64, &prev = d.prev;
+  const bool matches_record = d.matches_record, replays_agree = d.replays_agree;
+  nlohmann::json evidence = nlohmann::json::array();
 
   // The verdict.
   std::string verdict;
@@ -197,22 +240,7 @@ nlohmann::json diagnose_capture(const std::string& path, const ReplayOptions& op
     for (const auto& s : a.first->inputs)
       evidence.push_back(fmt::format("  {} shape {}: min {:.6g} max {:.6g}", s.name, nlohmann::json(s.shape).dump(), s.min, s.max));
   } else {
-    // Rows: non-finite rows of the batch itself, else of the first non-finite op's output when its
-    // leading dimension is the batch's.
-    std::vector<std::pair<size_t, int64_t>> bad_rows;  // (micro-batch, row)
-    std::string how;
-    for (size_t m = 0; m < cap.batches.size(); ++m)
-      for (const auto& [k, t] : cap.batches[m].tensors) {
-        if (!at::isFloatingType(t.scalar_type()) || t.dim() < 1) continue;
-        auto r = torch::isfinite(t).logical_not().reshape({t.size(0), -1}).any(1).nonzero().reshape({-1});
-        for (int64_t i = 0; i < r.numel(); ++i) bad_rows.emplace_back(m, r[i].item<int64_t>()), how = fmt::format("the batch's '{}' holds non-finite values", k);
-      }
-    const int64_t batch_rows = cap.batches.empty() ? 0 : cap.batches[0].batch_size();
-    if (bad_rows.empty() && a.first && a.first->output_rows == batch_rows && cap.batches.size() == 1 &&
-        a.first->nonfinite_rows.size() < static_cast<size_t>(batch_rows)) {
-      for (int64_t r : a.first->nonfinite_rows) bad_rows.emplace_back(0, r);
-      how = fmt::format("the first non-finite op, {}, is non-finite only in these rows of the batch", where(*a.first));
-    }
+    const auto [bad_rows, how] = nonfinite_rows(cap, a);
     const bool every_precision = (!fp32 || bad(*fp32, spike, thr)) && (!f64 || bad(*f64, spike, thr));
     if (!bad_rows.empty() && every_precision) {
       verdict = "data";
@@ -255,9 +283,9 @@ nlohmann::json diagnose_capture(const std::string& path, const ReplayOptions& op
           {"verdict", verdict},
           {"evidence", evidence},
           {"rows", rows},
-          {"runs", runs},
+          {"runs", d.runs},
           {"float64_max_params", kFloat64MaxParams},
-          {"notes", notes}};
+          {"notes", d.notes}};
 }
 
 std::string format_diagnosis(const nlohmann::json& r) {
