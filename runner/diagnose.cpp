@@ -410,10 +410,11 @@ std::vector<Batch> subset(const std::vector<Batch>& batches, const std::vector<R
 
 }  // namespace
 
-nlohmann::json bisect_capture(const std::string& path, const BisectOptions& options) {
-  const auto given = load_capture(path);
-  const auto& info = given.info;
-  // Data parallel: every rank's micro-batches; the bisection names the rank of each sample.
+namespace {
+
+// Data parallel: every rank's part of the capture (one process: the capture itself), each row
+// carrying its dataset index, which the bisection names.
+std::vector<LoadedCapture> bisection_captures(const LoadedCapture& given) {
   std::vector<LoadedCapture> caps = rank_captures(given);
   if (caps.empty()) caps.push_back(given);
   for (const auto& cap : caps)
@@ -423,6 +424,59 @@ nlohmann::json bisect_capture(const std::string& path, const BisectOptions& opti
             "{}: --bisect needs the dataset index of every row, and micro-batch {} carries {} for {} rows (a capture of an "
             "older build, or of batches made by hand)",
             cap.file, m, cap.batches[m].indices.size(), cap.batches[m].batch_size()));
+  return caps;
+}
+
+// Delta debugging (ddmin) on a removal set: shrinks `c` while a part of it, or the rest without a
+// part, still `fixes` the step; 1-minimal where every trial could run.
+template <typename Fixes>
+std::vector<Unit> ddmin(std::vector<Unit> c, Fixes fixes) {
+  size_t n = 2;
+  while (c.size() >= 2) {
+    const size_t chunk = (c.size() + n - 1) / n;
+    std::vector<std::vector<Unit>> parts;
+    for (size_t i = 0; i < c.size(); i += chunk) parts.emplace_back(c.begin() + i, c.begin() + std::min(c.size(), i + chunk));
+    bool reduced = false;
+    for (const auto& p : parts)
+      if (fixes(p)) {
+        c = p, n = 2, reduced = true;
+        break;
+      }
+    if (!reduced && parts.size() > 2)
+      for (size_t i = 0; i < parts.size() && !reduced; ++i) {
+        std::vector<Unit> comp;
+        for (size_t j = 0; j < parts.size(); ++j)
+          if (j != i) comp.insert(comp.end(), parts[j].begin(), parts[j].end());
+        if (fixes(comp)) c = comp, n = std::max<size_t>(n - 1, 2), reduced = true;
+      }
+    if (reduced) continue;
+    if (n >= c.size()) break;
+    n = std::min(2 * n, c.size());
+  }
+  return c;
+}
+
+// The samples of the units `c`: rank, micro-batch, row, dataset index and, when the data module
+// names it, the source.
+nlohmann::json sample_records(const std::vector<LoadedCapture>& caps, const std::vector<StepOutcome>& whole,
+                              const std::vector<Unit>& c) {
+  nlohmann::json samples = nlohmann::json::array();
+  for (const auto& [k, m, r] : c) {
+    const int64_t di = caps[k].batches[m].indices[static_cast<size_t>(r)];
+    nlohmann::json s = {{"rank", caps[k].info.value("rank", int64_t{0})}, {"micro_batch", m}, {"row", r}, {"dataset_index", di}, {"split", "train"}};
+    auto it = whole[k].sources.find(di);
+    if (it != whole[k].sources.end() && !it->second.empty()) s["source"] = it->second;
+    samples.push_back(s);
+  }
+  return samples;
+}
+
+}  // namespace
+
+nlohmann::json bisect_capture(const std::string& path, const BisectOptions& options) {
+  const auto given = load_capture(path);
+  const auto& info = given.info;
+  const std::vector<LoadedCapture> caps = bisection_captures(given);
   const bool spike = info.value("kind", "") == "spike";
   const auto thr = spike_thresholds(info);
   ReplayVariant base;
@@ -504,43 +558,14 @@ nlohmann::json bisect_capture(const std::string& path, const BisectOptions& opti
       for (int64_t r : f->nonfinite_rows) seed.emplace_back(k, 0, r);
   }
   if (!seed.empty() && fixes(seed)) c = seed;
-  // Delta debugging (ddmin) on the removal set: 1-minimal where every trial could run.
-  size_t n = 2;
-  while (c.size() >= 2) {
-    const size_t chunk = (c.size() + n - 1) / n;
-    std::vector<std::vector<Unit>> parts;
-    for (size_t i = 0; i < c.size(); i += chunk) parts.emplace_back(c.begin() + i, c.begin() + std::min(c.size(), i + chunk));
-    bool reduced = false;
-    for (const auto& p : parts)
-      if (fixes(p)) {
-        c = p, n = 2, reduced = true;
-        break;
-      }
-    if (!reduced && parts.size() > 2)
-      for (size_t i = 0; i < parts.size() && !reduced; ++i) {
-        std::vector<Unit> comp;
-        for (size_t j = 0; j < parts.size(); ++j)
-          if (j != i) comp.insert(comp.end(), parts[j].begin(), parts[j].end());
-        if (fixes(comp)) c = comp, n = std::max<size_t>(n - 1, 2), reduced = true;
-      }
-    if (reduced) continue;
-    if (n >= c.size()) break;
-    n = std::min(2 * n, c.size());
-  }
+  c = ddmin(std::move(c), fixes);
   std::sort(c.begin(), c.end());
   // Confirmation both ways: the batch without these rows is not bad (by construction, unless they are
   // every row), and these rows alone are.
   const bool rest_bad = c.size() == all.size();
   const bool alone_bad = is_bad(c);
 
-  nlohmann::json samples = nlohmann::json::array();
-  for (const auto& [k, m, r] : c) {
-    const int64_t di = caps[k].batches[m].indices[static_cast<size_t>(r)];
-    nlohmann::json s = {{"rank", caps[k].info.value("rank", int64_t{0})}, {"micro_batch", m}, {"row", r}, {"dataset_index", di}, {"split", "train"}};
-    auto it = whole[k].sources.find(di);
-    if (it != whole[k].sources.end() && !it->second.empty()) s["source"] = it->second;
-    samples.push_back(s);
-  }
+  const nlohmann::json samples = sample_records(caps, whole, c);
   if (!batch_dependent.empty())
     notes.push_back(fmt::format(
         "the model has batch-dependent layers in training ({}{}): a subset's batch statistics differ from the whole batch's, so "
