@@ -5,7 +5,10 @@
 namespace strobe::config {
 
 SavedConfig::SavedConfig(std::string text, std::string source)
-    : text_(std::move(text)), doc_(Document::load_string(text_, source)), leaves_(flatten_config(doc_.root().node())) {}
+    : text_(std::move(text)),
+      doc_(Document::load_string(text_, source)),
+      root_(doc_.root().node()),
+      leaves_(flatten_config(root_)) {}
 
 std::string SavedConfig::leaf(const std::string& path) const {
   for (const auto& [key, value] : leaves_)
@@ -16,8 +19,8 @@ std::string SavedConfig::leaf(const std::string& path) const {
 // SavedConfig::plugins is beside parse_plugins, in experiment.cpp.
 
 std::string SavedConfig::section_yaml(const std::string& key) const {
-  Document doc = doc_.clone();
-  const YAML::Node section = doc.root().node()[key];
+  const YAML::Node& root = root_;
+  const YAML::Node section = root[key];
   if (!section.IsDefined()) return "";
   YAML::Emitter out;
   out << section;

@@ -34,6 +34,7 @@ class SavedConfig {
  private:
   std::string text_;
   Document doc_;
+  YAML::Node root_;  // doc_'s root, read through a const reference (a lookup never inserts)
   ConfigLeaves leaves_;
 };
 

@@ -223,6 +223,7 @@ class DDPStrategy final : public Strategy {
     try {
       auto msg = fmt::format("rank {} failed: {}", rank(), one_line(why));
       health_store_->set("abort", std::vector<uint8_t>(msg.begin(), msg.end()));
+      if (monitor_) wait_until_the_others_read_the_reason(*health_store_, rank(), world_size(), 10 * monitor_->interval());
     } catch (const std::exception&) {
       // The store is gone too: the other ranks notice that on their own.
     }
@@ -244,28 +245,8 @@ class DDPStrategy final : public Strategy {
       return;
     }
     if (monitor_ && !aborted_) monitor_->expect_a_verdict();  // may end the process, naming a dead rank
-    abort(why);
-    // Let the other ranks read the reason before this process (maybe the store's host) ends.
-    if (monitor_) wait_until_the_others_read_the_reason(10 * monitor_->interval());
+    abort(why);  // returns once the other ranks have read the reason
     fail_now(rank(), world_size(), "a collective failed on this rank: " + one_line(why));
-  }
-
-  // Waits (at most `limit`) until every other rank's monitor has read this rank's "abort" reason: a
-  // fixed pause was not enough on a loaded machine, where a peer that read the store after this
-  // process (its host) ended said it had lost the store instead of naming the reason.
-  void wait_until_the_others_read_the_reason(milliseconds limit) {
-    std::vector<std::string> keys;
-    for (int64_t r = 0; r < world_size(); ++r)
-      if (r != rank()) keys.push_back(HealthMonitor::abort_read_key(r));
-    const auto until = Clock::now() + limit;
-    while (Clock::now() < until) {
-      try {
-        if (health_store_->check(keys)) return;
-      } catch (const std::exception&) {
-        return;  // the store is gone: nobody can read it any more
-      }
-      std::this_thread::sleep_for(milliseconds(20));
-    }
   }
 
   void shutdown() override {

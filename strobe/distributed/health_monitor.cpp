@@ -1,7 +1,9 @@
 #include "strobe/distributed/health_monitor.h"
 
 #include <cstdio>
+#include <algorithm>
 #include <cstdlib>
+#include <thread>
 
 #include <c10/util/Exception.h>
 
@@ -37,6 +39,28 @@ double seconds(milliseconds d) { return std::chrono::duration<double>(d).count()
 std::string lost_store_message(const std::string& address, const std::exception& e) {
   return fmt::format("lost the rendezvous store at {} ({}): its host (rank 0 or the launcher) is gone", address,
                      one_line(short_error(e)));
+}
+
+std::string abort_read_key(int64_t rank) { return "abort_read/" + std::to_string(rank); }
+
+void wait_until_the_others_read_the_reason(c10d::Store& store, int64_t rank, int64_t world, milliseconds limit,
+                                           int64_t dead) {
+  std::vector<int64_t> waiting;
+  for (int64_t r = 0; r < world; ++r)
+    if (r != rank && r != dead) waiting.push_back(r);
+  const auto until = Clock::now() + limit;
+  try {
+    while (!waiting.empty() && Clock::now() < until) {
+      waiting.erase(std::remove_if(waiting.begin(), waiting.end(),
+                                   [&](int64_t r) {
+                                     return store.check({abort_read_key(r)}) || store.check({"done/" + std::to_string(r)});
+                                   }),
+                    waiting.end());
+      if (!waiting.empty()) std::this_thread::sleep_for(milliseconds(20));
+    }
+  } catch (const std::exception&) {
+    // The store is gone: nobody can read it any more.
+  }
 }
 
 }  // namespace strobe::distributed::detail

@@ -34,6 +34,13 @@ double seconds(milliseconds d);
 [[noreturn]] void fail_now(int64_t rank, int64_t world, const std::string& why);
 // The rendezvous store at `address` is gone, as one line.
 std::string lost_store_message(const std::string& address, const std::exception& e);
+// The key a rank's monitor sets once it has read the "abort" reason.
+std::string abort_read_key(int64_t rank);
+// After `rank` wrote the "abort" reason: waits (at most `limit`) until every other rank but `dead`
+// (-1: none) has read it or had finished in order. The store may live in the writing process, and
+// a peer that read it after that process ended would say it lost the store instead of the reason.
+void wait_until_the_others_read_the_reason(c10d::Store& store, int64_t rank, int64_t world, milliseconds limit,
+                                           int64_t dead = -1);
 
 // Liveness of the job, on its own thread and its own store connection (the main thread may be
 // blocked in a collective). Every rank bumps its heartbeat key; rank 0 watches all ranks, the others
@@ -63,8 +70,6 @@ class HealthMonitor {
     cv_.notify_all();
     if (thread_.joinable()) thread_.join();
   }
-  // The key a rank sets once it has read the "abort" reason.
-  static std::string abort_read_key(int64_t r) { return "abort_read/" + std::to_string(r); }
   // From now on store errors are the expected end of the job, not a failure.
   void quiet() { quiet_ = true; }
   milliseconds interval() const { return interval_; }
@@ -99,15 +104,14 @@ class HealthMonitor {
         if (store_->check({"abort"})) {
           auto v = store_->get("abort");
           why = std::string(v.begin(), v.end());
-          // Read: the rank that wrote it (maybe the store's host) may end now (abort_read_by_all).
+          // Read: the rank that wrote it may end now (wait_until_the_others_read_the_reason).
           store_->set(abort_read_key(rank_), std::vector<uint8_t>{1});
         } else {
           why = check_peers();
           if (!why.empty()) {
             verdict_ = true;
             store_->set("abort", std::vector<uint8_t>(why.begin(), why.end()));
-            // Let the other ranks read the reason before this process (maybe the store's host) ends.
-            std::this_thread::sleep_for(2 * interval_);
+            wait_until_the_others_read_the_reason(*store_, rank_, world_, 2 * interval_, stale_rank_);
           }
         }
       } catch (const std::exception& e) {
@@ -132,6 +136,7 @@ class HealthMonitor {
       }
       if (now - p.changed <= milliseconds(stale_after_ms_.load())) continue;
       if (store_->check({"done/" + std::to_string(p.rank)})) continue;  // finished in order
+      stale_rank_ = p.rank;
       return fmt::format("rank {} stopped responding: no heartbeat for {:.1f} s (the process died or is frozen)", p.rank,
                          std::chrono::duration<double>(now - p.changed).count());
     }
@@ -148,7 +153,8 @@ class HealthMonitor {
   std::string address_;
   milliseconds interval_{};
   std::atomic<int64_t> stale_after_ms_{0};  // lowered by expect_a_verdict() on the main thread
-  std::atomic<bool> verdict_{false};        // this thread found a dead or frozen peer and will end the process
+  std::atomic<bool> verdict_{false};
+  int64_t stale_rank_ = -1;  // the peer check_peers found stale        // this thread found a dead or frozen peer and will end the process
   std::vector<Peer> peers_;
   std::thread thread_;
   std::mutex mutex_;
