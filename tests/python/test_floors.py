@@ -7,7 +7,9 @@ one floor into a higher floor fails, printed as file:line with both floors.
 
 After the real check, a self test plants a back include (strobe/data/batch.h including
 runner/replay.h) into a copy of the real tree and graph and requires exactly that violation, so a check
-that cannot fail does not pass. Last, no program that links libstrobe.so holds a second copy of its
+that cannot fail does not pass. docs/ARCHITECTURE.md's floors table says which lower floors each floor
+includes today: that column must be the graph's, floor by floor (a floor dropped from a row in a copy
+of it must be reported). Last, no program that links libstrobe.so holds a second copy of its
 code (a floor's objects linked into a program as well: two copies of its statics, registries included).
 
 Usage: test_floors.py [--graph FILE] (FILE: saved `ninja -t deps` output instead of the build's)."""
@@ -73,8 +75,9 @@ def parse_deps(text, build):
     return graph
 
 
-def violations(graph, src, build):
-    """[(file, line, included, floor, included floor, message)] for every include up a floor."""
+def violations(graph, src, build, edges=None):
+    """[(file, line, included, floor, included floor, message)] for every include up a floor. `edges`,
+    when given (a dict), gets floor -> the set of lower floors it includes."""
     src = src.rstrip("/") + "/"
     found, unplaced, includes = {}, set(), {}  # includes: path -> [(line, spelled)], each file read once
     for obj, deps in graph.items():
@@ -108,12 +111,44 @@ def violations(graph, src, build):
                     found[(rel, number)] = (rel, number, target[len(src):], mine, "(above every floor)")
                 elif FLOORS.index(theirs) > FLOORS.index(mine):
                     found[(rel, number)] = (rel, number, target[len(src):], mine, theirs)
+                elif edges is not None and theirs != mine:
+                    edges.setdefault(mine, set()).add(theirs)
     out = []
     for key in sorted(found):
         rel, number, inc, mine, theirs = found[key]
         out.append(f"{rel}:{number}: includes {inc}: floor '{mine}' includes floor '{theirs}' above it")
     out += [f"{rel}: in no floor (add its directory to tests/python/test_floors.py and docs/ARCHITECTURE.md)"
             for rel in sorted(unplaced)]
+    return out
+
+
+def documented_edges(text):
+    """docs/ARCHITECTURE.md's floors table: floor -> the floors its 'includes today' cell names."""
+    out, rows = {}, False
+    for line in text.splitlines():
+        if line.startswith("| floor | folders | target |"):
+            rows = True
+            continue
+        if rows and line.startswith("| ---"):
+            continue
+        if rows and not line.startswith("|"):
+            break
+        if rows:
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            bare = re.sub(r"\([^)]*\)", "", cells[3])
+            out[cells[0]] = {w.strip() for w in bare.split(",") if w.strip() in FLOORS}
+    return out
+
+
+def edge_problems(real, documented):
+    out = []
+    for floor in FLOORS:
+        have, said = real.get(floor, set()), documented.get(floor)
+        if said is None:
+            out.append(f"docs/ARCHITECTURE.md's floors table has no row for the floor '{floor}'")
+        elif have != said:
+            out.append(f"docs/ARCHITECTURE.md says floor '{floor}' includes {sorted(said) or 'no floor'}; "
+                       f"the build's include graph says {sorted(have) or 'no floor'}")
     return out
 
 
@@ -210,6 +245,23 @@ def main():
           f"{len(problems)} include(s) up a floor")
     if problems:
         return 1
+    # What each floor includes today, as the documentation's table says it; its self test: one floor
+    # dropped from a row must be reported.
+    edges = {}
+    violations(graph, SRC, BUILD, edges)
+    with open(os.path.join(SRC, "docs", "ARCHITECTURE.md")) as f:
+        documented = documented_edges(f.read())
+    problems = edge_problems(edges, documented)
+    if problems:
+        print("\n".join(problems))
+        return 1
+    planted = {k: set(v) for k, v in documented.items()}
+    planted["runner"].discard("core")
+    if edge_problems(edges, planted) != [e for e in edge_problems(edges, planted) if "floor 'runner'" in e] \
+            or len(edge_problems(edges, planted)) != 1:
+        print("self test: a floor dropped from the table's 'includes today' was not reported")
+        return 1
+    print("test_floors: the floors table's 'includes today' is the build's include graph")
     problems = self_test(graph)
     if problems:
         print("\n".join(problems))

@@ -3,6 +3,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "strobe/checkpoint/checkpoint_keys.h"
 #include "strobe/config/experiment_parse.h"
 #include "strobe/core/callback.h"
 #include "strobe/core/optim.h"
@@ -337,6 +338,21 @@ TEST(Trainer, IsBuiltOnceFromItsPartsAndValidateBuildsNoOptimizer) {
   ASSERT_EQ(run->trainer->fit(), 0);
   ASSERT_NE(run->trainer->view().optimizer(), nullptr);
   EXPECT_EQ(run->trainer->view().state().global_step, 2);
+  // validate restores only the entries docs/ARCHITECTURE.md's state table marks "always" (the
+  // weights, the loop counters): damaged training-only entries are never read there, and refused by
+  // a resume.
+  auto damaged = checkpoint::load_checkpoint_file(dir + "/checkpoints/last.ckpt");
+  for (const char* key : {checkpoint_keys::kOptimizer, checkpoint_keys::kScheduler, checkpoint_keys::kAccumulation,
+                          checkpoint_keys::kCallbacks, checkpoint_keys::kLogger})
+    damaged.blobs[key] = "damaged";
+  damaged.tensors.erase(checkpoint_keys::rng_cpu());
+  auto evaluator = make_run(tiny_yaml(), {"trainer.max_steps=2", "optimizer={name: sgd}"}, "");
+  EXPECT_EQ(evaluator->trainer->validate(damaged), 0);
+  EXPECT_EQ(evaluator->trainer->view().state().global_step, 2) << "the loop counters are restored";
+  for (const auto& p : evaluator->module->net().named_parameters())
+    EXPECT_TRUE(torch::equal(p.value(), damaged.tensors.at(checkpoint_keys::kModelPrefix + p.key()))) << p.key();
+  auto resumer = make_run(tiny_yaml(), {"trainer.max_steps=3", "optimizer={name: sgd}"}, "");
+  EXPECT_THROW(resumer->trainer->fit(damaged), checkpoint::CheckpointError) << "a resume read no training state";
   // The weights of that fit, evaluated by another run's validate: the checkpoint names itself.
   auto other = make_run(tiny_yaml(), {"model.hidden=[8]"}, "");
   try {
