@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets with clang (ASan + UBSan + LeakSanitizer) and runs each for N seconds
-# (default 60) on its seed corpus. Fails on a crash, hang or leak.
+# (default 60) on its seed corpus, the two side by side (one core each: a 2-core machine fuzzes both in
+# the time of one). Fails on a crash, hang or leak.
 #   config_fuzz       the config loader, seeded with our configs and tests/fuzz/seeds
 #   safetensors_fuzz  the safetensors header parser, seeded with tests/fuzz/seeds_safetensors
 set -euo pipefail
@@ -21,16 +22,30 @@ run_fuzz() {
   echo "fuzz: $name: no crash, hang or leak"
 }
 
-out=$base/config_fuzz
-mkdir -p "$out/corpus" "$out/artifacts"
-clang++ "${flags[@]}" strobe/config/config.cpp strobe/config/experiment.cpp tests/fuzz/config_fuzz.cpp \
-  -lyaml-cpp -o "$out/config_fuzz"
-find configs -name '*.yaml' -exec cp {} "$out/corpus/" \;
-cp -r tests/fuzz/seeds/. "$out/corpus/"
-run_fuzz config_fuzz "$seconds" 4096
+build_config() {
+  local out=$base/config_fuzz
+  mkdir -p "$out/corpus" "$out/artifacts"
+  clang++ "${flags[@]}" strobe/config/config.cpp strobe/config/experiment.cpp tests/fuzz/config_fuzz.cpp \
+    -lyaml-cpp -o "$out/config_fuzz" || return 1
+  find configs -name '*.yaml' -exec cp {} "$out/corpus/" \;
+  cp -r tests/fuzz/seeds/. "$out/corpus/"
+}
 
-out=$base/safetensors_fuzz
-mkdir -p "$out/corpus" "$out/artifacts"
-clang++ "${flags[@]}" strobe/checkpoint/safetensors_format.cpp tests/fuzz/safetensors_fuzz.cpp -o "$out/safetensors_fuzz"
-cp -r tests/fuzz/seeds_safetensors/. "$out/corpus/"
-run_fuzz safetensors_fuzz "$seconds" 4096
+build_safetensors() {
+  local out=$base/safetensors_fuzz
+  mkdir -p "$out/corpus" "$out/artifacts"
+  clang++ "${flags[@]}" strobe/checkpoint/safetensors_format.cpp tests/fuzz/safetensors_fuzz.cpp -o "$out/safetensors_fuzz" || return 1
+  cp -r tests/fuzz/seeds_safetensors/. "$out/corpus/"
+}
+
+# Each target built and run in its own process; its report printed whole once both are done.
+mkdir -p "$base"
+(build_config && run_fuzz config_fuzz "$seconds" 4096) > "$base/config_fuzz.out" 2>&1 &
+config_pid=$!
+(build_safetensors && run_fuzz safetensors_fuzz "$seconds" 4096) > "$base/safetensors_fuzz.out" 2>&1 &
+safetensors_pid=$!
+rc=0
+wait "$config_pid" || rc=1
+wait "$safetensors_pid" || rc=1
+cat "$base/config_fuzz.out" "$base/safetensors_fuzz.out"
+exit $rc
