@@ -189,23 +189,3 @@ TEST(Cli, SigintExitsWith130) {
   EXPECT_TRUE(std::filesystem::exists(dir + "/checkpoints/last.ckpt"));
 }
 
-TEST(Cli, QuickstartFirstSteps) {
-  if (!std::filesystem::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"))
-    GTEST_SKIP() << "dataset-fashion-mnist is not installed";
-  std::string dir = temp_dir("quickstart");
-  std::string src = strobe::testing::source_path("");
-  auto r = strobe_cmd("fit -c " + src + "/configs/quickstart.yaml --run-dir " + dir +
-                      " --set trainer.limit_train_batches=30 --set trainer.limit_val_batches=4 --set trainer.log_every_n_steps=5"
-                      " --set data.val_size=1000");
-  ASSERT_EQ(r.code, 0) << r.err;
-  auto loss = read_csv(dir + "/metrics.csv", "train/loss");
-  ASSERT_FALSE(loss.empty());
-  double first = std::stod(loss.begin()->second["train/loss"]), last = std::stod(loss.rbegin()->second["train/loss"]);
-  EXPECT_LT(last, first) << "the loss did not go down in 30 steps";
-  auto acc = read_csv(dir + "/metrics.csv", "val/acc");
-  ASSERT_FALSE(acc.empty());
-  EXPECT_GT(std::stod(acc.rbegin()->second["val/acc"]), 0.5);
-  r = strobe_cmd("test -c " + src + "/configs/quickstart.yaml --ckpt " + dir + "/checkpoints/last.ckpt --set trainer.limit_test_batches=4");
-  ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_NE(r.out.find("test/acc"), std::string::npos) << r.out;
-}

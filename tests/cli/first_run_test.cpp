@@ -121,5 +121,5 @@ TEST(FirstRun, ABatchWhoseStepCannotFitIsRefusedBeforeAnyRunFile) {
   EXPECT_EQ(count_lines(r.err), 1) << r.err;
   EXPECT_FALSE(std::filesystem::exists(run));
   // The batch the quickstart uses is not refused, and its trial leaves the run as it was: the
-  // quickstart's own test (Cli.QuickstartFirstSteps) and every resume test train through it.
+  // quickstart's own test (tests/python/test_quickstart.py) and every resume test train through it.
 }

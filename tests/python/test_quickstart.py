@@ -1,8 +1,9 @@
 """scripts/quickstart.sh (README, 'Quickstart'): it builds the `strobe` executable alone, trains with
 fit's output on the user's terminal (the live progress bar redraws in place, no pipe in between) and
-tests the run's best checkpoint, not last.ckpt; a bad target for scripts/setup.sh is one line, exit 2.
+tests the run's best checkpoint, not last.ckpt; in 30 steps the loss goes down and the validation
+accuracy passes 0.5; a bad target for scripts/setup.sh is one line, exit 2.
 Run under a pseudo-terminal, on 30 steps of the quickstart experiment, in this build directory."""
-import os, pty, re, select, subprocess, sys, tempfile, time
+import csv, os, pty, re, select, subprocess, sys, tempfile, time
 
 SRC = os.path.realpath(os.environ.get("STROBE_SOURCE_DIR", "."))
 BUILD = os.environ.get("STROBE_BUILD_DIR", os.path.join(SRC, "build"))
@@ -61,6 +62,19 @@ with tempfile.TemporaryDirectory() as tmp:
             failures.append(f"the test did not run on the best checkpoint ({want!r}):\n" + out[-2000:])
     if "test/acc" not in out:
         failures.append("no test/acc line")
+    # It learns: the loss of the last logged step below the first's, the validation accuracy above 0.5.
+    try:
+        with open(os.path.join(run, "metrics.csv")) as f:
+            rows = list(csv.DictReader(f))
+        loss = [float(r["train/loss"]) for r in rows if r.get("train/loss")]
+        acc = [float(r["val/acc"]) for r in rows if r.get("val/acc")]
+        print(f"quickstart: train/loss {loss[0] if loss else None} -> {loss[-1] if loss else None}, val/acc {acc[-1] if acc else None}")
+        if len(loss) < 2 or not loss[-1] < loss[0]:
+            failures.append(f"the loss did not go down in 30 steps: {loss}")
+        if not acc or not acc[-1] > 0.5:
+            failures.append(f"the validation accuracy after 30 steps is not above 0.5: {acc}")
+    except (OSError, KeyError, ValueError) as e:
+        failures.append(f"{run}/metrics.csv: {e}")
 
     # setup.sh with a target the build does not have: one line, exit 2, nothing built.
     r = subprocess.run(["bash", "scripts/setup.sh", "no_such_target"], cwd=SRC, env=env, capture_output=True,
