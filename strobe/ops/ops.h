@@ -235,6 +235,16 @@ std::tuple<torch::Tensor, torch::Tensor> rotary_qk(const torch::Tensor& q, const
 // the saved gate_up instead of keeping it. docs/OPS.md.
 torch::Tensor swiglu(const torch::Tensor& gate_up);
 
+// A 2-D tensor's float8 copy with tensorwise dynamic scaling (op strobe::fp8_quantize), the operands of
+// a scaled GEMM (at::_scaled_mm): x [rows, cols] fp32, bf16 or fp16; dtype Float8_e4m3fn (max 448) or
+// Float8_e5m2 (max 57344). amax = max |x| (fp32, NaN when x holds a NaN), scale = fp8_max / max(amax,
+// 1e-12), q = fp32(x) * scale saturated to +-fp8_max and rounded to nearest even; returns q [rows, cols],
+// q_t = q transposed [cols, rows] contiguous when `transpose` (else an empty [0] tensor) and scale_inv
+// = 1 / scale, a 0-dim fp32 (the dequantization scale: x ~ q * scale_inv). No host sync; the CUDA
+// kernels give the CPU implementation's bytes (NaN's sign aside). Not differentiable.
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> fp8_quantize(const torch::Tensor& x, at::ScalarType dtype,
+                                                                     bool transpose = false);
+
 // The LM head and its cross-entropy in one op that never materialises the [N, V] logits (op
 // strobe::linear_cross_entropy): the mean over tokens whose target is not ignore_index of
 // logsumexp(z) - z[target], z = hidden @ weight^T (+ bias) computed in hidden's dtype as the unfused

@@ -95,6 +95,9 @@ TORCH_LIBRARY(strobe, m) {
   // Internal halves: the backward recomputes silu(gate) and returns d gate_up ([..., 2 x F]).
   m.def("swiglu_fwd(Tensor gate_up) -> Tensor");
   m.def("swiglu_bwd(Tensor dy, Tensor gate_up) -> Tensor");
+  // A 2-D tensor's float8 copy, its transpose when asked (else a [0] tensor) and the fp32 dequantization
+  // scale, with tensorwise dynamic scaling (docs/OPS.md): the operands of a scaled GEMM.
+  m.def("fp8_quantize(Tensor x, ScalarType dtype, bool transpose=False) -> (Tensor q, Tensor q_t, Tensor scale_inv)");
   // The LM head and its cross-entropy without the logits: hidden [N, C], weight [V, C], bias [V]?,
   // int64 target [N]; the mean fp32 loss over tokens not ignored (docs/OPS.md). chunk_rows 0: automatic.
   m.def(

@@ -135,6 +135,13 @@ def run(device):
         opcheck(ops.batch_norm_act.default, (bx, bw, bb, rm, rv, br, 0.1, 1e-5, False),
                 tag=f"batch_norm_act residual {device} {dt}")
 
+    # --- fp8_quantize (not differentiable: a scaled GEMM's operands), both formats, with and without q_t
+    for dt in (torch.float32, torch.bfloat16):
+        fx = torch.randn(33, 48, device=device, dtype=dt)
+        for fmt in (torch.float8_e4m3fn, torch.float8_e5m2):
+            opcheck(ops.fp8_quantize.default, (fx, fmt, True), tag=f"fp8_quantize {device} {dt} {fmt}")
+        opcheck(ops.fp8_quantize.default, (fx, torch.float8_e4m3fn, False), tag=f"fp8_quantize no q_t {device} {dt}")
+
     # --- max_pool2d (CUDA kernels: fp32/bf16/fp16, NCHW or channels_last; scalar and vectorized C)
     for dt in (torch.float32,) + ((torch.bfloat16,) if device == "cuda" else ()):
         px = torch.randn(2, 8, 9, 7, device=device, dtype=dt)

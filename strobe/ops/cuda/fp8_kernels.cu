@@ -1,0 +1,127 @@
+// Float8 quantization with tensorwise dynamic scaling (launchers in fp8.h). Two kernels:
+//   amax: one read of x, the maximum of |x| as the bits of a non-negative float (their unsigned order
+//         is the float order, and a NaN's bits are above +Inf's, so a NaN anywhere wins): a block
+//         reduction, then one atomicMax per block.
+//   cast: a second read of x in 32 x 32 tiles; each tile is written to q as read and, through shared
+//         memory, transposed to q_t, so both copies come from one read.
+// The cast is the saturating, round-to-nearest-even conversion of cuda_fp8.h (__NV_SATFINITE): the
+// same value as clamping to +-fp8_max and converting, which is what the CPU implementation does.
+#include <cuda_fp8.h>
+
+#include <algorithm>
+
+#include "strobe/ops/cuda/common.cuh"
+#include "strobe/ops/cuda/fp8.h"
+
+namespace strobe::ops::cuda {
+namespace {
+
+constexpr int kAmaxThreads = 256;
+constexpr int kTile = 32;
+constexpr int kTileRows = 8;  // threads per tile column: each thread converts kTile / kTileRows rows
+constexpr float kMinAmax = 1e-12f;
+
+__device__ __forceinline__ unsigned abs_bits(float v) { return __float_as_uint(fabsf(v)); }
+
+template <typename T>
+__global__ void __launch_bounds__(kAmaxThreads) amax_kernel(const T* __restrict__ x, int64_t n, unsigned* __restrict__ amax) {
+  unsigned m = 0;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kAmaxThreads + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * kAmaxThreads)
+    m = max(m, abs_bits(to_f(x[i])));
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+  __shared__ unsigned warp_max[kAmaxThreads / 32];
+  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = m;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    m = threadIdx.x < kAmaxThreads / 32 ? warp_max[threadIdx.x] : 0u;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (threadIdx.x == 0 && m != 0) atomicMax(amax, m);
+  }
+}
+
+template <Fp8Format F>
+__device__ __forceinline__ uint8_t to_fp8(float v) {
+  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, F == Fp8Format::kE4M3 ? __NV_E4M3 : __NV_E5M2));
+}
+
+template <Fp8Format F>
+__device__ __forceinline__ float fp8_max() {
+  return F == Fp8Format::kE4M3 ? 448.f : 57344.f;
+}
+
+// scale = fp8_max / max(amax, 1e-12), a NaN amax kept.
+template <Fp8Format F>
+__device__ __forceinline__ float scale_of(float amax) {
+  const float a = isnan(amax) ? amax : fmaxf(amax, kMinAmax);
+  return __fdiv_rn(fp8_max<F>(), a);
+}
+
+template <typename T, Fp8Format F>
+__global__ void __launch_bounds__(kTile* kTileRows) cast_kernel(const T* __restrict__ x, int64_t rows, int64_t cols,
+                                                                 const float* __restrict__ amax, uint8_t* __restrict__ q,
+                                                                 uint8_t* __restrict__ q_t, float* __restrict__ scale_inv) {
+  __shared__ uint8_t tile[kTile][kTile + 4];
+  const float scale = scale_of<F>(*amax);
+  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && threadIdx.y == 0) *scale_inv = __frcp_rn(scale);
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile, c0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  const int64_t c = c0 + threadIdx.x;
+#pragma unroll
+  for (int j = threadIdx.y; j < kTile; j += kTileRows) {
+    const int64_t r = r0 + j;
+    if (r < rows && c < cols) {
+      const uint8_t v = to_fp8<F>(__fmul_rn(to_f(x[r * cols + c]), scale));
+      q[r * cols + c] = v;
+      tile[j][threadIdx.x] = v;
+    }
+  }
+  if (q_t == nullptr) return;
+  __syncthreads();
+  // q_t[c][r] = q[r][c]: thread x now walks the tile's rows, so a warp writes 32 consecutive bytes.
+  const int64_t tr = r0 + threadIdx.x;
+#pragma unroll
+  for (int j = threadIdx.y; j < kTile; j += kTileRows) {
+    const int64_t tc = c0 + j;
+    if (tr < rows && tc < cols) q_t[tc * rows + tr] = tile[threadIdx.x][j];
+  }
+}
+
+template <typename T>
+cudaError_t launch(const void* x, int64_t rows, int64_t cols, Fp8Format format, void* q, void* q_t, float* amax,
+                   float* scale_inv, cudaStream_t stream) {
+  const int64_t n = rows * cols;
+  cudaError_t e = cudaMemsetAsync(amax, 0, sizeof(float), stream);
+  if (e != cudaSuccess) return e;
+  if (n > 0) {
+    const int64_t blocks = std::min<int64_t>((n + kAmaxThreads - 1) / kAmaxThreads, 132 * 8);
+    amax_kernel<T><<<static_cast<unsigned>(blocks), kAmaxThreads, 0, stream>>>(static_cast<const T*>(x), n,
+                                                                              reinterpret_cast<unsigned*>(amax));
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  }
+  // One block at least, so scale_inv is written for an empty tensor too.
+  const dim3 grid(static_cast<unsigned>(std::max<int64_t>(1, (cols + kTile - 1) / kTile)),
+                  static_cast<unsigned>(std::max<int64_t>(1, (rows + kTile - 1) / kTile)));
+  const dim3 block(kTile, kTileRows);
+  if (grid.y > 65535) return cudaErrorInvalidValue;
+  const auto* xs = static_cast<const T*>(x);
+  auto* qo = static_cast<uint8_t*>(q);
+  auto* qt = static_cast<uint8_t*>(q_t);
+  if (format == Fp8Format::kE4M3)
+    cast_kernel<T, Fp8Format::kE4M3><<<grid, block, 0, stream>>>(xs, rows, cols, amax, qo, qt, scale_inv);
+  else
+    cast_kernel<T, Fp8Format::kE5M2><<<grid, block, 0, stream>>>(xs, rows, cols, amax, qo, qt, scale_inv);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t fp8_quantize(const void* x, int64_t rows, int64_t cols, DType dtype, Fp8Format format, void* q, void* q_t,
+                         float* amax, float* scale_inv, cudaStream_t stream) {
+  return dispatch_float(dtype, [&](auto t) {
+    return launch<typename decltype(t)::type>(x, rows, cols, format, q, q_t, amax, scale_inv, stream);
+  });
+}
+
+}  // namespace strobe::ops::cuda

@@ -1,0 +1,99 @@
+// fp8_quantize's CUDA kernels against the CPU implementation (itself held to a float64 reference of
+// the same math in tests/ops/fp8_test.cpp): the same bytes of q and q_t and the same scale, NaN's
+// sign aside, for fp32, bf16 and fp16 inputs into e4m3 and e5m2, with the memory the outputs land in
+// filled with NaN bytes first so an element never written fails. Shapes: one element, odd sizes (the
+// tiles' edges), a llama activation [16384, 2048] and a weight [8192, 2048]; a strided input; NaN, Inf,
+// zeros, an empty tensor; captured in a CUDA graph and replayed on new values (no host read).
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "strobe/ops/cuda_graph.h"
+#include "strobe/ops/ops.h"
+#include "tests/gpu_test_util.h"
+
+namespace {
+
+using torch::Tensor;
+using strobe::testing::kCuda;
+
+// The caching allocator's next blocks hold 0x7f bytes: NaN in both float8 formats.
+void poison_bytes(int64_t bytes = 512 << 20) {
+  Tensor junk = torch::full({bytes}, 0x7f, torch::TensorOptions(kCuda).dtype(torch::kByte));
+  junk.reset();
+}
+
+// q (float8, any device) equal to want's bytes, NaN for NaN (either sign).
+void expect_same(const Tensor& got, const Tensor& want, const std::string& what) {
+  const Tensor g = got.cpu(), w = want.cpu();
+  ASSERT_EQ(g.sizes(), w.sizes()) << what;
+  const Tensor gn = torch::isnan(g.to(torch::kFloat)), wn = torch::isnan(w.to(torch::kFloat));
+  EXPECT_TRUE(torch::equal(gn, wn)) << what << ": NaN in different places (" << gn.sum().item<int64_t>() << " vs "
+                                    << wn.sum().item<int64_t>() << ")";
+  const Tensor differ = (g.view(torch::kByte) != w.view(torch::kByte)).logical_and(wn.logical_not());
+  EXPECT_EQ(differ.sum().item<int64_t>(), 0) << what << ": bytes that differ from the CPU's";
+}
+
+void check_against_cpu(const Tensor& x, torch::ScalarType format, const std::string& what) {
+  const auto [cq, cqt, cs] = strobe::ops::fp8_quantize(x.cpu(), format, true);
+  for (bool transpose : {true, false}) {
+    poison_bytes();
+    const auto [q, q_t, s] = strobe::ops::fp8_quantize(x, format, transpose);
+    ASSERT_TRUE(q.is_cuda() && s.is_cuda());
+    expect_same(q, cq, what + " q");
+    if (transpose) expect_same(q_t, cqt, what + " q_t");
+    else EXPECT_EQ(q_t.numel(), 0) << what;
+    const float a = s.item<float>(), b = cs.item<float>();
+    EXPECT_TRUE(a == b || (std::isnan(a) && std::isnan(b))) << what << ": scale_inv " << a << " vs the CPU's " << b;
+  }
+}
+
+TEST(Fp8QuantizeCuda, TheCpuImplementationsBytesForEveryInputAndShape) {
+  SKIP_WITHOUT_CUDA();
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{1, 1}, {67, 129}, {33, 31}, {16384, 2048}, {8192, 2048}};
+  for (const auto dtype : {torch::kBFloat16, torch::kFloat, torch::kHalf}) {
+    for (const auto format : {torch::kFloat8_e4m3fn, torch::kFloat8_e5m2}) {
+      for (const auto& [rows, cols] : shapes) {
+        if (rows * cols > (1 << 20) && dtype != torch::kBFloat16) continue;  // the large ones in bf16 only
+        torch::manual_seed(rows + cols);
+        const Tensor mag = torch::pow(10.0, torch::rand({rows, cols}, kCuda) * 10 - 7);
+        const Tensor x = (mag * torch::randn({rows, cols}, kCuda).sign()).to(dtype);
+        check_against_cpu(x, format, std::to_string(rows) + "x" + std::to_string(cols) + " " + c10::toString(dtype) +
+                                         " -> " + c10::toString(format));
+      }
+    }
+  }
+}
+
+TEST(Fp8QuantizeCuda, StridedNanInfZerosAndEmptyAsOnTheCpu) {
+  SKIP_WITHOUT_CUDA();
+  for (const auto format : {torch::kFloat8_e4m3fn, torch::kFloat8_e5m2}) {
+    check_against_cpu(torch::randn({96, 40}, kCuda).to(torch::kBFloat16).t(), format, "strided");
+    Tensor x = torch::randn({70, 90}, kCuda);
+    x[5][6] = NAN;
+    check_against_cpu(x, format, "a NaN");
+    x = torch::randn({70, 90}, kCuda);
+    x[69][89] = -INFINITY;
+    check_against_cpu(x, format, "an Inf");
+    check_against_cpu(torch::zeros({64, 64}, kCuda), format, "zeros");
+    check_against_cpu(torch::zeros({0, 7}, kCuda), format, "empty");
+  }
+}
+
+TEST(Fp8QuantizeCuda, ACapturedGraphQuantizesEachReplaysValues) {
+  SKIP_WITHOUT_CUDA();
+  Tensor x = torch::randn({256, 512}, kCuda).to(torch::kBFloat16);
+  Tensor q, q_t, s;
+  strobe::ops::fp8_quantize(x, torch::kFloat8_e4m3fn, true);  // warm-up outside the capture
+  strobe::ops::CudaGraph graph;
+  graph.capture(kCuda, [&] { std::tie(q, q_t, s) = strobe::ops::fp8_quantize(x, torch::kFloat8_e4m3fn, true); });
+  for (int i = 0; i < 3; ++i) {
+    x.copy_(torch::randn({256, 512}, kCuda) * (i + 1) * 10);
+    graph.replay();
+    const auto [cq, cqt, cs] = strobe::ops::fp8_quantize(x.cpu(), torch::kFloat8_e4m3fn, true);
+    expect_same(q, cq, "replay " + std::to_string(i) + " q");
+    expect_same(q_t, cqt, "replay " + std::to_string(i) + " q_t");
+    EXPECT_EQ(s.item<float>(), cs.item<float>()) << "replay " << i;
+  }
+}
+
+}  // namespace
