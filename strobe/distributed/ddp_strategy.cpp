@@ -159,21 +159,8 @@ class DDPStrategy final : public Strategy {
     }
   }
 
-  torch::Tensor reduce_max(torch::Tensor flag) override {
-    std::vector<torch::Tensor> t{flag};
-    c10d::AllreduceOptions o;
-    o.reduceOp = c10d::ReduceOp::MAX;
-    pg_->allreduce(t, o)->wait();
-    return flag;
-  }
-
-  torch::Tensor reduce_sum(torch::Tensor values) override {
-    std::vector<torch::Tensor> t{values};
-    c10d::AllreduceOptions o;
-    o.reduceOp = c10d::ReduceOp::SUM;
-    pg_->allreduce(t, o)->wait();
-    return values;
-  }
+  torch::Tensor reduce_max(torch::Tensor flag) override { return allreduce_in_place(flag, c10d::ReduceOp::MAX); }
+  torch::Tensor reduce_sum(torch::Tensor values) override { return allreduce_in_place(values, c10d::ReduceOp::SUM); }
 
   bool any(bool flag) override {
     return checked("any", [&] { return collectives_->allSum(next_key("any"), flag ? 1 : 0, options_.timeout) > 0; });
@@ -285,6 +272,14 @@ class DDPStrategy final : public Strategy {
   }
 
  private:
+  // `t` reduced over the ranks in place (on the device: the wait orders the stream, no host sync).
+  torch::Tensor allreduce_in_place(torch::Tensor t, c10d::ReduceOp::RedOpType op) {
+    std::vector<torch::Tensor> one{t};
+    c10d::AllreduceOptions o;
+    o.reduceOp = op;
+    pg_->allreduce(one, o)->wait();
+    return t;
+  }
   static constexpr size_t kBroadcastBytes = 250 * 1024 * 1024;
 
   std::string next_key(const std::string& what) { return fmt::format("{}/{}", what, seq_++); }
