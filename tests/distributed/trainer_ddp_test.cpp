@@ -794,7 +794,9 @@ TEST(TrainerDDP, TwoRankCheckpointResumesExactlyOnTwoRanks) { two_rank_checkpoin
 // kill -9 of both ranks in the middle of a sharded save (their shards of step 6 written, the file
 // not): last.ckpt is still step 4's, whole, with the shards its manifest names; resuming from it
 // ends bitwise where the uninterrupted run ends, and that run's saves remove the crashed save's
-// shard folder.
+// shard folder. Rank 0 hosts the rendezvous store: when it dies before rank 1 has read the save's
+// tag (a loaded machine), rank 1 ends with the one line naming the lost store instead of reaching
+// the point; either way nothing of the last checkpoint is lost.
 TEST(TrainerZero2, AKillInTheMiddleOfAShardedSaveLeavesTheLastCheckpointWholeAndExact) {
   const std::vector<std::string> sets = {"model.dropout=0.3", "model.rng_extra=true", "trainer.strategy=zero2"};
   Job full = new_job("z2kill-full"), crash = new_job("z2kill-crash");
@@ -803,7 +805,12 @@ TEST(TrainerZero2, AKillInTheMiddleOfAShardedSaveLeavesTheLastCheckpointWholeAnd
   ::setenv("STROBE_FAULT_AT", "zero2_shard_written@6", 1);
   auto rb = fit(2, crash, sets);
   ::unsetenv("STROBE_FAULT_AT");
-  for (auto& r : rb) ASSERT_EQ(r.exit_code, 128 + SIGKILL) << describe(rb);
+  ASSERT_EQ(rb[0].exit_code, 128 + SIGKILL) << describe(rb);
+  if (rb[1].exit_code != 128 + SIGKILL) {
+    ASSERT_NE(rb[1].exit_code, 0) << describe(rb);
+    EXPECT_EQ(count_lines_with(rb[1].stderr_text, "strobe: rank 1 of 2: distributed job failed: lost the rendezvous store at"), 1)
+        << describe(rb);
+  }
   const std::string ckpt_dir = crash.root + "/ddp/version_0/checkpoints";
   auto d = checkpoint::load_checkpoint_file(ckpt_dir + "/last.ckpt");
   EXPECT_EQ(nlohmann::json::parse(d.blob("meta"))["global_step"], 4);
