@@ -5,6 +5,10 @@ docs/EXTENDING.md say it does.
   the example outside the source tree, configured with the prefix alone, built, and trained from its
   folder with `strobe fit -c spirals.yaml`; its build files name no path of the source tree.
   `scripts/build_example.sh` then installs into that prefix and builds the same copy again.
+- With the user's launcher ccache, ccache can cache every compile of that build (strobe_add_plugin
+  gives it the sloppiness the precompiled header needs), and a second copy of the project and the
+  package, configured without a launcher (ccache then launches the plugin's compiles), is served
+  from the cache: every compile a hit.
 - The installed `strobe` trains the plugin's model, task, metric, data module and callback (spirals:
   validation accuracy >= 0.9 after the example's 144 steps).
 - Stopped at step 50 and resumed, the run ends with the weights of the straight run, bit for bit (both
@@ -61,6 +65,12 @@ def replay(strobe, run_dir, report):
     return r, rep, rep.get("first_nonfinite") or {}
 
 
+def ccache_log(path):
+    """ccache's stats log (CCACHE_STATSLOG): one "<file> <counter>..." string per compile."""
+    log = open(path).read() if os.path.exists(path) else ""
+    return [c for c in log.split("# ")[1:] if c.split()]
+
+
 def documented_steps():
     """The shell block of docs/EXTENDING.md "Your own project", as its lines."""
     with open(os.path.join(SRC, "docs", "EXTENDING.md")) as f:
@@ -84,10 +94,14 @@ def main():
     script = "set -e\n" + "\n".join(steps).replace("~/spirals", project)
     env = dict(os.environ, STROBE_PREFIX=prefix)
     if shutil.which("ccache"):  # the steps as written; the compiles shared with earlier runs of this test
-        env.update(CMAKE_CXX_COMPILER_LAUNCHER="ccache", CCACHE_BASEDIR=tmp)
+        env.update(CMAKE_CXX_COMPILER_LAUNCHER="ccache", CCACHE_BASEDIR=tmp, CCACHE_STATSLOG=os.path.join(tmp, "first.statslog"))
     r = run(["bash", "-c", script], cwd=SRC, env=env)
     if not check(r.returncode == 0, f"the steps of docs/EXTENDING.md failed (exit {r.returncode}):\n{r.stdout}{r.stderr}"):
         return finish(tmp)
+    if shutil.which("ccache"):  # with the user's launcher ccache, every compile is one ccache can cache
+        refused = [(c.split()[0], c.split()[1:]) for c in ccache_log(env["CCACHE_STATSLOG"])
+                   if not {"cache_miss", "direct_cache_hit", "preprocessed_cache_hit"} & set(c.split()[1:])]
+        check(not refused, f"ccache could not cache these compiles of the documented build: {refused}")
     first = [l for l in r.stdout.splitlines() if "final metrics" in l]
     check(bool(first) and "val/acc=" in first[0], f"the documented fit: {r.stdout}")
     out = os.path.join(project, "build")
@@ -107,16 +121,30 @@ def main():
                     for d, _, names in os.walk(os.path.join(out, "CMakeFiles", "strobe_example.dir"))
                     for n in names if n == "flags.make")
     check("strobe_plugin_pch.dir/cmake_pch.hxx" in flags, f"the plugin's compiles do not use the precompiled header:\n{flags}")
-    # Without a launcher of the user's, ccache (when installed) launches the plugin's compiles.
+    # The steps ran with the user's launcher ccache; a second copy of the project and the package
+    # (another folder, laid out alike), configured without a launcher (ccache, when installed, then
+    # launches the plugin's compiles), is served from the cache the first build filled: every
+    # compile a hit, the precompiled header's included.
     if shutil.which("ccache"):
-        bare = os.path.join(tmp, "bare")
+        second = os.path.join(tmp, "second")
+        copy = os.path.join(second, "spirals")
+        shutil.copytree(project, copy, ignore=shutil.ignore_patterns("build"))
+        r = run(["cmake", "--install", BUILD, "--prefix", os.path.join(second, "prefix")])
+        check(r.returncode == 0, f"cmake --install into a second prefix failed:\n{r.stdout}{r.stderr}")
         env_bare = {k: v for k, v in os.environ.items() if k != "CMAKE_CXX_COMPILER_LAUNCHER"}
-        r = run(["cmake", "-S", project, "-B", bare, "-DCMAKE_BUILD_TYPE=Release", f"-DCMAKE_PREFIX_PATH={prefix}"], env=env_bare)
+        env_bare.update(CCACHE_BASEDIR=second, CCACHE_STATSLOG=os.path.join(tmp, "second.statslog"))
+        r = run(["cmake", "-S", copy, "-B", os.path.join(copy, "build"), "-DCMAKE_BUILD_TYPE=Release",
+                 f"-DCMAKE_PREFIX_PATH={os.path.join(second, 'prefix')}"], env=env_bare)
         rules = "".join(open(os.path.join(d, n), errors="replace").read()
-                        for d, _, names in os.walk(os.path.join(bare, "CMakeFiles", "strobe_example.dir"))
+                        for d, _, names in os.walk(os.path.join(copy, "build", "CMakeFiles", "strobe_example.dir"))
                         for n in names if n == "build.make")
         check(r.returncode == 0 and "CCACHE_SLOPPINESS=pch_defines,time_macros" in rules and "ccache" in rules,
               f"strobe_add_plugin did not make ccache the compiler launcher:\n{r.stderr}")
+        r = run(["cmake", "--build", os.path.join(copy, "build"), "-j", "2"], env=env_bare)
+        compiles = ccache_log(env_bare["CCACHE_STATSLOG"])
+        missed = [c.split()[0] for c in compiles if not {"direct_cache_hit", "preprocessed_cache_hit"} & set(c.split()[1:])]
+        check(r.returncode == 0 and len(compiles) >= 6 and not missed,
+              f"ccache missed {len(missed)} of the second copy's {len(compiles)} compiles (exit {r.returncode}): {missed}")
     # scripts/build_example.sh (the README's route): installs again and builds the same copy.
     r = run(["bash", os.path.join(SRC, "scripts", "build_example.sh"), prefix, project],
             env=dict(os.environ, STROBE_BUILD_DIR=BUILD))
