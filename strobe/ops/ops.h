@@ -245,6 +245,16 @@ torch::Tensor swiglu(const torch::Tensor& gate_up);
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> fp8_quantize(const torch::Tensor& x, at::ScalarType dtype,
                                                                      bool transpose = false);
 
+// y = x weight^T (+ bias) with its three GEMMs in float8 (op strobe::fp8_linear), on at::_scaled_mm
+// (cuBLASLt on Hopper; ATen's CPU implementation on the CPU): x [..., K] and weight [N, K] (fp32,
+// bf16 or fp16; K and N multiples of 16), bias [N] or none; y [..., N] in x's dtype. x and weight
+// are quantized to e4m3, the output gradient to e5m2, each with one dynamic scale (fp8_quantize), and
+// every GEMM accumulates in fp32 (the forward with fast accumulation). Differentiable: the forward
+// keeps only the float8 transposes the backward's GEMMs read (x^T padded to 16 tokens, for d weight,
+// when the weight needs a gradient; weight^T, for d x, when x does). No host sync. docs/OPS.md.
+torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& weight,
+                         const std::optional<torch::Tensor>& bias = std::nullopt);
+
 // The LM head and its cross-entropy in one op that never materialises the [N, V] logits (op
 // strobe::linear_cross_entropy): the mean over tokens whose target is not ignore_index of
 // logsumexp(z) - z[target], z = hidden @ weight^T (+ bias) computed in hidden's dtype as the unfused

@@ -98,6 +98,16 @@ TORCH_LIBRARY(strobe, m) {
   // A 2-D tensor's float8 copy, its transpose when asked (else a [0] tensor) and the fp32 dequantization
   // scale, with tensorwise dynamic scaling (docs/OPS.md): the operands of a scaled GEMM.
   m.def("fp8_quantize(Tensor x, ScalarType dtype, bool transpose=False) -> (Tensor q, Tensor q_t, Tensor scale_inv)");
+  // y = x weight^T (+ bias) with its GEMMs (forward, d x, d weight) in float8 (docs/OPS.md).
+  m.def("fp8_linear(Tensor x, Tensor weight, Tensor? bias=None) -> Tensor");
+  // Internal halves: the forward also returns the float8 transposes the backward reads (empty unless
+  // asked) and their dequantization scales; the backward makes the gradients output_mask asks for.
+  m.def(
+      "fp8_linear_fwd(Tensor x, Tensor weight, Tensor? bias, bool save_x_t, bool save_w_t) -> "
+      "(Tensor y, Tensor x_t, Tensor x_scale_inv, Tensor w_t, Tensor w_scale_inv)");
+  m.def(
+      "fp8_linear_bwd(Tensor dy, Tensor x_t, Tensor x_scale_inv, Tensor w_t, Tensor w_scale_inv, "
+      "ScalarType weight_dtype, ScalarType? bias_dtype, bool[3] output_mask) -> (Tensor dx, Tensor dweight, Tensor dbias)");
   // The LM head and its cross-entropy without the logits: hidden [N, C], weight [V, C], bias [V]?,
   // int64 target [N]; the mean fp32 loss over tokens not ignored (docs/OPS.md). chunk_rows 0: automatic.
   m.def(

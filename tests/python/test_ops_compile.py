@@ -141,6 +141,12 @@ def run(device):
         for fmt in (torch.float8_e4m3fn, torch.float8_e5m2):
             opcheck(ops.fp8_quantize.default, (fx, fmt, True), tag=f"fp8_quantize {device} {dt} {fmt}")
         opcheck(ops.fp8_quantize.default, (fx, torch.float8_e4m3fn, False), tag=f"fp8_quantize no q_t {device} {dt}")
+        # fp8_linear: 3 x 7 tokens (d weight's reduction padded to 16), with and without bias
+        lx = torch.randn(3, 7, 32, device=device, dtype=dt, requires_grad=True)
+        lw = torch.randn(16, 32, device=device, dtype=dt, requires_grad=True)
+        lb = torch.randn(16, device=device, dtype=dt, requires_grad=True)
+        opcheck(ops.fp8_linear.default, (lx, lw, lb), tag=f"fp8_linear {device} {dt}")
+        opcheck(ops.fp8_linear.default, (lx, lw), tag=f"fp8_linear no bias {device} {dt}")
 
     # --- max_pool2d (CUDA kernels: fp32/bf16/fp16, NCHW or channels_last; scalar and vectorized C)
     for dt in (torch.float32,) + ((torch.bfloat16,) if device == "cuda" else ()):
@@ -210,6 +216,26 @@ def run(device):
         check(torch.equal(pa.grad, pb.grad), f"compiled max_pool2d {device}: gradient differs from ATen's")
     except Exception as ex:
         check(False, f"torch.compile max_pool2d {device}: {type(ex).__name__}: {str(ex)[:400]}")
+
+    @torch.compile(fullgraph=True)
+    def fp8_loss(x, w, b):
+        return (ops.fp8_linear(x, w, b).float() ** 2).sum()
+
+    try:
+        fx = torch.randn(3, 7, 32, device=device)
+        fw = torch.randn(16, 32, device=device)
+        fb = torch.randn(16, device=device)
+        xa, wa = fx.clone().requires_grad_(), fw.clone().requires_grad_()
+        xb, wb = fx.clone().requires_grad_(), fw.clone().requires_grad_()
+        la = fp8_loss(xa, wa, fb)
+        la.backward()
+        lb = (ops.fp8_linear(xb, wb, fb).float() ** 2).sum()
+        lb.backward()
+        close = lambda a, b: torch.allclose(a, b, rtol=1e-4, atol=1e-6)
+        check(close(la, lb) and close(xa.grad, xb.grad) and close(wa.grad, wb.grad),
+              f"compiled fp8_linear {device}: loss {la.item()} vs eager {lb.item()}, or its gradients differ")
+    except Exception as ex:
+        check(False, f"torch.compile fp8_linear {device}: {type(ex).__name__}: {str(ex)[:400]}")
 
 
 run("cpu")
