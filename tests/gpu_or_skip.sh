@@ -12,9 +12,10 @@ exe=$1
 for arg in "$@"; do
   [ "$arg" = "--gtest_list_tests" ] && exec "$@"
 done
-for node in ${STROBE_GPU_DEVICE_NODES:-/dev/nvidia* /dev/dxg /dev/nvhost* /dev/nvgpu*}; do
+nodes=${STROBE_GPU_DEVICE_NODES:-/dev/nvidia* /dev/dxg /dev/nvhost* /dev/nvgpu*}
+for node in $nodes; do
   [ -e "$node" ] && exec "$@"
 done
 # GoogleTest's own skip line: ctest reports the test as skipped (gtest_discover_tests' SKIP_REGULAR_EXPRESSION).
-echo "[  SKIPPED ] no GPU device node on this machine (/dev/nvidia*, /dev/dxg, /dev/nvhost*, /dev/nvgpu*): $(basename "$exe") not started"
+echo "[  SKIPPED ] no GPU device node on this machine ($nodes): $(basename "$exe") not started"
 exit 0

@@ -9,6 +9,7 @@
 #include <torch/library.h>
 
 #include "strobe/ops/ops.h"
+#include "strobe/ops/internal.h"
 
 namespace strobe::ops {
 namespace detail {
@@ -47,7 +48,7 @@ namespace {
 using at::Tensor;
 using OptTensor = std::optional<Tensor>;
 
-bool present(const OptTensor& t) { return t.has_value() && t->defined(); }
+using detail::present;
 
 at::ScalarType aln_compute_dtype(const Tensor& x) {
   return x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;

@@ -5,6 +5,7 @@
 
 #include "strobe/ops/cuda/fused_norm.h"
 #include "strobe/ops/cuda_glue.h"
+#include "strobe/ops/internal.h"
 
 namespace strobe::ops {
 namespace detail {
@@ -18,7 +19,7 @@ namespace {
 using at::Tensor;
 using OptTensor = std::optional<Tensor>;
 
-bool present(const OptTensor& t) { return t.has_value() && t->defined(); }
+using detail::present;
 
 cuda::DType half_or_float(at::ScalarType s, const char* what) {
   return detail::kernel_dtype(s, "add_layer_norm (CUDA)", what, detail::kFloatingTypes);

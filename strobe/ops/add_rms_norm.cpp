@@ -10,6 +10,7 @@
 #include <torch/library.h>
 
 #include "strobe/ops/ops.h"
+#include "strobe/ops/internal.h"
 
 namespace strobe::ops {
 namespace detail {
@@ -44,7 +45,7 @@ namespace {
 using at::Tensor;
 using OptTensor = std::optional<Tensor>;
 
-bool arn_present(const OptTensor& t) { return t.has_value() && t->defined(); }
+using detail::present;
 
 at::ScalarType arn_compute_dtype(const Tensor& x) { return x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat; }
 
@@ -53,20 +54,20 @@ at::ScalarType arn_compute_dtype(const Tensor& x) { return x.scalar_type() == at
 std::tuple<Tensor, Tensor, Tensor> arn_fwd_cpu(const Tensor& x, const OptTensor& delta, const Tensor& weight,
                                                double eps) {
   detail::add_rms_norm_check_inputs(x, delta, weight);
-  const Tensor s = arn_present(delta) ? at::add(x, *delta) : x;
+  const Tensor s = present(delta) ? at::add(x, *delta) : x;
   const auto cd = arn_compute_dtype(x);
   const Tensor sf = s.to(cd);
   const Tensor rstd = at::rsqrt(sf.pow(2).mean(-1, true) + eps);
   const Tensor normed = (sf * rstd).to(x.scalar_type());
   const Tensor y = (normed.to(cd) * weight.to(cd)).to(x.scalar_type());
-  return {y, rstd.squeeze(-1), arn_present(delta) ? s : Tensor()};
+  return {y, rstd.squeeze(-1), present(delta) ? s : Tensor()};
 }
 
 // (dx, dweight): dx = dsum + d RMSNorm / d input (input's dtype); dweight in weight's dtype.
 std::tuple<Tensor, Tensor> arn_bwd_cpu(const Tensor& dy, const OptTensor& dsum, const Tensor& input,
                                        const Tensor& rstd, const Tensor& weight) {
   TORCH_CHECK(dy.sizes() == input.sizes(), "add_rms_norm_bwd: dy must be ", input.sizes());
-  TORCH_CHECK(!arn_present(dsum) || dsum->sizes() == input.sizes(), "add_rms_norm_bwd: dsum must be ", input.sizes());
+  TORCH_CHECK(!present(dsum) || dsum->sizes() == input.sizes(), "add_rms_norm_bwd: dsum must be ", input.sizes());
   const auto cd = arn_compute_dtype(input);
   const int64_t c = input.size(-1);
   const Tensor r = rstd.to(cd).unsqueeze(-1);
@@ -74,7 +75,7 @@ std::tuple<Tensor, Tensor> arn_bwd_cpu(const Tensor& dy, const OptTensor& dsum, 
   const Tensor dyf = dy.to(cd);
   const Tensor g = dyf * weight.to(cd);
   Tensor dx = (g - xh * (g * xh).mean(-1, true)) * r;
-  if (arn_present(dsum)) dx = dx + dsum->to(cd);
+  if (present(dsum)) dx = dx + dsum->to(cd);
   // The forward multiplied the weight by the normalised row rounded to the input's dtype.
   const Tensor dw = (dyf * xh.to(input.scalar_type()).to(cd)).reshape({-1, c}).sum(0).to(weight.scalar_type());
   return {dx.to(input.scalar_type()), dw};
@@ -87,7 +88,7 @@ std::tuple<Tensor, Tensor, Tensor> arn_fwd_meta(const Tensor& x, const OptTensor
   const auto rows = x.sym_sizes().slice(0, x.dim() - 1);
   return {at::empty_symint(x.sym_sizes(), x.options()),
           at::empty_symint(rows, x.options().dtype(arn_compute_dtype(x))),
-          arn_present(delta) ? at::empty_symint(x.sym_sizes(), x.options()) : Tensor()};
+          present(delta) ? at::empty_symint(x.sym_sizes(), x.options()) : Tensor()};
 }
 
 std::tuple<Tensor, Tensor> arn_bwd_meta(const Tensor& dy, const OptTensor& dsum, const Tensor& input,
@@ -120,7 +121,7 @@ class AddRmsNormFunction : public torch::autograd::Function<AddRmsNormFunction> 
                                                 const OptTensor& delta, const Tensor& weight, double eps) {
     at::AutoDispatchBelowADInplaceOrView guard;
     auto [y, rstd, sum] = arn_fwd_op().call(x, delta, weight, eps);
-    const bool has_delta = arn_present(delta);
+    const bool has_delta = present(delta);
     ctx->save_for_backward({has_delta ? sum : x, rstd, weight});
     ctx->saved_data["has_delta"] = has_delta;
     if (has_delta) return {sum, y};

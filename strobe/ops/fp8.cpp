@@ -11,15 +11,19 @@
 #include <torch/library.h>
 
 #include "strobe/ops/ops.h"
+#include "strobe/ops/internal.h"
 
 namespace strobe::ops {
 namespace detail {
 
 // Used by the CUDA glue too.
+// The input types of a float8 quantization (fp8_quantize, fp8_linear).
+bool fp8_input_type(at::ScalarType t) { return t == at::kFloat || t == at::kBFloat16 || t == at::kHalf; }
+
 void fp8_check_input(const at::Tensor& x, at::ScalarType dtype) {
   TORCH_CHECK(x.defined() && x.dim() == 2, "fp8_quantize: x must be 2-D [rows, cols], got ", x.defined() ? x.dim() : 0,
               " dimensions");
-  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf,
+  TORCH_CHECK(fp8_input_type(x.scalar_type()),
               "fp8_quantize: x must be float32, bfloat16 or float16, got ", x.scalar_type());
   TORCH_CHECK(dtype == at::kFloat8_e4m3fn || dtype == at::kFloat8_e5m2,
               "fp8_quantize: dtype must be Float8_e4m3fn or Float8_e5m2, got ", dtype);
@@ -64,22 +68,21 @@ using Fp8LinearBwdSig = std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const 
                                                            const Tensor&, at::ScalarType, std::optional<at::ScalarType>,
                                                            std::array<bool, 3>);
 
-bool fp8l_present(const OptTensor& t) { return t.has_value() && t->defined(); }
-bool fp8l_floating(at::ScalarType t) { return t == at::kFloat || t == at::kBFloat16 || t == at::kHalf; }
+using detail::present;
 
 void fp8_linear_check(const Tensor& x, const Tensor& w, const OptTensor& b) {
   TORCH_CHECK(x.defined() && w.defined() && x.dim() >= 1 && w.dim() == 2 && x.sym_size(-1) == w.sym_size(1),
               "fp8_linear: x must be [..., in_features] and weight [out_features, in_features], got ",
               x.defined() ? x.sym_sizes() : c10::SymIntArrayRef{}, " and ", w.defined() ? w.sym_sizes() : c10::SymIntArrayRef{});
-  TORCH_CHECK(fp8l_floating(x.scalar_type()) && fp8l_floating(w.scalar_type()),
+  TORCH_CHECK(detail::fp8_input_type(x.scalar_type()) && detail::fp8_input_type(w.scalar_type()),
               "fp8_linear: x and weight must be float32, bfloat16 or float16, got ", x.scalar_type(), " and ",
               w.scalar_type());
   TORCH_CHECK(w.sym_size(0) % 16 == 0 && w.sym_size(1) % 16 == 0,
               "fp8_linear: out_features and in_features must be multiples of 16 (the float8 GEMM's rule), got weight ",
               w.sym_sizes());
-  TORCH_CHECK(!fp8l_present(b) || (b->dim() == 1 && b->sym_size(0) == w.sym_size(0) && fp8l_floating(b->scalar_type())),
+  TORCH_CHECK(!present(b) || (b->dim() == 1 && b->sym_size(0) == w.sym_size(0) && detail::fp8_input_type(b->scalar_type())),
               "fp8_linear: bias must be [out_features] (", w.sym_size(0), ") in float32, bfloat16 or float16");
-  TORCH_CHECK(w.device() == x.device() && (!fp8l_present(b) || b->device() == x.device()),
+  TORCH_CHECK(w.device() == x.device() && (!present(b) || b->device() == x.device()),
               "fp8_linear: every tensor must be on x's device");
 }
 
@@ -106,14 +109,14 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> fp8l_fwd(const Tensor& x, con
   auto [qx, qx_t, sx] = fp8_quantize(x2, at::kFloat8_e4m3fn, save_x_t);
   auto [qw, qw_t, sw] = fp8_quantize(w, at::kFloat8_e4m3fn, save_w_t);
   const auto out_dtype = x.scalar_type();
-  const bool bias_in_gemm = fp8l_present(b) && b->scalar_type() == out_dtype && out_dtype != at::kFloat;
+  const bool bias_in_gemm = present(b) && b->scalar_type() == out_dtype && out_dtype != at::kFloat;
   Tensor y2;
   if (x2.size(0) == 0) {
     y2 = at::empty({0, n}, x.options());
   } else {
     y2 = at::_scaled_mm(qx, qw.t(), sx, sw, bias_in_gemm ? b : std::nullopt, std::nullopt, out_dtype,
                         /*use_fast_accum=*/true);
-    if (fp8l_present(b) && !bias_in_gemm) y2.add_(*b);
+    if (present(b) && !bias_in_gemm) y2.add_(*b);
   }
   std::vector<int64_t> sizes = x.sizes().vec();
   sizes.back() = n;
@@ -144,8 +147,10 @@ std::tuple<Tensor, Tensor, Tensor> fp8l_bwd(const Tensor& dy, const Tensor& x_t,
   const int64_t n = dy.size(-1);
   const Tensor dy2 = dy.reshape({-1, n});
   const int64_t m = dy2.size(0);
-  auto [qdy, qdy_t, sdy] = fp8_quantize(dy2, at::kFloat8_e5m2, mask[1]);
   Tensor dx, dw, db;
+  if (mask[2] && b_dtype) db = dy2.sum(0, false, at::kFloat).to(*b_dtype);
+  if (!mask[0] && !mask[1]) return {dx, dw, db};  // only the bias: no GEMM, no quantization
+  auto [qdy, qdy_t, sdy] = fp8_quantize(dy2, at::kFloat8_e5m2, mask[1]);
   if (mask[0]) {
     TORCH_CHECK(w_t.dim() == 2 && w_t.size(1) == n, "fp8_linear: the backward's d x needs the saved weight transpose");
     const int64_t k = w_t.size(0);
@@ -162,7 +167,6 @@ std::tuple<Tensor, Tensor, Tensor> fp8l_bwd(const Tensor& dy, const Tensor& x_t,
     dw = m == 0 ? at::zeros({n, k}, dy.options().dtype(w_dtype))
                 : at::_scaled_mm(fp8l_pad_cols(qdy_t), x_t.t(), sdy, sx, std::nullopt, std::nullopt, w_dtype, false);
   }
-  if (mask[2] && b_dtype) db = dy2.sum(0, false, at::kFloat).to(*b_dtype);
   return {dx, dw, db};
 }
 
@@ -201,7 +205,7 @@ class Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
     auto [y, x_t, sx, w_t, sw] = fp8l_fwd_op().call(x, w, b, w.requires_grad(), x.requires_grad());
     ctx->save_for_backward({x_t, sx, w_t, sw});
     ctx->saved_data["w_dtype"] = static_cast<int64_t>(w.scalar_type());
-    ctx->saved_data["b_dtype"] = fp8l_present(b) ? static_cast<int64_t>(b->scalar_type()) : int64_t{-1};
+    ctx->saved_data["b_dtype"] = present(b) ? static_cast<int64_t>(b->scalar_type()) : int64_t{-1};
     return y;
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,

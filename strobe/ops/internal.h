@@ -32,6 +32,9 @@ inline int64_t parse_reduction(std::string_view r, const char* op) {
 void giou_check_inputs(const at::Tensor& pred, const at::Tensor& target, const std::optional<at::Tensor>& offsets,
                        int64_t layout);
 
+// Whether an optional tensor argument (a schema's `Tensor?`) was given.
+inline bool present(const std::optional<at::Tensor>& t) { return t.has_value() && t->defined(); }
+
 inline void check_same_device(const at::Tensor& t, const at::Device& d, const char* op,
                               const char* what) {
   TORCH_CHECK(t.device() == d, op, ": ", what, " is on ", t.device(), " but expected ", d);

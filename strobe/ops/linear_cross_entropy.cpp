@@ -13,6 +13,7 @@
 #include <torch/library.h>
 
 #include "strobe/ops/ops.h"
+#include "strobe/ops/internal.h"
 
 namespace strobe::ops {
 #ifdef STROBE_OPS_WITH_CUDA
@@ -27,7 +28,7 @@ namespace {
 using at::Tensor;
 using OptTensor = std::optional<Tensor>;
 
-bool lce_present(const OptTensor& t) { return t.has_value() && t->defined(); }
+using detail::present;
 
 void lce_check(const Tensor& h, const Tensor& w, const OptTensor& b, const Tensor& target, int64_t chunk_rows) {
   TORCH_CHECK(h.dim() == 2 && w.dim() == 2 && h.sym_size(1) == w.sym_size(1),
@@ -35,12 +36,12 @@ void lce_check(const Tensor& h, const Tensor& w, const OptTensor& b, const Tenso
   TORCH_CHECK(at::isFloatingType(h.scalar_type()) && w.scalar_type() == h.scalar_type(),
               "linear_cross_entropy: hidden and weight must share a floating dtype, got ", h.scalar_type(), " and ",
               w.scalar_type());
-  TORCH_CHECK(!lce_present(b) || (b->dim() == 1 && b->sym_size(0) == w.sym_size(0) && b->scalar_type() == w.scalar_type()),
+  TORCH_CHECK(!present(b) || (b->dim() == 1 && b->sym_size(0) == w.sym_size(0) && b->scalar_type() == w.scalar_type()),
               "linear_cross_entropy: bias must be [V] in weight's dtype");
   TORCH_CHECK(target.dim() == 1 && target.sym_size(0) == h.sym_size(0) && target.scalar_type() == at::kLong,
               "linear_cross_entropy: target must be int64 [N] (", h.sym_size(0), "), got ", target.scalar_type(), " ",
               target.sym_sizes());
-  TORCH_CHECK(w.device() == h.device() && target.device() == h.device() && (!lce_present(b) || b->device() == h.device()),
+  TORCH_CHECK(w.device() == h.device() && target.device() == h.device() && (!present(b) || b->device() == h.device()),
               "linear_cross_entropy: every tensor must be on hidden's device");
   TORCH_CHECK(chunk_rows >= 0, "linear_cross_entropy: chunk_rows must be >= 0 (0: automatic), got ", chunk_rows);
 }
@@ -89,7 +90,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> lce_fwd(const Tensor& h, const Tensor
     dh = at::empty(h.sizes(), h.options().memory_format(at::MemoryFormat::Contiguous));
     // d weight: written by the first chunk's GEMM, accumulated by the others (zeros if no chunk).
     dw = n == 0 ? at::zeros(w.sizes(), w.options().dtype(cd)) : at::empty(w.sizes(), w.options().dtype(cd));
-    if (lce_present(b)) db = at::zeros(b->sizes(), b->options().dtype(cd));
+    if (present(b)) db = at::zeros(b->sizes(), b->options().dtype(cd));
   }
   const Tensor wc = w.contiguous();
   for (int64_t r0 = 0; r0 < n; r0 += rows) {
@@ -97,7 +98,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> lce_fwd(const Tensor& h, const Tensor
     const Tensor hc = h.narrow(0, r0, m);
     const Tensor tc = tgt.narrow(0, r0, m);
     // The chunk's logits as the unfused head computes them, in hidden's dtype.
-    Tensor z = at::linear(hc, wc, lce_present(b) ? *b : Tensor());
+    Tensor z = at::linear(hc, wc, present(b) ? *b : Tensor());
     Tensor g;  // d logits of the chunk, in hidden's dtype
 #ifdef STROBE_OPS_WITH_CUDA
     if (kernel) {
@@ -148,7 +149,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> lce_fwd_meta(const Tensor& h, const T
   Tensor loss = at::empty({}, h.options().dtype(cd));
   if (!with_grad) return {loss, Tensor(), Tensor(), Tensor()};
   return {loss, at::empty_symint(h.sym_sizes(), h.options()), at::empty_symint(w.sym_sizes(), w.options().dtype(cd)),
-          lce_present(b) ? at::empty_symint(b->sym_sizes(), b->options().dtype(cd)) : Tensor()};
+          present(b) ? at::empty_symint(b->sym_sizes(), b->options().dtype(cd)) : Tensor()};
 }
 
 using LceSig = std::tuple<Tensor, Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const OptTensor&, const Tensor&,
@@ -188,7 +189,7 @@ class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossE
   static Tensor forward(torch::autograd::AutogradContext* ctx, const Tensor& h, const Tensor& w, const OptTensor& b,
                         const Tensor& target, int64_t ignore_index, int64_t chunk_rows) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    const bool with_grad = h.requires_grad() || w.requires_grad() || (lce_present(b) && b->requires_grad());
+    const bool with_grad = h.requires_grad() || w.requires_grad() || (present(b) && b->requires_grad());
     auto [loss, dh, dw, db] = lce_fwd_op().call(h, w, b, target, ignore_index, chunk_rows, with_grad);
     ctx->saved_data["dh"] = dh;
     ctx->saved_data["dw"] = dw;

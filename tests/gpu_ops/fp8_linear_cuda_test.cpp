@@ -15,14 +15,8 @@ namespace {
 
 using torch::Tensor;
 using strobe::testing::kCuda;
+using strobe::testing::fp8_dequantized;
 using strobe::testing::rel_err;
-
-// The float64 value of fp8_quantize's copy of t (computed on the CPU), in t's shape.
-Tensor fp8l_dequantized(const Tensor& t, torch::ScalarType format) {
-  const Tensor t2 = t.cpu().reshape({-1, t.size(-1)});
-  const auto [q, q_t, scale_inv] = strobe::ops::fp8_quantize(t2, format, false);
-  return (q.to(torch::kDouble) * scale_inv.to(torch::kDouble)).view(t.sizes());
-}
 
 struct Fp8LinearCase {
   std::vector<int64_t> x_shape;
@@ -51,7 +45,7 @@ TEST(Fp8LinearCuda, EqualsTheFloat64ReferenceOfTheQuantizedMathForwardAndBackwar
     const Tensor y = strobe::ops::fp8_linear(x, w, c.bias ? std::optional<Tensor>(b) : std::nullopt);
     ASSERT_TRUE(y.is_cuda());
     ASSERT_EQ(y.scalar_type(), c.dtype);
-    const Tensor xd = fp8l_dequantized(x.detach(), torch::kFloat8_e4m3fn), wd = fp8l_dequantized(w.detach(), torch::kFloat8_e4m3fn);
+    const Tensor xd = fp8_dequantized(x.detach(), torch::kFloat8_e4m3fn), wd = fp8_dequantized(w.detach(), torch::kFloat8_e4m3fn);
     Tensor y_ref = torch::matmul(xd, wd.t());
     if (c.bias) y_ref = y_ref + b.detach().cpu().to(torch::kDouble);
     EXPECT_LT(rel_err(y.cpu(), y_ref), c.bound);
@@ -59,7 +53,7 @@ TEST(Fp8LinearCuda, EqualsTheFloat64ReferenceOfTheQuantizedMathForwardAndBackwar
     const Tensor g = torch::randn(y.sizes(), kCuda).to(c.dtype);
     strobe::testing::poison_allocator();
     y.backward(g);
-    const Tensor gd = fp8l_dequantized(g, torch::kFloat8_e5m2);
+    const Tensor gd = fp8_dequantized(g, torch::kFloat8_e5m2);
     EXPECT_LT(rel_err(x.grad().cpu(), torch::matmul(gd, wd)), c.bound) << "d x";
     EXPECT_LT(rel_err(w.grad().cpu(), torch::matmul(gd.reshape({-1, c.n}).t(), xd.reshape({-1, k}))), c.bound)
         << "d weight";

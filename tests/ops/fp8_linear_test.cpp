@@ -16,14 +16,8 @@
 namespace {
 
 using torch::Tensor;
+using strobe::testing::fp8_dequantized;
 using strobe::testing::rel_err;
-
-// The float64 value of fp8_quantize's copy of t (a 2-D view), in t's shape.
-Tensor fp8l_dequantized(const Tensor& t, torch::ScalarType format) {
-  const Tensor t2 = t.reshape({-1, t.size(-1)});
-  const auto [q, q_t, scale_inv] = strobe::ops::fp8_quantize(t2, format, false);
-  return (q.to(torch::kDouble) * scale_inv.to(torch::kDouble)).view(t.sizes());
-}
 
 struct Fp8LinearCase {
   torch::ScalarType dtype;
@@ -55,14 +49,14 @@ TEST(Fp8Linear, EqualsTheFloat64ReferenceOfTheQuantizedMathForwardAndBackward) {
     y_shape.back() = c.n;
     ASSERT_EQ(y.sizes(), torch::IntArrayRef(y_shape));
 
-    const Tensor xd = fp8l_dequantized(x.detach(), torch::kFloat8_e4m3fn), wd = fp8l_dequantized(w.detach(), torch::kFloat8_e4m3fn);
+    const Tensor xd = fp8_dequantized(x.detach(), torch::kFloat8_e4m3fn), wd = fp8_dequantized(w.detach(), torch::kFloat8_e4m3fn);
     Tensor y_ref = torch::matmul(xd, wd.t());
     if (c.bias) y_ref = y_ref + b.detach().to(torch::kDouble);
     EXPECT_LT(rel_err(y, y_ref), c.bound);
 
     const Tensor g = torch::randn(y_shape).to(c.dtype);
     y.backward(g);
-    const Tensor gd = fp8l_dequantized(g, torch::kFloat8_e5m2);
+    const Tensor gd = fp8_dequantized(g, torch::kFloat8_e5m2);
     const Tensor g2 = gd.reshape({-1, c.n}), x2 = xd.reshape({-1, k});
     ASSERT_TRUE(x.grad().defined() && w.grad().defined());
     EXPECT_EQ(x.grad().scalar_type(), c.dtype);
