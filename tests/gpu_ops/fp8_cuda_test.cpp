@@ -2,7 +2,7 @@
 // the same math in tests/ops/fp8_test.cpp): the same bytes of q and q_t and the same scale, NaN's
 // sign aside, for fp32, bf16 and fp16 inputs into e4m3 and e5m2, with the memory the outputs land in
 // filled with NaN bytes first so an element never written fails. Shapes: one element, odd sizes (the
-// tiles' edges), a llama activation [16384, 2048] and a weight [8192, 2048]; a strided input; NaN, Inf,
+// tiles' edges, both kernel versions), a llama activation [16384, 2048] and a weight [8192, 2048]; a strided input; NaN, Inf,
 // zeros, an empty tensor; captured in a CUDA graph and replayed on new values (no host read).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -49,7 +49,10 @@ void check_against_cpu(const Tensor& x, torch::ScalarType format, const std::str
 
 TEST(Fp8QuantizeCuda, TheCpuImplementationsBytesForEveryInputAndShape) {
   SKIP_WITHOUT_CUDA();
-  const std::vector<std::pair<int64_t, int64_t>> shapes = {{1, 1}, {67, 129}, {33, 31}, {16384, 2048}, {8192, 2048}};
+  // v1 (one element a thread) for {1, 1}, {67, 129}, {33, 31} and {200, 136} with q_t; v2 (8 elements a
+  // thread, 64 x 64 tiles) for the rest, {208, 136} and {200, 136} without q_t at partial tiles' edges.
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{1, 1},     {67, 129},    {33, 31},    {208, 136},
+                                                           {200, 136}, {16384, 2048}, {8192, 2048}};
   for (const auto dtype : {torch::kBFloat16, torch::kFloat, torch::kHalf}) {
     for (const auto format : {torch::kFloat8_e4m3fn, torch::kFloat8_e5m2}) {
       for (const auto& [rows, cols] : shapes) {

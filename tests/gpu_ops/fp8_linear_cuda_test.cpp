@@ -32,7 +32,9 @@ TEST(Fp8LinearCuda, EqualsTheFloat64ReferenceOfTheQuantizedMathForwardAndBackwar
       {{2, 1024, 2048}, 512, torch::kBFloat16, false, 6e-3},  // k_proj of Llama-3.2-1B
       {{2, 1024, 2048}, 2048, torch::kBFloat16, true, 6e-3},
       {{1000, 256}, 384, torch::kBFloat16, true, 6e-3},  // 1000 tokens: d weight's reduction padded to 1008
-      {{1000, 256}, 384, torch::kFloat, true, 1e-4},
+      // fp32 out: Hopper's float8 MMA accumulates in fewer than fp32's bits between cuBLASLt's fp32
+      // promotions (measured 1.04e-4 on an H200), so the bound is the accumulator's, not the output's.
+      {{1000, 256}, 384, torch::kFloat, true, 4e-4},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(::testing::Message() << c.dtype << " x " << torch::IntArrayRef(c.x_shape) << " N " << c.n);

@@ -2,8 +2,13 @@
 //   amax: one read of x, the maximum of |x| as the bits of a non-negative float (their unsigned order
 //         is the float order, and a NaN's bits are above +Inf's, so a NaN anywhere wins): a block
 //         reduction, then one atomicMax per block.
-//   cast: a second read of x in 32 x 32 tiles; each tile is written to q as read and, through shared
-//         memory, transposed to q_t, so both copies come from one read.
+//   cast: a second read of x in tiles; each tile is written to q as read and, through shared memory,
+//         transposed to q_t, so both copies come from one read.
+// Two versions (docs/PERFORMANCE.md, "Float8 quantization"):
+//   v2, where x is 16-byte aligned, cols % 8 == 0 and (without q_t, or rows % 16 == 0): 16-byte loads
+//       (8 elements a thread), two conversions per instruction, 64 x 64 tiles, 8-byte stores to q
+//       and 16-byte stores to q_t;
+//   v1, every other shape: one element a thread, 32 x 32 tiles, byte stores.
 // The cast is the saturating, round-to-nearest-even conversion of cuda_fp8.h (__NV_SATFINITE): the
 // same value as clamping to +-fp8_max and converting, which is what the CPU implementation does.
 #include <cuda_fp8.h>
@@ -29,6 +34,40 @@ __global__ void __launch_bounds__(kAmaxThreads) amax_kernel(const T* __restrict_
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kAmaxThreads + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * kAmaxThreads)
     m = max(m, abs_bits(to_f(x[i])));
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+  __shared__ unsigned warp_max[kAmaxThreads / 32];
+  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = m;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    m = threadIdx.x < kAmaxThreads / 32 ? warp_max[threadIdx.x] : 0u;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (threadIdx.x == 0 && m != 0) atomicMax(amax, m);
+  }
+}
+
+// v2: 8 elements a thread (16-byte loads), two chunks in flight before the first is reduced.
+template <typename T>
+__global__ void __launch_bounds__(kAmaxThreads) amax_v2_kernel(const T* __restrict__ x, int64_t n, unsigned* __restrict__ amax) {
+  unsigned m = 0;
+  const int64_t chunks = n / 8, stride = static_cast<int64_t>(gridDim.x) * kAmaxThreads;
+  int64_t i = static_cast<int64_t>(blockIdx.x) * kAmaxThreads + threadIdx.x;
+  for (; i + stride < chunks; i += 2 * stride) {
+    float a[8], b[8];
+    Vec8<T>::load(x + i * 8, a);
+    Vec8<T>::load(x + (i + stride) * 8, b);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) m = max(m, max(abs_bits(a[k]), abs_bits(b[k])));
+  }
+  if (i < chunks) {
+    float a[8];
+    Vec8<T>::load(x + i * 8, a);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) m = max(m, abs_bits(a[k]));
+  }
+  for (int64_t t = chunks * 8 + static_cast<int64_t>(blockIdx.x) * kAmaxThreads + threadIdx.x; t < n; t += stride)
+    m = max(m, abs_bits(to_f(x[t])));
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
   __shared__ unsigned warp_max[kAmaxThreads / 32];
@@ -88,26 +127,103 @@ __global__ void __launch_bounds__(kTile* kTileRows) cast_kernel(const T* __restr
   }
 }
 
+// v2 cast: a 64 x 64 tile, 256 threads. Each thread converts two 8-element row chunks (both loads
+// issued first) and stores 8 bytes of q per chunk and into the shared tile; then each thread gathers
+// 16 rows of one tile column (a warp reads 32 consecutive bytes of a row at a time: no bank
+// conflict) and writes them as 16 consecutive bytes of one q_t row.
+constexpr int kV2Tile = 64;
+constexpr int kV2Threads = 256;
+
+template <Fp8Format F>
+__device__ __forceinline__ uint2 to_fp8x8(const float (&v)[8], float scale) {
+  const auto interp = F == Fp8Format::kE4M3 ? __NV_E4M3 : __NV_E5M2;
+  unsigned w[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k)
+    w[k] = __nv_cvt_float2_to_fp8x2(make_float2(__fmul_rn(v[2 * k], scale), __fmul_rn(v[2 * k + 1], scale)),
+                                    __NV_SATFINITE, interp);
+  return make_uint2(w[0] | (w[1] << 16), w[2] | (w[3] << 16));
+}
+
+template <typename T, Fp8Format F>
+__global__ void __launch_bounds__(kV2Threads) cast_v2_kernel(const T* __restrict__ x, int64_t rows, int64_t cols,
+                                                              const float* __restrict__ amax, uint8_t* __restrict__ q,
+                                                              uint8_t* __restrict__ q_t, float* __restrict__ scale_inv) {
+  __shared__ alignas(16) uint8_t tile[kV2Tile][kV2Tile];
+  const float scale = scale_of<F>(*amax);
+  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *scale_inv = __frcp_rn(scale);
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kV2Tile, c0 = static_cast<int64_t>(blockIdx.x) * kV2Tile;
+  const int tc = (threadIdx.x & 7) * 8, tr = threadIdx.x >> 3;  // 8 threads a row, 32 rows a pass
+  const int64_t c = c0 + tc;
+  const bool in[2] = {r0 + tr < rows && c < cols, r0 + tr + 32 < rows && c < cols};
+  float v[2][8];
+#pragma unroll
+  for (int p = 0; p < 2; ++p)
+    if (in[p]) Vec8<T>::load(x + (r0 + tr + 32 * p) * cols + c, v[p]);
+#pragma unroll
+  for (int p = 0; p < 2; ++p) {
+    if (!in[p]) continue;
+    const int j = tr + 32 * p;
+    const uint2 out = to_fp8x8<F>(v[p], scale);
+    *reinterpret_cast<uint2*>(q + (r0 + j) * cols + c) = out;
+    *reinterpret_cast<uint2*>(&tile[j][tc]) = out;
+  }
+  if (q_t == nullptr) return;
+  __syncthreads();
+  // q_t[c][r] = q[r][c]: thread t gathers column t % 64 of the tile's rows 16 * (t / 64) .. + 15.
+  const int oc = threadIdx.x & 63, band = threadIdx.x >> 6;
+  const int64_t tcol = c0 + oc, trow = r0 + band * 16;
+  if (tcol < cols && trow < rows) {  // rows % 16 == 0: the whole 16-row chunk is there
+    unsigned w[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int r = band * 16 + 4 * k;
+      w[k] = tile[r][oc] | (tile[r + 1][oc] << 8) | (tile[r + 2][oc] << 16) |
+             (static_cast<unsigned>(tile[r + 3][oc]) << 24);
+    }
+    *reinterpret_cast<uint4*>(q_t + tcol * rows + trow) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
+bool use_v2(const void* x, int64_t rows, int64_t cols, const void* q_t) {
+  return reinterpret_cast<uintptr_t>(x) % 16 == 0 && cols % 8 == 0 && (q_t == nullptr || rows % 16 == 0) &&
+         (rows + kV2Tile - 1) / kV2Tile <= 65535;
+}
+
 template <typename T>
 cudaError_t launch(const void* x, int64_t rows, int64_t cols, Fp8Format format, void* q, void* q_t, float* amax,
                    float* scale_inv, cudaStream_t stream) {
   const int64_t n = rows * cols;
   cudaError_t e = cudaMemsetAsync(amax, 0, sizeof(float), stream);
   if (e != cudaSuccess) return e;
-  if (n > 0) {
+  const bool v2 = use_v2(x, rows, cols, q_t);
+  if (n > 0 && v2) {
+    const int64_t blocks = std::min<int64_t>((n / 8 + kAmaxThreads - 1) / kAmaxThreads + 1, 132 * 8);
+    amax_v2_kernel<T><<<static_cast<unsigned>(blocks), kAmaxThreads, 0, stream>>>(static_cast<const T*>(x), n,
+                                                                                 reinterpret_cast<unsigned*>(amax));
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  } else if (n > 0) {
     const int64_t blocks = std::min<int64_t>((n + kAmaxThreads - 1) / kAmaxThreads, 132 * 8);
     amax_kernel<T><<<static_cast<unsigned>(blocks), kAmaxThreads, 0, stream>>>(static_cast<const T*>(x), n,
                                                                               reinterpret_cast<unsigned*>(amax));
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  }
+  const auto* xs = static_cast<const T*>(x);
+  auto* qo = static_cast<uint8_t*>(q);
+  auto* qt = static_cast<uint8_t*>(q_t);
+  if (v2 && n > 0) {
+    const dim3 grid(static_cast<unsigned>((cols + kV2Tile - 1) / kV2Tile), static_cast<unsigned>((rows + kV2Tile - 1) / kV2Tile));
+    if (format == Fp8Format::kE4M3)
+      cast_v2_kernel<T, Fp8Format::kE4M3><<<grid, kV2Threads, 0, stream>>>(xs, rows, cols, amax, qo, qt, scale_inv);
+    else
+      cast_v2_kernel<T, Fp8Format::kE5M2><<<grid, kV2Threads, 0, stream>>>(xs, rows, cols, amax, qo, qt, scale_inv);
+    return cudaGetLastError();
   }
   // One block at least, so scale_inv is written for an empty tensor too.
   const dim3 grid(static_cast<unsigned>(std::max<int64_t>(1, (cols + kTile - 1) / kTile)),
                   static_cast<unsigned>(std::max<int64_t>(1, (rows + kTile - 1) / kTile)));
   const dim3 block(kTile, kTileRows);
   if (grid.y > 65535) return cudaErrorInvalidValue;
-  const auto* xs = static_cast<const T*>(x);
-  auto* qo = static_cast<uint8_t*>(q);
-  auto* qt = static_cast<uint8_t*>(q_t);
   if (format == Fp8Format::kE4M3)
     cast_kernel<T, Fp8Format::kE4M3><<<grid, block, 0, stream>>>(xs, rows, cols, amax, qo, qt, scale_inv);
   else
