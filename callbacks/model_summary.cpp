@@ -1,7 +1,8 @@
 // model_summary (Lightning's ModelSummary): at fit start, a table of the model's modules (name, type,
 // parameters, trainable parameters) down to `max_depth` levels (1 by default; -1 every level; 0 no
 // table, the totals only) and the totals: trainable, non-trainable, total parameters and their size
-// in MB at the parameters' own dtypes. A parameter shared by several modules (a tied embedding and
+// in MB at the parameters' own dtypes; under trainer.fp8, every float8-capable linear layer and
+// whether its GEMMs run in float8. A parameter shared by several modules (a tied embedding and
 // head) counts once, as `sum(p.numel() for p in model.parameters())` counts it in PyTorch. Printed by
 // rank 0 and written atomically to <run>/model_summary.txt. On by default through
 // `trainer.enable_model_summary` (docs/CONFIG.md, "callbacks").
@@ -16,6 +17,7 @@
 
 #include "strobe/checkpoint/checkpoint_io.h"
 #include "strobe/core/callback.h"
+#include "strobe/core/fp8.h"
 #include "strobe/core/module.h"
 #include "strobe/core/trainer_view.h"
 
@@ -65,7 +67,8 @@ class ModelSummary : public Callback {
 
   void on_fit_start(TrainerView& t, Module& module) override {
     if (!t.is_global_zero()) return;
-    const std::string text = summarize(module.net(), max_depth_);
+    std::string text = summarize(module.net(), max_depth_);
+    if (const Fp8Layers* fp8 = fp8_layers_of(module.net())) text += fp8->table();
     fmt::print("{}", text);
     std::fflush(stdout);
     if (t.run_dir().empty()) return;

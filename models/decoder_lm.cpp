@@ -129,6 +129,8 @@ class DecoderLM : public Model {
   std::vector<std::string> batch_keys() const override { return {"tokens"}; }
   // Layer-wise lr decay: both embeddings 0, block i layer i + 1, the output head depth + 1.
   int64_t num_layers() const override { return o_.depth + 2; }
+  // The blocks' qkv, proj, fc1 and fc2, not the embeddings or the head.
+  std::vector<std::string> fp8_layers() const override { return {"blocks.*"}; }
   int64_t layer_of(const std::string& p) const override {
     if (p.rfind("embedding.", 0) == 0 || p.rfind("positional_embedding.", 0) == 0) return 0;
     if (const int64_t i = list_index(p, "blocks"); i >= 0) return i + 1;

@@ -67,10 +67,11 @@ inline std::tuple<torch::Tensor, torch::Tensor> residual_layer_norm(const torch:
 // approximation on every path (so CPU and GPU runs of one config are the same model); with the fused
 // ops on it then runs as strobe::fused_mlp (cuBLASLt GELU epilogues on CUDA, the ATen reference on
 // CPU). fused_ops: true with an MLP the op cannot take (dtypes differ from the weights', e.g. under
-// autocast) is an error; auto uses the separate ATen ops then.
+// autocast) is an error; auto uses the separate ATen ops then. A layer trainer.fp8 marked runs its
+// GEMM in float8 (strobe::linear) and the GELU apart.
 inline torch::Tensor transformer_mlp(const torch::Tensor& h, torch::nn::Linear& fc1, torch::nn::Linear& fc2,
                                      bool gelu_tanh, bool fused, FusedOps mode) {
-  if (fused && gelu_tanh) {
+  if (fused && gelu_tanh && !fp8_marked(*fc1) && !fp8_marked(*fc2)) {
     const bool same_dtype = h.scalar_type() == fc1->weight.scalar_type() && h.scalar_type() == fc2->weight.scalar_type();
     const bool autocast = h.is_cuda() && at::autocast::is_autocast_enabled(at::kCUDA);
     if (same_dtype && !autocast) return ops::fused_mlp(h, fc1->weight, fc1->bias, fc2->weight, fc2->bias);

@@ -75,21 +75,21 @@ class LlamaAttentionImpl : public nn::Module, public ScopedBlock {
       shape.push_back(head_dim_);
       return t.view(shape);
     };
-    torch::Tensor q = heads(at::linear(x, q_proj->weight), heads_), k = heads(at::linear(x, k_proj->weight), kv_heads_);
+    torch::Tensor q = heads(linear(q_proj, x), heads_), k = heads(linear(k_proj, x), kv_heads_);
     if (fused) {
       std::tie(q, k) = ops::rotary_qk(q, k, cos, sin);
     } else {
       q = llama_ops::apply_rotary(q, cos, sin);
       k = llama_ops::apply_rotary(k, cos, sin);
     }
-    auto v = heads(at::linear(x, v_proj->weight), kv_heads_);
+    auto v = heads(linear(v_proj, x), kv_heads_);
     // Grouped K/V heads as they are: attention() expands them only for backends that need it.
     torch::Tensor a = in.cu_seqlens.defined()
                           ? attention_varlen(q, k, v, in.cu_seqlens, in.max_seqlen, /*causal=*/true, backend_)
                           : attention(q, k, v, /*causal=*/true, in.key_padding_mask, backend_);
     auto out_shape = lead;
     out_shape.push_back(heads_ * head_dim_);
-    return at::linear(a.reshape(out_shape), o_proj->weight);
+    return linear(o_proj, a.reshape(out_shape));
   }
 
   nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
@@ -109,11 +109,18 @@ class LlamaMLPImpl : public nn::Module, public ScopedBlock {
   }
   // fused: gate and up in one GEMM against the two weights stacked (the parameters stay apart, so names,
   // init_from, export and checkpoints are unchanged), then strobe::swiglu on its [..., 2 x ffn] output.
+  // trainer.fp8: that GEMM runs in float8 when gate_proj and up_proj are both marked.
   torch::Tensor forward(const torch::Tensor& x, bool fused = false) {
     ModuleScope scope(path.c_str());
-    if (!fused) return llama_ops::swiglu(x, gate_proj->weight, up_proj->weight, down_proj->weight);
-    const auto gate_up = at::linear(x, at::cat({gate_proj->weight, up_proj->weight}, 0));
-    return at::linear(ops::swiglu(gate_up), down_proj->weight);
+    const bool fp8_gate_up = fp8_marked(*gate_proj) && fp8_marked(*up_proj);
+    if (!fused) {
+      if (!fp8_gate_up && !fp8_marked(*down_proj))
+        return llama_ops::swiglu(x, gate_proj->weight, up_proj->weight, down_proj->weight);
+      return linear(down_proj, at::silu(linear(gate_proj, x)) * linear(up_proj, x));
+    }
+    const auto w = at::cat({gate_proj->weight, up_proj->weight}, 0);
+    const auto gate_up = fp8_gate_up ? linear_in_fp8(x, w) : at::linear(x, w);
+    return linear(down_proj, ops::swiglu(gate_up));
   }
   nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
 };
@@ -228,6 +235,8 @@ class Llama : public Model {
   // layer i + 1, the final norm with the last decoder layer (as timm places a final norm), an untied
   // lm_head depth + 1.
   int64_t num_layers() const override { return o_.depth + (o_.tie_embeddings ? 1 : 2); }
+  // The decoder layers' projections (q, k, v, o, gate, up, down), not the embedding or the head.
+  std::vector<std::string> fp8_layers() const override { return {"layers.*"}; }
   int64_t layer_of(const std::string& p) const override {
     if (p.rfind("embed_tokens.", 0) == 0) return 0;
     if (const int64_t i = list_index(p, "layers"); i >= 0) return i + 1;

@@ -144,6 +144,8 @@ class ViT : public Model {
   // 0, block i layer i + 1, the head depth + 1; the final norm is the last block's layer under token
   // pooling (timm's `norm`) and the head's under avg (timm's `fc_norm`).
   int64_t num_layers() const override { return o_.depth + 2; }
+  // The blocks' qkv, proj, fc1 and fc2, not the patch embedding or the head.
+  std::vector<std::string> fp8_layers() const override { return {"blocks.*"}; }
   int64_t layer_of(const std::string& p) const override {
     if (p == "cls_token" || p == "pos_embed" || p.rfind("patch_embed.", 0) == 0) return 0;
     if (const int64_t i = list_index(p, "blocks"); i >= 0) return i + 1;

@@ -53,6 +53,36 @@ void parse_profiler(Section& t, ProfilerConfig& p) {
   s.finish();
 }
 
+// trainer.fp8: absent, null or false = off; true = on with the defaults; or a mapping
+// {enabled, skip, min_size}, written back into the resolved config as a mapping.
+void parse_fp8(Section& t, Fp8Config& f) {
+  t.accept("fp8");
+  if (!t.has("fp8") || t.is_null("fp8")) return;
+  f.given = true;
+  if (t.node()["fp8"].IsScalar()) {
+    const bool on = t.get_bool("fp8", false);
+    t.node()["fp8"] = YAML::Node(YAML::NodeType::Map);
+    t.node()["fp8"]["enabled"] = on;
+  }
+  if (!t.node()["fp8"].IsMap()) t.fail("fp8", "expected true/false or a mapping {enabled, skip, min_size}");
+  Section s = t.child("fp8");
+  f.enabled = s.get_bool("enabled", true);
+  s.accept("skip");
+  const YAML::Node sk = s.node()["skip"];
+  if (sk.IsDefined() && !sk.IsNull()) {
+    if (!sk.IsSequence()) s.fail("skip", "expected a list of globs over linear layers' module paths, e.g. [\"layers.*.self_attn.k_proj\"]");
+    for (const auto& g : sk) {
+      if (!g.IsScalar() || g.Scalar().empty())
+        s.fail("skip", "expected a list of globs over linear layers' module paths, e.g. [\"layers.*.self_attn.k_proj\"]");
+      f.skip.push_back(g.Scalar());
+    }
+  } else {
+    s.node()["skip"] = YAML::Node(YAML::NodeType::Sequence);
+  }
+  f.min_size = s.get_int("min_size", f.min_size, 0);
+  s.finish();
+}
+
 }  // namespace
 
 std::optional<InitFrom> parse_init_from(Section& model) {
@@ -360,6 +390,7 @@ Experiment parse_experiment(Document& doc) {
   c.cuda_graphs = t.get_choice("cuda_graphs", "false", {"false", "true", "auto"});
   c.dist_timeout_s = t.get_double("dist_timeout", 600.0, 1.0, 604800.0);  // seconds, 1 s .. 7 days
   c.strategy = t.get_choice("strategy", "auto", {"auto", "ddp", "zero2"});
+  parse_fp8(t, c.fp8);
   t.finish();
 
   Section lg = root.child("logger");

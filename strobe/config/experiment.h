@@ -22,6 +22,19 @@ struct ProfilerConfig {
   bool record_shapes = false;
 };
 
+// trainer.fp8 (docs/CONFIG.md "Float8 training"): the GEMMs of the model's float8-capable linear
+// layers (Model::fp8_layers) in float8, those a `skip` glob names and those smaller than min_size
+// elements left as they are. Checked against the model and the device when the trainer is built
+// (strobe/core/fp8.h).
+struct Fp8Config {
+  bool enabled = false;
+  std::vector<std::string> skip;          // globs over the layers' module paths ("layers.*.self_attn.k_proj")
+  int64_t min_size = 2048 * 2048;         // the smallest weight (out x in elements) that runs in float8
+  // The section as written is stored into the resolved config only when present (a config without
+  // it resolves as it did before it existed).
+  bool given = false;
+};
+
 struct TrainerConfig {
   int64_t max_epochs = 1;  // -1: unlimited
   int64_t max_steps = -1;  // optimizer steps; -1: unlimited
@@ -61,6 +74,7 @@ struct TrainerConfig {
   // fp32 values, moments and reduced gradients sharded across the ranks); auto is ddp. One process
   // trains on its device whatever this says (docs/DISTRIBUTED.md).
   std::string strategy = "auto";
+  Fp8Config fp8;
 };
 
 struct LoggerConfig {

@@ -38,6 +38,10 @@ class Model : public torch::nn::Module {
   // the layer of each parameter. 0 layers: not declared (the key is then refused naming the model).
   virtual int64_t num_layers() const { return 0; }
   virtual int64_t layer_of(const std::string& /*param*/) const { return num_layers() - 1; }
+  // The linear layers that can run their GEMMs in float8 under trainer.fp8 (strobe/core/fp8.h): globs
+  // over module paths ("layers.*"). The model runs every nn::Linear those match through
+  // strobe::linear(layer, x), so a layer the trainer marks takes the float8 path. Empty: none.
+  virtual std::vector<std::string> fp8_layers() const { return {}; }
   // Called once the trainer has moved the model to its device, before the optimizer sees the
   // parameters (and before bf16-master converts them): a model may change their memory layout there
   // (resnet: channels_last on CUDA under a reduced precision). `precision` is trainer.precision

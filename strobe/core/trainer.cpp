@@ -18,6 +18,7 @@
 
 #include "strobe/checkpoint/checkpoint_io.h"
 #include "strobe/core/checkpoint_view.h"
+#include "strobe/core/fp8.h"
 #include "strobe/core/graph_step.h"
 #include "strobe/core/precision.h"
 #include "strobe/core/signals.h"
@@ -65,6 +66,14 @@ Trainer::Trainer(TrainerParts parts)
   if (exp_.trainer.precision == Precision::kBf16Master) {
     masters_ = std::make_unique<MasterWeights>(module_->net());
     if (model) model->set_input_dtype(torch::kBFloat16);
+  }
+  if (exp_.trainer.fp8.enabled) {
+    check_fp8_run(exp_.trainer.precision, device_);
+    const YAML::Node name = exp_.model.node()["name"];
+    const std::string model_name = name.IsScalar() ? name.Scalar() : module_->net().name();
+    fp8_ = std::make_unique<Fp8Layers>(
+        module_->net(), select_fp8_layers(module_->net(), model ? model->fp8_layers() : std::vector<std::string>{},
+                                          exp_.trainer.fp8, model_name));
   }
   collector_ = std::make_unique<logging::LogCollector>(device_);
   // The loops: wired to this trainer's parts (the view callbacks get, the batch preparation).
@@ -229,6 +238,7 @@ int Trainer::fit(std::optional<checkpoint::CheckpointData> resume) {
   }
   if (rank_ == 0)
     for (const auto& note : start_notes_) fmt::print(stderr, "strobe: {}\n", note);
+  if (rank_ == 0 && fp8_) fmt::print("strobe fit: trainer.fp8: {}\n", fp8_->summary());
   // Rank 0 alone writes the run's logs.
   if (!run_dir_.empty() && c.fast_dev_run == 0 && exp_.logger.csv && rank_ == 0) {
     // On resume, the rows logged up to the checkpoint are kept and anything a crashed continuation

@@ -75,6 +75,8 @@
 
 namespace strobe {
 
+class Fp8Layers;
+
 namespace logging {
 class LogCollector;
 class CsvLogger;
@@ -248,6 +250,7 @@ class Trainer : private TrainerView, private StepAccess {
   std::vector<std::string> start_notes_;
   std::unique_ptr<GradScaler> scaler_;
   std::unique_ptr<MasterWeights> masters_;  // precision bf16-master
+  std::unique_ptr<Fp8Layers> fp8_;          // trainer.fp8: the layers marked for float8 GEMMs
   distributed::Zero2Shards* zero2_ = nullptr;  // trainer.strategy zero2 (the strategy owns it)
   std::unique_ptr<Freeze> freeze_;          // optimizer.param_groups.freeze
   std::unique_ptr<logging::LogCollector> collector_;

@@ -314,7 +314,7 @@ TEST(Config, UnknownKeyMadeBySetBlamesTheSet) {
   EXPECT_EQ(error_of(kBase, {"trainer.bogus.x=3"}), "--set trainer.bogus.x=3: trainer.bogus: unknown key (known keys: "
                                                     "accumulate_grad_batches, check_val_every_n_epoch, cuda_graphs, default_root_dir, "
                                                     "deterministic, device, dist_timeout, enable_checkpointing, enable_model_summary, enable_progress_bar, "
-                                                    "fast_dev_run, gradient_clip_algorithm, gradient_clip_val, "
+                                                    "fast_dev_run, fp8, gradient_clip_algorithm, gradient_clip_val, "
                                                     "limit_predict_batches, limit_test_batches, limit_train_batches, "
                                                     "limit_val_batches, log_every_n_steps, max_epochs, max_steps, max_time, memory_check, "
                                                     "num_sanity_val_steps, overfit_batches, precision, profiler, strategy, val_check_interval)");
@@ -623,4 +623,31 @@ TEST(ResumeCheck, KeysThatChangeTheModelsFunctionAreIncompatible) {
   EXPECT_EQ(keys, (std::vector<std::string>{"model.norm_eps", "model.rope_scaling.factor", "model.rope_theta"}));
   ASSERT_EQ(r.model_changes.size(), 1u);
   EXPECT_EQ(r.model_changes[0].key, "model.attention");
+}
+
+TEST(Config, TrainerFp8IsOffUnwrittenOnWithTrueAndCheckedAsAMapping) {
+  auto emitted = [](const std::string& yaml) {
+    auto doc = Document::load_string(yaml, "exp.yaml");
+    const auto e = parse_experiment(doc);
+    return std::make_pair(e.trainer.fp8, doc.emit());
+  };
+  auto [off, off_text] = emitted(kBase);
+  EXPECT_FALSE(off.enabled);
+  EXPECT_EQ(off_text.find("fp8"), std::string::npos) << "an unwritten trainer.fp8 stays out of the resolved config";
+  auto [on, on_text] = emitted(std::string(kBase) + "trainer:\n  fp8: true\n");
+  EXPECT_TRUE(on.enabled);
+  EXPECT_TRUE(on.skip.empty());
+  EXPECT_EQ(on.min_size, 2048 * 2048);
+  EXPECT_NE(on_text.find("min_size: 4194304"), std::string::npos) << on_text;
+  auto [m, m_text] = emitted(std::string(kBase) + "trainer:\n  fp8: {skip: [\"layers.*.k_proj\"], min_size: 0}\n");
+  EXPECT_TRUE(m.enabled) << "a written section is on unless enabled: false";
+  EXPECT_EQ(m.skip, std::vector<std::string>{"layers.*.k_proj"});
+  EXPECT_EQ(m.min_size, 0);
+  EXPECT_FALSE(emitted(std::string(kBase) + "trainer:\n  fp8: false\n").first.enabled);
+
+  EXPECT_NE(error_of(std::string(kBase) + "trainer:\n  fp8: {skip: k_proj}\n").find("trainer.fp8.skip"), std::string::npos);
+  EXPECT_NE(error_of(std::string(kBase) + "trainer:\n  fp8: {min_size: -1}\n").find("trainer.fp8.min_size"), std::string::npos);
+  EXPECT_NE(error_of(std::string(kBase) + "trainer:\n  fp8: [1]\n").find("trainer.fp8"), std::string::npos);
+  const std::string typo = error_of(std::string(kBase) + "trainer:\n  fp8: {enable: true}\n");
+  EXPECT_NE(typo.find("did you mean 'enabled'"), std::string::npos) << typo;
 }

@@ -1,9 +1,10 @@
 // The llama model through the trainer on CUDA (GQA 8 heads over 2, head_dim 64, tied embeddings,
 // as configs/llama_1b.yaml at a smaller shape; the custom kernel takes head_dim 64 or 128 on CUDA):
 // - CUDA graphs: on full fixed-length sequences a graphed bf16-master run gives the losses of an
-//   eager one, on the sdpa and custom attention backends and with the fused LM head at a 32k
-//   vocabulary (as close as a second eager run is);
-// - bf16-master beside fp32, and the fused ops (strobe::add_rms_norm) beside the ATen path: 100
+//   eager one, on the sdpa and custom attention backends, with the fused LM head at a 32k vocabulary
+//   and with trainer.fp8 (as close as a second eager run is);
+// - bf16-master beside fp32, trainer.fp8 beside bf16-master, and the fused ops (strobe::add_rms_norm)
+//   beside the ATen path: 100
 //   steps on a learnable token file, the mean absolute difference of the two loss curves over the
 //   last 50 steps below 2% of the loss, both learning;
 // - NaN capture: an exploding learning rate stops the run with exit 3 and the capture replays
@@ -91,7 +92,9 @@ TEST(LlamaCuda, AGraphedRunGivesTheLossesOfAnEagerOneOnSdpaAndCustomAttention) {
   const std::vector<std::pair<std::string, std::vector<std::string>>> variants = {
       {"sdpa", {"model.attention=sdpa"}},
       {"custom", {"model.attention=custom"}},
-      {"sdpa + fused head at 32k", {"model.attention=sdpa", "model.vocab_size=32768", "task.fused_linear_loss=true"}}};
+      {"sdpa + fused head at 32k", {"model.attention=sdpa", "model.vocab_size=32768", "task.fused_linear_loss=true"}},
+      // trainer.fp8: every decoder projection's GEMMs in float8, their scales computed inside the graph.
+      {"sdpa + fp8", {"model.attention=sdpa", "trainer.fp8.min_size=0"}}};
   for (const auto& [backend, sets] : variants) {
     std::vector<double> runs[3];  // eager, eager again, graphed
     for (int r = 0; r < 3; ++r) {
@@ -158,6 +161,13 @@ void expect_curves_agree(const std::string& tag, const std::vector<std::string>&
 TEST(LlamaCuda, Bf16MasterTracksFp32Over100StepsOnLearnableDocuments) {
   SKIP_WITHOUT_CUDA_DEVICE();
   expect_curves_agree("precision: 32 vs bf16-master", {"trainer.precision=32"}, {"trainer.precision=bf16-master"});
+}
+
+// trainer.fp8 with every decoder projection in float8 (min_size 0) against bf16-master: the same
+// training within the formats' noise.
+TEST(LlamaCuda, Fp8TracksBf16MasterOver100StepsOnLearnableDocuments) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  expect_curves_agree("bf16-master vs fp8", {}, {"trainer.fp8.min_size=0"});
 }
 
 // The fused ops (strobe::add_rms_norm for every residual add + RMSNorm) against the ATen path, both
