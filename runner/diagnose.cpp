@@ -2,14 +2,16 @@
 // and says why it failed. The runs:
 //   as captured, twice     same device and precision: reproducible? (the recorded loss bits, and
 //                          the two replays against each other)
+//   without fp8            the capture's precision with trainer.fp8 off (when the capture used it)
 //   fp32                   autocast off, bf16-master weights from their fp32 masters (when the
-//                          capture used another precision)
+//                          capture used another precision), trainer.fp8 off
 //   float64 (CPU)          model and batches in float64, forward and backward only (models up to
 //                          kFloat64MaxParams parameters)
 //   previous step's batch  the captured weights on the batch before (re-read through the loader)
 // "Bad" is non-finite for a NaN capture, over the recorded threshold for a spike. The verdict, in
-// this order: not reproducible, weights (non-finite state), precision, loss, data, weights (the
-// previous batch is bad too), undetermined.
+// this order: not reproducible, weights (non-finite state), precision (fp8: only the float8 runs
+// are bad; otherwise fp32 or float64 is good), loss, data, weights (the previous batch is bad too),
+// undetermined.
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -100,7 +102,7 @@ std::vector<std::string> largest_params(const checkpoint::CheckpointData& d, siz
 // and on the previous step's batch (each run that could be made).
 struct DiagnosisRuns {
   StepOutcome a, b;  // as captured, twice
-  std::optional<StepOutcome> fp32, f64, prev;
+  std::optional<StepOutcome> no_fp8, fp32, f64, prev;
   bool matches_record = true, replays_agree = true;  // a's losses are the recorded bits; a and b agree
   nlohmann::json runs = nlohmann::json::array(), notes = nlohmann::json::array();
 };
@@ -130,7 +132,13 @@ DiagnosisRuns replay_every_way(const LoadedCapture& cap, const ReplayOptions& op
     if (i < b.losses.size() && tensor_bits(a.losses[i]) != tensor_bits(b.losses[i])) d.replays_agree = false;
   }
 
-  // 2. fp32, 3. float64, 4. the previous step's batch.
+  // 2. without fp8 (when used), fp32, 3. float64, 4. the previous step's batch.
+  if (cap.config->leaf("trainer.fp8.enabled") == "true") {
+    ReplayVariant v = base;
+    v.fp8_off = true;
+    d.no_fp8 = replay_step(cap, v);
+    runs.push_back(run_json(precision + " without fp8", *d.no_fp8, bad(*d.no_fp8, spike, thr)));
+  }
   if (precision != "32") {
     ReplayVariant v = base;
     v.precision = "32";
@@ -197,7 +205,7 @@ nlohmann::json diagnose_capture(const std::string& path, const ReplayOptions& op
   const std::string precision = info.value("precision", "32");
   const DiagnosisRuns d = replay_every_way(cap, options, spike, thr);
   const StepOutcome& a = d.a;
-  const std::optional<StepOutcome>&fp32 = d.fp32, &f64 = d.f64, &prev = d.prev;
+  const std::optional<StepOutcome>&no_fp8 = d.no_fp8, &fp32 = d.fp32, &f64 = d.f64, &prev = d.prev;
   const bool matches_record = d.matches_record, replays_agree = d.replays_agree;
   nlohmann::json evidence = nlohmann::json::array();
 
@@ -222,6 +230,11 @@ nlohmann::json diagnose_capture(const std::string& path, const ReplayOptions& op
   } else if (!a_bad) {
     verdict = "undetermined";
     evidence.push_back(spike ? "the replayed step does not exceed the recorded threshold" : "the replayed step stayed finite");
+  } else if (no_fp8 && !bad(*no_fp8, spike, thr)) {
+    verdict = "precision (fp8)";
+    evidence.push_back(fmt::format("the step is {} with trainer.fp8's float8 GEMMs and not in {} without them",
+                                   spike ? "a spike" : "non-finite", precision));
+    if (a.first) evidence.push_back(fmt::format("first non-finite value with float8: {}", where(*a.first)));
   } else if ((fp32 && !bad(*fp32, spike, thr)) || (precision == "32" && f64 && !bad(*f64, spike, thr))) {
     verdict = "precision";
     const std::string higher = fp32 && !bad(*fp32, spike, thr) ? "fp32" : "float64";
@@ -273,13 +286,14 @@ nlohmann::json diagnose_capture(const std::string& path, const ReplayOptions& op
       evidence.push_back("no single cause fits the runs below");
     }
   }
-  if (a.first && verdict != "precision" && verdict != "loss")
+  if (a.first && verdict.rfind("precision", 0) != 0 && verdict != "loss")
     evidence.push_back(fmt::format("first non-finite value as captured: {}", where(*a.first)));
 
   return {{"capture", cap.dir},
           {"step", info.value("step", int64_t{-1})},
           {"kind", spike ? "spike" : "nonfinite"},
           {"precision", precision},
+          {"fp8", no_fp8.has_value()},
           {"verdict", verdict},
           {"evidence", evidence},
           {"rows", rows},
@@ -289,8 +303,9 @@ nlohmann::json diagnose_capture(const std::string& path, const ReplayOptions& op
 }
 
 std::string format_diagnosis(const nlohmann::json& r) {
-  std::string out = fmt::format("Diagnosis of {} (step {}, {}, precision {})\n", r["capture"].get<std::string>(), r["step"].get<int64_t>(),
-                                r["kind"].get<std::string>() == "spike" ? "loss spike" : "non-finite step", r["precision"].get<std::string>());
+  std::string out = fmt::format("Diagnosis of {} (step {}, {}, precision {}{})\n", r["capture"].get<std::string>(), r["step"].get<int64_t>(),
+                                r["kind"].get<std::string>() == "spike" ? "loss spike" : "non-finite step", r["precision"].get<std::string>(),
+                                r.value("fp8", false) ? " with trainer.fp8" : "");
   for (const auto& run : r["runs"]) {
     const auto& f = run["first_nonfinite"];
     out += fmt::format("  {:<24} {:<6} loss {:<14} {}{}\n", run["run"].get<std::string>(), run["device"].get<std::string>(),

@@ -148,6 +148,9 @@ StepOutcome replay_step(const LoadedCapture& cap, const ReplayVariant& v) {
   // masters under bf16-master), which is what a "32" run loads; no loss scaler is restored.
   if (v.precision) doc.apply_override("trainer.precision=" + *v.precision);
   if (v.float64) doc.apply_override("trainer.precision=32");
+  const bool fp8_off = cap.config->leaf("trainer.fp8.enabled") == "true" &&
+                       (v.fp8_off || v.float64 || (v.precision && *v.precision != "bf16-master" && *v.precision != "bf16-mixed"));
+  if (fp8_off) doc.apply_override("trainer.fp8.enabled=false");
   RunOptions ro;
   ro.stage = Stage::Fit;
   ro.create_run_dir = false;
@@ -169,7 +172,7 @@ StepOutcome replay_step(const LoadedCapture& cap, const ReplayVariant& v) {
   {
     checkpoint::CheckpointData d = cap.data;
     CheckpointEditor edit(d);
-    if (v.precision || v.float64) edit.set_config(run->resolved_yaml);  // the precision change is replay's own
+    if (v.precision || v.float64 || fp8_off) edit.set_config(run->resolved_yaml);  // the precision change is replay's own
     // The log accumulators start empty: the captured ones may hold the failing step's own NaN, which
     // a replay's logging would add to (a non-finite op that is not the step's).
     edit.drop_logger_sums();
@@ -310,6 +313,7 @@ nlohmann::json replay_capture(const std::string& path, const ReplayOptions& opti
                            {"captured_on", captured_device},
                            {"replayed_on", device},
                            {"precision", info.value("precision", "")},
+                           {"fp8", cap.config->leaf("trainer.fp8.enabled") == "true"},
                            {"exact", bits_equal && grads_equal},
                            {"loss", {{"captured", cap_losses}, {"replayed", rep_losses}, {"bits_equal", bits_equal}}},
                            {"nonfinite_grads",
@@ -377,7 +381,7 @@ std::string format_replay_report(const nlohmann::json& r) {
   std::string out = fmt::format("Replay of {}\n  step {} (epoch {}, batch {} of the epoch), captured on {}, replayed on {}, precision {}\n",
                                 r["capture"].get<std::string>(), r["step"].get<int64_t>(), r["epoch"].get<int64_t>(),
                                 r["batch_in_epoch"].get<int64_t>(), r["captured_on"].get<std::string>(),
-                                r["replayed_on"].get<std::string>(), r["precision"].get<std::string>());
+                                r["replayed_on"].get<std::string>(), r["precision"].get<std::string>() + (r.value("fp8", false) ? " with trainer.fp8" : ""));
   if (r.value("kind", "") == "spike" && r["spike"].is_object())
     out += fmt::format("  captured as a spike: {}\n", r["spike"].value("description", std::string("?")));
   const auto& loss = r["loss"];

@@ -44,6 +44,9 @@ std::string default_replay_device(const LoadedCapture& cap, const ReplayOptions&
 struct ReplayVariant {
   std::string device = "cpu";
   std::optional<std::string> precision;  // another trainer.precision (replay may change it; a resume may not)
+  // trainer.fp8 off for this run (the capture's otherwise); a precision float8 does not run under
+  // ("32", float64) turns it off too.
+  bool fp8_off = false;
   bool float64 = false;  // on the CPU, model and batches in float64, forward and backward only (no update)
   bool previous_step = false;  // the micro-batches of the step before, re-read through the training loader
   std::optional<std::vector<Batch>> batches;  // these micro-batches in place of the captured ones (--bisect's subsets)

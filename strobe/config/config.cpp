@@ -566,7 +566,9 @@ Document Document::load_string(const std::string& text, const std::string& sourc
 
 Document Document::clone() const {
   Document d = *this;
-  d.root_ = YAML::Clone(root_);
+  // reset rebinds d's handle: assigning (d.root_ = ...) would make the node both handles share take
+  // the clone's contents, so this document would then see every override applied to the copy.
+  d.root_.reset(YAML::Clone(root_));
   d.source_ = std::make_shared<SourceInfo>(*source_);
   return d;
 }

@@ -56,7 +56,13 @@ bool checkable(const at::Tensor& t) {
   return t.defined() && t.numel() > 0 && at::isFloatingType(t.scalar_type()) && !t.is_meta();
 }
 
-bool all_finite(const at::Tensor& t) { return !checkable(t) || at::isfinite(t).all().item<bool>(); }
+// at::isfinite of a floating tensor; a float8 one (fp8_linear's saved operands) is upcast first, as
+// libtorch implements no isfinite for it (its NaN stays NaN; e4m3 has no infinity).
+at::Tensor isfinite_of(const at::Tensor& t) {
+  return at::isFloat8Type(t.scalar_type()) ? at::isfinite(t.to(at::kFloat)) : at::isfinite(t);
+}
+
+bool all_finite(const at::Tensor& t) { return !checkable(t) || isfinite_of(t).all().item<bool>(); }
 
 }  // namespace
 
@@ -329,7 +335,7 @@ void on_op_end(const at::RecordFunction& fn, at::ObserverContext* raw) {
     e.output = tensor_stats(out, "output");
     if (out.dim() >= 1 && out.size(0) > 0) {
       e.output_rows = out.size(0);
-      auto bad = at::isfinite(out.detach()).logical_not().reshape({out.size(0), -1}).any(1).nonzero().reshape({-1}).to(torch::kCPU);
+      auto bad = isfinite_of(out.detach()).logical_not().reshape({out.size(0), -1}).any(1).nonzero().reshape({-1}).to(torch::kCPU);
       const int64_t* p = bad.data_ptr<int64_t>();
       e.nonfinite_rows.assign(p, p + bad.numel());
     }

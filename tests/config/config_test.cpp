@@ -14,6 +14,7 @@
 #include "strobe/config/experiment.h"
 #include "strobe/config/experiment_parse.h"
 #include "strobe/config/resume_check.h"
+#include "strobe/config/saved_config.h"
 #include "tests/config/yaml_types.h"
 
 using strobe::config::ConfigError;
@@ -650,4 +651,16 @@ TEST(Config, TrainerFp8IsOffUnwrittenOnWithTrueAndCheckedAsAMapping) {
   EXPECT_NE(error_of(std::string(kBase) + "trainer:\n  fp8: [1]\n").find("trainer.fp8"), std::string::npos);
   const std::string typo = error_of(std::string(kBase) + "trainer:\n  fp8: {enable: true}\n");
   EXPECT_NE(typo.find("did you mean 'enabled'"), std::string::npos) << typo;
+}
+
+TEST(Config, AnOverrideOfACloneNeverReachesTheOriginal) {
+  // yaml-cpp handles: assigning a clone to a handle the original shares rewrote the original's node.
+  auto doc = Document::load_string(std::string(kBase) + "trainer:\n  precision: bf16-master\n", "exp.yaml");
+  auto copy = doc.clone();
+  copy.apply_override("trainer.precision=32");
+  EXPECT_NE(doc.emit().find("precision: bf16-master"), std::string::npos) << doc.emit();
+  EXPECT_NE(copy.emit().find("precision: 32"), std::string::npos) << copy.emit();
+  const strobe::config::SavedConfig saved(doc.emit(), "saved");
+  saved.document().apply_override("trainer.precision=16-mixed");
+  EXPECT_NE(saved.document().emit().find("precision: bf16-master"), std::string::npos) << saved.document().emit();
 }

@@ -209,6 +209,32 @@ TEST(LlamaCuda, NanIsCapturedAndReplaysExactlyOnCuda) {
   }
 }
 
+// trainer.fp8 (every decoder projection in float8): an exploding learning rate is captured, the
+// capture replays exactly on CUDA (the tracer reads fp8_linear's float8 tensors) and runs on the
+// CPU through the float8 op's CPU implementation, finding the same first non-finite op.
+TEST(LlamaCuda, AnFp8NanCaptureReplaysExactlyOnCudaAndRunsOnTheCpu) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  std::string dir = temp_dir("llama-fp8-nan");
+  {
+    auto run = make_run(llama_yaml(kFixedTokens, 20),
+                        {"trainer.fp8.min_size=0", "optimizer.lr=1e25", "callbacks=[{name: nan_capture}]"}, dir);
+    ASSERT_EQ(run->trainer->fit(), 3);
+  }
+  auto report = capture::replay_capture(dir + "/nan", {});
+  EXPECT_TRUE(report["exact"].get<bool>()) << report.dump(2);
+  EXPECT_TRUE(report["fp8"].get<bool>());
+  ASSERT_FALSE(report["first_nonfinite"].is_null()) << report.dump(2);
+  capture::ReplayOptions on_cpu;
+  on_cpu.device = "cpu";
+  auto cpu = capture::replay_capture(dir + "/nan", on_cpu);
+  EXPECT_EQ(cpu["replayed_on"], "cpu");
+  ASSERT_FALSE(cpu["first_nonfinite"].is_null()) << cpu.dump(2);
+  std::cout << "[ llama fp8 nan ] first non-finite on cuda " << report["first_nonfinite"]["op"] << " in "
+            << report["first_nonfinite"]["module"] << ", on the cpu " << cpu["first_nonfinite"]["op"] << " in "
+            << cpu["first_nonfinite"]["module"] << "\n";
+  EXPECT_EQ(cpu["first_nonfinite"]["module"], report["first_nonfinite"]["module"]) << cpu.dump(2);
+}
+
 // What the custom kernels cannot run (head_dim 32; fp32 heads) is refused when the run is built,
 // naming model.attention, instead of failing inside the first step.
 TEST(LlamaCuda, CustomAttentionItsKernelsCannotRunIsAConfigErrorBeforeTraining) {
