@@ -175,4 +175,19 @@ TEST(Fp8Trainer, ALlamaTrainsInFloat8CloseToBf16MasterAndResumesEitherWay) {
   EXPECT_EQ(strobe::fp8_layers_of(off->module->net()), nullptr);
 }
 
+// Activation checkpointing's recompute quantizes the same values with the same scales: a float8
+// run ends on bitwise the weights of one without it.
+TEST(Fp8Trainer, ActivationCheckpointingEndsOnBitwiseTheWeightsOfARunWithoutIt) {
+  std::map<std::string, torch::Tensor> params[2];
+  for (int i = 0; i < 2; ++i) {
+    auto run = make_run(llama_yaml(),
+                        {"trainer.precision=bf16-master", "trainer.fp8.min_size=0", "trainer.enable_progress_bar=false",
+                         "trainer.max_steps=8", std::string("model.activation_checkpointing=") + (i ? "blocks" : "none")},
+                        "");
+    ASSERT_EQ(run->trainer->fit(), 0);
+    params[i] = strobe::testing::params_of(*run->module);
+  }
+  EXPECT_TRUE(strobe::testing::bitwise_equal(params[0], params[1]));
+}
+
 }  // namespace
