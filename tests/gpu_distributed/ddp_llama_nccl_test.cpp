@@ -140,15 +140,22 @@ TEST(GpuDDP, LlamaFusedOpsAndFusedHeadOverNcclMatchOneProcessOnTheUnionBatch) {
 #else
   namespace ln = llama_nccl;
   namespace st = strobe::testing;
-  for (const std::string precision : {"bf16-master", "32"}) {
-    const std::string base = st::empty_test_dir("strobe_gpu_ddp_llama_" + precision + "_" + std::to_string(::getpid())).string();
+  // "fp8": bf16-master with trainer.fp8 on every projection (each rank's own scales: near, not on,
+  // one process).
+  for (const std::string variant : {"bf16-master", "32", "fp8"}) {
+    const bool fp8 = variant == "fp8";
+    const std::string precision = fp8 ? "bf16-master" : variant;
+    const std::vector<std::string> extra = fp8 ? std::vector<std::string>{"trainer.fp8={min_size: 0}"} : std::vector<std::string>{};
+    const std::string base = st::empty_test_dir("strobe_gpu_ddp_llama_" + variant + "_" + std::to_string(::getpid())).string();
     const std::string two = base + "/two", one = base + "/one";
-    auto rs = ln::fit(2, two, precision, {});
+    auto rs = ln::fit(2, two, precision, extra);
     bool skip = false;
     for (auto& r : rs) skip |= r.exit_code == ln::kSkipCode;
     if (skip) GTEST_SKIP() << "fewer than 2 CUDA devices visible";
     for (auto& r : rs) ASSERT_EQ(r.exit_code, 0) << precision << "\n" << describe(rs);
-    auto r1 = ln::fit(1, one, precision, {"data.batch_size=8"});
+    auto one_sets = extra;
+    one_sets.push_back("data.batch_size=8");
+    auto r1 = ln::fit(1, one, precision, one_sets);
     ASSERT_EQ(r1[0].exit_code, 0) << precision << "\n" << describe(r1);
     auto j0 = ln::read_json(two + "/rank0.json"), j1 = ln::read_json(two + "/rank1.json"),
          js = ln::read_json(one + "/rank0.json");
@@ -172,9 +179,9 @@ TEST(GpuDDP, LlamaFusedOpsAndFusedHeadOverNcclMatchOneProcessOnTheUnionBatch) {
     }
     const double val = j0["metrics"]["val/loss"].get<double>(), val1 = j1["metrics"]["val/loss"].get<double>(),
                  val_one = js["metrics"]["val/loss"].get<double>();
-    std::cout << "[ llama ddp nccl ] " << precision << ": val/loss 2 ranks " << val << ", 1 process " << val_one << "\n";
-    EXPECT_EQ(val, val1) << precision << ": the ranks' validation losses differ";
-    EXPECT_NEAR(val, val_one, (fp32 ? 1e-5 : 1e-3) * val_one) << precision;
+    std::cout << "[ llama ddp nccl ] " << variant << ": val/loss 2 ranks " << val << ", 1 process " << val_one << "\n";
+    EXPECT_EQ(val, val1) << variant << ": the ranks' validation losses differ";
+    EXPECT_NEAR(val, val_one, (fp32 ? 1e-5 : fp8 ? 1e-2 : 1e-3) * val_one) << variant;
     // Not a run that stood still: every parameter moved, on both sides.
     EXPECT_EQ(j0["unmoved"], 0) << precision;
     EXPECT_EQ(js["unmoved"], 0) << precision;
