@@ -123,11 +123,15 @@ void check_fp8_run(Precision precision, const torch::Device& device) {
   if (!device.is_cuda()) return;
 #ifdef STROBE_TORCH_HAS_CUDA
   const auto* p = at::cuda::getDeviceProperties(device.index() < 0 ? 0 : device.index());
-  if (p->major * 10 + p->minor < 89)
-    throw config::ConfigError(fmt::format(
-        "trainer.fp8: device {} ({}) has compute capability {}.{}; float8 GEMMs need 8.9 (Ada) or 9.0+ (Hopper)",
-        device.str(), p->name, p->major, p->minor));
+  const std::string refusal = fp8_device_refusal(device.str(), p->name, p->major, p->minor);
+  if (!refusal.empty()) throw config::ConfigError(refusal);
 #endif
+}
+
+std::string fp8_device_refusal(const std::string& device, const std::string& name, int major, int minor) {
+  if (major * 10 + minor >= 89) return "";
+  return fmt::format("trainer.fp8: device {} ({}) has compute capability {}.{}; float8 GEMMs need 8.9 (Ada) or 9.0+ (Hopper)",
+                     device, name, major, minor);
 }
 
 Fp8Layers::Fp8Layers(const torch::nn::Module& net, std::vector<Fp8Choice> choices) : net_(&net), choices_(std::move(choices)) {

@@ -51,6 +51,8 @@ std::vector<Fp8Choice> select_fp8_layers(const torch::nn::Module& net, const std
 // bf16-mixed) and a device with float8 GEMMs (the CPU, through ATen's; a GPU of compute capability 8.9
 // or 9.0+). ConfigError naming what is wrong.
 void check_fp8_run(Precision precision, const torch::Device& device);
+// The refusal of a GPU of compute capability major.minor ("" when it has float8 GEMMs: 8.9 or more).
+std::string fp8_device_refusal(const std::string& device, const std::string& name, int major, int minor);
 
 // The chosen layers marked for strobe::linear while this lives (the trainer holds one).
 class Fp8Layers {

@@ -70,6 +70,10 @@ optimizer: {name: adamw, lr: 0.01}
        "model.embed_dim: the model's shape (embed_dim 1048576, depth 2, ffn_dim 256, vocab_size 512) holds about"},
       {"-c " + llama + " --set 'model.init_from={path: " + (d / "hf").string() + ", names: hf}' --set model.embed_dim=null",
        "of memory is available; use a smaller shape (model.embed_dim"},
+      {"-c " + llama + " --set trainer.fp8=true",
+       "trainer.fp8: needs trainer.precision bf16-master or bf16-mixed (the float8 GEMMs' outputs are bf16), got 32"},
+      {"-c " + llama + " --set trainer.precision=bf16-master --set 'trainer.fp8={skip: [\"*.q\"], min_size: 0}'",
+       "trainer.fp8.skip: '*.q' matches none of the 14 float8-capable linear layers of model 'llama'"},
   };
   for (const auto& [args, expect] : cases) {
     auto r = strobe_cmd("fit " + args + " --run-dir " + run);

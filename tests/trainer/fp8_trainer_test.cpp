@@ -126,6 +126,12 @@ TEST(Fp8Trainer, RefusesBeforeTrainingWithOneLine) {
   EXPECT_EQ(config_error({"trainer.precision=bf16-master", "trainer.fp8=true"}, strobe::testing::tiny_yaml()),
             "trainer.fp8: model 'mlp' declares no linear layers that run in float8 (llama, vit and decoder_lm do)");
   EXPECT_EQ(config_error({"trainer.precision=bf16-master", "trainer.fp8=false"}), "") << "enabled: false is off";
+  // A GPU without float8 GEMMs (the check the trainer makes on a CUDA device, here on its inputs).
+  EXPECT_EQ(strobe::fp8_device_refusal("cuda:0", "NVIDIA A100-SXM4-80GB", 8, 0),
+            "trainer.fp8: device cuda:0 (NVIDIA A100-SXM4-80GB) has compute capability 8.0; float8 GEMMs need 8.9 (Ada) "
+            "or 9.0+ (Hopper)");
+  EXPECT_EQ(strobe::fp8_device_refusal("cuda:1", "NVIDIA L40S", 8, 9), "");
+  EXPECT_EQ(strobe::fp8_device_refusal("cuda:0", "NVIDIA H200", 9, 0), "");
 }
 
 TEST(Fp8Trainer, ALlamaTrainsInFloat8CloseToBf16MasterAndResumesEitherWay) {
