@@ -309,17 +309,10 @@ TEST(CudaGraphs, NanCaptureUnderGraphsStopsAtTheFailingStepWithTheWeightsOfAnEag
     // Mean input of each training batch, in the order training sees them (the loader is seeded).
     const std::vector<double> means = batch_means(probe_yaml(1e9), 64);
     // The first batch after step 8 whose mean exceeds every earlier one: well after the capture (step 4).
-    size_t bad = means.size();
-    double earlier = -1e9;
-    for (size_t i = 0; i < means.size(); ++i) {
-      if (i >= 8 && means[i] > earlier) {
-        bad = i;
-        break;
-      }
-      earlier = std::max(earlier, means[i]);
-    }
-    ASSERT_LT(bad, 40u) << "no usable failing batch in the first 40";
-    const double threshold = (earlier + means[bad]) / 2;
+    const auto rise = first_rise(means, [](size_t i) { return i >= 8; });
+    ASSERT_TRUE(rise && rise->index < 40u) << "no usable failing batch in the first 40";
+    const size_t bad = rise->index;
+    const double threshold = rise->threshold;
     std::map<std::string, torch::Tensor> weights[2];
     for (int graphed = 0; graphed < 2; ++graphed) {
       std::string dir = temp_dir("graphs-nan");
@@ -357,20 +350,11 @@ TEST(CudaGraphs, NanCaptureUnderGraphsStopsAtTheFailingStepWithTheWeightsOfAnEag
 // fp32 (and in float64 on the CPU): the verdict is precision, naming fc1's op and fp16's limit.
 TEST(CudaGraphs, DiagnoseCallsAnFp16OverflowThatFp32DoesNotHavePrecision) {
   SKIP_WITHOUT_CUDA_DEVICE();
-  const std::vector<double> means = batch_means(probe_yaml(1e9), 64);
-  size_t bad = means.size();
-  double earlier = -1e9;
-  for (size_t i = 0; i < means.size(); ++i) {
-    if (i >= 4 && means[i] > earlier) {
-      bad = i;
-      break;
-    }
-    earlier = std::max(earlier, means[i]);
-  }
-  ASSERT_LT(bad, 40u);
+  const auto rise = first_rise(batch_means(probe_yaml(1e9), 64), [](size_t i) { return i >= 4; });
+  ASSERT_TRUE(rise && rise->index < 40u);
   const std::string dir = temp_dir("graphs-fp16-overflow");
   {
-    auto run = make_run(probe_yaml((earlier + means[bad]) / 2), {"model.overflow=true", "trainer.precision=16-mixed"}, dir);
+    auto run = make_run(probe_yaml(rise->threshold), {"model.overflow=true", "trainer.precision=16-mixed"}, dir);
     ASSERT_EQ(run->trainer->fit(), 3);
   }
   auto r = capture::diagnose_capture(dir + "/nan", {});

@@ -90,18 +90,10 @@ callbacks: [{{name: nan_capture}}]
 TEST(Fp8Forensics, AStepOnlyFloat8MakesNonFiniteReplaysExactlyAndIsDiagnosedPrecisionFp8) {
   // The first batch after the fourth whose mean input exceeds every earlier one's: the threshold
   // between them makes it the first bad step.
-  const std::vector<double> means = batch_means(probe_yaml(1e9), 30);
-  size_t bad = means.size();
-  double earlier = -1e9;
-  for (size_t i = 0; i < means.size(); ++i) {
-    if (i >= 4 && means[i] > earlier) {
-      bad = i;
-      break;
-    }
-    earlier = std::max(earlier, means[i]);
-  }
-  ASSERT_LT(bad, 30u);
-  const double threshold = (earlier + means[bad]) / 2;
+  const auto rise = strobe::testing::first_rise(batch_means(probe_yaml(1e9), 30), [](size_t i) { return i >= 4; });
+  ASSERT_TRUE(rise.has_value());
+  const size_t bad = rise->index;
+  const double threshold = rise->threshold;
   {
     // Without float8 the same run trains through the chosen batch.
     auto run = make_run(probe_yaml(threshold), {"trainer.fp8=false"}, "");

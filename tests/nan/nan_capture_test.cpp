@@ -182,14 +182,10 @@ double threshold_first_bad_at(const std::vector<double>& means, size_t first_bad
   return thr;
 }
 
+// The first index >= from whose mean exceeds all earlier ones (a usable first bad step).
 size_t first_exceeding(const std::vector<double>& means, size_t from) {
-  // The first index >= from whose mean exceeds all earlier ones (a usable first bad step).
-  double mx = -1e9;
-  for (size_t i = 0; i < means.size(); ++i) {
-    if (i >= from && means[i] > mx) return i;
-    mx = std::max(mx, means[i]);
-  }
-  return means.size();
+  const auto r = strobe::testing::first_rise(means, [from](size_t i) { return i >= from; });
+  return r ? r->index : means.size();
 }
 
 std::map<std::string, torch::Tensor> model_state(Module& m) {
@@ -619,16 +615,9 @@ TEST(NanCapture, TracerNamesTheModuleOfAFusedOpsBackward) {
 TEST(NanCapture, AStepBegunBeforeAResumeMidAccumulationStopsWithoutACapture) {
   auto means = strobe::testing::batch_means(probe_yaml("none", 1e9, "[]", 24), 24);
   // The first batch exceeding every earlier one at an odd index: the second micro-batch of its step.
-  size_t bad = means.size();
-  double earlier = -1e9;
-  for (size_t i = 0; i < means.size(); ++i) {
-    if (i >= 3 && i % 2 == 1 && means[i] > earlier) {
-      bad = i;
-      break;
-    }
-    earlier = std::max(earlier, means[i]);
-  }
-  ASSERT_LT(bad, means.size()) << "no usable batch in this data";
+  const auto rise = strobe::testing::first_rise(means, [](size_t i) { return i >= 3 && i % 2 == 1; });
+  ASSERT_TRUE(rise.has_value()) << "no usable batch in this data";
+  const size_t bad = rise->index;
   const double thr = threshold_first_bad_at(means, bad);
   const std::vector<std::string> sets = {"trainer.accumulate_grad_batches=2"};
   const std::string yaml = probe_yaml("forward", thr, "[{name: nan_capture}]", 24);
@@ -849,21 +838,13 @@ TEST(NanDiagnose, RowsThatAreNonFiniteInEveryPrecisionAreData) {
   std::vector<double> row_max;
   for (int64_t i = 0; i < 32; ++i)
     row_max.push_back(loader->make_batch(0, i).at("image").flatten(1).mean(1).max().item<double>());
-  size_t first = row_max.size();
-  double earlier = -1e9;
-  for (size_t i = 0; i < row_max.size(); ++i) {
-    if (i >= 4 && row_max[i] > earlier) {
-      first = i;
-      break;
-    }
-    earlier = std::max(earlier, row_max[i]);
-  }
-  ASSERT_LT(first, row_max.size());
-  const double thr = (earlier + row_max[first]) / 2;
+  const auto rise = strobe::testing::first_rise(row_max, [](size_t i) { return i >= 4; });
+  ASSERT_TRUE(rise.has_value());
+  const double thr = rise->threshold;
   auto r = diagnose_after_fit(probe_yaml("rows", thr, "[{name: nan_capture}]", 32), {}, "diag-rows");
   EXPECT_EQ(r["verdict"], "data") << r.dump(2);
   ASSERT_GE(r["rows"].size(), 1u) << r.dump(2);
-  auto batch = loader->make_batch(0, static_cast<int64_t>(first));
+  auto batch = loader->make_batch(0, static_cast<int64_t>(rise->index));
   auto rows_mean = batch.at("image").flatten(1).mean(1);
   for (const auto& row : r["rows"]) {
     const int64_t i = row["row"].get<int64_t>();

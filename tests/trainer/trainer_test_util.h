@@ -4,11 +4,13 @@
 
 #include <stdlib.h>  // mkdtemp
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -116,6 +118,23 @@ inline std::map<int64_t, std::map<std::string, std::string>> read_csv(const std:
       if (cols[i] == column && !cells[i].empty()) rows[std::stoll(cells[0])][column] = cells[i];
   }
   return rows;
+}
+
+// The first value whose index `eligible` accepts and that exceeds every value before it, and a
+// threshold halfway between it and the largest earlier value: a fault keyed on "value > threshold"
+// then fires first at that index. nullopt when no value qualifies.
+struct FirstRise {
+  size_t index;
+  double threshold;
+};
+template <typename Eligible>
+std::optional<FirstRise> first_rise(const std::vector<double>& values, Eligible eligible) {
+  double earlier = -1e9;
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (eligible(i) && values[i] > earlier) return FirstRise{i, (earlier + values[i]) / 2};
+    earlier = std::max(earlier, values[i]);
+  }
+  return std::nullopt;
 }
 
 // Mean "image" value of the first n training batches of `yaml`'s data, in the order training sees
