@@ -133,7 +133,7 @@ DiagnosisRuns replay_every_way(const LoadedCapture& cap, const ReplayOptions& op
   }
 
   // 2. without fp8 (when used), fp32, 3. float64, 4. the previous step's batch.
-  if (cap.config->leaf("trainer.fp8.enabled") == "true") {
+  if (cap.fp8) {
     ReplayVariant v = base;
     v.fp8_off = true;
     d.no_fp8 = replay_step(cap, v);

@@ -14,6 +14,7 @@
 #include "strobe/core/capture.h"
 #include "strobe/core/checkpoint_view.h"
 #include "strobe/core/forensics.h"
+#include "strobe/core/fp8.h"
 #include "strobe/core/master_weights.h"
 #include "runner/experiment_builder.h"
 #include "runner/spike_thresholds.h"
@@ -81,6 +82,7 @@ LoadedCapture load_capture(const std::string& path) {
                                                   file, recorded, cap.batches.size()));
   cap.config = std::make_shared<const config::SavedConfig>(view.require_config(), file + " (resolved config)");
   cap.captured_device = cap.info.value("device", "cpu");
+  cap.fp8 = cap.config->leaf("trainer.fp8.enabled") == "true";
   return cap;
 }
 
@@ -148,8 +150,8 @@ StepOutcome replay_step(const LoadedCapture& cap, const ReplayVariant& v) {
   // masters under bf16-master), which is what a "32" run loads; no loss scaler is restored.
   if (v.precision) doc.apply_override("trainer.precision=" + *v.precision);
   if (v.float64) doc.apply_override("trainer.precision=32");
-  const bool fp8_off = cap.config->leaf("trainer.fp8.enabled") == "true" &&
-                       (v.fp8_off || v.float64 || (v.precision && *v.precision != "bf16-master" && *v.precision != "bf16-mixed"));
+  const bool fp8_off =
+      cap.fp8 && (v.fp8_off || v.float64 || (v.precision && !fp8_runs_under(parse_precision(*v.precision))));
   if (fp8_off) doc.apply_override("trainer.fp8.enabled=false");
   RunOptions ro;
   ro.stage = Stage::Fit;
@@ -313,7 +315,7 @@ nlohmann::json replay_capture(const std::string& path, const ReplayOptions& opti
                            {"captured_on", captured_device},
                            {"replayed_on", device},
                            {"precision", info.value("precision", "")},
-                           {"fp8", cap.config->leaf("trainer.fp8.enabled") == "true"},
+                           {"fp8", cap.fp8},
                            {"exact", bits_equal && grads_equal},
                            {"loss", {{"captured", cap_losses}, {"replayed", rep_losses}, {"bits_equal", bits_equal}}},
                            {"nonfinite_grads",

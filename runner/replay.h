@@ -31,6 +31,7 @@ struct LoadedCapture {
   std::vector<Batch> batches;
   std::shared_ptr<const config::SavedConfig> config;  // its resolved config, parsed once
   std::string captured_device;
+  bool fp8 = false;  // captured under trainer.fp8
 };
 LoadedCapture load_capture(const std::string& path);
 // A data-parallel capture's parts, one per rank in rank order (`cap` among them; rank 0 at

@@ -54,11 +54,11 @@ void parse_profiler(Section& t, ProfilerConfig& p) {
 }
 
 // trainer.fp8: absent, null or false = off; true = on with the defaults; or a mapping
-// {enabled, skip, min_size}, written back into the resolved config as a mapping.
+// {enabled, skip, min_size}, written back into the resolved config as a mapping. An absent section
+// stays out of the resolved config (a config without it resolves as it did before it existed).
 void parse_fp8(Section& t, Fp8Config& f) {
   t.accept("fp8");
   if (!t.has("fp8") || t.is_null("fp8")) return;
-  f.given = true;
   if (t.node()["fp8"].IsScalar()) {
     const bool on = t.get_bool("fp8", false);
     t.node()["fp8"] = YAML::Node(YAML::NodeType::Map);
@@ -70,12 +70,10 @@ void parse_fp8(Section& t, Fp8Config& f) {
   s.accept("skip");
   const YAML::Node sk = s.node()["skip"];
   if (sk.IsDefined() && !sk.IsNull()) {
-    if (!sk.IsSequence()) s.fail("skip", "expected a list of globs over linear layers' module paths, e.g. [\"layers.*.self_attn.k_proj\"]");
-    for (const auto& g : sk) {
-      if (!g.IsScalar() || g.Scalar().empty())
-        s.fail("skip", "expected a list of globs over linear layers' module paths, e.g. [\"layers.*.self_attn.k_proj\"]");
-      f.skip.push_back(g.Scalar());
-    }
+    bool globs = sk.IsSequence();
+    for (size_t i = 0; globs && i < sk.size(); ++i) globs = sk[i].IsScalar() && !sk[i].Scalar().empty();
+    if (!globs) s.fail("skip", "expected a list of globs over linear layers' module paths, e.g. [\"layers.*.self_attn.k_proj\"]");
+    for (const auto& g : sk) f.skip.push_back(g.Scalar());
   } else {
     s.node()["skip"] = YAML::Node(YAML::NodeType::Sequence);
   }

@@ -30,9 +30,6 @@ struct Fp8Config {
   bool enabled = false;
   std::vector<std::string> skip;          // globs over the layers' module paths ("layers.*.self_attn.k_proj")
   int64_t min_size = 2048 * 2048;         // the smallest weight (out x in elements) that runs in float8
-  // The section as written is stored into the resolved config only when present (a config without
-  // it resolves as it did before it existed).
-  bool given = false;
 };
 
 struct TrainerConfig {

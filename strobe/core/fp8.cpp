@@ -1,6 +1,7 @@
 #include "strobe/core/fp8.h"
 
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <shared_mutex>
@@ -23,6 +24,7 @@ namespace {
 // their model. Read on every linear call, written when a trainer is built or let go.
 struct Marks {
   std::shared_mutex mutex;
+  std::atomic<size_t> count{0};  // layers.size(): read without the lock on every linear call
   std::unordered_map<const torch::nn::Module*, int> layers;
   std::unordered_map<const torch::nn::Module*, const Fp8Layers*> by_net;
 };
@@ -49,8 +51,9 @@ std::string pattern_of(const std::string& path) {
 
 bool fp8_marked(const torch::nn::Module& layer) {
   auto& m = marks();
+  if (m.count.load(std::memory_order_acquire) == 0) return false;  // no trainer.fp8 run: no lock
   std::shared_lock lock(m.mutex);
-  return !m.layers.empty() && m.layers.count(&layer) > 0;
+  return m.layers.count(&layer) > 0;
 }
 
 at::Tensor linear_in_fp8(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
@@ -94,14 +97,14 @@ std::vector<Fp8Choice> select_fp8_layers(const torch::nn::Module& net, const std
     c.fp8 = c.why_not.empty();
     out.push_back(std::move(c));
   }
+  if (out.empty())
+    throw config::ConfigError(fmt::format("trainer.fp8: model '{}' has no linear layer at the paths it declares for float8",
+                                          model_name));
   for (size_t i = 0; i < cfg.skip.size(); ++i)
     if (!skip_used[i])
       throw config::ConfigError(fmt::format(
           "trainer.fp8.skip: '{}' matches none of the {} float8-capable linear layers of model '{}' (e.g. {})",
-          cfg.skip[i], out.size(), model_name, out.empty() ? std::string("none") : out.front().path));
-  if (out.empty())
-    throw config::ConfigError(fmt::format("trainer.fp8: model '{}' has no linear layer at the paths it declares for float8",
-                                          model_name));
+          cfg.skip[i], out.size(), model_name, out.front().path));
   if (std::none_of(out.begin(), out.end(), [](const Fp8Choice& c) { return c.fp8; })) {
     const auto largest = std::max_element(out.begin(), out.end(), [](const Fp8Choice& a, const Fp8Choice& b) {
       return a.out_features * a.in_features < b.out_features * b.in_features;
@@ -115,8 +118,12 @@ std::vector<Fp8Choice> select_fp8_layers(const torch::nn::Module& net, const std
   return out;
 }
 
+bool fp8_runs_under(Precision precision) {
+  return precision == Precision::kBf16Master || precision == Precision::kBf16Mixed;
+}
+
 void check_fp8_run(Precision precision, const torch::Device& device) {
-  if (precision != Precision::kBf16Master && precision != Precision::kBf16Mixed)
+  if (!fp8_runs_under(precision))
     throw config::ConfigError(fmt::format(
         "trainer.fp8: needs trainer.precision bf16-master or bf16-mixed (the float8 GEMMs' outputs are bf16), got {}",
         to_string(precision)));
@@ -139,6 +146,7 @@ Fp8Layers::Fp8Layers(const torch::nn::Module& net, std::vector<Fp8Choice> choice
   std::unique_lock lock(m.mutex);
   for (const auto& c : choices_)
     if (c.fp8) ++m.layers[c.layer];
+  m.count.store(m.layers.size(), std::memory_order_release);
   m.by_net[net_] = this;
 }
 
@@ -147,29 +155,31 @@ Fp8Layers::~Fp8Layers() {
   std::unique_lock lock(m.mutex);
   for (const auto& c : choices_)
     if (c.fp8 && --m.layers[c.layer] <= 0) m.layers.erase(c.layer);
+  m.count.store(m.layers.size(), std::memory_order_release);
   if (auto it = m.by_net.find(net_); it != m.by_net.end() && it->second == this) m.by_net.erase(it);
 }
 
 std::string Fp8Layers::summary() const {
-  // Each pattern once, in model order, with how many layers it covers.
-  std::vector<std::pair<std::string, int>> in, out;
-  auto add = [](std::vector<std::pair<std::string, int>>& v, const std::string& p) {
-    for (auto& e : v)
-      if (e.first == p) return void(++e.second);
-    v.emplace_back(p, 1);
+  // Each (pattern, reason kept) once, in model order, with how many layers it covers.
+  struct Group {
+    std::string pattern, why_not;
+    int count;
   };
+  std::vector<Group> in, out;
   int n = 0;
   for (const auto& c : choices_) {
-    if (c.fp8) ++n, add(in, pattern_of(c.path));
-    else add(out, pattern_of(c.path) + "\t" + c.why_not);
+    n += c.fp8;
+    auto& v = c.fp8 ? in : out;
+    const std::string p = pattern_of(c.path);
+    auto it = std::find_if(v.begin(), v.end(), [&](const Group& g) { return g.pattern == p && g.why_not == c.why_not; });
+    if (it == v.end()) v.push_back({p, c.why_not, 1});
+    else ++it->count;
   }
-  auto list = [](const std::vector<std::pair<std::string, int>>& v) {
+  auto list = [](const std::vector<Group>& v) {
     std::string s;
-    for (const auto& [p, k] : v) {
-      const size_t tab = p.find('\t');  // a kept pattern: "<pattern>\t<why>"
-      s += (s.empty() ? "" : ", ") + p.substr(0, tab) + (k > 1 ? fmt::format(" x{}", k) : "") +
-           (tab == std::string::npos ? "" : " (" + p.substr(tab + 1) + ")");
-    }
+    for (const auto& g : v)
+      s += (s.empty() ? "" : ", ") + g.pattern + (g.count > 1 ? fmt::format(" x{}", g.count) : "") +
+           (g.why_not.empty() ? "" : " (" + g.why_not + ")");
     return s;
   };
   std::string s = fmt::format("{} of {} float8-capable linear layers in float8: {}", n, choices_.size(), list(in));

@@ -47,6 +47,8 @@ struct Fp8Choice {
 std::vector<Fp8Choice> select_fp8_layers(const torch::nn::Module& net, const std::vector<std::string>& capable,
                                          const config::Fp8Config& cfg, const std::string& model_name);
 
+// Whether float8 GEMMs run under `precision` (bf16-master, bf16-mixed).
+bool fp8_runs_under(Precision precision);
 // trainer.fp8's checks of the run, before anything trains: a precision it works under (bf16-master,
 // bf16-mixed) and a device with float8 GEMMs (the CPU, through ATen's; a GPU of compute capability 8.9
 // or 9.0+). ConfigError naming what is wrong.
