@@ -1,13 +1,31 @@
 """Compares the two runs of run.sh: the training loss smoothed over the last 100 steps of each, their
 relative difference (the bar: within 1.5%), the validation losses, whether either run captured a
-spike or a NaN, and the two curves (a 50-step moving average) in one SVG: OUT/fp8_loss_ab.svg.
-Usage: python3 bench/fp8_loss_ab/compare.py OUT"""
+spike or a NaN, the epochs trained (steps x batch / the training file's documents), and the two
+curves (a 10-step moving average of the logged losses) in one SVG: OUT/fp8_loss_ab.svg.
+Usage: python3 bench/fp8_loss_ab/compare.py OUT DATA_DIR"""
+import array
 import csv
 import json
 import os
 import sys
 
-out = sys.argv[1]
+out, data = sys.argv[1], sys.argv[2]
+tokens = array.array("H")
+with open(os.path.join(data, "train.bin"), "rb") as f:
+    tokens.frombytes(f.read())
+documents = tokens.count(0)  # every document ends with <eot>, token 0
+
+
+def batch_size(run):
+    with open(os.path.join(out, run, "config.yaml")) as f:
+        lines = f.read().splitlines()
+    section = None
+    for line in lines:
+        if line and not line.startswith(" "):
+            section = line.rstrip(":")
+        elif section == "data" and line.strip().startswith("batch_size:"):
+            return int(line.split(":")[1])
+    raise SystemExit(f"no data.batch_size in {run}/config.yaml")
 
 
 def series(run, col):
@@ -34,8 +52,9 @@ for run in ("bf16", "fp8"):
     last = [v for s, v in loss if s > loss[-1][0] - 100]
     val = series(run, "val/loss")
     captures = os.listdir(os.path.join(out, run, "nan")) if os.path.isdir(os.path.join(out, run, "nan")) else []
-    epochs = series(run, "epoch")
-    res[run] = {"steps": loss[-1][0], "epochs": epochs[-1][1] + 1 if epochs else None,
+    steps = loss[-1][0]
+    res[run] = {"steps": steps, "batch_size": batch_size(run),
+                "epochs": round(steps * batch_size(run) / documents, 2),
                 "final_smoothed_train_loss": sum(last) / len(last),
                 "val_loss": val[-1][1] if val else None, "captures": captures}
     curves[run] = smooth(loss, 10)
