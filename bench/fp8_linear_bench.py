@@ -4,10 +4,13 @@ process: CUDA events, warm-up, fresh random inputs each measured call, the quant
 (docs/PERFORMANCE.md, "Float8 linear layers"). Each row: the bf16 time (at::linear and its two
 backward GEMMs through autograd), the fp8 time (fp8_linear: three quantizations with transposes and
 three float8 GEMMs), their ratio, and the GEMMs' float8 TFLOP/s; then the relative error of y, dx and
-dw against an fp32 linear of the same bf16 inputs.
+dw against an fp32 linear of the same bf16 inputs. Then Llama-3.2-1B's MLP (gate+up, SwiGLU, down)
+forward and backward three ways: bf16, float8 with every cast making its own amax pass (fp8_linear,
+swiglu, fp8_linear), and float8 with SwiGLU's kernels giving the amax of their outputs
+(fp8_linear_swiglu, then fp8_linear with its x_amax).
 
-Usage: python3 bench/fp8_linear_bench.py [BUILD_DIR] [--device cpu --small] (--small: shapes / 64,
-a smoke run of the script itself)."""
+Usage: python3 bench/fp8_linear_bench.py [BUILD_DIR] [--device cpu --small] [--mlp-only] (--small:
+shapes / 64, a smoke run of the script itself; --mlp-only: the MLP comparison alone)."""
 import sys
 import torch
 
@@ -94,4 +97,75 @@ def main():
               f"{rel(y, y32):.4f} / {rel(dx, x32.grad):.4f} / {rel(dw, w32.grad):.4f}")
 
 
-main()
+
+def interleaved(variants, make_inputs, n):
+    """{name: (median ms, mean ms)} of each fn(*inputs), the variants taking turns call by call (so a
+    clock that drifts over the run reaches each alike), fresh inputs before each call (not timed)."""
+    times = {name: [] for name in variants}
+    for _ in range(3):
+        for fn in variants.values():
+            fn(*make_inputs())
+    for _ in range(n):
+        for name, fn in variants.items():
+            a = make_inputs()
+            st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            st.record()
+            fn(*a)
+            en.record()
+            torch.cuda.synchronize()
+            times[name].append(st.elapsed_time(en))
+    return {name: (sorted(t)[len(t) // 2], sum(t) / len(t)) for name, t in times.items()}
+
+
+def mlp():
+    m, k, f = (16384, 2048, 8192) if not small else (256, 32, 128)
+    dt = torch.bfloat16
+    wgu = (torch.randn(2 * f, k, device=device) * 0.02).to(dt).requires_grad_()
+    wd = (torch.randn(k, f, device=device) * 0.02).to(dt).requires_grad_()
+
+    def make():
+        return torch.randn(m, k, device=device).to(dt).requires_grad_(), torch.randn(m, k, device=device).to(dt)
+
+    def bf16(x, g):
+        torch.nn.functional.linear(ops.swiglu(torch.nn.functional.linear(x, wgu)), wd).backward(g)
+
+    def fp8_unfused(x, g):
+        ops.fp8_linear(ops.swiglu(ops.fp8_linear(x, wgu)), wd).backward(g)
+
+    def fp8_fused(x, g):
+        h, h_amax = ops.fp8_linear_swiglu(x, wgu)
+        ops.fp8_linear(h, wd, None, h_amax).backward(g)
+
+    if device == "cpu":  # a smoke run of the script
+        for fn in (bf16, fp8_unfused, fp8_fused):
+            fn(*make())
+        return
+    n = 3 if small else 40
+    t = interleaved({"bf16": bf16, "fp8": fp8_unfused, "fp8 fused": fp8_fused}, make, n)
+    print(f"\nllama_1b MLP ({m} tokens, {k} -> 2 x {f} -> {k}), forward + backward, the variants in turn:")
+    for name, (med, mean) in t.items():
+        print(f"  {name:<10} median {med:8.3f} ms  mean {mean:8.3f} ms   {t['bf16'][0] / med:5.2f}x bf16 (median)")
+    saved = t["fp8"][0] - t["fp8 fused"][0]
+    print(f"  the producers' amax saves {saved:.3f} ms a layer (median; {saved * 16:.1f} ms over llama_1b's 16 layers)")
+
+    # The kernels alone: swiglu with and without its amax, the e5m2 cast of d gate_up with and without a
+    # given amax (its amax pass), at the MLP's shapes.
+    gu = torch.randn(m, 2 * f, device=device).to(dt)
+    dy = torch.randn(m, f, device=device).to(dt)
+    amax = gu.float().abs().amax()
+    k_t = interleaved({
+        "swiglu_fwd": lambda: ops.swiglu_fwd(gu),
+        "swiglu_fwd_amax": lambda: ops.swiglu_fwd_amax(gu),
+        "swiglu_bwd": lambda: ops.swiglu_bwd(dy, gu),
+        "swiglu_bwd_amax": lambda: ops.swiglu_bwd_amax(dy, gu),
+        "cast d gate_up, amax pass": lambda: ops.fp8_quantize(gu, torch.float8_e5m2, True),
+        "cast d gate_up, amax given": lambda: ops.fp8_quantize(gu, torch.float8_e5m2, True, amax),
+    }, lambda: (), n)
+    print(f"  kernels at [{m}, 2 x {f}] bf16, median ms:")
+    for name, (med, _) in k_t.items():
+        print(f"    {name:<28} {med:7.3f}")
+
+
+if "--mlp-only" not in sys.argv:
+    main()
+mlp()

@@ -109,7 +109,9 @@ class LlamaMLPImpl : public nn::Module, public ScopedBlock {
   }
   // fused: gate and up in one GEMM against the two weights stacked (the parameters stay apart, so names,
   // init_from, export and checkpoints are unchanged), then strobe::swiglu on its [..., 2 x ffn] output.
-  // trainer.fp8: that GEMM runs in float8 when gate_proj and up_proj are both marked.
+  // trainer.fp8: that GEMM runs in float8 when gate_proj and up_proj are both marked, through
+  // strobe::fp8_linear_swiglu, whose swiglu kernels give the amax of their outputs to the float8 casts
+  // (down_proj's input; d gate_up in the backward).
   torch::Tensor forward(const torch::Tensor& x, bool fused = false) {
     ModuleScope scope(path.c_str());
     const bool fp8_gate_up = fp8_marked(*gate_proj) && fp8_marked(*up_proj);
@@ -119,8 +121,11 @@ class LlamaMLPImpl : public nn::Module, public ScopedBlock {
       return linear(down_proj, at::silu(linear(gate_proj, x)) * linear(up_proj, x));
     }
     const auto w = at::cat({gate_proj->weight, up_proj->weight}, 0);
-    const auto gate_up = fp8_gate_up ? linear_in_fp8(x, w) : at::linear(x, w);
-    return linear(down_proj, ops::swiglu(gate_up));
+    if (fp8_gate_up) {
+      const auto [h, h_amax] = linear_swiglu_in_fp8(x, w);
+      return fp8_marked(*down_proj) ? linear_in_fp8(h, down_proj->weight, std::nullopt, h_amax) : linear(down_proj, h);
+    }
+    return linear(down_proj, ops::swiglu(at::linear(x, w)));
   }
   nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
 };

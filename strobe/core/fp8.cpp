@@ -56,16 +56,27 @@ bool fp8_marked(const torch::nn::Module& layer) {
   return m.layers.count(&layer) > 0;
 }
 
-at::Tensor linear_in_fp8(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
+at::Tensor linear_in_fp8(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                         const std::optional<at::Tensor>& x_amax) {
   const auto device_type = x.device().type();
-  if (!at::autocast::is_autocast_enabled(device_type)) return ops::fp8_linear(x, weight, bias);
+  if (!at::autocast::is_autocast_enabled(device_type)) return ops::fp8_linear(x, weight, bias, x_amax);
   const auto dt = at::autocast::get_autocast_dtype(device_type);
-  const at::Tensor xc = x.scalar_type() == dt ? x : x.to(dt);
+  const bool cast = x.scalar_type() != dt;
+  const at::Tensor xc = cast ? x.to(dt) : x;
   const std::optional<at::Tensor> bc = bias ? std::optional<at::Tensor>(bias->to(dt)) : std::nullopt;
   // The op's own casts and GEMMs are what they are without autocast (its ATen calls would otherwise be
-  // autocast's to rewrite).
+  // autocast's to rewrite). A cast x has another amax (its rounded values): the op finds it.
   const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
-  return ops::fp8_linear(xc, weight, bc);
+  return ops::fp8_linear(xc, weight, bc, cast ? std::nullopt : x_amax);
+}
+
+std::tuple<at::Tensor, at::Tensor> linear_swiglu_in_fp8(const at::Tensor& x, const at::Tensor& weight) {
+  const auto device_type = x.device().type();
+  if (!at::autocast::is_autocast_enabled(device_type)) return ops::fp8_linear_swiglu(x, weight);
+  const auto dt = at::autocast::get_autocast_dtype(device_type);
+  const at::Tensor xc = x.scalar_type() == dt ? x : x.to(dt);
+  const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+  return ops::fp8_linear_swiglu(xc, weight);
 }
 
 at::Tensor linear(const torch::nn::Linear& layer, const at::Tensor& x) {

@@ -241,9 +241,12 @@ torch::Tensor swiglu(const torch::Tensor& gate_up);
 // 1e-12), q = fp32(x) * scale saturated to +-fp8_max and rounded to nearest even; returns q [rows, cols],
 // q_t = q transposed [cols, rows] contiguous when `transpose` (else an empty [0] tensor) and scale_inv
 // = 1 / scale, a 0-dim fp32 (the dequantization scale: x ~ q * scale_inv). No host sync; the CUDA
-// kernels give the CPU implementation's bytes (NaN's sign aside). Not differentiable.
+// kernels give the CPU implementation's bytes (NaN's sign aside). `amax`: max |x| as its producer
+// computed it (a 0-dim fp32 tensor on x's device, e.g. fp8_linear_swiglu's y_amax): the pass over x
+// that finds it is skipped, the result is the same. Not differentiable.
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> fp8_quantize(const torch::Tensor& x, at::ScalarType dtype,
-                                                                     bool transpose = false);
+                                                                     bool transpose = false,
+                                                                     const std::optional<torch::Tensor>& amax = std::nullopt);
 
 // y = x weight^T (+ bias) with its three GEMMs in float8 (op strobe::fp8_linear), on at::_scaled_mm
 // (cuBLASLt on Hopper; ATen's CPU implementation on the CPU): x [..., K] and weight [N, K] (fp32,
@@ -251,9 +254,18 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> fp8_quantize(const torch
 // are quantized to e4m3, the output gradient to e5m2, each with one dynamic scale (fp8_quantize), and
 // every GEMM accumulates in fp32 (the forward with fast accumulation). Differentiable: the forward
 // keeps only the float8 transposes the backward's GEMMs read (x^T padded to 16 tokens, for d weight,
-// when the weight needs a gradient; weight^T, for d x, when x does). No host sync. docs/OPS.md.
+// when the weight needs a gradient; weight^T, for d x, when x does). No host sync. `x_amax`: max |x|
+// from x's producer (fp8_quantize's amax). docs/OPS.md.
 torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& weight,
-                         const std::optional<torch::Tensor>& bias = std::nullopt);
+                         const std::optional<torch::Tensor>& bias = std::nullopt,
+                         const std::optional<torch::Tensor>& x_amax = std::nullopt);
+
+// swiglu(fp8_linear(x, weight)) with the float8 casts' amax passes folded into swiglu's kernels (op
+// strobe::fp8_linear_swiglu): weight [2 x F, K] holds the gate rows then the up rows; returns y [..., F]
+// and y_amax = max |y| (0-dim fp32, not differentiable), which the float8 linear reading y takes as its
+// x_amax. In the backward, swiglu's kernel finds the amax of d gate_up as it writes it, so the GEMMs'
+// e5m2 cast reads it once. The same values as fp8_linear then swiglu, bit for bit. docs/OPS.md.
+std::tuple<torch::Tensor, torch::Tensor> fp8_linear_swiglu(const torch::Tensor& x, const torch::Tensor& weight);
 
 // The LM head and its cross-entropy in one op that never materialises the [N, V] logits (op
 // strobe::linear_cross_entropy): the mean over tokens whose target is not ignore_index of

@@ -95,19 +95,33 @@ TORCH_LIBRARY(strobe, m) {
   // Internal halves: the backward recomputes silu(gate) and returns d gate_up ([..., 2 x F]).
   m.def("swiglu_fwd(Tensor gate_up) -> Tensor");
   m.def("swiglu_bwd(Tensor dy, Tensor gate_up) -> Tensor");
+  // Internal: the halves that also return the max |output| (fp32, NaN when the output holds one), the
+  // amax of a float8 quantization of that output (fp8_linear_swiglu).
+  m.def("swiglu_fwd_amax(Tensor gate_up) -> (Tensor y, Tensor amax)");
+  m.def("swiglu_bwd_amax(Tensor dy, Tensor gate_up) -> (Tensor dgate_up, Tensor amax)");
   // A 2-D tensor's float8 copy, its transpose when asked (else a [0] tensor) and the fp32 dequantization
   // scale, with tensorwise dynamic scaling (docs/OPS.md): the operands of a scaled GEMM.
-  m.def("fp8_quantize(Tensor x, ScalarType dtype, bool transpose=False) -> (Tensor q, Tensor q_t, Tensor scale_inv)");
+  // amax: max |x| when its producer computed it (a 0-dim fp32 tensor on x's device): the pass over x
+  // that would find it is skipped.
+  m.def(
+      "fp8_quantize(Tensor x, ScalarType dtype, bool transpose=False, Tensor? amax=None) -> "
+      "(Tensor q, Tensor q_t, Tensor scale_inv)");
   // y = x weight^T (+ bias) with its GEMMs (forward, d x, d weight) in float8 (docs/OPS.md).
-  m.def("fp8_linear(Tensor x, Tensor weight, Tensor? bias=None) -> Tensor");
+  // x_amax: max |x| when its producer computed it (fp8_quantize's amax).
+  m.def("fp8_linear(Tensor x, Tensor weight, Tensor? bias=None, Tensor? x_amax=None) -> Tensor");
+  // swiglu(x weight^T) with the GEMMs of x weight^T in float8, weight [2 x F, in_features] (gate rows
+  // first), and max |y| for the float8 linear that reads y: the amax of the output from swiglu's kernel
+  // and, in the backward, the amax of d gate_up from swiglu's backward kernel (docs/OPS.md).
+  m.def("fp8_linear_swiglu(Tensor x, Tensor weight) -> (Tensor y, Tensor y_amax)");
   // Internal halves: the forward also returns the float8 transposes the backward reads (empty unless
   // asked) and their dequantization scales; the backward makes the gradients output_mask asks for.
   m.def(
-      "fp8_linear_fwd(Tensor x, Tensor weight, Tensor? bias, bool save_x_t, bool save_w_t) -> "
+      "fp8_linear_fwd(Tensor x, Tensor weight, Tensor? bias, bool save_x_t, bool save_w_t, Tensor? x_amax=None) -> "
       "(Tensor y, Tensor x_t, Tensor x_scale_inv, Tensor w_t, Tensor w_scale_inv)");
   m.def(
       "fp8_linear_bwd(Tensor dy, Tensor x_t, Tensor x_scale_inv, Tensor w_t, Tensor w_scale_inv, "
-      "ScalarType weight_dtype, ScalarType? bias_dtype, bool[3] output_mask) -> (Tensor dx, Tensor dweight, Tensor dbias)");
+      "ScalarType weight_dtype, ScalarType? bias_dtype, bool[3] output_mask, Tensor? dy_amax=None) -> "
+      "(Tensor dx, Tensor dweight, Tensor dbias)");
   // The LM head and its cross-entropy without the logits: hidden [N, C], weight [V, C], bias [V]?,
   // int64 target [N]; the mean fp32 loss over tokens not ignored (docs/OPS.md). chunk_rows 0: automatic.
   m.def(

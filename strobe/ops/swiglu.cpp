@@ -1,7 +1,8 @@
 // swiglu: silu(gate) * up over one [..., 2 x F] projection output (gate first, up second), forward and
 // backward fused (docs/OPS.md). Argument checks shared by every device, the CPU implementation (ATen:
 // transformers' `act_fn(gate) * up` and autograd's backward of it, op for op: the reference), the
-// Meta kernels, autograd and the C++ wrapper. CUDA kernels: cuda/swiglu_kernels.cu, glue swiglu_cuda.cpp.
+// Meta kernels, autograd and the C++ wrapper; the halves that also return their output's amax (for
+// fp8_linear_swiglu). CUDA kernels: cuda/swiglu_kernels.cu, glue swiglu_cuda.cpp.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/autograd.h>
@@ -53,6 +54,31 @@ Tensor sw_bwd_cpu(const Tensor& dy, const Tensor& gu) {
   const Tensor ds = dy * up;
   const Tensor du = dy * at::silu(gate);
   return at::cat({at::silu_backward(ds, gate), du}, -1);
+}
+
+// max |t| as a 0-dim fp32 tensor, NaN when t holds one (amax propagates it), 0 for an empty t: what
+// fp8_quantize finds over the same values.
+Tensor amax_of(const Tensor& t) {
+  return t.numel() == 0 ? at::zeros({}, t.options().dtype(at::kFloat)) : t.abs().amax().to(at::kFloat);
+}
+
+std::tuple<Tensor, Tensor> sw_fwd_amax_cpu(const Tensor& gu) {
+  Tensor y = sw_fwd_cpu(gu);
+  Tensor amax = amax_of(y);
+  return {y, amax};
+}
+std::tuple<Tensor, Tensor> sw_bwd_amax_cpu(const Tensor& dy, const Tensor& gu) {
+  Tensor dgu = sw_bwd_cpu(dy, gu);
+  Tensor amax = amax_of(dgu);
+  return {dgu, amax};
+}
+std::tuple<Tensor, Tensor> sw_fwd_amax_meta(const Tensor& gu) {
+  detail::swiglu_check_input(gu);
+  return {swiglu_out_shape_like(gu), at::empty({}, gu.options().dtype(at::kFloat))};
+}
+std::tuple<Tensor, Tensor> sw_bwd_amax_meta(const Tensor& dy, const Tensor& gu) {
+  (void)dy;
+  return {at::empty_symint(gu.sym_sizes(), gu.options()), at::empty({}, gu.options().dtype(at::kFloat))};
 }
 
 Tensor sw_fwd_meta(const Tensor& gu) {
@@ -107,10 +133,14 @@ TORCH_LIBRARY_IMPL(strobe, CPU, m) {
   m.impl("swiglu", &strobe::ops::sw_nograd);
   m.impl("swiglu_fwd", &strobe::ops::sw_fwd_cpu);
   m.impl("swiglu_bwd", &strobe::ops::sw_bwd_cpu);
+  m.impl("swiglu_fwd_amax", &strobe::ops::sw_fwd_amax_cpu);
+  m.impl("swiglu_bwd_amax", &strobe::ops::sw_bwd_amax_cpu);
 }
 TORCH_LIBRARY_IMPL(strobe, CUDA, m) { m.impl("swiglu", &strobe::ops::sw_nograd); }
 TORCH_LIBRARY_IMPL(strobe, Meta, m) {
   m.impl("swiglu", &strobe::ops::sw_nograd);
   m.impl("swiglu_fwd", &strobe::ops::sw_fwd_meta);
   m.impl("swiglu_bwd", &strobe::ops::sw_bwd_meta);
+  m.impl("swiglu_fwd_amax", &strobe::ops::sw_fwd_amax_meta);
+  m.impl("swiglu_bwd_amax", &strobe::ops::sw_bwd_amax_meta);
 }

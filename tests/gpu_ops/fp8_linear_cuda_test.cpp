@@ -83,4 +83,51 @@ TEST(Fp8LinearCuda, NanReachesEveryOutputAndAGraphReplaysNewValues) {
   }
 }
 
+// fp8_linear_swiglu on the GPU: swiglu's kernels find the amax of their outputs (y forward, d gate_up
+// backward) as they write them; the result is fp8_linear then swiglu bit for bit (whose casts make
+// their own amax pass), and y_amax is max |y|. Shapes of both cast kernels: 2 x 1024 tokens (16-byte
+// loads) and 1000 tokens (not a multiple of 16: element by element where a transpose is made);
+// outputs over NaN-filled memory.
+TEST(Fp8LinearCuda, TheSwigluFusionGivesTheUnfusedBits) {
+  SKIP_WITHOUT_CUDA();
+  torch::manual_seed(3);
+  struct Case {
+    std::vector<int64_t> x_shape;
+    int64_t f;
+    torch::ScalarType dtype;
+  };
+  for (const Case& c : {Case{{2, 1024, 256}, 512, torch::kBFloat16}, Case{{1000, 128}, 48, torch::kBFloat16},
+                        Case{{1000, 128}, 64, torch::kFloat}}) {
+    SCOPED_TRACE(::testing::Message() << c.dtype << " x " << torch::IntArrayRef(c.x_shape) << " F " << c.f);
+    const int64_t k = c.x_shape.back();
+    const Tensor x0 = torch::randn(c.x_shape, kCuda).to(c.dtype), w0 = (torch::randn({2 * c.f, k}, kCuda) * 0.1).to(c.dtype);
+    const Tensor wd0 = (torch::randn({k, c.f}, kCuda) * 0.1).to(c.dtype);
+    std::vector<int64_t> out_shape = c.x_shape;
+    out_shape.back() = k;
+    const Tensor g = torch::randn(out_shape, kCuda).to(c.dtype);
+    const Tensor xa = x0.clone().requires_grad_(), wa = w0.clone().requires_grad_(), wda = wd0.clone().requires_grad_();
+    strobe::testing::poison_allocator();
+    const Tensor ha = strobe::ops::swiglu(strobe::ops::fp8_linear(xa, wa));
+    strobe::ops::fp8_linear(ha, wda).backward(g);
+    const Tensor xb = x0.clone().requires_grad_(), wb = w0.clone().requires_grad_(), wdb = wd0.clone().requires_grad_();
+    strobe::testing::poison_allocator();
+    const auto [hb, hb_amax] = strobe::ops::fp8_linear_swiglu(xb, wb);
+    strobe::ops::fp8_linear(hb, wdb, std::nullopt, hb_amax).backward(g);
+    EXPECT_TRUE(torch::equal(ha, hb));
+    EXPECT_EQ(hb_amax.item<float>(), ha.to(torch::kFloat).abs().max().item<float>());
+    EXPECT_TRUE(torch::equal(xa.grad(), xb.grad()));
+    EXPECT_TRUE(torch::equal(wa.grad(), wb.grad()));
+    EXPECT_TRUE(torch::equal(wda.grad(), wdb.grad()));
+    EXPECT_TRUE(torch::isfinite(xb.grad()).all().item<bool>());
+  }
+  // A NaN in the output gradient: swiglu's backward amax is NaN, so are d x and d weight.
+  const Tensor x = torch::randn({64, 128}, kCuda).to(torch::kBFloat16).requires_grad_();
+  const Tensor w = (torch::randn({96, 128}, kCuda) * 0.1).to(torch::kBFloat16).requires_grad_();
+  Tensor g = torch::randn({64, 48}, kCuda).to(torch::kBFloat16);
+  g[9][3] = NAN;
+  std::get<0>(strobe::ops::fp8_linear_swiglu(x, w)).backward(g);
+  EXPECT_TRUE(torch::isnan(x.grad()).all().item<bool>());
+  EXPECT_TRUE(torch::isnan(w.grad()).all().item<bool>());
+}
+
 }  // namespace

@@ -96,8 +96,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> fwd(const Tensor& x, const Te
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("strobe::fp8_linear_fwd", "")
                              .typed<std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>(
-                                 const Tensor&, const Tensor&, const std::optional<Tensor>&, bool, bool)>();
-  return op.call(x, w, std::nullopt, save_x_t, save_w_t);
+                                 const Tensor&, const Tensor&, const std::optional<Tensor>&, bool, bool,
+                                 const std::optional<Tensor>&)>();
+  return op.call(x, w, std::nullopt, save_x_t, save_w_t, std::nullopt);
 }
 
 // Only the gradients asked for, and only the float8 copies they need saved; edges.
@@ -143,6 +144,47 @@ TEST(Fp8Linear, GradientsAsAskedAndTheEdges) {
                                             torch::empty({16, 32}, torch::TensorOptions(torch::kMeta).dtype(torch::kBFloat16)));
   EXPECT_EQ(ym.sizes(), (std::vector<int64_t>{2, 7, 16}));
   EXPECT_EQ(ym.scalar_type(), torch::kBFloat16);
+}
+
+// fp8_linear_swiglu is fp8_linear then swiglu, bit for bit, forward and backward: the amax of the
+// output (y_amax, for the linear that reads it) and of d gate_up come from swiglu's kernels instead of
+// a pass of their own, and are the same numbers. x_amax given to fp8_linear changes nothing either.
+TEST(Fp8Linear, TheSwigluFusionAndAGivenAmaxGiveTheUnfusedBits) {
+  torch::manual_seed(8);
+  for (const auto dt : {torch::kFloat, torch::kBFloat16}) {
+    const Tensor x0 = torch::randn({2, 9, 32}).to(dt), w0 = (torch::randn({64, 32}) * 0.2).to(dt);
+    const Tensor wd0 = (torch::randn({16, 32}) * 0.2).to(dt), g = torch::randn({2, 9, 16}).to(dt);
+    const Tensor xa = x0.clone().requires_grad_(), wa = w0.clone().requires_grad_(), wda = wd0.clone().requires_grad_();
+    const Tensor ha = strobe::ops::swiglu(strobe::ops::fp8_linear(xa, wa));
+    const Tensor ya = strobe::ops::fp8_linear(ha, wda);
+    ya.backward(g);
+    const Tensor xb = x0.clone().requires_grad_(), wb = w0.clone().requires_grad_(), wdb = wd0.clone().requires_grad_();
+    const auto [hb, hb_amax] = strobe::ops::fp8_linear_swiglu(xb, wb);
+    const Tensor yb = strobe::ops::fp8_linear(hb, wdb, std::nullopt, hb_amax);
+    yb.backward(g);
+    EXPECT_TRUE(torch::equal(ha, hb)) << dt;
+    EXPECT_TRUE(torch::equal(hb_amax, ha.to(torch::kFloat).abs().amax())) << dt;
+    EXPECT_FALSE(hb_amax.requires_grad());
+    EXPECT_TRUE(torch::equal(ya, yb)) << dt;
+    EXPECT_TRUE(torch::equal(xa.grad(), xb.grad())) << dt;
+    EXPECT_TRUE(torch::equal(wa.grad(), wb.grad())) << dt;
+    EXPECT_TRUE(torch::equal(wda.grad(), wdb.grad())) << dt;
+    EXPECT_GT(xb.grad().abs().sum().item<double>(), 0.0);
+  }
+  // A NaN in the output gradient reaches d x and d weight through the amax swiglu's backward finds.
+  const Tensor x = torch::randn({5, 32}).requires_grad_(), w = torch::randn({64, 32}).requires_grad_();
+  Tensor g = torch::randn({5, 32});
+  g[1][2] = NAN;
+  std::get<0>(strobe::ops::fp8_linear_swiglu(x, w)).backward(g);
+  EXPECT_TRUE(torch::isnan(x.grad()).all().item<bool>());
+  EXPECT_TRUE(torch::isnan(w.grad()).all().item<bool>());
+  // Meta shapes; a weight that cannot hold gate and up.
+  const auto meta = torch::TensorOptions(torch::kMeta).dtype(torch::kBFloat16);
+  const auto [ym, am] = strobe::ops::fp8_linear_swiglu(torch::empty({3, 32}, meta), torch::empty({96, 32}, meta));
+  EXPECT_EQ(ym.sizes(), (std::vector<int64_t>{3, 48}));
+  EXPECT_EQ(am.scalar_type(), torch::kFloat);
+  strobe::testing::expect_error([&] { strobe::ops::fp8_linear_swiglu(x.detach(), torch::randn({48, 32})); },
+                                "weight must hold gate and up (2 x F rows, F a multiple of 16), got [48, 32]");
 }
 
 TEST(Fp8Linear, BadArgumentsAreOneClearError) {

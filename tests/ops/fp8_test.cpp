@@ -143,6 +143,28 @@ TEST(Fp8QuantizeEdges, BadArgumentsAreOneClearError) {
                "x must be float32, bfloat16 or float16, got Double");
   expect_error([] { strobe::ops::fp8_quantize(torch::randn({2, 3}), torch::kBFloat16); },
                "dtype must be Float8_e4m3fn or Float8_e5m2, got BFloat16");
+  expect_error([] { strobe::ops::fp8_quantize(torch::randn({2, 3}), torch::kFloat8_e4m3fn, false, torch::ones({1})); },
+               "amax must be a 0-dim float32 tensor on x's device");
+}
+
+// A producer's amax replaces the pass over x: the true amax gives the same bytes and scale, and the
+// scale is the given amax's (twice the amax: every element lands on the half-scale grid).
+TEST(Fp8QuantizeEdges, AGivenAmaxIsTheOneUsed) {
+  for (const Format& f : {kE4M3, kE5M2}) {
+    const Tensor x = torch::randn({24, 40}, torch::kBFloat16);
+    const auto [q, q_t, s] = strobe::ops::fp8_quantize(x, f.dtype, true);
+    const Tensor amax = x.to(torch::kFloat).abs().amax();
+    const auto [gq, gq_t, gs] = strobe::ops::fp8_quantize(x, f.dtype, true, amax);
+    EXPECT_TRUE(torch::equal(q.view(torch::kByte), gq.view(torch::kByte)));
+    EXPECT_TRUE(torch::equal(q_t.view(torch::kByte), gq_t.view(torch::kByte)));
+    EXPECT_TRUE(torch::equal(s, gs));
+    const auto [hq, hq_t, hs] = strobe::ops::fp8_quantize(x, f.dtype, false, amax * 2);
+    EXPECT_FLOAT_EQ(hs.item<float>(), 2 * s.item<float>());
+    EXPECT_FALSE(torch::equal(q.view(torch::kByte), hq.view(torch::kByte))) << "the given amax was not used";
+    const Tensor nan_amax = torch::full({}, NAN);
+    EXPECT_TRUE(torch::isnan(std::get<0>(strobe::ops::fp8_quantize(x, f.dtype, false, nan_amax)).to(torch::kFloat)).all().item<bool>())
+        << "a producer's NaN amax reaches every element";
+  }
 }
 
 }  // namespace

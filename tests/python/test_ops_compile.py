@@ -147,6 +147,13 @@ def run(device):
         lb = torch.randn(16, device=device, dtype=dt, requires_grad=True)
         opcheck(ops.fp8_linear.default, (lx, lw, lb), tag=f"fp8_linear {device} {dt}")
         opcheck(ops.fp8_linear.default, (lx, lw), tag=f"fp8_linear no bias {device} {dt}")
+        # a producer's amax (fp8_quantize and fp8_linear), and fp8_linear_swiglu (gate + up: 2 x 16 rows)
+        opcheck(ops.fp8_quantize.default, (fx, torch.float8_e4m3fn, True, fx.float().abs().amax()),
+                tag=f"fp8_quantize given amax {device} {dt}")
+        opcheck(ops.fp8_linear.default, (lx, lw, None, lx.detach().float().abs().amax()),
+                tag=f"fp8_linear given amax {device} {dt}")
+        sw = torch.randn(32, 32, device=device, dtype=dt, requires_grad=True)
+        opcheck(ops.fp8_linear_swiglu.default, (lx, sw), tag=f"fp8_linear_swiglu {device} {dt}")
 
     # --- max_pool2d (CUDA kernels: fp32/bf16/fp16, NCHW or channels_last; scalar and vectorized C)
     for dt in (torch.float32,) + ((torch.bfloat16,) if device == "cuda" else ()):

@@ -152,6 +152,29 @@ __device__ __forceinline__ T block_sum_to_thread0(T v, T* sh) {
   return v;
 }
 
+// ---- amax (max |x|) for float8 scaling ----------------------------------------------------------
+// |v| as the bits of a non-negative float: their unsigned order is the float order, and a NaN's bits
+// are above +Inf's, so a NaN anywhere wins the maximum.
+__device__ __forceinline__ unsigned abs_bits(float v) { return __float_as_uint(fabsf(v)); }
+
+// The maximum of every thread's `m` (abs_bits) over a block of kThreads threads, folded into *amax
+// (zeroed before the launch) by one atomicMax per block. Every thread of the block must call it.
+template <int kThreads>
+__device__ __forceinline__ void block_amax_to(unsigned m, unsigned* amax) {
+  static_assert(kThreads % 32 == 0 && kThreads <= 1024, "whole warps, at most 1024 threads");
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+  __shared__ unsigned warp_max[kThreads / 32];
+  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = m;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    m = threadIdx.x < kThreads / 32 ? warp_max[threadIdx.x] : 0u;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (threadIdx.x == 0 && m != 0) atomicMax(amax, m);
+  }
+}
+
 // ---- launcher dispatch ---------------------------------------------------------------------------
 // A storage type handed to a launcher's generic lambda: `using T = typename decltype(t)::type;`.
 template <typename T>

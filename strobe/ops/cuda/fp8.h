@@ -21,8 +21,9 @@ enum class Fp8Format : uint8_t { kE4M3 = 0, kE5M2 = 1 };
 //   q_t       = q transposed ([cols, rows], contiguous), when q_t is not null
 //   scale_inv = 1 / scale (fp32): the dequantization scale cuBLASLt's scaled GEMM takes
 // x [rows, cols] contiguous, of `dtype` (fp32, fp16, bf16); q, q_t one byte per element; amax a
-// device float the launcher overwrites (workspace); scale_inv one device float.
+// device float: the launcher's workspace, overwritten, or with amax_given the max |x| a producer
+// wrote (only read: the amax pass is skipped); scale_inv one device float.
 cudaError_t fp8_quantize(const void* x, int64_t rows, int64_t cols, DType dtype, Fp8Format format, void* q, void* q_t,
-                         float* amax, float* scale_inv, cudaStream_t stream);
+                         float* amax, bool amax_given, float* scale_inv, cudaStream_t stream);
 
 }  // namespace strobe::ops::cuda

@@ -1,7 +1,7 @@
 // Float8 quantization with tensorwise dynamic scaling (launchers in fp8.h). Two kernels:
-//   amax: one read of x, the maximum of |x| as the bits of a non-negative float (their unsigned order
-//         is the float order, and a NaN's bits are above +Inf's, so a NaN anywhere wins): a block
-//         reduction, then one atomicMax per block.
+//   amax: one read of x, the maximum of |x| as the bits of a non-negative float (abs_bits, common.cuh):
+//         a block reduction, then one atomicMax per block. Skipped when the caller gives the amax (a
+//         producer kernel wrote it with x: swiglu's).
 //   cast: a second read of x in tiles; each tile is written to q as read and, through shared memory,
 //         transposed to q_t, so both copies come from one read.
 // Two versions (docs/PERFORMANCE.md, "Float8 quantization"):
@@ -26,25 +26,13 @@ constexpr int kTile = 32;
 constexpr int kTileRows = 8;  // threads per tile column: each thread converts kTile / kTileRows rows
 constexpr float kMinAmax = 1e-12f;
 
-__device__ __forceinline__ unsigned abs_bits(float v) { return __float_as_uint(fabsf(v)); }
-
 template <typename T>
 __global__ void __launch_bounds__(kAmaxThreads) amax_kernel(const T* __restrict__ x, int64_t n, unsigned* __restrict__ amax) {
   unsigned m = 0;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kAmaxThreads + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * kAmaxThreads)
     m = max(m, abs_bits(to_f(x[i])));
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
-  __shared__ unsigned warp_max[kAmaxThreads / 32];
-  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = m;
-  __syncthreads();
-  if (threadIdx.x < 32) {
-    m = threadIdx.x < kAmaxThreads / 32 ? warp_max[threadIdx.x] : 0u;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if (threadIdx.x == 0 && m != 0) atomicMax(amax, m);
-  }
+  block_amax_to<kAmaxThreads>(m, amax);
 }
 
 // v2: 8 elements a thread (16-byte loads), two chunks in flight before the first is reduced.
@@ -68,17 +56,7 @@ __global__ void __launch_bounds__(kAmaxThreads) amax_v2_kernel(const T* __restri
   }
   for (int64_t t = chunks * 8 + static_cast<int64_t>(blockIdx.x) * kAmaxThreads + threadIdx.x; t < n; t += stride)
     m = max(m, abs_bits(to_f(x[t])));
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
-  __shared__ unsigned warp_max[kAmaxThreads / 32];
-  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = m;
-  __syncthreads();
-  if (threadIdx.x < 32) {
-    m = threadIdx.x < kAmaxThreads / 32 ? warp_max[threadIdx.x] : 0u;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if (threadIdx.x == 0 && m != 0) atomicMax(amax, m);
-  }
+  block_amax_to<kAmaxThreads>(m, amax);
 }
 
 template <Fp8Format F>
@@ -192,12 +170,15 @@ bool use_v2(const void* x, int64_t rows, int64_t cols, const void* q_t) {
 
 template <typename T>
 cudaError_t launch(const void* x, int64_t rows, int64_t cols, Fp8Format format, void* q, void* q_t, float* amax,
-                   float* scale_inv, cudaStream_t stream) {
+                   bool amax_given, float* scale_inv, cudaStream_t stream) {
   const int64_t n = rows * cols;
-  cudaError_t e = cudaMemsetAsync(amax, 0, sizeof(float), stream);
-  if (e != cudaSuccess) return e;
+  cudaError_t e = cudaSuccess;
   const bool v2 = use_v2(x, rows, cols, q_t);
-  if (n > 0 && v2) {
+  if (amax_given) {
+    // the producer's amax: no pass over x before the cast
+  } else if ((e = cudaMemsetAsync(amax, 0, sizeof(float), stream)) != cudaSuccess) {
+    return e;
+  } else if (n > 0 && v2) {
     const int64_t blocks = std::min<int64_t>((n / 8 + kAmaxThreads - 1) / kAmaxThreads + 1, 132 * 8);
     amax_v2_kernel<T><<<static_cast<unsigned>(blocks), kAmaxThreads, 0, stream>>>(static_cast<const T*>(x), n,
                                                                                  reinterpret_cast<unsigned*>(amax));
@@ -234,9 +215,9 @@ cudaError_t launch(const void* x, int64_t rows, int64_t cols, Fp8Format format, 
 }  // namespace
 
 cudaError_t fp8_quantize(const void* x, int64_t rows, int64_t cols, DType dtype, Fp8Format format, void* q, void* q_t,
-                         float* amax, float* scale_inv, cudaStream_t stream) {
+                         float* amax, bool amax_given, float* scale_inv, cudaStream_t stream) {
   return dispatch_float(dtype, [&](auto t) {
-    return launch<typename decltype(t)::type>(x, rows, cols, format, q, q_t, amax, scale_inv, stream);
+    return launch<typename decltype(t)::type>(x, rows, cols, format, q, q_t, amax, amax_given, scale_inv, stream);
   });
 }
 

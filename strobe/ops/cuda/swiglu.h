@@ -16,8 +16,11 @@ namespace strobe::ops::cuda {
 //   forward:  s = dtype(g / (1 + exp(-g))), y = dtype(s * u)
 //   backward: ds = dtype(dy * u), du = dtype(dy * s),
 //             dg = dtype(ds * sig * (1 + g * (1 - sig))), sig = 1 / (1 + exp(-g))
-cudaError_t swiglu_fwd(const void* gu, void* y, int64_t rows, int64_t cols, DType dtype, cudaStream_t stream);
-cudaError_t swiglu_bwd(const void* dy, const void* gu, void* dgu, int64_t rows, int64_t cols, DType dtype,
+// amax, when not null, is a device float the launcher sets to max |output| over the rounded outputs (y,
+// or d gate_up), NaN when one is NaN: the amax of a float8 quantization of the output (fp8.h).
+cudaError_t swiglu_fwd(const void* gu, void* y, int64_t rows, int64_t cols, DType dtype, float* amax,
                        cudaStream_t stream);
+cudaError_t swiglu_bwd(const void* dy, const void* gu, void* dgu, int64_t rows, int64_t cols, DType dtype,
+                       float* amax, cudaStream_t stream);
 
 }  // namespace strobe::ops::cuda
