@@ -37,7 +37,11 @@ def main():
 
     # The build's ctest files: every gpu_* executable's tests launch through the wrapper, no other's do.
     gpu, cpu = 0, 0
-    for f in glob.glob(os.path.join(BUILD, "tests", "test_*_tests.cmake")):
+    # (gtest_discover_tests' files for the CUDA executables, one test per case; cmake/GtestSuites.cmake's
+    # for the others, one test per suite)
+    files = glob.glob(os.path.join(BUILD, "tests", "test_gpu*_tests.cmake")) + \
+        glob.glob(os.path.join(BUILD, "tests", "test_*_suites.cmake"))
+    for f in files:
         name = os.path.basename(f)[len("test_"):].split("[")[0]
         with open(f) as fh:
             text = fh.read()
@@ -51,8 +55,8 @@ def main():
             cpu += len(adds)
             if through:
                 failures.append(f"{os.path.basename(f)}: {len(through)} CPU tests launched through gpu_or_skip.sh")
-    if gpu < 50 or cpu < 300:
-        failures.append(f"found {gpu} CUDA and {cpu} CPU tests in {BUILD}/tests: not a built tree's ctest files")
+    if gpu < 50 or cpu < 100:
+        failures.append(f"found {gpu} CUDA tests and {cpu} CPU suites in {BUILD}/tests: not a built tree's ctest files")
 
     # ctest itself: on this machine a CUDA test is skipped without starting (no device node) or runs.
     has_node = any(glob.glob(p) for p in ("/dev/nvidia*", "/dev/dxg", "/dev/nvhost*", "/dev/nvgpu*"))

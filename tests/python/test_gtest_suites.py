@@ -1,0 +1,104 @@
+"""cmake/GtestSuites.cmake: each GoogleTest suite of a CPU test executable is one ctest test that runs
+the whole suite in one process (`--gtest_filter=<Suite>.*`).
+
+- Its listing parser, on a planted executable (a script printing a GoogleTest listing with plain,
+  parameterized and typed suites and '#' comments): one test per suite, the filter naming the suite,
+  COST = cases x COST_PER_TEST, the labels, the environment, the skip rule (nothing passed).
+- The build tree: for every CPU test executable, the suites in its ctest file are exactly the suites
+  it lists, in no CUDA executable's, and ctest reports a suite whose every case skips as skipped.
+
+Usage: test_gtest_suites.py (STROBE_SOURCE_DIR, STROBE_BUILD_DIR: the source and a built build tree)."""
+import glob, os, re, subprocess, sys, tempfile
+
+SRC = os.path.realpath(os.environ.get("STROBE_SOURCE_DIR", "."))
+BUILD = os.path.realpath(os.environ.get("STROBE_BUILD_DIR", "build"))
+SCRIPT = os.path.join(SRC, "cmake", "GtestSuites.cmake")
+LISTING = """Running main() from gtest_main.cc
+Plain.
+  First
+  Second
+Shapes/Param.
+  Works/0  # GetParam() = (Float, 0)
+  Works/1  # GetParam() = (Half, 1)
+Typed/0.  # TypeParam = int
+  Adds
+Last.
+  Only
+"""
+ADD = re.compile(r"^add_test\(\[=\[(.+?)\]=\] (.*)\)$")
+
+
+def generate(tmp, listing, cost):
+    exe = os.path.join(tmp, "fake_test")
+    with open(exe, "w") as f:
+        f.write("#!/bin/sh\necho \"$STROBE_PLANTED $*\" > \"$0.args\"\ncat <<'EOF'\n" + listing + "EOF\n")
+    os.chmod(exe, 0o755)
+    out = os.path.join(tmp, "suites.cmake")
+    r = subprocess.run(["cmake", f"-DEXE={exe}", f"-DOUT={out}", "-DENV=STROBE_PLANTED=yes|OTHER=1", "-DLABELS=cpu|fake",
+                        f"-DCOST_PER_TEST={cost}", f"-DWORKDIR={tmp}", "-P", SCRIPT], capture_output=True, text=True)
+    return r, exe, out
+
+
+def main():
+    failures = []
+    text = ""
+    with tempfile.TemporaryDirectory() as tmp:
+        r, exe, out = generate(tmp, LISTING, 3)
+        text = open(out).read() if r.returncode == 0 else ""
+        adds = [ADD.match(l) for l in text.splitlines() if l.startswith("add_test(")]
+        names = [m.group(1) for m in adds if m]
+        if names != ["Plain", "Shapes/Param", "Typed/0", "Last"]:
+            failures.append(f"suites {names}, want Plain, Shapes/Param, Typed/0, Last (exit {r.returncode}: {r.stderr})")
+        for m in adds:
+            if m and (f"[=[--gtest_filter={m.group(1)}.*]=]" not in m.group(2) or "[=[STROBE_PLANTED=yes]=]" not in m.group(2)
+                      or "[=[OTHER=1]=]" not in m.group(2) or f"[=[{exe}]=]" not in m.group(2)):
+                failures.append(f"{m.group(1)}: the command does not filter the suite or lacks the environment: {m.group(2)}")
+        for name, cost in (("Plain", 6), ("Shapes/Param", 6), ("Typed/0", 3), ("Last", 3)):
+            want = f"set_tests_properties([=[{name}]=] PROPERTIES LABELS [=[cpu;fake]=] COST {cost} "
+            if want not in text:
+                failures.append(f"{name}: no '{want}' in\n{text}")
+        if text.count("SKIP_REGULAR_EXPRESSION [=[\\[  PASSED  \\] 0 tests]=]") != 4:
+            failures.append(f"not every suite is skipped only when none of its cases passed:\n{text}")
+        r, _, _ = generate(tmp, "Running main() from gtest_main.cc\n", 1)
+        if r.returncode == 0 or "lists no test suite" not in r.stderr:
+            failures.append(f"an executable listing no suite: exit {r.returncode}, {r.stderr!r}")
+
+    # The build tree's files against the executables' own listings.
+    files = sorted(glob.glob(os.path.join(BUILD, "tests", "test_*_suites.cmake")))
+    if len(files) < 10 or any(os.path.basename(f).startswith("test_gpu") for f in files):
+        failures.append(f"suite files {[os.path.basename(f) for f in files]}: want the CPU executables' and no CUDA one's")
+    cases = 0
+    env = dict(os.environ, STROBE_SOURCE_DIR=SRC, STROBE_BIN=os.path.join(BUILD, "bin", "strobe"))
+    for f in files:
+        exe = os.path.join(BUILD, "bin", os.path.basename(f)[:-len("_suites.cmake")])
+        listing = subprocess.run([exe, "--gtest_list_tests"], capture_output=True, text=True, env=env).stdout
+        suites = [l.split(".")[0] for l in listing.splitlines() if l and not l.startswith((" ", "Running main"))]
+        cases += sum(1 for l in listing.splitlines() if l.startswith("  "))
+        named = [m.group(1) for m in (ADD.match(l) for l in open(f).read().splitlines()) if m]
+        if named != suites or not suites:
+            failures.append(f"{os.path.basename(f)}: ctest runs suites {named}, {os.path.basename(exe)} lists {suites}")
+    if cases < 400:
+        failures.append(f"the CPU executables list {cases} cases: not a built tree")
+
+    # ctest under the generated skip rule: a suite every case of which skips is reported skipped; one
+    # with a passing case passed.
+    rule = re.search(r"SKIP_REGULAR_EXPRESSION (\[=\[.*?\]=\])", text)
+    with tempfile.TemporaryDirectory() as tmp:
+        skipped_all = "[==========] 2 tests ran.\n[  PASSED  ] 0 tests.\n[  SKIPPED ] 2 tests, listed below:\n"
+        some = "[==========] 2 tests ran.\n[  PASSED  ] 1 test.\n[  SKIPPED ] 1 test, listed below:\n"
+        with open(os.path.join(tmp, "CTestTestfile.cmake"), "w") as ct:
+            for name, out in (("AllSkipped", skipped_all), ("SomePassed", some)):
+                ct.write(f"add_test([=[{name}]=] sh -c [=[printf '{out}']=])\n"
+                         f"set_tests_properties([=[{name}]=] PROPERTIES SKIP_REGULAR_EXPRESSION {rule.group(1) if rule else ''})\n")
+        r = subprocess.run(["ctest"], cwd=tmp, capture_output=True, text=True)
+        if not re.search(r"AllSkipped \.+\*+Skipped", r.stdout) or not re.search(r"SomePassed \.+ +Passed", r.stdout):
+            failures.append(f"ctest's verdicts under the suites' skip rule {rule.group(1) if rule else None}:\n{r.stdout}")
+
+    for f in failures:
+        print(f)
+    print(f"test_gtest_suites: {len(files)} executables, {cases} cases; {len(failures)} failure(s)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
