@@ -29,7 +29,8 @@ inline constexpr const char* kStepGuard = "step_guard";   // the step pipeline's
 inline constexpr const char* kRng = "rng";                // the generators: tensors rng/cpu, rng/cuda/<index>
 
 inline std::string rng_cpu() { return "rng/cpu"; }
-inline std::string rng_cuda(int64_t index) { return "rng/cuda/" + std::to_string(index); }
+inline std::string rng_cuda_prefix() { return "rng/cuda/"; }
+inline std::string rng_cuda(int64_t index) { return rng_cuda_prefix() + std::to_string(index); }
 // Data parallel: every rank's generators, gathered by rank 0 ("cpu" or "cuda").
 inline std::string rng_of_rank(int64_t rank, const std::string& which) { return "rng/rank" + std::to_string(rank) + "/" + which; }
 

@@ -48,6 +48,7 @@ CheckpointMeta CheckpointView::meta() const {
   m.global_step = integer("global_step");
   m.epoch = integer("epoch");
   m.world_size = integer("world_size").value_or(1);
+  m.rank_alone = integer("rank_alone");
   return m;
 }
 

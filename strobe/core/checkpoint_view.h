@@ -23,6 +23,9 @@ struct CheckpointMeta {
   std::string strobe_version, device, precision;  // "": not recorded
   std::optional<int64_t> global_step, epoch;
   int64_t world_size = 1;  // not recorded (builds before data parallelism): one process
+  // The rank whose state alone a data-parallel checkpoint of a step's start holds (NaN capture,
+  // on_exception_checkpoint); none for a checkpoint of the whole run.
+  std::optional<int64_t> rank_alone;
 };
 
 // The edits a program makes to a checkpoint it restores otherwise than it was written (strobe replay

@@ -170,11 +170,20 @@ void RngState::load(const checkpoint::CheckpointData& d) {
     if (device_.is_cuda() && d.tensors.count(own_cuda)) set_generator_state(device_.index(), d.tensor(own_cuda));
     return;
   }
+  // One process, or a rank the checkpoint's run did not have (resumed on more processes, or from one
+  // process): the writer's generators, rank 0's, which every rank of a run starts from (one seed).
   set_generator_state(-1, d.tensor(checkpoint_keys::rng_cpu()));
+  if (world_size_ > 1) {
+    if (!device_.is_cuda()) return;
+    auto it = d.tensors.find(checkpoint_keys::rng_of_rank(0, "cuda"));
+    if (it == d.tensors.end())  // a one-process checkpoint: its GPU's generator, whichever GPU that was
+      for (it = d.tensors.begin(); it != d.tensors.end(); ++it)
+        if (it->first.rfind(checkpoint_keys::rng_cuda_prefix(), 0) == 0) break;
+    if (it != d.tensors.end()) set_generator_state(device_.index(), it->second);
+    return;
+  }
   if (torch::cuda::is_available()) {
     for (size_t i = 0; i < torch::cuda::device_count(); ++i) {
-      // Data parallel (a checkpoint without per-rank states): only this rank's own GPU.
-      if (world_size_ > 1 && static_cast<c10::DeviceIndex>(i) != device_.index()) continue;
       auto it = d.tensors.find(checkpoint_keys::rng_cuda(i));
       if (it != d.tensors.end()) set_generator_state(static_cast<int>(i), it->second);
     }
@@ -201,7 +210,7 @@ void TextRecord::load(const checkpoint::CheckpointData& d) {
   if (d.has_blob(key_)) text_ = d.blob(key_);
 }
 
-void MetaRecord::save(checkpoint::CheckpointData& d, const StepStart*) {
+void MetaRecord::save(checkpoint::CheckpointData& d, const StepStart* step_start) {
   nlohmann::json meta = {{"format_version", checkpoint::kFormatVersion},
                          {"strobe_version", STROBE_VERSION},
                          {"device", view_.device().str()},
@@ -209,6 +218,9 @@ void MetaRecord::save(checkpoint::CheckpointData& d, const StepStart*) {
                          {"global_step", view_.state().global_step},
                          {"world_size", view_.world_size()},
                          {"epoch", view_.state().epoch}};
+  // Data parallel, a checkpoint of a step's start (NaN capture, on_exception_checkpoint): one rank's
+  // generators and counters alone, which resume only on the number of processes that wrote them.
+  if (step_start && view_.world_size() > 1) meta["rank_alone"] = view_.rank();
   d.blobs[checkpoint_keys::kMeta] = meta.dump();
 }
 

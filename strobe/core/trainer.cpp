@@ -17,7 +17,10 @@
 #include <nlohmann/json.hpp>
 
 #include "strobe/checkpoint/checkpoint_io.h"
+#include "strobe/checkpoint/checkpoint_keys.h"
+#include "strobe/config/saved_config.h"
 #include "strobe/core/checkpoint_view.h"
+#include "strobe/core/loop_state.h"
 #include "strobe/core/fp8.h"
 #include "strobe/core/graph_step.h"
 #include "strobe/core/precision.h"
@@ -232,7 +235,8 @@ int Trainer::fit(std::optional<checkpoint::CheckpointData> resume) {
     const std::string schedule = settle_schedule_length(allowed);
     // Every resume says where it continues from, what changed, and what became of the schedule.
     if (rank_ == 0)
-      fmt::print("strobe fit: resuming from {} (step {}){}{}\n", resume->source, state().global_step,
+      fmt::print("strobe fit: resuming from {} (step {}){}{}{}\n", resume->source, state().global_step,
+                 world_size_note_.empty() ? "" : " on " + world_size_note_,
                  changes.empty() ? "" : " with changes: " + changes, schedule.empty() ? "" : "; " + schedule);
     resume.reset();  // the tensors are restored: let them go before training
   }
@@ -309,17 +313,52 @@ int Trainer::fit(std::optional<checkpoint::CheckpointData> resume) {
   return fit_loop_->exit_code();
 }
 
-void Trainer::check_resume_world_size(const checkpoint::CheckpointData& d) const {
+void Trainer::check_resume_world_size(const checkpoint::CheckpointData& d) {
+  world_size_note_.clear();
   const std::string& source = d.source;
-  const int64_t saved = CheckpointView(d, source).meta().world_size;
+  const CheckpointMeta meta = CheckpointView(d, source).meta();
+  const int64_t saved = meta.world_size;
   if (saved == world_size_) return;
-  // Every rank reads the same file and takes this branch: end in order, then the same exit 2 everywhere.
-  strategy_->shutdown();
-  throw checkpoint::CheckpointError(fmt::format(
-      "{}: written by {} process(es), but this run has {}: a resume continues the data order, RNG and "
-      "accumulation of each rank, so it needs the same number of processes (the weights alone load with "
-      "strobe validate/test on any number)",
-      source, saved, world_size_));
+  // Every rank reads the same file and takes the same branch: a refusal ends in order, then the
+  // same exit 2 everywhere (docs/DISTRIBUTED.md, "Resuming on another number of processes").
+  auto refuse = [&](const std::string& why) {
+    strategy_->shutdown();
+    throw checkpoint::CheckpointError(
+        fmt::format("{}: written by {} process(es), but this run has {}: {}", source, saved, world_size_, why));
+  };
+  if (meta.rank_alone)
+    refuse(fmt::format("it holds rank {}'s state alone (a failed step's start or a checkpoint made on an exception), "
+                       "which resumes only on the number of processes that wrote it",
+                       *meta.rank_alone));
+  const std::string* saved_text = CheckpointView(d, source).config();
+  if (saved_text == nullptr) refuse("it holds no saved config to read its batch from");
+  const config::SavedConfig then(*saved_text, source), now(config_yaml_, "this run's config");
+  auto number = [](const config::SavedConfig& c, const char* key, int64_t otherwise) {
+    const std::string v = c.leaf(key);
+    return v.empty() ? otherwise : std::stoll(v);
+  };
+  auto zero2 = [](const config::SavedConfig& c) { return c.leaf("trainer.strategy") == "zero2"; };
+  if ((saved > 1 && zero2(then)) || (world_size_ > 1 && zero2(now)))
+    refuse("trainer.strategy: zero2's optimizer shards are cut for the number of processes that hold them (a resume "
+           "on another number runs under ddp or in one process)");
+  const int64_t b_then = number(then, "data.batch_size", 1), b_now = number(now, "data.batch_size", 1);
+  const int64_t a_then = number(then, "trainer.accumulate_grad_batches", 1),
+                a_now = number(now, "trainer.accumulate_grad_batches", 1);
+  if (d.has_blob(checkpoint_keys::kLoop) && parse_loop_state(d.blob(checkpoint_keys::kLoop)).batch_in_epoch % a_then != 0)
+    refuse("it was taken inside an accumulation window, whose gradients each rank held alone");
+  if (b_then * saved != b_now * world_size_ || a_then != a_now) {
+    const int64_t global_then = b_then * saved * a_then;
+    const bool fits = global_then % (world_size_ * a_then) == 0;
+    refuse(fmt::format(
+        "its global batch is {} (data.batch_size {} x {} process(es) x trainer.accumulate_grad_batches {}) and this "
+        "run's {} ({} x {} x {}); a resume on another number of processes continues the same global batches{}",
+        global_then, b_then, saved, a_then, b_now * world_size_ * a_now, b_now, world_size_, a_now,
+        fits ? fmt::format(" (set data.batch_size={})", global_then / (world_size_ * a_then)) : std::string()));
+  }
+  // The data position carries over as it is: batch k of an epoch is the k-th global batch of the
+  // epoch's permutation on any number of processes (each rank takes a stride of it).
+  world_size_note_ = fmt::format("{} process(es) -> {}, the global batch {} kept (data.batch_size {} -> {})", saved,
+                                 world_size_, b_now * world_size_ * a_now, b_then, b_now);
 }
 
 std::optional<double> Trainer::rank0_value(std::optional<double> value) {

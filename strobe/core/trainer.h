@@ -217,7 +217,10 @@ class Trainer : private TrainerView, private StepAccess {
 
   void install_signal_handlers();
   // A resume needs the checkpoint's number of processes; else CheckpointError (exit 2) on every rank.
-  void check_resume_world_size(const checkpoint::CheckpointData& data) const;
+  // A checkpoint of another number of processes resumes when it can continue the same global batches
+  // (ddp or one process on both sides, the global batch kept, not a rank's own state, not inside an
+  // accumulation window); otherwise one CheckpointError. Sets world_size_note_ for the resume line.
+  void check_resume_world_size(const checkpoint::CheckpointData& data);
   void register_state();
   void register_fit_state();  // the optimizer, scheduler, scaler and step pipeline, once they exist
   // The live state, or with `step_start` the state at that step's start (loop_state.h: StepStart).
@@ -241,6 +244,7 @@ class Trainer : private TrainerView, private StepAccess {
   torch::Device device_{torch::kCPU};
   int64_t rank_ = 0;
   int64_t world_size_ = 1;
+  std::string world_size_note_;  // the resume line's "2 process(es) -> 1, ..." (empty: the same number)
   std::shared_ptr<distributed::Strategy> strategy_;
 
   std::shared_ptr<torch::optim::Optimizer> optimizer_;

@@ -706,8 +706,9 @@ TEST(TrainerDDP, ReplayOfATwoRankSpikeReadsEveryRankAndBisectNamesTheRankAndSamp
   checkpoint::remove_tree(job.dir);
 }
 
-// A 2-rank checkpoint resumes on 2 ranks exactly (per-rank RNG: the ranks' generators differ), and a
-// different number of processes is refused with exit 2 naming both counts. Under zero2 the same
+// A 2-rank checkpoint resumes on 2 ranks exactly (per-rank RNG: the ranks' generators differ), and
+// one process with the same data.batch_size (another global batch) is refused with exit 2 naming
+// both counts. Under zero2 the same
 // (the ranks' optimizer shards, read through the manifest, make the resume exact), and
 // additionally: the file holds the whole fp32 weights and no optimizer state, the shard folder
 // holds the latest save's files only, one process validates from it, and resuming it under ddp, or
@@ -753,6 +754,17 @@ void two_rank_checkpoint_resumes_exactly(const std::string& strategy) {
   auto rs = fit(1, single, sets, ckpt);
   EXPECT_EQ(rs[0].exit_code, 2) << describe(rs);
   EXPECT_EQ(count_lines_with(rs[0].stderr_text, "written by 2 process(es), but this run has 1"), 1) << rs[0].stderr_text;
+  if (strategy == "zero2") {  // the global batch kept: still refused, zero2's shards are cut for 2
+    Job kept = part;
+    kept.dir = part.dir + "/kept";
+    fs::create_directories(kept.dir);
+    auto rk = fit(1, kept, {"model.dropout=0.3", "model.rng_extra=true", "data.batch_size=8"}, ckpt);
+    EXPECT_EQ(rk[0].exit_code, 2) << describe(rk);
+    EXPECT_EQ(count_lines_with(rk[0].stderr_text,
+                               "written by 2 process(es), but this run has 1: trainer.strategy: zero2's optimizer shards"),
+              1)
+        << rk[0].stderr_text;
+  }
   auto other_strategy = sets;
   other_strategy.back() = strategy == "ddp" ? "trainer.strategy=zero2" : "trainer.strategy=ddp";
   if (strategy == "ddp")  // a whole optimizer state does not resume under zero2
@@ -797,6 +809,85 @@ void two_rank_checkpoint_resumes_exactly(const std::string& strategy) {
 }
 
 TEST(TrainerDDP, TwoRankCheckpointResumesExactlyOnTwoRanks) { two_rank_checkpoint_resumes_exactly("ddp"); }
+
+// A checkpoint resumes on another number of processes when the global batch is kept (docs/
+// DISTRIBUTED.md): 2 ranks x batch 4 stopped at step 3 continue as 1 process x batch 8, and 1 process
+// x batch 8 as 2 ranks x batch 4, each ending on the weights of the uninterrupted 2-rank run within
+// the reduction order's rounding (a mean of two means of 4 against one mean of 8). The resume line
+// says it. Refused with one line (exit 2): another global batch (naming the batch that keeps it), and
+// zero2 on the resuming side.
+TEST(TrainerDDP, ACheckpointResumesOnAnotherNumberOfProcessesKeepingTheGlobalBatch) {
+  const std::vector<std::string> sets = {"trainer.strategy=ddp"};
+  Job full = new_job("ws-full"), two = new_job("ws-two"), one = new_job("ws-one");
+  auto rf = fit(2, full, sets);
+  for (auto& r : rf) ASSERT_EQ(r.exit_code, 0) << describe(rf);
+  auto with = [&](std::vector<std::string> extra) {
+    auto v = sets;
+    v.insert(v.end(), extra.begin(), extra.end());
+    return v;
+  };
+  auto rt = fit(2, two, with({"trainer.max_steps=3"}));
+  for (auto& r : rt) ASSERT_EQ(r.exit_code, 0) << describe(rt);
+  auto ro = fit(1, one, with({"trainer.max_steps=3", "data.batch_size=8"}));
+  ASSERT_EQ(ro[0].exit_code, 0) << describe(ro);
+  // The step-3 checkpoints, kept aside (a resume continues in its run directory and rewrites last.ckpt).
+  auto ckpt_of = [](const Job& j) {
+    const std::string kept = j.dir + "/step3.ckpt";
+    if (!fs::exists(kept))
+      fs::copy_file(read_json(j.dir + "/rank0.json")["run_dir"].get<std::string>() + "/checkpoints/last.ckpt", kept);
+    return kept;
+  };
+  ckpt_of(two), ckpt_of(one);
+  const auto want = load_params(full.dir + "/params0.pt");
+  auto expect_close = [&](const std::string& params, const std::string& what) {
+    const auto got = load_params(params);
+    ASSERT_EQ(got.size(), want.size()) << what;
+    for (size_t i = 0; i < got.size(); ++i) {
+      const double err = (got[i] - want[i]).abs().max().item<double>() / want[i].abs().max().item<double>();
+      EXPECT_LT(err, 1e-5) << what << ": parameter " << i;
+    }
+    double moved = 0;  // the resumed run trained: it is not the checkpoint's weights
+    const auto at3 = load_params(two.dir + "/params0.pt");
+    for (size_t i = 0; i < got.size(); ++i) moved = std::max(moved, (got[i] - at3[i]).abs().max().item<double>());
+    EXPECT_GT(moved, 1e-4) << what;
+  };
+
+  Job to_one = two;
+  to_one.dir = two.dir + "/to_one";
+  fs::create_directories(to_one.dir);
+  auto r1 = fit(1, to_one, with({"data.batch_size=8"}), ckpt_of(two));
+  ASSERT_EQ(r1[0].exit_code, 0) << describe(r1);
+  EXPECT_EQ(read_json(to_one.dir + "/rank0.json")["global_step"], 6);
+  EXPECT_EQ(count_lines_with(slurp(to_one.dir + "/rank0.stdout"),
+                             "(step 3) on 2 process(es) -> 1, the global batch 16 kept (data.batch_size 4 -> 8)"), 1)
+      << slurp(to_one.dir + "/rank0.stdout");
+  expect_close(to_one.dir + "/params0.pt", "2 ranks -> 1 process");
+
+  Job to_two = one;
+  to_two.dir = one.dir + "/to_two";
+  fs::create_directories(to_two.dir);
+  auto r2 = fit(2, to_two, sets, ckpt_of(one));
+  for (auto& r : r2) ASSERT_EQ(r.exit_code, 0) << describe(r2);
+  expect_close(to_two.dir + "/params0.pt", "1 process -> 2 ranks");
+  EXPECT_TRUE(torch::equal(load_params(to_two.dir + "/params0.pt")[0], load_params(to_two.dir + "/params1.pt")[0]));
+
+  // Another global batch: 1 process x batch 4 from 2 x 4.
+  Job half = two;
+  half.dir = two.dir + "/half";
+  fs::create_directories(half.dir);
+  auto rh = fit(1, half, sets, ckpt_of(two));
+  EXPECT_EQ(rh[0].exit_code, 2) << describe(rh);
+  EXPECT_EQ(count_lines_with(rh[0].stderr_text,
+                             "written by 2 process(es), but this run has 1: its global batch is 16 (data.batch_size 4 x 2 "
+                             "process(es) x trainer.accumulate_grad_batches 2) and this run's 8 (4 x 1 x 2); a resume on "
+                             "another number of processes continues the same global batches (set data.batch_size=8)"),
+            1)
+      << rh[0].stderr_text;
+  // zero2 on the resuming side.
+  expect_refused_resume(one, "as_zero2", {"trainer.strategy=zero2"}, ckpt_of(one),
+                        "written by 1 process(es), but this run has 2: trainer.strategy: zero2's optimizer shards");
+  for (const Job& j : {full, two, one}) checkpoint::remove_tree(j.dir);
+}
 
 // kill -9 of both ranks in the middle of a sharded save (their shards of step 6 written, the file
 // not): last.ckpt is still step 4's, whole, with the shards its manifest names; resuming from it
@@ -951,6 +1042,16 @@ void an_exception_on_one_rank_saves_its_checkpoint(const std::string& strategy) 
   if (strategy == "zero2") {
     EXPECT_EQ(nlohmann::json::parse(d.blob("zero2_shard"))["rank"], 1);
     EXPECT_TRUE(d.tensors.count("model/fc1.weight") && d.tensor("model/fc1.weight").size(0) == 32) << "the whole parameter";
+  }
+  EXPECT_EQ(nlohmann::json::parse(d.blob("meta"))["rank_alone"], 1);
+  if (strategy == "ddp") {  // one rank's state: no resume on another number of processes
+    Job single = job;
+    single.dir = job.dir + "/single";
+    fs::create_directories(single.dir);
+    auto r1 = fit(1, single, {"trainer.accumulate_grad_batches=1", "data.batch_size=8"}, ckpt);
+    EXPECT_EQ(r1[0].exit_code, 2) << describe(r1);
+    EXPECT_EQ(count_lines_with(r1[0].stderr_text, "written by 2 process(es), but this run has 1: it holds rank 1's state alone"), 1)
+        << r1[0].stderr_text;
   }
   checkpoint::remove_tree(job.dir);
 }
