@@ -47,16 +47,17 @@ def timed(fn, make_inputs, n):
             fn(*a)
             total += time.perf_counter() - t0
         return total / n * 1e3
-    total = 0.0
-    for _ in range(n):
-        a = make_inputs()
-        st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        st.record()
-        fn(*a)
-        en.record()
-        torch.cuda.synchronize()
-        total += st.elapsed_time(en)
-    return total / n
+    return sum(event_ms(fn, make_inputs()) for _ in range(n)) / n
+
+
+def event_ms(fn, args):
+    """fn(*args) on the GPU, timed by CUDA events, ms."""
+    st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    st.record()
+    fn(*args)
+    en.record()
+    torch.cuda.synchronize()
+    return st.elapsed_time(en)
 
 
 def main():
@@ -107,13 +108,7 @@ def interleaved(variants, make_inputs, n):
             fn(*make_inputs())
     for _ in range(n):
         for name, fn in variants.items():
-            a = make_inputs()
-            st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            st.record()
-            fn(*a)
-            en.record()
-            torch.cuda.synchronize()
-            times[name].append(st.elapsed_time(en))
+            times[name].append(event_ms(fn, make_inputs()))
     return {name: (sorted(t)[len(t) // 2], sum(t) / len(t)) for name, t in times.items()}
 
 
