@@ -11,7 +11,8 @@
 #   strobe_add_gtest_suites(TARGET LABELS <labels> COST_PER_TEST <seconds> ENV <VAR=value>...)
 #
 # COST: where ctest has no timings of its own yet (a fresh build tree), a suite's cost is its number
-# of cases times COST_PER_TEST, so the long suites start first.
+# of cases times COST_PER_TEST, so the long suites start first. A suite runs through gtest_suite.sh:
+# skipped (exit 77) only when every case skipped; a failing case always fails it.
 if(CMAKE_SCRIPT_MODE_FILE)
   # Script mode (the POST_BUILD step): list the executable's suites and write the ctest file.
   string(REPLACE "|" ";" env "${ENV}")
@@ -34,9 +35,10 @@ if(CMAKE_SCRIPT_MODE_FILE)
     if(NOT suite STREQUAL "")
       math(EXPR cost "${count} * ${COST_PER_TEST}")
       string(APPEND content
-        "add_test([=[${suite}]=] [=[${CMAKE_COMMAND}]=] -E env${env_args} [=[${EXE}]=] [=[--gtest_filter=${suite}.*]=])\n"
+        "add_test([=[${suite}]=] sh [=[${RUNNER}]=] [=[${CMAKE_COMMAND}]=] -E env${env_args} [=[${EXE}]=] "
+        "[=[--gtest_filter=${suite}.*]=])\n"
         "set_tests_properties([=[${suite}]=] PROPERTIES LABELS [=[${labels}]=] COST ${cost} "
-        "WORKING_DIRECTORY [=[${WORKDIR}]=] SKIP_REGULAR_EXPRESSION [=[\\[  PASSED  \\] 0 tests]=])\n")
+        "WORKING_DIRECTORY [=[${WORKDIR}]=] SKIP_RETURN_CODE 77)\n")
     endif()
   endmacro()
   foreach(line IN LISTS lines)
@@ -67,6 +69,7 @@ function(strobe_add_gtest_suites target)
   add_custom_command(TARGET ${target} POST_BUILD
     COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:${target}> -DOUT=${tests_file} "-DENV=${env}"
       "-DLABELS=${labels}" -DCOST_PER_TEST=${arg_COST_PER_TEST} -DWORKDIR=${PROJECT_BINARY_DIR}
+      -DRUNNER=${CMAKE_CURRENT_FUNCTION_LIST_DIR}/gtest_suite.sh
       -P ${CMAKE_CURRENT_FUNCTION_LIST_FILE}
     BYPRODUCTS ${tests_file} VERBATIM)
   file(WRITE ${include_file}

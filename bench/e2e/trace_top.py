@@ -18,6 +18,9 @@ import sys
 CATEGORIES = [
     ("attention", r"flash|fmha|attention|sdpa|softmax"),
     ("optimizer", r"multi_tensor|adam|sgd|foreach|fused_optim|nonfinite"),
+    # trainer.fp8's quantization (strobe::fp8_quantize: the amax pass and the cast with its transpose),
+    # before the GEMMs and casts its kernel names would otherwise fall under
+    ("float8 cast", r"fp8_kernels|amax_kernel|amax_v2_kernel|cast_kernel|cast_v2_kernel"),
     ("gemm", r"gemm|sm90_xmma|cutlass|cublas|nvjet|matmul|wgmma|xmma_gemm|splitk"),
     ("conv", r"conv|implicit|winograd|dgrad|wgrad|fprop|cudnn|nchwToNhwc|nhwcToNchw"),
     ("norm", r"layer_norm|layernorm|batch_norm|batchnorm|bn_|welford|LayerNorm|BatchNorm"),

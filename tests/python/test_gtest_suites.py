@@ -3,9 +3,11 @@ the whole suite in one process (`--gtest_filter=<Suite>.*`).
 
 - Its listing parser, on a planted executable (a script printing a GoogleTest listing with plain,
   parameterized and typed suites and '#' comments): one test per suite, the filter naming the suite,
-  COST = cases x COST_PER_TEST, the labels, the environment, the skip rule (nothing passed).
+  COST = cases x COST_PER_TEST, the labels, the environment, the runner (cmake/gtest_suite.sh) and
+  its skip code.
 - The build tree: for every CPU test executable, the suites in its ctest file are exactly the suites
-  it lists, in no CUDA executable's, and ctest reports a suite whose every case skips as skipped.
+  it lists, in no CUDA executable's; through the runner ctest reports a suite whose every case skips
+  as skipped, one with a failing case (all of them, or beside skips) as failed, the rest as passed.
 
 Usage: test_gtest_suites.py (STROBE_SOURCE_DIR, STROBE_BUILD_DIR: the source and a built build tree)."""
 import glob, os, re, subprocess, sys, tempfile
@@ -13,6 +15,7 @@ import glob, os, re, subprocess, sys, tempfile
 SRC = os.path.realpath(os.environ.get("STROBE_SOURCE_DIR", "."))
 BUILD = os.path.realpath(os.environ.get("STROBE_BUILD_DIR", "build"))
 SCRIPT = os.path.join(SRC, "cmake", "GtestSuites.cmake")
+RUNNER = os.path.join(SRC, "cmake", "gtest_suite.sh")
 LISTING = """Running main() from gtest_main.cc
 Plain.
   First
@@ -35,13 +38,13 @@ def generate(tmp, listing, cost):
     os.chmod(exe, 0o755)
     out = os.path.join(tmp, "suites.cmake")
     r = subprocess.run(["cmake", f"-DEXE={exe}", f"-DOUT={out}", "-DENV=STROBE_PLANTED=yes|OTHER=1", "-DLABELS=cpu|fake",
-                        f"-DCOST_PER_TEST={cost}", f"-DWORKDIR={tmp}", "-P", SCRIPT], capture_output=True, text=True)
+                        f"-DCOST_PER_TEST={cost}", f"-DWORKDIR={tmp}", f"-DRUNNER={RUNNER}", "-P", SCRIPT],
+                       capture_output=True, text=True)
     return r, exe, out
 
 
 def main():
     failures = []
-    text = ""
     with tempfile.TemporaryDirectory() as tmp:
         r, exe, out = generate(tmp, LISTING, 3)
         text = open(out).read() if r.returncode == 0 else ""
@@ -51,14 +54,15 @@ def main():
             failures.append(f"suites {names}, want Plain, Shapes/Param, Typed/0, Last (exit {r.returncode}: {r.stderr})")
         for m in adds:
             if m and (f"[=[--gtest_filter={m.group(1)}.*]=]" not in m.group(2) or "[=[STROBE_PLANTED=yes]=]" not in m.group(2)
+                      or not m.group(2).startswith(f"sh [=[{RUNNER}]=] ")
                       or "[=[OTHER=1]=]" not in m.group(2) or f"[=[{exe}]=]" not in m.group(2)):
                 failures.append(f"{m.group(1)}: the command does not filter the suite or lacks the environment: {m.group(2)}")
         for name, cost in (("Plain", 6), ("Shapes/Param", 6), ("Typed/0", 3), ("Last", 3)):
             want = f"set_tests_properties([=[{name}]=] PROPERTIES LABELS [=[cpu;fake]=] COST {cost} "
             if want not in text:
                 failures.append(f"{name}: no '{want}' in\n{text}")
-        if text.count("SKIP_REGULAR_EXPRESSION [=[\\[  PASSED  \\] 0 tests]=]") != 4:
-            failures.append(f"not every suite is skipped only when none of its cases passed:\n{text}")
+        if text.count("SKIP_RETURN_CODE 77)") != 4 or "SKIP_REGULAR_EXPRESSION" in text:
+            failures.append(f"not every suite skips by the runner's exit code alone:\n{text}")
         r, _, _ = generate(tmp, "Running main() from gtest_main.cc\n", 1)
         if r.returncode == 0 or "lists no test suite" not in r.stderr:
             failures.append(f"an executable listing no suite: exit {r.returncode}, {r.stderr!r}")
@@ -80,19 +84,28 @@ def main():
     if cases < 400:
         failures.append(f"the CPU executables list {cases} cases: not a built tree")
 
-    # ctest under the generated skip rule: a suite every case of which skips is reported skipped; one
-    # with a passing case passed.
-    rule = re.search(r"SKIP_REGULAR_EXPRESSION (\[=\[.*?\]=\])", text)
+    # ctest through the runner: every case skipped -> skipped; every case failed, or a failure beside
+    # skips -> failed (gtest prints "[  PASSED  ] 0 tests." for both); a passing case -> passed.
+    outputs = {
+        "AllSkipped": ("[  PASSED  ] 0 tests.\n[  SKIPPED ] 2 tests, listed below:\n", 0),
+        "AllFailed": ("[  PASSED  ] 0 tests.\n[  FAILED  ] 2 tests, listed below:\n", 1),
+        "SkipAndFail": ("[  PASSED  ] 0 tests.\n[  SKIPPED ] 1 test, listed below:\n[  FAILED  ] 1 test, listed below:\n", 1),
+        "SomePassed": ("[  PASSED  ] 1 test.\n[  SKIPPED ] 1 test, listed below:\n", 0),
+    }
+    want = {"AllSkipped": "Skipped", "AllFailed": "Failed", "SkipAndFail": "Failed", "SomePassed": "Passed"}
     with tempfile.TemporaryDirectory() as tmp:
-        skipped_all = "[==========] 2 tests ran.\n[  PASSED  ] 0 tests.\n[  SKIPPED ] 2 tests, listed below:\n"
-        some = "[==========] 2 tests ran.\n[  PASSED  ] 1 test.\n[  SKIPPED ] 1 test, listed below:\n"
         with open(os.path.join(tmp, "CTestTestfile.cmake"), "w") as ct:
-            for name, out in (("AllSkipped", skipped_all), ("SomePassed", some)):
-                ct.write(f"add_test([=[{name}]=] sh -c [=[printf '{out}']=])\n"
-                         f"set_tests_properties([=[{name}]=] PROPERTIES SKIP_REGULAR_EXPRESSION {rule.group(1) if rule else ''})\n")
+            for name, (out, rc) in outputs.items():
+                fake = os.path.join(tmp, name)
+                with open(fake, "w") as f:
+                    f.write(f"#!/bin/sh\nprintf '{out}'\nexit {rc}\n")
+                os.chmod(fake, 0o755)
+                ct.write(f"add_test([=[{name}]=] sh [=[{RUNNER}]=] [=[{fake}]=])\n"
+                         f"set_tests_properties([=[{name}]=] PROPERTIES SKIP_RETURN_CODE 77)\n")
         r = subprocess.run(["ctest"], cwd=tmp, capture_output=True, text=True)
-        if not re.search(r"AllSkipped \.+\*+Skipped", r.stdout) or not re.search(r"SomePassed \.+ +Passed", r.stdout):
-            failures.append(f"ctest's verdicts under the suites' skip rule {rule.group(1) if rule else None}:\n{r.stdout}")
+        for name, verdict in want.items():
+            if not re.search(rf"{name} \.+ *(\*+)?{verdict}", r.stdout):
+                failures.append(f"ctest through the runner: {name} is not {verdict}:\n{r.stdout}")
 
     for f in failures:
         print(f)
