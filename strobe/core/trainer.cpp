@@ -313,7 +313,7 @@ int Trainer::fit(std::optional<checkpoint::CheckpointData> resume) {
   return fit_loop_->exit_code();
 }
 
-void Trainer::check_resume_world_size(const checkpoint::CheckpointData& d) {
+void Trainer::check_resume_world_size(const checkpoint::CheckpointData& d, const config::SavedConfig* then) {
   world_size_note_.clear();
   const std::string& source = d.source;
   const CheckpointMeta meta = CheckpointView(d, source).meta();
@@ -330,20 +330,19 @@ void Trainer::check_resume_world_size(const checkpoint::CheckpointData& d) {
     refuse(fmt::format("it holds rank {}'s state alone (a failed step's start or a checkpoint made on an exception), "
                        "which resumes only on the number of processes that wrote it",
                        *meta.rank_alone));
-  const std::string* saved_text = CheckpointView(d, source).config();
-  if (saved_text == nullptr) refuse("it holds no saved config to read its batch from");
-  const config::SavedConfig then(*saved_text, source), now(config_yaml_, "this run's config");
-  auto number = [](const config::SavedConfig& c, const char* key, int64_t otherwise) {
-    const std::string v = c.leaf(key);
-    return v.empty() ? otherwise : std::stoll(v);
+  if (then == nullptr) refuse("its saved config is missing or does not parse, so its batch cannot be read");
+  // The checkpoint's values from its resolved config, this run's from its own (defaults resolved).
+  auto saved_number = [&](const char* key) {
+    const std::string v = then->leaf(key);
+    return v.empty() ? int64_t{1} : std::stoll(v);
   };
-  auto zero2 = [](const config::SavedConfig& c) { return c.leaf("trainer.strategy") == "zero2"; };
-  if ((saved > 1 && zero2(then)) || (world_size_ > 1 && zero2(now)))
+  const YAML::Node data_now = exp_.data.node();
+  const int64_t b_then = saved_number("data.batch_size"), a_then = saved_number("trainer.accumulate_grad_batches");
+  const int64_t b_now = data_now["batch_size"] ? data_now["batch_size"].as<int64_t>() : 1,
+                a_now = exp_.trainer.accumulate_grad_batches;
+  if ((saved > 1 && then->leaf("trainer.strategy") == "zero2") || (world_size_ > 1 && exp_.trainer.strategy == "zero2"))
     refuse("trainer.strategy: zero2's optimizer shards are cut for the number of processes that hold them (a resume "
            "on another number runs under ddp or in one process)");
-  const int64_t b_then = number(then, "data.batch_size", 1), b_now = number(now, "data.batch_size", 1);
-  const int64_t a_then = number(then, "trainer.accumulate_grad_batches", 1),
-                a_now = number(now, "trainer.accumulate_grad_batches", 1);
   if (d.has_blob(checkpoint_keys::kLoop) && parse_loop_state(d.blob(checkpoint_keys::kLoop)).batch_in_epoch % a_then != 0)
     refuse("it was taken inside an accumulation window, whose gradients each rank held alone");
   if (b_then * saved != b_now * world_size_ || a_then != a_now) {

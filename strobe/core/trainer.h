@@ -220,7 +220,9 @@ class Trainer : private TrainerView, private StepAccess {
   // A checkpoint of another number of processes resumes when it can continue the same global batches
   // (ddp or one process on both sides, the global batch kept, not a rank's own state, not inside an
   // accumulation window); otherwise one CheckpointError. Sets world_size_note_ for the resume line.
-  void check_resume_world_size(const checkpoint::CheckpointData& data);
+  // `saved_config`: the checkpoint's, parsed once for the resume (compare_configs); null when it
+  // holds none.
+  void check_resume_world_size(const checkpoint::CheckpointData& data, const config::SavedConfig* saved_config);
   void register_state();
   void register_fit_state();  // the optimizer, scheduler, scaler and step pipeline, once they exist
   // The live state, or with `step_start` the state at that step's start (loop_state.h: StepStart).

@@ -79,7 +79,10 @@ void Trainer::save_checkpoint(const std::string& path) {
 }
 
 std::vector<config::ConfigChange> Trainer::restore_training_state(const checkpoint::CheckpointData& data) {
-  check_resume_world_size(data);
+  // The saved config against the current one, parsed once (a zero2 rank's merged shard below holds
+  // the same config).
+  const ConfigComparison configs = compare_configs(data, config_yaml_, checkpoint_config_);
+  check_resume_world_size(data, configs.saved.get());
   // zero2: this rank's optimizer shard joins the state (sharded_checkpoint.h).
   const std::optional<checkpoint::CheckpointData> own = sharded_checkpoint().for_resume(data);
   const checkpoint::CheckpointData& d = own ? *own : data;
@@ -97,7 +100,7 @@ std::vector<config::ConfigChange> Trainer::restore_training_state(const checkpoi
         source, fmt::join(lacking, ", ")));
   // Before any state is restored: the saved config against the current one (another optimizer,
   // precision or model shape is refused naming the change; the rest is returned for fit to list).
-  auto changes = check_resume_compatible(source, d, compare_configs(d, config_yaml_, checkpoint_config_), module_->net());
+  auto changes = check_resume_compatible(source, d, configs, module_->net());
   connector_.load(d, /*restore_training_state=*/true, source);
   each("on_load_checkpoint", [&](Callback& cb) { cb.on_load_checkpoint(*this, *module_, d); });
   return changes;

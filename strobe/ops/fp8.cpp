@@ -35,6 +35,11 @@ void fp8_check_input(const at::Tensor& x, at::ScalarType dtype, const std::optio
 
 double fp8_max(at::ScalarType dtype) { return dtype == at::kFloat8_e4m3fn ? 448.0 : 57344.0; }
 
+// amax propagates a NaN (and fp8q_cpu's clamp_min keeps it).
+at::Tensor fp8_amax(const at::Tensor& x) {
+  return x.numel() == 0 ? at::zeros({}, x.options().dtype(at::kFloat)) : x.abs().amax().to(at::kFloat);
+}
+
 }  // namespace detail
 
 namespace {
@@ -51,10 +56,7 @@ std::tuple<Tensor, Tensor, Tensor> fp8q_cpu(const Tensor& x, at::ScalarType dtyp
   detail::fp8_check_input(x, dtype, given);
   const double max = detail::fp8_max(dtype);
   const Tensor xf = x.to(at::kFloat);
-  // max |x|, NaN when any element is NaN (amax propagates it; clamp_min keeps it).
-  const Tensor amax = present(given)      ? *given
-                      : x.numel() == 0 ? at::zeros({}, xf.options())
-                                       : xf.abs().amax();
+  const Tensor amax = present(given) ? *given : detail::fp8_amax(xf);
   const Tensor scale = at::full({}, max, xf.options()) / amax.clamp_min(kFp8MinAmax);
   const Tensor q = (xf * scale).clamp(-max, max).to(dtype);
   const Tensor q_t = transpose ? q.t().contiguous() : at::empty({0}, q.options());

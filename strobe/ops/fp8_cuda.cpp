@@ -5,12 +5,9 @@
 
 #include "strobe/ops/cuda/fp8.h"
 #include "strobe/ops/cuda_glue.h"
+#include "strobe/ops/internal.h"
 
 namespace strobe::ops {
-namespace detail {
-void fp8_check_input(const at::Tensor& x, at::ScalarType dtype, const std::optional<at::Tensor>& amax);
-}  // namespace detail
-
 namespace {
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fp8q_cuda(const at::Tensor& x, at::ScalarType dtype, bool transpose,

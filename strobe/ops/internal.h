@@ -32,6 +32,13 @@ inline int64_t parse_reduction(std::string_view r, const char* op) {
 void giou_check_inputs(const at::Tensor& pred, const at::Tensor& target, const std::optional<at::Tensor>& offsets,
                        int64_t layout);
 
+// fp8_quantize's input checks (x, the float8 dtype, a given amax), shared by its CPU, CUDA and meta
+// kernels (fp8.cpp).
+void fp8_check_input(const at::Tensor& x, at::ScalarType dtype, const std::optional<at::Tensor>& amax);
+// max |x| in fp32, 0-dim: NaN when x holds a NaN, 0 for an empty x. The amax of a float8 quantization,
+// on the CPU (fp8_quantize's, and swiglu's outputs' for fp8_linear_swiglu).
+at::Tensor fp8_amax(const at::Tensor& x);
+
 // Whether an optional tensor argument (a schema's `Tensor?`) was given.
 inline bool present(const std::optional<at::Tensor>& t) { return t.has_value() && t->defined(); }
 

@@ -8,6 +8,7 @@
 #include <torch/autograd.h>
 #include <torch/library.h>
 
+#include "strobe/ops/internal.h"
 #include "strobe/ops/ops.h"
 
 namespace strobe::ops {
@@ -56,20 +57,14 @@ Tensor sw_bwd_cpu(const Tensor& dy, const Tensor& gu) {
   return at::cat({at::silu_backward(ds, gate), du}, -1);
 }
 
-// max |t| as a 0-dim fp32 tensor, NaN when t holds one (amax propagates it), 0 for an empty t: what
-// fp8_quantize finds over the same values.
-Tensor amax_of(const Tensor& t) {
-  return t.numel() == 0 ? at::zeros({}, t.options().dtype(at::kFloat)) : t.abs().amax().to(at::kFloat);
-}
-
 std::tuple<Tensor, Tensor> sw_fwd_amax_cpu(const Tensor& gu) {
   Tensor y = sw_fwd_cpu(gu);
-  Tensor amax = amax_of(y);
+  Tensor amax = detail::fp8_amax(y);
   return {y, amax};
 }
 std::tuple<Tensor, Tensor> sw_bwd_amax_cpu(const Tensor& dy, const Tensor& gu) {
   Tensor dgu = sw_bwd_cpu(dy, gu);
-  Tensor amax = amax_of(dgu);
+  Tensor amax = detail::fp8_amax(dgu);
   return {dgu, amax};
 }
 std::tuple<Tensor, Tensor> sw_fwd_amax_meta(const Tensor& gu) {

@@ -172,24 +172,21 @@ template <typename T>
 cudaError_t launch(const void* x, int64_t rows, int64_t cols, Fp8Format format, void* q, void* q_t, float* amax,
                    bool amax_given, float* scale_inv, cudaStream_t stream) {
   const int64_t n = rows * cols;
-  cudaError_t e = cudaSuccess;
   const bool v2 = use_v2(x, rows, cols, q_t);
-  if (amax_given) {
-    // the producer's amax: no pass over x before the cast
-  } else if ((e = cudaMemsetAsync(amax, 0, sizeof(float), stream)) != cudaSuccess) {
-    return e;
-  } else if (n > 0 && v2) {
-    const int64_t blocks = std::min<int64_t>((n / 8 + kAmaxThreads - 1) / kAmaxThreads + 1, 132 * 8);
-    amax_v2_kernel<T><<<static_cast<unsigned>(blocks), kAmaxThreads, 0, stream>>>(static_cast<const T*>(x), n,
-                                                                                 reinterpret_cast<unsigned*>(amax));
-    if ((e = cudaGetLastError()) != cudaSuccess) return e;
-  } else if (n > 0) {
-    const int64_t blocks = std::min<int64_t>((n + kAmaxThreads - 1) / kAmaxThreads, 132 * 8);
-    amax_kernel<T><<<static_cast<unsigned>(blocks), kAmaxThreads, 0, stream>>>(static_cast<const T*>(x), n,
-                                                                              reinterpret_cast<unsigned*>(amax));
+  const auto* xs = static_cast<const T*>(x);
+  if (!amax_given) {  // a producer's amax needs no pass over x before the cast
+    cudaError_t e = cudaMemsetAsync(amax, 0, sizeof(float), stream);
+    if (e != cudaSuccess) return e;
+    auto* bits = reinterpret_cast<unsigned*>(amax);
+    if (n > 0 && v2) {
+      const int64_t blocks = std::min<int64_t>((n / 8 + kAmaxThreads - 1) / kAmaxThreads + 1, 132 * 8);
+      amax_v2_kernel<T><<<static_cast<unsigned>(blocks), kAmaxThreads, 0, stream>>>(xs, n, bits);
+    } else if (n > 0) {
+      const int64_t blocks = std::min<int64_t>((n + kAmaxThreads - 1) / kAmaxThreads, 132 * 8);
+      amax_kernel<T><<<static_cast<unsigned>(blocks), kAmaxThreads, 0, stream>>>(xs, n, bits);
+    }
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
   }
-  const auto* xs = static_cast<const T*>(x);
   auto* qo = static_cast<uint8_t*>(q);
   auto* qt = static_cast<uint8_t*>(q_t);
   if (v2 && n > 0) {
