@@ -8,7 +8,12 @@
 # Like gtest_discover_tests, the suites are listed after each build of the executable (so a new TEST
 # needs no configure) into a file ctest includes.
 #
-#   strobe_add_gtest_suites(TARGET LABELS <labels> COST_PER_TEST <seconds> ENV <VAR=value>...)
+#   strobe_add_gtest_suites(TARGET LABELS <labels> COST_PER_TEST <seconds> ENV <VAR=value>...
+#                           [RESOURCE_LOCK <name>])
+#
+# RESOURCE_LOCK: the executable's suites never run beside each other (ctest's RESOURCE_LOCK); the
+# tests that fork ranks with a rendezvous and a timeout of a few seconds take one, so two such
+# suites do not starve each other's ranks on a 2-core machine.
 #
 # COST: where ctest has no timings of its own yet (a fresh build tree), a suite's cost is its number
 # of cases times COST_PER_TEST, so the long suites start first. A suite runs through gtest_suite.sh:
@@ -17,6 +22,10 @@ if(CMAKE_SCRIPT_MODE_FILE)
   # Script mode (the POST_BUILD step): list the executable's suites and write the ctest file.
   string(REPLACE "|" ";" env "${ENV}")
   string(REPLACE "|" ";" labels "${LABELS}")
+  set(lock "")
+  if(NOT RESOURCE_LOCK STREQUAL "")
+    set(lock " RESOURCE_LOCK [=[${RESOURCE_LOCK}]=]")
+  endif()
   set(env_args "")
   foreach(v IN LISTS env)
     string(APPEND env_args " [=[${v}]=]")
@@ -38,7 +47,7 @@ if(CMAKE_SCRIPT_MODE_FILE)
         "add_test([=[${suite}]=] sh [=[${RUNNER}]=] [=[${CMAKE_COMMAND}]=] -E env${env_args} [=[${EXE}]=] "
         "[=[--gtest_filter=${suite}.*]=])\n"
         "set_tests_properties([=[${suite}]=] PROPERTIES LABELS [=[${labels}]=] COST ${cost} "
-        "WORKING_DIRECTORY [=[${WORKDIR}]=] SKIP_RETURN_CODE 77)\n")
+        "WORKING_DIRECTORY [=[${WORKDIR}]=] SKIP_RETURN_CODE 77${lock})\n")
     endif()
   endmacro()
   foreach(line IN LISTS lines)
@@ -61,7 +70,7 @@ if(CMAKE_SCRIPT_MODE_FILE)
 endif()
 
 function(strobe_add_gtest_suites target)
-  cmake_parse_arguments(arg "" "COST_PER_TEST" "LABELS;ENV" ${ARGN})
+  cmake_parse_arguments(arg "" "COST_PER_TEST;RESOURCE_LOCK" "LABELS;ENV" ${ARGN})
   set(tests_file ${CMAKE_CURRENT_BINARY_DIR}/${target}_suites.cmake)
   set(include_file ${CMAKE_CURRENT_BINARY_DIR}/${target}_suites_include.cmake)
   string(REPLACE ";" "|" env "${arg_ENV}")
@@ -69,7 +78,7 @@ function(strobe_add_gtest_suites target)
   add_custom_command(TARGET ${target} POST_BUILD
     COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:${target}> -DOUT=${tests_file} "-DENV=${env}"
       "-DLABELS=${labels}" -DCOST_PER_TEST=${arg_COST_PER_TEST} -DWORKDIR=${PROJECT_BINARY_DIR}
-      -DRUNNER=${CMAKE_CURRENT_FUNCTION_LIST_DIR}/gtest_suite.sh
+      -DRUNNER=${CMAKE_CURRENT_FUNCTION_LIST_DIR}/gtest_suite.sh "-DRESOURCE_LOCK=${arg_RESOURCE_LOCK}"
       -P ${CMAKE_CURRENT_FUNCTION_LIST_FILE}
     BYPRODUCTS ${tests_file} VERBATIM)
   file(WRITE ${include_file}

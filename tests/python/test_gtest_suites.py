@@ -6,7 +6,8 @@ the whole suite in one process (`--gtest_filter=<Suite>.*`).
   COST = cases x COST_PER_TEST, the labels, the environment, the runner (cmake/gtest_suite.sh) and
   its skip code.
 - The build tree: for every CPU test executable, the suites in its ctest file are exactly the suites
-  it lists, in no CUDA executable's; through the runner ctest reports a suite whose every case skips
+  it lists, in no CUDA executable's; the distributed tests' suites (which fork ranks) share one
+  RESOURCE_LOCK and no other's do; through the runner ctest reports a suite whose every case skips
   as skipped, one with a failing case (all of them, or beside skips) as failed, the rest as passed.
 
 Usage: test_gtest_suites.py (STROBE_SOURCE_DIR, STROBE_BUILD_DIR: the source and a built build tree)."""
@@ -31,14 +32,14 @@ Last.
 ADD = re.compile(r"^add_test\(\[=\[(.+?)\]=\] (.*)\)$")
 
 
-def generate(tmp, listing, cost):
+def generate(tmp, listing, cost, lock=""):
     exe = os.path.join(tmp, "fake_test")
     with open(exe, "w") as f:
         f.write("#!/bin/sh\necho \"$STROBE_PLANTED $*\" > \"$0.args\"\ncat <<'EOF'\n" + listing + "EOF\n")
     os.chmod(exe, 0o755)
     out = os.path.join(tmp, "suites.cmake")
     r = subprocess.run(["cmake", f"-DEXE={exe}", f"-DOUT={out}", "-DENV=STROBE_PLANTED=yes|OTHER=1", "-DLABELS=cpu|fake",
-                        f"-DCOST_PER_TEST={cost}", f"-DWORKDIR={tmp}", f"-DRUNNER={RUNNER}", "-P", SCRIPT],
+                        f"-DCOST_PER_TEST={cost}", f"-DWORKDIR={tmp}", f"-DRUNNER={RUNNER}", f"-DRESOURCE_LOCK={lock}", "-P", SCRIPT],
                        capture_output=True, text=True)
     return r, exe, out
 
@@ -63,6 +64,10 @@ def main():
                 failures.append(f"{name}: no '{want}' in\n{text}")
         if text.count("SKIP_RETURN_CODE 77)") != 4 or "SKIP_REGULAR_EXPRESSION" in text:
             failures.append(f"not every suite skips by the runner's exit code alone:\n{text}")
+        r, _, locked = generate(tmp, LISTING, 1, "forked_ranks")
+        locked = open(locked).read() if r.returncode == 0 else ""
+        if locked.count("SKIP_RETURN_CODE 77 RESOURCE_LOCK [=[forked_ranks]=])") != 4 or "RESOURCE_LOCK" in text:
+            failures.append(f"RESOURCE_LOCK is not on every suite given one, or is on suites given none:\n{locked}")
         r, _, _ = generate(tmp, "Running main() from gtest_main.cc\n", 1)
         if r.returncode == 0 or "lists no test suite" not in r.stderr:
             failures.append(f"an executable listing no suite: exit {r.returncode}, {r.stderr!r}")
@@ -81,6 +86,10 @@ def main():
         named = [m.group(1) for m in (ADD.match(l) for l in open(f).read().splitlines()) if m]
         if named != suites or not suites:
             failures.append(f"{os.path.basename(f)}: ctest runs suites {named}, {os.path.basename(exe)} lists {suites}")
+    for f in files:  # the suites that fork ranks never run beside each other
+        locked = "RESOURCE_LOCK [=[forked_ranks]=]" in open(f).read()
+        if locked != os.path.basename(f).startswith("test_distributed"):
+            failures.append(f"{os.path.basename(f)}: RESOURCE_LOCK forked_ranks {'set' if locked else 'missing'}")
     if cases < 400:
         failures.append(f"the CPU executables list {cases} cases: not a built tree")
 
