@@ -29,7 +29,7 @@ struct ProfilerConfig {
 struct Fp8Config {
   bool enabled = false;
   std::vector<std::string> skip;          // globs over the layers' module paths ("layers.*.self_attn.k_proj")
-  int64_t min_size = 2048 * 2048;         // the smallest weight (out x in elements) that runs in float8
+  int64_t min_size = 3072 * 1024;         // the smallest weight (out x in elements) that runs in float8
 };
 
 struct TrainerConfig {

@@ -63,6 +63,12 @@ std::tuple<Tensor, Tensor, Tensor> fp8q_cpu(const Tensor& x, at::ScalarType dtyp
   return {q, q_t, at::reciprocal(scale)};
 }
 
+std::tuple<Tensor, Tensor, Tensor, Tensor> fp8qs_cpu(const Tensor& x, at::ScalarType dtype, bool transpose,
+                                                    const OptTensor& given) {
+  auto [q, q_t, scale_inv] = fp8q_cpu(x, dtype, transpose, given);
+  return {q, q_t, scale_inv, x.sum(0, false, at::kFloat)};
+}
+
 std::tuple<Tensor, Tensor, Tensor> fp8q_meta(const Tensor& x, at::ScalarType dtype, bool transpose,
                                              const OptTensor& given) {
   detail::fp8_check_input(x, dtype, given);
@@ -72,6 +78,12 @@ std::tuple<Tensor, Tensor, Tensor> fp8q_meta(const Tensor& x, at::ScalarType dty
   return {q, q_t, at::empty({}, x.options().dtype(at::kFloat))};
 }
 
+std::tuple<Tensor, Tensor, Tensor, Tensor> fp8qs_meta(const Tensor& x, at::ScalarType dtype, bool transpose,
+                                                     const OptTensor& given) {
+  auto [q, q_t, scale_inv] = fp8q_meta(x, dtype, transpose, given);
+  return {q, q_t, scale_inv, at::empty_symint({x.sym_size(1)}, x.options().dtype(at::kFloat))};
+}
+
 // --- fp8_linear ------------------------------------------------------------------------------------
 
 using Fp8LinearFwdSig = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>(const Tensor&, const Tensor&,
@@ -79,6 +91,7 @@ using Fp8LinearFwdSig = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>(const
 using Fp8LinearBwdSig = std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                                                            const Tensor&, at::ScalarType, std::optional<at::ScalarType>,
                                                            std::array<bool, 3>, const OptTensor&);
+using Fp8QuantizeSumSig = std::tuple<Tensor, Tensor, Tensor, Tensor>(const Tensor&, at::ScalarType, bool, const OptTensor&);
 using SwigluAmaxFwdSig = std::tuple<Tensor, Tensor>(const Tensor&);
 using SwigluAmaxBwdSig = std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&);
 
@@ -150,6 +163,12 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> fp8l_fwd_meta(const Tensor& x
           save_w_t ? at::empty_symint({w.sym_size(1), w.sym_size(0)}, f8) : at::empty({0}, f8), scale()};
 }
 
+const c10::TypedOperatorHandle<Fp8QuantizeSumSig>& fp8qs_op() {
+  static const auto op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("strobe::fp8_quantize_sum", "").typed<Fp8QuantizeSumSig>();
+  return op;
+}
+
 // (dx, dweight, dbias) as output_mask asks (undefined otherwise). dy quantized to e5m2 (the gradient's
 // range; e5m2 x e4m3 GEMMs, fp32 accumulation without fast accumulation): dx = _scaled_mm(q_dy, w)
 // in dy's dtype, dweight = _scaled_mm(q_dy^T, x) in weight_dtype over the tokens padded to 16, dbias
@@ -161,9 +180,20 @@ std::tuple<Tensor, Tensor, Tensor> fp8l_bwd(const Tensor& dy, const Tensor& x_t,
   const Tensor dy2 = dy.reshape({-1, n});
   const int64_t m = dy2.size(0);
   Tensor dx, dw, db;
-  if (mask[2] && b_dtype) db = dy2.sum(0, false, at::kFloat).to(*b_dtype);
-  if (!mask[0] && !mask[1]) return {dx, dw, db};  // only the bias: no GEMM, no quantization
-  auto [qdy, qdy_t, sdy] = fp8_quantize(dy2, at::kFloat8_e5m2, mask[1], dy_amax);
+  const bool want_db = mask[2] && b_dtype;
+  if (!mask[0] && !mask[1]) {  // only the bias: no GEMM, no quantization
+    if (want_db) db = dy2.sum(0, false, at::kFloat).to(*b_dtype);
+    return {dx, dw, db};
+  }
+  // The bias gradient from the cast's read of dy (fp8_quantize_sum) rather than a pass of its own.
+  Tensor qdy, qdy_t, sdy;
+  if (want_db) {
+    Tensor sums;
+    std::tie(qdy, qdy_t, sdy, sums) = fp8qs_op().call(dy2, at::kFloat8_e5m2, mask[1], dy_amax);
+    db = sums.to(*b_dtype);
+  } else {
+    std::tie(qdy, qdy_t, sdy) = fp8_quantize(dy2, at::kFloat8_e5m2, mask[1], dy_amax);
+  }
   if (mask[0]) {
     TORCH_CHECK(w_t.dim() == 2 && w_t.size(1) == n, "fp8_linear: the backward's d x needs the saved weight transpose");
     const int64_t k = w_t.size(0);
@@ -333,6 +363,7 @@ TORCH_LIBRARY_IMPL(strobe, Autograd, m) {
 TORCH_LIBRARY_IMPL(strobe, CPU, m) {
   m.impl("fp8_linear_swiglu", &strobe::ops::fp8ls_nograd);
   m.impl("fp8_quantize", &strobe::ops::fp8q_cpu);
+  m.impl("fp8_quantize_sum", &strobe::ops::fp8qs_cpu);
   m.impl("fp8_linear", &strobe::ops::fp8l_nograd);
   m.impl("fp8_linear_fwd", &strobe::ops::fp8l_fwd);
   m.impl("fp8_linear_bwd", &strobe::ops::fp8l_bwd);
@@ -346,6 +377,7 @@ TORCH_LIBRARY_IMPL(strobe, CUDA, m) {
 TORCH_LIBRARY_IMPL(strobe, Meta, m) {
   m.impl("fp8_linear_swiglu", &strobe::ops::fp8ls_nograd);
   m.impl("fp8_quantize", &strobe::ops::fp8q_meta);
+  m.impl("fp8_quantize_sum", &strobe::ops::fp8qs_meta);
   m.impl("fp8_linear", &strobe::ops::fp8l_nograd);
   m.impl("fp8_linear_fwd", &strobe::ops::fp8l_fwd_meta);
   m.impl("fp8_linear_bwd", &strobe::ops::fp8l_bwd_meta);

@@ -106,6 +106,11 @@ TORCH_LIBRARY(strobe, m) {
   m.def(
       "fp8_quantize(Tensor x, ScalarType dtype, bool transpose=False, Tensor? amax=None) -> "
       "(Tensor q, Tensor q_t, Tensor scale_inv)");
+  // Internal: fp8_quantize and the fp32 sums of x's columns ([cols]) from the cast's read of x (a
+  // float8 linear's bias gradient).
+  m.def(
+      "fp8_quantize_sum(Tensor x, ScalarType dtype, bool transpose=False, Tensor? amax=None) -> "
+      "(Tensor q, Tensor q_t, Tensor scale_inv, Tensor col_sum)");
   // y = x weight^T (+ bias) with its GEMMs (forward, d x, d weight) in float8 (docs/OPS.md).
   // x_amax: max |x| when its producer computed it (fp8_quantize's amax).
   m.def("fp8_linear(Tensor x, Tensor weight, Tensor? bias=None, Tensor? x_amax=None) -> Tensor");

@@ -638,8 +638,8 @@ TEST(Config, TrainerFp8IsOffUnwrittenOnWithTrueAndCheckedAsAMapping) {
   auto [on, on_text] = emitted(std::string(kBase) + "trainer:\n  fp8: true\n");
   EXPECT_TRUE(on.enabled);
   EXPECT_TRUE(on.skip.empty());
-  EXPECT_EQ(on.min_size, 2048 * 2048);
-  EXPECT_NE(on_text.find("min_size: 4194304"), std::string::npos) << on_text;
+  EXPECT_EQ(on.min_size, 3072 * 1024);
+  EXPECT_NE(on_text.find("min_size: 3145728"), std::string::npos) << on_text;
   auto [m, m_text] = emitted(std::string(kBase) + "trainer:\n  fp8: {skip: [\"layers.*.k_proj\"], min_size: 0}\n");
   EXPECT_TRUE(m.enabled) << "a written section is on unless enabled: false";
   EXPECT_EQ(m.skip, std::vector<std::string>{"layers.*.k_proj"});

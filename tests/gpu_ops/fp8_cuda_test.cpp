@@ -3,7 +3,10 @@
 // sign aside, for fp32, bf16 and fp16 inputs into e4m3 and e5m2, with the memory the outputs land in
 // filled with NaN bytes first so an element never written fails. Shapes: one element, odd sizes (the
 // tiles' edges, both kernel versions), a llama activation [16384, 2048] and a weight [8192, 2048]; a strided input; NaN, Inf,
-// zeros, an empty tensor; captured in a CUDA graph and replayed on new values (no host read).
+// zeros, an empty tensor; captured in a CUDA graph and replayed on new values (no host read). Each case
+// also through fp8_quantize_sum (the same bytes, and x's column sums against float64).
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <cmath>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -33,23 +36,55 @@ void expect_same(const Tensor& got, const Tensor& want, const std::string& what)
   EXPECT_EQ(differ.sum().item<int64_t>(), 0) << what << ": bytes that differ from the CPU's";
 }
 
+// The internal op fp8_quantize_sum: fp8_quantize and the fp32 sums of x's columns (a float8 linear's bias
+// gradient, from the cast's read of x).
+std::tuple<Tensor, Tensor, Tensor, Tensor> quantize_sum(const Tensor& x, torch::ScalarType format, bool transpose) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("strobe::fp8_quantize_sum", "")
+                             .typed<std::tuple<Tensor, Tensor, Tensor, Tensor>(const Tensor&, at::ScalarType, bool,
+                                                                               const std::optional<Tensor>&)>();
+  return op.call(x, format, transpose, std::nullopt);
+}
+
+// Column sums against a float64 sum of the same inputs: NaN and Inf where the reference has them,
+// finite ones within 1e-5 relative (fp32 accumulation), zero sums exactly zero.
+void expect_sums(const Tensor& sums, const Tensor& x, const std::string& what) {
+  ASSERT_TRUE(sums.is_cuda() && sums.scalar_type() == torch::kFloat) << what;
+  const Tensor got = sums.cpu().to(torch::kDouble), ref = x.cpu().to(torch::kDouble).sum(0);
+  ASSERT_EQ(got.sizes(), ref.sizes()) << what;
+  EXPECT_TRUE(torch::equal(torch::isnan(got), torch::isnan(ref))) << what << ": NaN sums in different columns";
+  const Tensor inf = torch::isinf(ref);
+  EXPECT_TRUE(torch::equal(got.masked_select(inf), ref.masked_select(inf))) << what << ": Inf sums";
+  const Tensor fin = torch::isfinite(ref);
+  const Tensor g = got.masked_select(fin), r = ref.masked_select(fin);
+  const double den = r.pow(2).sum().item<double>();
+  if (den == 0) EXPECT_EQ(g.abs().max().item<double>(), 0) << what << ": zero sums";
+  else EXPECT_LT(std::sqrt((g - r).pow(2).sum().item<double>() / den), 1e-5) << what << ": column sums";
+}
+
 void check_against_cpu(const Tensor& x, torch::ScalarType format, const std::string& what) {
   const auto [cq, cqt, cs] = strobe::ops::fp8_quantize(x.cpu(), format, true);
   for (bool transpose : {true, false}) {
-    poison_bytes();
-    const auto [q, q_t, s] = strobe::ops::fp8_quantize(x, format, transpose);
-    ASSERT_TRUE(q.is_cuda() && s.is_cuda());
-    expect_same(q, cq, what + " q");
-    if (transpose) expect_same(q_t, cqt, what + " q_t");
-    else EXPECT_EQ(q_t.numel(), 0) << what;
-    const float a = s.item<float>(), b = cs.item<float>();
-    EXPECT_TRUE(a == b || (std::isnan(a) && std::isnan(b))) << what << ": scale_inv " << a << " vs the CPU's " << b;
+    for (bool sums : {false, true}) {
+      const std::string w = what + (transpose ? "" : " without q_t") + (sums ? " with sums" : "");
+      poison_bytes();
+      Tensor q, q_t, s, col_sums;
+      if (sums) std::tie(q, q_t, s, col_sums) = quantize_sum(x, format, transpose);
+      else std::tie(q, q_t, s) = strobe::ops::fp8_quantize(x, format, transpose);
+      ASSERT_TRUE(q.is_cuda() && s.is_cuda());
+      expect_same(q, cq, w + " q");
+      if (transpose) expect_same(q_t, cqt, w + " q_t");
+      else EXPECT_EQ(q_t.numel(), 0) << w;
+      const float a = s.item<float>(), b = cs.item<float>();
+      EXPECT_TRUE(a == b || (std::isnan(a) && std::isnan(b))) << w << ": scale_inv " << a << " vs the CPU's " << b;
+      if (sums) expect_sums(col_sums, x, w);
+    }
   }
 }
 
 TEST(Fp8QuantizeCuda, TheCpuImplementationsBytesForEveryInputAndShape) {
   SKIP_WITHOUT_CUDA();
-  // v1 (one element a thread) for {1, 1}, {67, 129}, {33, 31} and {200, 136} with q_t; v2 (8 elements a
+  // v1 (one element a thread) for {1, 1}, {67, 129}, {33, 31} and {200, 136} with q_t; v3 (8 elements a
   // thread, 64 x 64 tiles) for the rest, {208, 136} and {200, 136} without q_t at partial tiles' edges.
   const std::vector<std::pair<int64_t, int64_t>> shapes = {{1, 1},     {67, 129},    {33, 31},    {208, 136},
                                                            {200, 136}, {16384, 2048}, {8192, 2048}};
@@ -79,6 +114,7 @@ TEST(Fp8QuantizeCuda, StridedNanInfZerosAndEmptyAsOnTheCpu) {
     check_against_cpu(x, format, "an Inf");
     check_against_cpu(torch::zeros({64, 64}, kCuda), format, "zeros");
     check_against_cpu(torch::zeros({0, 7}, kCuda), format, "empty");
+    check_against_cpu(torch::zeros({0, 64}, kCuda), format, "empty, 64 columns");
   }
 }
 

@@ -141,6 +141,7 @@ def run(device):
         for fmt in (torch.float8_e4m3fn, torch.float8_e5m2):
             opcheck(ops.fp8_quantize.default, (fx, fmt, True), tag=f"fp8_quantize {device} {dt} {fmt}")
         opcheck(ops.fp8_quantize.default, (fx, torch.float8_e4m3fn, False), tag=f"fp8_quantize no q_t {device} {dt}")
+        opcheck(ops.fp8_quantize_sum.default, (fx, torch.float8_e5m2, True), tag=f"fp8_quantize_sum {device} {dt}")
         # fp8_linear: 3 x 7 tokens (d weight's reduction padded to 16), with and without bias
         lx = torch.randn(3, 7, 32, device=device, dtype=dt, requires_grad=True)
         lw = torch.randn(16, 32, device=device, dtype=dt, requires_grad=True)

@@ -118,7 +118,7 @@ TEST(Fp8Trainer, RefusesBeforeTrainingWithOneLine) {
             "trainer.fp8: needs trainer.precision bf16-master or bf16-mixed (the float8 GEMMs' outputs are bf16), got 32");
   EXPECT_EQ(config_error({"trainer.precision=bf16-master", "trainer.fp8=true"}),
             "trainer.fp8: no linear layer of model 'llama' runs in float8: of its 14 float8-capable layers the largest, "
-            "layers.0.mlp.gate_proj (256 x 64 = 16384 elements), is below min_size (trainer.fp8.min_size is 4194304; 0 puts "
+            "layers.0.mlp.gate_proj (256 x 64 = 16384 elements), is below min_size (trainer.fp8.min_size is 3145728; 0 puts "
             "every capable layer in float8)");
   EXPECT_EQ(config_error({"trainer.precision=bf16-master", "trainer.fp8.skip=[\"layers.*.k_pro\"]"}),
             "trainer.fp8.skip: 'layers.*.k_pro' matches none of the 14 float8-capable linear layers of model 'llama' (e.g. "

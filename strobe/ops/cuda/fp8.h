@@ -23,7 +23,12 @@ enum class Fp8Format : uint8_t { kE4M3 = 0, kE5M2 = 1 };
 // x [rows, cols] contiguous, of `dtype` (fp32, fp16, bf16); q, q_t one byte per element; amax a
 // device float: the launcher's workspace, overwritten, or with amax_given the max |x| a producer
 // wrote (only read: the amax pass is skipped); scale_inv one device float.
+// col_sums (fp32 [cols], or null): also the sums of x's columns in fp32, from the cast's read where the
+// cast runs in tiles (the bias gradient of a float8 linear); col_work then holds the
+// fp8_col_work_floats(x, rows, cols, q_t != null) floats the tiles' partial sums take (null when 0).
 cudaError_t fp8_quantize(const void* x, int64_t rows, int64_t cols, DType dtype, Fp8Format format, void* q, void* q_t,
-                         float* amax, bool amax_given, float* scale_inv, cudaStream_t stream);
+                         float* amax, bool amax_given, float* scale_inv, float* col_sums, float* col_work,
+                         cudaStream_t stream);
+int64_t fp8_col_work_floats(const void* x, int64_t rows, int64_t cols, bool transpose);
 
 }  // namespace strobe::ops::cuda

@@ -4,10 +4,13 @@
 //         producer kernel wrote it with x: swiglu's).
 //   cast: a second read of x in tiles; each tile is written to q as read and, through shared memory,
 //         transposed to q_t, so both copies come from one read.
-// Two versions (docs/PERFORMANCE.md, "Float8 quantization"):
-//   v2, where x is 16-byte aligned, cols % 8 == 0 and (without q_t, or rows % 16 == 0): 16-byte loads
-//       (8 elements a thread), two conversions per instruction, 64 x 64 tiles, 8-byte stores to q
-//       and 16-byte stores to q_t;
+// Three versions (docs/PERFORMANCE.md, "Float8 quantization"):
+//   v3, where x is 16-byte aligned, cols % 8 == 0 and (without q_t, or rows % 16 == 0): v2 with a
+//       swizzled tile whose transposed stores are whole 64-byte runs, and the column sums of x when
+//       asked (a float8 linear's bias gradient) from the same read;
+//   v2 (kept for bench/ops/fp8_cast_bench.cu; v3 replaced it): 16-byte loads (8 elements a thread), two
+//       conversions per instruction, 64 x 64 tiles, 8-byte stores to q and 16-byte stores to q_t, a
+//       warp's 32 q_t stores into 32 different rows;
 //   v1, every other shape: one element a thread, 32 x 32 tiles, byte stores.
 // The cast is the saturating, round-to-nearest-even conversion of cuda_fp8.h (__NV_SATFINITE): the
 // same value as clamping to +-fp8_max and converting, which is what the CPU implementation does.
@@ -163,6 +166,115 @@ __global__ void __launch_bounds__(kV2Threads) cast_v2_kernel(const T* __restrict
   }
 }
 
+// v3 cast: v2's loads and q stores; the tile is kept swizzled in shared memory (row j's 8-byte unit u at
+// unit u ^ (j / 16 % 4)) so that the transposed stores can be whole 64-byte runs: thread t writes the
+// 16 bytes of tile rows 16 * (t % 4) .. + 15 of column t / 4, and a warp writes 8 full 64-byte q_t
+// segments (v2's warp wrote 16 bytes into each of 32 segments). The swizzle keeps the byte gathers
+// free of bank conflicts (a warp's 4 row bands read 4 different units). With col_part, each block also
+// writes the fp32 sums of its 64 rows of x for each of its columns (col_part[tile row][col], a fixed
+// order: warp shuffles over the 4 rows a warp holds, then the 8 warps in turn), which col_sums_kernel
+// adds up: the bias gradient of a float8 linear from the read its cast makes anyway.
+constexpr int kV3Tile = 64;
+constexpr int kV3Threads = 256;
+
+__device__ __forceinline__ int v3_unit(int row, int unit) { return unit ^ ((row >> 4) & 3); }
+
+template <typename T, Fp8Format F>
+__global__ void __launch_bounds__(kV3Threads) cast_v3_kernel(const T* __restrict__ x, int64_t rows, int64_t cols,
+                                                              const float* __restrict__ amax, uint8_t* __restrict__ q,
+                                                              uint8_t* __restrict__ q_t, float* __restrict__ scale_inv,
+                                                              float* __restrict__ col_part) {
+  __shared__ alignas(16) uint8_t tile[kV3Tile][kV3Tile];
+  __shared__ float part[kV3Threads / 32][kV3Tile];
+  const float scale = scale_of<F>(*amax);
+  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *scale_inv = __frcp_rn(scale);
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kV3Tile, c0 = static_cast<int64_t>(blockIdx.x) * kV3Tile;
+  const int unit = threadIdx.x & 7, tc = unit * 8, tr = threadIdx.x >> 3;  // 8 threads a row, 32 rows a pass
+  const int64_t c = c0 + tc;
+  const bool in[2] = {r0 + tr < rows && c < cols, r0 + tr + 32 < rows && c < cols};
+  float v[2][8];
+#pragma unroll
+  for (int p = 0; p < 2; ++p) {
+    if (in[p]) {
+      Vec8<T>::load(x + (r0 + tr + 32 * p) * cols + c, v[p]);
+    } else {
+#pragma unroll
+      for (int k = 0; k < 8; ++k) v[p][k] = 0.f;
+    }
+  }
+#pragma unroll
+  for (int p = 0; p < 2; ++p) {
+    if (!in[p]) continue;
+    const int j = tr + 32 * p;
+    const uint2 out = to_fp8x8<F>(v[p], scale);
+    *reinterpret_cast<uint2*>(q + (r0 + j) * cols + c) = out;
+    *reinterpret_cast<uint2*>(&tile[j][v3_unit(j, unit) * 8]) = out;
+  }
+  if (col_part != nullptr) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      float s = v[0][k] + v[1][k];
+      s += __shfl_xor_sync(0xffffffffu, s, 8);
+      s += __shfl_xor_sync(0xffffffffu, s, 16);
+      if (lane < 8) part[warp][tc + k] = s;
+    }
+  }
+  if (q_t == nullptr && col_part == nullptr) return;
+  __syncthreads();
+  if (col_part != nullptr && threadIdx.x < kV3Tile && c0 + threadIdx.x < cols) {
+    float s = 0.f;
+#pragma unroll
+    for (int w = 0; w < kV3Threads / 32; ++w) s += part[w][threadIdx.x];
+    col_part[blockIdx.y * cols + c0 + threadIdx.x] = s;
+  }
+  if (q_t == nullptr) return;
+  // q_t[c][r] = q[r][c]: thread t gathers tile column t / 4, rows 16 * (t % 4) .. + 15.
+  const int oc = threadIdx.x >> 2, band = threadIdx.x & 3;
+  const int64_t tcol = c0 + oc, trow = r0 + band * 16;
+  if (tcol < cols && trow < rows) {  // rows % 16 == 0: the whole 16-row chunk is there
+    const int off = (((oc >> 3) ^ band) << 3) | (oc & 7);  // every row of the band has the same swizzle
+    unsigned w[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int r = band * 16 + 4 * k;
+      w[k] = tile[r][off] | (tile[r + 1][off] << 8) | (tile[r + 2][off] << 16) |
+             (static_cast<unsigned>(tile[r + 3][off]) << 24);
+    }
+    *reinterpret_cast<uint4*>(q_t + tcol * rows + trow) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
+// sums[c] = the fp32 sum of col_part[0..tiles)[c], in a fixed order: a block of 32 columns x 32 threads,
+// thread y adding tiles y, y + 32, ..., then thread y = 0 adding the 32 partial sums in turn.
+constexpr int kSumCols = 32, kSumLanes = 32;
+
+__global__ void __launch_bounds__(kSumCols* kSumLanes) col_sums_kernel(const float* __restrict__ col_part, int64_t tiles,
+                                                                      int64_t cols, float* __restrict__ sums) {
+  __shared__ float part[kSumLanes][kSumCols + 1];
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kSumCols + threadIdx.x;
+  float s = 0.f;
+  if (c < cols)
+    for (int64_t t = threadIdx.y; t < tiles; t += kSumLanes) s += col_part[t * cols + c];
+  part[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= cols) return;
+  s = 0.f;
+#pragma unroll
+  for (int k = 0; k < kSumLanes; ++k) s += part[k][threadIdx.x];
+  sums[c] = s;
+}
+
+// The column sums of any x (the shapes v3 does not take): one thread a column, rows in order.
+template <typename T>
+__global__ void col_sums_plain_kernel(const T* __restrict__ x, int64_t rows, int64_t cols, float* __restrict__ sums) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= cols) return;
+  float s = 0.f;
+  for (int64_t r = 0; r < rows; ++r) s += to_f(x[r * cols + c]);
+  sums[c] = s;
+}
+
 bool use_v2(const void* x, int64_t rows, int64_t cols, const void* q_t) {
   return reinterpret_cast<uintptr_t>(x) % 16 == 0 && cols % 8 == 0 && (q_t == nullptr || rows % 16 == 0) &&
          (rows + kV2Tile - 1) / kV2Tile <= 65535;
@@ -170,15 +282,15 @@ bool use_v2(const void* x, int64_t rows, int64_t cols, const void* q_t) {
 
 template <typename T>
 cudaError_t launch(const void* x, int64_t rows, int64_t cols, Fp8Format format, void* q, void* q_t, float* amax,
-                   bool amax_given, float* scale_inv, cudaStream_t stream) {
+                   bool amax_given, float* scale_inv, float* col_sums, float* col_work, cudaStream_t stream) {
   const int64_t n = rows * cols;
-  const bool v2 = use_v2(x, rows, cols, q_t);
+  const bool v3 = use_v2(x, rows, cols, q_t);  // v3 takes v2's shapes
   const auto* xs = static_cast<const T*>(x);
   if (!amax_given) {  // a producer's amax needs no pass over x before the cast
     cudaError_t e = cudaMemsetAsync(amax, 0, sizeof(float), stream);
     if (e != cudaSuccess) return e;
     auto* bits = reinterpret_cast<unsigned*>(amax);
-    if (n > 0 && v2) {
+    if (n > 0 && v3) {
       const int64_t blocks = std::min<int64_t>((n / 8 + kAmaxThreads - 1) / kAmaxThreads + 1, 132 * 8);
       amax_v2_kernel<T><<<static_cast<unsigned>(blocks), kAmaxThreads, 0, stream>>>(xs, n, bits);
     } else if (n > 0) {
@@ -189,13 +301,31 @@ cudaError_t launch(const void* x, int64_t rows, int64_t cols, Fp8Format format, 
   }
   auto* qo = static_cast<uint8_t*>(q);
   auto* qt = static_cast<uint8_t*>(q_t);
-  if (v2 && n > 0) {
-    const dim3 grid(static_cast<unsigned>((cols + kV2Tile - 1) / kV2Tile), static_cast<unsigned>((rows + kV2Tile - 1) / kV2Tile));
+  if (v3 && n > 0) {
+    const int64_t tiles = (rows + kV3Tile - 1) / kV3Tile;
+    const dim3 grid(static_cast<unsigned>((cols + kV3Tile - 1) / kV3Tile), static_cast<unsigned>(tiles));
+    float* part = col_sums != nullptr ? col_work : nullptr;
     if (format == Fp8Format::kE4M3)
-      cast_v2_kernel<T, Fp8Format::kE4M3><<<grid, kV2Threads, 0, stream>>>(xs, rows, cols, amax, qo, qt, scale_inv);
+      cast_v3_kernel<T, Fp8Format::kE4M3><<<grid, kV3Threads, 0, stream>>>(xs, rows, cols, amax, qo, qt, scale_inv, part);
     else
-      cast_v2_kernel<T, Fp8Format::kE5M2><<<grid, kV2Threads, 0, stream>>>(xs, rows, cols, amax, qo, qt, scale_inv);
+      cast_v3_kernel<T, Fp8Format::kE5M2><<<grid, kV3Threads, 0, stream>>>(xs, rows, cols, amax, qo, qt, scale_inv, part);
+    if (col_sums != nullptr) {
+      cudaError_t e = cudaGetLastError();
+      if (e != cudaSuccess) return e;
+      col_sums_kernel<<<static_cast<unsigned>((cols + kSumCols - 1) / kSumCols), dim3(kSumCols, kSumLanes), 0, stream>>>(
+          part, tiles, cols, col_sums);
+    }
     return cudaGetLastError();
+  }
+  if (col_sums != nullptr) {
+    if (cols > 0 && rows > 0) {
+      col_sums_plain_kernel<T><<<static_cast<unsigned>((cols + 255) / 256), 256, 0, stream>>>(xs, rows, cols, col_sums);
+    } else if (cols > 0) {
+      cudaError_t e = cudaMemsetAsync(col_sums, 0, cols * sizeof(float), stream);
+      if (e != cudaSuccess) return e;
+    }
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
   }
   // One block at least, so scale_inv is written for an empty tensor too.
   const dim3 grid(static_cast<unsigned>(std::max<int64_t>(1, (cols + kTile - 1) / kTile)),
@@ -212,10 +342,17 @@ cudaError_t launch(const void* x, int64_t rows, int64_t cols, Fp8Format format, 
 }  // namespace
 
 cudaError_t fp8_quantize(const void* x, int64_t rows, int64_t cols, DType dtype, Fp8Format format, void* q, void* q_t,
-                         float* amax, bool amax_given, float* scale_inv, cudaStream_t stream) {
+                         float* amax, bool amax_given, float* scale_inv, float* col_sums, float* col_work,
+                         cudaStream_t stream) {
   return dispatch_float(dtype, [&](auto t) {
-    return launch<typename decltype(t)::type>(x, rows, cols, format, q, q_t, amax, amax_given, scale_inv, stream);
+    return launch<typename decltype(t)::type>(x, rows, cols, format, q, q_t, amax, amax_given, scale_inv, col_sums,
+                                              col_work, stream);
   });
+}
+
+int64_t fp8_col_work_floats(const void* x, int64_t rows, int64_t cols, bool transpose) {
+  const int64_t marker = 1;  // use_v2 asks only whether q_t is wanted
+  return use_v2(x, rows, cols, transpose ? &marker : nullptr) ? (rows + kV3Tile - 1) / kV3Tile * cols : 0;
 }
 
 }  // namespace strobe::ops::cuda
