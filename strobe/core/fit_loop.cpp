@@ -54,7 +54,8 @@ void FitLoop::setup(std::shared_ptr<data::DataLoader> loader) {
                                           "or a fraction > 0)",
                                           limited_by, full));
   EngineAccess::set_limit_batches(*loader_, n);
-  num_batches_ = loader_->num_batches();
+  num_batches_ = epoch_batches_ = loader_->num_batches();
+  limited_batches_ = n < full ? n : -1;
 }
 
 TrainerState FitLoop::saved_state() const {
@@ -145,6 +146,7 @@ void FitLoop::run() {
     if (state_.epoch_done) {
       ++state_.epoch;
       state_.batch_in_epoch = 0;
+      state_.sample_offset = 0;
       state_.epoch_done = false;
     }
     run_epoch();
@@ -154,7 +156,7 @@ void FitLoop::run() {
 void FitLoop::run_epoch() {
   auto& t = *parts_.view;
   auto& module = *parts_.module;
-  const bool fresh_epoch = state_.batch_in_epoch == 0;
+  const bool fresh_epoch = state_.batch_in_epoch == 0 && state_.sample_offset == 0;
   if (restored_exclude_) {
     // Resumed mid-epoch with another data.exclude: the epoch finishes with the order it began with
     // (the checkpoint's exclusion); this run's applies from the next epoch.
@@ -166,12 +168,35 @@ void FitLoop::run_epoch() {
     }
     restored_exclude_.reset();
   }
-  loader_->start(state_.epoch, state_.batch_in_epoch);
+  loader_->start(state_.epoch, state_.batch_in_epoch, state_.sample_offset);
+  num_batches_ = epoch_batches_;
+  if (state_.sample_offset > 0) {
+    // Rebased (rebase_to_samples): the rest of the epoch's order in the new batches, and a limit
+    // keeps counting the epoch's batches of the new size from its start.
+    num_batches_ = loader_->num_batches();
+    if (limited_batches_ >= 0) {
+      const int64_t per_batch = loader_->options().batch_size * world_size_;
+      num_batches_ = std::min(num_batches_, std::max<int64_t>(0, limited_batches_ - (state_.sample_offset + per_batch - 1) / per_batch));
+    }
+  }
   module.net().train();
   if (freeze_) freeze_->update(state_.epoch);
   if (fresh_epoch) {
     module.on_train_epoch_start();
     parts_.each("on_train_epoch_start", [&](Callback& cb) { cb.on_train_epoch_start(t, module); });
+  }
+  auto end_epoch = [&] {
+    module.on_train_epoch_end();
+    parts_.collector->set_training(true);
+    parts_.collector->end_epoch(state_.global_step, state_.epoch, false);
+    parts_.each("on_train_epoch_end", [&](Callback& cb) { cb.on_train_epoch_end(t, module); });
+  };
+  if (num_batches_ == 0) {  // rebased at the end of its order (the new batch leaves no whole batch there)
+    state_.epoch_done = true;
+    end_epoch();
+    loader_->stop();
+    share_stop_code(/*blocking=*/true);
+    return;
   }
   for (;;) {
     const auto wait_start = std::chrono::steady_clock::now();
@@ -199,12 +224,7 @@ void FitLoop::run_epoch() {
       evaluation_->run(Stage::Validate, -1, false);
       module.net().train();
     }
-    if (last) {
-      module.on_train_epoch_end();
-      parts_.collector->set_training(true);
-      parts_.collector->end_epoch(state_.global_step, state_.epoch, false);
-      parts_.each("on_train_epoch_end", [&](Callback& cb) { cb.on_train_epoch_end(t, module); });
-    }
+    if (last) end_epoch();
     fault_point("before_checkpoint", state_.global_step);
     parts_.each("on_train_batch_complete", [&](Callback& cb) { cb.on_train_batch_complete(t, module); });
     fault_point("after_checkpoint", state_.global_step);

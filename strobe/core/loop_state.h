@@ -24,9 +24,14 @@ struct TrainerState {
   int64_t val_runs = 0;          // validation runs completed
   bool epoch_done = false;       // the current epoch's batches are all consumed
   double elapsed_s = 0.0;        // training wall time before this process (max_time)
+  // Samples of the epoch's order (all processes together) consumed before this epoch's batch 0: not
+  // 0 after a resume that changed the batch (data.batch_size x processes) mid-epoch, which goes on
+  // from the samples the checkpoint's run consumed, split by the new batch (docs/CONFIG.md, resume).
+  int64_t sample_offset = 0;
 };
 
-// TrainerState as the checkpoint's "loop" blob (portable binary, the fields in the order above), and back.
+// TrainerState as the checkpoint's "loop" blob (portable binary, the fields in the order above), and back;
+// a blob written before sample_offset existed reads as 0.
 std::string serialize_loop_state(const TrainerState& state);
 TrainerState parse_loop_state(const std::string& blob);
 

@@ -172,6 +172,13 @@ class FitLoop {
   // The counters as a checkpoint records them: elapsed_s includes this process's training time.
   TrainerState saved_state() const;
   int64_t num_batches() const { return num_batches_; }  // training batches per epoch, after the limits
+  // A resume that changed the batch (data.batch_size x processes): the restored epoch goes on after
+  // `consumed` samples of its order (all processes together), cut into the new batches from there;
+  // its batch count restarts at 0 (trainer.cpp's check_resume_world_size says when).
+  void rebase_to_samples(int64_t consumed) {
+    state_.sample_offset = consumed;
+    state_.batch_in_epoch = 0;
+  }
   // Optimizer steps the fit takes under max_epochs and max_steps (-1: unbounded).
   int64_t estimated_stepping_batches() const;
   double last_input_wait_s() const { return last_input_wait_s_; }
@@ -257,6 +264,8 @@ class FitLoop {
   std::shared_ptr<data::DataLoader> loader_;
   TrainerState state_;
   int64_t num_batches_ = 0;
+  int64_t epoch_batches_ = 0;     // a whole epoch's batches after the limits (num_batches_ unless rebased)
+  int64_t limited_batches_ = -1;  // the limit that cut them (limit_train_batches, overfit_batches, fast_dev_run), or -1
   double last_input_wait_s_ = 0.0;
   std::chrono::steady_clock::time_point start_time_;
   bool should_stop_ = false;

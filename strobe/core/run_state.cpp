@@ -45,6 +45,7 @@ std::string serialize_loop_state(const TrainerState& state) {
   {
     cereal::PortableBinaryOutputArchive ar(os);
     ar(state);
+    ar(state.sample_offset);  // after the first fields, so older blobs still read
   }
   return os.str();
 }
@@ -54,6 +55,7 @@ TrainerState parse_loop_state(const std::string& blob) {
   std::istringstream is(blob);
   cereal::PortableBinaryInputArchive ar(is);
   ar(s);
+  if (is.peek() != std::char_traits<char>::eof()) ar(s.sample_offset);
   return s;
 }
 

@@ -315,10 +315,10 @@ int Trainer::fit(std::optional<checkpoint::CheckpointData> resume) {
 
 void Trainer::check_resume_world_size(const checkpoint::CheckpointData& d, const config::SavedConfig* then) {
   world_size_note_.clear();
+  resume_samples_.reset();
   const std::string& source = d.source;
   const CheckpointMeta meta = CheckpointView(d, source).meta();
   const int64_t saved = meta.world_size;
-  if (saved == world_size_) return;
   // Every rank reads the same file and takes the same branch: a refusal ends in order, then the
   // same exit 2 everywhere (docs/DISTRIBUTED.md, "Resuming on another number of processes").
   auto refuse = [&](const std::string& why) {
@@ -326,11 +326,17 @@ void Trainer::check_resume_world_size(const checkpoint::CheckpointData& d, const
     throw checkpoint::CheckpointError(
         fmt::format("{}: written by {} process(es), but this run has {}: {}", source, saved, world_size_, why));
   };
-  if (meta.rank_alone)
-    refuse(fmt::format("it holds rank {}'s state alone (a failed step's start or a checkpoint made on an exception), "
-                       "which resumes only on the number of processes that wrote it",
-                       *meta.rank_alone));
-  if (then == nullptr) refuse("its saved config is missing or does not parse, so its batch cannot be read");
+  if (saved != world_size_) {
+    if (meta.rank_alone)
+      refuse(fmt::format("it holds rank {}'s state alone (a failed step's start or a checkpoint made on an exception), "
+                         "which resumes only on the number of processes that wrote it",
+                         *meta.rank_alone));
+    if (then == nullptr) refuse("its saved config is missing or does not parse, so its batch cannot be read");
+    if ((saved > 1 && then->leaf("trainer.strategy") == "zero2") || (world_size_ > 1 && exp_.trainer.strategy == "zero2"))
+      refuse("trainer.strategy: zero2's optimizer shards are cut for the number of processes that hold them (a resume "
+             "on another number runs under ddp or in one process)");
+  }
+  if (then == nullptr) return;  // the same number of processes, the batch unknown: as it is
   // The checkpoint's values from its resolved config, this run's from its own (defaults resolved).
   auto saved_number = [&](const char* key) {
     const std::string v = then->leaf(key);
@@ -340,24 +346,39 @@ void Trainer::check_resume_world_size(const checkpoint::CheckpointData& d, const
   const int64_t b_then = saved_number("data.batch_size"), a_then = saved_number("trainer.accumulate_grad_batches");
   const int64_t b_now = data_now["batch_size"] ? data_now["batch_size"].as<int64_t>() : 1,
                 a_now = exp_.trainer.accumulate_grad_batches;
-  if ((saved > 1 && then->leaf("trainer.strategy") == "zero2") || (world_size_ > 1 && exp_.trainer.strategy == "zero2"))
-    refuse("trainer.strategy: zero2's optimizer shards are cut for the number of processes that hold them (a resume "
-           "on another number runs under ddp or in one process)");
-  if (d.has_blob(checkpoint_keys::kLoop) && parse_loop_state(d.blob(checkpoint_keys::kLoop)).batch_in_epoch % a_then != 0)
-    refuse("it was taken inside an accumulation window, whose gradients each rank held alone");
-  if (b_then * saved != b_now * world_size_ || a_then != a_now) {
-    const int64_t global_then = b_then * saved * a_then;
-    const bool fits = global_then % (world_size_ * a_then) == 0;
-    refuse(fmt::format(
-        "its global batch is {} (data.batch_size {} x {} process(es) x trainer.accumulate_grad_batches {}) and this "
-        "run's {} ({} x {} x {}); a resume on another number of processes continues the same global batches{}",
-        global_then, b_then, saved, a_then, b_now * world_size_ * a_now, b_now, world_size_, a_now,
-        fits ? fmt::format(" (set data.batch_size={})", global_then / (world_size_ * a_then)) : std::string()));
+  const int64_t micro_then = b_then * saved, micro_now = b_now * world_size_;  // samples a batch index takes
+  if (saved == world_size_ && micro_then == micro_now) return;
+  const TrainerState loop = d.has_blob(checkpoint_keys::kLoop) ? parse_loop_state(d.blob(checkpoint_keys::kLoop)) : TrainerState{};
+  if (loop.batch_in_epoch % a_then != 0) {
+    if (saved != world_size_) refuse("it was taken inside an accumulation window, whose gradients each rank held alone");
+    throw checkpoint::CheckpointError(fmt::format(
+        "{}: data.batch_size {} -> {}: it was taken inside an accumulation window, whose gradients are of batches of {}; "
+        "resume from a checkpoint at an optimizer step's end",
+        source, b_then, b_now, b_then));
   }
-  // The data position carries over as it is: batch k of an epoch is the k-th global batch of the
-  // epoch's permutation on any number of processes (each rank takes a stride of it).
-  world_size_note_ = fmt::format("{} process(es) -> {}, the global batch {} kept (data.batch_size {} -> {})", saved,
-                                 world_size_, b_now * world_size_ * a_now, b_then, b_now);
+  const int64_t global_then = micro_then * a_then, global_now = micro_now * a_now;
+  const std::string processes =
+      saved == world_size_ ? fmt::format("{} process(es)", saved) : fmt::format("{} process(es) -> {}", saved, world_size_);
+  if (micro_then == micro_now) {
+    // The data position carries over as it is: batch k of an epoch is the k-th global batch of the
+    // epoch's permutation on any number of processes (each rank takes a stride of it).
+    world_size_note_ =
+        global_then == global_now
+            ? fmt::format("{}, the global batch {} kept (data.batch_size {} -> {})", processes, global_now, b_then, b_now)
+            : fmt::format("{}, the global batch {} -> {} (trainer.accumulate_grad_batches {} -> {}); the learning rate "
+                          "is not rescaled",
+                          processes, global_then, global_now, a_then, a_now);
+    return;
+  }
+  // Another batch: the epoch goes on from the samples the checkpoint's run consumed of its order.
+  const int64_t consumed = loop.epoch_done ? 0 : loop.sample_offset + loop.batch_in_epoch * micro_then;
+  if (!loop.epoch_done) resume_samples_ = consumed;
+  world_size_note_ = fmt::format(
+      "{}, the global batch {} -> {} (data.batch_size {} x {} process(es) x trainer.accumulate_grad_batches {} -> {} x {} "
+      "x {}){}; the learning rate is not rescaled",
+      processes, global_then, global_now, b_then, saved, a_then, b_now, world_size_, a_now,
+      loop.epoch_done ? std::string()
+                      : fmt::format(", epoch {} going on after its first {} sample(s)", loop.epoch, consumed));
 }
 
 std::optional<double> Trainer::rank0_value(std::optional<double> value) {

@@ -216,12 +216,13 @@ class Trainer : private TrainerView, private StepAccess {
   void setup_cuda_graphs();
 
   void install_signal_handlers();
-  // A resume needs the checkpoint's number of processes; else CheckpointError (exit 2) on every rank.
-  // A checkpoint of another number of processes resumes when it can continue the same global batches
-  // (ddp or one process on both sides, the global batch kept, not a rank's own state, not inside an
-  // accumulation window); otherwise one CheckpointError. Sets world_size_note_ for the resume line.
-  // `saved_config`: the checkpoint's, parsed once for the resume (compare_configs); null when it
-  // holds none.
+  // A resume on another number of processes or with another batch (data.batch_size x processes):
+  // ddp or one process on both sides, not a rank's own state, not inside an accumulation window;
+  // otherwise one CheckpointError (exit 2) on every rank. The same batch continues at the same batch
+  // index; another one goes on from the samples of the epoch consumed (resume_samples_, applied by
+  // restore_training_state through FitLoop::rebase_to_samples). Sets world_size_note_ for the resume
+  // line. `saved_config`: the checkpoint's, parsed once for the resume (compare_configs); null when
+  // it holds none.
   void check_resume_world_size(const checkpoint::CheckpointData& data, const config::SavedConfig* saved_config);
   void register_state();
   void register_fit_state();  // the optimizer, scheduler, scaler and step pipeline, once they exist
@@ -246,7 +247,8 @@ class Trainer : private TrainerView, private StepAccess {
   torch::Device device_{torch::kCPU};
   int64_t rank_ = 0;
   int64_t world_size_ = 1;
-  std::string world_size_note_;  // the resume line's "2 process(es) -> 1, ..." (empty: the same number)
+  std::string world_size_note_;  // the resume line's "2 process(es) -> 1, ..." (empty: nothing changed)
+  std::optional<int64_t> resume_samples_;  // a batch-changing resume's samples of the epoch consumed
   std::shared_ptr<distributed::Strategy> strategy_;
 
   std::shared_ptr<torch::optim::Optimizer> optimizer_;

@@ -102,6 +102,7 @@ std::vector<config::ConfigChange> Trainer::restore_training_state(const checkpoi
   // precision or model shape is refused naming the change; the rest is returned for fit to list).
   auto changes = check_resume_compatible(source, d, configs, module_->net());
   connector_.load(d, /*restore_training_state=*/true, source);
+  if (resume_samples_) fit_loop_->rebase_to_samples(*resume_samples_);
   each("on_load_checkpoint", [&](Callback& cb) { cb.on_load_checkpoint(*this, *module_, d); });
   return changes;
 }

@@ -19,6 +19,7 @@ namespace strobe::data {
 struct DataLoader::Impl {
   std::vector<int64_t> order;  // this epoch's indices
   int64_t epoch = 0, next_to_make = 0, next_to_yield = 0, end = 0;
+  int64_t offset = 0;  // samples of the epoch's order (all ranks) before this split's first batch
   uint64_t generation = 0;
   bool stopping = false;
   std::map<int64_t, Batch> ready;
@@ -70,7 +71,7 @@ void DataLoader::exclude_from(int64_t epoch, std::vector<int64_t> before) {
 }
 
 int64_t DataLoader::num_batches(int64_t epoch) const {
-  int64_t n = sampler_.num_samples(epoch);
+  int64_t n = sampler_.num_samples(epoch, epoch == impl_->epoch ? impl_->offset : 0);
   int64_t full = opt_.drop_last ? n / opt_.batch_size : (n + opt_.batch_size - 1) / opt_.batch_size;
   return opt_.limit_batches >= 0 ? std::min(full, opt_.limit_batches) : full;
 }
@@ -78,7 +79,7 @@ int64_t DataLoader::num_batches(int64_t epoch) const {
 Batch DataLoader::make_batch(int64_t epoch, int64_t batch_index) const {
   std::vector<int64_t> other_epoch;
   const std::vector<int64_t>* order_ptr = &impl_->order;
-  if (epoch != impl_->epoch || impl_->order.empty()) {
+  if (epoch != impl_->epoch || (impl_->order.empty() && impl_->offset == 0)) {
     other_epoch = sampler_.indices(epoch);
     order_ptr = &other_epoch;
   }
@@ -125,12 +126,13 @@ Batch DataLoader::make_first_samples(int64_t epoch, int64_t count) const {
   return b;
 }
 
-void DataLoader::start(int64_t epoch, int64_t first_batch) {
+void DataLoader::start(int64_t epoch, int64_t first_batch, int64_t sample_offset) {
   stop();
   Impl& m = *impl_;
   std::unique_lock<std::mutex> lock(m.mu);
   m.epoch = epoch;
-  m.order = sampler_.indices(epoch);
+  m.offset = sample_offset;
+  m.order = sampler_.indices(epoch, sample_offset);
   m.end = num_batches();
   m.next_to_make = m.next_to_yield = std::min(first_batch, m.end);
   m.ready.clear();

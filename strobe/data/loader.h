@@ -56,8 +56,10 @@ class DataLoader {
   const LoaderOptions& options() const { return opt_; }
   const Dataset& dataset() const { return *dataset_; }
 
-  // Begins epoch `epoch` at batch `first_batch` (stops any epoch in progress).
-  void start(int64_t epoch, int64_t first_batch = 0);
+  // Begins epoch `epoch` at batch `first_batch` (stops any epoch in progress). sample_offset: the
+  // epoch's batches are cut from its order after that many samples (all ranks together; a resume
+  // that changed the batch mid-epoch), and num_batches() counts them until the next start.
+  void start(int64_t epoch, int64_t first_batch = 0, int64_t sample_offset = 0);
   // The next batch of the current epoch, or nullopt at its end. Rethrows a worker's exception.
   std::optional<Batch> next();
   // Batch `batch_index` of `epoch`, made on the calling thread (used by replay and tests).

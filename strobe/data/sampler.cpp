@@ -13,14 +13,15 @@ DistributedSampler::DistributedSampler(int64_t dataset_size, SamplerOptions opti
     throw std::invalid_argument("sampler: need 0 <= rank < world_size");
 }
 
-int64_t DistributedSampler::num_samples(int64_t epoch) const {
-  const int64_t size = size_ - static_cast<int64_t>(excluded(epoch).size());
+int64_t DistributedSampler::num_samples(int64_t epoch, int64_t offset) const {
+  const int64_t whole = size_ - static_cast<int64_t>(excluded(epoch).size());
+  const int64_t size = whole - std::min(std::max<int64_t>(offset, 0), whole);
   if (opt_.world_size == 1) return size;
   if (opt_.drop_last) return size / opt_.world_size;
   return (size + opt_.world_size - 1) / opt_.world_size;
 }
 
-std::vector<int64_t> DistributedSampler::indices(int64_t epoch) const {
+std::vector<int64_t> DistributedSampler::indices(int64_t epoch, int64_t offset) const {
   std::vector<int64_t> all(static_cast<size_t>(size_));
   std::iota(all.begin(), all.end(), 0);
   if (opt_.shuffle) {
@@ -33,9 +34,10 @@ std::vector<int64_t> DistributedSampler::indices(int64_t epoch) const {
   }
   if (const auto& ex = excluded(epoch); !ex.empty())
     all.erase(std::remove_if(all.begin(), all.end(), [&](int64_t i) { return std::binary_search(ex.begin(), ex.end(), i); }), all.end());
+  if (offset > 0) all.erase(all.begin(), all.begin() + std::min<int64_t>(offset, static_cast<int64_t>(all.size())));
   const int64_t size = static_cast<int64_t>(all.size());
   if (opt_.world_size == 1) return all;
-  int64_t per_rank = num_samples(epoch);
+  int64_t per_rank = num_samples(epoch, offset);
   int64_t total = per_rank * opt_.world_size;
   if (!opt_.drop_last && size > 0) {
     for (int64_t i = size; i < total; ++i) all.push_back(all[(i - size) % size]);

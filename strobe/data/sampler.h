@@ -25,8 +25,10 @@ struct SamplerOptions {
 class DistributedSampler {
  public:
   DistributedSampler(int64_t dataset_size, SamplerOptions options);
-  std::vector<int64_t> indices(int64_t epoch) const;  // this rank's indices
-  int64_t num_samples(int64_t epoch = 0) const;        // per rank in `epoch`
+  // This rank's indices of `epoch`; from `offset`: the epoch's order after its first `offset` samples
+  // (all ranks together), split as a whole epoch is (a resume that changed the batch mid-epoch).
+  std::vector<int64_t> indices(int64_t epoch, int64_t offset = 0) const;
+  int64_t num_samples(int64_t epoch = 0, int64_t offset = 0) const;  // per rank in `epoch` (from `offset`)
   const std::vector<int64_t>& excluded(int64_t epoch) const {
     return epoch >= opt_.exclude_from_epoch ? opt_.exclude : opt_.exclude_before;
   }

@@ -97,6 +97,33 @@ TEST(Loader, WorkerErrorsReachTheConsumerAtTheirBatchsTurn) {
   }
 }
 
+// From an offset (a resume that changed the batch): the ranks together take the epoch's order after
+// its first `offset` samples, rank r at positions offset + r, offset + r + W, ... (as a whole epoch is
+// split), padded by wrapping within that rest (drop_last: false) or cut to a multiple of W; the
+// counts match; an offset past the end leaves nothing.
+TEST(Sampler, FromAnOffsetTheRanksSplitTheRestOfTheOrder) {
+  const std::vector<int64_t> order = DistributedSampler(53, SamplerOptions{true, false, 5, 0, 1}).indices(2);
+  for (int64_t world : {1, 2, 3}) {
+    for (bool drop_last : {false, true}) {
+      for (int64_t offset : {0, 20, 51, 53, 60}) {
+        const int64_t rest = std::max<int64_t>(0, 53 - offset);
+        for (int64_t r = 0; r < world; ++r) {
+          DistributedSampler s(53, SamplerOptions{true, drop_last, 5, r, world});
+          const auto idx = s.indices(2, offset);
+          std::vector<int64_t> want;
+          const int64_t per = world == 1 ? rest : drop_last ? rest / world : (rest + world - 1) / world;
+          for (int64_t k = 0; k < per; ++k) {
+            const int64_t pos = r + k * world;  // within the rest, wrapped when padded
+            want.push_back(order[offset + (rest > 0 ? pos % rest : 0)]);
+          }
+          EXPECT_EQ(idx, want) << "world " << world << " rank " << r << " drop_last " << drop_last << " offset " << offset;
+          EXPECT_EQ(s.num_samples(2, offset), per);
+        }
+      }
+    }
+  }
+}
+
 TEST(Sampler, ShardsAreDisjointAndComplete) {
   for (int64_t world : {2, 3}) {
     std::vector<int64_t> all;

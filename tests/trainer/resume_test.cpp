@@ -1,6 +1,7 @@
 // Exact resume: a run resumed from a mid-epoch checkpoint (shuffled data, two loader workers,
 // dropout drawing from the global generator, AdamW + cosine) ends with bitwise the same parameters
 // and logs bitwise the same losses as the run that never stopped.
+#include <numeric>
 #include <gtest/gtest.h>
 
 #include "tests/trainer/trainer_test_util.h"
@@ -102,4 +103,103 @@ TEST(Resume, TheCheckpointIsReadOnceByBuildRunAndFit) {
   } catch (const checkpoint::CheckpointError& e) {
     EXPECT_NE(std::string(e.what()).find("not a Strobe checkpoint"), std::string::npos) << e.what();
   }
+}
+
+namespace {
+
+// The sample indices of every training batch, with its epoch.
+struct SeenIndices : Callback {
+  std::string name() const override { return "seen_indices"; }
+  std::vector<std::pair<int64_t, std::vector<int64_t>>> batches;
+  void on_train_batch_end(TrainerView& t, Module&, const torch::Tensor&, const Batch& b, int64_t) override {
+    batches.emplace_back(t.state().epoch, b.indices);
+  }
+  std::vector<int64_t> epoch(int64_t e) const {
+    std::vector<int64_t> out;
+    for (const auto& [ep, idx] : batches)
+      if (ep == e) out.insert(out.end(), idx.begin(), idx.end());
+    return out;
+  }
+};
+
+}  // namespace
+
+// A resume with another batch (docs/CONFIG.md, "Resuming"): the epoch goes on from the samples the
+// checkpoint's run consumed, cut into the new batches, so the two runs together see the epoch's order
+// once, in order; the next epoch starts whole; a checkpoint taken after such a resume records where
+// it is and resumes again (with the first batch size). The resume line says the old and new global
+// batch. 96 samples: batch 8 for 3 steps (24 samples), then batch 16 (24 -> 40, ..., 88 -> 96: 5
+// batches, the last of 8), its step-6 checkpoint (after 72 samples) resumed with batch 8; and under
+// limit_train_batches.
+TEST(Resume, ABatchChangeGoesOnFromTheSamplesConsumed) {
+  const auto yaml = tiny_yaml() + "callbacks:\n  - name: model_checkpoint\n    every_n_steps: 3\n    save_top_k: -1\n";
+  auto straight = std::make_shared<SeenIndices>();
+  {
+    auto run = make_run(yaml, {"trainer.max_epochs=1"}, temp_dir("batch-straight"), std::nullopt, {straight});
+    ASSERT_EQ(run->trainer->fit(), 0);
+  }
+  const std::vector<int64_t> order = straight->epoch(0);
+  ASSERT_EQ(order.size(), 96u);
+  auto slice = [&](int64_t a, int64_t b) { return std::vector<int64_t>(order.begin() + a, order.begin() + b); };
+
+  const std::string a_dir = temp_dir("batch-a");
+  auto a = std::make_shared<SeenIndices>();
+  {
+    auto run = make_run(yaml, {"trainer.max_steps=3"}, a_dir, std::nullopt, {a});
+    ASSERT_EQ(run->trainer->fit(), 0);
+  }
+  EXPECT_EQ(a->epoch(0), slice(0, 24));
+
+  const std::string b_dir = temp_dir("batch-b");
+  auto b = std::make_shared<SeenIndices>();
+  ::testing::internal::CaptureStdout();
+  int64_t b_steps = 0;
+  {
+    auto run = make_run(yaml, {"data.batch_size=16"}, b_dir, a_dir + "/checkpoints/step=3.ckpt", {b});
+    const int code = run->trainer->fit(std::move(run->checkpoint));
+    b_steps = run->trainer->view().state().global_step;
+    EXPECT_EQ(code, 0);
+  }
+  const std::string b_out = ::testing::internal::GetCapturedStdout();
+  EXPECT_NE(b_out.find("(step 3) on 1 process(es), the global batch 8 -> 16 (data.batch_size 8 x 1 process(es) x "
+                       "trainer.accumulate_grad_batches 1 -> 16 x 1 x 1), epoch 0 going on after its first 24 sample(s); "
+                       "the learning rate is not rescaled"),
+            std::string::npos)
+      << b_out;
+  std::vector<size_t> sizes;
+  for (const auto& [e, idx] : b->batches)
+    if (e == 0) sizes.push_back(idx.size());
+  EXPECT_EQ(sizes, (std::vector<size_t>{16, 16, 16, 16, 8}));
+  EXPECT_EQ(b->epoch(0), slice(24, 96)) << "the rest of epoch 0's order, once";
+  std::vector<int64_t> e1 = b->epoch(1);
+  std::sort(e1.begin(), e1.end());
+  std::vector<int64_t> all(96);
+  std::iota(all.begin(), all.end(), 0);
+  EXPECT_EQ(e1, all) << "epoch 1 whole";
+  EXPECT_EQ(b_steps, 3 + 5 + 6);
+
+  // Its step-6 checkpoint (3 batches of 16 after the first 24 samples), resumed with batch 8.
+  const std::string c_dir = temp_dir("batch-c");
+  auto c = std::make_shared<SeenIndices>();
+  ::testing::internal::CaptureStdout();
+  {
+    auto run = make_run(yaml, {"trainer.max_epochs=1"}, c_dir, b_dir + "/checkpoints/step=6.ckpt", {c});
+    EXPECT_EQ(run->trainer->fit(std::move(run->checkpoint)), 0);
+  }
+  const std::string c_out = ::testing::internal::GetCapturedStdout();
+  EXPECT_NE(c_out.find("the global batch 16 -> 8 (data.batch_size 16 x 1 process(es) x trainer.accumulate_grad_batches "
+                       "1 -> 8 x 1 x 1), epoch 0 going on after its first 72 sample(s)"),
+            std::string::npos)
+      << c_out;
+  EXPECT_EQ(c->epoch(0), slice(72, 96));
+
+  // limit_train_batches (a count) keeps the epoch to that many batches of the new size from its
+  // start, the 24 samples consumed counting as 2 batches of 16: 4 - 2 = 2 batches of 16 from sample 24.
+  auto d = std::make_shared<SeenIndices>();
+  {
+    auto run = make_run(yaml, {"data.batch_size=16", "trainer.limit_train_batches=4", "trainer.max_epochs=1"},
+                        temp_dir("batch-d"), a_dir + "/checkpoints/step=3.ckpt", {d});
+    EXPECT_EQ(run->trainer->fit(std::move(run->checkpoint)), 0);
+  }
+  EXPECT_EQ(d->epoch(0), slice(24, 56));
 }
