@@ -819,8 +819,9 @@ void two_rank_checkpoint_resumes_exactly(const std::string& strategy) {
 TEST(TrainerDDP, TwoRankCheckpointResumesExactlyOnTwoRanks) { two_rank_checkpoint_resumes_exactly("ddp"); }
 
 // A checkpoint resumes on another number of processes when the global batch is kept (docs/
-// DISTRIBUTED.md): 2 ranks x batch 4 stopped at step 3 continue as 1 process x batch 8, and 1 process
-// x batch 8 as 2 ranks x batch 4, each ending on the weights of the uninterrupted 2-rank run within
+// DISTRIBUTED.md): 2 ranks x batch 4 stopped at step 3 continue as 1 process x batch 8 and as 4 ranks
+// x batch 2, 1 process x batch 8 as 2 ranks x batch 4, and 4 ranks x batch 2 as 1 process x batch 8,
+// each ending on the weights of the uninterrupted 2-rank run within
 // the reduction order's rounding (a mean of two means of 4 against one mean of 8). The resume line
 // says it. Another global batch trains on from the samples consumed, the line saying so; refused with
 // one line (exit 2): zero2 on the resuming side.
@@ -879,6 +880,26 @@ TEST(TrainerDDP, ACheckpointResumesOnAnotherNumberOfProcessesKeepingTheGlobalBat
   expect_close(to_two.dir + "/params0.pt", "1 process -> 2 ranks");
   EXPECT_TRUE(torch::equal(load_params(to_two.dir + "/params0.pt")[0], load_params(to_two.dir + "/params1.pt")[0]));
 
+  // Four ranks: 2 x 4 -> 4 x 2, and a 4 x 2 run's step-3 checkpoint -> 1 process x 8.
+  Job to_four = two;
+  to_four.dir = two.dir + "/to_four";
+  fs::create_directories(to_four.dir);
+  auto r4 = fit(4, to_four, with({"data.batch_size=2"}), ckpt_of(two));
+  for (auto& r : r4) ASSERT_EQ(r.exit_code, 0) << describe(r4);
+  EXPECT_EQ(count_lines_with(slurp(to_four.dir + "/rank0.stdout"),
+                             "(step 3) on 2 process(es) -> 4, the global batch 16 kept (data.batch_size 4 -> 2)"), 1)
+      << slurp(to_four.dir + "/rank0.stdout");
+  expect_close(to_four.dir + "/params0.pt", "2 ranks -> 4 ranks");
+  Job four = new_job("ws-four");
+  auto rq = fit(4, four, with({"trainer.max_steps=3", "data.batch_size=2"}));
+  for (auto& r : rq) ASSERT_EQ(r.exit_code, 0) << describe(rq);
+  Job four_to_one = four;
+  four_to_one.dir = four.dir + "/to_one";
+  fs::create_directories(four_to_one.dir);
+  auto r41 = fit(1, four_to_one, with({"data.batch_size=8"}), ckpt_of(four));
+  ASSERT_EQ(r41[0].exit_code, 0) << describe(r41);
+  expect_close(four_to_one.dir + "/params0.pt", "4 ranks -> 1 process");
+
   // Another global batch: 1 process x batch 4 from 2 x 4 trains on, from the samples consumed.
   Job half = two;
   half.dir = two.dir + "/half";
@@ -895,7 +916,7 @@ TEST(TrainerDDP, ACheckpointResumesOnAnotherNumberOfProcessesKeepingTheGlobalBat
   // zero2 on the resuming side.
   expect_refused_resume(one, "as_zero2", {"trainer.strategy=zero2"}, ckpt_of(one),
                         "written by 1 process(es), but this run has 2: trainer.strategy: zero2's optimizer shards");
-  for (const Job& j : {full, two, one}) checkpoint::remove_tree(j.dir);
+  for (const Job& j : {full, two, one, four}) checkpoint::remove_tree(j.dir);
 }
 
 // kill -9 of both ranks in the middle of a sharded save (their shards of step 6 written, the file
