@@ -56,11 +56,17 @@ inline bool use_custom_pool(FusedOps mode, const torch::Tensor& x, const char* m
 // (x + delta, LayerNorm(x + delta)) through strobe::add_layer_norm. The two take their promoted
 // dtype first, as ATen's `x + delta` does: under autocast (bf16-mixed) the residual stream is fp32
 // while the projections return bf16.
+// y_amax: when not null, the norm's output amax too (strobe::add_layer_norm_amax), for the float8
+// linear layers that read it (trainer.fp8).
 inline std::tuple<torch::Tensor, torch::Tensor> residual_layer_norm(const torch::Tensor& x, const torch::Tensor& delta,
                                                                     const torch::Tensor& weight,
-                                                                    const std::optional<torch::Tensor>& bias, double eps) {
+                                                                    const std::optional<torch::Tensor>& bias, double eps,
+                                                                    std::optional<torch::Tensor>* y_amax = nullptr) {
   const auto dt = at::promote_types(x.scalar_type(), delta.scalar_type());
-  return ops::add_layer_norm(x.to(dt), delta.to(dt), weight, bias, eps);
+  if (y_amax == nullptr) return ops::add_layer_norm(x.to(dt), delta.to(dt), weight, bias, eps);
+  auto [sum, y, amax] = ops::add_layer_norm_amax(x.to(dt), delta.to(dt), weight, bias, eps);
+  *y_amax = amax;
+  return {sum, y};
 }
 
 // The MLP fc2(gelu(fc1(h))) of vit / decoder_lm. `gelu: tanh` makes the model's GELU the tanh
@@ -69,8 +75,10 @@ inline std::tuple<torch::Tensor, torch::Tensor> residual_layer_norm(const torch:
 // CPU). fused_ops: true with an MLP the op cannot take (dtypes differ from the weights', e.g. under
 // autocast) is an error; auto uses the separate ATen ops then. A layer trainer.fp8 marked runs its
 // GEMM in float8 (strobe::linear) and the GELU apart.
+// h_amax: max |h| from the norm that wrote h, for fc1 in float8.
 inline torch::Tensor transformer_mlp(const torch::Tensor& h, torch::nn::Linear& fc1, torch::nn::Linear& fc2,
-                                     bool gelu_tanh, bool fused, FusedOps mode) {
+                                     bool gelu_tanh, bool fused, FusedOps mode,
+                                     const std::optional<torch::Tensor>& h_amax = std::nullopt) {
   if (fused && gelu_tanh && !fp8_marked(*fc1) && !fp8_marked(*fc2)) {
     const bool same_dtype = h.scalar_type() == fc1->weight.scalar_type() && h.scalar_type() == fc2->weight.scalar_type();
     const bool autocast = h.is_cuda() && at::autocast::is_autocast_enabled(at::kCUDA);
@@ -79,7 +87,7 @@ inline torch::Tensor transformer_mlp(const torch::Tensor& h, torch::nn::Linear& 
                 "without autocast (precision bf16-master or 32), got ", h.scalar_type(), " activations, ",
                 fc1->weight.scalar_type(), " weights", autocast ? ", autocast on" : "");
   }
-  const torch::Tensor a = linear(fc1, h);
+  const torch::Tensor a = linear(fc1, h, h_amax);
   return linear(fc2, gelu_tanh ? torch::gelu(a, "tanh") : torch::gelu(a));
 }
 

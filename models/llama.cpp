@@ -43,11 +43,17 @@ TORCH_MODULE(RMSNorm);
 // (res + delta, norm(res + delta)) through strobe::add_rms_norm, named by the norm's path for
 // `strobe replay`. The two take their promoted dtype first, as ATen's `res + delta` does: under
 // autocast (bf16-mixed) the residual stream is fp32 while the projections return bf16.
+// y_amax: when not null, the norm's output amax too (strobe::add_rms_norm_amax), for the float8
+// linear layers that read it (trainer.fp8).
 std::tuple<torch::Tensor, torch::Tensor> residual_rms_norm(const torch::Tensor& res, const torch::Tensor& delta,
-                                                          RMSNormImpl& norm, double eps) {
+                                                          RMSNormImpl& norm, double eps,
+                                                          std::optional<torch::Tensor>* y_amax = nullptr) {
   ModuleScope scope(norm.path.c_str());
   const auto dt = at::promote_types(res.scalar_type(), delta.scalar_type());
-  return ops::add_rms_norm(res.to(dt), delta.to(dt), norm.weight, eps);
+  if (y_amax == nullptr) return ops::add_rms_norm(res.to(dt), delta.to(dt), norm.weight, eps);
+  auto [sum, y, amax] = ops::add_rms_norm_amax(res.to(dt), delta.to(dt), norm.weight, eps);
+  *y_amax = amax;
+  return {sum, y};
 }
 
 nn::Linear bias_free(int64_t in, int64_t out) { return nn::Linear(nn::LinearOptions(in, out).bias(false)); }
@@ -64,8 +70,9 @@ class LlamaAttentionImpl : public nn::Module, public ScopedBlock {
 
   // x [B, S, C] or packed [T, C]; cos/sin [B, S, D] or [T, D].
   // fused: q and k rotated by strobe::rotary_qk in one kernel (cos / sin then have one row per token).
+  // x_amax: max |x| from the norm that wrote x, for the projections that run in float8.
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin, const TokenLayout& in,
-                        bool fused = false) {
+                        bool fused = false, const std::optional<torch::Tensor>& x_amax = std::nullopt) {
     ModuleScope scope(path.c_str());
     auto lead = x.sizes().vec();
     lead.pop_back();
@@ -75,14 +82,14 @@ class LlamaAttentionImpl : public nn::Module, public ScopedBlock {
       shape.push_back(head_dim_);
       return t.view(shape);
     };
-    torch::Tensor q = heads(linear(q_proj, x), heads_), k = heads(linear(k_proj, x), kv_heads_);
+    torch::Tensor q = heads(linear(q_proj, x, x_amax), heads_), k = heads(linear(k_proj, x, x_amax), kv_heads_);
     if (fused) {
       std::tie(q, k) = ops::rotary_qk(q, k, cos, sin);
     } else {
       q = llama_ops::apply_rotary(q, cos, sin);
       k = llama_ops::apply_rotary(k, cos, sin);
     }
-    auto v = heads(linear(v_proj, x), kv_heads_);
+    auto v = heads(linear(v_proj, x, x_amax), kv_heads_);
     // Grouped K/V heads as they are: attention() expands them only for backends that need it.
     torch::Tensor a = in.cu_seqlens.defined()
                           ? attention_varlen(q, k, v, in.cu_seqlens, in.max_seqlen, /*causal=*/true, backend_)
@@ -112,7 +119,7 @@ class LlamaMLPImpl : public nn::Module, public ScopedBlock {
   // trainer.fp8: that GEMM runs in float8 when gate_proj and up_proj are both marked, through
   // strobe::fp8_linear_swiglu, whose swiglu kernels give the amax of their outputs to the float8 casts
   // (down_proj's input; d gate_up in the backward).
-  torch::Tensor forward(const torch::Tensor& x, bool fused = false) {
+  torch::Tensor forward(const torch::Tensor& x, bool fused = false, const std::optional<torch::Tensor>& x_amax = std::nullopt) {
     ModuleScope scope(path.c_str());
     const bool fp8_gate_up = fp8_marked(*gate_proj) && fp8_marked(*up_proj);
     if (!fused) {
@@ -122,7 +129,7 @@ class LlamaMLPImpl : public nn::Module, public ScopedBlock {
     }
     const auto w = at::cat({gate_proj->weight, up_proj->weight}, 0);
     if (fp8_gate_up) {
-      const auto [h, h_amax] = linear_swiglu_in_fp8(x, w);
+      const auto [h, h_amax] = linear_swiglu_in_fp8(x, w, x_amax);
       return fp8_marked(*down_proj) ? linear_in_fp8(h, down_proj->weight, std::nullopt, h_amax) : linear(down_proj, h);
     }
     return linear(down_proj, ops::swiglu(at::linear(x, w)));
@@ -150,16 +157,22 @@ class LlamaDecoderLayerImpl : public nn::Module {
   std::pair<torch::Tensor, torch::Tensor> forward_fused(const torch::Tensor& res, const torch::Tensor& pending,
                                                         const torch::Tensor& cos, const torch::Tensor& sin,
                                                         const TokenLayout& in, double eps) {
+    // trainer.fp8: the norms after a residual add give the amax of their outputs to the float8
+    // projections that read them (the first block's plain RMSNorm leaves it to the cast).
+    std::optional<torch::Tensor> attn_amax, mlp_amax;
+    const bool attn_fp8 = fp8_marked(*self_attn->q_proj) || fp8_marked(*self_attn->k_proj) || fp8_marked(*self_attn->v_proj);
+    const bool mlp_fp8 = fp8_marked(*mlp->gate_proj) && fp8_marked(*mlp->up_proj);
     torch::Tensor x, h;
     if (pending.defined()) {
-      std::tie(x, h) = residual_rms_norm(res, pending, *input_layernorm, eps);
+      std::tie(x, h) = residual_rms_norm(res, pending, *input_layernorm, eps, attn_fp8 ? &attn_amax : nullptr);
     } else {
       ModuleScope scope(input_layernorm->path.c_str());
       x = res;
       h = ops::rms_norm(res, input_layernorm->weight, eps);
     }
-    std::tie(x, h) = residual_rms_norm(x, self_attn->forward(h, cos, sin, in, /*fused=*/true), *post_attention_layernorm, eps);
-    return {x, mlp->forward(h, /*fused=*/true)};
+    std::tie(x, h) = residual_rms_norm(x, self_attn->forward(h, cos, sin, in, /*fused=*/true, attn_amax),
+                                       *post_attention_layernorm, eps, mlp_fp8 ? &mlp_amax : nullptr);
+    return {x, mlp->forward(h, /*fused=*/true, mlp_amax)};
   }
   RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
   LlamaAttention self_attn{nullptr};

@@ -44,15 +44,20 @@ class EncoderBlockImpl : public nn::Module {
   // previous block's MLP output, undefined before the first block) and leaves the same way, so
   // every residual add runs inside strobe::add_layer_norm with the LayerNorm that follows it.
   std::pair<torch::Tensor, torch::Tensor> forward_fused(const torch::Tensor& res, const torch::Tensor& pending) {
+    // trainer.fp8: the norms after a residual add give the amax of their outputs to qkv and fc1 when
+    // those run in float8 (the first block's plain LayerNorm leaves it to the cast).
+    std::optional<torch::Tensor> h_amax, h2_amax;
     torch::Tensor x, h;
     if (pending.defined()) {
-      std::tie(x, h) = residual_layer_norm(res, pending, norm1->weight, norm1->bias, norm1->options.eps());
+      std::tie(x, h) = residual_layer_norm(res, pending, norm1->weight, norm1->bias, norm1->options.eps(),
+                                           fp8_marked(*qkv) ? &h_amax : nullptr);
     } else {
       x = res;
       h = ops::layer_norm(res, norm1->weight, norm1->bias, norm1->options.eps());
     }
-    auto [x2, h2] = residual_layer_norm(x, linear(proj, attend(h)), norm2->weight, norm2->bias, norm2->options.eps());
-    return {x2, transformer_mlp(h2, fc1, fc2, gelu_tanh_, true, mode_)};
+    auto [x2, h2] = residual_layer_norm(x, linear(proj, attend(h, h_amax)), norm2->weight, norm2->bias,
+                                        norm2->options.eps(), fp8_marked(*fc1) ? &h2_amax : nullptr);
+    return {x2, transformer_mlp(h2, fc1, fc2, gelu_tanh_, true, mode_, h2_amax)};
   }
 
   nn::LayerNorm norm1{nullptr}, norm2{nullptr};
@@ -60,10 +65,10 @@ class EncoderBlockImpl : public nn::Module {
 
  private:
   // Attention over the normalised h [B, S, C], before proj.
-  torch::Tensor attend(const torch::Tensor& h) {
+  torch::Tensor attend(const torch::Tensor& h, const std::optional<torch::Tensor>& h_amax = std::nullopt) {
     const int64_t b = h.size(0), s = h.size(1), c = h.size(2);
     // q, k, v are [B, S, H, D] views of the fused projection: no permute copy around attention.
-    auto qkv_out = linear(qkv, h).view({b, s, 3, heads_, c / heads_}).unbind(2);
+    auto qkv_out = linear(qkv, h, h_amax).view({b, s, 3, heads_, c / heads_}).unbind(2);
     return attention(qkv_out[0], qkv_out[1], qkv_out[2], /*causal=*/false, std::nullopt, backend_).reshape({b, s, c});
   }
 

@@ -70,18 +70,20 @@ at::Tensor linear_in_fp8(const at::Tensor& x, const at::Tensor& weight, const st
   return ops::fp8_linear(xc, weight, bc, cast ? std::nullopt : x_amax);
 }
 
-std::tuple<at::Tensor, at::Tensor> linear_swiglu_in_fp8(const at::Tensor& x, const at::Tensor& weight) {
+std::tuple<at::Tensor, at::Tensor> linear_swiglu_in_fp8(const at::Tensor& x, const at::Tensor& weight,
+                                                        const std::optional<at::Tensor>& x_amax) {
   const auto device_type = x.device().type();
-  if (!at::autocast::is_autocast_enabled(device_type)) return ops::fp8_linear_swiglu(x, weight);
+  if (!at::autocast::is_autocast_enabled(device_type)) return ops::fp8_linear_swiglu(x, weight, x_amax);
   const auto dt = at::autocast::get_autocast_dtype(device_type);
-  const at::Tensor xc = x.scalar_type() == dt ? x : x.to(dt);
+  const bool cast = x.scalar_type() != dt;
+  const at::Tensor xc = cast ? x.to(dt) : x;
   const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
-  return ops::fp8_linear_swiglu(xc, weight);
+  return ops::fp8_linear_swiglu(xc, weight, cast ? std::nullopt : x_amax);
 }
 
-at::Tensor linear(const torch::nn::Linear& layer, const at::Tensor& x) {
+at::Tensor linear(const torch::nn::Linear& layer, const at::Tensor& x, const std::optional<at::Tensor>& x_amax) {
   const std::optional<at::Tensor> bias = layer->bias.defined() ? std::optional<at::Tensor>(layer->bias) : std::nullopt;
-  return fp8_marked(*layer) ? linear_in_fp8(x, layer->weight, bias) : at::linear(x, layer->weight, bias);
+  return fp8_marked(*layer) ? linear_in_fp8(x, layer->weight, bias, x_amax) : at::linear(x, layer->weight, bias);
 }
 
 std::vector<Fp8Choice> select_fp8_layers(const torch::nn::Module& net, const std::vector<std::string>& capable,

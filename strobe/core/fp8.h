@@ -24,8 +24,9 @@ namespace strobe {
 
 // y = x W^T + b for an nn::Linear, x of any rank: strobe::ops::fp8_linear when a trainer has marked
 // the layer (under autocast, x is first cast to the autocast dtype, as at::linear would), at::linear
-// otherwise (its bias in the GEMM's epilogue: one addmm for a contiguous [..., C] input).
-at::Tensor linear(const torch::nn::Linear& layer, const at::Tensor& x);
+// otherwise (its bias in the GEMM's epilogue: one addmm for a contiguous [..., C] input). x_amax: max
+// |x| from x's producer (add_layer_norm_amax's), for the float8 path.
+at::Tensor linear(const torch::nn::Linear& layer, const at::Tensor& x, const std::optional<at::Tensor>& x_amax = std::nullopt);
 // y = x weight^T + b through strobe::ops::fp8_linear, under autocast with x (and b) first cast to the
 // autocast dtype as at::linear would (the float8 casts read an fp32 weight directly). x_amax: max |x|
 // from x's producer (linear_swiglu_in_fp8's), used when x is not cast.
@@ -33,8 +34,9 @@ at::Tensor linear_in_fp8(const at::Tensor& x, const at::Tensor& weight, const st
                          const std::optional<at::Tensor>& x_amax = std::nullopt);
 // (swiglu(x weight^T), its max |.|) through strobe::ops::fp8_linear_swiglu (weight [2 x F, C]: gate rows,
 // then up rows), under autocast with x first cast as linear_in_fp8 does: the amax goes to the float8
-// linear that reads the output, so its cast makes one pass over it.
-std::tuple<at::Tensor, at::Tensor> linear_swiglu_in_fp8(const at::Tensor& x, const at::Tensor& weight);
+// linear that reads the output, so its cast makes one pass over it. x_amax: max |x| from x's producer.
+std::tuple<at::Tensor, at::Tensor> linear_swiglu_in_fp8(const at::Tensor& x, const at::Tensor& weight,
+                                                        const std::optional<at::Tensor>& x_amax = std::nullopt);
 // Whether a trainer has marked `layer` for float8.
 bool fp8_marked(const torch::nn::Module& layer);
 

@@ -115,6 +115,22 @@ std::tuple<Tensor, Tensor, Tensor> aln_bwd_meta(const Tensor& dy, const OptTenso
 
 using AlnFwdSig = std::tuple<Tensor, Tensor, Tensor, Tensor>(const Tensor&, const OptTensor&, const Tensor&,
                                                           const OptTensor&, double);
+using AlnFwdAmaxSig = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>(const Tensor&, const OptTensor&, const Tensor&,
+                                                                      const OptTensor&, double);
+
+// add_layer_norm_fwd_amax on the CPU and Meta: the forward, then max |y| (fp8_amax).
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> aln_fwd_amax_cpu(const Tensor& x, const OptTensor& delta,
+                                                                    const Tensor& weight, const OptTensor& bias,
+                                                                    double eps) {
+  auto [y, mean, rstd, sum] = aln_fwd_cpu(x, delta, weight, bias, eps);
+  return {y, mean, rstd, sum, detail::fp8_amax(y)};
+}
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> aln_fwd_amax_meta(const Tensor& x, const OptTensor& delta,
+                                                                     const Tensor& weight, const OptTensor& bias,
+                                                                     double eps) {
+  auto [y, mean, rstd, sum] = aln_fwd_meta(x, delta, weight, bias, eps);
+  return {y, mean, rstd, sum, at::empty({}, x.options().dtype(at::kFloat))};
+}
 using AlnBwdSig = std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const OptTensor&, const Tensor&, const Tensor&,
                                                   const Tensor&, const Tensor&, bool);
 
@@ -123,24 +139,36 @@ const c10::TypedOperatorHandle<AlnFwdSig>& aln_fwd_op() {
       c10::Dispatcher::singleton().findSchemaOrThrow("strobe::add_layer_norm_fwd", "").typed<AlnFwdSig>();
   return op;
 }
+const c10::TypedOperatorHandle<AlnFwdAmaxSig>& aln_fwd_amax_op() {
+  static const auto op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("strobe::add_layer_norm_fwd_amax", "").typed<AlnFwdAmaxSig>();
+  return op;
+}
 const c10::TypedOperatorHandle<AlnBwdSig>& aln_bwd_op() {
   static const auto op =
       c10::Dispatcher::singleton().findSchemaOrThrow("strobe::add_layer_norm_bwd", "").typed<AlnBwdSig>();
   return op;
 }
 
-// One Function for both public ops: with delta it returns (sum, y), without it (y).
+// One Function for the public ops: with delta it returns (sum, y), without it (y); with `amax`
+// (add_layer_norm_amax) also y_amax, not differentiable.
 class AddLayerNormFunction : public torch::autograd::Function<AddLayerNormFunction> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const Tensor& x,
                                                 const OptTensor& delta, const Tensor& weight,
-                                                const OptTensor& bias, double eps) {
+                                                const OptTensor& bias, double eps, bool amax) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    auto [y, mean, rstd, sum] = aln_fwd_op().call(x, delta, weight, bias, eps);
+    Tensor y, mean, rstd, sum, y_amax;
+    if (amax) std::tie(y, mean, rstd, sum, y_amax) = aln_fwd_amax_op().call(x, delta, weight, bias, eps);
+    else std::tie(y, mean, rstd, sum) = aln_fwd_op().call(x, delta, weight, bias, eps);
     const bool has_delta = present(delta);
     ctx->save_for_backward({has_delta ? sum : x, mean, rstd, weight});
     ctx->saved_data["has_delta"] = has_delta;
     ctx->saved_data["has_bias"] = present(bias);
+    if (amax) {
+      ctx->mark_non_differentiable({y_amax});
+      return {sum, y, y_amax};
+    }
     if (has_delta) return {sum, y};
     return {y};
   }
@@ -156,14 +184,24 @@ class AddLayerNormFunction : public torch::autograd::Function<AddLayerNormFuncti
     const OptTensor ds = gsum.defined() ? OptTensor(gsum.contiguous()) : std::nullopt;
     auto [dx, dw, db] = aln_bwd_op().call(gy.contiguous(), ds, input, saved[1], saved[2], saved[3],
                                       ctx->saved_data["has_bias"].toBool());
-    return {dx, has_delta ? dx : Tensor(), dw, db, Tensor()};
+    return {dx, has_delta ? dx : Tensor(), dw, db, Tensor(), Tensor()};
   }
 };
 
 std::tuple<Tensor, Tensor> add_ln_autograd(const Tensor& x, const Tensor& delta, const Tensor& weight,
                                            const OptTensor& bias, double eps) {
-  auto out = AddLayerNormFunction::apply(x, OptTensor(delta), weight, bias, eps);
+  auto out = AddLayerNormFunction::apply(x, OptTensor(delta), weight, bias, eps, false);
   return {out[0], out[1]};
+}
+std::tuple<Tensor, Tensor, Tensor> add_ln_amax_autograd(const Tensor& x, const Tensor& delta, const Tensor& weight,
+                                                        const OptTensor& bias, double eps) {
+  auto out = AddLayerNormFunction::apply(x, OptTensor(delta), weight, bias, eps, true);
+  return {out[0], out[1], out[2]};
+}
+std::tuple<Tensor, Tensor, Tensor> add_ln_amax_nograd(const Tensor& x, const Tensor& delta, const Tensor& weight,
+                                                      const OptTensor& bias, double eps) {
+  auto [y, mean, rstd, sum, y_amax] = aln_fwd_amax_op().call(x, OptTensor(delta), weight, bias, eps);
+  return {sum, y, y_amax};
 }
 std::tuple<Tensor, Tensor> add_ln_nograd(const Tensor& x, const Tensor& delta, const Tensor& weight,
                                          const OptTensor& bias, double eps) {
@@ -171,7 +209,7 @@ std::tuple<Tensor, Tensor> add_ln_nograd(const Tensor& x, const Tensor& delta, c
   return {sum, y};
 }
 Tensor ln_autograd(const Tensor& x, const Tensor& weight, const OptTensor& bias, double eps) {
-  return AddLayerNormFunction::apply(x, std::nullopt, weight, bias, eps)[0];
+  return AddLayerNormFunction::apply(x, std::nullopt, weight, bias, eps, false)[0];
 }
 Tensor ln_nograd(const Tensor& x, const Tensor& weight, const OptTensor& bias, double eps) {
   return std::get<0>(aln_fwd_op().call(x, std::nullopt, weight, bias, eps));
@@ -188,6 +226,15 @@ std::tuple<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& delta, 
   return op.call(x, delta, weight, bias, eps);
 }
 
+std::tuple<Tensor, Tensor, Tensor> add_layer_norm_amax(const Tensor& x, const Tensor& delta, const Tensor& weight,
+                                                       const std::optional<Tensor>& bias, double eps) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("strobe::add_layer_norm_amax", "")
+                             .typed<std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&,
+                                                                       const OptTensor&, double)>();
+  return op.call(x, delta, weight, bias, eps);
+}
+
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const std::optional<Tensor>& bias, double eps) {
   static const auto op =
       c10::Dispatcher::singleton()
@@ -200,21 +247,27 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const std::optional<Ten
 
 TORCH_LIBRARY_IMPL(strobe, Autograd, m) {
   m.impl("add_layer_norm", &strobe::ops::add_ln_autograd);
+  m.impl("add_layer_norm_amax", &strobe::ops::add_ln_amax_autograd);
   m.impl("layer_norm", &strobe::ops::ln_autograd);
 }
 TORCH_LIBRARY_IMPL(strobe, CPU, m) {
   m.impl("add_layer_norm", &strobe::ops::add_ln_nograd);
   m.impl("layer_norm", &strobe::ops::ln_nograd);
   m.impl("add_layer_norm_fwd", &strobe::ops::aln_fwd_cpu);
+  m.impl("add_layer_norm_fwd_amax", &strobe::ops::aln_fwd_amax_cpu);
+  m.impl("add_layer_norm_amax", &strobe::ops::add_ln_amax_nograd);
   m.impl("add_layer_norm_bwd", &strobe::ops::aln_bwd_cpu);
 }
 TORCH_LIBRARY_IMPL(strobe, CUDA, m) {
   m.impl("add_layer_norm", &strobe::ops::add_ln_nograd);
+  m.impl("add_layer_norm_amax", &strobe::ops::add_ln_amax_nograd);
   m.impl("layer_norm", &strobe::ops::ln_nograd);
 }
 TORCH_LIBRARY_IMPL(strobe, Meta, m) {
   m.impl("add_layer_norm", &strobe::ops::add_ln_nograd);
   m.impl("layer_norm", &strobe::ops::ln_nograd);
   m.impl("add_layer_norm_fwd", &strobe::ops::aln_fwd_meta);
+  m.impl("add_layer_norm_fwd_amax", &strobe::ops::aln_fwd_amax_meta);
+  m.impl("add_layer_norm_amax", &strobe::ops::add_ln_amax_nograd);
   m.impl("add_layer_norm_bwd", &strobe::ops::aln_bwd_meta);
 }

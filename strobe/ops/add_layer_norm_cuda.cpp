@@ -33,8 +33,9 @@ int checked_cols(const Tensor& x) {
   return static_cast<int>(c);
 }
 
-std::tuple<Tensor, Tensor, Tensor, Tensor> aln_fwd_cuda(const Tensor& x, const OptTensor& delta, const Tensor& weight,
-                                                    const OptTensor& bias, double eps) {
+// y_amax: when not null, also max |y| into it (a 0-dim fp32 tensor made here).
+std::tuple<Tensor, Tensor, Tensor, Tensor> aln_fwd_impl(const Tensor& x, const OptTensor& delta, const Tensor& weight,
+                                                        const OptTensor& bias, double eps, Tensor* y_amax) {
   detail::add_layer_norm_check_inputs(x, delta, weight, bias);
   const c10::cuda::CUDAGuard guard(x.device());
   cuda::LayerNormFwdParams p;
@@ -60,8 +61,25 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> aln_fwd_cuda(const Tensor& x, const O
   p.y = y.data_ptr();
   p.mean = mean.data_ptr<float>();
   p.rstd = rstd.data_ptr<float>();
+  if (y_amax) {
+    *y_amax = at::empty({}, x.options().dtype(at::kFloat));
+    p.y_amax = y_amax->data_ptr<float>();
+  }
   C10_CUDA_CHECK(cuda::layer_norm_fwd(p, detail::current_stream()));
   return {y, mean, rstd, sum};
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> aln_fwd_cuda(const Tensor& x, const OptTensor& delta, const Tensor& weight,
+                                                        const OptTensor& bias, double eps) {
+  return aln_fwd_impl(x, delta, weight, bias, eps, nullptr);
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> aln_fwd_amax_cuda(const Tensor& x, const OptTensor& delta,
+                                                                     const Tensor& weight, const OptTensor& bias,
+                                                                     double eps) {
+  Tensor amax;
+  auto [y, mean, rstd, sum] = aln_fwd_impl(x, delta, weight, bias, eps, &amax);
+  return {y, mean, rstd, sum, amax};
 }
 
 std::tuple<Tensor, Tensor, Tensor> aln_bwd_cuda(const Tensor& dy, const OptTensor& dsum, const Tensor& input,
@@ -103,8 +121,8 @@ std::tuple<Tensor, Tensor, Tensor> aln_bwd_cuda(const Tensor& dy, const OptTenso
 }
 
 // add_rms_norm: the RMS mode of the same kernels (no mean, no bias).
-std::tuple<Tensor, Tensor, Tensor> arn_fwd_cuda(const Tensor& x, const OptTensor& delta, const Tensor& weight,
-                                                double eps) {
+std::tuple<Tensor, Tensor, Tensor> arn_fwd_impl(const Tensor& x, const OptTensor& delta, const Tensor& weight,
+                                                double eps, Tensor* y_amax) {
   detail::add_rms_norm_check_inputs(x, delta, weight);
   const c10::cuda::CUDAGuard guard(x.device());
   cuda::LayerNormFwdParams p;
@@ -126,8 +144,24 @@ std::tuple<Tensor, Tensor, Tensor> arn_fwd_cuda(const Tensor& x, const OptTensor
   p.sum = sum.defined() ? sum.data_ptr() : nullptr;
   p.y = y.data_ptr();
   p.rstd = rstd.data_ptr<float>();
+  if (y_amax) {
+    *y_amax = at::empty({}, x.options().dtype(at::kFloat));
+    p.y_amax = y_amax->data_ptr<float>();
+  }
   C10_CUDA_CHECK(cuda::layer_norm_fwd(p, detail::current_stream()));
   return {y, rstd, sum};
+}
+
+std::tuple<Tensor, Tensor, Tensor> arn_fwd_cuda(const Tensor& x, const OptTensor& delta, const Tensor& weight,
+                                                double eps) {
+  return arn_fwd_impl(x, delta, weight, eps, nullptr);
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> arn_fwd_amax_cuda(const Tensor& x, const OptTensor& delta,
+                                                             const Tensor& weight, double eps) {
+  Tensor amax;
+  auto [y, rstd, sum] = arn_fwd_impl(x, delta, weight, eps, &amax);
+  return {y, rstd, sum, amax};
 }
 
 std::tuple<Tensor, Tensor> arn_bwd_cuda(const Tensor& dy, const OptTensor& dsum, const Tensor& input,
@@ -170,5 +204,7 @@ TORCH_LIBRARY_IMPL(strobe, CUDA, m) {
   m.impl("add_layer_norm_fwd", &strobe::ops::aln_fwd_cuda);
   m.impl("add_layer_norm_bwd", &strobe::ops::aln_bwd_cuda);
   m.impl("add_rms_norm_fwd", &strobe::ops::arn_fwd_cuda);
+  m.impl("add_rms_norm_fwd_amax", &strobe::ops::arn_fwd_amax_cuda);
+  m.impl("add_layer_norm_fwd_amax", &strobe::ops::aln_fwd_amax_cuda);
   m.impl("add_rms_norm_bwd", &strobe::ops::arn_bwd_cuda);
 }

@@ -100,6 +100,20 @@ std::tuple<Tensor, Tensor> arn_bwd_meta(const Tensor& dy, const OptTensor& dsum,
 }
 
 using ArnFwdSig = std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const OptTensor&, const Tensor&, double);
+using ArnFwdAmaxSig = std::tuple<Tensor, Tensor, Tensor, Tensor>(const Tensor&, const OptTensor&, const Tensor&, double);
+
+// add_rms_norm_fwd_amax on the CPU and Meta: the forward, then max |y| (fp8_amax).
+std::tuple<Tensor, Tensor, Tensor, Tensor> arn_fwd_amax_cpu(const Tensor& x, const OptTensor& delta, const Tensor& weight,
+                                                            double eps) {
+  auto [y, rstd, sum] = arn_fwd_cpu(x, delta, weight, eps);
+  return {y, rstd, sum, detail::fp8_amax(y)};
+}
+std::tuple<Tensor, Tensor, Tensor, Tensor> arn_fwd_amax_meta(const Tensor& x, const OptTensor& delta,
+                                                             const Tensor& weight, double eps) {
+  auto [y, rstd, sum] = arn_fwd_meta(x, delta, weight, eps);
+  return {y, rstd, sum, at::empty({}, x.options().dtype(at::kFloat))};
+}
+
 using ArnBwdSig = std::tuple<Tensor, Tensor>(const Tensor&, const OptTensor&, const Tensor&, const Tensor&,
                                              const Tensor&);
 
@@ -108,22 +122,34 @@ const c10::TypedOperatorHandle<ArnFwdSig>& arn_fwd_op() {
       c10::Dispatcher::singleton().findSchemaOrThrow("strobe::add_rms_norm_fwd", "").typed<ArnFwdSig>();
   return op;
 }
+const c10::TypedOperatorHandle<ArnFwdAmaxSig>& arn_fwd_amax_op() {
+  static const auto op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("strobe::add_rms_norm_fwd_amax", "").typed<ArnFwdAmaxSig>();
+  return op;
+}
 const c10::TypedOperatorHandle<ArnBwdSig>& arn_bwd_op() {
   static const auto op =
       c10::Dispatcher::singleton().findSchemaOrThrow("strobe::add_rms_norm_bwd", "").typed<ArnBwdSig>();
   return op;
 }
 
-// One Function for both public ops: with delta it returns (sum, y), without it (y).
+// One Function for the public ops: with delta it returns (sum, y), without it (y); with `amax`
+// (add_rms_norm_amax) also y_amax, not differentiable.
 class AddRmsNormFunction : public torch::autograd::Function<AddRmsNormFunction> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const Tensor& x,
-                                                const OptTensor& delta, const Tensor& weight, double eps) {
+                                                const OptTensor& delta, const Tensor& weight, double eps, bool amax) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    auto [y, rstd, sum] = arn_fwd_op().call(x, delta, weight, eps);
+    Tensor y, rstd, sum, y_amax;
+    if (amax) std::tie(y, rstd, sum, y_amax) = arn_fwd_amax_op().call(x, delta, weight, eps);
+    else std::tie(y, rstd, sum) = arn_fwd_op().call(x, delta, weight, eps);
     const bool has_delta = present(delta);
     ctx->save_for_backward({has_delta ? sum : x, rstd, weight});
     ctx->saved_data["has_delta"] = has_delta;
+    if (amax) {
+      ctx->mark_non_differentiable({y_amax});
+      return {sum, y, y_amax};
+    }
     if (has_delta) return {sum, y};
     return {y};
   }
@@ -138,20 +164,30 @@ class AddRmsNormFunction : public torch::autograd::Function<AddRmsNormFunction> 
     if (!gy.defined()) gy = at::zeros_like(input);
     const OptTensor ds = gsum.defined() ? OptTensor(gsum.contiguous()) : std::nullopt;
     auto [dx, dw] = arn_bwd_op().call(gy.contiguous(), ds, input, saved[1], saved[2]);
-    return {dx, has_delta ? dx : Tensor(), dw, Tensor()};
+    return {dx, has_delta ? dx : Tensor(), dw, Tensor(), Tensor()};
   }
 };
 
 std::tuple<Tensor, Tensor> add_rms_autograd(const Tensor& x, const Tensor& delta, const Tensor& weight, double eps) {
-  auto out = AddRmsNormFunction::apply(x, OptTensor(delta), weight, eps);
+  auto out = AddRmsNormFunction::apply(x, OptTensor(delta), weight, eps, false);
   return {out[0], out[1]};
+}
+std::tuple<Tensor, Tensor, Tensor> add_rms_amax_autograd(const Tensor& x, const Tensor& delta, const Tensor& weight,
+                                                         double eps) {
+  auto out = AddRmsNormFunction::apply(x, OptTensor(delta), weight, eps, true);
+  return {out[0], out[1], out[2]};
+}
+std::tuple<Tensor, Tensor, Tensor> add_rms_amax_nograd(const Tensor& x, const Tensor& delta, const Tensor& weight,
+                                                       double eps) {
+  auto [y, rstd, sum, y_amax] = arn_fwd_amax_op().call(x, OptTensor(delta), weight, eps);
+  return {sum, y, y_amax};
 }
 std::tuple<Tensor, Tensor> add_rms_nograd(const Tensor& x, const Tensor& delta, const Tensor& weight, double eps) {
   auto [y, rstd, sum] = arn_fwd_op().call(x, OptTensor(delta), weight, eps);
   return {sum, y};
 }
 Tensor rms_autograd(const Tensor& x, const Tensor& weight, double eps) {
-  return AddRmsNormFunction::apply(x, std::nullopt, weight, eps)[0];
+  return AddRmsNormFunction::apply(x, std::nullopt, weight, eps, false)[0];
 }
 Tensor rms_nograd(const Tensor& x, const Tensor& weight, double eps) {
   return std::get<0>(arn_fwd_op().call(x, std::nullopt, weight, eps));
@@ -167,6 +203,15 @@ std::tuple<Tensor, Tensor> add_rms_norm(const Tensor& x, const Tensor& delta, co
   return op.call(x, delta, weight, eps);
 }
 
+std::tuple<Tensor, Tensor, Tensor> add_rms_norm_amax(const Tensor& x, const Tensor& delta, const Tensor& weight,
+                                                     double eps) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("strobe::add_rms_norm_amax", "")
+          .typed<std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, double)>();
+  return op.call(x, delta, weight, eps);
+}
+
 Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("strobe::rms_norm", "")
@@ -178,21 +223,27 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
 
 TORCH_LIBRARY_IMPL(strobe, Autograd, m) {
   m.impl("add_rms_norm", &strobe::ops::add_rms_autograd);
+  m.impl("add_rms_norm_amax", &strobe::ops::add_rms_amax_autograd);
   m.impl("rms_norm", &strobe::ops::rms_autograd);
 }
 TORCH_LIBRARY_IMPL(strobe, CPU, m) {
   m.impl("add_rms_norm", &strobe::ops::add_rms_nograd);
   m.impl("rms_norm", &strobe::ops::rms_nograd);
   m.impl("add_rms_norm_fwd", &strobe::ops::arn_fwd_cpu);
+  m.impl("add_rms_norm_fwd_amax", &strobe::ops::arn_fwd_amax_cpu);
+  m.impl("add_rms_norm_amax", &strobe::ops::add_rms_amax_nograd);
   m.impl("add_rms_norm_bwd", &strobe::ops::arn_bwd_cpu);
 }
 TORCH_LIBRARY_IMPL(strobe, CUDA, m) {
   m.impl("add_rms_norm", &strobe::ops::add_rms_nograd);
+  m.impl("add_rms_norm_amax", &strobe::ops::add_rms_amax_nograd);
   m.impl("rms_norm", &strobe::ops::rms_nograd);
 }
 TORCH_LIBRARY_IMPL(strobe, Meta, m) {
   m.impl("add_rms_norm", &strobe::ops::add_rms_nograd);
   m.impl("rms_norm", &strobe::ops::rms_nograd);
   m.impl("add_rms_norm_fwd", &strobe::ops::arn_fwd_meta);
+  m.impl("add_rms_norm_fwd_amax", &strobe::ops::arn_fwd_amax_meta);
+  m.impl("add_rms_norm_amax", &strobe::ops::add_rms_amax_nograd);
   m.impl("add_rms_norm_bwd", &strobe::ops::arn_bwd_meta);
 }

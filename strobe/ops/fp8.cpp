@@ -296,10 +296,11 @@ void fp8_linear_swiglu_check(const Tensor& x, const Tensor& w) {
 // does); y_amax is not differentiable.
 class Fp8LinearSwigluFunction : public torch::autograd::Function<Fp8LinearSwigluFunction> {
  public:
-  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const Tensor& x, const Tensor& w) {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const Tensor& x, const Tensor& w,
+                                                const OptTensor& x_amax) {
     at::AutoDispatchBelowADInplaceOrView guard;
     fp8_linear_swiglu_check(x, w);
-    auto [gu, x_t, sx, w_t, sw] = fp8l_fwd_op().call(x, w, std::nullopt, w.requires_grad(), x.requires_grad(), std::nullopt);
+    auto [gu, x_t, sx, w_t, sw] = fp8l_fwd_op().call(x, w, std::nullopt, w.requires_grad(), x.requires_grad(), x_amax);
     auto [y, amax] = sw_amax_fwd_op().call(gu);
     ctx->save_for_backward({x_t, sx, w_t, sw, gu});
     ctx->saved_data["w_dtype"] = static_cast<int64_t>(w.scalar_type());
@@ -314,17 +315,17 @@ class Fp8LinearSwigluFunction : public torch::autograd::Function<Fp8LinearSwiglu
     auto [dx, dw, db] = fp8l_bwd_op().call(dgu, saved[0], saved[1], saved[2], saved[3],
                                            static_cast<at::ScalarType>(ctx->saved_data["w_dtype"].toInt()), std::nullopt,
                                            mask, dgu_amax);
-    return {dx, dw};
+    return {dx, dw, Tensor()};
   }
 };
 
-std::tuple<Tensor, Tensor> fp8ls_autograd(const Tensor& x, const Tensor& w) {
-  auto out = Fp8LinearSwigluFunction::apply(x, w);
+std::tuple<Tensor, Tensor> fp8ls_autograd(const Tensor& x, const Tensor& w, const OptTensor& x_amax) {
+  auto out = Fp8LinearSwigluFunction::apply(x, w, x_amax);
   return {out[0], out[1]};
 }
-std::tuple<Tensor, Tensor> fp8ls_nograd(const Tensor& x, const Tensor& w) {
+std::tuple<Tensor, Tensor> fp8ls_nograd(const Tensor& x, const Tensor& w, const OptTensor& x_amax) {
   fp8_linear_swiglu_check(x, w);
-  return sw_amax_fwd_op().call(std::get<0>(fp8l_fwd_op().call(x, w, std::nullopt, false, false, std::nullopt)));
+  return sw_amax_fwd_op().call(std::get<0>(fp8l_fwd_op().call(x, w, std::nullopt, false, false, x_amax)));
 }
 
 }  // namespace
@@ -337,11 +338,12 @@ torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& weight, co
   return op.call(x, weight, bias, x_amax);
 }
 
-std::tuple<torch::Tensor, torch::Tensor> fp8_linear_swiglu(const torch::Tensor& x, const torch::Tensor& weight) {
+std::tuple<torch::Tensor, torch::Tensor> fp8_linear_swiglu(const torch::Tensor& x, const torch::Tensor& weight,
+                                                           const std::optional<torch::Tensor>& x_amax) {
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("strobe::fp8_linear_swiglu", "")
-                             .typed<std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&)>();
-  return op.call(x, weight);
+                             .typed<std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const OptTensor&)>();
+  return op.call(x, weight, x_amax);
 }
 
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> fp8_quantize(const torch::Tensor& x, at::ScalarType dtype,

@@ -200,6 +200,14 @@ std::tuple<torch::Tensor, torch::Tensor> add_layer_norm(const torch::Tensor& x, 
                                                         const torch::Tensor& weight,
                                                         const std::optional<torch::Tensor>& bias = {},
                                                         double eps = 1e-5);
+// add_layer_norm and max |y| (op strobe::add_layer_norm_amax; fp32, 0-dim, NaN when y holds one, not
+// differentiable), found by the forward kernel as it writes y: the amax of the float8 quantization of
+// y by the float8 linear that reads it (fp8_linear's x_amax). (sum, y) are add_layer_norm's, bit for bit.
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> add_layer_norm_amax(const torch::Tensor& x,
+                                                                            const torch::Tensor& delta,
+                                                                            const torch::Tensor& weight,
+                                                                            const std::optional<torch::Tensor>& bias = {},
+                                                                            double eps = 1e-5);
 // The same LayerNorm without the add (op strobe::layer_norm): y = LN(x).
 torch::Tensor layer_norm(const torch::Tensor& x, const torch::Tensor& weight,
                          const std::optional<torch::Tensor>& bias = {}, double eps = 1e-5);
@@ -213,6 +221,10 @@ torch::Tensor layer_norm(const torch::Tensor& x, const torch::Tensor& weight,
 // reference). Returns (sum, y). docs/OPS.md.
 std::tuple<torch::Tensor, torch::Tensor> add_rms_norm(const torch::Tensor& x, const torch::Tensor& delta,
                                                       const torch::Tensor& weight, double eps = 1e-6);
+// add_rms_norm and max |y| from the forward kernel (op strobe::add_rms_norm_amax), as add_layer_norm_amax.
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> add_rms_norm_amax(const torch::Tensor& x,
+                                                                          const torch::Tensor& delta,
+                                                                          const torch::Tensor& weight, double eps = 1e-6);
 // The same RMSNorm without the add (op strobe::rms_norm).
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps = 1e-6);
 
@@ -265,7 +277,9 @@ torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& weight,
 // and y_amax = max |y| (0-dim fp32, not differentiable), which the float8 linear reading y takes as its
 // x_amax. In the backward, swiglu's kernel finds the amax of d gate_up as it writes it, so the GEMMs'
 // e5m2 cast reads it once. The same values as fp8_linear then swiglu, bit for bit. docs/OPS.md.
-std::tuple<torch::Tensor, torch::Tensor> fp8_linear_swiglu(const torch::Tensor& x, const torch::Tensor& weight);
+// x_amax: max |x| from x's producer (add_rms_norm_amax's y_amax), as fp8_linear's.
+std::tuple<torch::Tensor, torch::Tensor> fp8_linear_swiglu(const torch::Tensor& x, const torch::Tensor& weight,
+                                                           const std::optional<torch::Tensor>& x_amax = std::nullopt);
 
 // The LM head and its cross-entropy in one op that never materialises the [N, V] logits (op
 // strobe::linear_cross_entropy): the mean over tokens whose target is not ignore_index of

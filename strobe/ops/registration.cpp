@@ -75,6 +75,15 @@ TORCH_LIBRARY(strobe, m) {
   m.def(
       "add_layer_norm_bwd(Tensor dy, Tensor? dsum, Tensor input, Tensor mean, Tensor rstd, "
       "Tensor weight, bool has_bias) -> (Tensor dx, Tensor dweight, Tensor dbias)");
+  // add_layer_norm and max |y| (fp32, 0-dim; NaN when y holds one), found by the forward kernel as it
+  // writes y: the amax of a float8 quantization of y (the float8 linear that reads it). y_amax is not
+  // differentiable; the rest is add_layer_norm, bit for bit. The internal forward half likewise.
+  m.def(
+      "add_layer_norm_amax(Tensor x, Tensor delta, Tensor weight, Tensor? bias=None, float eps=1e-5) -> "
+      "(Tensor sum, Tensor y, Tensor y_amax)");
+  m.def(
+      "add_layer_norm_fwd_amax(Tensor x, Tensor? delta, Tensor weight, Tensor? bias, float eps) -> "
+      "(Tensor y, Tensor mean, Tensor rstd, Tensor sum, Tensor y_amax)");
   // sum = x + delta, y = RMSNorm(sum) * weight over the last dim in Hugging Face's numerics, fused
   // forward and backward; rms_norm is the same without delta (docs/OPS.md).
   m.def("add_rms_norm(Tensor x, Tensor delta, Tensor weight, float eps=1e-6) -> (Tensor sum, Tensor y)");
@@ -85,6 +94,11 @@ TORCH_LIBRARY(strobe, m) {
   m.def(
       "add_rms_norm_bwd(Tensor dy, Tensor? dsum, Tensor input, Tensor rstd, Tensor weight) -> "
       "(Tensor dx, Tensor dweight)");
+  // add_rms_norm and max |y| from the forward kernel, as add_layer_norm_amax.
+  m.def("add_rms_norm_amax(Tensor x, Tensor delta, Tensor weight, float eps=1e-6) -> (Tensor sum, Tensor y, Tensor y_amax)");
+  m.def(
+      "add_rms_norm_fwd_amax(Tensor x, Tensor? delta, Tensor weight, float eps) -> "
+      "(Tensor y, Tensor rstd, Tensor sum, Tensor y_amax)");
   // Rotary position embedding of q [..., Hq, D] and k [..., Hk, D] with cos / sin [..., D] (one row per
   // token) in Hugging Face's rotate-half convention and numerics (docs/OPS.md).
   m.def("rotary_qk(Tensor q, Tensor k, Tensor cos, Tensor sin) -> (Tensor q_out, Tensor k_out)");
@@ -117,7 +131,7 @@ TORCH_LIBRARY(strobe, m) {
   // swiglu(x weight^T) with the GEMMs of x weight^T in float8, weight [2 x F, in_features] (gate rows
   // first), and max |y| for the float8 linear that reads y: the amax of the output from swiglu's kernel
   // and, in the backward, the amax of d gate_up from swiglu's backward kernel (docs/OPS.md).
-  m.def("fp8_linear_swiglu(Tensor x, Tensor weight) -> (Tensor y, Tensor y_amax)");
+  m.def("fp8_linear_swiglu(Tensor x, Tensor weight, Tensor? x_amax=None) -> (Tensor y, Tensor y_amax)");
   // Internal halves: the forward also returns the float8 transposes the backward reads (empty unless
   // asked) and their dequantization scales; the backward makes the gradients output_mask asks for.
   m.def(

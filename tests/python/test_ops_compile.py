@@ -104,6 +104,8 @@ def run(device):
         opcheck(ops.layer_norm.default, (x, w, b), tag=f"layer_norm {device} {dt}")
         opcheck(ops.add_rms_norm.default, (x, d, w, 1e-6), tag=f"add_rms_norm {device} {dt}")
         opcheck(ops.rms_norm.default, (x, w), tag=f"rms_norm {device} {dt}")
+        opcheck(ops.add_layer_norm_amax.default, (x, d, w, b, 1e-6), tag=f"add_layer_norm_amax {device} {dt}")
+        opcheck(ops.add_rms_norm_amax.default, (x, d, w, 1e-6), tag=f"add_rms_norm_amax {device} {dt}")
         rq = torch.randn(3, 5, 4, 8, device=device, dtype=dt, requires_grad=True)
         rk = torch.randn(3, 5, 2, 8, device=device, dtype=dt, requires_grad=True)
         ang = torch.rand(3, 5, 8, device=device)
@@ -155,6 +157,8 @@ def run(device):
                 tag=f"fp8_linear given amax {device} {dt}")
         sw = torch.randn(32, 32, device=device, dtype=dt, requires_grad=True)
         opcheck(ops.fp8_linear_swiglu.default, (lx, sw), tag=f"fp8_linear_swiglu {device} {dt}")
+        opcheck(ops.fp8_linear_swiglu.default, (lx, sw, lx.detach().float().abs().amax()),
+                tag=f"fp8_linear_swiglu given amax {device} {dt}")
 
     # --- max_pool2d (CUDA kernels: fp32/bf16/fp16, NCHW or channels_last; scalar and vectorized C)
     for dt in (torch.float32,) + ((torch.bfloat16,) if device == "cuda" else ()):

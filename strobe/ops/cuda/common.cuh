@@ -175,6 +175,21 @@ __device__ __forceinline__ void block_amax_to(unsigned m, unsigned* amax) {
   }
 }
 
+// block_amax_to for a block of any whole number of warps (blockDim.x a multiple of 32, at most 1024).
+__device__ __forceinline__ void block_amax_any(unsigned m, unsigned* amax) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+  __shared__ unsigned warp_max[32];
+  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = m;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    m = threadIdx.x < (blockDim.x >> 5) ? warp_max[threadIdx.x] : 0u;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (threadIdx.x == 0 && m != 0) atomicMax(amax, m);
+  }
+}
+
 // ---- launcher dispatch ---------------------------------------------------------------------------
 // A storage type handed to a launcher's generic lambda: `using T = typename decltype(t)::type;`.
 template <typename T>

@@ -32,6 +32,9 @@ struct LayerNormFwdParams {
   // RMSNorm (op strobe::add_rms_norm) in Hugging Face's numerics: rstd = 1 / sqrt(mean(sum^2) + eps),
   // y = T(T(sum * rstd) * weight) (two roundings); no centring, no bias, mean may be null.
   bool rms = false;
+  // Also max |y| (one fp32 on the device, zeroed by the launcher, NaN when y holds one): the amax of a
+  // float8 quantization of y (add_layer_norm_amax, add_rms_norm_amax); null: not computed.
+  float* y_amax = nullptr;
 };
 
 // Largest `cols` the kernels take (each thread holds at most 4 scalars or one 16-byte vector of

@@ -70,6 +70,7 @@ __global__ void __launch_bounds__(1024) ln_fwd_kernel(LayerNormFwdParams p) {
   }
   const float rstd = rsqrtf(block_sum(q, sh) * inv_c + p.eps);
   T* y = static_cast<T*>(p.y) + row * p.cols;
+  unsigned m = 0;  // max |y| of this thread's elements, as abs_bits (p.y_amax)
 #pragma unroll
   for (int it = 0; it < ITERS; ++it) {
     const int iv = threadIdx.x + it * blockDim.x;
@@ -87,11 +88,16 @@ __global__ void __launch_bounds__(1024) ln_fwd_kernel(LayerNormFwdParams p) {
       yp.v[j] = from_f<T>(o);
     }
     reinterpret_cast<Pack<T, VEC>*>(y)[iv] = yp;
+    if (p.y_amax) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) m = max(m, abs_bits(to_f(yp.v[j])));
+    }
   }
   if (threadIdx.x == 0) {
     if (p.mean) p.mean[row] = mean;
     p.rstd[row] = rstd;
   }
+  if (p.y_amax) block_amax_any(m, reinterpret_cast<unsigned*>(p.y_amax));
 }
 
 // RMS: xhat = sum * rstd; dx = rstd * (g - xhat * mean(g * xhat)); dweight sums dy * xhat rounded to
@@ -250,6 +256,10 @@ cudaError_t launch_bwd(const LayerNormBwdParams& p, int vec, int64_t groups, cud
 int layer_norm_max_cols() { return 4096; }
 
 cudaError_t layer_norm_fwd(const LayerNormFwdParams& p, cudaStream_t stream) {
+  if (p.y_amax) {
+    cudaError_t e = cudaMemsetAsync(p.y_amax, 0, sizeof(float), stream);
+    if (e != cudaSuccess) return e;
+  }
   if (p.rows == 0) return cudaSuccess;
   const int vec = pick_vec(p.cols, p.dtype, {p.x, p.delta, p.sum, p.y});
   return dispatch_float(p.dtype, [&](auto t) { return launch_fwd<typename decltype(t)::type>(p, vec, stream); });
