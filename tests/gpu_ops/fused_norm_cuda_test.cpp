@@ -18,6 +18,7 @@ using torch::Tensor;
 
 using strobe::testing::kCuda;
 using strobe::testing::poison_allocator;
+using strobe::testing::check_norm_amax;
 using strobe::testing::rel_err;
 
 struct LnCase {
@@ -234,6 +235,15 @@ TEST(AddRmsNormCudaNan, NanComesOutNanAndWideOrPromotingInputsAreErrors) {
   EXPECT_THROW(strobe::ops::rms_norm(torch::randn({2, 16}, o), torch::ones({16}, o.dtype(torch::kFloat))), c10::Error);
 }
 
+// add_layer_norm_amax / add_rms_norm_amax against the plain ops (check_norm_amax, op_test_util.h), in the
+// kernels' two layouts: 16-byte vectors (2048 columns, Llama's width), one element a thread (100).
+TEST(AddNormAmaxCuda, TheAmaxVariantsGiveTheSameValuesAndGradientsAndMaxOfY) {
+  SKIP_WITHOUT_CUDA();
+  check_norm_amax(kCuda, torch::kBFloat16, 257, 2048, "bf16 2048");
+  check_norm_amax(kCuda, torch::kBFloat16, 33, 100, "bf16 100");
+  check_norm_amax(kCuda, torch::kFloat, 64, 1024, "fp32 1024");
+}
+
 struct CeCase {
   int64_t n, v;
   const char* reduction;
@@ -247,58 +257,6 @@ class CrossEntropyCuda : public ::testing::TestWithParam<CeCase> {};
 
 // Loss fp32 from the given logits: 1e-5 against double; dlogits in the logits' dtype: fp32 1e-5,
 // bf16 / fp16 8e-3.
-// add_layer_norm_amax / add_rms_norm_amax: (sum, y) and the gradients bit for bit those of
-// add_layer_norm / add_rms_norm, y_amax = max |y| exactly (NaN when y holds one; 0 for RMSNorm of zeros), not
-// differentiable.
-void check_norm_amax(const torch::Device& dev, torch::ScalarType dt, int64_t rows, int64_t cols, const std::string& what) {
-  auto same = [](const Tensor& a, const Tensor& b) {  // bitwise, NaN for NaN
-    return a.sizes() == b.sizes() && torch::equal(torch::isnan(a), torch::isnan(b)) &&
-           torch::equal(torch::nan_to_num(a.to(torch::kDouble), 0.0), torch::nan_to_num(b.to(torch::kDouble), 0.0));
-  };
-  for (int kind = 0; kind < 3; ++kind) {  // 0: random, 1: a NaN, 2: zeros
-    for (bool rms : {false, true}) {
-      const std::string w_ = what + (rms ? " rms" : " layer") + (kind == 1 ? " nan" : kind == 2 ? " zeros" : "");
-      torch::manual_seed(rows + cols + kind);
-      Tensor x = torch::randn({rows, cols}) * 3, d = torch::randn({rows, cols});
-      if (kind == 1) x[rows / 2][cols / 3] = NAN;
-      if (kind == 2) x.zero_(), d.zero_();
-      x = x.to(dev, dt), d = d.to(dev, dt);
-      const Tensor w = (torch::randn({cols}) * 0.5 + 1).to(dev, dt), b = (torch::randn({cols}) * 0.1).to(dev, dt);
-      std::vector<Tensor> in0 = {x.clone().requires_grad_(), d.clone().requires_grad_(), w.clone().requires_grad_(),
-                                 b.clone().requires_grad_()};
-      std::vector<Tensor> in1 = {x.clone().requires_grad_(), d.clone().requires_grad_(), w.clone().requires_grad_(),
-                                 b.clone().requires_grad_()};
-      Tensor s0, y0, s1, y1, a1;
-      if (rms) {
-        std::tie(s0, y0) = strobe::ops::add_rms_norm(in0[0], in0[1], in0[2], 1e-6);
-        std::tie(s1, y1, a1) = strobe::ops::add_rms_norm_amax(in1[0], in1[1], in1[2], 1e-6);
-      } else {
-        std::tie(s0, y0) = strobe::ops::add_layer_norm(in0[0], in0[1], in0[2], in0[3], 1e-5);
-        std::tie(s1, y1, a1) = strobe::ops::add_layer_norm_amax(in1[0], in1[1], in1[2], in1[3], 1e-5);
-      }
-      EXPECT_TRUE(same(s0, s1)) << w_ << ": sum";
-      EXPECT_TRUE(same(y0, y1)) << w_ << ": y";
-      ASSERT_TRUE(a1.dim() == 0 && a1.scalar_type() == torch::kFloat && a1.device() == x.device()) << w_;
-      EXPECT_FALSE(a1.requires_grad()) << w_;
-      const float want = y0.detach().to(torch::kFloat).abs().max().item<float>(), got = a1.item<float>();
-      EXPECT_TRUE(got == want || (std::isnan(got) && std::isnan(want))) << w_ << ": amax " << got << ", max |y| " << want;
-      if (kind == 2 && rms) EXPECT_EQ(got, 0.f) << w_;  // (LayerNorm of zeros is its bias)
-      const Tensor gy = torch::randn({rows, cols}).to(dev, dt), gs = torch::randn({rows, cols}).to(dev, dt);
-      ((y0 * gy).sum() + (s0 * gs).sum()).backward();
-      ((y1 * gy).sum() + (s1 * gs).sum()).backward();
-      for (int i = 0; i < (rms ? 3 : 4); ++i) EXPECT_TRUE(same(in0[i].grad(), in1[i].grad())) << w_ << ": gradient " << i;
-    }
-  }
-}
-
-// The kernels' two layouts: 16-byte vectors (2048 columns, Llama's width), one element a thread (100).
-TEST(AddNormAmaxCuda, TheAmaxVariantsGiveTheSameValuesAndGradientsAndMaxOfY) {
-  SKIP_WITHOUT_CUDA();
-  check_norm_amax(kCuda, torch::kBFloat16, 257, 2048, "bf16 2048");
-  check_norm_amax(kCuda, torch::kBFloat16, 33, 100, "bf16 100");
-  check_norm_amax(kCuda, torch::kFloat, 64, 1024, "fp32 1024");
-}
-
 TEST_P(CrossEntropyCuda, MatchesFloat64Reference) {
   SKIP_WITHOUT_CUDA();
   const CeCase c = GetParam();

@@ -13,6 +13,7 @@ namespace {
 
 using torch::Tensor;
 
+using strobe::testing::check_norm_amax;
 using strobe::testing::rel_err;
 
 struct LnCase {
@@ -206,6 +207,12 @@ TEST(AddRmsNormCpu, NanPropagatesToItsRowAndBadInputsAreErrors) {
   }
 }
 
+// add_layer_norm_amax / add_rms_norm_amax against the plain ops (check_norm_amax, op_test_util.h).
+TEST(AddNormAmaxCpu, TheAmaxVariantsGiveTheSameValuesAndGradientsAndMaxOfY) {
+  check_norm_amax(torch::kCPU, torch::kBFloat16, 9, 48, "bf16");
+  check_norm_amax(torch::kCPU, torch::kFloat, 5, 20, "fp32");
+}
+
 // ---- rotary_qk ------------------------------------------------------------------------------
 
 // transformers' apply_rotary_pos_emb on one tensor [..., H, D] with cos / sin [..., D].
@@ -218,55 +225,6 @@ Tensor hf_rotary(const Tensor& x, const Tensor& cos, const Tensor& sin) {
 // Forward and backward equal to transformers' ops and autograd bit for bit (fp32, bf16, fp16; padded
 // [B, S, H, D] and packed [T, H, D]; 4 query heads over 2 K/V heads), and within 1e-6 (fp32) of a
 // float64 rotation.
-// add_layer_norm_amax / add_rms_norm_amax: (sum, y) and the gradients bit for bit those of
-// add_layer_norm / add_rms_norm, y_amax = max |y| exactly (NaN when y holds one; 0 for RMSNorm of zeros), not
-// differentiable.
-void check_norm_amax(const torch::Device& dev, torch::ScalarType dt, int64_t rows, int64_t cols, const std::string& what) {
-  auto same = [](const Tensor& a, const Tensor& b) {  // bitwise, NaN for NaN
-    return a.sizes() == b.sizes() && torch::equal(torch::isnan(a), torch::isnan(b)) &&
-           torch::equal(torch::nan_to_num(a.to(torch::kDouble), 0.0), torch::nan_to_num(b.to(torch::kDouble), 0.0));
-  };
-  for (int kind = 0; kind < 3; ++kind) {  // 0: random, 1: a NaN, 2: zeros
-    for (bool rms : {false, true}) {
-      const std::string w_ = what + (rms ? " rms" : " layer") + (kind == 1 ? " nan" : kind == 2 ? " zeros" : "");
-      torch::manual_seed(rows + cols + kind);
-      Tensor x = torch::randn({rows, cols}) * 3, d = torch::randn({rows, cols});
-      if (kind == 1) x[rows / 2][cols / 3] = NAN;
-      if (kind == 2) x.zero_(), d.zero_();
-      x = x.to(dev, dt), d = d.to(dev, dt);
-      const Tensor w = (torch::randn({cols}) * 0.5 + 1).to(dev, dt), b = (torch::randn({cols}) * 0.1).to(dev, dt);
-      std::vector<Tensor> in0 = {x.clone().requires_grad_(), d.clone().requires_grad_(), w.clone().requires_grad_(),
-                                 b.clone().requires_grad_()};
-      std::vector<Tensor> in1 = {x.clone().requires_grad_(), d.clone().requires_grad_(), w.clone().requires_grad_(),
-                                 b.clone().requires_grad_()};
-      Tensor s0, y0, s1, y1, a1;
-      if (rms) {
-        std::tie(s0, y0) = strobe::ops::add_rms_norm(in0[0], in0[1], in0[2], 1e-6);
-        std::tie(s1, y1, a1) = strobe::ops::add_rms_norm_amax(in1[0], in1[1], in1[2], 1e-6);
-      } else {
-        std::tie(s0, y0) = strobe::ops::add_layer_norm(in0[0], in0[1], in0[2], in0[3], 1e-5);
-        std::tie(s1, y1, a1) = strobe::ops::add_layer_norm_amax(in1[0], in1[1], in1[2], in1[3], 1e-5);
-      }
-      EXPECT_TRUE(same(s0, s1)) << w_ << ": sum";
-      EXPECT_TRUE(same(y0, y1)) << w_ << ": y";
-      ASSERT_TRUE(a1.dim() == 0 && a1.scalar_type() == torch::kFloat && a1.device() == x.device()) << w_;
-      EXPECT_FALSE(a1.requires_grad()) << w_;
-      const float want = y0.detach().to(torch::kFloat).abs().max().item<float>(), got = a1.item<float>();
-      EXPECT_TRUE(got == want || (std::isnan(got) && std::isnan(want))) << w_ << ": amax " << got << ", max |y| " << want;
-      if (kind == 2 && rms) EXPECT_EQ(got, 0.f) << w_;  // (LayerNorm of zeros is its bias)
-      const Tensor gy = torch::randn({rows, cols}).to(dev, dt), gs = torch::randn({rows, cols}).to(dev, dt);
-      ((y0 * gy).sum() + (s0 * gs).sum()).backward();
-      ((y1 * gy).sum() + (s1 * gs).sum()).backward();
-      for (int i = 0; i < (rms ? 3 : 4); ++i) EXPECT_TRUE(same(in0[i].grad(), in1[i].grad())) << w_ << ": gradient " << i;
-    }
-  }
-}
-
-TEST(AddNormAmaxCpu, TheAmaxVariantsGiveTheSameValuesAndGradientsAndMaxOfY) {
-  check_norm_amax(torch::kCPU, torch::kBFloat16, 9, 48, "bf16");
-  check_norm_amax(torch::kCPU, torch::kFloat, 5, 20, "fp32");
-}
-
 TEST(RotaryCpu, IsHuggingFacesRotaryBitForBitForwardAndBackward) {
   for (auto dt : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
     for (auto lead : {std::vector<int64_t>{2, 7}, std::vector<int64_t>{13}}) {
