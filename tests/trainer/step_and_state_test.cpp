@@ -170,3 +170,33 @@ TEST(StateConnector, AStepStartCheckpointHasEveryCheckpointsKeysWithTheStartsVal
   EXPECT_EQ(at.blob("optimizer"), live.blob("optimizer"));
   EXPECT_EQ(at.tensors.count("rng/rank0/cpu"), 0u);
 }
+
+// A checkpoint inside an accumulation window holds partial gradients of batches of the old size: a
+// resume with another data.batch_size is refused with one line, naming it (docs/DISTRIBUTED.md).
+TEST(StateConnector, AMidWindowCheckpointRefusesAnotherBatchSize) {
+  const std::vector<std::string> sets = {"trainer.accumulate_grad_batches=2"};
+  checkpoint::CheckpointData mid;
+  {
+    auto b = make_run(tiny_yaml(), sets, "");
+    auto batches = first_batches(*b, 1);
+    b->trainer->run_batch(batches[0], 0);
+    TrainerState s = b->trainer->view().state();
+    s.batch_in_epoch = 1;  // as the fit loop counts it after the window's first micro-batch
+    mid = b->trainer->view().make_checkpoint();
+    mid.blobs["loop"] = serialize_loop_state(s);
+  }
+  const std::string path = temp_dir("mid-window") + "/mid.ckpt";
+  checkpoint::save_checkpoint_file(path, mid);
+  auto same = make_run(tiny_yaml(), sets, "", path);
+  EXPECT_NO_THROW(same->trainer->resume_state(*same->checkpoint)) << "the same batch resumes mid-window";
+  auto other = make_run(tiny_yaml(), {"trainer.accumulate_grad_batches=2", "data.batch_size=16"}, "", path);
+  try {
+    other->trainer->resume_state(*other->checkpoint);
+    ADD_FAILURE() << "resumed";
+  } catch (const checkpoint::CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("data.batch_size 8 -> 16: it was taken inside an accumulation window, whose "
+                                         "gradients are of batches of 8; resume from a checkpoint at an optimizer step's end"),
+              std::string::npos)
+        << e.what();
+  }
+}
