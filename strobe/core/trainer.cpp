@@ -321,10 +321,12 @@ void Trainer::check_resume_world_size(const checkpoint::CheckpointData& d, const
   const int64_t saved = meta.world_size;
   // Every rank reads the same file and takes the same branch: a refusal ends in order, then the
   // same exit 2 everywhere (docs/DISTRIBUTED.md, "Resuming on another number of processes").
-  auto refuse = [&](const std::string& why) {
+  auto refuse_with = [&](const std::string& line) {
     strategy_->shutdown();
-    throw checkpoint::CheckpointError(
-        fmt::format("{}: written by {} process(es), but this run has {}: {}", source, saved, world_size_, why));
+    throw checkpoint::CheckpointError(line);
+  };
+  auto refuse = [&](const std::string& why) {
+    refuse_with(fmt::format("{}: written by {} process(es), but this run has {}: {}", source, saved, world_size_, why));
   };
   if (saved != world_size_) {
     if (meta.rank_alone)
@@ -351,7 +353,7 @@ void Trainer::check_resume_world_size(const checkpoint::CheckpointData& d, const
   const TrainerState loop = d.has_blob(checkpoint_keys::kLoop) ? parse_loop_state(d.blob(checkpoint_keys::kLoop)) : TrainerState{};
   if (loop.batch_in_epoch % a_then != 0) {
     if (saved != world_size_) refuse("it was taken inside an accumulation window, whose gradients each rank held alone");
-    throw checkpoint::CheckpointError(fmt::format(
+    refuse_with(fmt::format(
         "{}: data.batch_size {} -> {}: it was taken inside an accumulation window, whose gradients are of batches of {}; "
         "resume from a checkpoint at an optimizer step's end",
         source, b_then, b_now, b_then));

@@ -275,8 +275,9 @@ __global__ void col_sums_plain_kernel(const T* __restrict__ x, int64_t rows, int
   sums[c] = s;
 }
 
-bool use_v2(const void* x, int64_t rows, int64_t cols, const void* q_t) {
-  return reinterpret_cast<uintptr_t>(x) % 16 == 0 && cols % 8 == 0 && (q_t == nullptr || rows % 16 == 0) &&
+// The shapes the 8-elements-a-thread kernels (v2, v3) take; v1 the rest.
+bool use_tiled(const void* x, int64_t rows, int64_t cols, bool transpose) {
+  return reinterpret_cast<uintptr_t>(x) % 16 == 0 && cols % 8 == 0 && (!transpose || rows % 16 == 0) &&
          (rows + kV2Tile - 1) / kV2Tile <= 65535;
 }
 
@@ -284,7 +285,7 @@ template <typename T>
 cudaError_t launch(const void* x, int64_t rows, int64_t cols, Fp8Format format, void* q, void* q_t, float* amax,
                    bool amax_given, float* scale_inv, float* col_sums, float* col_work, cudaStream_t stream) {
   const int64_t n = rows * cols;
-  const bool v3 = use_v2(x, rows, cols, q_t);  // v3 takes v2's shapes
+  const bool v3 = use_tiled(x, rows, cols, q_t != nullptr);
   const auto* xs = static_cast<const T*>(x);
   if (!amax_given) {  // a producer's amax needs no pass over x before the cast
     cudaError_t e = cudaMemsetAsync(amax, 0, sizeof(float), stream);
@@ -351,8 +352,7 @@ cudaError_t fp8_quantize(const void* x, int64_t rows, int64_t cols, DType dtype,
 }
 
 int64_t fp8_col_work_floats(const void* x, int64_t rows, int64_t cols, bool transpose) {
-  const int64_t marker = 1;  // use_v2 asks only whether q_t is wanted
-  return use_v2(x, rows, cols, transpose ? &marker : nullptr) ? (rows + kV3Tile - 1) / kV3Tile * cols : 0;
+  return use_tiled(x, rows, cols, transpose) ? (rows + kV3Tile - 1) / kV3Tile * cols : 0;
 }
 
 }  // namespace strobe::ops::cuda
