@@ -8,7 +8,8 @@
 // step's backward done, its update not applied; <step> is that step's number, global step + 1).
 // A checkpoint under trainer.strategy zero2 (docs/DISTRIBUTED.md): zero2_shard_written (this rank's
 // optimizer shard written, the checkpoint file not yet), zero2_file_written (rank 0: the file
-// written, the earlier saves' shard folders not yet removed).
+// written, the earlier saves' shard folders not yet removed); zero2_recut (a resume re-cutting a
+// zero2 checkpoint's optimizer shards: the first shard file read; <step> is the checkpoint's).
 // STROBE_FAULT_AT=throw:<point>@<step> throws a std::runtime_error there instead ("fault point
 // <point> at step <step> (STROBE_FAULT_AT)"): an error inside training, as a failing op would raise.
 // Unset (always, outside tests): nothing.

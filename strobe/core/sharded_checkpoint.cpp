@@ -1,6 +1,7 @@
 #include "strobe/core/sharded_checkpoint.h"
 
 #include <filesystem>
+#include <functional>
 #include <random>
 
 #include <fmt/format.h>
@@ -8,6 +9,7 @@
 
 #include "strobe/core/checkpoint_view.h"
 #include "strobe/core/fault_points.h"
+#include "strobe/core/optimizer_reshard.h"
 #include "strobe/distributed/strategy.h"
 
 namespace strobe {
@@ -22,7 +24,11 @@ void ShardedCheckpoint::mark(checkpoint::CheckpointData& d) const {
 void ShardedCheckpoint::save(const std::string& path, checkpoint::CheckpointData d, int64_t global_step) const {
   const int64_t rank = strategy_.rank(), world = strategy_.world_size();
   if (!sharded_) {
-    if (rank == 0) checkpoint::save_checkpoint_file(path, d);
+    if (rank != 0) return;
+    checkpoint::save_checkpoint_file(path, d);
+    // A whole file that replaced a sharded one (a zero2 checkpoint resumed under ddp or in one
+    // process, in its run directory): the old save's shards are nobody's any more.
+    if (std::error_code ec; fs::exists(path + kFolderSuffix, ec)) checkpoint::remove_tree(path + kFolderSuffix);
     return;
   }
   std::string tag;
@@ -57,7 +63,8 @@ void ShardedCheckpoint::save(const std::string& path, checkpoint::CheckpointData
     if (e.path().filename() != tag) checkpoint::remove_tree(e.path().string());
 }
 
-std::optional<checkpoint::CheckpointData> ShardedCheckpoint::for_resume(const checkpoint::CheckpointData& d) const {
+std::optional<checkpoint::CheckpointData> ShardedCheckpoint::for_resume(const checkpoint::CheckpointData& d,
+                                                                         const OptimizerShapes& shapes) const {
   // One process replaying a zero2 rank's capture: its optimizer state is that rank's shard, which
   // fits no whole optimizer: the step restarts the moments (the forward and backward are the captured ones).
   if (!sharded_ && strategy_.world_size() == 1 && d.has_blob(kShardBlob) && !d.has_blob(kManifestBlob)) {
@@ -67,56 +74,87 @@ std::optional<checkpoint::CheckpointData> ShardedCheckpoint::for_resume(const ch
                d.source);
     return own;
   }
-  if (sharded_ || d.has_blob(kManifestBlob)) return with_own_shard(d);
+  if (sharded_ || d.has_blob(kManifestBlob)) return with_own_shard(d, shapes);
   return std::nullopt;
 }
 
-checkpoint::CheckpointData ShardedCheckpoint::with_own_shard(const checkpoint::CheckpointData& d) const {
+checkpoint::CheckpointData ShardedCheckpoint::with_own_shard(const checkpoint::CheckpointData& d,
+                                                             const OptimizerShapes& shapes) const {
   const std::string& source = d.source;
   const int64_t rank = strategy_.rank(), world = strategy_.world_size();
-  // A refusal every rank reaches alike (the same file, the same checks): end in order, then the
+  // A refusal every rank reaches alike (the same files, the same checks): end in order, then the
   // same exit 2 everywhere.
   auto refuse = [&](const std::string& why) {
     strategy_.shutdown();
     throw checkpoint::CheckpointError(why);
   };
+  const OptimizerSharding mine{world, sharded_};
+  const std::string layout =
+      sharded_ ? fmt::format("zero2's shards of {} process(es)", world) : std::string("a whole optimizer state");
+  // This rank's optimizer state re-cut on the host from the checkpoint's (optimizer_reshard.h).
+  auto recut = [&](const OptimizerSharding& from, const std::function<std::string(int64_t)>& read,
+                   const std::function<std::string(int64_t)>& what) {
+    checkpoint::CheckpointData merged = d;
+    try {
+      merged.blobs[checkpoint_keys::kOptimizer] = reshard_optimizer_state(shapes, from, read, mine, rank, what);
+    } catch (const std::runtime_error& e) {
+      refuse(fmt::format("{}: its optimizer state cannot be re-cut into {}: {}", source, layout, e.what()));
+    }
+    return merged;
+  };
   const bool manifest = d.has_blob(kManifestBlob);
-  if (!sharded_) {
-    refuse(fmt::format(
-        "{}: written under trainer.strategy: zero2, which shards the optimizer state over the ranks: resume it with "
-        "zero2 and the same number of processes (its weights load with strobe validate/test/export on any number)",
-        source));
-  }
   if (!manifest) {
     if (d.has_blob(kShardBlob))
       refuse(fmt::format(
           "{}: written by one rank alone (a failed step's start under trainer.strategy: zero2): it holds that rank's "
           "optimizer shard only; resume from a checkpoint every rank wrote (last.ckpt)",
           source));
-    refuse(fmt::format(
-        "{}: its optimizer state is whole (written under trainer.strategy: ddp or by one process): resume it with ddp; "
-        "trainer.strategy: zero2 resumes only its own sharded checkpoints",
-        source));
+    if (!d.has_blob(checkpoint_keys::kOptimizer) || d.blob(checkpoint_keys::kOptimizer).empty()) return d;  // said later
+    // A whole state (ddp, one process): this rank's rows of it.
+    return recut(OptimizerSharding{1, false}, [&](int64_t) { return d.blob(checkpoint_keys::kOptimizer); },
+                 [&](int64_t) { return source + "'s optimizer state"; });
   }
   auto m = nlohmann::json::parse(d.blob(kManifestBlob), nullptr, false);
-  if (!m.is_object() || !m.contains("files") || !m["files"].is_array() || m["files"].size() != static_cast<size_t>(world))
+  const int64_t saved = m.is_object() ? m.value("world_size", int64_t{0}) : 0;
+  if (!m.is_object() || saved < 1 || !m.contains("files") || !m["files"].is_array() ||
+      m["files"].size() != static_cast<size_t>(saved) || !m.contains("tag") || !m["tag"].is_string())
     refuse(fmt::format("{}: its zero2 manifest (blob '{}') is malformed", source, kManifestBlob));
   const fs::path base = fs::path(source).parent_path();
+  const std::string tag = m["tag"].get<std::string>();
   // Every rank checks every shard file, so a missing one stops all ranks alike (exit 2).
   for (const auto& f : m["files"])
     if (!f.is_string() || !fs::exists(base / f.get<std::string>()))
       refuse(fmt::format("{}: the optimizer shard {} its manifest names is missing", source,
                          f.is_string() ? (base / f.get<std::string>()).string() : f.dump()));
-  const std::string own = (base / m["files"][rank].get<std::string>()).string();
-  auto shard = checkpoint::load_checkpoint_file(own);
-  auto info = nlohmann::json::parse(shard.has_blob(kShardBlob) ? shard.blob(kShardBlob) : "", nullptr, false);
-  if (!info.is_object() || info.value("rank", int64_t{-1}) != rank || info.value("tag", std::string()) != m.value("tag", "") ||
-      !shard.has_blob(checkpoint_keys::kOptimizer))
-    throw checkpoint::CheckpointError(
-        fmt::format("{}: {} is not rank {}'s optimizer shard of this checkpoint (save tag {})", source, own, rank, m.value("tag", "")));
-  checkpoint::CheckpointData merged = d;
-  merged.blobs[checkpoint_keys::kOptimizer] = shard.blob(checkpoint_keys::kOptimizer);
-  return merged;
+  auto shard_path = [&](int64_t r) { return (base / m["files"][r].get<std::string>()).string(); };
+  // Shard file r, checked against the manifest: rank r's optimizer shard of this save.
+  auto read_shard = [&](int64_t r, const std::function<void(const std::string&)>& bad) {
+    const std::string path = shard_path(r);
+    auto shard = checkpoint::load_checkpoint_file(path);
+    auto info = nlohmann::json::parse(shard.has_blob(kShardBlob) ? shard.blob(kShardBlob) : "", nullptr, false);
+    if (!info.is_object() || info.value("rank", int64_t{-1}) != r || info.value("tag", std::string()) != tag ||
+        info.value("world_size", int64_t{-1}) != saved || !shard.has_blob(checkpoint_keys::kOptimizer))
+      bad(fmt::format("{}: {} is not rank {}'s optimizer shard of this checkpoint (save tag {}, {} process(es))", source, path,
+                      r, tag, saved));
+    return shard.blob(checkpoint_keys::kOptimizer);
+  };
+  if (sharded_ && saved == world) {  // the same cut: this rank's own file, as it was written
+    checkpoint::CheckpointData merged = d;
+    merged.blobs[checkpoint_keys::kOptimizer] =
+        read_shard(rank, [](const std::string& why) { throw checkpoint::CheckpointError(why); });
+    return merged;
+  }
+  // Another number of processes or a whole state: every rank reads every shard (one at a time) and
+  // keeps its own rows; a shard that is not what the manifest says stops every rank alike.
+  const int64_t step = CheckpointView(d, source).meta().global_step.value_or(0);
+  return recut(
+      OptimizerSharding{saved, true},
+      [&](int64_t r) {
+        std::string blob = read_shard(r, refuse);
+        if (r == 0) fault_point("zero2_recut", step);
+        return blob;
+      },
+      [&](int64_t r) { return shard_path(r); });
 }
 
 }  // namespace strobe

@@ -4,7 +4,8 @@
 // <file>.zero2/<tag>/rank<r>.ckpt; once all have, rank 0 writes <file> (the whole model's fp32
 // values and everything else) with a manifest naming the shard files, then removes the shard folders
 // of the file's earlier saves. A kill at any point leaves <file> whole with its shards present.
-// A resume reads the manifest and this rank's shard into the checkpoint's optimizer entry.
+// A resume reads the manifest and this rank's shard into the checkpoint's optimizer entry, re-cut
+// for another number of processes or another strategy when the run has them.
 //
 // It holds the layout's names (the manifest and shard blobs, the folder) and talks to the other
 // ranks through the strategy only (the tag's broadcast, the barrier, an orderly end before a refusal
@@ -14,6 +15,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "strobe/checkpoint/checkpoint_io.h"
 
@@ -42,17 +44,22 @@ class ShardedCheckpoint {
   // tag and the fault points); otherwise rank 0 writes the one file.
   void save(const std::string& path, checkpoint::CheckpointData d, int64_t global_step) const;
 
+  // The whole shape of each optimizer parameter, by group and position (what a re-cut needs).
+  using OptimizerShapes = std::vector<std::vector<std::vector<int64_t>>>;
+
   // The checkpoint a resume restores on this rank, when it is not `d` itself (nullopt: restore `d`):
-  // sharded, `d` with this rank's optimizer shard in its optimizer entry, read from the files its
-  // manifest names. A checkpoint of
-  // the other kind, a malformed manifest or a missing shard file is refused with one line
-  // (CheckpointError) on every rank alike, after an orderly end of the job. One process replaying a
-  // sharded rank's own file (a capture): its optimizer entry is emptied (fresh moments), said on
-  // stderr.
-  std::optional<checkpoint::CheckpointData> for_resume(const checkpoint::CheckpointData& d) const;
+  // `d` with this rank's optimizer state in its optimizer entry. Sharded on the same number of
+  // processes: this rank's shard file, as the manifest names it. Otherwise re-cut on the host
+  // (optimizer_reshard.h): a manifest's W shards for this run's W' ranks, or into a whole state
+  // (ddp, one process); a whole state into this rank's shard. A malformed manifest, a missing shard
+  // file, one that is not the manifest's or a state that does not fit this optimizer is refused with
+  // one line (CheckpointError) on every rank alike, after an orderly end of the job. One process
+  // replaying a sharded rank's own file (a capture): its optimizer entry is emptied (fresh moments),
+  // said on stderr.
+  std::optional<checkpoint::CheckpointData> for_resume(const checkpoint::CheckpointData& d, const OptimizerShapes& shapes) const;
 
  private:
-  checkpoint::CheckpointData with_own_shard(const checkpoint::CheckpointData& d) const;
+  checkpoint::CheckpointData with_own_shard(const checkpoint::CheckpointData& d, const OptimizerShapes& shapes) const;
 
   distributed::Strategy& strategy_;
   bool sharded_;

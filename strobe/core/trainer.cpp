@@ -334,9 +334,6 @@ void Trainer::check_resume_world_size(const checkpoint::CheckpointData& d, const
                          "which resumes only on the number of processes that wrote it",
                          *meta.rank_alone));
     if (then == nullptr) refuse("its saved config is missing or does not parse, so its batch cannot be read");
-    if ((saved > 1 && then->leaf("trainer.strategy") == "zero2") || (world_size_ > 1 && exp_.trainer.strategy == "zero2"))
-      refuse("trainer.strategy: zero2's optimizer shards are cut for the number of processes that hold them (a resume "
-             "on another number runs under ddp or in one process)");
   }
   if (then == nullptr) return;  // the same number of processes, the batch unknown: as it is
   // The checkpoint's values from its resolved config, this run's from its own (defaults resolved).

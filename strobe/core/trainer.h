@@ -230,6 +230,8 @@ class Trainer : private TrainerView, private StepAccess {
   checkpoint::CheckpointData build_checkpoint(const StepStart* step_start);
   // How this run's checkpoints are laid out on disk: one file, or zero2's shards (sharded_checkpoint.h).
   ShardedCheckpoint sharded_checkpoint() const;
+  // The whole shape of each parameter the optimizer updates, by group and position.
+  std::vector<std::vector<std::vector<int64_t>>> optimizer_shapes() const;
   // `hook` names the hook for a callback that throws what is not a std::exception (call_hook).
   template <class F>
   void each(const char* hook, F&& f) {

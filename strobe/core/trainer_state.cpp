@@ -56,6 +56,23 @@ void Trainer::register_fit_state() {
 
 ShardedCheckpoint Trainer::sharded_checkpoint() const { return ShardedCheckpoint(*strategy_, zero2_ != nullptr); }
 
+ShardedCheckpoint::OptimizerShapes Trainer::optimizer_shapes() const {
+  ShardedCheckpoint::OptimizerShapes out;
+  if (!optimizer_) return out;
+  for (const auto& g : optimizer_->param_groups()) {
+    out.emplace_back();
+    for (const auto& p : g.params()) {
+      // zero2: the optimizer updates shards; their parameters' shapes are the whole ones.
+      torch::Tensor whole = p;
+      if (zero2_)
+        for (size_t i = 0; i < zero2_->shards().size(); ++i)
+          if (zero2_->shards()[i].is_same(p)) whole = zero2_->params()[i];
+      out.back().push_back(whole.sizes().vec());
+    }
+  }
+  return out;
+}
+
 checkpoint::CheckpointData Trainer::make_checkpoint() { return build_checkpoint(nullptr); }
 checkpoint::CheckpointData Trainer::make_checkpoint_at(const StepStart& start) { return build_checkpoint(&start); }
 
@@ -83,16 +100,14 @@ std::vector<config::ConfigChange> Trainer::restore_training_state(const checkpoi
   // the same config).
   const ConfigComparison configs = compare_configs(data, config_yaml_, checkpoint_config_);
   check_resume_world_size(data, configs.saved.get());
-  // zero2: this rank's optimizer shard joins the state (sharded_checkpoint.h).
-  const std::optional<checkpoint::CheckpointData> own = sharded_checkpoint().for_resume(data);
-  const checkpoint::CheckpointData& d = own ? *own : data;
-  const std::string& source = d.source;
+  const std::string& source = data.source;
   // A resume restores the whole training state: a checkpoint without its config (the compatibility
   // check), its optimizer state (fresh moments) or its loop counters would resume silently wrong.
   std::vector<std::string> lacking;
-  if (!d.has_blob("config")) lacking.push_back("its config (blob 'config')");
-  if (!d.has_blob(checkpoint_keys::kOptimizer)) lacking.push_back("the optimizer state (blob 'optimizer')");
-  if (!d.has_blob(checkpoint_keys::kLoop)) lacking.push_back("the loop counters (blob 'loop')");
+  if (!data.has_blob("config")) lacking.push_back("its config (blob 'config')");
+  if (!data.has_blob(checkpoint_keys::kOptimizer) && !data.has_blob(ShardedCheckpoint::kManifestBlob))
+    lacking.push_back("the optimizer state (blob 'optimizer')");
+  if (!data.has_blob(checkpoint_keys::kLoop)) lacking.push_back("the loop counters (blob 'loop')");
   if (!lacking.empty())
     throw checkpoint::CheckpointError(fmt::format(
         "{}: cannot resume from it: it lacks {}; a file of weights alone is for starting a new run (strobe export it, "
@@ -100,7 +115,11 @@ std::vector<config::ConfigChange> Trainer::restore_training_state(const checkpoi
         source, fmt::join(lacking, ", ")));
   // Before any state is restored: the saved config against the current one (another optimizer,
   // precision or model shape is refused naming the change; the rest is returned for fit to list).
-  auto changes = check_resume_compatible(source, d, configs, module_->net());
+  auto changes = check_resume_compatible(source, data, configs, module_->net());
+  // This rank's optimizer state: zero2's own shard, or the checkpoint's re-cut for this run's number
+  // of processes and strategy (sharded_checkpoint.h).
+  const std::optional<checkpoint::CheckpointData> own = sharded_checkpoint().for_resume(data, optimizer_shapes());
+  const checkpoint::CheckpointData& d = own ? *own : data;
   connector_.load(d, /*restore_training_state=*/true, source);
   if (resume_samples_) fit_loop_->rebase_to_samples(*resume_samples_);
   each("on_load_checkpoint", [&](Callback& cb) { cb.on_load_checkpoint(*this, *module_, d); });

@@ -67,6 +67,8 @@ class Zero2Shards {
   // What the optimizer updates: one fp32 tensor per parameter, in the constructor's order.
   const std::vector<torch::Tensor>& shards() const { return shards_; }
   const std::vector<std::string>& names() const { return names_; }
+  // The model's parameters, whole (shard i is cut from params()[i]).
+  const std::vector<torch::Tensor>& params() const { return params_; }
 
   // Hooks on the parameters that require gradients now (again after an unfreeze).
   void install_hooks();
