@@ -64,6 +64,9 @@ class StepTimer : public Callback {
   std::string name() const override { return "bench_step_timer"; }
   void setup(TrainerView& t, Module&, Stage) override { marks_.emplace(t.device()); }
   void on_train_batch_start(TrainerView& t, Module& m, const Batch& batch, int64_t) override {
+    // The first batch's start: everything before it is setup (the model's device copies, the
+    // optimizer state, zero2's shards), and the allocator's peak so far is setup's.
+    if (!setup_peak_bytes_) setup_peak_bytes_ = peak_memory_bytes(t.device());
     wait_s_ += t.last_input_wait_s();
     // Per training batch: its real tokens (the collates' num_tokens, as throughput_monitor counts
     // them) and the model's declared training FLOPs (Model::training_flops; 0 when undeclared).
@@ -91,6 +94,7 @@ class StepTimer : public Callback {
   std::vector<double> flops_;    // per training batch
   double wait_s_ = 0;
   double state_bytes_ = 0;  // allocated at the start of the latest step (CUDA)
+  std::optional<double> setup_peak_bytes_;  // the peak allocated before the first batch (CUDA)
 };
 
 
@@ -122,14 +126,16 @@ nlohmann::json run_workload(const Workload& w, const SuiteOptions& o, int64_t wa
   ro.create_run_dir = false;
   auto timer = std::make_shared<StepTimer>(warmup + steps);
   ro.extra_callbacks.push_back(timer);
-  // The cap is set before the trainer moves anything to the GPU: it holds for all the run allocates,
-  // building the model's device copies included.
-  if (o.memory_limit_gib > 0) ro.on_device = [&](const torch::Device& d) { limit_device_memory(d, o.memory_limit_gib); };
+  // The cap and the peak's start are set before the trainer moves anything to the GPU: they hold for
+  // all the run allocates, building the model's device copies included.
+  ro.on_device = [&](const torch::Device& d) {
+    if (o.memory_limit_gib > 0) limit_device_memory(d, o.memory_limit_gib);
+    reset_peak_memory(d);
+  };
   auto run = build_run(doc, ro);
   const torch::Device device = run->trainer->view().device();
   fmt::print(stderr, "strobe bench: step {}: {} warm-up + {} timed steps on {}{}\n", w.name, warmup, steps, device.str(),
              o.memory_limit_gib > 0 ? fmt::format(" (capped at {:g} GiB)", o.memory_limit_gib) : "");
-  reset_peak_memory(device);
   const int rc = run->trainer->fit();
   if (rc != 0) throw std::runtime_error(fmt::format("step suite: {} stopped with exit status {}", w.name, rc));
   const std::vector<double> ms = timer->marks_->intervals_ms();
@@ -188,6 +194,7 @@ nlohmann::json run_workload(const Workload& w, const SuiteOptions& o, int64_t wa
   }
   if (device.is_cuda()) {
     j["peak_memory_gib"] = peak_memory_bytes(device) / double(1 << 30);
+    if (timer->setup_peak_bytes_) j["setup_peak_memory_gib"] = *timer->setup_peak_bytes_ / double(1 << 30);
     j["state_memory_gib"] = timer->state_bytes_ / double(1 << 30);
     // What the GPU itself must hold: the allocator's largest reservation, and the device's memory in
     // use at the end (the reservation plus the CUDA context, NCCL's buffers, ...). A GPU of

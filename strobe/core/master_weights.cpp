@@ -10,7 +10,13 @@ bool is_batch_norm(torch::nn::Module& m) {
   return m.as<torch::nn::BatchNorm1d>() || m.as<torch::nn::BatchNorm2d>() || m.as<torch::nn::BatchNorm3d>();
 }
 
-MasterWeights::MasterWeights(torch::nn::Module& net, c10::ScalarType dtype) {
+MasterWeights::MasterWeights(torch::nn::Module& net, c10::ScalarType dtype) { convert(net, dtype, std::nullopt); }
+
+MasterWeights::MasterWeights(torch::nn::Module& net, c10::ScalarType dtype, const torch::Device& device) {
+  convert(net, dtype, device);
+}
+
+void MasterWeights::convert(torch::nn::Module& net, c10::ScalarType dtype, const std::optional<torch::Device>& host_to) {
   torch::NoGradGuard no_grad;
   for (const auto& item : net.named_modules()) {
     torch::nn::Module& m = *item.value();
@@ -18,16 +24,18 @@ MasterWeights::MasterWeights(torch::nn::Module& net, c10::ScalarType dtype) {
     for (auto& p : m.named_parameters(/*recurse=*/false)) {
       torch::Tensor param = p.value();
       if (!param.is_floating_point() || param.scalar_type() == dtype) continue;
-      torch::Tensor master = param.detach().to(torch::kFloat32, /*non_blocking=*/false, /*copy=*/true);
+      // On the device: a copy beside the parameter. The host-side build: the host value itself.
+      torch::Tensor master = host_to ? param.detach().to(torch::kFloat32)
+                                     : param.detach().to(torch::kFloat32, /*non_blocking=*/false, /*copy=*/true);
       // set_data keeps the parameter object (hooks, the module's registration) and its layout.
-      param.set_data(param.detach().to(dtype));
+      param.set_data(host_to ? param.detach().to(*host_to, dtype) : param.detach().to(dtype));
       index_[param.unsafeGetTensorImpl()] = model_.size();
       model_.push_back(param);
       master_.push_back(master);
     }
     for (auto& b : m.named_buffers(/*recurse=*/false)) {
       torch::Tensor buf = b.value();
-      if (buf.is_floating_point() && buf.scalar_type() != dtype) buf.set_data(buf.to(dtype));
+      if (buf.is_floating_point() && buf.scalar_type() != dtype) buf.set_data(host_to ? buf.to(*host_to, dtype) : buf.to(dtype));
     }
   }
 }

@@ -15,6 +15,7 @@
 // bf16-master run loads into a "32" or bf16-mixed run and back.
 #pragma once
 
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
@@ -33,6 +34,11 @@ class MasterWeights {
  public:
   // Converts `net` in place (call after it is on its device, before the optimizer is built).
   explicit MasterWeights(torch::nn::Module& net, c10::ScalarType dtype = c10::kBFloat16);
+  // The host-side build (trainer.strategy zero2 with several processes, docs/DISTRIBUTED.md): `net`
+  // is on the host; each converted parameter and floating buffer moves to `device` in `dtype` one at
+  // a time, and its fp32 master stays on the host (the parameter's own fp32 storage, not a copy), for
+  // the strategy to cut this rank's shard from. The GPU never holds the fp32 model.
+  MasterWeights(torch::nn::Module& net, c10::ScalarType dtype, const torch::Device& device);
 
   // What the optimizer updates: for each trainable parameter in `params` order, its fp32 master
   // (the parameter itself when it stayed fp32).
@@ -50,6 +56,8 @@ class MasterWeights {
   void drop_masters(const std::vector<torch::Tensor>& params);
 
  private:
+  void convert(torch::nn::Module& net, c10::ScalarType dtype, const std::optional<torch::Device>& host_to);
+
   std::vector<torch::Tensor> model_, master_;  // converted parameters and their fp32 masters
   std::unordered_map<const c10::TensorImpl*, size_t> index_;
 };

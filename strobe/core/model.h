@@ -43,7 +43,9 @@ class Model : public torch::nn::Module {
   // strobe::linear(layer, x), so a layer the trainer marks takes the float8 path. Empty: none.
   virtual std::vector<std::string> fp8_layers() const { return {}; }
   // Called once the trainer has moved the model to its device, before the optimizer sees the
-  // parameters (and before bf16-master converts them): a model may change their memory layout there
+  // parameters (and before bf16-master converts them, except under zero2 with several processes,
+  // whose host-side build moves them to the device in bf16 first: docs/DISTRIBUTED.md, "Building
+  // the model under zero2"): a model may change their memory layout there
   // (resnet: channels_last on CUDA under a reduced precision). `precision` is trainer.precision
   // (strobe/config/precision.h).
   virtual void on_device(const torch::Device& /*device*/, Precision /*precision*/) {}

@@ -63,12 +63,22 @@ Trainer::Trainer(TrainerParts parts)
     at::globalContext().setBenchmarkCuDNN(false);
   }
   torch::manual_seed(static_cast<uint64_t>(exp_.seed));
-  module_->net().to(device_);
   auto* model = dynamic_cast<Model*>(&module_->net());
-  if (model) model->on_device(device_, exp_.trainer.precision);
-  if (exp_.trainer.precision == Precision::kBf16Master) {
-    masters_ = std::make_unique<MasterWeights>(module_->net());
+  if (exp_.trainer.precision == Precision::kBf16Master && strategy_->sharding()) {
+    // zero2 with several processes, the host-side build (docs/DISTRIBUTED.md, "Building the model
+    // under zero2"): the GPU receives the bf16 working weights, and the fp32 values stay on the host
+    // until setup_fit cuts this rank's master shards from them (Zero2Shards).
+    masters_ = std::make_unique<MasterWeights>(module_->net(), torch::kBFloat16, device_);
+    module_->net().to(device_);  // what stays in fp32 (BatchNorm) and the integer buffers
+    if (model) model->on_device(device_, exp_.trainer.precision);
     if (model) model->set_input_dtype(torch::kBFloat16);
+  } else {
+    module_->net().to(device_);
+    if (model) model->on_device(device_, exp_.trainer.precision);
+    if (exp_.trainer.precision == Precision::kBf16Master) {
+      masters_ = std::make_unique<MasterWeights>(module_->net());
+      if (model) model->set_input_dtype(torch::kBFloat16);
+    }
   }
   if (exp_.trainer.fp8.enabled) {
     check_fp8_run(exp_.trainer.precision, device_);

@@ -28,12 +28,6 @@ Zero2Shards::Zero2Shards(c10::intrusive_ptr<c10d::ProcessGroup> pg, int64_t rank
     params_.push_back(p.param);
     masters.push_back(p.master);
   }
-  // The optimizer's values start equal on every rank, whatever each rank's initialization was.
-  // A master that is its parameter (fp32 training) came with setup_model's broadcast already.
-  std::vector<torch::Tensor> separate;
-  for (size_t i = 0; i < masters.size(); ++i)
-    if (!masters[i].is_same(params_[i])) separate.push_back(masters[i]);
-  if (!separate.empty()) c10d::broadcast_coalesced(pg_, separate, kBroadcastBytes, 0);
   slots_.resize(params_.size());
   for (size_t i = 0; i < params_.size(); ++i) {
     const auto& m = masters[i];
@@ -43,9 +37,35 @@ Zero2Shards::Zero2Shards(c10::intrusive_ptr<c10d::ProcessGroup> pg, int64_t rank
     s.rows = (s.dim0 + world_ - 1) / world_;
     std::vector<int64_t> shape{s.rows};
     for (int64_t d = 1; d < m.dim(); ++d) shape.push_back(m.size(d));
-    shards_.push_back(torch::zeros(shape, m.options().dtype(torch::kFloat32)));
-    load_full_value(i, m);
+    // On the parameter's device, wherever the master is (the host under the host-side build).
+    shards_.push_back(torch::zeros(shape, params_[i].options().dtype(torch::kFloat32)));
   }
+  // The optimizer's values start equal on every rank, whatever each rank's initialization was: rank
+  // 0's masters are broadcast (a master that is its parameter, fp32 training, came with
+  // setup_model's broadcast already) and each rank keeps its rows. A master on the host passes
+  // through the device a bucket at a time (kBroadcastBytes, or one larger parameter), so the GPU
+  // never holds more of the fp32 model than that beside the shards.
+  std::vector<size_t> pending;
+  int64_t pending_bytes = 0;
+  auto flush = [&] {
+    std::vector<torch::Tensor> on_device;
+    for (size_t i : pending) on_device.push_back(masters[i].to(params_[i].device()));
+    if (!on_device.empty()) c10d::broadcast_coalesced(pg_, on_device, kBroadcastBytes, 0);
+    for (size_t k = 0; k < pending.size(); ++k) load_full_value(pending[k], on_device[k]);
+    pending.clear();
+    pending_bytes = 0;
+  };
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (masters[i].is_same(params_[i])) {
+      load_full_value(i, masters[i]);
+      continue;
+    }
+    const int64_t bytes = static_cast<int64_t>(masters[i].nbytes());
+    if (!pending.empty() && pending_bytes + bytes > static_cast<int64_t>(kBroadcastBytes)) flush();
+    pending.push_back(i);
+    pending_bytes += bytes;
+  }
+  flush();
   // Buckets in reverse model order (roughly the order backward produces gradients), one dtype each,
   // closed when the next parameter's whole gradient would pass bucket_bytes.
   int64_t bytes = 0;

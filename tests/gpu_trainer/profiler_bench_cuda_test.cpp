@@ -70,6 +70,9 @@ TEST(BenchCuda, MemoryLimitCapsTheRunAsASmallerGpuWould) {
   const auto w = nlohmann::json::parse(slurp(dir + "/free.json")).at("suites").at("step").at("workloads").at(0);
   const double reserved = w.at("peak_reserved_gib").get<double>();
   EXPECT_GE(reserved, w.at("peak_memory_gib").get<double>());
+  // Setup's peak (before the first batch): the model's device copies at least, the run's peak at most.
+  EXPECT_GT(w.at("setup_peak_memory_gib").get<double>(), 0.0);
+  EXPECT_LE(w.at("setup_peak_memory_gib").get<double>(), w.at("peak_memory_gib").get<double>());
   EXPECT_GE(w.at("device_used_gib").get<double>(), w.at("reserved_gib").get<double>());
   EXPECT_FALSE(w.contains("memory_limit_gib"));
 

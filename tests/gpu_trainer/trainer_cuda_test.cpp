@@ -13,6 +13,7 @@
 #include <fstream>
 
 #ifdef STROBE_TORCH_HAS_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #endif
 
@@ -21,6 +22,7 @@
 
 #include "strobe/core/callback.h"
 #include "strobe/core/capture.h"
+#include "strobe/core/master_weights.h"
 #include "runner/replay.h"
 #include "tests/cli/init_from_check.h"
 #include "tests/gpu_trainer/cuda_skip.h"
@@ -371,6 +373,42 @@ TEST(TrainerCuda, InitFromLoadsBeforeEveryPrecisionAndLayout) {
 // optimizer.param_groups on CUDA: the fused multi-tensor step with four groups of different lr and
 // weight decay (no_decay auto, a head group) lands where torch::optim's step lands, in fp32 and under
 // bf16-master (the groups hold the fp32 masters).
+// The host-side build of bf16-master under zero2 (strobe/core/master_weights.h): from a model on the
+// host, the GPU receives the bf16 parameters, rounded as a conversion on the GPU rounds them, and the
+// allocator's peak is their bytes plus at most one parameter's fp32 transient (a whole fp32 model on
+// the GPU would be twice the bf16 bytes); the fp32 masters stay on the host.
+TEST(TrainerCuda, TheHostSideBuildSendsTheGpuTheBf16WeightsOnly) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  torch::manual_seed(0);
+  torch::nn::Sequential net(torch::nn::Linear(1024, 4096), torch::nn::GELU(), torch::nn::Linear(4096, 1024),
+                            torch::nn::LayerNorm(torch::nn::LayerNormOptions({1024})));
+  std::vector<torch::Tensor> host;
+  int64_t bf16_bytes = 0, largest = 0;
+  for (const auto& p : net->parameters()) {
+    host.push_back(p.detach().clone());
+    bf16_bytes += p.numel() * 2;
+    largest = std::max<int64_t>(largest, p.numel() * 4);
+  }
+  torch::zeros({1}, torch::kCUDA);  // the caching allocator exists before its statistics are read
+  torch::cuda::synchronize();
+  c10::cuda::CUDACachingAllocator::emptyCache();
+  c10::cuda::CUDACachingAllocator::resetPeakStats(0);
+  const auto before = c10::cuda::CUDACachingAllocator::getDeviceStats(0).allocated_bytes[0].current;
+  MasterWeights masters(*net, torch::kBFloat16, torch::Device(torch::kCUDA, 0));
+  torch::cuda::synchronize();
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(0);
+  EXPECT_EQ(stats.allocated_bytes[0].current - before, bf16_bytes);
+  EXPECT_LE(stats.allocated_bytes[0].peak - before, bf16_bytes + largest);
+  const auto params = net->parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    EXPECT_TRUE(params[i].is_cuda()) << i;
+    EXPECT_EQ(params[i].scalar_type(), torch::kBFloat16) << i;
+    EXPECT_TRUE(torch::equal(params[i].cpu(), host[i].to(torch::kCUDA).to(torch::kBFloat16).cpu())) << i;
+    EXPECT_TRUE(masters.master_of(params[i]).device().is_cpu()) << i;
+    EXPECT_TRUE(torch::equal(masters.master_of(params[i]), host[i])) << i;
+  }
+}
+
 TEST(TrainerCuda, FusedStepWithParamGroupsEqualsTorchOptim) {
   SKIP_WITHOUT_CUDA_DEVICE();
   for (const char* precision : {"32", "bf16-master"}) {

@@ -48,6 +48,31 @@ TEST(MasterWeights, ConvertsAllButBatchNormAndKeepsExactFp32Masters) {
   for (const auto& p : opt_params) EXPECT_EQ(p.scalar_type(), torch::kFloat32);
 }
 
+// The host-side build (zero2 with several processes): the same bf16 parameters and fp32 masters,
+// bit for bit, as converting in place; each master is the parameter's own fp32 storage (no copy);
+// BatchNorm stays as it was, for the trainer's move. (On CUDA the parameters land on the GPU and the
+// masters stay on the host: TrainerCuda.TheHostSideBuildSendsTheGpuTheBf16WeightsOnly.)
+TEST(MasterWeights, TheHostSideBuildKeepsTheHostValuesAsMastersWithTheSameBits) {
+  torch::manual_seed(0);
+  auto a = std::make_shared<Net>(), b = std::make_shared<Net>();
+  {
+    torch::NoGradGuard ng;
+    for (size_t i = 0; i < a->parameters().size(); ++i) b->parameters()[i].copy_(a->parameters()[i]);
+  }
+  const void* storage = b->lin->weight.data_ptr();
+  MasterWeights in_place(*a);
+  MasterWeights host(*b, torch::kBFloat16, torch::Device(torch::kCPU));
+  EXPECT_EQ(host.converted(), in_place.converted());
+  EXPECT_EQ(host.master_of(b->lin->weight).data_ptr(), storage) << "the master is the host value itself";
+  for (size_t i = 0; i < a->parameters().size(); ++i) {
+    const torch::Tensor pa = a->parameters()[i], pb = b->parameters()[i];
+    EXPECT_EQ(pa.scalar_type(), pb.scalar_type()) << i;
+    EXPECT_TRUE(torch::equal(pa, pb)) << i;
+    EXPECT_TRUE(torch::equal(in_place.master_of(pa), host.master_of(pb))) << i;
+  }
+  EXPECT_EQ(b->bn->weight.scalar_type(), torch::kFloat32);
+}
+
 // Updates far below bf16's resolution accumulate in the fp32 masters and reach the bf16 weights
 // once they add up; a bf16-only update would never move the weight.
 TEST(MasterWeights, SmallUpdatesAccumulateInTheMasters) {
