@@ -68,6 +68,10 @@ void MasterWeights::drop_masters(const std::vector<torch::Tensor>& params) {
   index_ = std::move(index);
 }
 
+void MasterWeights::move_masters(const torch::Device& device) {
+  for (auto& m : master_) m = m.to(device);
+}
+
 void MasterWeights::attach_grads(bool fp32_copies) {
   for (size_t i = 0; i < model_.size(); ++i) {
     const auto& g = model_[i].grad();

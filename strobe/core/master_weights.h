@@ -54,6 +54,9 @@ class MasterWeights {
   // trainer.strategy zero2: the optimizer holds fp32 shards of `params` instead
   // (strobe/distributed/zero2.h): their whole masters are freed, and master_of(p) is p itself.
   void drop_masters(const std::vector<torch::Tensor>& params);
+  // The masters left (the host-side build's, of parameters the optimizer does not update) move to
+  // `device`, beside their parameters.
+  void move_masters(const torch::Device& device);
 
  private:
   void convert(torch::nn::Module& net, c10::ScalarType dtype, const std::optional<torch::Device>& host_to);

@@ -199,7 +199,10 @@ void Trainer::setup_fit() {
     optimizer_ = std::move(built.optimizer);
     zero2_ = built.shards;
     if (zero2_) {  // the optimizer holds the shards: bf16-master's whole fp32 masters are let go
-      if (masters_) masters_->drop_masters(trainable_params);
+      if (masters_) {
+        masters_->drop_masters(trainable_params);
+        masters_->move_masters(device_);  // the host-side build's, of what the optimizer does not update
+      }
       model_state_->set_sharded(zero2_, /*keep_whole_values=*/rank_ == 0);
     }
   }
