@@ -948,6 +948,36 @@ TEST(TrainerZero2, AKillInTheMiddleOfAShardedSaveLeavesTheLastCheckpointWholeAnd
 }
 TEST(TrainerZero2, ShardedCheckpointResumesExactlyOnTwoRanksAndLoadsOnOne) { two_rank_checkpoint_resumes_exactly("zero2"); }
 
+// model.init_from under zero2 with bf16-master, whose model is built on the host and reaches the GPU
+// in bf16 (docs/DISTRIBUTED.md, "Building the model under zero2"): the file's fp32 values reach the
+// ranks' master shards unrounded. One step with lr 0 on 3 ranks (the odd probe: every shard padded)
+// leaves the checkpoint's fp32 values, gathered from the shards, bit-equal to the file's; loaded after
+// the conversion to bf16 they would be rounded.
+TEST(TrainerZero2, InitFromReachesTheMasterShardsUnrounded) {
+  Job job = new_job("z2-init");
+  torch::manual_seed(99);  // not the run's seed: the file's weights differ from the model's own
+  auto doc = config::Document::load_string("{name: ddp_probe, in_features: 64, hidden: 33, num_classes: 5}", "model");
+  auto section = doc.root();
+  auto net = model_registry().create(section, "");
+  safetensors::NamedTensors tensors;
+  for (const auto& p : net->named_parameters()) tensors.emplace_back(p.key(), p.value().detach());
+  const std::string path = job.dir + "/w.safetensors";
+  safetensors::write_file(path, tensors);
+  auto rs = fit(3, job, {"model.hidden=33", "model.num_classes=5", "data.num_classes=5", "data.batch_size=2",
+                         "trainer.precision=bf16-master", "trainer.strategy=zero2", "trainer.max_steps=1", "optimizer.lr=0",
+                         "model.init_from=" + path});
+  for (auto& r : rs) ASSERT_EQ(r.exit_code, 0) << describe(rs);
+  auto d = checkpoint::load_checkpoint_file(read_json(job.dir + "/rank0.json")["run_dir"].get<std::string>() +
+                                            "/checkpoints/last.ckpt");
+  EXPECT_TRUE(d.has_blob("zero2"));
+  for (const auto& p : net->named_parameters()) {
+    const torch::Tensor saved = d.tensor("model/" + p.key());
+    EXPECT_EQ(saved.scalar_type(), torch::kFloat32) << p.key();
+    EXPECT_TRUE(torch::equal(saved, p.value().detach())) << p.key();
+  }
+  checkpoint::remove_tree(job.dir);
+}
+
 // A zero2 checkpoint of 3 ranks (33 hidden units: 11 rows a rank; the 5-class layer 2 rows, rank 2's
 // half padding) resumes re-cut on the host (docs/DISTRIBUTED.md): on 2 ranks under ddp (batch 3, the
 // global batch 12 kept), in 1 process (batch 6) and on 2 ranks under zero2 (17 rows a rank), each
