@@ -27,6 +27,7 @@
 #include "tests/cli/init_from_check.h"
 #include "tests/gpu_trainer/cuda_skip.h"
 #include "tests/trainer/trainer_test_util.h"
+#include "tests/trainer/zero2_fixture_check.h"
 
 using namespace strobe;
 using namespace strobe::testing;
@@ -373,6 +374,14 @@ TEST(TrainerCuda, InitFromLoadsBeforeEveryPrecisionAndLayout) {
 // optimizer.param_groups on CUDA: the fused multi-tensor step with four groups of different lr and
 // weight decay (no_decay auto, a head group) lands where torch::optim's step lands, in fp32 and under
 // bf16-master (the groups hold the fp32 masters).
+// A zero2 checkpoint two ranks wrote on the CPU (tests/fixtures/zero2) resumes in one process on the
+// GPU, its shards re-cut into a whole optimizer state, ending on a straight GPU run's weights
+// (fp32 on CUDA against the fixture's CPU steps: 1e-4).
+TEST(TrainerCuda, AZero2CheckpointOfTwoRanksResumesInOneProcessOnTheGpu) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  strobe::testing::expect_zero2_fixture_resumes("cuda", 1e-4);
+}
+
 // The host-side build of bf16-master under zero2 (strobe/core/master_weights.h): from a model on the
 // host, the GPU receives the bf16 parameters, rounded as a conversion on the GPU rounds them, and the
 // allocator's peak is their bytes plus at most one parameter's fp32 transient (a whole fp32 model on
