@@ -123,7 +123,7 @@ void FitLoop::share_stop_code(bool blocking) {
   constexpr size_t kStopLag = 2;
   torch::NoGradGuard ng;
   auto flag = torch::full({}, local_stop_code(), torch::TensorOptions().dtype(torch::kInt32).device(parts_.device));
-  strategy_.reduce_max(flag);
+  strategy_.reduce_max(flag, distributed::CollectiveKind::kStopAgreement);
   pending_stops_.emplace_back();
   pending_stops_.back().start(flag);
   // The lag is counted in calls, which happen at the same points on every rank.

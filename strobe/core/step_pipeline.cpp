@@ -215,7 +215,7 @@ StepPipeline::GradPass StepPipeline::grad_pass(const std::vector<torch::Tensor>&
   rec.grad_norms = torch::stack(at::_foreach_norm(grads, 2, torch::kFloat32));
   if (shards_) {  // each rank has its shards' norms: the squares add up to the whole gradients'
     auto squares = rec.grad_norms.square();
-    strategy_->reduce_sum(squares);
+    strategy_->reduce_sum(squares, distributed::CollectiveKind::kGradNorms);
     rec.grad_norms = squares.sqrt();
   }
   out.nonfinite = rec.grad_norms.isfinite().logical_not().any().to(torch::kFloat32);
@@ -238,7 +238,7 @@ torch::Tensor StepPipeline::nonfinite_verdict(const torch::Tensor& grad_flag) {
   if (guard_.check_loss && strategy_) {
     // Every rank joins the reduction, also one whose micro-batches logged no loss.
     loss_verdict = loss_flag_.defined() ? loss_flag_.clone() : torch::zeros({}, sticky_.options());
-    strategy_->reduce_max(loss_verdict);
+    strategy_->reduce_max(loss_verdict, distributed::CollectiveKind::kLossAgreement);
   }
   torch::Tensor verdict;
   if (guard_.check_grads) verdict = max_defined(verdict, grad_flag);
@@ -259,7 +259,7 @@ torch::Tensor StepPipeline::spike_values(const torch::Tensor& total_norm) {
     loss_value = torch::stack(ls).mean();
     if (strategy_ && strategy_->world_size() > 1) {
       loss_value = loss_value.clone();
-      strategy_->reduce_sum(loss_value);
+      strategy_->reduce_sum(loss_value, distributed::CollectiveKind::kLossSum);
       loss_value = loss_value / static_cast<double>(strategy_->world_size());
     }
   }

@@ -114,7 +114,7 @@ Trainer::Trainer(TrainerParts parts)
     // Last in the constructor, once the parameters are final (device, layout, dtype): every rank
     // starts from rank 0's weights and the Reducer's hooks go on the parameters the optimizer steps.
     strategy_->setup_model(module_->net());
-    collector_->set_epoch_reducer([s = strategy_.get()](torch::Tensor& t) { s->reduce_sum(t); }, rank_ == 0);
+    collector_->set_epoch_reducer([s = strategy_.get()](torch::Tensor& t) { s->reduce_sum(t, distributed::CollectiveKind::kEpochSums); }, rank_ == 0);
     EngineAccess::set_metric_sync(*module_, [s = strategy_.get()](metrics::MetricCollection& c) { s->sync_metrics(c); });
   }
 }

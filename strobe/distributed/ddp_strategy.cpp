@@ -77,10 +77,13 @@ class DDPStrategy final : public Strategy {
       state.push_back(b.value());
       buffers_.push_back(b.value());
     }
+    buffers_bytes_ = bytes_of(buffers_);
     TORCH_CHECK(!params.empty(), "the model has no trainable parameters");
     for (auto& t : state)
       TORCH_CHECK(t.device() == device_, "model tensor on ", t.device(), " but the strategy's device is ", device_);
+    record_.issue(CollectiveKind::kParamCheck, static_cast<int64_t>(params.size()) * 8);
     c10d::verify_params_across_processes(pg_, params, std::nullopt);
+    record_.issue(CollectiveKind::kSetupBroadcast, bytes_of(state));
     c10d::broadcast_coalesced(pg_, state, kBroadcastBytes, 0);
     if (options_.zero2) return;  // the shards come with the optimizer (shard_parameters)
     build_reducer(params, std::move(names));
@@ -91,7 +94,8 @@ class DDPStrategy final : public Strategy {
   Zero2Shards* shard_parameters(std::vector<ShardedParam> params) override {
     if (!options_.zero2) return nullptr;
     TORCH_CHECK(!zero2_, "Strategy::shard_parameters called twice");
-    zero2_ = std::make_unique<Zero2Shards>(pg_, rank(), world_size(), std::move(params), options_.bucket_cap_mb * 1024 * 1024);
+    zero2_ = std::make_unique<Zero2Shards>(pg_, rank(), world_size(), std::move(params), options_.bucket_cap_mb * 1024 * 1024,
+                                           &record_);
     return zero2_.get();
   }
 
@@ -105,6 +109,7 @@ class DDPStrategy final : public Strategy {
     }
     TORCH_CHECK(!params.empty(), "the model has no trainable parameters");
     reducer_.reset();  // its autograd hooks go with it
+    record_.issue(CollectiveKind::kParamCheck, static_cast<int64_t>(params.size()) * 8);
     c10d::verify_params_across_processes(pg_, params, std::nullopt);
     if (options_.zero2) {
       if (zero2_) zero2_->install_hooks();  // the newly trainable parameters' gradients are sharded too
@@ -120,6 +125,7 @@ class DDPStrategy final : public Strategy {
     auto [indices, limits] = c10d::compute_bucket_assignment_by_size(params, {std::numeric_limits<size_t>::max()}, sparse);
     (void)limits;
     std::reverse(indices.begin(), indices.end());
+    grad_bytes_ = bytes_of(params);
     reducer_ = std::make_unique<c10d::Reducer>(params, indices, pg_, sparse, options_.bucket_cap_mb * 1024 * 1024,
                                                /*find_unused_parameters=*/false, /*gradient_as_bucket_view=*/false,
                                                names, /*first_bucket_bytes_cap=*/1024 * 1024,
@@ -143,6 +149,8 @@ class DDPStrategy final : public Strategy {
     reducer_->prepare_for_forward();
     reducer_->rebuild_buckets();
     reducer_->prepare_for_backward({});
+    // The Reducer issues the bucket all-reduces inside this backward: one entry for all of them.
+    record_.issue(CollectiveKind::kGradientAllReduce, grad_bytes_);
     pending_ = true;
   }
 
@@ -155,19 +163,25 @@ class DDPStrategy final : public Strategy {
     if (zero2_) zero2_->finish();
     if (options_.broadcast_buffers && !buffers_.empty()) {
       torch::NoGradGuard ng;
+      record_.issue(CollectiveKind::kBufferBroadcast, buffers_bytes_);
       c10d::broadcast_coalesced(pg_, buffers_, kBroadcastBytes, 0);
     }
   }
 
-  torch::Tensor reduce_max(torch::Tensor flag) override { return allreduce_in_place(flag, c10d::ReduceOp::MAX); }
-  torch::Tensor reduce_sum(torch::Tensor values) override { return allreduce_in_place(values, c10d::ReduceOp::SUM); }
+  torch::Tensor reduce_max(torch::Tensor flag, CollectiveKind kind) override {
+    return allreduce_in_place(flag, c10d::ReduceOp::MAX, kind);
+  }
+  torch::Tensor reduce_sum(torch::Tensor values, CollectiveKind kind) override {
+    return allreduce_in_place(values, c10d::ReduceOp::SUM, kind);
+  }
 
   bool any(bool flag) override {
-    return checked("any", [&] { return collectives_->allSum(next_key("any"), flag ? 1 : 0, options_.timeout) > 0; });
+    return checked("any", CollectiveKind::kHostAny, 8,
+                   [&] { return collectives_->allSum(next_key("any"), flag ? 1 : 0, options_.timeout) > 0; });
   }
 
   std::string broadcast_string(const std::string& v) override {
-    return checked("broadcast", [&] {
+    return checked("broadcast", CollectiveKind::kHostBroadcast, static_cast<int64_t>(v.size()), [&] {
       auto key = next_key("bcast");
       if (rank() == 0) {
         collectives_->broadcastSend(key, std::vector<uint8_t>(v.begin(), v.end()), options_.timeout);
@@ -179,7 +193,7 @@ class DDPStrategy final : public Strategy {
   }
 
   std::vector<std::string> gather_strings(const std::string& mine) override {
-    return checked("gather", [&] {
+    return checked("gather", CollectiveKind::kHostGather, static_cast<int64_t>(mine.size()), [&] {
       auto key = next_key("gather");
       std::vector<uint8_t> bytes(mine.begin(), mine.end());
       std::vector<std::string> all;
@@ -193,15 +207,28 @@ class DDPStrategy final : public Strategy {
   }
 
   void barrier(const std::string& what) override {
-    checked("barrier (" + what + ")", [&] {
+    checked("barrier (" + what + ")", CollectiveKind::kHostBarrier, 0, [&] {
       collectives_->barrier(next_key("barrier"), options_.timeout, true);
       return 0;
     });
   }
 
-  void sync_metrics(metrics::MetricCollection& m) override { m.sync(*pg_); }
-  void sync_metric(metrics::Metric& m) override { m.sync(*pg_); }
+  void sync_metrics(metrics::MetricCollection& m) override {
+    record_.issue(CollectiveKind::kMetricSync, 0);
+    m.sync(*pg_);
+  }
+  void sync_metric(metrics::Metric& m) override {
+    record_.issue(CollectiveKind::kMetricSync, 0);
+    m.sync(*pg_);
+  }
   c10d::ProcessGroup* process_group() override { return pg_.get(); }
+  const CollectiveRecord* collectives() const override { return &record_; }
+  std::vector<CollectiveEntry> published_collectives() const override {
+    if (rank() != 0 || !monitor_) return {};
+    auto all = monitor_->published();
+    all[0] = record_.latest();
+    return all;
+  }
 
   void abort(const std::string& why) override {
     if (shut_down_ || aborted_) return;
@@ -273,7 +300,8 @@ class DDPStrategy final : public Strategy {
 
  private:
   // `t` reduced over the ranks in place (on the device: the wait orders the stream, no host sync).
-  torch::Tensor allreduce_in_place(torch::Tensor t, c10d::ReduceOp::RedOpType op) {
+  torch::Tensor allreduce_in_place(torch::Tensor t, c10d::ReduceOp::RedOpType op, CollectiveKind kind) {
+    record_.issue(kind, static_cast<int64_t>(t.nbytes()));
     std::vector<torch::Tensor> one{t};
     c10d::AllreduceOptions o;
     o.reduceOp = op;
@@ -287,9 +315,12 @@ class DDPStrategy final : public Strategy {
   // A host collective that fails means the job is over: a lost store connection is its host's
   // death, anything else a peer that did not arrive in time.
   template <class F>
-  std::invoke_result_t<F> checked(const std::string& what, F&& f) {
+  std::invoke_result_t<F> checked(const std::string& what, CollectiveKind kind, int64_t bytes, F&& f) {
+    const int64_t seq = record_.issue(kind, bytes);
     try {
-      return f();
+      auto out = f();
+      record_.returned(seq);
+      return out;
     } catch (const c10::DistNetworkError& e) {
       fail_now(rank(), world_size(), lost_store(e));
     } catch (const std::exception& e) {
@@ -329,7 +360,7 @@ class DDPStrategy final : public Strategy {
     mo.timeout = options_.timeout;
     auto monitor_conn = c10::make_intrusive<c10d::TCPStore>(env_.master_addr, mo);
     health_store_ = c10::make_intrusive<c10d::PrefixStore>("strobe/health", monitor_conn);
-    monitor_ = std::make_unique<HealthMonitor>(health_store_, env_.rank, env_.world_size, options_.timeout, address_);
+    monitor_ = std::make_unique<HealthMonitor>(health_store_, env_.rank, env_.world_size, options_.timeout, address_, &record_);
     barrier("heartbeats registered");
     monitor_->start();
 
@@ -350,10 +381,19 @@ class DDPStrategy final : public Strategy {
     pg_->setGroupName("0");
   }
 
+  static int64_t bytes_of(const std::vector<torch::Tensor>& ts) {
+    int64_t n = 0;
+    for (const auto& t : ts) n += static_cast<int64_t>(t.nbytes());
+    return n;
+  }
+
   StrategyOptions options_;
   LaunchEnv env_;
   torch::Device device_;
   std::string address_;
+  CollectiveRecord record_;  // before the monitor that publishes it
+  int64_t grad_bytes_ = 0;     // the gradients one backward all-reduces (ddp)
+  int64_t buffers_bytes_ = 0;
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::Store> health_store_;
   c10::intrusive_ptr<c10d::StoreCollectives> collectives_;

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <thread>
 
 #include <c10/util/Exception.h>
@@ -39,6 +40,47 @@ double seconds(milliseconds d) { return std::chrono::duration<double>(d).count()
 std::string lost_store_message(const std::string& address, const std::exception& e) {
   return fmt::format("lost the rendezvous store at {} ({}): its host (rank 0 or the launcher) is gone", address,
                      one_line(short_error(e)));
+}
+
+namespace {
+template <class T>
+void put(std::vector<uint8_t>& out, T v) {
+  const auto* b = reinterpret_cast<const uint8_t*>(&v);
+  out.insert(out.end(), b, b + sizeof v);
+}
+template <class T>
+T take(const std::vector<uint8_t>& in, size_t& at) {
+  T v{};
+  std::memcpy(&v, in.data() + at, sizeof v);
+  at += sizeof v;
+  return v;
+}
+constexpr size_t kHeartbeatBytes = 8 + 8 + 8 + 8 + 8 + 1;
+}  // namespace
+
+std::vector<uint8_t> encode_heartbeat(uint64_t beat, const CollectiveEntry& latest) {
+  std::vector<uint8_t> out;
+  out.reserve(kHeartbeatBytes);
+  put(out, beat);
+  put(out, latest.seq);
+  put(out, latest.bytes);
+  put(out, latest.issued_ns);
+  put(out, latest.returned_ns);
+  put(out, static_cast<uint8_t>(latest.kind));
+  return out;
+}
+
+CollectiveEntry decode_heartbeat(const std::vector<uint8_t>& value) {
+  CollectiveEntry e;
+  if (value.size() != kHeartbeatBytes) return e;
+  size_t at = 8;
+  e.seq = take<int64_t>(value, at);
+  e.bytes = take<int64_t>(value, at);
+  e.issued_ns = take<int64_t>(value, at);
+  e.returned_ns = take<int64_t>(value, at);
+  const auto kind = take<uint8_t>(value, at);
+  e.kind = kind < static_cast<uint8_t>(CollectiveKind::kCount) ? static_cast<CollectiveKind>(kind) : CollectiveKind::kNone;
+  return e;
 }
 
 std::string abort_read_key(int64_t rank) { return "abort_read/" + std::to_string(rank); }

@@ -16,6 +16,8 @@
 #include <fmt/format.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include "strobe/distributed/collective_record.h"
+
 namespace strobe::distributed::detail {
 
 using Clock = std::chrono::steady_clock;
@@ -42,15 +44,22 @@ std::string abort_read_key(int64_t rank);
 void wait_until_the_others_read_the_reason(c10d::Store& store, int64_t rank, int64_t world, milliseconds limit,
                                            int64_t dead = -1);
 
+// A heartbeat's value: the beat count and the rank's latest collective (collective_record.h), so
+// rank 0 learns every rank's progress from the keys it already watches.
+std::vector<uint8_t> encode_heartbeat(uint64_t beat, const CollectiveEntry& latest);
+// The collective a heartbeat published (seq 0 for a value without one).
+CollectiveEntry decode_heartbeat(const std::vector<uint8_t>& value);
+
 // Liveness of the job, on its own thread and its own store connection (the main thread may be
-// blocked in a collective). Every rank bumps its heartbeat key; rank 0 watches all ranks, the others
-// watch rank 0 and the "abort" key. A heartbeat that stands still longer than `stale_after` means a
+// blocked in a collective). Every rank bumps its heartbeat key, which carries its latest collective
+// (`record`, when given); rank 0 watches all ranks, the others watch rank 0 and the "abort" key. A heartbeat that stands still longer than `stale_after` means a
 // dead or frozen process: the watcher publishes the reason under "abort" and every rank ends with it.
 class HealthMonitor {
  public:
   HealthMonitor(c10::intrusive_ptr<c10d::Store> store, int64_t rank, int64_t world, milliseconds timeout,
-                std::string store_address)
-      : store_(std::move(store)), rank_(rank), world_(world), address_(std::move(store_address)) {
+                std::string store_address, const CollectiveRecord* record = nullptr)
+      : store_(std::move(store)), rank_(rank), world_(world), address_(std::move(store_address)), record_(record),
+        published_(static_cast<size_t>(world)) {
     interval_ = std::clamp<milliseconds>(timeout / 20, milliseconds(100), milliseconds(1000));
     stale_after_ms_ = std::max<milliseconds>(3 * interval_, std::min<milliseconds>(timeout / 2, milliseconds(30000))).count();
     store_->set(hb_key(rank_), std::vector<uint8_t>{0});
@@ -73,6 +82,12 @@ class HealthMonitor {
   // From now on store errors are the expected end of the job, not a failure.
   void quiet() { quiet_ = true; }
   milliseconds interval() const { return interval_; }
+  // Rank 0: every rank's latest collective as its last heartbeat carried it (index: rank; its own
+  // entry is left empty).
+  std::vector<CollectiveEntry> published() const {
+    std::lock_guard<std::mutex> lock(published_mutex_);
+    return published_;
+  }
 
   // A collective failed on this rank, so a peer's death is likely: from now on a heartbeat that stood
   // still for 3 beats names its rank. Waits up to 5 beats for a verdict (that one, or another rank's
@@ -99,8 +114,7 @@ class HealthMonitor {
       std::string why;
       try {
         ++beat;
-        std::vector<uint8_t> b(reinterpret_cast<uint8_t*>(&beat), reinterpret_cast<uint8_t*>(&beat) + sizeof beat);
-        store_->set(hb_key(rank_), b);
+        store_->set(hb_key(rank_), encode_heartbeat(beat, record_ ? record_->latest() : CollectiveEntry{}));
         if (store_->check({"abort"})) {
           auto v = store_->get("abort");
           why = std::string(v.begin(), v.end());
@@ -130,6 +144,10 @@ class HealthMonitor {
     for (size_t i = 0; i < peers_.size(); ++i) {
       auto& p = peers_[i];
       if (values[i] != p.last) {
+        {
+          std::lock_guard<std::mutex> lock(published_mutex_);
+          published_[static_cast<size_t>(p.rank)] = decode_heartbeat(values[i]);
+        }
         p.last = values[i];
         p.changed = now;
         continue;
@@ -151,6 +169,9 @@ class HealthMonitor {
   c10::intrusive_ptr<c10d::Store> store_;
   int64_t rank_, world_;
   std::string address_;
+  const CollectiveRecord* record_;
+  mutable std::mutex published_mutex_;
+  std::vector<CollectiveEntry> published_;
   milliseconds interval_{};
   std::atomic<int64_t> stale_after_ms_{0};  // lowered by expect_a_verdict() on the main thread
   std::atomic<bool> verdict_{false};

@@ -51,8 +51,8 @@ class SingleDeviceStrategy final : public Strategy {
   bool grad_sync() const override { return sync_; }
   void pre_backward() override {}
   void finish_grad_sync() override {}
-  torch::Tensor reduce_max(torch::Tensor flag) override { return flag; }
-  torch::Tensor reduce_sum(torch::Tensor values) override { return values; }
+  torch::Tensor reduce_max(torch::Tensor flag, CollectiveKind) override { return flag; }
+  torch::Tensor reduce_sum(torch::Tensor values, CollectiveKind) override { return values; }
   bool any(bool flag) override { return flag; }
   std::string broadcast_string(const std::string& v) override { return v; }
   std::vector<std::string> gather_strings(const std::string& mine) override { return {mine}; }

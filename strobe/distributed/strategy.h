@@ -39,6 +39,7 @@
 #include <c10/util/intrusive_ptr.h>
 #include <torch/types.h>
 
+#include "strobe/distributed/collective_record.h"
 #include "strobe/distributed/launch_env.h"
 #include "strobe/distributed/zero2.h"
 
@@ -92,9 +93,11 @@ class Strategy {
   virtual void pre_backward() = 0;
   virtual void finish_grad_sync() = 0;
 
-  virtual torch::Tensor reduce_max(torch::Tensor device_flag) = 0;
+  // `kind` says what the collective is for, in the rank's record of its collectives
+  // (collective_record.h).
+  virtual torch::Tensor reduce_max(torch::Tensor device_flag, CollectiveKind kind) = 0;
   // In-place SUM over ranks of a device tensor (epoch-mean accumulators); no host synchronization.
-  virtual torch::Tensor reduce_sum(torch::Tensor values) = 0;
+  virtual torch::Tensor reduce_sum(torch::Tensor values, CollectiveKind kind) = 0;
   virtual bool any(bool host_flag) = 0;
   virtual std::string broadcast_string(const std::string& value_on_rank0) = 0;
   // Every rank's `mine`, in rank order, on rank 0 (empty elsewhere): per-rank RNG states into
@@ -107,6 +110,13 @@ class Strategy {
 
   // nullptr for a single device.
   virtual c10d::ProcessGroup* process_group() = 0;
+
+  // Data parallel: this rank's record of the collectives it issued (collective_record.h); null for
+  // a single device.
+  virtual const CollectiveRecord* collectives() const { return nullptr; }
+  // Rank 0 of a data-parallel job: every rank's latest collective as its heartbeats published it
+  // (rank 0's own from its record), in rank order; empty elsewhere.
+  virtual std::vector<CollectiveEntry> published_collectives() const { return {}; }
 
   // trainer.strategy: zero2 with several processes. sharding() says so from the start;
   // shard_parameters() makes the shards once the trainable parameters' fp32 values are known (the

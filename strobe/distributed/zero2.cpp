@@ -17,8 +17,8 @@ constexpr size_t kBroadcastBytes = 250 * 1024 * 1024;
 }
 
 Zero2Shards::Zero2Shards(c10::intrusive_ptr<c10d::ProcessGroup> pg, int64_t rank, int64_t world,
-                         std::vector<ShardedParam> params, int64_t bucket_bytes)
-    : pg_(std::move(pg)), rank_(rank), world_(world) {
+                         std::vector<ShardedParam> params, int64_t bucket_bytes, CollectiveRecord* record)
+    : pg_(std::move(pg)), rank_(rank), world_(world), record_(record) {
   TORCH_CHECK(!params.empty(), "zero2: the model has no trainable parameters");
   torch::NoGradGuard ng;
   std::vector<torch::Tensor> masters;
@@ -50,7 +50,10 @@ Zero2Shards::Zero2Shards(c10::intrusive_ptr<c10d::ProcessGroup> pg, int64_t rank
   auto flush = [&] {
     std::vector<torch::Tensor> on_device;
     for (size_t i : pending) on_device.push_back(masters[i].to(params_[i].device()));
-    if (!on_device.empty()) c10d::broadcast_coalesced(pg_, on_device, kBroadcastBytes, 0);
+    if (!on_device.empty()) {
+      note(CollectiveKind::kMasterBroadcast, pending_bytes);
+      c10d::broadcast_coalesced(pg_, on_device, kBroadcastBytes, 0);
+    }
     for (size_t k = 0; k < pending.size(); ++k) load_full_value(pending[k], on_device[k]);
     pending.clear();
     pending_bytes = 0;
@@ -184,6 +187,7 @@ void Zero2Shards::launch(size_t k) {
   if (!b.output.defined()) b.output = torch::empty({b.shard_numel}, b.input.options());
   c10d::ReduceScatterOptions o;
   o.reduceOp = c10d::ReduceOp::AVG;
+  note(CollectiveKind::kReduceScatter, static_cast<int64_t>(b.input.nbytes()));
   b.work = pg_->_reduce_scatter_base(b.output, b.input, o);
   // A bounded footprint: the bucket launched before this one is waited for (on CUDA the current
   // stream waits; the host does not) and its input freed, while this one is in flight.
@@ -261,6 +265,7 @@ void Zero2Shards::gather_params() {
     }
     at::_foreach_copy_(dst, src);
     auto recv = torch::empty({world_ * b.shard_numel}, send.options());
+    note(CollectiveKind::kAllGather, static_cast<int64_t>(recv.nbytes()));
     auto work = pg_->_allgather_base(recv, send);
     if (prev) land(*prev);
     prev = InFlight{k, recv, work};
@@ -273,6 +278,7 @@ torch::Tensor Zero2Shards::full_value(size_t i) {
   const Slot& s = slots_[i];
   auto send = shards_[i].contiguous().view({-1});
   auto recv = torch::empty({world_ * send.numel()}, send.options());
+  note(CollectiveKind::kParamGather, static_cast<int64_t>(recv.nbytes()));
   pg_->_allgather_base(recv, send)->wait();
   auto full = torch::empty(params_[i].sizes(), recv.options());
   if (s.rows > 0 && s.rest > 0) full.view({s.dim0, s.rest}).copy_(recv.view({world_ * s.rows, s.rest}).narrow(0, 0, s.dim0));

@@ -38,6 +38,8 @@
 #include <c10/util/intrusive_ptr.h>
 #include <torch/types.h>
 
+#include "strobe/distributed/collective_record.h"
+
 namespace c10d {
 class ProcessGroup;
 class Work;
@@ -58,8 +60,9 @@ class Zero2Shards {
  public:
   // Cuts every parameter's fp32 value into this rank's shard. The parameters must be equal across
   // ranks (Strategy::setup_model broadcast them); `master`s are broadcast from rank 0 here.
+  // `record` (when given) is told of every collective these shards issue (collective_record.h).
   Zero2Shards(c10::intrusive_ptr<c10d::ProcessGroup> pg, int64_t rank, int64_t world, std::vector<ShardedParam> params,
-              int64_t bucket_bytes);
+              int64_t bucket_bytes, CollectiveRecord* record = nullptr);
   ~Zero2Shards();
   Zero2Shards(const Zero2Shards&) = delete;
   Zero2Shards& operator=(const Zero2Shards&) = delete;
@@ -114,8 +117,13 @@ class Zero2Shards {
   void copy_rows_in(const torch::Tensor& dst3, const torch::Tensor& full, size_t i) const;
   void copy_rows_out(torch::Tensor& full, const torch::Tensor& src3, size_t i) const;
 
+  void note(CollectiveKind kind, int64_t bytes) {
+    if (record_) record_->issue(kind, bytes);
+  }
+
   c10::intrusive_ptr<c10d::ProcessGroup> pg_;
   int64_t rank_, world_;
+  CollectiveRecord* record_;
   std::vector<std::string> names_;
   std::vector<torch::Tensor> params_, shards_;
   std::vector<Slot> slots_;

@@ -159,7 +159,7 @@ TEST(DDP, FlagsHostDecisionsBuffersAndMetricsAgreeAcrossRanks) {
         << " zero=" << strategy->is_global_zero() << "\n";
     // A non-finite flag raised on rank 1 only reaches every rank.
     auto flag = torch::tensor(rank == 1 ? 1.0f : 0.0f);
-    strategy->reduce_max(flag);
+    strategy->reduce_max(flag, sd::CollectiveKind::kLossAgreement);
     out << "max=" << flag.item<float>() << "\n";
     out << "any_rank1=" << strategy->any(rank == 1) << " any_none=" << strategy->any(false) << "\n";
     out << "bcast=" << strategy->broadcast_string(rank == 0 ? "runs/x/version_3" : "wrong") << "\n";
@@ -459,7 +459,7 @@ TEST(DDP, OneProcessGetsTheSingleDeviceStrategy) {
   EXPECT_EQ(s->process_group(), nullptr);
   EXPECT_EQ(s->device(), torch::Device(torch::kCPU));
   auto flag = torch::tensor(1.0f);
-  EXPECT_TRUE(s->reduce_max(flag).is_same(flag));
+  EXPECT_TRUE(s->reduce_max(flag, sd::CollectiveKind::kLossAgreement).is_same(flag));
   EXPECT_TRUE(s->any(true));
   EXPECT_FALSE(s->any(false));
   EXPECT_EQ(s->broadcast_string("a"), "a");

@@ -160,7 +160,7 @@ TEST(GpuDDP, NcclTwoRanksMatchOneProcessOnTheUnionBatchWithoutHostSyncs) {
       auto body = [&] {
         backward_micro_batches(*strategy, net, batches, step);
         strategy->finish_grad_sync();
-        strategy->reduce_max(flag);
+        strategy->reduce_max(flag, strobe::distributed::CollectiveKind::kLossAgreement);
         opt.step();
         opt.zero_grad();
       };
@@ -232,7 +232,7 @@ TEST(GpuZero2, NcclShardsMatchOneProcessOnTheUnionBatchWithoutHostSyncs) {
         std::vector<torch::Tensor> grads;
         for (auto& t : z->shards()) grads.push_back(t.grad());
         auto squares = torch::stack(at::_foreach_norm(grads, 2, torch::kFloat32)).square();
-        strategy->reduce_sum(squares);
+        strategy->reduce_sum(squares, strobe::distributed::CollectiveKind::kGradNorms);
         norms = squares.sqrt();
         opt.step();
         z->gather_params();
@@ -283,7 +283,7 @@ TEST(GpuDDP, NonFiniteOnOneRankReachesEveryRankOnTheDevice) {
     torch::Tensor flag;
     without_host_sync([&] {
       flag = grad.isfinite().logical_not().any().to(torch::kFloat);
-      strategy->reduce_max(flag);
+      strategy->reduce_max(flag, strobe::distributed::CollectiveKind::kLossAgreement);
     });
     std::ofstream(dir + "/flag" + std::to_string(rank)) << flag.item<float>();
     strategy->shutdown();
