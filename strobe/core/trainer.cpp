@@ -111,6 +111,7 @@ Trainer::Trainer(TrainerParts parts)
       throw config::ConfigError(fmt::format("callbacks: two callbacks share the state key '{}'", cb->state_key()));
   register_state();
   if (world_size_ > 1) {
+    strategy_->set_record_dir(run_dir_);
     // Last in the constructor, once the parameters are final (device, layout, dtype): every rank
     // starts from rank 0's weights and the Reducer's hooks go on the parameters the optimizer steps.
     strategy_->setup_model(module_->net());

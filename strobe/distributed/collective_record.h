@@ -55,7 +55,10 @@ struct CollectiveEntry {
   CollectiveKind kind = CollectiveKind::kNone;
   int64_t bytes = 0;
   int64_t issued_ns = 0;    // system clock, since the epoch
-  int64_t returned_ns = 0;  // host-blocking ones: when it returned (0: still waiting); others: 0
+  // When the call that issued it returned to the host (0: the host is still inside it). A store
+  // collective returns when every rank took part; NCCL's return once enqueued on the GPU's stream
+  // (the GPU may wait in them after that); the test double's return when done.
+  int64_t returned_ns = 0;
 };
 
 class CollectiveRecord {
@@ -64,8 +67,14 @@ class CollectiveRecord {
 
   // Records a collective about to be issued; returns its sequence number.
   int64_t issue(CollectiveKind kind, int64_t bytes);
-  // A host-blocking collective returned.
+  // The call that issued collective `seq` returned.
   void returned(int64_t seq);
+
+  // Tests only: STROBE_SKIP_COLLECTIVE=<kind name>@<rank>#<n> makes rank <rank> leave out the n-th
+  // collective of that kind (a code path one rank skips: what a hang is made of). Counts the calls;
+  // true when this one is to be left out (it is then not recorded). Unset (always, outside tests):
+  // false.
+  bool skips(CollectiveKind kind, int64_t rank);
 
   // The latest entry (seq 0 when none).
   CollectiveEntry latest() const;
@@ -76,8 +85,27 @@ class CollectiveRecord {
   mutable std::mutex mutex_;
   std::array<CollectiveEntry, kCapacity> ring_{};
   int64_t seq_ = 0;
+  std::array<int64_t, static_cast<size_t>(CollectiveKind::kCount)> calls_{};
 };
 
 int64_t now_ns();
+
+// "collective 10 (metric sync, all_reduce, 64 B)".
+std::string describe_collective(const CollectiveEntry& e);
+// What this rank is doing in its collectives at `now`: "waits in collective 10 (...) for 7.5 s" when
+// the host is inside the call, else "its latest collective: 10 (...), issued 7.5 s ago, returned".
+std::string collective_status(const CollectiveEntry& latest, int64_t now);
+// Rank 0's reading of every rank's latest collective (index: rank), with `mine`, rank 0's own record:
+// "" when nothing shows a divergence, else which ranks diverged and where. A rank whose latest
+// collective is of another kind than the one rank 0 (or, all at one number, most ranks) issued at
+// that number: "rank 1 issued stop agreement (all_reduce, 4 B) as collective 10 where rank 0 issued
+// metric sync (all_reduce)". With `gaps` (the ranks stood still), ranks behind the others: "rank 1
+// never reached collective 10, metric sync (all_reduce); its latest: collective 9, ...".
+std::string diverged_collectives(const std::vector<CollectiveEntry>& latest, const CollectiveRecord& mine, bool gaps);
+// Writes `record` to <dir>/collectives_rank<rank>.json (through a temporary file and a rename):
+// the rank, the world size, `status` (the line the rank ended with) and its last collectives,
+// oldest first. Returns the path ("" when it could not be written).
+std::string write_collectives_file(const std::string& dir, int64_t rank, int64_t world, const CollectiveRecord& record,
+                                   const std::string& status);
 
 }  // namespace strobe::distributed

@@ -81,10 +81,12 @@ class DDPStrategy final : public Strategy {
     TORCH_CHECK(!params.empty(), "the model has no trainable parameters");
     for (auto& t : state)
       TORCH_CHECK(t.device() == device_, "model tensor on ", t.device(), " but the strategy's device is ", device_);
-    record_.issue(CollectiveKind::kParamCheck, static_cast<int64_t>(params.size()) * 8);
+    int64_t seq = record_.issue(CollectiveKind::kParamCheck, static_cast<int64_t>(params.size()) * 8);
     c10d::verify_params_across_processes(pg_, params, std::nullopt);
-    record_.issue(CollectiveKind::kSetupBroadcast, bytes_of(state));
+    record_.returned(seq);
+    seq = record_.issue(CollectiveKind::kSetupBroadcast, bytes_of(state));
     c10d::broadcast_coalesced(pg_, state, kBroadcastBytes, 0);
+    record_.returned(seq);
     if (options_.zero2) return;  // the shards come with the optimizer (shard_parameters)
     build_reducer(params, std::move(names));
   }
@@ -109,8 +111,9 @@ class DDPStrategy final : public Strategy {
     }
     TORCH_CHECK(!params.empty(), "the model has no trainable parameters");
     reducer_.reset();  // its autograd hooks go with it
-    record_.issue(CollectiveKind::kParamCheck, static_cast<int64_t>(params.size()) * 8);
+    const int64_t seq = record_.issue(CollectiveKind::kParamCheck, static_cast<int64_t>(params.size()) * 8);
     c10d::verify_params_across_processes(pg_, params, std::nullopt);
+    record_.returned(seq);
     if (options_.zero2) {
       if (zero2_) zero2_->install_hooks();  // the newly trainable parameters' gradients are sharded too
       return;
@@ -150,7 +153,7 @@ class DDPStrategy final : public Strategy {
     reducer_->rebuild_buckets();
     reducer_->prepare_for_backward({});
     // The Reducer issues the bucket all-reduces inside this backward: one entry for all of them.
-    record_.issue(CollectiveKind::kGradientAllReduce, grad_bytes_);
+    grad_seq_ = record_.issue(CollectiveKind::kGradientAllReduce, grad_bytes_);
     pending_ = true;
   }
 
@@ -160,11 +163,13 @@ class DDPStrategy final : public Strategy {
     // them before it would bump the version of tensors the graph saved (BatchNorm's statistics).
     if (!pending_) return;
     pending_ = false;
+    if (grad_seq_) record_.returned(std::exchange(grad_seq_, 0));  // the backward that ran its buckets is done
     if (zero2_) zero2_->finish();
     if (options_.broadcast_buffers && !buffers_.empty()) {
       torch::NoGradGuard ng;
-      record_.issue(CollectiveKind::kBufferBroadcast, buffers_bytes_);
+      const int64_t seq = record_.issue(CollectiveKind::kBufferBroadcast, buffers_bytes_);
       c10d::broadcast_coalesced(pg_, buffers_, kBroadcastBytes, 0);
+      record_.returned(seq);
     }
   }
 
@@ -193,6 +198,7 @@ class DDPStrategy final : public Strategy {
   }
 
   std::vector<std::string> gather_strings(const std::string& mine) override {
+    if (record_.skips(CollectiveKind::kHostGather, rank())) return {};  // tests only
     return checked("gather", CollectiveKind::kHostGather, static_cast<int64_t>(mine.size()), [&] {
       auto key = next_key("gather");
       std::vector<uint8_t> bytes(mine.begin(), mine.end());
@@ -214,12 +220,19 @@ class DDPStrategy final : public Strategy {
   }
 
   void sync_metrics(metrics::MetricCollection& m) override {
-    record_.issue(CollectiveKind::kMetricSync, 0);
+    if (record_.skips(CollectiveKind::kMetricSync, rank())) return;  // tests only
+    const int64_t seq = record_.issue(CollectiveKind::kMetricSync, 0);
     m.sync(*pg_);
+    record_.returned(seq);
   }
   void sync_metric(metrics::Metric& m) override {
-    record_.issue(CollectiveKind::kMetricSync, 0);
+    if (record_.skips(CollectiveKind::kMetricSync, rank())) return;  // tests only
+    const int64_t seq = record_.issue(CollectiveKind::kMetricSync, 0);
     m.sync(*pg_);
+    record_.returned(seq);
+  }
+  void set_record_dir(const std::string& dir) override {
+    if (monitor_) monitor_->set_record_dir(dir);
   }
   c10d::ProcessGroup* process_group() override { return pg_.get(); }
   const CollectiveRecord* collectives() const override { return &record_; }
@@ -301,11 +314,13 @@ class DDPStrategy final : public Strategy {
  private:
   // `t` reduced over the ranks in place (on the device: the wait orders the stream, no host sync).
   torch::Tensor allreduce_in_place(torch::Tensor t, c10d::ReduceOp::RedOpType op, CollectiveKind kind) {
-    record_.issue(kind, static_cast<int64_t>(t.nbytes()));
+    if (record_.skips(kind, rank())) return t;  // tests only (CollectiveRecord::skips)
+    const int64_t seq = record_.issue(kind, static_cast<int64_t>(t.nbytes()));
     std::vector<torch::Tensor> one{t};
     c10d::AllreduceOptions o;
     o.reduceOp = op;
     pg_->allreduce(one, o)->wait();
+    record_.returned(seq);
     return t;
   }
   static constexpr size_t kBroadcastBytes = 250 * 1024 * 1024;
@@ -393,6 +408,7 @@ class DDPStrategy final : public Strategy {
   std::string address_;
   CollectiveRecord record_;  // before the monitor that publishes it
   int64_t grad_bytes_ = 0;     // the gradients one backward all-reduces (ddp)
+  int64_t grad_seq_ = 0;       // that all-reduce's entry while its backward runs
   int64_t buffers_bytes_ = 0;
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::Store> health_store_;

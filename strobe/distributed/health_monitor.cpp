@@ -26,13 +26,13 @@ std::string one_line(std::string s) {
 
 double seconds(milliseconds d) { return std::chrono::duration<double>(d).count(); }
 
-[[noreturn]] void fail_now(int64_t rank, int64_t world, const std::string& why) {
+[[noreturn]] void fail_now(int64_t rank, int64_t world, const std::string& why, const char* how) {
   // The monitor thread and the main thread may both find the failure: the first one reports it.
   static std::mutex once;
   once.lock();
   std::fflush(stdout);
-  std::fprintf(stderr, "strobe: rank %lld of %lld: distributed job failed: %s\n", static_cast<long long>(rank),
-               static_cast<long long>(world), why.c_str());
+  std::fprintf(stderr, "strobe: rank %lld of %lld: distributed job %s: %s\n", static_cast<long long>(rank),
+               static_cast<long long>(world), how, why.c_str());
   std::fflush(stderr);
   std::_Exit(1);
 }
@@ -69,6 +69,8 @@ std::vector<uint8_t> encode_heartbeat(uint64_t beat, const CollectiveEntry& late
   put(out, static_cast<uint8_t>(latest.kind));
   return out;
 }
+
+bool is_beat(const std::vector<uint8_t>& value) { return value.size() == kHeartbeatBytes; }
 
 CollectiveEntry decode_heartbeat(const std::vector<uint8_t>& value) {
   CollectiveEntry e;

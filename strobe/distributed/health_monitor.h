@@ -33,7 +33,7 @@ std::string one_line(std::string s);
 double seconds(milliseconds d);
 // The one line every rank prints when the job cannot go on, then the process ends at once: a peer
 // blocked in a collective cannot be unblocked, and destructors of communicators may block too.
-[[noreturn]] void fail_now(int64_t rank, int64_t world, const std::string& why);
+[[noreturn]] void fail_now(int64_t rank, int64_t world, const std::string& why, const char* how = "failed");
 // The rendezvous store at `address` is gone, as one line.
 std::string lost_store_message(const std::string& address, const std::exception& e);
 // The key a rank's monitor sets once it has read the "abort" reason.
@@ -49,6 +49,8 @@ void wait_until_the_others_read_the_reason(c10d::Store& store, int64_t rank, int
 std::vector<uint8_t> encode_heartbeat(uint64_t beat, const CollectiveEntry& latest);
 // The collective a heartbeat published (seq 0 for a value without one).
 CollectiveEntry decode_heartbeat(const std::vector<uint8_t>& value);
+// A value a beat wrote (not the one a rank sets before its first beat).
+bool is_beat(const std::vector<uint8_t>& value);
 
 // Liveness of the job, on its own thread and its own store connection (the main thread may be
 // blocked in a collective). Every rank bumps its heartbeat key, which carries its latest collective
@@ -62,13 +64,17 @@ class HealthMonitor {
         published_(static_cast<size_t>(world)) {
     interval_ = std::clamp<milliseconds>(timeout / 20, milliseconds(100), milliseconds(1000));
     stale_after_ms_ = std::max<milliseconds>(3 * interval_, std::min<milliseconds>(timeout / 2, milliseconds(30000))).count();
+    // Early enough that the report is out before a collective's own timeout (trainer.dist_timeout)
+    // ends a waiting rank: rank 0 sees progress up to a beat late, detection takes up to a beat and
+    // the others' lines up to 2 more.
+    hang_after_ = timeout - std::max<milliseconds>(8 * interval_, timeout / 10);
     store_->set(hb_key(rank_), std::vector<uint8_t>{0});
   }
   ~HealthMonitor() { stop(); }
 
   void start() {
     for (int64_t r = 0; r < world_; ++r)
-      if (r != rank_ && (rank_ == 0 || r == 0)) peers_.push_back({r, {}, Clock::now()});
+      if (r != rank_ && (rank_ == 0 || r == 0)) peers_.push_back({r, {}, Clock::now(), {}});
     thread_ = std::thread([this] { run(); });
   }
   void stop() {
@@ -81,6 +87,14 @@ class HealthMonitor {
   }
   // From now on store errors are the expected end of the job, not a failure.
   void quiet() { quiet_ = true; }
+  // Where each rank writes its record of collectives when the job hangs (the run directory; ""
+  // for none).
+  void set_record_dir(const std::string& dir) {
+    std::lock_guard<std::mutex> lock(published_mutex_);
+    record_dir_ = dir;
+  }
+  // How long rank 0 lets the ranks' collectives stand still, diverged, before it calls a hang.
+  milliseconds hang_after() const { return hang_after_; }
   milliseconds interval() const { return interval_; }
   // Rank 0: every rank's latest collective as its last heartbeat carried it (index: rank; its own
   // entry is left empty).
@@ -96,6 +110,11 @@ class HealthMonitor {
   void expect_a_verdict() {
     if (!thread_.joinable() || stopping_ || quiet_) return;
     stale_after_ms_ = (3 * interval_).count();
+    {
+      std::lock_guard<std::mutex> lock(published_mutex_);
+      verdict_since_ = Clock::now();
+    }
+    diverged_now_ = true;  // rank 0: ranks whose collectives diverged are the verdict, without waiting
     const auto until = Clock::now() + 5 * interval_;
     while (Clock::now() < until || (verdict_ && Clock::now() < until + 5 * interval_))
       std::this_thread::sleep_for(milliseconds(20));
@@ -118,14 +137,35 @@ class HealthMonitor {
         if (store_->check({"abort"})) {
           auto v = store_->get("abort");
           why = std::string(v.begin(), v.end());
+          // A hang (or diverged collectives) rank 0 found: this rank says where it stands, keeps its
+          // record, then ends; rank 0's line comes last.
+          const bool hang = why.rfind(kHangMarker, 0) == 0, diverged = why.rfind(kDivergedMarker, 0) == 0;
+          const std::string status = hang || diverged ? end_with_record() : "";
           // Read: the rank that wrote it may end now (wait_until_the_others_read_the_reason).
           store_->set(abort_read_key(rank_), std::vector<uint8_t>{1});
+          if (hang || diverged) {
+            if (quiet_ || stopping_) return;
+            fail_now(rank_, world_, status, hang ? "hung" : "failed");
+          }
         } else {
           why = check_peers();
           if (!why.empty()) {
             verdict_ = true;
             store_->set("abort", std::vector<uint8_t>(why.begin(), why.end()));
             wait_until_the_others_read_the_reason(*store_, rank_, world_, 2 * interval_, stale_rank_);
+            const bool hang = why.rfind(kHangMarker, 0) == 0, diverged = why.rfind(kDivergedMarker, 0) == 0;
+            if (hang || diverged) {
+              const std::string status = end_with_record();
+              std::string dir;
+              {
+                std::lock_guard<std::mutex> lock(published_mutex_);
+                dir = record_dir_;
+              }
+              const std::string files = dir.empty() ? std::string() : fmt::format("; each rank's record: {}/collectives_rank<r>.json", dir);
+              if (quiet_ || stopping_) return;
+              const size_t marker = std::string(hang ? kHangMarker : kDivergedMarker).size();
+              fail_now(rank_, world_, fmt::format("{}; {}{}", why.substr(marker), status, files), hang ? "hung" : "failed");
+            }
           }
         }
       } catch (const std::exception& e) {
@@ -136,6 +176,54 @@ class HealthMonitor {
     }
   }
 
+  static constexpr const char* kHangMarker = "\x02hang\x02";
+  static constexpr const char* kDivergedMarker = "\x02diverged\x02";
+
+  // This rank's status line; its record goes to the run directory.
+  std::string end_with_record() {
+    if (!record_) return "this rank keeps no record of its collectives";
+    const std::string status = collective_status(record_->latest(), now_ns());
+    std::string dir;
+    {
+      std::lock_guard<std::mutex> lock(published_mutex_);
+      dir = record_dir_;
+    }
+    write_collectives_file(dir, rank_, world_, *record_, status);
+    return status;
+  }
+
+  // Rank 0: when no rank's latest collective moved for hang_after() (at once after a collective
+  // failed: expect_a_verdict) and they disagree, the verdict naming where they diverged.
+  std::string check_progress(const Clock::time_point now) {
+    if (!record_ || rank_ != 0) return {};
+    std::vector<CollectiveEntry> latest;
+    {
+      std::lock_guard<std::mutex> lock(published_mutex_);
+      latest = published_;
+    }
+    latest[0] = record_->latest();
+    std::vector<int64_t> seqs;
+    for (const auto& e : latest) seqs.push_back(e.seq);
+    if (seqs != progress_seqs_) {
+      progress_seqs_ = seqs;
+      progress_at_ = now;
+    }
+    const bool waited = now - progress_at_ > hang_after_;
+    if (!waited && !diverged_now_) return {};
+    if (!waited) {  // after a failed collective: only what every rank published since then
+      std::lock_guard<std::mutex> lock(published_mutex_);
+      for (const auto& p : peers_)
+        if (p.published_at <= verdict_since_) return {};
+    }
+    const std::string where = diverged_collectives(latest, *record_, /*gaps=*/waited);
+    if (where.empty()) return {};
+    for (int64_t r = 1; r < world_; ++r)
+      if (store_->check({"done/" + std::to_string(r)})) return {};  // a rank finished in order
+    if (!waited) return kDivergedMarker + fmt::format("the ranks' collectives diverged: {}", where);
+    return kHangMarker + fmt::format("no rank's collectives moved for {:.1f} s: {}",
+                                     std::chrono::duration<double>(now - progress_at_).count(), where);
+  }
+
   std::string check_peers() {
     std::vector<std::string> keys;
     for (auto& p : peers_) keys.push_back(hb_key(p.rank));
@@ -144,9 +232,10 @@ class HealthMonitor {
     for (size_t i = 0; i < peers_.size(); ++i) {
       auto& p = peers_[i];
       if (values[i] != p.last) {
-        {
+        if (is_beat(values[i])) {  // not the value set before the peer's first beat
           std::lock_guard<std::mutex> lock(published_mutex_);
           published_[static_cast<size_t>(p.rank)] = decode_heartbeat(values[i]);
+          p.published_at = now;
         }
         p.last = values[i];
         p.changed = now;
@@ -158,18 +247,25 @@ class HealthMonitor {
       return fmt::format("rank {} stopped responding: no heartbeat for {:.1f} s (the process died or is frozen)", p.rank,
                          std::chrono::duration<double>(now - p.changed).count());
     }
-    return {};
+    return check_progress(now);
   }
 
   struct Peer {
     int64_t rank;
     std::vector<uint8_t> last;
     Clock::time_point changed;
+    Clock::time_point published_at{};  // its latest beat's collective reached published_
   };
   c10::intrusive_ptr<c10d::Store> store_;
   int64_t rank_, world_;
   std::string address_;
   const CollectiveRecord* record_;
+  std::string record_dir_;  // under published_mutex_
+  milliseconds hang_after_{};
+  std::vector<int64_t> progress_seqs_;
+  Clock::time_point progress_at_ = Clock::now();
+  std::atomic<bool> diverged_now_{false};
+  Clock::time_point verdict_since_;  // under published_mutex_
   mutable std::mutex published_mutex_;
   std::vector<CollectiveEntry> published_;
   milliseconds interval_{};

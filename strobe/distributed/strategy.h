@@ -117,6 +117,9 @@ class Strategy {
   // Rank 0 of a data-parallel job: every rank's latest collective as its heartbeats published it
   // (rank 0's own from its record), in rank order; empty elsewhere.
   virtual std::vector<CollectiveEntry> published_collectives() const { return {}; }
+  // Where each rank writes its record of collectives when the job hangs or its collectives diverge
+  // (the run directory; docs/DISTRIBUTED.md, "When a run hangs").
+  virtual void set_record_dir(const std::string& dir) { (void)dir; }
 
   // trainer.strategy: zero2 with several processes. sharding() says so from the start;
   // shard_parameters() makes the shards once the trainable parameters' fp32 values are known (the

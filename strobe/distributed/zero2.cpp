@@ -51,8 +51,9 @@ Zero2Shards::Zero2Shards(c10::intrusive_ptr<c10d::ProcessGroup> pg, int64_t rank
     std::vector<torch::Tensor> on_device;
     for (size_t i : pending) on_device.push_back(masters[i].to(params_[i].device()));
     if (!on_device.empty()) {
-      note(CollectiveKind::kMasterBroadcast, pending_bytes);
+      const int64_t seq = note(CollectiveKind::kMasterBroadcast, pending_bytes);
       c10d::broadcast_coalesced(pg_, on_device, kBroadcastBytes, 0);
+      noted_return(seq);
     }
     for (size_t k = 0; k < pending.size(); ++k) load_full_value(pending[k], on_device[k]);
     pending.clear();
@@ -187,8 +188,16 @@ void Zero2Shards::launch(size_t k) {
   if (!b.output.defined()) b.output = torch::empty({b.shard_numel}, b.input.options());
   c10d::ReduceScatterOptions o;
   o.reduceOp = c10d::ReduceOp::AVG;
-  note(CollectiveKind::kReduceScatter, static_cast<int64_t>(b.input.nbytes()));
-  b.work = pg_->_reduce_scatter_base(b.output, b.input, o);
+  if (record_ && record_->skips(CollectiveKind::kReduceScatter, rank_)) {
+    // Tests only (CollectiveRecord::skips): this rank leaves the bucket's reduce-scatter out.
+    auto fut = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+    fut->markCompleted(c10::IValue(std::vector<torch::Tensor>{b.output}));
+    b.work = c10d::Work::create_from_future(fut);
+  } else {
+    const int64_t seq = note(CollectiveKind::kReduceScatter, static_cast<int64_t>(b.input.nbytes()));
+    b.work = pg_->_reduce_scatter_base(b.output, b.input, o);
+    noted_return(seq);
+  }
   // A bounded footprint: the bucket launched before this one is waited for (on CUDA the current
   // stream waits; the host does not) and its input freed, while this one is in flight.
   if (in_flight_) {
@@ -265,8 +274,9 @@ void Zero2Shards::gather_params() {
     }
     at::_foreach_copy_(dst, src);
     auto recv = torch::empty({world_ * b.shard_numel}, send.options());
-    note(CollectiveKind::kAllGather, static_cast<int64_t>(recv.nbytes()));
+    const int64_t seq = note(CollectiveKind::kAllGather, static_cast<int64_t>(recv.nbytes()));
     auto work = pg_->_allgather_base(recv, send);
+    noted_return(seq);
     if (prev) land(*prev);
     prev = InFlight{k, recv, work};
   }
@@ -278,8 +288,9 @@ torch::Tensor Zero2Shards::full_value(size_t i) {
   const Slot& s = slots_[i];
   auto send = shards_[i].contiguous().view({-1});
   auto recv = torch::empty({world_ * send.numel()}, send.options());
-  note(CollectiveKind::kParamGather, static_cast<int64_t>(recv.nbytes()));
+  const int64_t seq = note(CollectiveKind::kParamGather, static_cast<int64_t>(recv.nbytes()));
   pg_->_allgather_base(recv, send)->wait();
+  noted_return(seq);
   auto full = torch::empty(params_[i].sizes(), recv.options());
   if (s.rows > 0 && s.rest > 0) full.view({s.dim0, s.rest}).copy_(recv.view({world_ * s.rows, s.rest}).narrow(0, 0, s.dim0));
   return full;

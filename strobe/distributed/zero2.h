@@ -117,8 +117,9 @@ class Zero2Shards {
   void copy_rows_in(const torch::Tensor& dst3, const torch::Tensor& full, size_t i) const;
   void copy_rows_out(torch::Tensor& full, const torch::Tensor& src3, size_t i) const;
 
-  void note(CollectiveKind kind, int64_t bytes) {
-    if (record_) record_->issue(kind, bytes);
+  int64_t note(CollectiveKind kind, int64_t bytes) { return record_ ? record_->issue(kind, bytes) : 0; }
+  void noted_return(int64_t seq) {
+    if (record_ && seq) record_->returned(seq);
   }
 
   c10::intrusive_ptr<c10d::ProcessGroup> pg_;

@@ -57,6 +57,29 @@ TEST(CollectiveRecord, AHeartbeatCarriesTheLatestCollective) {
   EXPECT_EQ(sd::detail::decode_heartbeat({0}).seq, 0) << "the first beat, before any collective";
 }
 
+// Rank 0's reading of the ranks' latest collectives: agreement is no divergence; at one number the
+// kind most ranks issued is the reference (3 ranks: rank 0 is the odd one); at different numbers a
+// rank is compared with rank 0's own entry at its number, and only a hang (`gaps`) names the ranks
+// that stood behind.
+TEST(CollectiveRecord, RankZeroNamesWhereTheRanksDiverged) {
+  using K = sd::CollectiveKind;
+  sd::CollectiveRecord mine;  // rank 0: 1 stop agreement, 2 metric sync, 3 epoch sums
+  mine.issue(K::kStopAgreement, 4);
+  mine.issue(K::kMetricSync, 64);
+  mine.issue(K::kEpochSums, 48);
+  auto at = [](int64_t seq, K kind, int64_t bytes) { return sd::CollectiveEntry{seq, kind, bytes, 1, 0}; };
+  EXPECT_EQ(sd::diverged_collectives({at(3, K::kEpochSums, 48), at(3, K::kEpochSums, 48)}, mine, true), "");
+  EXPECT_EQ(sd::diverged_collectives({at(3, K::kEpochSums, 48), at(3, K::kMetricSync, 64), at(3, K::kMetricSync, 64)}, mine, false),
+            "rank 0 issued epoch sums (all_reduce, 48 B) as collective 3 where rank 1 issued metric sync (all_reduce, 64 B)");
+  // Rank 1 at 2 with another kind than rank 0's 2nd: diverged, hang or not.
+  EXPECT_EQ(sd::diverged_collectives({at(3, K::kEpochSums, 48), at(2, K::kEpochSums, 48)}, mine, false),
+            "rank 1 issued epoch sums (all_reduce, 48 B) as collective 2 where rank 0 issued metric sync (all_reduce, 64 B)");
+  // Rank 1 behind with the same kinds: ranks out of step (not a divergence) unless they stood still.
+  EXPECT_EQ(sd::diverged_collectives({at(3, K::kEpochSums, 48), at(2, K::kMetricSync, 64)}, mine, false), "");
+  EXPECT_EQ(sd::diverged_collectives({at(3, K::kEpochSums, 48), at(2, K::kMetricSync, 64)}, mine, true),
+            "rank 1 never reached collective 3, epoch sums (all_reduce, 48 B); its latest: collective 2, metric sync (all_reduce, 64 B)");
+}
+
 // The cost a step pays: issue() in a tight loop (one uncontended lock, a clock read, one slot).
 TEST(CollectiveRecord, RecordingACollectiveCostsUnderAMicrosecond) {
   sd::CollectiveRecord r;

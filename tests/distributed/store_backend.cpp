@@ -22,7 +22,10 @@ std::vector<uint8_t> to_bytes(const torch::Tensor& t) {
 
 torch::Tensor from_bytes(const std::vector<uint8_t>& b, const torch::Tensor& like) {
   auto out = torch::empty(like.sizes(), like.options().device(torch::kCPU));
-  TORCH_CHECK(static_cast<size_t>(out.nbytes()) == b.size(), "store backend: ranks disagree on a tensor's size");
+  // A failed collective, as NCCL's errors are (c10::DistBackendError): the ranks issued different
+  // collectives at this point.
+  if (static_cast<size_t>(out.nbytes()) != b.size())
+    C10_THROW_ERROR(DistBackendError, "store backend: ranks disagree on a tensor's size");
   std::memcpy(out.data_ptr(), b.data(), b.size());
   return out;
 }

@@ -1119,6 +1119,83 @@ void killed_rank_ends_the_other(const std::string& strategy) {
 
 TEST(TrainerDDP, KilledRankEndsTheOtherWithinTheTimeout) { killed_rank_ends_the_other("ddp"); }
 
+// A rank that leaves out one collective (STROBE_SKIP_COLLECTIVE, the record's test hook): the ranks
+// end within trainer.dist_timeout, rank 0 naming where they diverged (rank 1 issued the next
+// collective where rank 0 waits in the one rank 1 left out) and each rank the collective it waits
+// in, rank 0 last; each rank's record is in the run directory, its last entry the collective it
+// ended in, its status the line it printed. A skip that leaves both ranks waiting is a hang, found
+// when no collective moved for the hang deadline (10 s - 8 heartbeats of 0.5 s = 6 s); one the
+// test double fails at once (sizes that disagree, as NCCL may) is found when the collective fails.
+struct Skipped {
+  std::string spec;      // STROBE_SKIP_COLLECTIVE
+  std::string strategy;  // trainer.strategy
+  std::string how;       // "hung" or "failed"
+  std::string skipped;   // the collective rank 0 waits in
+};
+void a_skipped_collective_is_named(const Skipped& k) {
+  Job job = new_job("skip-" + k.strategy);
+  ::setenv("STROBE_SKIP_COLLECTIVE", k.spec.c_str(), 1);
+  auto rs = fit(2, job, {"trainer.max_steps=1000", "trainer.max_epochs=-1", "trainer.dist_timeout=10",
+                         "trainer.strategy=" + k.strategy},
+                std::nullopt, 60);
+  ::unsetenv("STROBE_SKIP_COLLECTIVE");
+  ASSERT_EQ(rs[0].exit_code, 1) << k.spec << "\n" << describe(rs);
+  ASSERT_EQ(rs[1].exit_code, 1) << k.spec << "\n" << describe(rs);
+  const auto lines0 = strobe::testing::split_any(rs[0].stderr_text, "\n");
+  std::string line0, line1;
+  for (const auto& l : lines0)
+    if (l.rfind("strobe: ", 0) == 0) line0 = l;
+  for (const auto& l : strobe::testing::split_any(rs[1].stderr_text, "\n"))
+    if (l.rfind("strobe: ", 0) == 0) line1 = l;
+  EXPECT_EQ(count_lines_with(rs[0].stderr_text, "strobe:"), 1) << rs[0].stderr_text;
+  EXPECT_EQ(count_lines_with(rs[1].stderr_text, "strobe:"), 1) << rs[1].stderr_text;
+  const std::string head0 = "strobe: rank 0 of 2: distributed job " + k.how + ": ";
+  EXPECT_EQ(line0.rfind(head0, 0), 0u) << line0;
+  EXPECT_NE(line0.find(" as collective "), std::string::npos) << line0;
+  EXPECT_NE(line0.find("where rank 0 issued " + k.skipped), std::string::npos) << line0;
+  EXPECT_NE(line0.find("rank 1 issued "), std::string::npos) << line0;
+  EXPECT_NE(line0.find("this rank waits in collective "), std::string::npos) << line0;
+  EXPECT_EQ(line1.rfind("strobe: rank 1 of 2: distributed job " + k.how + ": this rank waits in collective ", 0), 0u) << line1;
+  EXPECT_LT(rs[0].seconds, 10.0 + 2.0) << describe(rs);
+  EXPECT_GE(rs[0].seconds + 0.05, rs[1].seconds) << "rank 0's line comes last: " << describe(rs);
+  // Both ranks' records, in the run directory rank 0's line names.
+  const std::string run_dir = job.root + "/ddp/version_0";
+  EXPECT_NE(line0.find(run_dir + "/collectives_rank<r>.json"), std::string::npos) << line0;
+  int64_t at = -1;
+  for (int r = 0; r < 2; ++r) {
+    auto j = read_json(fmt::format("{}/collectives_rank{}.json", run_dir, r));
+    ASSERT_TRUE(j.is_object()) << "rank " << r << "'s record";
+    EXPECT_EQ(j["rank"], r);
+    EXPECT_EQ(j["world_size"], 2);
+    const std::string status = j["status"];
+    EXPECT_NE((r == 0 ? line0 : line1).find(status), std::string::npos) << status;
+    ASSERT_FALSE(j["collectives"].empty());
+    const auto& last = j["collectives"].back();
+    if (r == 0) {
+      EXPECT_EQ(last["kind"], k.skipped) << j.dump(1);
+      at = last["seq"];
+    } else {
+      EXPECT_EQ(last["seq"], at) << "the same collective number, another kind: " << j.dump(1);
+      EXPECT_NE(last["kind"], k.skipped);
+    }
+    EXPECT_EQ(last["returned_ns"], 0) << "waiting in it";
+  }
+  checkpoint::remove_tree(job.dir);
+}
+
+TEST(TrainerDDP, ASkippedStopAgreementIsNamedWithTheRankThatLeftItOut) {
+  a_skipped_collective_is_named({"stop agreement@1#3", "ddp", "failed", "stop agreement"});
+}
+TEST(TrainerDDP, ASkippedMetricSyncIsNamedWithTheRankThatLeftItOut) {
+  a_skipped_collective_is_named({"metric sync@1#1", "ddp", "failed", "metric sync"});
+}
+TEST(TrainerDDP, ASkippedCheckpointGatherIsAHangNamedWithTheRankThatLeftItOut) {
+  a_skipped_collective_is_named({"host gather@1#1", "ddp", "hung", "host gather"});
+}
+TEST(TrainerZero2, ASkippedReduceScatterIsAHangNamedWithTheRankThatLeftItOut) {
+  a_skipped_collective_is_named({"gradient reduce-scatter@1#2", "zero2", "hung", "gradient reduce-scatter"});
+}
+
 // A peer lost where the collective fails at once (NCCL over a network sees the closed socket in
 // about a second, long before a heartbeat is stale): the survivor still names the dead rank, within
 // a few heartbeats (1 s each here; a heartbeat would otherwise be stale only after 15 s).
