@@ -39,6 +39,7 @@
 #include "runner/export.h"
 #include "runner/predict.h"
 #include "runner/plugins.h"
+#include "runner/hang.h"
 #include "runner/replay.h"
 
 namespace {
@@ -422,6 +423,7 @@ struct Cli {
   BenchArgs bench_a;
   std::string list_kind;
   std::vector<std::string> list_plugins;
+  std::string hang_dir;
 };
 
 // fit, validate, test and predict: the commands that build a run from a config.
@@ -518,6 +520,12 @@ void add_bench_command(Cli& cli) {
       ->check(number_above_zero(false));
 }
 
+void add_hang_command(Cli& cli) {
+  auto* hang = cli.app.add_subcommand(
+      "hang", "read the records of collectives a multi-process run wrote when it hung, and say which rank diverged first and where");
+  hang->add_option("run_dir", cli.hang_dir, "the run directory (it holds collectives_rank<r>.json)")->required()->check(kNonEmpty);
+}
+
 void add_list_command(Cli& cli) {
   auto* list = cli.app.add_subcommand("list", "list the models, tasks, data modules, callbacks and metrics an experiment can name");
   list->add_option("kind", cli.list_kind, "models | tasks | data | callbacks | metrics: that kind's names, one per line");
@@ -557,7 +565,7 @@ std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv) {
     return 2;
   }
   if (app.get_subcommands().empty()) {
-    fmt::print(stderr, "strobe: a command is required (fit, validate, test, predict, replay, export, bench, list); run 'strobe --help' for usage\n");
+    fmt::print(stderr, "strobe: a command is required (fit, validate, test, predict, replay, export, bench, list, hang); run 'strobe --help' for usage\n");
     return 2;
   }
   return std::nullopt;
@@ -587,6 +595,10 @@ int run_parsed(const std::string& command, Cli& cli, Progress& progress) {
     return run_list(cli.list_kind);
   }
   if (command == "replay") return run_replay(cli.replay_a);
+  if (command == "hang") {
+    fmt::print("{}", strobe::explain_hang(cli.hang_dir));
+    return 0;
+  }
   if (command == "bench") return strobe::bench::run_bench(cli.bench_a.suites, cli.bench_a.json, cli.bench_a.options, cli.bench_a.overwrite);
   if (command == "export") {
     const int n = strobe::export_weights(cli.export_a);
@@ -611,6 +623,9 @@ int report_error(const std::string& command, const Cli& cli, const Progress& pro
     return 2;
   } catch (const strobe::ExportError& e) {
     fmt::print(stderr, "strobe export: {}\n", one_line(e.what()));
+    return 2;
+  } catch (const strobe::HangError& e) {
+    fmt::print(stderr, "strobe hang: {}\n", one_line(e.what()));
     return 2;
   } catch (const strobe::PredictError& e) {
     fmt::print(stderr, "strobe predict: {}\n", one_line(e.what()));
@@ -664,7 +679,7 @@ int main(int argc, char** argv) {
   // is parsed already says which command it stopped.
   if (argc > 1) {
     const std::string first = argv[1];
-    for (const char* name : {"validate", "test", "predict", "replay", "export", "bench", "list"})
+    for (const char* name : {"validate", "test", "predict", "replay", "export", "bench", "list", "hang"})
       if (first == name) strobe::signals::set_command(first);
   }
   strobe::signals::install();
@@ -676,6 +691,7 @@ int main(int argc, char** argv) {
   add_export_command(cli);
   add_bench_command(cli);
   add_list_command(cli);
+  add_hang_command(cli);
   cli.app.footer(components_text());
   if (const std::optional<int> rc = parse_command_line(cli.app, argc, argv)) return *rc;
   const std::string command = cli.app.get_subcommands().front()->get_name();

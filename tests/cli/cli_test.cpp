@@ -5,8 +5,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <fstream>
 #include <thread>
+
+#include <nlohmann/json.hpp>
 
 #include "strobe/core/callback.h"
 #include "strobe/core/datamodule.h"
@@ -30,7 +34,8 @@ TEST(Cli, VersionAndHelp) {
   r = strobe_cmd("fti -c nowhere.yaml");
   EXPECT_EQ(r.code, 2);
   EXPECT_EQ(r.err,
-            "strobe: unknown command 'fti'; did you mean 'fit'? (commands: fit, validate, test, predict, replay, export, bench, list); "
+            "strobe: unknown command 'fti'; did you mean 'fit'? (commands: fit, validate, test, predict, replay, export, bench, list, "
+            "hang); "
             "run 'strobe --help' for usage\n");
   r = strobe_cmd("xyzzy");
   EXPECT_EQ(r.code, 2);
@@ -189,3 +194,46 @@ TEST(Cli, SigintExitsWith130) {
   EXPECT_TRUE(std::filesystem::exists(dir + "/checkpoints/last.ckpt"));
 }
 
+
+// strobe hang reads the records a run's ranks wrote (collectives_rank<r>.json; the runs that write
+// them are tests/distributed's): rank 1's record stops at collective 4 while rank 0 went on to
+// collective 5, so rank 1 diverged first, "never reached" it. A folder without records, a file that
+// is not one and a path that is no folder: one line, exit 2.
+TEST(Cli, HangSaysWhichRankDivergedFirstAndWhere) {
+  const std::string dir = temp_dir("hang");
+  auto record = [&](int rank, int last, const std::string& status) {
+    nlohmann::json j = {{"rank", rank}, {"world_size", 2}, {"status", status}, {"written_ns", 1}};
+    auto& list = j["collectives"] = nlohmann::json::array();
+    const char* kinds[] = {"host barrier", "parameter check", "setup broadcast", "gradient all-reduce", "stop agreement"};
+    const char* ops[] = {"store", "all_gather", "broadcast", "all_reduce", "all_reduce"};
+    for (int s = 1; s <= last; ++s)
+      list.push_back({{"seq", s}, {"kind", kinds[s - 1]}, {"op", ops[s - 1]}, {"bytes", s == 5 ? 4 : 0},
+                      {"issued_ns", 1764481801123000000 + s}, {"returned_ns", s == last ? 0 : 1}});
+    std::ofstream(dir + "/collectives_rank" + std::to_string(rank) + ".json") << j.dump();
+  };
+  auto r = strobe_cmd("hang " + dir);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(r.err, "strobe hang: " + dir + " holds no collectives_rank<r>.json (a multi-process run writes them into its run "
+                   "directory when it hangs or its ranks' collectives diverge)\n");
+  record(0, 5, "this rank waits in collective 5, stop agreement (all_reduce, 4 B) for 7.0 s");
+  record(1, 4, "this rank is not inside a collective call; its latest: collective 4, gradient all-reduce (all_reduce), issued 7.1 s ago");
+  r = strobe_cmd("hang " + dir);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, "strobe hang: " + dir + ": the records of 2 of 2 rank(s)\n"
+                   "the ranks agree up to collective 4, gradient all-reduce (all_reduce), issued 05:50:01.123 UTC\n"
+                   "collective 5:\n"
+                   "  rank 0 issued stop agreement (all_reduce, 4 B) at 05:50:01.123 UTC\n"
+                   "  rank 1 never reached it; its last: collective 4, gradient all-reduce (all_reduce)\n"
+                   "diverged first: rank 1 (the others issued there: stop agreement)\n"
+                   "rank 0: this rank waits in collective 5, stop agreement (all_reduce, 4 B) for 7.0 s\n"
+                   "rank 1: this rank is not inside a collective call; its latest: collective 4, gradient all-reduce "
+                   "(all_reduce), issued 7.1 s ago\n");
+  std::ofstream(dir + "/collectives_rank1.json") << "{\"rank\": 1}";
+  r = strobe_cmd("hang " + dir);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(r.err.rfind("strobe hang: " + dir + "/collectives_rank1.json: not a record of collectives (", 0), 0u) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  r = strobe_cmd("hang " + dir + "/nowhere");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(r.err, "strobe hang: " + dir + "/nowhere is not a directory\n");
+}

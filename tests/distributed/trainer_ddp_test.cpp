@@ -1180,6 +1180,13 @@ void a_skipped_collective_is_named(const Skipped& k) {
     }
     EXPECT_EQ(last["returned_ns"], 0) << "waiting in it";
   }
+  // strobe hang reads both records: the ranks parted at that number, rank 1 first (2 ranks: rank 0's
+  // kind is the reference).
+  auto h = strobe::testing::strobe_cmd("hang " + run_dir);
+  ASSERT_EQ(h.code, 0) << h.err;
+  EXPECT_NE(h.out.find(fmt::format("collective {}:\n  rank 0 issued {} (", at, k.skipped)), std::string::npos) << h.out;
+  EXPECT_NE(h.out.find(fmt::format("diverged first: rank 1 (the others issued there: {})", k.skipped)), std::string::npos) << h.out;
+  EXPECT_NE(h.out.find(fmt::format("the ranks agree up to collective {},", at - 1)), std::string::npos) << h.out;
   checkpoint::remove_tree(job.dir);
 }
 
