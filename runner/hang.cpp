@@ -24,10 +24,17 @@ struct Entry {
   int64_t bytes = 0, issued_ns = 0, returned_ns = 0;
 };
 
+// One entry of c10d's flight recorder (NCCL's own record: nccl_backend.h).
+struct NcclEntry {
+  int64_t seq = 0;  // collective_seq_id: NCCL's launches in the process group
+  std::string name, state, sizes;  // profiling_name ("nccl:all_reduce"), scheduled/started/completed, input_sizes
+};
+
 struct Record {
   int64_t rank = 0, world = 0;
   std::string status, path;
   std::vector<Entry> entries;  // oldest first, consecutive numbers
+  std::optional<std::vector<NcclEntry>> nccl;  // the flight recorder's collectives, by number
 };
 
 std::string what(const Entry& e) {
@@ -56,6 +63,16 @@ Record read_record(const fs::path& path, int64_t rank) {
     for (const auto& e : j.at("collectives"))
       r.entries.push_back({e.at("seq").get<int64_t>(), e.at("kind").get<std::string>(), e.at("op").get<std::string>(),
                            e.at("bytes").get<int64_t>(), e.at("issued_ns").get<int64_t>(), e.at("returned_ns").get<int64_t>()});
+    if (j.contains("nccl")) {
+      std::vector<NcclEntry> list;
+      for (const auto& e : j.at("nccl").value("entries", nlohmann::json::array())) {
+        if (e.value("is_p2p", false)) continue;
+        list.push_back({e.at("collective_seq_id").get<int64_t>(), e.value("profiling_name", std::string("?")),
+                        e.value("state", std::string("?")), e.contains("input_sizes") ? e.at("input_sizes").dump() : "?"});
+      }
+      std::sort(list.begin(), list.end(), [](const NcclEntry& a, const NcclEntry& b) { return a.seq < b.seq; });
+      r.nccl = std::move(list);
+    }
   } catch (const nlohmann::json::exception& e) {
     bad(e.what());
   }
@@ -69,6 +86,66 @@ Record read_record(const fs::path& path, int64_t rank) {
 const Entry* at(const Record& r, int64_t seq) {
   if (r.entries.empty() || seq < r.entries.front().seq || seq > r.entries.back().seq) return nullptr;
   return &r.entries[static_cast<size_t>(seq - r.entries.front().seq)];
+}
+
+std::string nccl_what(const NcclEntry& e) { return fmt::format("{} {}", e.name, e.sizes); }
+
+// NCCL's record beside Strobe's (under NCCL): the first NCCL collective the ranks enqueued
+// differently or not at all, and each rank's oldest one not completed (where its GPU waits).
+std::string explain_nccl(const std::map<int64_t, Record>& records) {
+  bool any = false;
+  for (const auto& [rank, r] : records) any |= r.nccl.has_value();
+  if (!any) return "";
+  std::string out = "NCCL's record (c10d's flight recorder; its numbers count NCCL's launches, the ddp Reducer's bucket "
+                    "all-reduces included):\n";
+  auto find = [](const std::vector<NcclEntry>& list, int64_t seq) -> const NcclEntry* {
+    for (const auto& e : list)
+      if (e.seq == seq) return &e;
+    return nullptr;
+  };
+  int64_t from = 0, to = -1;
+  bool first = true;
+  for (const auto& [rank, r] : records) {
+    if (!r.nccl || r.nccl->empty()) continue;
+    from = first ? r.nccl->front().seq : std::max(from, r.nccl->front().seq);
+    to = std::max(to, r.nccl->back().seq);
+    first = false;
+  }
+  std::optional<int64_t> parted;
+  for (int64_t s = from; s <= to && !parted; ++s) {
+    std::optional<std::string> seen;
+    for (const auto& [rank, r] : records) {
+      const NcclEntry* e = r.nccl ? find(*r.nccl, s) : nullptr;
+      if (!e || (seen && *seen != nccl_what(*e))) {
+        parted = s;
+        break;
+      }
+      seen = nccl_what(*e);
+    }
+  }
+  if (parted) {
+    out += fmt::format("  NCCL collective {}:", *parted);
+    for (const auto& [rank, r] : records) {
+      const NcclEntry* e = r.nccl ? find(*r.nccl, *parted) : nullptr;
+      out += e ? fmt::format(" rank {} {} ({});", rank, nccl_what(*e), e->state)
+               : fmt::format(" rank {} {};", rank, r.nccl ? "never enqueued it" : "has no NCCL record");
+    }
+    out.back() = '\n';
+  } else if (to >= from) {
+    out += fmt::format("  the ranks enqueued the same NCCL collectives, up to {}\n", to);
+  }
+  for (const auto& [rank, r] : records) {
+    if (!r.nccl) continue;
+    const NcclEntry* open = nullptr;
+    for (const auto& e : *r.nccl)
+      if (e.state != "completed") {
+        open = &e;
+        break;
+      }
+    out += open ? fmt::format("  rank {}: waits in NCCL collective {}, {} ({})\n", rank, open->seq, nccl_what(*open), open->state)
+                : fmt::format("  rank {}: every NCCL collective it enqueued completed\n", rank);
+  }
+  return out;
 }
 
 }  // namespace
@@ -162,6 +239,7 @@ std::string explain_hang(const std::string& run_dir) {
                        by_kind.size() == 1 && short_of.empty() ? "all issued" : "the others issued", common);
   }
   for (const auto& [rank, r] : records) out += fmt::format("rank {}: {}\n", rank, r.status);
+  out += explain_nccl(records);
   return out;
 }
 

@@ -179,7 +179,7 @@ std::string diverged_collectives(const std::vector<CollectiveEntry>& latest, con
 }
 
 std::string write_collectives_file(const std::string& dir, int64_t rank, int64_t world, const CollectiveRecord& record,
-                                   const std::string& status) {
+                                   const std::string& status, const std::string& nccl_json) {
   if (dir.empty()) return "";
   nlohmann::json j;
   j["rank"] = rank;
@@ -194,6 +194,10 @@ std::string write_collectives_file(const std::string& dir, int64_t rank, int64_t
                     {"bytes", e.bytes},
                     {"issued_ns", e.issued_ns},
                     {"returned_ns", e.returned_ns}});
+  if (!nccl_json.empty()) {
+    auto nccl = nlohmann::json::parse(nccl_json, nullptr, false);
+    if (!nccl.is_discarded()) j["nccl"] = std::move(nccl);
+  }
   const std::string name = fmt::format("collectives_rank{}.json", rank);
   const std::string path = dir + "/" + name;
   // The run directory's temporary name (".<name>.tmp.<pid>"), which a later run's start removes

@@ -104,8 +104,9 @@ std::string collective_status(const CollectiveEntry& latest, int64_t now);
 std::string diverged_collectives(const std::vector<CollectiveEntry>& latest, const CollectiveRecord& mine, bool gaps);
 // Writes `record` to <dir>/collectives_rank<rank>.json (through a temporary file and a rename):
 // the rank, the world size, `status` (the line the rank ended with) and its last collectives,
-// oldest first. Returns the path ("" when it could not be written).
+// oldest first; with `nccl_json` (c10d's flight recorder, nccl_backend.h) as "nccl". Returns the
+// path ("" when it could not be written).
 std::string write_collectives_file(const std::string& dir, int64_t rank, int64_t world, const CollectiveRecord& record,
-                                   const std::string& status);
+                                   const std::string& status, const std::string& nccl_json = "");
 
 }  // namespace strobe::distributed

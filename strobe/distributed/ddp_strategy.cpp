@@ -386,6 +386,7 @@ class DDPStrategy final : public Strategy {
     if (device_.is_cuda()) {
       backend = make_nccl_backend(c10::make_intrusive<c10d::PrefixStore>("nccl", pg_store), rank, world, options_.timeout);
       type = c10d::ProcessGroup::BackendType::NCCL;
+      monitor_->set_flight_recorder(&nccl_flight_record_json);  // NCCL's own record joins the file
     } else {
       auto& factory = cpu_backend_factory();
       backend = factory(c10::make_intrusive<c10d::PrefixStore>("cpu", pg_store), rank, world, options_.timeout);

@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -92,6 +93,11 @@ class HealthMonitor {
   void set_record_dir(const std::string& dir) {
     std::lock_guard<std::mutex> lock(published_mutex_);
     record_dir_ = dir;
+  }
+  // The collectives' other record this rank's file carries (c10d's flight recorder under NCCL).
+  void set_flight_recorder(std::function<std::string()> dump) {
+    std::lock_guard<std::mutex> lock(published_mutex_);
+    flight_recorder_ = std::move(dump);
   }
   // How long rank 0 lets the ranks' collectives stand still, diverged, before it calls a hang.
   milliseconds hang_after() const { return hang_after_; }
@@ -184,11 +190,13 @@ class HealthMonitor {
     if (!record_) return "this rank keeps no record of its collectives";
     const std::string status = collective_status(record_->latest(), now_ns());
     std::string dir;
+    std::function<std::string()> dump;
     {
       std::lock_guard<std::mutex> lock(published_mutex_);
       dir = record_dir_;
+      dump = flight_recorder_;
     }
-    write_collectives_file(dir, rank_, world_, *record_, status);
+    if (!dir.empty()) write_collectives_file(dir, rank_, world_, *record_, status, dump ? dump() : std::string());
     return status;
   }
 
@@ -261,6 +269,7 @@ class HealthMonitor {
   std::string address_;
   const CollectiveRecord* record_;
   std::string record_dir_;  // under published_mutex_
+  std::function<std::string()> flight_recorder_;  // under published_mutex_
   milliseconds hang_after_{};
   std::vector<int64_t> progress_seqs_;
   Clock::time_point progress_at_ = Clock::now();

@@ -39,6 +39,18 @@ c10::intrusive_ptr<c10d::Backend> make_nccl_backend(const c10::intrusive_ptr<c10
 #endif
 }
 
+std::string nccl_flight_record_json() {
+#if STROBE_HAVE_NCCL
+  try {
+    return c10d::dump_nccl_trace_json(/*includeCollectives=*/true, /*onlyActive=*/false);
+  } catch (const std::exception&) {
+    return "";
+  }
+#else
+  return "";
+#endif
+}
+
 void set_current_cuda_device(int index) {
 #if STROBE_HAVE_NCCL
   c10::cuda::set_device(static_cast<c10::DeviceIndex>(index));

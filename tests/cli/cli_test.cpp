@@ -197,12 +197,14 @@ TEST(Cli, SigintExitsWith130) {
 
 // strobe hang reads the records a run's ranks wrote (collectives_rank<r>.json; the runs that write
 // them are tests/distributed's): rank 1's record stops at collective 4 while rank 0 went on to
-// collective 5, so rank 1 diverged first, "never reached" it. A folder without records, a file that
+// collective 5, so rank 1 diverged first, "never reached" it; with NCCL's flight recorder in the
+// files, the NCCL collective they enqueued differently too. A folder without records, a file that
 // is not one and a path that is no folder: one line, exit 2.
 TEST(Cli, HangSaysWhichRankDivergedFirstAndWhere) {
   const std::string dir = temp_dir("hang");
-  auto record = [&](int rank, int last, const std::string& status) {
+  auto record = [&](int rank, int last, const std::string& status, nlohmann::json nccl = nullptr) {
     nlohmann::json j = {{"rank", rank}, {"world_size", 2}, {"status", status}, {"written_ns", 1}};
+    if (!nccl.is_null()) j["nccl"] = nccl;
     auto& list = j["collectives"] = nlohmann::json::array();
     const char* kinds[] = {"host barrier", "parameter check", "setup broadcast", "gradient all-reduce", "stop agreement"};
     const char* ops[] = {"store", "all_gather", "broadcast", "all_reduce", "all_reduce"};
@@ -228,6 +230,25 @@ TEST(Cli, HangSaysWhichRankDivergedFirstAndWhere) {
                    "rank 0: this rank waits in collective 5, stop agreement (all_reduce, 4 B) for 7.0 s\n"
                    "rank 1: this rank is not inside a collective call; its latest: collective 4, gradient all-reduce "
                    "(all_reduce), issued 7.1 s ago\n");
+  // Under NCCL the files carry c10d's flight recorder too: the first NCCL collective the ranks
+  // enqueued differently, and where each rank's GPU waits.
+  auto nccl = [](const char* sizes41, const char* state41) {
+    return nlohmann::json{{"version", "2.10"},
+                          {"entries", {{{"collective_seq_id", 40}, {"profiling_name", "nccl:all_reduce"}, {"state", "completed"},
+                                        {"input_sizes", {{1048576}}}, {"is_p2p", false}},
+                                       {{"collective_seq_id", 41}, {"profiling_name", "nccl:all_reduce"}, {"state", state41},
+                                        {"input_sizes", nlohmann::json::parse(sizes41)}, {"is_p2p", false}}}}};
+  };
+  record(0, 5, "this rank waits in collective 5, stop agreement (all_reduce, 4 B) for 7.0 s", nccl("[[262144]]", "started"));
+  record(1, 4, "this rank is not inside a collective call", nccl("[[4]]", "scheduled"));
+  r = strobe_cmd("hang " + dir);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string nccl_part = r.out.substr(r.out.find("NCCL's record"));
+  EXPECT_EQ(nccl_part, "NCCL's record (c10d's flight recorder; its numbers count NCCL's launches, the ddp Reducer's bucket "
+                       "all-reduces included):\n"
+                       "  NCCL collective 41: rank 0 nccl:all_reduce [[262144]] (started); rank 1 nccl:all_reduce [[4]] (scheduled)\n"
+                       "  rank 0: waits in NCCL collective 41, nccl:all_reduce [[262144]] (started)\n"
+                       "  rank 1: waits in NCCL collective 41, nccl:all_reduce [[4]] (scheduled)\n");
   std::ofstream(dir + "/collectives_rank1.json") << "{\"rank\": 1}";
   r = strobe_cmd("hang " + dir);
   EXPECT_EQ(r.code, 2);

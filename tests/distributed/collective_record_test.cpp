@@ -7,10 +7,14 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <fstream>
 #include <thread>
+
+#include <nlohmann/json.hpp>
 
 #include "strobe/distributed/collective_record.h"
 #include "strobe/distributed/health_monitor.h"
+#include "strobe/distributed/nccl_backend.h"
 #include "strobe/distributed/strategy.h"
 #include "tests/distributed/multiprocess.h"
 #include "tests/distributed/store_backend.h"
@@ -90,6 +94,30 @@ TEST(CollectiveRecord, RecordingACollectiveCostsUnderAMicrosecond) {
   std::cout << "[ collective record ] " << ns << " ns per collective\n";
   EXPECT_LT(ns, 1000.0);
   EXPECT_EQ(r.latest().seq, kN);
+}
+
+// NCCL's own record (c10d's flight recorder) is read in this process as the JSON a rank's file
+// carries under "nccl", with no process group yet: no entries (this build compiles the NCCL
+// backend; the CUDA runs belong to the multi-GPU tests). A record's file carries it beside
+// Strobe's own collectives.
+TEST(CollectiveRecord, TheFileCarriesNcclsFlightRecorderBesideStrobesRecord) {
+  const std::string dump = sd::nccl_flight_record_json();
+  auto j = nlohmann::json::parse(dump, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << "dump: '" << dump << "'";
+  EXPECT_TRUE(j.contains("version")) << dump;
+  EXPECT_TRUE(j.value("entries", nlohmann::json::array()).empty()) << dump;
+  const std::string dir = st::empty_test_dir("strobe_collective_file_" + std::to_string(::getpid())).string();
+  sd::CollectiveRecord r;
+  r.issue(sd::CollectiveKind::kMetricSync, 64);
+  const std::string fake = R"({"version": "2.10", "entries": [{"collective_seq_id": 7, "profiling_name": "nccl:all_reduce",)"
+                           R"( "state": "started", "input_sizes": [[16]], "is_p2p": false}]})";
+  const std::string path = sd::write_collectives_file(dir, 1, 2, r, "this rank waits", fake);
+  ASSERT_EQ(path, dir + "/collectives_rank1.json");
+  std::ifstream in(path);
+  auto f = nlohmann::json::parse(in);
+  EXPECT_EQ(f["status"], "this rank waits");
+  EXPECT_EQ(f["collectives"][0]["kind"], "metric sync");
+  EXPECT_EQ(f["nccl"]["entries"][0]["collective_seq_id"], 7);
 }
 
 TEST(CollectiveRecord, TwoRanksRecordTheSameCollectivesAndRankZeroReadsRankOnesFromItsHeartbeat) {

@@ -19,6 +19,7 @@
 #include "strobe/config/config.h"
 #include "strobe/core/model.h"
 #include "runner/experiment_builder.h"
+#include "runner/hang.h"
 #include "tests/distributed/multiprocess.h"
 #include "tests/test_dirs.h"
 
@@ -224,6 +225,48 @@ TEST(GpuZero2, LlamaBf16MasterFusedAdamWWithActivationCheckpointingEndsWhereDdpE
   std::cout << "[ llama zero2 nccl ] val/loss ddp " << vd << ", zero2 " << vz << "\n";
   EXPECT_NEAR(vz, vd, 1e-3 * vd);
   checkpoint::remove_tree(base);
+#endif
+}
+
+// A rank that leaves out its third stop agreement over NCCL (STROBE_SKIP_COLLECTIVE, the record's
+// test hook): NCCL pairs collectives by order, so the ranks hang (or fail); every rank ends within
+// trainer.dist_timeout (30 s) with one line, rank 0's naming rank 1; both
+// files in the run directory carry NCCL's flight recorder beside Strobe's record, and strobe hang's
+// report holds both.
+TEST(GpuDDP, ASkippedStopAgreementOverNcclIsNamedWithNcclsRecordInTheFiles) {
+#ifndef STROBE_TORCH_HAS_CUDA
+  GTEST_SKIP() << "built without STROBE_TORCH_HAS_CUDA (a libtorch without CUDA)";
+#else
+  namespace ln = llama_nccl;
+  namespace st = strobe::testing;
+  const std::string dir = st::empty_test_dir("strobe_gpu_ddp_skip_" + std::to_string(::getpid())).string();
+  ::setenv("STROBE_SKIP_COLLECTIVE", "stop agreement@1#3", 1);
+  auto rs = ln::fit(2, dir, "32", {"trainer.max_steps=1000", "trainer.max_epochs=-1", "trainer.dist_timeout=30"});
+  ::unsetenv("STROBE_SKIP_COLLECTIVE");
+  bool skip = false;
+  for (auto& r : rs) skip |= r.exit_code == ln::kSkipCode;
+  if (skip) GTEST_SKIP() << "fewer than 2 CUDA devices visible";
+  for (auto& r : rs) {
+    EXPECT_EQ(r.exit_code, 1) << describe(rs);
+    EXPECT_LT(r.seconds, 30.0 + 5.0) << describe(rs);
+    EXPECT_EQ(st::count_lines_with(r.stderr_text, "strobe: rank "), 1) << r.stderr_text;
+  }
+  // Where NCCL lets each rank's host run ahead of its GPU, the numbers may stand apart: the line
+  // names rank 1 either as the rank that issued another kind or as one that stood behind.
+  EXPECT_EQ(st::count_lines_with(rs[0].stderr_text, "strobe: rank 0 of 2: distributed job "), 1) << rs[0].stderr_text;
+  EXPECT_NE(rs[0].stderr_text.find("rank 1 "), std::string::npos) << rs[0].stderr_text;
+  const std::string run_dir = dir + "/root/ddp_llama/version_0";
+  for (int r = 0; r < 2; ++r) {
+    auto j = ln::read_json(fmt::format("{}/collectives_rank{}.json", run_dir, r));
+    ASSERT_TRUE(j.is_object()) << "rank " << r;
+    ASSERT_TRUE(j.contains("nccl")) << "rank " << r;
+    EXPECT_FALSE(j["nccl"]["entries"].empty()) << "rank " << r << ": NCCL's flight recorder holds the run's collectives";
+  }
+  const std::string report = explain_hang(run_dir);
+  EXPECT_NE(report.find("diverged first: rank 1"), std::string::npos) << report;
+  EXPECT_NE(report.find("NCCL's record"), std::string::npos) << report;
+  std::cout << report;
+  checkpoint::remove_tree(dir);
 #endif
 }
 
