@@ -11,8 +11,11 @@
 // is checked (one pass at setup). Bad data (DataError naming the file): missing or unreadable file,
 // an empty file, a size that is not a multiple of the token width, a token >= vocab_size.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <memory>
+#include <tuple>
 
 #include <fmt/format.h>
 #include <torch/torch.h>
@@ -23,6 +26,7 @@
 #include "strobe/data/collate_tokens.h"
 #include "strobe/data/data_error.h"
 #include "strobe/data/dataset.h"
+#include "strobe/data/mix.h"
 
 namespace strobe::data {
 namespace {
@@ -143,9 +147,39 @@ class TokenSamples : public Dataset {
   int64_t max_len_ = 0, first_ = 0, count_ = 0;
 };
 
+struct Source {
+  std::string name, path, val_path;
+  double weight = 1;
+};
+
+// data.sources: a weighted mix of token files (mix.h), or the one file of data.path.
+std::vector<Source> read_sources(config::Section& cfg) {
+  if (!cfg.has("sources")) return {{"", cfg.require_string("path"), cfg.get_string("val_path", ""), 1.0}};
+  if (cfg.has("path")) cfg.fail("path", "give either path or sources, not both");
+  if (cfg.has("val_path")) cfg.fail("val_path", "with sources, each source has its own val_path");
+  std::vector<Source> out;
+  auto list = cfg.list("sources", "a mapping with a 'path'");
+  if (list.empty()) cfg.fail("sources", "expected at least one source");
+  for (auto& src : list) {
+    Source s;
+    s.path = src.require_string("path");
+    s.weight = src.get_double("weight", 1.0);
+    if (!(s.weight > 0) || !std::isfinite(s.weight)) src.fail("weight", fmt::format("expected a finite number > 0, got {}", s.weight));
+    s.name = src.get_string("name", std::filesystem::path(s.path).stem().string());
+    s.val_path = src.get_string("val_path", "");
+    src.finish();
+    for (size_t k = 0; k < out.size(); ++k)
+      if (out[k].name == s.name)
+        src.fail("name", fmt::format("'{}' is also the name of source {} ({}); names the sources apart", s.name, k, out[k].path));
+    out.push_back(s);
+  }
+  return out;
+}
+
 std::shared_ptr<DataModule> make_token_file(config::Section& cfg, const DataContext& ctx) {
-  const std::string path = cfg.require_string("path");
-  const std::string val_path = cfg.get_string("val_path", "");
+  const std::vector<Source> sources = read_sources(cfg);
+  const bool mixed = !sources[0].name.empty();
+  const std::string val_path = mixed ? std::string() : sources[0].val_path;  // a mix: each source's own
   const std::string dtype = cfg.get_choice("dtype", "uint16", {"uint16", "uint32"});
   Layout l;
   l.documents = cfg.get_choice("mode", "documents", {"documents", "windows"}) == "documents";
@@ -188,9 +222,26 @@ std::shared_ptr<DataModule> make_token_file(config::Section& cfg, const DataCont
     return {std::make_shared<TokenSamples>(m, l.max_len, 0, windows - n_val),
             n_val ? std::make_shared<TokenSamples>(m, l.max_len, windows - n_val, n_val) : nullptr};
   };
-  auto [train, val] = split(path, val_fraction);
-  if (train->size() == 0) throw DataError(fmt::format("{}: val_fraction leaves no training sample", path));
-  if (!val_path.empty()) val = split(val_path, 0.0).first;
+  std::shared_ptr<Dataset> train, val;
+  if (!mixed) {
+    const std::string& path = sources[0].path;
+    std::tie(train, val) = split(path, val_fraction);
+    if (train->size() == 0) throw DataError(fmt::format("{}: val_fraction leaves no training sample", path));
+    if (!val_path.empty()) val = split(val_path, 0.0).first;
+  } else {
+    // Each source's samples as one file's, then the mix (the schedule: mix.h); validation holds every
+    // source's validation samples.
+    std::vector<MixSource> mix, vals;
+    for (const auto& src : sources) {
+      auto [t, v] = split(src.path, src.val_path.empty() ? val_fraction : 0.0);
+      if (t->size() == 0) throw DataError(fmt::format("{} (source {}): val_fraction leaves no training sample", src.path, src.name));
+      if (!src.val_path.empty()) v = split(src.val_path, 0.0).first;
+      mix.push_back({src.name, src.weight, t});
+      if (v) vals.push_back({src.name, src.weight, v});
+    }
+    train = std::make_shared<MixDataset>(std::move(mix));
+    if (!vals.empty()) val = std::make_shared<MixDataset>(std::move(vals), /*mix=*/false);
+  }
   auto dm = std::make_shared<DatasetDataModule>(train, val, val, make_token_collate(collate, l.max_len), opt);
   DataInfo info;
   if (vocab > 0) {
@@ -201,6 +252,8 @@ std::shared_ptr<DataModule> make_token_file(config::Section& cfg, const DataCont
   }
   info.max_seq_len = l.max_len, info.max_seq_len_key = "max_seq_len";
   info.batch_keys = {"tokens", "targets"};
+  if (mixed)
+    for (const auto& src : sources) info.source_names.push_back(src.name);
   dm->set_info(info);
   return dm;
 }

@@ -48,6 +48,9 @@ struct DataInfo {
   std::vector<std::string> batch_keys;
   // The classes' names by label (image_folder's folder names); empty: not known.
   std::vector<std::string> class_names;
+  // A mix of sources (data.sources): their names by index, the batches' "source" values; the fit
+  // loop logs each one's share of the training tokens as train/tokens/<name>.
+  std::vector<std::string> source_names;
   // Values per sample of a flat feature vector ("image" of tensor_file), checked against the
   // model's in_features; and of a regression target, checked against its output width (num_classes).
   int64_t feature_width = 0;

@@ -34,6 +34,7 @@ FitLoop::FitLoop(LoopParts parts, distributed::Strategy& strategy, int64_t world
 void FitLoop::setup(std::shared_ptr<data::DataLoader> loader) {
   const auto& c = *parts_.cfg;
   loader_ = std::move(loader);
+  if (parts_.datamodule) source_names_ = parts_.datamodule->info().source_names;
   EngineAccess::set_pin_memory(*loader_, parts_.device.is_cuda());
   int64_t full = loader_->num_batches();
   // Nothing to train on is refused before the first step, naming what left nothing.
@@ -248,10 +249,27 @@ torch::Tensor FitLoop::run_batch(Batch host_batch, int64_t batch_idx) {
   mb.first = accum_count_ == 0;
   mb.epoch_last = batch_idx + 1 >= num_batches_;
   mb.last = accum_count_ + 1 >= parts_.cfg->accumulate_grad_batches || mb.epoch_last;
-  torch::Tensor loss = runner_->run(parts_.prepare(std::move(host_batch), 0), mb);
+  Batch batch = parts_.prepare(std::move(host_batch), 0);
+  log_source_shares(batch);
+  torch::Tensor loss = runner_->run(std::move(batch), mb);
   ++accum_count_;
   if (mb.last) finish_optimizer_step();
   return loss;
+}
+
+void FitLoop::log_source_shares(const Batch& batch) {
+  // A mix of sources: each source's share of the batch's real tokens, on the device (no host read).
+  const auto& names = source_names_;
+  if (names.empty()) return;
+  const auto source = batch.tensors.find("source"), lengths = batch.tensors.find("lengths");
+  if (source == batch.tensors.end() || lengths == batch.tensors.end()) return;
+  torch::NoGradGuard ng;
+  const auto n = lengths->second.to(torch::kFloat32);
+  auto counts = torch::zeros({static_cast<int64_t>(names.size())}, n.options()).index_add_(0, source->second, n);
+  const auto shares = counts / counts.sum().clamp_min(1.0);
+  const int64_t b = batch.meta.count("batch_size") ? batch.meta.at("batch_size") : 1;
+  for (size_t s = 0; s < names.size(); ++s)
+    parts_.collector->log("train/tokens/" + names[s], shares[static_cast<int64_t>(s)], LogOptions{true, false, false}, b);
 }
 
 void FitLoop::finish_optimizer_step() {

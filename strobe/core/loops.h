@@ -226,6 +226,8 @@ class FitLoop {
   int local_stop_code() const;
   bool time_is_up() const;
   void finish_optimizer_step();
+  // data.sources: each source's share of the batch's tokens, logged as train/tokens/<name>.
+  void log_source_shares(const Batch& batch);
 
   class Progress : public Stateful {
    public:
@@ -256,6 +258,7 @@ class FitLoop {
   LRScheduler* scheduler_ = nullptr;
   Freeze* freeze_ = nullptr;
   int64_t accum_count_ = 0;
+  std::vector<std::string> source_names_;  // data.sources (DataInfo::source_names)
   // data.exclude: the training loader's exclusion the restored checkpoint's epoch ran with (its
   // `data_exclude` blob), reconciled with this run's at the first epoch run after the restore.
   std::optional<std::vector<int64_t>> restored_exclude_;

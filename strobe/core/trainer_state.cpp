@@ -15,6 +15,7 @@
 #include "strobe/config/resume_check.h"
 #include "strobe/core/checkpoint_view.h"
 #include "strobe/core/fault_points.h"
+#include "strobe/core/loop_state.h"
 #include "strobe/core/precision.h"
 #include "strobe/core/resume_compat.h"
 #include "strobe/core/run_state.h"
@@ -116,6 +117,17 @@ std::vector<config::ConfigChange> Trainer::restore_training_state(const checkpoi
   // Before any state is restored: the saved config against the current one (another optimizer,
   // precision or model shape is refused naming the change; the rest is returned for fit to list).
   auto changes = check_resume_compatible(source, data, configs, module_->net());
+  // A mix's schedule is the epoch's order: another one from the middle of an epoch would draw a
+  // sample twice or never (docs/DATA.md, "Mixes").
+  if (data.has_blob(checkpoint_keys::kLoop)) {
+    const TrainerState loop = parse_loop_state(data.blob(checkpoint_keys::kLoop));
+    for (const auto& c : changes)
+      if (c.key.rfind("data.sources", 0) == 0 && loop.batch_in_epoch > 0 && !loop.epoch_done)
+        throw checkpoint::CheckpointError(fmt::format(
+            "{}: {}: the mix of data.sources cannot change in the middle of an epoch (epoch {} is {} batch(es) in); "
+            "resume with the checkpoint's sources, or from a checkpoint at an epoch's end",
+            source, c.text(), loop.epoch, loop.batch_in_epoch));
+  }
   // This rank's optimizer state: zero2's own shard, or the checkpoint's re-cut for this run's number
   // of processes and strategy (sharded_checkpoint.h).
   const std::optional<checkpoint::CheckpointData> own = sharded_checkpoint().for_resume(data, optimizer_shapes());

@@ -28,6 +28,14 @@ std::vector<int64_t> lengths_of(const std::vector<Sample>& samples) {
   return lengths;
 }
 
+// A mix's samples carry their source (strobe/data/mix.h): the batch carries them too, [B] int64.
+void add_sources(Batch& batch, const std::vector<Sample>& samples) {
+  if (samples.empty() || !samples[0].count("source")) return;
+  std::vector<int64_t> sources;
+  for (const auto& s : samples) sources.push_back(field(s, "source").item<int64_t>());
+  batch.tensors["source"] = torch::tensor(sources, torch::kInt64);
+}
+
 }  // namespace
 
 Batch collate_tokens_padded(std::vector<Sample>& samples, int64_t pad_len) {
@@ -54,6 +62,7 @@ Batch collate_tokens_padded(std::vector<Sample>& samples, int64_t pad_len) {
   batch.tensors = {{"tokens", tokens}, {"targets", targets}, {"padding_mask", mask}, {"position_ids", positions},
                    {"lengths", torch::tensor(lengths, torch::kInt64)}};
   batch.meta = {{"batch_size", b}, {"max_seqlen", longest}, {"num_tokens", total}, {"seq_len", s}, {"right_padded", 1}};
+  add_sources(batch, samples);
   return batch;
 }
 
@@ -82,6 +91,7 @@ Batch collate_tokens_packed(std::vector<Sample>& samples) {
                    {"cu_seqlens", torch::tensor(cu, torch::kInt32)},
                    {"lengths", torch::tensor(lengths, torch::kInt64)}};
   batch.meta = {{"batch_size", b}, {"max_seqlen", longest}, {"num_tokens", total}};
+  add_sources(batch, samples);
   return batch;
 }
 

@@ -23,6 +23,11 @@ class Dataset {
   // Where sample `index` comes from, for a person (the image file of image_folder); "" when the
   // index alone says it. `strobe predict` writes it beside each prediction.
   virtual std::string describe(int64_t /*index*/) const { return ""; }
+  // A dataset that orders its epochs itself (a weighted mix of sources: mix.h): the epoch's order of
+  // indices, a pure function of (seed, epoch, shuffle), epoch_order_size() long; the sampler then
+  // splits it over the ranks instead of permuting every index. -1: the sampler's permutation.
+  virtual int64_t epoch_order_size() const { return -1; }
+  virtual std::vector<int64_t> epoch_order(uint64_t /*seed*/, int64_t /*epoch*/, bool /*shuffle*/) const { return {}; }
 };
 
 // Turns samples into a batch; must set batch.meta["batch_size"].

@@ -35,8 +35,12 @@ struct DataLoader::Impl {
 };
 
 namespace {
-SamplerOptions sampler_options(const LoaderOptions& o) {
+SamplerOptions sampler_options(const LoaderOptions& o, const std::shared_ptr<const Dataset>& d) {
   SamplerOptions s{o.shuffle, o.drop_last, o.seed, o.rank, o.world_size};
+  if (d->epoch_order_size() >= 0) {  // a dataset that orders its epochs itself (a mix of sources)
+    s.order_size = d->epoch_order_size();
+    s.order = [d, seed = o.seed, shuffle = o.shuffle](int64_t epoch) { return d->epoch_order(seed, epoch, shuffle); };
+  }
   auto it = o.exclude.find(o.split);
   if (it != o.exclude.end()) {
     s.exclude = it->second;
@@ -51,7 +55,7 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, CollateFn collate
     : dataset_(std::move(dataset)),
       collate_(std::move(collate)),
       opt_(options),
-      sampler_(dataset_->size(), sampler_options(options)),
+      sampler_(dataset_->size(), sampler_options(options, dataset_)),
       impl_(std::make_unique<Impl>()) {
   if (opt_.batch_size < 1) throw std::invalid_argument("loader: batch_size must be >= 1");
   if (opt_.num_workers < 0) throw std::invalid_argument("loader: num_workers must be >= 0");
@@ -63,7 +67,7 @@ DataLoader::~DataLoader() { stop(); }
 int64_t DataLoader::num_batches() const { return num_batches(impl_->epoch); }
 
 void DataLoader::exclude_from(int64_t epoch, std::vector<int64_t> before) {
-  auto o = sampler_options(opt_);
+  auto o = sampler_options(opt_, dataset_);
   o.exclude_from_epoch = epoch;
   std::sort(before.begin(), before.end());
   o.exclude_before = std::move(before);
@@ -212,6 +216,6 @@ namespace strobe::data {
 void DataLoader::set_shuffle(bool shuffle) {
   stop();
   opt_.shuffle = shuffle;
-  sampler_ = DistributedSampler(dataset_->size(), sampler_options(opt_));
+  sampler_ = DistributedSampler(dataset_->size(), sampler_options(opt_, dataset_));
 }
 }  // namespace strobe::data

@@ -14,14 +14,20 @@ DistributedSampler::DistributedSampler(int64_t dataset_size, SamplerOptions opti
 }
 
 int64_t DistributedSampler::num_samples(int64_t epoch, int64_t offset) const {
-  const int64_t whole = size_ - static_cast<int64_t>(excluded(epoch).size());
+  int64_t whole = size_ - static_cast<int64_t>(excluded(epoch).size());
+  if (opt_.order) {  // a dataset's own order: its length, less the excluded indices it holds
+    whole = opt_.order_size;
+    if (const auto& ex = excluded(epoch); !ex.empty())
+      for (int64_t i : epoch_indices(epoch)) whole -= std::binary_search(ex.begin(), ex.end(), i);
+  }
   const int64_t size = whole - std::min(std::max<int64_t>(offset, 0), whole);
   if (opt_.world_size == 1) return size;
   if (opt_.drop_last) return size / opt_.world_size;
   return (size + opt_.world_size - 1) / opt_.world_size;
 }
 
-std::vector<int64_t> DistributedSampler::indices(int64_t epoch, int64_t offset) const {
+std::vector<int64_t> DistributedSampler::epoch_indices(int64_t epoch) const {
+  if (opt_.order) return opt_.order(epoch);
   std::vector<int64_t> all(static_cast<size_t>(size_));
   std::iota(all.begin(), all.end(), 0);
   if (opt_.shuffle) {
@@ -32,6 +38,11 @@ std::vector<int64_t> DistributedSampler::indices(int64_t epoch, int64_t offset) 
       std::swap(all[i], all[j]);
     }
   }
+  return all;
+}
+
+std::vector<int64_t> DistributedSampler::indices(int64_t epoch, int64_t offset) const {
+  std::vector<int64_t> all = epoch_indices(epoch);
   if (const auto& ex = excluded(epoch); !ex.empty())
     all.erase(std::remove_if(all.begin(), all.end(), [&](int64_t i) { return std::binary_search(ex.begin(), ex.end(), i); }), all.end());
   if (offset > 0) all.erase(all.begin(), all.begin() + std::min<int64_t>(offset, static_cast<int64_t>(all.size())));

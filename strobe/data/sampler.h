@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 namespace strobe::data {
@@ -20,6 +21,10 @@ struct SamplerOptions {
   // permutation is drawn over every index first, so the rest keep their relative order.
   std::vector<int64_t> exclude, exclude_before;
   int64_t exclude_from_epoch = 0;
+  // A dataset's own order of each epoch (Dataset::epoch_order: a mix of sources), order_size long,
+  // in place of the permutation of every index; unset: the permutation.
+  std::function<std::vector<int64_t>(int64_t epoch)> order;
+  int64_t order_size = -1;
 };
 
 class DistributedSampler {
@@ -34,6 +39,8 @@ class DistributedSampler {
   }
 
  private:
+  std::vector<int64_t> epoch_indices(int64_t epoch) const;  // the epoch's whole order, before exclusion
+
   int64_t size_;
   SamplerOptions opt_;
 };

@@ -1,0 +1,247 @@
+// data.sources (strobe/data/mix.h, docs/DATA.md "Mixes"): token files mixed by weight. The schedule
+// holds each source within 2 samples of weight x N in every window of N consecutive samples, the
+// epoch ends at the first exhausted source, a source's samples are drawn each at most once an epoch
+// in a permutation of (seed, epoch), the order is a pure function of (seed, epoch) (a loader started
+// mid-epoch, as a resume starts it, makes the uninterrupted run's batches bit for bit), the ranks
+// split the mix's order as they split a permutation, and bad sources are one error naming the key.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "runner/experiment_builder.h"
+#include "strobe/core/trainer.h"
+#include "strobe/data/data_error.h"
+#include "strobe/data/mix.h"
+#include "strobe/data/sampler.h"
+#include "tests/data/data_test_util.h"
+#include "tests/data/real_data_util.h"
+
+namespace strobe {
+namespace token_mix {
+
+namespace fs = std::filesystem;
+using namespace strobe::testing;
+
+// `docs` documents of 3 tokens: (first + k) % 250, its length mark, then the end-of-text 256.
+std::string documents(int docs, int first) {
+  std::string s;
+  for (int k = 0; k < docs; ++k)
+    for (uint16_t t : {static_cast<uint16_t>((first + k) % 250), static_cast<uint16_t>(251), static_cast<uint16_t>(256)}) {
+      char b[2];
+      std::memcpy(b, &t, 2);
+      s.append(b, 2);
+    }
+  return s;
+}
+
+std::string mix_yaml(const fs::path& dir, const std::string& sources, const std::string& extra = "") {
+  return fmt::format("name: token_file\nsources: {}\neot_token: 256\nmax_seq_len: 8\nval_fraction: 0.0\nbatch_size: 4\n"
+                     "num_workers: 0\ncollate: pack\n{}",
+                     sources, extra);
+}
+
+fs::path three_sources() {
+  auto dir = fresh_dir("mix");
+  write_file(dir / "web.bin", documents(700, 0));
+  write_file(dir / "code.bin", documents(300, 100));
+  write_file(dir / "books.bin", documents(50, 200));
+  return dir;
+}
+
+std::string three(const fs::path& dir, double web = 0.6, double code = 0.3, double books = 0.1) {
+  return fmt::format("[{{path: {}, weight: {}}}, {{path: {}, weight: {}}}, {{path: {}, weight: {}, name: literature}}]",
+                     (dir / "web.bin").string(), web, (dir / "code.bin").string(), code, (dir / "books.bin").string(), books);
+}
+
+}  // namespace token_mix
+
+TEST(TokenMix, TheScheduleHoldsTheWeightsInEveryWindowAndEndsAtTheFirstExhaustedSource) {
+  namespace tm = token_mix;
+  const auto dir = tm::three_sources();
+  auto dm = build_data(tm::mix_yaml(dir, tm::three(dir)));
+  auto loader = dm->train_loader();
+  const auto& mix = dynamic_cast<const data::MixDataset&>(loader->dataset());
+  ASSERT_EQ(mix.sources().size(), 3u);
+  EXPECT_EQ(mix.sources()[0].name, "web");
+  EXPECT_EQ(mix.sources()[2].name, "literature");
+  EXPECT_EQ(mix.size(), 700 + 300 + 50);
+  // books (50 documents at 0.1) runs out first: the schedule would ask it for a 51st at position
+  // 503, so an epoch is 503 samples (302 web, 151 code, all 50 books).
+  const int64_t length = mix.epoch_order_size();
+  EXPECT_EQ(length, 503);
+  const auto order = mix.epoch_order(7, 0, true);
+  ASSERT_EQ(static_cast<int64_t>(order.size()), length);
+  const double w[3] = {0.6, 0.3, 0.1};
+  auto source_of = [&](int64_t index) { return index < 700 ? 0 : index < 1000 ? 1 : 2; };
+  for (int n : {10, 100, 333}) {
+    for (int64_t start = 0; start + n <= length; ++start) {
+      int count[3] = {0, 0, 0};
+      for (int64_t p = start; p < start + n; ++p) ++count[source_of(order[p])];
+      for (int s = 0; s < 3; ++s) ASSERT_LE(std::abs(count[s] - w[s] * n), 2.0) << "window of " << n << " at " << start << ", source " << s;
+    }
+  }
+  // Each sample at most once an epoch; the order a pure function of (seed, epoch); another epoch
+  // draws another part of web and code.
+  EXPECT_EQ(std::set<int64_t>(order.begin(), order.end()).size(), order.size());
+  EXPECT_EQ(mix.epoch_order(7, 0, true), order);
+  EXPECT_NE(mix.epoch_order(7, 1, true), order);
+  EXPECT_NE(mix.epoch_order(8, 0, true), order);
+  // A sample says its source.
+  auto gen = data::sample_generator(7, 0, 0);
+  auto s = mix.get(1000, gen);
+  EXPECT_EQ(s.at("source").item<int64_t>(), 2);
+  EXPECT_EQ(s.at("tokens")[0].item<int64_t>(), 200);
+  EXPECT_EQ(mix.describe(1000), fmt::format("source literature: {}: document 0, tokens 0-2", (dir / "books.bin").string()));
+  // The loader's epoch is the mix's order, cut into batches.
+  int count[3] = {0, 0, 0};
+  for (int64_t i : order) ++count[source_of(i)];
+  EXPECT_EQ(count[0], 302);
+  EXPECT_EQ(count[1], 151);
+  EXPECT_EQ(count[2], 50);
+  EXPECT_EQ(loader->num_batches(0), (503 + 3) / 4);
+}
+
+TEST(TokenMix, ALoaderStartedMidEpochMakesTheUninterruptedBatchesAndTwoRanksSplitTheOrder) {
+  namespace tm = token_mix;
+  const auto dir = tm::three_sources();
+  const std::string yaml = tm::mix_yaml(dir, tm::three(dir));
+  auto a = build_data(yaml)->train_loader();
+  auto b = build_data(yaml)->train_loader();
+  std::vector<Batch> straight;
+  a->start(1);
+  while (auto batch = a->next()) straight.push_back(*batch);
+  ASSERT_EQ(straight.size(), 126u);
+  b->start(1, /*first_batch=*/40);
+  for (size_t i = 40; i < straight.size(); ++i) {
+    auto batch = b->next();
+    ASSERT_TRUE(batch.has_value()) << i;
+    ASSERT_TRUE(torch::equal(batch->at("tokens"), straight[i].at("tokens"))) << "batch " << i;
+  }
+  EXPECT_FALSE(b->next().has_value());
+  // Two ranks: rank r takes every second sample of the mix's order, so together they hold it.
+  const auto& mix = dynamic_cast<const data::MixDataset&>(a->dataset());
+  const auto order = mix.epoch_order(7, 3, true);
+  std::vector<std::vector<int64_t>> ranks;
+  for (int r = 0; r < 2; ++r) {
+    data::SamplerOptions o;
+    o.seed = 7, o.rank = r, o.world_size = 2;
+    o.order_size = mix.epoch_order_size();
+    o.order = [&](int64_t epoch) { return mix.epoch_order(7, epoch, true); };
+    ranks.push_back(data::DistributedSampler(mix.size(), o).indices(3));
+  }
+  // 503 samples: rank 1's last is the order's first again (the padding of drop_last: false).
+  ASSERT_EQ(ranks[0].size() + ranks[1].size(), order.size() + 1);
+  for (size_t p = 0; p < order.size(); ++p) EXPECT_EQ(ranks[p % 2][p / 2], order[p]) << p;
+  EXPECT_EQ(ranks[1].back(), order[0]);
+}
+
+TEST(TokenMix, BadSourcesAreOneErrorNamingTheKey) {
+  namespace tm = token_mix;
+  const auto dir = tm::three_sources();
+  auto err = [&](const std::string& sources, const std::string& extra = "") {
+    return error_of([&] { build_data(tm::mix_yaml(dir, sources, extra)); });
+  };
+  const std::string web = (dir / "web.bin").string(), code = (dir / "code.bin").string();
+  for (const char* w : {"0", "-1"})
+    EXPECT_NE(err(fmt::format("[{{path: {}}}, {{path: {}, weight: {}}}]", web, code, w))
+                  .find(fmt::format("sources[1].weight: expected a finite number > 0, got {}", w)),
+              std::string::npos)
+        << w;
+  for (const char* w : {".nan", ".inf"})
+    EXPECT_NE(err(fmt::format("[{{path: {}}}, {{path: {}, weight: {}}}]", web, code, w))
+                  .find(fmt::format("sources[1].weight: expected a number, got '{}'", w)),
+              std::string::npos)
+        << w;
+  EXPECT_NE(err(fmt::format("[{{path: {}}}, {{path: {}, name: web}}]", web, code)).find("'web' is also the name of source 0"),
+            std::string::npos);
+  EXPECT_NE(err(fmt::format("[{{path: {}}}]", web), "path: " + web + "\n").find("give either path or sources, not both"),
+            std::string::npos);
+  EXPECT_NE(err("[]").find("expected at least one source"), std::string::npos);
+  write_file(dir / "empty.bin", "");
+  EXPECT_EQ(err(fmt::format("[{{path: {}}}, {{path: {}}}]", web, (dir / "empty.bin").string())),
+            (dir / "empty.bin").string() + ": empty token file");
+}
+
+}  // namespace strobe
+
+namespace strobe {
+
+// Training on the mix: the fit loop logs each source's share of every step's tokens
+// (train/tokens/<name>, on the device); batches of 20 equal samples hold each share within 0.1.
+TEST(TokenMix, TheFitLoopLogsEachSourcesShareOfTheTokens) {
+  namespace tm = token_mix;
+  const auto dir = tm::three_sources();
+  const std::string yaml = fmt::format(R"(name: mix
+seed: 3
+trainer: {{max_steps: 6, log_every_n_steps: 1, num_sanity_val_steps: 0, enable_progress_bar: false, enable_checkpointing: false, enable_model_summary: false, device: cpu}}
+task: {{name: language_modeling}}
+model: {{name: decoder_lm, vocab_size: 257, max_seq_len: 8, embed_dim: 16, depth: 1, num_heads: 2}}
+data: {{name: token_file, sources: {}, eot_token: 256, vocab_size: 257, max_seq_len: 8, val_fraction: 0.0, batch_size: 20, num_workers: 0, collate: pack}}
+optimizer: {{name: adamw, lr: 0.001}}
+scheduler: {{name: none}}
+logger: {{csv: false}}
+)",
+                                       tm::three(dir));
+  auto doc = config::Document::load_string(yaml, "mix.yaml");
+  RunOptions opt;
+  opt.create_run_dir = false;
+  auto run = build_run(doc, opt);
+  ASSERT_EQ(run->trainer->fit(), 0);
+  const auto& m = run->trainer->view().metrics();
+  double sum = 0;
+  for (const auto& [name, w] : std::vector<std::pair<std::string, double>>{{"web", 0.6}, {"code", 0.3}, {"literature", 0.1}}) {
+    ASSERT_TRUE(m.count("train/tokens/" + name)) << name;
+    EXPECT_NEAR(m.at("train/tokens/" + name), w, 0.1) << name;
+    sum += m.at("train/tokens/" + name);
+  }
+  EXPECT_NEAR(sum, 1.0, 1e-5);
+}
+
+}  // namespace strobe
+
+namespace strobe {
+
+// A resume in the middle of an epoch keeps the mix: the same sources resume (the next batches are
+// the uninterrupted run's: the loader test above); other weights are refused with one line naming
+// the change, before anything is restored.
+TEST(TokenMix, TheMixCannotChangeInTheMiddleOfAnEpoch) {
+  namespace tm = token_mix;
+  const auto dir = tm::three_sources();
+  auto yaml = [&](double web) {
+    return fmt::format(R"(name: mix
+seed: 3
+trainer: {{max_steps: 3, log_every_n_steps: 1, num_sanity_val_steps: 0, enable_progress_bar: false, enable_model_summary: false, device: cpu}}
+task: {{name: language_modeling}}
+model: {{name: decoder_lm, vocab_size: 257, max_seq_len: 8, embed_dim: 16, depth: 1, num_heads: 2}}
+data: {{name: token_file, sources: {}, eot_token: 256, vocab_size: 257, max_seq_len: 8, val_fraction: 0.0, batch_size: 20, num_workers: 0, collate: pack}}
+optimizer: {{name: adamw, lr: 0.001}}
+scheduler: {{name: none}}
+)",
+                       tm::three(dir, web));
+  };
+  auto fit = [&](const std::string& text, const std::string& run_dir, std::optional<std::string> ckpt, int max_steps) {
+    auto doc = config::Document::load_string(text, "mix.yaml");
+    doc.apply_override("trainer.max_steps=" + std::to_string(max_steps));
+    RunOptions opt;
+    opt.run_dir = run_dir;
+    opt.ckpt = ckpt;
+    auto run = build_run(doc, opt);
+    return run->trainer->fit(std::move(run->checkpoint));
+  };
+  const std::string root = fresh_dir("mix-resume").string();
+  ASSERT_EQ(fit(yaml(0.6), root + "/a", std::nullopt, 3), 0);
+  const std::string ckpt = root + "/a/checkpoints/last.ckpt";
+  ASSERT_TRUE(fs::exists(ckpt));
+  EXPECT_EQ(error_of([&] { fit(yaml(0.5), root + "/b", ckpt, 6); }),
+            ckpt + ": data.sources[0].weight: 0.6 -> 0.5: the mix of data.sources cannot change in the middle of an epoch "
+                   "(epoch 0 is 3 batch(es) in); resume with the checkpoint's sources, or from a checkpoint at an epoch's end");
+  EXPECT_EQ(fit(yaml(0.6), root + "/c", ckpt, 6), 0);
+}
+
+}  // namespace strobe
