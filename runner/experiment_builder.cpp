@@ -272,6 +272,7 @@ std::optional<std::string> build_components(Run& run, const RunOptions& options,
   }
   run.module = task_registry().create(exp.task, model->default_task(), model);
   check_batch_keys(exp, run.datamodule->info(), *model, *run.module);
+  run.module->on_data_info(run.datamodule->info());
 
   for (auto& section : exp.callbacks) run.callbacks.push_back(callback_registry().create(section, ""));
   // As in Lightning: a fit adds the callbacks its trainer.enable_* switches turn on when none of that

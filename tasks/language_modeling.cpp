@@ -8,6 +8,8 @@
 // model's head input (Model::forward_head_input: llama, decoder_lm), chunk by chunk, never building
 // the [tokens, vocabulary] logits; the same loss, for training, validation and `strobe replay`.
 // auto = on CUDA with the CUDA kernels for a vocabulary of at least kFusedLinearMinVocab tokens.
+#include <functional>
+
 #include <torch/torch.h>
 
 #include "strobe/core/forensics.h"
@@ -58,9 +60,43 @@ class LanguageModelingTask : public Module {
     return l;
   }
 
+  void on_data_info(const DataInfo& info) override { sources_ = info.source_names; }
+
   void evaluate(const Batch& batch, const std::string& prefix) {
-    auto l = batch_loss(batch).detach();
-    log(prefix + "/loss", l, LogOptions{std::nullopt, std::nullopt, true});
+    if (sources_.empty() || !batch.tensors.count("source")) {
+      auto l = batch_loss(batch).detach();
+      log(prefix + "/loss", l, LogOptions{std::nullopt, std::nullopt, true});
+      return;
+    }
+    // A mix (data.sources): one forward, then the loss over every token and over each source's
+    // tokens alone (the other sources' targets ignored), each source's weighted by its sequences.
+    const auto& targets = batch.at("targets");
+    std::function<torch::Tensor(const torch::Tensor&)> loss_of;
+    Model::HeadInput head;
+    torch::Tensor logits;
+    if (use_fused_linear(batch)) {
+      head = model_->forward_head_input(batch);
+      loss_of = [&](const torch::Tensor& t) {
+        ModuleScope scope("task.loss");
+        const auto& w = head.weight;
+        return ops::linear_cross_entropy(head.hidden.reshape({-1, head.hidden.size(-1)}).to(w.scalar_type()), w, head.bias,
+                                         t.reshape({-1}).to(torch::kLong), kIgnoreIndex);
+      };
+    } else {
+      logits = model_->forward(batch);
+      loss_of = [&](const torch::Tensor& t) { return loss(logits, t); };
+    }
+    log(prefix + "/loss", loss_of(targets).detach(), LogOptions{std::nullopt, std::nullopt, true});
+    const auto& source = batch.at("source");
+    // Each token's source: [B, S] for a padded batch, [T] for a packed one (the sequences' lengths).
+    const auto per_token = targets.dim() == 2 ? source.view({-1, 1}).expand_as(targets)
+                                              : torch::repeat_interleave(source, batch.at("lengths"), 0, targets.size(0));
+    for (size_t s = 0; s < sources_.size(); ++s) {
+      const auto n = batch.meta.find(kMetaSourcePrefix + std::to_string(s));
+      if (n == batch.meta.end() || n->second == 0) continue;  // none of its sequences in this batch
+      const auto mine = targets.masked_fill(per_token.ne(static_cast<int64_t>(s)), kIgnoreIndex);
+      log(prefix + "/" + sources_[s] + "/loss", loss_of(mine).detach(), LogOptions{std::nullopt, std::nullopt, false}, n->second);
+    }
   }
 
   void validation_step(const Batch& batch, int64_t) override { evaluate(batch, "val"); }
@@ -78,6 +114,7 @@ class LanguageModelingTask : public Module {
   std::shared_ptr<Model> model_;
   std::string fused_loss_;
   std::string fused_linear_;
+  std::vector<std::string> sources_;  // a mix's source names (data.sources), by the batches' source ids
 };
 
 std::shared_ptr<Module> make_language_modeling(config::Section& cfg, std::shared_ptr<Model> model) {

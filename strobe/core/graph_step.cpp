@@ -24,9 +24,11 @@ std::string GraphedStep::batch_signature(const Batch& batch) {
     key += fmt::format("{}:{}:{}:{}:{};", name, c10::toString(t.scalar_type()), t.device().str(),
                        fmt::join(t.sizes(), ","), fmt::join(t.strides(), ","));
   }
-  // Host facts shape the launches (max_seqlen, batch_size); the loader's position does not.
+  // Host facts shape the launches (max_seqlen, batch_size); the loader's position and a mix's source
+  // counts do not.
   for (const auto& [name, v] : batch.meta)
-    if (name != kMetaBatchIndex && name != kMetaEpoch) key += fmt::format("{}={};", name, v);
+    if (name != kMetaBatchIndex && name != kMetaEpoch && name.rfind(kMetaSourcePrefix, 0) != 0)
+      key += fmt::format("{}={};", name, v);
   return key;
 }
 

@@ -10,6 +10,10 @@ torch::Tensor Module::predict_step(const Batch& batch, int64_t) {
   return model->forward(batch);
 }
 
+void Module::log(const std::string& name, const torch::Tensor& value, const LogOptions& options, int64_t weight) {
+  if (sink_) sink_->log(name, value, options, weight);
+}
+
 void Module::log(const std::string& name, const torch::Tensor& value, const LogOptions& options) {
   if (sink_) sink_->log(name, value, options, batch_size_);
 }

@@ -59,7 +59,14 @@ class Module {
   virtual void on_validation_epoch_end() {}
   virtual void on_test_epoch_end() {}
 
+  // The run's data (its data module's DataInfo), once, when the run is built, before any step: a
+  // task may name what it logs by it (language_modeling: a mix's sources, docs/DATA.md "Mixes").
+  virtual void on_data_info(const DataInfo& /*info*/) {}
+
   void log(const std::string& name, const torch::Tensor& value, const LogOptions& options = {});
+  // The same with `weight` (the samples the value is over) in place of the batch size in the epoch's
+  // weighted mean.
+  void log(const std::string& name, const torch::Tensor& value, const LogOptions& options, int64_t weight);
 
   // Call before a metric collection's compute(): under data parallel it all-reduces the states of
   // every rank (set by the trainer from its strategy), so the value is the one of the whole data;

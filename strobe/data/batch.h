@@ -17,6 +17,8 @@ using Sample = std::map<std::string, torch::Tensor>;
 // The loader's position, in every batch's meta: bookkeeping, not a fact that shapes a step.
 constexpr const char* kMetaBatchIndex = "batch_index";
 constexpr const char* kMetaEpoch = "epoch";
+// A mix's count of each source's sequences in the batch ("source/<s>"): bookkeeping too.
+constexpr const char* kMetaSourcePrefix = "source/";
 
 struct Batch {
   std::map<std::string, torch::Tensor> tensors;

@@ -32,7 +32,10 @@ std::vector<int64_t> lengths_of(const std::vector<Sample>& samples) {
 void add_sources(Batch& batch, const std::vector<Sample>& samples) {
   if (samples.empty() || !samples[0].count("source")) return;
   std::vector<int64_t> sources;
-  for (const auto& s : samples) sources.push_back(field(s, "source").item<int64_t>());
+  for (const auto& s : samples) {
+    sources.push_back(field(s, "source").item<int64_t>());
+    ++batch.meta[kMetaSourcePrefix + std::to_string(sources.back())];  // on the host: how many of each
+  }
   batch.tensors["source"] = torch::tensor(sources, torch::kInt64);
 }
 

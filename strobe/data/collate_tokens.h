@@ -7,7 +7,8 @@
 //     (0..L-1, 0 at padding), padding_mask (bool, true = real token), lengths [B] int64.
 //   pack            everything concatenated: tokens/targets/position_ids [T], cu_seqlens [B + 1]
 //                   int32 (offsets of each sequence), lengths [B] int64.
-// A mix's samples (strobe/data/mix.h) add source [B] int64: each sequence's source.
+// A mix's samples (strobe/data/mix.h) add source [B] int64, each sequence's source, and in meta
+// source/<s> = the sequences of source s.
 // meta (host): batch_size = B, max_seqlen = longest sequence, num_tokens = real tokens in the batch,
 // seq_len = padded length and right_padded = 1 (padded layouts: every sequence starts at position 0
 // and its padding follows it, which lets a causal model drop the key-padding mask). max_seqlen on the host is what a varlen attention kernel

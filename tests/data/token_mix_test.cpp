@@ -245,3 +245,50 @@ scheduler: {{name: none}}
 }
 
 }  // namespace strobe
+
+namespace strobe {
+
+// Validation of a mix with each source's val_path reports val/<name>/loss beside val/loss: the loss
+// over that source's tokens alone (the others' targets ignored), equal to validating on that
+// source's file alone; val/loss stays the loss over every token. Through the logits and through the
+// fused head (fused_linear_loss).
+TEST(TokenMix, ValidationReportsEachSourcesLossBesideTheTotal) {
+  namespace tm = token_mix;
+  const auto dir = tm::three_sources();
+  tm::write_file(dir / "web_val.bin", tm::documents(40, 10));
+  tm::write_file(dir / "code_val.bin", tm::documents(20, 120));
+  auto metrics = [&](const std::string& data, const std::string& fused) {
+    const std::string yaml = fmt::format(R"(name: mix
+seed: 3
+trainer: {{enable_progress_bar: false, enable_model_summary: false, device: cpu}}
+task: {{name: language_modeling, fused_linear_loss: {}}}
+model: {{name: decoder_lm, vocab_size: 257, max_seq_len: 8, embed_dim: 16, depth: 1, num_heads: 2}}
+data: {{name: token_file, {}, eot_token: 256, vocab_size: 257, max_seq_len: 8, batch_size: 7, num_workers: 0, collate: pack}}
+)",
+                                         fused, data);
+    auto doc = config::Document::load_string(yaml, "mix.yaml");
+    RunOptions opt;
+    opt.stage = Stage::Validate;
+    opt.create_run_dir = false;
+    auto run = build_run(doc, opt);
+    run->trainer->validate(std::move(run->checkpoint));
+    return run->trainer->view().metrics();
+  };
+  const std::string web = (dir / "web.bin").string(), code = (dir / "code.bin").string();
+  for (const std::string fused : {"false", "true"}) {
+    const auto mix = metrics(fmt::format("sources: [{{path: {}, val_path: {}}}, {{path: {}, val_path: {}}}]", web,
+                                         (dir / "web_val.bin").string(), code, (dir / "code_val.bin").string()),
+                             fused);
+    const auto web_only = metrics(fmt::format("path: {}, val_path: {}", web, (dir / "web_val.bin").string()), fused);
+    const auto code_only = metrics(fmt::format("path: {}, val_path: {}", code, (dir / "code_val.bin").string()), fused);
+    ASSERT_TRUE(mix.count("val/web/loss") && mix.count("val/code/loss")) << fused;
+    EXPECT_NEAR(mix.at("val/web/loss"), web_only.at("val/loss"), 1e-5 * web_only.at("val/loss")) << fused;
+    EXPECT_NEAR(mix.at("val/code/loss"), code_only.at("val/loss"), 1e-5 * code_only.at("val/loss")) << fused;
+    // Every sequence is 2 tokens: the total is the mean over 40 web and 20 code sequences.
+    const double total = (40 * web_only.at("val/loss") + 20 * code_only.at("val/loss")) / 60;
+    EXPECT_NEAR(mix.at("val/loss"), total, 1e-5 * total) << fused;
+    EXPECT_GT(std::abs(mix.at("val/web/loss") - mix.at("val/code/loss")), 1e-4) << "the two sources' data differ";
+  }
+}
+
+}  // namespace strobe
