@@ -14,10 +14,14 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <memory>
+#include <optional>
+#include <set>
 #include <tuple>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include "strobe/checkpoint/checkpoint_io.h"
@@ -176,16 +180,76 @@ std::vector<Source> read_sources(config::Section& cfg) {
   return out;
 }
 
+// What scripts/tokenize_text.py writes beside a token file (<file>.json): its dtype, vocabulary and
+// end-of-text id, so a config need not repeat them (docs/DATA.md, "Tokenizing text").
+struct Sidecar {
+  std::string path, dtype;
+  int64_t vocab_size = 0, eot_token = 0;
+};
+
+std::optional<Sidecar> read_sidecar(const std::string& file) {
+  const std::string path = file + ".json";
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return std::nullopt;
+  std::ifstream in(path);
+  auto j = nlohmann::json::parse(in, nullptr, false);
+  Sidecar s;
+  s.path = path;
+  try {
+    if (!j.is_object() || j.value("format", "") != "strobe token file") throw std::runtime_error("");
+    s.dtype = j.at("dtype").get<std::string>();
+    s.vocab_size = j.at("vocab_size").get<int64_t>();
+    s.eot_token = j.at("eot_token").get<int64_t>();
+  } catch (const std::exception&) {
+    throw DataError(fmt::format("{}: not a token file's sidecar (scripts/tokenize_text.py writes one: format, dtype, "
+                                "vocab_size, eot_token)",
+                                path));
+  }
+  if (s.dtype != "uint16" && s.dtype != "uint32") throw DataError(fmt::format("{}: dtype '{}' is not uint16 or uint32", path, s.dtype));
+  return s;
+}
+
 std::shared_ptr<DataModule> make_token_file(config::Section& cfg, const DataContext& ctx) {
   const std::vector<Source> sources = read_sources(cfg);
   const bool mixed = !sources[0].name.empty();
   const std::string val_path = mixed ? std::string() : sources[0].val_path;  // a mix: each source's own
-  const std::string dtype = cfg.get_choice("dtype", "uint16", {"uint16", "uint32"});
+  // The sidecars of the files: they must agree with each other, and the config with them; what the
+  // config leaves out comes from them.
+  std::optional<Sidecar> side;
+  for (const auto& src : sources)
+    for (const std::string& f : {src.path, src.val_path}) {
+      if (f.empty()) continue;
+      auto s = read_sidecar(f);
+      if (!s) continue;
+      if (side && (s->dtype != side->dtype || s->vocab_size != side->vocab_size || s->eot_token != side->eot_token))
+        throw DataError(fmt::format("{} says dtype {}, vocab_size {}, eot_token {}, but {} says {}, {}, {}: files of other "
+                                    "tokenizers cannot be mixed",
+                                    s->path, s->dtype, s->vocab_size, s->eot_token, side->path, side->dtype, side->vocab_size,
+                                    side->eot_token));
+      side = s;
+    }
+  // (Whether the config sets a key is read before its value: reading stores the default.)
+  const std::set<std::string> set_keys = [&] {
+    std::set<std::string> out;
+    for (const char* k : {"dtype", "eot_token", "vocab_size"})
+      if (cfg.has(k)) out.insert(k);
+    return out;
+  }();
+  auto agree = [&](const char* key, const std::string& mine, const std::string& theirs) {
+    if (side && set_keys.count(key) && mine != theirs)
+      cfg.fail(key, fmt::format("{}, but {} (the token file's sidecar) says {}", mine, side->path, theirs));
+  };
+  const std::string dtype = cfg.get_choice("dtype", side ? side->dtype : "uint16", {"uint16", "uint32"});
   Layout l;
   l.documents = cfg.get_choice("mode", "documents", {"documents", "windows"}) == "documents";
   l.max_len = cfg.get_int("max_seq_len", 1024, 1);
-  l.eot = cfg.get_int("eot_token", 50256, 0, UINT32_MAX);
-  const int64_t vocab = cfg.get_int("vocab_size", 0, 0, int64_t(UINT32_MAX) + 1);
+  l.eot = cfg.get_int("eot_token", side ? side->eot_token : 50256, 0, UINT32_MAX);
+  const int64_t vocab = cfg.get_int("vocab_size", side ? side->vocab_size : 0, 0, int64_t(UINT32_MAX) + 1);
+  if (side) {
+    agree("dtype", dtype, side->dtype);
+    agree("eot_token", std::to_string(l.eot), std::to_string(side->eot_token));
+    agree("vocab_size", std::to_string(vocab), std::to_string(side->vocab_size));
+  }
   const double val_fraction = cfg.get_double("val_fraction", val_path.empty() ? 0.05 : 0.0, 0.0, 0.5);
   if (!val_path.empty() && val_fraction > 0) cfg.fail("val_fraction", "give either val_path or val_fraction, not both");
   const std::string collate = cfg.get_choice("collate", l.documents ? "pad_to_longest" : "pad_to_max", token_collate_names());

@@ -163,6 +163,13 @@ TEST(TokenMix, BadSourcesAreOneErrorNamingTheKey) {
   EXPECT_NE(err(fmt::format("[{{path: {}}}]", web), "path: " + web + "\n").find("give either path or sources, not both"),
             std::string::npos);
   EXPECT_NE(err("[]").find("expected at least one source"), std::string::npos);
+  // Files of two tokenizers (their sidecars, scripts/tokenize_text.py's) cannot be mixed.
+  write_file(dir / "web.bin.json", R"({"format": "strobe token file", "dtype": "uint16", "vocab_size": 257, "eot_token": 256})");
+  write_file(dir / "code.bin.json", R"({"format": "strobe token file", "dtype": "uint16", "vocab_size": 300, "eot_token": 256})");
+  EXPECT_NE(err(fmt::format("[{{path: {}}}, {{path: {}}}]", web, code)).find("files of other tokenizers cannot be mixed"),
+            std::string::npos);
+  fs::remove(dir / "web.bin.json");
+  fs::remove(dir / "code.bin.json");
   write_file(dir / "empty.bin", "");
   EXPECT_EQ(err(fmt::format("[{{path: {}}}, {{path: {}}}]", web, (dir / "empty.bin").string())),
             (dir / "empty.bin").string() + ": empty token file");
