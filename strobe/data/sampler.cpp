@@ -17,8 +17,14 @@ int64_t DistributedSampler::num_samples(int64_t epoch, int64_t offset) const {
   int64_t whole = size_ - static_cast<int64_t>(excluded(epoch).size());
   if (opt_.order) {  // a dataset's own order: its length, less the excluded indices it holds
     whole = opt_.order_size;
-    if (const auto& ex = excluded(epoch); !ex.empty())
-      for (int64_t i : epoch_indices(epoch)) whole -= std::binary_search(ex.begin(), ex.end(), i);
+    if (const auto& ex = excluded(epoch); !ex.empty()) {
+      if (!held_excluded_ || held_excluded_->first != epoch) {
+        int64_t held = 0;
+        for (int64_t i : epoch_indices(epoch)) held += std::binary_search(ex.begin(), ex.end(), i);
+        held_excluded_ = std::make_pair(epoch, held);
+      }
+      whole -= held_excluded_->second;
+    }
   }
   const int64_t size = whole - std::min(std::max<int64_t>(offset, 0), whole);
   if (opt_.world_size == 1) return size;

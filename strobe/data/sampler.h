@@ -6,6 +6,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
+#include <utility>
 #include <vector>
 
 namespace strobe::data {
@@ -43,6 +45,8 @@ class DistributedSampler {
 
   int64_t size_;
   SamplerOptions opt_;
+  // A dataset's own order under data.exclude: how many excluded indices the epoch's order holds.
+  mutable std::optional<std::pair<int64_t, int64_t>> held_excluded_;
 };
 
 }  // namespace strobe::data

@@ -299,3 +299,32 @@ data: {{name: token_file, {}, eot_token: 256, vocab_size: 257, max_seq_len: 8, b
 }
 
 }  // namespace strobe
+
+namespace strobe {
+
+// data.exclude (quarantined samples) leaves the mix's order: the epoch is the order less the
+// excluded samples it holds, in the same order.
+TEST(TokenMix, ExcludedSamplesLeaveTheMixsOrder) {
+  namespace tm = token_mix;
+  const auto dir = tm::three_sources();
+  auto dm = build_data(tm::mix_yaml(dir, tm::three(dir)));
+  const auto& mix = dynamic_cast<const data::MixDataset&>(dm->train_loader()->dataset());
+  const auto order = mix.epoch_order(7, 0, true);
+  data::SamplerOptions o;
+  o.seed = 7;
+  o.order_size = mix.epoch_order_size();
+  o.order = [&](int64_t epoch) { return mix.epoch_order(7, epoch, true); };
+  o.exclude = {order[5], order[0], 1049};  // two of the epoch's samples, and books' last document
+  std::sort(o.exclude.begin(), o.exclude.end());
+  const bool last_drawn = std::find(order.begin(), order.end(), 1049) != order.end();
+  data::DistributedSampler sampler(mix.size(), o);
+  std::vector<int64_t> want;
+  for (int64_t i : order)
+    if (!std::binary_search(o.exclude.begin(), o.exclude.end(), i)) want.push_back(i);
+  EXPECT_EQ(static_cast<int64_t>(want.size()), mix.epoch_order_size() - 2 - (last_drawn ? 1 : 0));
+  EXPECT_EQ(sampler.num_samples(0), static_cast<int64_t>(want.size()));
+  EXPECT_EQ(sampler.num_samples(0), static_cast<int64_t>(want.size())) << "asked again";
+  EXPECT_EQ(sampler.indices(0), want);
+}
+
+}  // namespace strobe
