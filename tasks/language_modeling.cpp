@@ -44,14 +44,18 @@ class LanguageModelingTask : public Module {
         torch::nn::functional::CrossEntropyFuncOptions().ignore_index(kIgnoreIndex));
   }
 
-  // The batch's mean next-token loss: through the logits, or (fused_linear_loss) from the head input.
-  torch::Tensor batch_loss(const Batch& batch) {
-    if (!use_fused_linear(batch)) return loss(model_->forward(batch), batch.at("targets"));
-    const auto head = model_->forward_head_input(batch);
+  // The fused head's loss (fused_linear_loss): from the head input, never building the logits.
+  torch::Tensor head_loss(const Model::HeadInput& head, const torch::Tensor& targets) const {
     ModuleScope scope("task.loss");
     const auto& w = head.weight;
     return ops::linear_cross_entropy(head.hidden.reshape({-1, head.hidden.size(-1)}).to(w.scalar_type()), w, head.bias,
-                                     batch.at("targets").reshape({-1}).to(torch::kLong), kIgnoreIndex);
+                                     targets.reshape({-1}).to(torch::kLong), kIgnoreIndex);
+  }
+
+  // The batch's mean next-token loss: through the logits, or (fused_linear_loss) from the head input.
+  torch::Tensor batch_loss(const Batch& batch) {
+    if (!use_fused_linear(batch)) return loss(model_->forward(batch), batch.at("targets"));
+    return head_loss(model_->forward_head_input(batch), batch.at("targets"));
   }
 
   torch::Tensor training_step(const Batch& batch, int64_t) override {
@@ -76,12 +80,7 @@ class LanguageModelingTask : public Module {
     torch::Tensor logits;
     if (use_fused_linear(batch)) {
       head = model_->forward_head_input(batch);
-      loss_of = [&](const torch::Tensor& t) {
-        ModuleScope scope("task.loss");
-        const auto& w = head.weight;
-        return ops::linear_cross_entropy(head.hidden.reshape({-1, head.hidden.size(-1)}).to(w.scalar_type()), w, head.bias,
-                                         t.reshape({-1}).to(torch::kLong), kIgnoreIndex);
-      };
+      loss_of = [&](const torch::Tensor& t) { return head_loss(head, t); };
     } else {
       logits = model_->forward(batch);
       loss_of = [&](const torch::Tensor& t) { return loss(logits, t); };

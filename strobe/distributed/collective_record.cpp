@@ -3,14 +3,13 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <map>
-
-#include <unistd.h>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
+
+#include "strobe/checkpoint/checkpoint_io.h"
 
 namespace strobe::distributed {
 
@@ -198,18 +197,12 @@ std::string write_collectives_file(const std::string& dir, int64_t rank, int64_t
     auto nccl = nlohmann::json::parse(nccl_json, nullptr, false);
     if (!nccl.is_discarded()) j["nccl"] = std::move(nccl);
   }
-  const std::string name = fmt::format("collectives_rank{}.json", rank);
-  const std::string path = dir + "/" + name;
-  // The run directory's temporary name (".<name>.tmp.<pid>"), which a later run's start removes
-  // when a kill left it.
-  const std::string tmp = fmt::format("{}/.{}.tmp.{}", dir, name, static_cast<long long>(::getpid()));
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    if (!out) return "";
-    out << j.dump(1) << "\n";
-    if (!out.flush()) return "";
+  const std::string path = fmt::format("{}/collectives_rank{}.json", dir, rank);
+  try {
+    checkpoint::write_file_atomic(path, j.dump(1) + "\n");
+  } catch (const std::exception&) {
+    return "";  // the disk: the rank's line still says where it stood
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) return "";
   return path;
 }
 

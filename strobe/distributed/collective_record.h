@@ -102,7 +102,7 @@ std::string collective_status(const CollectiveEntry& latest, int64_t now);
 // metric sync (all_reduce)". With `gaps` (the ranks stood still), ranks behind the others: "rank 1
 // never reached collective 10, metric sync (all_reduce); its latest: collective 9, ...".
 std::string diverged_collectives(const std::vector<CollectiveEntry>& latest, const CollectiveRecord& mine, bool gaps);
-// Writes `record` to <dir>/collectives_rank<rank>.json (through a temporary file and a rename):
+// Writes `record` to <dir>/collectives_rank<rank>.json (checkpoint::write_file_atomic):
 // the rank, the world size, `status` (the line the rank ended with) and its last collectives,
 // oldest first; with `nccl_json` (c10d's flight recorder, nccl_backend.h) as "nccl". Returns the
 // path ("" when it could not be written).
