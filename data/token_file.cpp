@@ -7,6 +7,9 @@
 //                    under two tokens are dropped (a lone end-of-text).
 //   mode: windows    sample i = the fixed window starting at i * max_seq_len (max_seq_len + 1
 //                    tokens, so targets reach one past), the last partial window dropped.
+//   packing: best_fit  (documents mode) each epoch's documents placed into rows of max_seq_len tokens
+//                    by best fit (strobe/data/packing.h); a batch is batch_size rows, given to the model
+//                    as the pack collate's sequences (the documents).
 // Validation: val_path, or else the last val_fraction of the samples. With vocab_size > 0 every token
 // is checked (one pass at setup). Bad data (DataError naming the file): missing or unreadable file,
 // an empty file, a size that is not a multiple of the token width, a token >= vocab_size.
@@ -133,6 +136,11 @@ class TokenSamples : public Dataset {
     auto seq = m_->slice(b, e - b);
     return {{"tokens", seq.narrow(0, 0, e - b - 1)}, {"targets", seq.narrow(0, 1, e - b - 1)}};
   }
+  int64_t sample_length(int64_t index) const override {
+    if (windows_) return max_len_;
+    const auto [b, e] = pieces_.at(index);
+    return e - b - 1;
+  }
   // The file, the document (documents mode) or window, and the token offsets the sample holds.
   std::string describe(int64_t index) const override {
     if (windows_) {
@@ -252,8 +260,18 @@ std::shared_ptr<DataModule> make_token_file(config::Section& cfg, const DataCont
   }
   const double val_fraction = cfg.get_double("val_fraction", val_path.empty() ? 0.05 : 0.0, 0.0, 0.5);
   if (!val_path.empty() && val_fraction > 0) cfg.fail("val_fraction", "give either val_path or val_fraction, not both");
-  const std::string collate = cfg.get_choice("collate", l.documents ? "pad_to_longest" : "pad_to_max", token_collate_names());
+  // data.packing: best_fit places the documents into rows of max_seq_len (strobe/data/packing.h); a
+  // batch is then data.batch_size rows, packed (attention stays within each document).
+  const bool best_fit = cfg.get_choice("packing", "none", {"none", "best_fit"}) == "best_fit";
+  if (best_fit && !l.documents) cfg.fail("packing", "best_fit packs documents: it needs mode: documents (windows are full rows already)");
+  const std::string collate =
+      cfg.get_choice("collate", best_fit ? "pack" : l.documents ? "pad_to_longest" : "pad_to_max", token_collate_names());
+  if (best_fit && collate != "pack")
+    cfg.fail("collate", fmt::format("'{}' with packing: best_fit; a packed row's documents go to the model as the pack collate's sequences "
+                                    "(collate: pack, the default with it)",
+                                    collate));
   LoaderOptions opt = read_loader_options(cfg, ctx, 32);
+  if (best_fit) opt.pack_row_len = l.max_len;
   cfg.finish();
   const int width = dtype == "uint16" ? 2 : 4;
 

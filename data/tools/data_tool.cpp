@@ -10,6 +10,12 @@
 //   list ROOT                      "class<TAB>index<TAB>name" lines, then "sample<TAB>label<TAB>path".
 //   decode CHANNELS MIN_SCALE OUT_DIR FILE...  each file's raw height x width x channels bytes to
 //                                  OUT_DIR/<k>.raw (k = its position); prints "W H C" per file.
+//   pack-stats FILE EOT MAX_SEQ_LEN BATCH  a uint16 token file's documents (token_file's documents
+//                                  mode) laid out for one epoch by the collates and by data.packing:
+//                                  best_fit, and by greedy rows that crop what does not fit (the
+//                                  alternative packing it is measured against): batches, padding and
+//                                  tokens discarded (docs/PERFORMANCE.md, "Packing").
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -22,7 +28,11 @@
 #include "data/idx_file.h"
 #include "data/image_codec.h"
 #include "data/image_folder.h"
+#include "strobe/config/config.h"
+#include "strobe/core/datamodule.h"
 #include "strobe/data/data_error.h"
+#include "strobe/data/packing.h"
+#include "strobe/data/sampler.h"
 
 namespace fs = std::filesystem;
 using namespace strobe::data;
@@ -130,6 +140,62 @@ int decode(int channels, double min_scale, const fs::path& out_dir, const std::v
   return 0;
 }
 
+int pack_stats(const std::string& file, int64_t eot, int64_t max_len, int64_t batch) {
+  const std::string yaml = fmt::format(
+      "name: token_file\npath: {}\ndtype: uint16\neot_token: {}\nmax_seq_len: {}\nval_fraction: 0.0\nbatch_size: {}\n"
+      "num_workers: 0\ncollate: pack\n",
+      file, eot, max_len, batch);
+  auto doc = strobe::config::Document::load_string(yaml, "pack-stats.yaml");
+  auto section = doc.root();
+  strobe::DataContext ctx;
+  ctx.seed = 1;
+  auto dm = strobe::data_registry().create(section, "", ctx);
+  const Dataset& d = dm->train_loader()->dataset();
+  const int64_t n = d.size();
+  std::vector<int64_t> length(static_cast<size_t>(n));
+  int64_t tokens = 0, longest = 0;
+  for (int64_t i = 0; i < n; ++i) length[i] = d.sample_length(i), tokens += length[i], longest = std::max(longest, length[i]);
+  SamplerOptions so;
+  so.seed = 1;
+  const auto order = DistributedSampler(n, so).indices(0);
+  const double cap = static_cast<double>(batch * max_len);
+  auto pct = [](double part, double whole) { return 100.0 * part / whole; };
+  fmt::print("{}: {} samples (documents, and pieces of {} tokens of the longer ones), {} tokens, mean {:.1f}, longest {}; "
+             "rows of {}, batches of {}\n",
+             file, n, max_len, tokens, static_cast<double>(tokens) / static_cast<double>(n), longest, max_len, batch);
+  fmt::print("| layout | batches an epoch | tokens a batch (mean) | of batch x max_seq_len | padding | tokens discarded | plan ms |\n");
+  fmt::print("| --- | --- | --- | --- | --- | --- | --- |\n");
+  const int64_t doc_batches = (n + batch - 1) / batch;
+  fmt::print("| pack (batch_size documents) | {} | {:.0f} | {:.1f}% | 0 | 0 | |\n", doc_batches,
+             static_cast<double>(tokens) / static_cast<double>(doc_batches),
+             pct(static_cast<double>(tokens), static_cast<double>(doc_batches) * cap));
+  fmt::print("| pad_to_max (batch_size documents) | {} | {:.0f} | 100% | {:.1f}% | 0 | |\n", doc_batches, cap,
+             pct(static_cast<double>(doc_batches) * cap - static_cast<double>(tokens), static_cast<double>(doc_batches) * cap));
+  // Greedy rows in the epoch's order, cropping: a sample that does not fit the row's free space fills
+  // it and its rest is discarded (every row full; nanochat's alternative to best fit).
+  int64_t rows = 0, free = 0, discarded = 0;
+  for (int64_t i : order) {
+    int64_t len = length[i];
+    if (free == 0) ++rows, free = max_len;
+    if (len > free) discarded += len - free, len = free;
+    free -= len;
+  }
+  const int64_t greedy_batches = (rows + batch - 1) / batch;
+  fmt::print("| greedy rows, cropping | {} | {:.0f} | {:.1f}% | {:.1f}% | {:.1f}% | |\n", greedy_batches,
+             static_cast<double>(tokens - discarded) / static_cast<double>(greedy_batches),
+             pct(static_cast<double>(tokens - discarded), static_cast<double>(greedy_batches) * cap),
+             pct(static_cast<double>(rows * max_len - (tokens - discarded)), static_cast<double>(rows * max_len)),
+             pct(static_cast<double>(discarded), static_cast<double>(tokens)));
+  const auto t0 = std::chrono::steady_clock::now();
+  const RowPlan plan = best_fit_rows(order, length, max_len, 1, 0, true);
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  const int64_t fit_batches = (plan.rows() + batch - 1) / batch;
+  fmt::print("| **packing: best_fit** | {} | {:.0f} | {:.1f}% | {:.2f}% | 0 | {:.1f} |\n", fit_batches,
+             static_cast<double>(tokens) / static_cast<double>(fit_batches), pct(static_cast<double>(tokens), static_cast<double>(fit_batches) * cap),
+             pct(static_cast<double>(plan.padding()), static_cast<double>(plan.rows() * max_len)), ms);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -138,6 +204,7 @@ int main(int argc, char** argv) {
     if (a.size() == 3 && a[0] == "fashion-folder") return fashion_folder(a[1], std::stoi(a[2]));
     if (a.size() == 5 && a[0] == "photo-folder") return photo_folder(a[1], std::stoi(a[2]), std::stoi(a[3]), std::stoull(a[4]));
     if (a.size() == 2 && a[0] == "list") return list(a[1]);
+    if (a.size() == 5 && a[0] == "pack-stats") return pack_stats(a[1], std::stoll(a[2]), std::stoll(a[3]), std::stoll(a[4]));
     if (a.size() >= 5 && a[0] == "decode") return decode(std::stoi(a[1]), std::stod(a[2]), a[3], {a.begin() + 4, a.end()});
   } catch (const DataError& e) {
     fmt::print(stderr, "strobe_data_tool: {}\n", e.what());
@@ -148,6 +215,6 @@ int main(int argc, char** argv) {
   }
   fmt::print(stderr,
              "usage: strobe_data_tool fashion-folder OUT PER_CLASS | photo-folder OUT N CLASSES SEED | list ROOT |"
-             " decode CHANNELS MIN_SCALE OUT_DIR FILE...\n");
+             " decode CHANNELS MIN_SCALE OUT_DIR FILE... | pack-stats FILE EOT MAX_SEQ_LEN BATCH\n");
   return 2;
 }

@@ -117,16 +117,29 @@ std::vector<config::ConfigChange> Trainer::restore_training_state(const checkpoi
   // Before any state is restored: the saved config against the current one (another optimizer,
   // precision or model shape is refused naming the change; the rest is returned for fit to list).
   auto changes = check_resume_compatible(source, data, configs, module_->net());
-  // A mix's schedule is the epoch's order: another one from the middle of an epoch would draw a
-  // sample twice or never (docs/DATA.md, "Mixes").
+  // A mix's schedule and a packing plan are the epoch's order: another one from the middle of an
+  // epoch would draw a sample twice or never (docs/DATA.md, "Mixes" and "Packing").
   if (data.has_blob(checkpoint_keys::kLoop)) {
     const TrainerState loop = parse_loop_state(data.blob(checkpoint_keys::kLoop));
+    const bool mid_epoch = loop.batch_in_epoch > 0 && !loop.epoch_done;
+    bool packed = false;
     for (const auto& c : changes)
-      if (c.key.rfind("data.sources", 0) == 0 && loop.batch_in_epoch > 0 && !loop.epoch_done)
+      if (c.key == "data.packing") packed = true;
+    if (datamodule_)
+      if (auto loader = datamodule_->train_loader(); loader && loader->options().pack_row_len > 0) packed = true;
+    for (const auto& c : changes) {
+      if (!mid_epoch) break;
+      if (c.key.rfind("data.sources", 0) == 0)
         throw checkpoint::CheckpointError(fmt::format(
             "{}: {}: the mix of data.sources cannot change in the middle of an epoch (epoch {} is {} batch(es) in); "
             "resume with the checkpoint's sources, or from a checkpoint at an epoch's end",
             source, c.text(), loop.epoch, loop.batch_in_epoch));
+      if (packed && (c.key == "data.packing" || c.key == "data.max_seq_len"))
+        throw checkpoint::CheckpointError(fmt::format(
+            "{}: {}: the packing plan of the epoch's rows cannot change in the middle of an epoch (epoch {} is {} batch(es) "
+            "in); resume with the checkpoint's data.packing and data.max_seq_len, or from a checkpoint at an epoch's end",
+            source, c.text(), loop.epoch, loop.batch_in_epoch));
+    }
   }
   // This rank's optimizer state: zero2's own shard, or the checkpoint's re-cut for this run's number
   // of processes and strategy (sharded_checkpoint.h).

@@ -19,6 +19,8 @@ constexpr const char* kMetaBatchIndex = "batch_index";
 constexpr const char* kMetaEpoch = "epoch";
 // A mix's count of each source's sequences in the batch ("source/<s>"): bookkeeping too.
 constexpr const char* kMetaSourcePrefix = "source/";
+// Packing (data.packing): the rows of max_seq_len tokens the batch's sequences were placed in.
+constexpr const char* kMetaRows = "rows";
 
 struct Batch {
   std::map<std::string, torch::Tensor> tensors;

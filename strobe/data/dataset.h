@@ -28,6 +28,9 @@ class Dataset {
   // splits it over the ranks instead of permuting every index. -1: the sampler's permutation.
   virtual int64_t epoch_order_size() const { return -1; }
   virtual std::vector<int64_t> epoch_order(uint64_t /*seed*/, int64_t /*epoch*/, bool /*shuffle*/) const { return {}; }
+  // The tokens sample `index` holds, read without making it (what packing places into rows:
+  // data.packing, docs/DATA.md); -1: this dataset does not know.
+  virtual int64_t sample_length(int64_t /*index*/) const { return -1; }
 };
 
 // Turns samples into a batch; must set batch.meta["batch_size"].
@@ -43,6 +46,7 @@ class SubsetDataset : public Dataset {
   int64_t size() const override { return static_cast<int64_t>(indices_.size()); }
   Sample get(int64_t index, at::Generator& gen) const override;
   std::string describe(int64_t index) const override { return base_->describe(indices_.at(index)); }
+  int64_t sample_length(int64_t index) const override { return base_->sample_length(indices_.at(index)); }
 
  private:
   std::shared_ptr<const Dataset> base_;

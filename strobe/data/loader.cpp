@@ -13,6 +13,7 @@
 #include <torch/torch.h>
 
 #include "strobe/data/data_error.h"
+#include "strobe/data/packing.h"
 
 namespace strobe::data {
 
@@ -30,6 +31,10 @@ struct DataLoader::Impl {
   std::mutex mu;
   std::condition_variable cv_made, cv_space;
   std::vector<std::thread> workers;
+  // Packing: the plan of the latest epoch asked for (every worker of an epoch reads the same one).
+  std::mutex plan_mu;
+  std::shared_ptr<const RowPlan> plan;
+  int64_t plan_epoch = -1;
 
   void worker_loop(const DataLoader& loader, uint64_t gen);
 };
@@ -37,6 +42,7 @@ struct DataLoader::Impl {
 namespace {
 SamplerOptions sampler_options(const LoaderOptions& o, const std::shared_ptr<const Dataset>& d) {
   SamplerOptions s{o.shuffle, o.drop_last, o.seed, o.rank, o.world_size};
+  if (o.pack_row_len > 0) s.rank = 0, s.world_size = 1;  // the whole epoch's samples: the rows are split
   if (d->epoch_order_size() >= 0) {  // a dataset that orders its epochs itself (a mix of sources)
     s.order_size = d->epoch_order_size();
     s.order = [d, seed = o.seed, shuffle = o.shuffle](int64_t epoch) { return d->epoch_order(seed, epoch, shuffle); };
@@ -60,6 +66,59 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, CollateFn collate
   if (opt_.batch_size < 1) throw std::invalid_argument("loader: batch_size must be >= 1");
   if (opt_.num_workers < 0) throw std::invalid_argument("loader: num_workers must be >= 0");
   if (opt_.prefetch_factor < 1) opt_.prefetch_factor = 1;
+  if (opt_.pack_row_len > 0) {
+    lengths_.resize(static_cast<size_t>(dataset_->size()));
+    for (int64_t i = 0; i < dataset_->size(); ++i) {
+      lengths_[i] = dataset_->sample_length(i);
+      if (lengths_[i] < 0) throw std::invalid_argument("loader: packing needs a dataset that knows its samples' lengths");
+      if (lengths_[i] < 1 || lengths_[i] > opt_.pack_row_len)
+        throw DataError(fmt::format("sample {} ({}) has {} tokens; a packed row holds 1 to {}", i, dataset_->describe(i),
+                                    lengths_[i], opt_.pack_row_len));
+    }
+  }
+}
+
+std::shared_ptr<const RowPlan> DataLoader::plan(int64_t epoch) const {
+  std::lock_guard<std::mutex> lock(impl_->plan_mu);
+  if (impl_->plan_epoch != epoch || !impl_->plan) {
+    impl_->plan = std::make_shared<const RowPlan>(
+        best_fit_rows(sampler_.indices(epoch), lengths_, opt_.pack_row_len, opt_.seed, epoch, opt_.shuffle));
+    impl_->plan_epoch = epoch;
+  }
+  return impl_->plan;
+}
+
+namespace {
+// The split of an epoch's rows over the ranks: the sampler's rule (a stride each, the tail padded by
+// wrapping or dropped) over the rows in the plan's order.
+DistributedSampler row_split(int64_t rows, const LoaderOptions& o) {
+  SamplerOptions s;
+  s.shuffle = false;
+  s.drop_last = o.drop_last;
+  s.seed = o.seed;
+  s.rank = o.rank;
+  s.world_size = o.world_size;
+  return DistributedSampler(rows, s);
+}
+}  // namespace
+
+std::vector<int64_t> DataLoader::units(int64_t epoch, int64_t offset) const {
+  if (opt_.pack_row_len <= 0) return sampler_.indices(epoch, offset);
+  return row_split(plan(epoch)->rows(), opt_).indices(epoch, offset);
+}
+
+int64_t DataLoader::num_units(int64_t epoch, int64_t offset) const {
+  if (opt_.pack_row_len <= 0) return sampler_.num_samples(epoch, offset);
+  return row_split(plan(epoch)->rows(), opt_).num_samples(epoch, offset);
+}
+
+std::vector<int64_t> DataLoader::samples_of(int64_t epoch, const std::vector<int64_t>& order, int64_t begin, int64_t end) const {
+  if (opt_.pack_row_len <= 0) return {order.begin() + begin, order.begin() + end};
+  const auto p = plan(epoch);
+  std::vector<int64_t> out;
+  for (int64_t k = begin; k < end; ++k)
+    out.insert(out.end(), p->samples.begin() + p->row_begin[order[k]], p->samples.begin() + p->row_begin[order[k] + 1]);
+  return out;
 }
 
 DataLoader::~DataLoader() { stop(); }
@@ -72,10 +131,12 @@ void DataLoader::exclude_from(int64_t epoch, std::vector<int64_t> before) {
   std::sort(before.begin(), before.end());
   o.exclude_before = std::move(before);
   sampler_ = DistributedSampler(dataset_->size(), o);
+  std::lock_guard<std::mutex> lock(impl_->plan_mu);
+  impl_->plan_epoch = -1;  // another exclusion: another plan
 }
 
 int64_t DataLoader::num_batches(int64_t epoch) const {
-  int64_t n = sampler_.num_samples(epoch, epoch == impl_->epoch ? impl_->offset : 0);
+  int64_t n = num_units(epoch, epoch == impl_->epoch ? impl_->offset : 0);
   int64_t full = opt_.drop_last ? n / opt_.batch_size : (n + opt_.batch_size - 1) / opt_.batch_size;
   return opt_.limit_batches >= 0 ? std::min(full, opt_.limit_batches) : full;
 }
@@ -84,27 +145,30 @@ Batch DataLoader::make_batch(int64_t epoch, int64_t batch_index) const {
   std::vector<int64_t> other_epoch;
   const std::vector<int64_t>* order_ptr = &impl_->order;
   if (epoch != impl_->epoch || (impl_->order.empty() && impl_->offset == 0)) {
-    other_epoch = sampler_.indices(epoch);
+    other_epoch = units(epoch);
     order_ptr = &other_epoch;
   }
   const std::vector<int64_t>& order = *order_ptr;
   int64_t begin = batch_index * opt_.batch_size;
   int64_t end = std::min<int64_t>(begin + opt_.batch_size, static_cast<int64_t>(order.size()));
   if (begin >= end) throw std::out_of_range("loader: batch index past the end of the epoch");
+  const std::vector<int64_t> wanted = samples_of(epoch, order, begin, end);
   std::vector<Sample> samples;
   std::vector<int64_t> indices;
-  samples.reserve(end - begin);
-  for (int64_t k = begin; k < end; ++k) {
-    at::Generator gen = sample_generator(opt_.seed, epoch, order[k]);
-    Sample s = dataset_->get(order[k], gen);
+  samples.reserve(wanted.size());
+  for (int64_t i : wanted) {
+    at::Generator gen = sample_generator(opt_.seed, epoch, i);
+    Sample s = dataset_->get(i, gen);
     // An empty sample is one a dataset skipped as bad (on_bad_sample: skip; it logged it): the batch
     // is one smaller. Which samples are bad depends only on the files, so batches stay exact.
-    if (!s.empty()) samples.push_back(std::move(s)), indices.push_back(order[k]);
+    if (!s.empty()) samples.push_back(std::move(s)), indices.push_back(i);
   }
   if (samples.empty())
-    throw DataError(fmt::format("batch {} of epoch {}: every one of its {} samples was bad and skipped", batch_index, epoch, end - begin));
+    throw DataError(fmt::format("batch {} of epoch {}: every one of its {} samples was bad and skipped", batch_index, epoch,
+                                wanted.size()));
   Batch b = collate_(samples);
-  if (!b.meta.count("batch_size")) b.meta["batch_size"] = end - begin;
+  if (!b.meta.count("batch_size")) b.meta["batch_size"] = static_cast<int64_t>(wanted.size());
+  if (opt_.pack_row_len > 0) b.meta[kMetaRows] = end - begin;
   b.indices = std::move(indices);
   b.meta[kMetaBatchIndex] = batch_index;
   b.meta[kMetaEpoch] = epoch;
@@ -112,7 +176,12 @@ Batch DataLoader::make_batch(int64_t epoch, int64_t batch_index) const {
 }
 
 Batch DataLoader::make_first_samples(int64_t epoch, int64_t count) const {
-  const std::vector<int64_t> order = sampler_.indices(epoch);
+  // Under packing, the first `count` rows' samples.
+  const std::vector<int64_t> units_now = units(epoch);
+  const std::vector<int64_t> order =
+      opt_.pack_row_len > 0 ? samples_of(epoch, units_now, 0, std::min<int64_t>(count, static_cast<int64_t>(units_now.size())))
+                            : units_now;
+  if (opt_.pack_row_len > 0) count = static_cast<int64_t>(order.size());
   std::vector<Sample> samples;
   std::vector<int64_t> indices;
   for (int64_t k = 0; k < static_cast<int64_t>(order.size()) && static_cast<int64_t>(samples.size()) < count; ++k) {
@@ -136,7 +205,7 @@ void DataLoader::start(int64_t epoch, int64_t first_batch, int64_t sample_offset
   std::unique_lock<std::mutex> lock(m.mu);
   m.epoch = epoch;
   m.offset = sample_offset;
-  m.order = sampler_.indices(epoch, sample_offset);
+  m.order = units(epoch, sample_offset);
   m.end = num_batches();
   m.next_to_make = m.next_to_yield = std::min(first_batch, m.end);
   m.ready.clear();
@@ -217,5 +286,7 @@ void DataLoader::set_shuffle(bool shuffle) {
   stop();
   opt_.shuffle = shuffle;
   sampler_ = DistributedSampler(dataset_->size(), sampler_options(opt_, dataset_));
+  std::lock_guard<std::mutex> lock(impl_->plan_mu);
+  impl_->plan_epoch = -1;
 }
 }  // namespace strobe::data

@@ -40,7 +40,13 @@ struct LoaderOptions {
   std::map<std::string, std::vector<int64_t>> exclude;
   std::string split = "train";
   std::string exclude_file;  // where the sets came from (messages)
+  // data.packing: best_fit: > 0 packs each epoch's samples into rows of this many tokens
+  // (strobe/data/packing.h) and a batch is batch_size rows; the epoch's position, num_batches and the
+  // split over ranks count rows. 0: a batch is batch_size samples.
+  int64_t pack_row_len = 0;
 };
+
+struct RowPlan;
 
 class DataLoader {
  public:
@@ -79,12 +85,21 @@ class DataLoader {
   void set_pin_memory(bool pin) { opt_.pin_memory = pin; }
   void set_shuffle(bool shuffle);  // rebuilds the sampler (overfit_batches turns shuffling off)
 
+  // This rank's units of `epoch` after the epoch's first `offset` (all ranks): sample indices, or
+  // under packing the plan's rows.
+  std::vector<int64_t> units(int64_t epoch, int64_t offset = 0) const;
+  int64_t num_units(int64_t epoch, int64_t offset) const;
+  std::shared_ptr<const RowPlan> plan(int64_t epoch) const;  // packing: the epoch's rows (cached)
+  // The samples of the units [begin, end) of `order`.
+  std::vector<int64_t> samples_of(int64_t epoch, const std::vector<int64_t>& order, int64_t begin, int64_t end) const;
+
   struct Impl;  // the epoch's order and position, the prefetch queue, the workers (loader.cpp)
 
   std::shared_ptr<const Dataset> dataset_;
   CollateFn collate_;
   LoaderOptions opt_;
-  DistributedSampler sampler_;
+  DistributedSampler sampler_;  // under packing: the epoch's whole order of samples (one rank's view)
+  std::vector<int64_t> lengths_;  // packing: each sample's tokens
   std::unique_ptr<Impl> impl_;
 };
 

@@ -102,4 +102,9 @@ std::string MixDataset::describe(int64_t index) const {
   return fmt::format("source {}: {}", sources_[s].name, inner.empty() ? fmt::format("sample {}", i) : inner);
 }
 
+int64_t MixDataset::sample_length(int64_t index) const {
+  const auto [s, i] = locate(index);
+  return sources_[s].data->sample_length(i);
+}
+
 }  // namespace strobe::data

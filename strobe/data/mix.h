@@ -39,6 +39,7 @@ class MixDataset : public Dataset {
   std::string describe(int64_t index) const override;
   std::vector<int64_t> epoch_order(uint64_t seed, int64_t epoch, bool shuffle) const override;
   int64_t epoch_order_size() const override { return mix_ ? epoch_length_ : -1; }
+  int64_t sample_length(int64_t index) const override;
 
   const std::vector<MixSource>& sources() const { return sources_; }
   // The source of each of the epoch's first `length` positions (the schedule above).
