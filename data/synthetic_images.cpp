@@ -18,7 +18,8 @@ class SyntheticImages : public Dataset {
   Sample get(int64_t index, at::Generator& gen) const override {
     int64_t k = templates_.size(0);
     int64_t label = (index + offset_) % k;
-    auto img = templates_[label] + noise_ * torch::randn(templates_[label].sizes(), gen);
+    // noise x N(0, 1) + template, in place (the same bits as template + noise * randn, one tensor).
+    auto img = torch::randn(templates_[label].sizes(), gen).mul_(noise_).add_(templates_[label]);
     return {{"image", img}, {"label", torch::tensor(label, torch::kInt64)}};
   }
 

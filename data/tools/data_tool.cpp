@@ -4,9 +4,11 @@
 //                                  classes (sorted order differs from label order); per class, files
 //                                  cycle through grey JPEG, grey PNG, colour JPEG (three images as R,
 //                                  G, B, 4:2:0), colour PNG, and a 4x-upscaled colour JPEG (112x112).
-//   photo-folder OUT N CLASSES SEED  ImageNet-like JPEGs for the benchmark: sizes around 500x375
+//   photo-folder OUT N CLASSES SEED [GRAIN]  ImageNet-like JPEGs for the benchmark: sizes around 500x375
 //                                  (each side uniform in [0.7, 1.3] x), colour gradients, ellipses,
-//                                  a wave and grain, quality 90, 4:2:0 (no dataset needed).
+//                                  a wave and Gaussian grain (standard deviation GRAIN, default 6:
+//                                  ~43 KB a file; 26: ~110 KB, ImageNet's mean), quality 90, 4:2:0 (no
+//                                  dataset needed).
 //   list ROOT                      "class<TAB>index<TAB>name" lines, then "sample<TAB>label<TAB>path".
 //   decode CHANNELS MIN_SCALE OUT_DIR FILE...  each file's raw height x width x channels bytes to
 //                                  OUT_DIR/<k>.raw (k = its position); prints "W H C" per file.
@@ -88,12 +90,12 @@ int fashion_folder(const fs::path& out, int per_class) {
   return 0;
 }
 
-int photo_folder(const fs::path& out, int n, int classes, uint64_t seed) {
+int photo_folder(const fs::path& out, int n, int classes, uint64_t seed, double grain_sd = 6.0) {
   // Procedural (no dataset needed, so the GPU machine makes the same files): a colour gradient, a
   // few soft-edged ellipses, a diagonal wave and Gaussian grain, which JPEG-compresses like a photo.
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<double> u(0.0, 1.0);
-  std::normal_distribution<double> grain(0.0, 6.0);
+  std::normal_distribution<double> grain(0.0, grain_sd);
   for (int c = 0; c < classes; ++c) fs::create_directories(out / fmt::format("n{:08d}", c));
   for (int i = 0; i < n; ++i) {
     const int w = static_cast<int>(500 * (0.7 + 0.6 * u(rng))), h = static_cast<int>(375 * (0.7 + 0.6 * u(rng)));
@@ -202,7 +204,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> a(argv + 1, argv + argc);
   try {
     if (a.size() == 3 && a[0] == "fashion-folder") return fashion_folder(a[1], std::stoi(a[2]));
-    if (a.size() == 5 && a[0] == "photo-folder") return photo_folder(a[1], std::stoi(a[2]), std::stoi(a[3]), std::stoull(a[4]));
+    if ((a.size() == 5 || a.size() == 6) && a[0] == "photo-folder")
+      return photo_folder(a[1], std::stoi(a[2]), std::stoi(a[3]), std::stoull(a[4]), a.size() == 6 ? std::stod(a[5]) : 6.0);
     if (a.size() == 2 && a[0] == "list") return list(a[1]);
     if (a.size() == 5 && a[0] == "pack-stats") return pack_stats(a[1], std::stoll(a[2]), std::stoll(a[3]), std::stoll(a[4]));
     if (a.size() >= 5 && a[0] == "decode") return decode(std::stoi(a[1]), std::stod(a[2]), a[3], {a.begin() + 4, a.end()});

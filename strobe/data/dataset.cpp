@@ -31,7 +31,15 @@ Batch stack_collate(std::vector<Sample>& samples) {
       if (it == s.end()) throw std::runtime_error(fmt::format("stack_collate: a sample lacks '{}'", kv.first));
       parts.push_back(it->second);
     }
-    b.tensors[kv.first] = torch::stack(parts);
+    if (collate_pins()) {
+      // Stacked straight into pinned memory (the loader's batch for a GPU run): no second copy.
+      auto sizes = parts.front().sizes().vec();
+      sizes.insert(sizes.begin(), static_cast<int64_t>(parts.size()));
+      auto out = torch::empty(sizes, parts.front().options().pinned_memory(true));
+      b.tensors[kv.first] = torch::stack_out(out, parts);
+    } else {
+      b.tensors[kv.first] = torch::stack(parts);
+    }
   }
   b.meta["batch_size"] = static_cast<int64_t>(samples.size());
   return b;

@@ -36,6 +36,11 @@ class Dataset {
 // Turns samples into a batch; must set batch.meta["batch_size"].
 using CollateFn = std::function<Batch(std::vector<Sample>&)>;
 
+// True while a loader that pins its batches (a run on a GPU) calls a collate: the collate may then
+// allocate its outputs in pinned memory itself (stack_collate does), which spares the loader its copy
+// of the batch into pinned memory (tensors already pinned are kept as they are).
+bool collate_pins();
+
 // Stacks each key along a new first dimension (all samples must have the same keys and shapes).
 Batch stack_collate(std::vector<Sample>& samples);
 

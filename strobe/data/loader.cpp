@@ -1,5 +1,7 @@
 #include "strobe/data/loader.h"
 
+#include <dlfcn.h>
+
 #include <algorithm>
 #include <condition_variable>
 #include <exception>
@@ -10,6 +12,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <ATen/Parallel.h>
 #include <torch/torch.h>
 
 #include "strobe/data/data_error.h"
@@ -40,6 +43,30 @@ struct DataLoader::Impl {
 };
 
 namespace {
+// Set while this thread's loader, pinning its batches, runs the collate (collate_pins(), dataset.h).
+thread_local bool collate_pins_now = false;
+
+struct CollatePinScope {
+  explicit CollatePinScope(bool pins) : before(collate_pins_now) { collate_pins_now = pins; }
+  ~CollatePinScope() { collate_pins_now = before; }
+  bool before;
+};
+
+// A worker's torch ops run on one thread: the workers are the loader's parallelism. Each worker
+// would otherwise start an OpenMP team of as many threads as there are cores for every large op
+// (12 workers x 16 threads on 16 cores), and the main thread's steps would wait on them.
+// omp_set_num_threads sets the calling thread's team size only; looked up at run time so that a
+// libtorch without OpenMP needs nothing. ATen initialises a thread's count lazily, on its first
+// parallel op, from the process's count, once per library holding a copy of its inline initialiser:
+// both copies that a worker's ops reach (libtorch's, through get_num_threads, and ours) run first.
+void single_threaded_ops() {
+  at::internal::lazy_init_num_threads();
+  (void)at::get_num_threads();
+  using SetThreads = void (*)(int);
+  static const auto set = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "omp_set_num_threads"));
+  if (set) set(1);
+}
+
 SamplerOptions sampler_options(const LoaderOptions& o, const std::shared_ptr<const Dataset>& d) {
   SamplerOptions s{o.shuffle, o.drop_last, o.seed, o.rank, o.world_size};
   if (o.pack_row_len > 0) s.rank = 0, s.world_size = 1;  // the whole epoch's samples: the rows are split
@@ -166,7 +193,10 @@ Batch DataLoader::make_batch(int64_t epoch, int64_t batch_index) const {
   if (samples.empty())
     throw DataError(fmt::format("batch {} of epoch {}: every one of its {} samples was bad and skipped", batch_index, epoch,
                                 wanted.size()));
-  Batch b = collate_(samples);
+  Batch b = [&] {
+    CollatePinScope pins(opt_.pin_memory);
+    return collate_(samples);
+  }();
   if (!b.meta.count("batch_size")) b.meta["batch_size"] = static_cast<int64_t>(wanted.size());
   if (opt_.pack_row_len > 0) b.meta[kMetaRows] = end - begin;
   b.indices = std::move(indices);
@@ -216,7 +246,10 @@ void DataLoader::start(int64_t epoch, int64_t first_batch, int64_t sample_offset
   for (int64_t w = 0; w < opt_.num_workers; ++w) m.workers.emplace_back(&Impl::worker_loop, &m, std::cref(*this), m.generation);
 }
 
+bool collate_pins() { return collate_pins_now; }
+
 void DataLoader::Impl::worker_loop(const DataLoader& loader, uint64_t gen) {
+  single_threaded_ops();
   // Workers make batches in index order; the bound keeps at most num_workers * prefetch_factor
   // batches ahead of the consumer.
   const int64_t capacity = loader.opt_.num_workers * loader.opt_.prefetch_factor;

@@ -7,7 +7,11 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/torch.h>
 
+#include <mutex>
+#include <set>
+
 #include "strobe/core/device_transfer.h"
+#include "strobe/data/loader.h"
 #include "strobe/logging/device_readback.h"
 #include "tests/gpu_trainer/cuda_skip.h"
 
@@ -80,5 +84,57 @@ TEST(DeviceReadbackCuda, StartsWithoutWaitingAndReadsTheValueOnceTheStreamGetsTh
     EXPECT_EQ(r.wait().item<int>(), round + 1);
     EXPECT_TRUE(r.ready());
     EXPECT_TRUE(r.host().is_pinned());
+  }
+}
+
+// A loader that pins its batches (a GPU run) has stack_collate stack straight into pinned memory
+// (collate_pins(), strobe/data/dataset.h): the batch is pinned without the loader's second copy, and
+// equal to the pageable batch of the same epoch.
+TEST(BatchTransferCuda, APinningLoaderStacksItsBatchesStraightIntoPinnedMemory) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  struct Noise : data::Dataset {
+    int64_t size() const override { return 12; }
+    Sample get(int64_t index, at::Generator& gen) const override {
+      EXPECT_EQ(data::collate_pins(), false) << "only the collate runs under the hint";
+      return {{"x", torch::randn({3, 32, 32}, gen) + static_cast<double>(index)}, {"i", torch::tensor(index)}};
+    }
+  };
+  int calls = 0, pinned_hint = 0;
+  std::mutex mu;
+  std::set<const void*> stacked;  // where the collate's x of each batch lies
+  data::CollateFn collate = [&](std::vector<Sample>& s) {
+    Batch b = data::stack_collate(s);
+    std::lock_guard<std::mutex> lock(mu);
+    ++calls;
+    pinned_hint += data::collate_pins();
+    stacked.insert(b.at("x").data_ptr());
+    return b;
+  };
+  auto batches = [&](bool pin) {
+    data::LoaderOptions o;
+    o.batch_size = 4;
+    o.num_workers = 2;
+    o.seed = 5;
+    o.pin_memory = pin;
+    data::DataLoader loader(std::make_shared<Noise>(), collate, o);
+    loader.start(1);
+    std::vector<Batch> out;
+    while (auto b = loader.next()) out.push_back(*b);
+    return out;
+  };
+  const auto pinned = batches(true);
+  EXPECT_EQ(pinned_hint, 3);
+  const auto pageable = batches(false);
+  EXPECT_EQ(calls, 6);
+  EXPECT_EQ(pinned_hint, 3) << "the hint is off for a loader that does not pin";
+  ASSERT_EQ(pinned.size(), 3u);
+  for (size_t k = 0; k < pinned.size(); ++k) {
+    for (const char* key : {"x", "i"}) {
+      EXPECT_TRUE(pinned[k].at(key).is_pinned()) << key;
+      EXPECT_FALSE(pageable[k].at(key).is_pinned()) << key;
+      EXPECT_TRUE(torch::equal(pinned[k].at(key), pageable[k].at(key))) << key << " batch " << k;
+    }
+    // The pinned batch is the collate's own tensor, not a copy the loader made.
+    EXPECT_EQ(stacked.count(pinned[k].at("x").data_ptr()), 1u) << "batch " << k;
   }
 }

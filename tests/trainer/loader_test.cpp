@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <mutex>
 #include <set>
 #include <thread>
 
@@ -101,6 +102,46 @@ TEST(Loader, WorkerErrorsReachTheConsumerAtTheirBatchsTurn) {
 // its first `offset` samples, rank r at positions offset + r, offset + r + W, ... (as a whole epoch is
 // split), padded by wrapping within that rest (drop_last: false) or cut to a multiple of W; the
 // counts match; an offset past the end leaves nothing.
+namespace {
+// Records how many threads a torch op may use while the loader makes its samples.
+class ThreadsSeen : public Dataset {
+ public:
+  int64_t size() const override { return 16; }
+  Sample get(int64_t index, at::Generator&) const override {
+    const int n = at::get_num_threads();
+    std::lock_guard<std::mutex> lock(seen->mu);
+    seen->counts.push_back(n);
+    return {{"i", torch::tensor(index)}};
+  }
+  struct Seen {
+    std::mutex mu;
+    std::vector<int> counts;
+  };
+  std::shared_ptr<Seen> seen = std::make_shared<Seen>();
+};
+}  // namespace
+
+// A worker's torch ops run on one thread (the workers are the parallelism): without it each worker
+// starts an OpenMP team of every core for each large op, 12 x 16 threads on a 16-core machine.
+// The main thread keeps its own count.
+TEST(Loader, WorkersRunTheirTorchOpsOnOneThreadAndLeaveTheMainThreadsCount) {
+  at::set_num_threads(2);
+  ASSERT_EQ(at::get_num_threads(), 2);
+  auto data = std::make_shared<ThreadsSeen>();
+  LoaderOptions o;
+  o.batch_size = 4;
+  o.num_workers = 2;
+  DataLoader loader(data, stack_collate, o);
+  loader.start(0);
+  int batches = 0;
+  while (loader.next()) ++batches;
+  loader.stop();
+  EXPECT_EQ(batches, 4);
+  ASSERT_EQ(data->seen->counts.size(), 16u);
+  for (int n : data->seen->counts) EXPECT_EQ(n, 1);
+  EXPECT_EQ(at::get_num_threads(), 2);
+}
+
 TEST(Sampler, FromAnOffsetTheRanksSplitTheRestOfTheOrder) {
   const std::vector<int64_t> order = DistributedSampler(53, SamplerOptions{true, false, 5, 0, 1}).indices(2);
   for (int64_t world : {1, 2, 3}) {
