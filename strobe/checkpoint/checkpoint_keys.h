@@ -22,6 +22,9 @@ inline constexpr const char* kScheduler = "scheduler";    // the learning-rate s
 inline constexpr const char* kScaler = "scaler";          // 16-mixed's loss scale
 inline constexpr const char* kLoop = "loop";              // the loop counters (strobe/core/loop_state.h)
 inline constexpr const char* kDataExclude = "data_exclude";  // the saved epoch's excluded samples (JSON)
+// The config (YAML) the saved epoch's order came from, when that is not the checkpoint's own config:
+// an epoch finishing with an earlier data config after a resume (docs/DATA.md, "Mixes").
+inline constexpr const char* kDataEpochConfig = "data_epoch_config";
 inline constexpr const char* kAccumulation = "accumulation";  // the accumulation window's micro-batches (JSON)
 inline constexpr const char* kAccumulationGradPrefix = "accumulation/grad/";  // inside a window: partial gradients
 inline constexpr const char* kLogger = "logger";          // the log accumulators' counts (JSON)

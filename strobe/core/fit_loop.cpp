@@ -59,6 +59,16 @@ void FitLoop::setup(std::shared_ptr<data::DataLoader> loader) {
   limited_batches_ = n < full ? n : -1;
 }
 
+void FitLoop::finish_epoch_with(std::shared_ptr<data::DataLoader> loader, std::string config_yaml,
+                                std::vector<std::string> source_names) {
+  EngineAccess::set_pin_memory(*loader, parts_.device.is_cuda());
+  if (!loader_->options().shuffle) EngineAccess::set_shuffle(*loader, false);
+  if (limited_batches_ >= 0) EngineAccess::set_limit_batches(*loader, limited_batches_);
+  epoch_loader_ = std::move(loader);
+  epoch_config_yaml_ = std::move(config_yaml);
+  epoch_source_names_ = std::move(source_names);
+}
+
 TrainerState FitLoop::saved_state() const {
   TrainerState s = state_;
   if (start_time_.time_since_epoch().count() != 0)
@@ -158,25 +168,29 @@ void FitLoop::run_epoch() {
   auto& t = *parts_.view;
   auto& module = *parts_.module;
   const bool fresh_epoch = state_.batch_in_epoch == 0 && state_.sample_offset == 0;
+  // A resumed epoch that finishes with the data config it began under (finish_epoch_with).
+  if (fresh_epoch && epoch_loader_) epoch_loader_.reset(), epoch_config_yaml_.clear(), epoch_source_names_.clear();
+  data::DataLoader& loader = epoch_loader_ ? *epoch_loader_ : *loader_;
   if (restored_exclude_) {
     // Resumed mid-epoch with another data.exclude: the epoch finishes with the order it began with
     // (the checkpoint's exclusion); this run's applies from the next epoch.
-    if (!fresh_epoch && *restored_exclude_ != loader_->excluded(state_.epoch)) {
-      EngineAccess::exclude_from(*loader_, state_.epoch + 1, *restored_exclude_);
+    if (!fresh_epoch && *restored_exclude_ != loader.excluded(state_.epoch)) {
+      EngineAccess::exclude_from(loader, state_.epoch + 1, *restored_exclude_);
+      if (&loader != loader_.get()) EngineAccess::exclude_from(*loader_, state_.epoch + 1, *restored_exclude_);
       if (parts_.global_zero)
         fmt::print(stderr, "data.exclude: {} sample(s) of the training data left out from epoch {} on (resumed mid-way through epoch {})\n",
-                   loader_->excluded(state_.epoch + 1).size(), state_.epoch + 1, state_.epoch);
+                   loader.excluded(state_.epoch + 1).size(), state_.epoch + 1, state_.epoch);
     }
     restored_exclude_.reset();
   }
-  loader_->start(state_.epoch, state_.batch_in_epoch, state_.sample_offset);
-  num_batches_ = epoch_batches_;
+  loader.start(state_.epoch, state_.batch_in_epoch, state_.sample_offset);
+  num_batches_ = &loader == loader_.get() ? epoch_batches_ : loader.num_batches();
   if (state_.sample_offset > 0) {
     // Rebased (rebase_to_samples): the rest of the epoch's order in the new batches, and a limit
     // keeps counting the epoch's batches of the new size from its start.
-    num_batches_ = loader_->num_batches();
+    num_batches_ = loader.num_batches();
     if (limited_batches_ >= 0) {
-      const int64_t per_batch = loader_->options().batch_size * world_size_;
+      const int64_t per_batch = loader.options().batch_size * world_size_;
       num_batches_ = std::min(num_batches_, std::max<int64_t>(0, limited_batches_ - (state_.sample_offset + per_batch - 1) / per_batch));
     }
   }
@@ -195,13 +209,13 @@ void FitLoop::run_epoch() {
   if (num_batches_ == 0) {  // rebased at the end of its order (the new batch leaves no whole batch there)
     state_.epoch_done = true;
     end_epoch();
-    loader_->stop();
+    loader.stop();
     share_stop_code(/*blocking=*/true);
     return;
   }
   for (;;) {
     const auto wait_start = std::chrono::steady_clock::now();
-    auto b = loader_->next();
+    auto b = loader.next();
     last_input_wait_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - wait_start).count();
     if (!b) break;
     const int64_t idx = state_.batch_in_epoch;
@@ -232,7 +246,7 @@ void FitLoop::run_epoch() {
     if (last) break;
     if (accum_count_ == 0 && done()) break;
   }
-  loader_->stop();
+  loader.stop();
   share_stop_code(/*blocking=*/true);  // every rank leaves the epoch here: agree on stopping now
 }
 
@@ -259,7 +273,7 @@ torch::Tensor FitLoop::run_batch(Batch host_batch, int64_t batch_idx) {
 
 void FitLoop::log_source_shares(const Batch& batch) {
   // A mix of sources: each source's share of the batch's real tokens, on the device (no host read).
-  const auto& names = source_names_;
+  const auto& names = epoch_loader_ ? epoch_source_names_ : source_names_;  // the epoch's own sources
   if (names.empty()) return;
   const auto source = batch.tensors.find("source"), lengths = batch.tensors.find("lengths");
   if (source == batch.tensors.end() || lengths == batch.tensors.end()) return;
@@ -290,8 +304,11 @@ void FitLoop::Progress::save(checkpoint::CheckpointData& d, const StepStart* at)
   d.blobs[checkpoint_keys::kLoop] = serialize_loop_state(s);
   // The training data's exclusion (data.exclude) in the saved epoch: a resume with another one
   // keeps this one until the epoch ends.
-  if (loop_.loader_ && !loop_.loader_->excluded(s.epoch).empty())
-    d.blobs[checkpoint_keys::kDataExclude] = nlohmann::json(loop_.loader_->excluded(s.epoch)).dump();
+  const data::DataLoader* epoch_loader = loop_.epoch_loader_ ? loop_.epoch_loader_.get() : loop_.loader_.get();
+  if (epoch_loader && !epoch_loader->excluded(s.epoch).empty())
+    d.blobs[checkpoint_keys::kDataExclude] = nlohmann::json(epoch_loader->excluded(s.epoch)).dump();
+  // An epoch finishing with the data config it began under: the resume that takes it up needs it.
+  if (loop_.epoch_loader_ && !s.epoch_done) d.blobs[checkpoint_keys::kDataEpochConfig] = loop_.epoch_config_yaml_;
 }
 
 void FitLoop::Progress::load(const checkpoint::CheckpointData& d) {

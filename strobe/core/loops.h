@@ -154,6 +154,11 @@ class FitLoop {
   void set_evaluation(EvaluationLoop* evaluation) { evaluation_ = evaluation; }
   // Takes the training loader and applies the training limits; throws when it yields no batches.
   void setup(std::shared_ptr<data::DataLoader> loader);
+  // A resume in the middle of an epoch whose order this run's data config would change (a mix's
+  // sources or weights, the packing plan: docs/DATA.md): the epoch finishes with `loader`, made from
+  // `config_yaml` (the config the epoch began under; checkpoints taken before its end record it) and
+  // its sources' names; the run's own loader takes over at the next epoch.
+  void finish_epoch_with(std::shared_ptr<data::DataLoader> loader, std::string config_yaml, std::vector<std::string> source_names);
   // What runs each training micro-batch (the Trainer's eager or graphed runner, or a test's).
   void set_runner(TrainingRunner* runner) { runner_ = runner; }
   // The optimizer whose step ends each accumulation window (callbacks' on_before_zero_grad gets it)
@@ -262,6 +267,10 @@ class FitLoop {
   // data.exclude: the training loader's exclusion the restored checkpoint's epoch ran with (its
   // `data_exclude` blob), reconciled with this run's at the first epoch run after the restore.
   std::optional<std::vector<int64_t>> restored_exclude_;
+  // finish_epoch_with's loader, the config it was made from and its sources (reset at the epoch's end).
+  std::shared_ptr<data::DataLoader> epoch_loader_;
+  std::string epoch_config_yaml_;
+  std::vector<std::string> epoch_source_names_;
   Progress progress_{*this};
   Accumulation accumulation_{*this};
   std::shared_ptr<data::DataLoader> loader_;

@@ -249,9 +249,10 @@ int Trainer::fit(std::optional<checkpoint::CheckpointData> resume) {
     const std::string schedule = settle_schedule_length(allowed);
     // Every resume says where it continues from, what changed, and what became of the schedule.
     if (rank_ == 0)
-      fmt::print("strobe fit: resuming from {} (step {}){}{}{}\n", resume->source, state().global_step,
+      fmt::print("strobe fit: resuming from {} (step {}){}{}{}{}\n", resume->source, state().global_step,
                  world_size_note_.empty() ? "" : " on " + world_size_note_,
-                 changes.empty() ? "" : " with changes: " + changes, schedule.empty() ? "" : "; " + schedule);
+                 changes.empty() ? "" : " with changes: " + changes, schedule.empty() ? "" : "; " + schedule,
+                 data_epoch_note_.empty() ? "" : "; data: " + data_epoch_note_);
     resume.reset();  // the tensors are restored: let them go before training
   }
   if (rank_ == 0)

@@ -75,6 +75,8 @@
 
 namespace strobe {
 
+struct ConfigComparison;  // resume_compat.h
+
 class Fp8Layers;
 
 namespace logging {
@@ -224,6 +226,12 @@ class Trainer : private TrainerView, private StepAccess {
   // line. `saved_config`: the checkpoint's, parsed once for the resume (compare_configs); null when
   // it holds none.
   void check_resume_world_size(const checkpoint::CheckpointData& data, const config::SavedConfig* saved_config);
+  // A resume in the middle of an epoch under a data config that reorders it (a mix's sources or
+  // weights, data.packing): the epoch finishes with the data module of the config it began under
+  // (the checkpoint's, or its data_epoch_config record), this run's from the next epoch; a config
+  // that cannot be built now is one CheckpointError. Sets data_epoch_note_ for the resume line.
+  void finish_epoch_with_its_data(const checkpoint::CheckpointData& data, const ConfigComparison& configs,
+                                  const TrainerState& loop);
   void register_state();
   void register_fit_state();  // the optimizer, scheduler, scaler and step pipeline, once they exist
   // The live state, or with `step_start` the state at that step's start (loop_state.h: StepStart).
@@ -250,6 +258,10 @@ class Trainer : private TrainerView, private StepAccess {
   int64_t rank_ = 0;
   int64_t world_size_ = 1;
   std::string world_size_note_;  // the resume line's "2 process(es) -> 1, ..." (empty: nothing changed)
+  // A mid-epoch resume whose data config reorders the epoch: the data module the epoch finishes
+  // with, and the resume line's note of when the change applies (finish_epoch_with_its_data).
+  std::shared_ptr<DataModule> epoch_data_module_;
+  std::string data_epoch_note_;
   std::optional<int64_t> resume_samples_;  // a batch-changing resume's samples of the epoch consumed
   std::shared_ptr<distributed::Strategy> strategy_;
 

@@ -96,6 +96,72 @@ void Trainer::save_checkpoint(const std::string& path) {
   sharded_checkpoint().save(path, std::move(d), state().global_step);
 }
 
+namespace {
+// The keys whose change reorders an epoch: a mix's sources and weights, and the packing plan (its
+// switch, and max_seq_len while either side packs). "key: a -> b" for each.
+std::vector<std::string> epoch_order_changes(const config::ConfigLeaves& before, const config::ConfigLeaves& now) {
+  auto value = [](const config::ConfigLeaves& leaves, const std::string& key) -> std::string {
+    for (const auto& [k, v] : leaves)
+      if (k == key) return v;
+    return "";
+  };
+  const bool packed = value(before, "data.packing") == "best_fit" || value(now, "data.packing") == "best_fit";
+  std::vector<std::string> keys;
+  for (const auto* leaves : {&before, &now})
+    for (const auto& [k, v] : *leaves)
+      if ((k.rfind("data.sources", 0) == 0 || k == "data.packing" || (packed && k == "data.max_seq_len")) &&
+          std::find(keys.begin(), keys.end(), k) == keys.end())
+        keys.push_back(k);
+  std::vector<std::string> out;
+  for (const auto& k : keys) {
+    const std::string a = value(before, k), b = value(now, k);
+    if (a != b) out.push_back(fmt::format("{}: {} -> {}", k, a.empty() ? "(absent)" : a, b.empty() ? "(absent)" : b));
+  }
+  return out;
+}
+}  // namespace
+
+void Trainer::finish_epoch_with_its_data(const checkpoint::CheckpointData& data, const ConfigComparison& configs,
+                                         const TrainerState& loop) {
+  if (config_yaml_.empty() || !configs.saved) return;  // no config to compare (a program without one)
+  // The config the epoch began under: the checkpoint's, or the one its epoch was finishing with.
+  std::shared_ptr<const config::SavedConfig> began = configs.saved;
+  if (data.has_blob(checkpoint_keys::kDataEpochConfig))
+    began = std::make_shared<const config::SavedConfig>(data.blob(checkpoint_keys::kDataEpochConfig),
+                                                        data.source + " (the config its epoch began under)");
+  const config::SavedConfig now(config_yaml_, "this run's config");
+  const auto changes = epoch_order_changes(began->leaves(), now.leaves());
+  if (changes.empty()) return;
+  // That config's data section, with this run's batch and workers (a new batch size is a rebase of
+  // the position, as for any resume: the epoch's order is what stays).
+  auto doc = began->document();
+  const auto& opt = datamodule_->train_loader()->options();
+  for (const auto& [key, value] : std::vector<std::pair<std::string, int64_t>>{
+           {"batch_size", opt.batch_size}, {"num_workers", opt.num_workers}, {"prefetch_factor", opt.prefetch_factor}})
+    doc.apply_override(fmt::format("data.{}={}", key, value));
+  DataContext ctx;
+  ctx.seed = static_cast<uint64_t>(exp_.seed);
+  ctx.rank = rank_;
+  ctx.world_size = world_size_;
+  std::shared_ptr<DataModule> earlier;
+  try {
+    auto root = doc.root();
+    auto section = root.child("data");
+    earlier = data_registry().create(section, "", ctx);
+  } catch (const std::exception& e) {
+    throw checkpoint::CheckpointError(fmt::format(
+        "{}: {}: epoch {} is {} batch(es) in and must finish with the data it began with, which cannot be built now ({}); "
+        "resume from a checkpoint at an epoch's end, or with the checkpoint's data",
+        data.source, fmt::join(changes, ", "), loop.epoch, loop.batch_in_epoch, e.what()));
+  }
+  earlier->setup(Stage::Fit);
+  auto loader = earlier->train_loader();
+  fit_loop_->finish_epoch_with(loader, began->text(), earlier->info().source_names);
+  epoch_data_module_ = earlier;
+  data_epoch_note_ = fmt::format("{} from epoch {} (epoch {} finishes with the data it began with)", fmt::join(changes, ", "),
+                                 loop.epoch + 1, loop.epoch);
+}
+
 std::vector<config::ConfigChange> Trainer::restore_training_state(const checkpoint::CheckpointData& data) {
   // The saved config against the current one, parsed once (a zero2 rank's merged shard below holds
   // the same config).
@@ -118,28 +184,11 @@ std::vector<config::ConfigChange> Trainer::restore_training_state(const checkpoi
   // precision or model shape is refused naming the change; the rest is returned for fit to list).
   auto changes = check_resume_compatible(source, data, configs, module_->net());
   // A mix's schedule and a packing plan are the epoch's order: another one from the middle of an
-  // epoch would draw a sample twice or never (docs/DATA.md, "Mixes" and "Packing").
+  // epoch would draw a sample twice or never. The epoch finishes with the data config it began
+  // under, and this run's applies from the next epoch (docs/DATA.md, "Mixes" and "Packing").
   if (data.has_blob(checkpoint_keys::kLoop)) {
     const TrainerState loop = parse_loop_state(data.blob(checkpoint_keys::kLoop));
-    const bool mid_epoch = loop.batch_in_epoch > 0 && !loop.epoch_done;
-    bool packed = false;
-    for (const auto& c : changes)
-      if (c.key == "data.packing") packed = true;
-    if (datamodule_)
-      if (auto loader = datamodule_->train_loader(); loader && loader->options().pack_row_len > 0) packed = true;
-    for (const auto& c : changes) {
-      if (!mid_epoch) break;
-      if (c.key.rfind("data.sources", 0) == 0)
-        throw checkpoint::CheckpointError(fmt::format(
-            "{}: {}: the mix of data.sources cannot change in the middle of an epoch (epoch {} is {} batch(es) in); "
-            "resume with the checkpoint's sources, or from a checkpoint at an epoch's end",
-            source, c.text(), loop.epoch, loop.batch_in_epoch));
-      if (packed && (c.key == "data.packing" || c.key == "data.max_seq_len"))
-        throw checkpoint::CheckpointError(fmt::format(
-            "{}: {}: the packing plan of the epoch's rows cannot change in the middle of an epoch (epoch {} is {} batch(es) "
-            "in); resume with the checkpoint's data.packing and data.max_seq_len, or from a checkpoint at an epoch's end",
-            source, c.text(), loop.epoch, loop.batch_in_epoch));
-    }
+    if (loop.batch_in_epoch > 0 && !loop.epoch_done) finish_epoch_with_its_data(data, configs, loop);
   }
   // This rank's optimizer state: zero2's own shard, or the checkpoint's re-cut for this run's number
   // of processes and strategy (sharded_checkpoint.h).

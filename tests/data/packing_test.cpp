@@ -264,9 +264,10 @@ TEST(Packing, TokenFileBestFitGivesBatchesOfRowsOfWholeDocumentsAndRefusesWhatIt
   EXPECT_NE(err("packing: first_fit\n").find("packing"), std::string::npos);
 }
 
-// A fit on packed rows trains; a resume in the middle of an epoch keeps the plan (another
-// data.packing is refused with one line, before anything is restored).
-TEST(Packing, TheFitLoopTrainsOnRowsAndTheyCannotChangeInTheMiddleOfAnEpoch) {
+// A fit on packed rows trains; a resume in the middle of an epoch with packing switched off
+// finishes the epoch on the rows it began with (bit for bit the uninterrupted packed run at the
+// epoch's end) and says from which epoch the change applies.
+TEST(Packing, TheFitLoopTrainsOnRowsAndAnotherPackingAtAMidEpochResumeAppliesFromTheNextEpoch) {
   using namespace packing_test;
   const auto file = document_file(400);
   auto yaml = [&](const std::string& packing) {
@@ -291,14 +292,22 @@ scheduler: {{name: none}}
     return run->trainer->fit(std::move(run->checkpoint));
   };
   const std::string root = fresh_dir("packing-resume").string();
+  auto last = [&](const std::string& run) { return root + "/" + run + "/checkpoints/last.ckpt"; };
+  // 259 rows of 16 in batches of 4: epoch 0 is 65 steps.
   ASSERT_EQ(fit(yaml("best_fit"), root + "/a", std::nullopt, 3), 0);
-  const std::string ckpt = root + "/a/checkpoints/last.ckpt";
-  ASSERT_TRUE(fs::exists(ckpt));
-  EXPECT_EQ(error_of([&] { fit(yaml("none"), root + "/b", ckpt, 6); }),
-            ckpt + ": data.packing: best_fit -> none: the packing plan of the epoch's rows cannot change in the middle of an epoch "
-                   "(epoch 0 is 3 batch(es) in); resume with the checkpoint's data.packing and data.max_seq_len, or from a "
-                   "checkpoint at an epoch's end");
-  EXPECT_EQ(fit(yaml("best_fit"), root + "/c", ckpt, 6), 0);
+  ASSERT_EQ(fit(yaml("best_fit"), root + "/straight", std::nullopt, 65), 0);
+  ::testing::internal::CaptureStdout();
+  const int rc = fit(yaml("none"), root + "/b", last("a"), 65);
+  const std::string out = ::testing::internal::GetCapturedStdout();
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("; data: data.packing: best_fit -> none from epoch 1 (epoch 0 finishes with the data it began with)"),
+            std::string::npos)
+      << out;
+  const auto x = model_tensors_of(last("b")), y = model_tensors_of(last("straight"));
+  ASSERT_EQ(x.size(), y.size());
+  for (const auto& [k, v] : x) EXPECT_TRUE(torch::equal(v, y.at(k))) << k;
+  // The next epoch is the unpacked one: batches of 4 documents (far more steps in epoch 1).
+  ASSERT_EQ(fit(yaml("none"), root + "/c", last("b"), 70), 0);
 }
 
 }  // namespace strobe

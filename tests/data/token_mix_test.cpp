@@ -214,10 +214,13 @@ logger: {{csv: false}}
 
 namespace strobe {
 
-// A resume in the middle of an epoch keeps the mix: the same sources resume (the next batches are
-// the uninterrupted run's: the loader test above); other weights are refused with one line naming
-// the change, before anything is restored.
-TEST(TokenMix, TheMixCannotChangeInTheMiddleOfAnEpoch) {
+// A resume in the middle of an epoch under other weights: the epoch finishes with the mix it began
+// with and the new weights apply from the next epoch, said in the resume line. Bit for bit on the
+// CPU: resumed at step 3 with 0.5, the run's weights at the epoch's end (step 26) are those of the
+// uninterrupted 0.6 run; a checkpoint taken inside that finishing epoch (step 10) resumed again ends
+// there too (it records the config the epoch began under); and the next epoch's steps equal a resume
+// of the uninterrupted run's epoch-end checkpoint under 0.5.
+TEST(TokenMix, AnotherMixAtAMidEpochResumeAppliesFromTheNextEpoch) {
   namespace tm = token_mix;
   const auto dir = tm::three_sources();
   auto yaml = [&](double web) {
@@ -241,14 +244,37 @@ scheduler: {{name: none}}
     auto run = build_run(doc, opt);
     return run->trainer->fit(std::move(run->checkpoint));
   };
+  auto same = [](const std::string& a, const std::string& b) {
+    const auto x = model_tensors_of(a), y = model_tensors_of(b);
+    if (x.size() != y.size() || x.empty()) return false;
+    for (const auto& [k, v] : x)
+      if (!y.count(k) || !torch::equal(v, y.at(k))) return false;
+    return true;
+  };
   const std::string root = fresh_dir("mix-resume").string();
+  auto last = [&](const std::string& run) { return root + "/" + run + "/checkpoints/last.ckpt"; };
+  // 503 samples of 0.6 / 0.3 / 0.1 in batches of 20: epoch 0 is 26 steps.
   ASSERT_EQ(fit(yaml(0.6), root + "/a", std::nullopt, 3), 0);
-  const std::string ckpt = root + "/a/checkpoints/last.ckpt";
-  ASSERT_TRUE(fs::exists(ckpt));
-  EXPECT_EQ(error_of([&] { fit(yaml(0.5), root + "/b", ckpt, 6); }),
-            ckpt + ": data.sources[0].weight: 0.6 -> 0.5: the mix of data.sources cannot change in the middle of an epoch "
-                   "(epoch 0 is 3 batch(es) in); resume with the checkpoint's sources, or from a checkpoint at an epoch's end");
-  EXPECT_EQ(fit(yaml(0.6), root + "/c", ckpt, 6), 0);
+  ASSERT_EQ(fit(yaml(0.6), root + "/straight", std::nullopt, 26), 0);
+  ::testing::internal::CaptureStdout();
+  const int rc = fit(yaml(0.5), root + "/b", last("a"), 26);
+  const std::string out = ::testing::internal::GetCapturedStdout();
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("; data: data.sources[0].weight: 0.6 -> 0.5 from epoch 1 (epoch 0 finishes with the data it began with)"),
+            std::string::npos)
+      << out;
+  EXPECT_TRUE(same(last("b"), last("straight"))) << "epoch 0 did not finish with the mix it began with";
+  // A checkpoint inside the finishing epoch, resumed again under 0.5.
+  ASSERT_EQ(fit(yaml(0.5), root + "/c", last("a"), 10), 0);
+  ASSERT_EQ(fit(yaml(0.5), root + "/d", last("c"), 26), 0);
+  EXPECT_TRUE(same(last("d"), last("straight"))) << "a checkpoint of the finishing epoch lost the mix it began with";
+  // The next epoch under the new weights: as a resume of the uninterrupted run's epoch end.
+  ASSERT_EQ(fit(yaml(0.5), root + "/e", last("b"), 30), 0);
+  ASSERT_EQ(fit(yaml(0.5), root + "/f", last("straight"), 30), 0);
+  EXPECT_TRUE(same(last("e"), last("f")));
+  // And the new weights do apply there: not the run that kept 0.6.
+  ASSERT_EQ(fit(yaml(0.6), root + "/g", last("straight"), 30), 0);
+  EXPECT_FALSE(same(last("e"), last("g")));
 }
 
 }  // namespace strobe
