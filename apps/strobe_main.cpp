@@ -40,6 +40,7 @@
 #include "runner/predict.h"
 #include "runner/plugins.h"
 #include "runner/hang.h"
+#include "runner/lr_find.h"
 #include "runner/replay.h"
 
 namespace {
@@ -424,6 +425,7 @@ struct Cli {
   std::string list_kind;
   std::vector<std::string> list_plugins;
   std::string hang_dir;
+  strobe::LrFindOptions lr_find;
 };
 
 // fit, validate, test and predict: the commands that build a run from a config.
@@ -526,6 +528,24 @@ void add_hang_command(Cli& cli) {
   hang->add_option("run_dir", cli.hang_dir, "the run directory (it holds collectives_rank<r>.json)")->required()->check(kNonEmpty);
 }
 
+void add_tune_command(Cli& cli) {
+  auto* tune = cli.app.add_subcommand("tune", "find a starting learning rate (tune lr)");
+  tune->require_subcommand(1);
+  auto& o = cli.lr_find;
+  auto* lr = tune->add_subcommand(
+      "lr", "the learning-rate range test: train a few steps with an exponentially growing lr and suggest one (lr_find.csv, lr_find.svg)");
+  lr->add_option("-c,--config", o.configs, "experiment YAML file(s), composed as fit composes them")->check(kNonEmpty);
+  lr->add_option("--set", o.sets, "override a key (repeatable)")->take_all();
+  lr->add_option("--plugin", o.plugins, "load a plugin (repeatable)")->take_all()->check(kNonEmpty);
+  lr->add_option("--min", o.min_lr, "the first learning rate (default 1e-8)");
+  lr->add_option("--max", o.max_lr, "the last learning rate (default 1)");
+  lr->add_option("--steps", o.steps, "optimizer steps of the sweep (default 100)");
+  lr->add_option("--out", o.out, "the folder of lr_find.csv and lr_find.svg (default lr_find)")->check(kNonEmpty);
+  lr->add_option("--apply", o.apply, "write a copy of the config with the suggestion as optimizer.lr")->check(kNonEmpty);
+  lr->add_option("--from", o.from, "suggest and plot from an earlier lr_find.csv, without training")->check(kNonEmpty);
+  lr->add_flag("--overwrite", o.overwrite, "replace existing output files");
+}
+
 void add_list_command(Cli& cli) {
   auto* list = cli.app.add_subcommand("list", "list the models, tasks, data modules, callbacks and metrics an experiment can name");
   list->add_option("kind", cli.list_kind, "models | tasks | data | callbacks | metrics: that kind's names, one per line");
@@ -565,7 +585,7 @@ std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv) {
     return 2;
   }
   if (app.get_subcommands().empty()) {
-    fmt::print(stderr, "strobe: a command is required (fit, validate, test, predict, replay, export, bench, list, hang); run 'strobe --help' for usage\n");
+    fmt::print(stderr, "strobe: a command is required (fit, validate, test, predict, replay, export, bench, list, hang, tune); run 'strobe --help' for usage\n");
     return 2;
   }
   return std::nullopt;
@@ -595,6 +615,11 @@ int run_parsed(const std::string& command, Cli& cli, Progress& progress) {
     return run_list(cli.list_kind);
   }
   if (command == "replay") return run_replay(cli.replay_a);
+  if (command == "tune") {
+    if (cli.lr_find.from.empty() && cli.lr_find.configs.empty())
+      throw strobe::LrFindError("-c/--config is required (the experiment to sweep), unless --from names an earlier lr_find.csv");
+    return strobe::run_lr_find(cli.lr_find);
+  }
   if (command == "hang") {
     fmt::print("{}", strobe::explain_hang(cli.hang_dir));
     return 0;
@@ -623,6 +648,9 @@ int report_error(const std::string& command, const Cli& cli, const Progress& pro
     return 2;
   } catch (const strobe::ExportError& e) {
     fmt::print(stderr, "strobe export: {}\n", one_line(e.what()));
+    return 2;
+  } catch (const strobe::LrFindError& e) {
+    fmt::print(stderr, "strobe tune lr: {}\n", one_line(e.what()));
     return 2;
   } catch (const strobe::HangError& e) {
     fmt::print(stderr, "strobe hang: {}\n", one_line(e.what()));
@@ -692,6 +720,7 @@ int main(int argc, char** argv) {
   add_bench_command(cli);
   add_list_command(cli);
   add_hang_command(cli);
+  add_tune_command(cli);
   cli.app.footer(components_text());
   if (const std::optional<int> rc = parse_command_line(cli.app, argc, argv)) return *rc;
   const std::string command = cli.app.get_subcommands().front()->get_name();

@@ -55,13 +55,13 @@ fi
 if ! "$py" - <<'PY' 2>/dev/null
 import importlib.metadata as m
 assert m.version("torch") == "2.11.0"
-for p in ("torchvision", "torchmetrics", "tensorboard", "numpy", "safetensors", "timm", "transformers"):
+for p in ("torchvision", "torchmetrics", "tensorboard", "numpy", "safetensors", "timm", "transformers", "lightning"):
     m.version(p)
 PY
 then
   echo "setup: installing torch 2.11.0 and the comparison packages into $venv"
   "$py" -m pip install -q --upgrade pip
-  "$py" -m pip install -q "torch==2.11.0" "torchvision==0.26.0" torchmetrics tensorboard numpy safetensors timm "transformers==5.24.0"
+  "$py" -m pip install -q "torch==2.11.0" "torchvision==0.26.0" torchmetrics tensorboard numpy safetensors timm "transformers==5.24.0" "lightning==2.6.6"
 fi
 
 prefix=$("$py" -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null)

@@ -292,7 +292,7 @@ OptimizerConfig parse_optimizer(Section cfg) {
 
 SchedulerConfig parse_scheduler(Section cfg) {
   SchedulerConfig s;
-  s.name = cfg.get_choice("name", "none", {"none", "step", "multistep", "cosine", "linear_warmup", "reduce_on_plateau"});
+  s.name = cfg.get_choice("name", "none", {"none", "step", "multistep", "cosine", "linear_warmup", "reduce_on_plateau", "lr_range"});
   if (s.name == "step") {
     s.step_size = cfg.get_int("step_size", 1000, 1);
     s.gamma = cfg.get_double("gamma", 0.1, 0.0);
@@ -318,6 +318,10 @@ SchedulerConfig parse_scheduler(Section cfg) {
     s.threshold = cfg.get_double("threshold", 1e-4, 0.0);
     s.cooldown = cfg.get_int("cooldown", 0, 0);
     s.min_lr = cfg.get_double("min_lr", 0.0, 0.0);
+  } else if (s.name == "lr_range") {
+    s.end_factor = cfg.get_double("end_factor", 1e8, 0.0);
+    if (!(s.end_factor > 1.0)) cfg.fail("end_factor", fmt::format("expected a factor > 1, got {}", s.end_factor));
+    s.range_steps = cfg.get_int("steps", 100, 2);
   }
   cfg.finish();
   s.section = std::move(cfg);

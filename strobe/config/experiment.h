@@ -147,7 +147,7 @@ struct OptimizerConfig {
 
 // scheduler: (docs/CONFIG.md). Built at fit (build_scheduler), where cosine's run length is known.
 struct SchedulerConfig {
-  std::string name = "none";  // none | step | multistep | cosine | linear_warmup | reduce_on_plateau
+  std::string name = "none";  // none | step | multistep | cosine | linear_warmup | reduce_on_plateau | lr_range
   int64_t step_size = 1000;   // step
   std::vector<int64_t> milestones;  // multistep: increasing optimizer steps
   double gamma = 0.1;               // step, multistep
@@ -158,6 +158,8 @@ struct SchedulerConfig {
   bool mode_max = false;
   double factor = 0.1, threshold = 1e-4, min_lr = 0.0;
   int64_t patience = 10, cooldown = 0;
+  double end_factor = 1e8;  // lr_range: the lr's factor at its last step
+  int64_t range_steps = 100;  // lr_range: its steps
   Section section;
 };
 

@@ -275,6 +275,21 @@ class LinearWarmup : public LRScheduler {
   double start_;
 };
 
+// The learning-rate range test's schedule (strobe tune lr; Lightning's lr_find): the lr grows
+// exponentially from its base to base x end_factor over `steps` optimizer steps, as Lightning's
+// exponential schedule does it: step 0 at the base, step s >= 1 at base x end_factor^((s + 1) / steps),
+// so the last step (steps - 1) is at base x end_factor.
+class LrRange : public LRScheduler {
+ public:
+  LrRange(torch::optim::Optimizer& o, double end_factor, int64_t steps) : LRScheduler(o), end_(end_factor), steps_(steps) {}
+  double factor(int64_t s) const override {
+    if (s <= 0) return 1.0;
+    return std::pow(end_, static_cast<double>(std::min(s + 1, steps_)) / static_cast<double>(steps_));
+  }
+  double end_;
+  int64_t steps_;
+};
+
 // Multiplies the lr by `factor` after `patience` validations without improvement of the monitored
 // value (relative threshold, as torch's default 'rel' mode), then waits `cooldown` validations.
 class ReduceOnPlateau : public LRScheduler {
@@ -348,6 +363,8 @@ std::shared_ptr<LRScheduler> build_scheduler(const config::SchedulerConfig& cfg,
     s = std::make_shared<CosineWarmup>(opt, cfg.warmup_steps, total, cfg.warmup_start_factor, cfg.min_lr_factor);
   } else if (cfg.name == "linear_warmup") {
     s = std::make_shared<LinearWarmup>(opt, cfg.warmup_steps, cfg.warmup_start_factor);
+  } else if (cfg.name == "lr_range") {
+    s = std::make_shared<LrRange>(opt, cfg.end_factor, cfg.range_steps);
   } else if (cfg.name == "reduce_on_plateau") {
     s = std::make_shared<ReduceOnPlateau>(opt, cfg.monitor, cfg.mode_max, cfg.factor, cfg.patience, cfg.threshold,
                                           cfg.cooldown, cfg.min_lr);
