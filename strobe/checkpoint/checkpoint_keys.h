@@ -25,6 +25,9 @@ inline constexpr const char* kDataExclude = "data_exclude";  // the saved epoch'
 // The config (YAML) the saved epoch's order came from, when that is not the checkpoint's own config:
 // an epoch finishing with an earlier data config after a resume (docs/DATA.md, "Mixes").
 inline constexpr const char* kDataEpochConfig = "data_epoch_config";
+// Validation by time (trainer.val_check_interval as a duration): the training seconds since the last
+// validation and the count of those validations (JSON {"since_s", "count"}).
+inline constexpr const char* kValClock = "val_clock";
 inline constexpr const char* kAccumulation = "accumulation";  // the accumulation window's micro-batches (JSON)
 inline constexpr const char* kAccumulationGradPrefix = "accumulation/grad/";  // inside a window: partial gradients
 inline constexpr const char* kLogger = "logger";          // the log accumulators' counts (JSON)

@@ -359,7 +359,19 @@ Experiment parse_experiment(Document& doc) {
   c.accumulate_grad_batches = t.get_int("accumulate_grad_batches", 1, 1);
   c.gradient_clip_val = t.get_double("gradient_clip_val", 0.0, 0.0);
   c.gradient_clip_algorithm = t.get_choice("gradient_clip_algorithm", "norm", {"norm", "value"});
-  c.val_check_interval = t.get_count_or_fraction("val_check_interval", {false, 0, 1.0});
+  if (t.has("val_check_interval") && t.node()["val_check_interval"].IsScalar() &&
+      t.node()["val_check_interval"].Scalar().find(':') != std::string::npos) {
+    // A duration, as max_time spells it: validation by time.
+    const std::string text = t.node()["val_check_interval"].Scalar();
+    t.accept("val_check_interval");
+    c.val_check_interval_s = parse_duration(text);
+    if (!c.val_check_interval_s)
+      t.fail("val_check_interval", fmt::format("expected a count >= 1, a fraction in (0, 1] or a duration \"DD:HH:MM:SS\", got '{}'", shown(text)));
+    if (*c.val_check_interval_s <= 0)
+      t.fail("val_check_interval", fmt::format("'{}' is a time interval of zero; give a duration of at least one second", shown(text)));
+  } else {
+    c.val_check_interval = t.get_count_or_fraction("val_check_interval", {false, 0, 1.0});
+  }
   if (!c.val_check_interval.is_count && c.val_check_interval.fraction <= 0.0)
     t.fail("val_check_interval", "expected a count >= 1 or a fraction in (0, 1]");
   if (c.val_check_interval.is_count && c.val_check_interval.count < 1)

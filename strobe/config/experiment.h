@@ -41,6 +41,9 @@ struct TrainerConfig {
   double gradient_clip_val = 0.0;
   std::string gradient_clip_algorithm = "norm";
   CountOrFraction val_check_interval{false, 0, 1.0};
+  // val_check_interval given as a duration ("DD:HH:MM:SS", as max_time): validate after the first
+  // optimizer step that ends this many seconds of training after the last validation (docs/CONFIG.md).
+  std::optional<double> val_check_interval_s;
   int64_t check_val_every_n_epoch = 1;
   int64_t num_sanity_val_steps = 2;
   CountOrFraction limit_train_batches{false, 0, 1.0};

@@ -88,6 +88,9 @@ bool FitLoop::should_validate_now(int64_t batch_in_epoch, bool epoch_end) const 
   const auto& c = *parts_.cfg;
   if (!evaluation_ || c.fast_dev_run < 0) return false;
   if (evaluation_->planned_batches(Stage::Validate, -1) == 0) return false;
+  // By time: only when due, never at an epoch's end. One process reads its clock here, after the
+  // step's hooks; data parallel, the ranks' agreement of the step's end (share_stop_code) decides.
+  if (c.val_check_interval_s) return world_size_ == 1 ? accum_count_ == 0 && local_validation_due() != 0 : validation_due_;
   if (c.val_check_interval.is_count) return batch_in_epoch % c.val_check_interval.count == 0;
   if ((state_.epoch + 1) % c.check_val_every_n_epoch != 0) return false;
   int64_t every = std::max<int64_t>(1, static_cast<int64_t>(c.val_check_interval.fraction * num_batches_));
@@ -95,11 +98,21 @@ bool FitLoop::should_validate_now(int64_t batch_in_epoch, bool epoch_end) const 
   return batch_in_epoch % every == 0 || epoch_end;
 }
 
+double FitLoop::training_clock_s() const {
+  if (start_time_.time_since_epoch().count() == 0) return state_.elapsed_s;
+  return state_.elapsed_s + std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time_).count();
+}
+
 bool FitLoop::time_is_up() const {
   const auto& c = *parts_.cfg;
   if (!c.max_time_s) return false;
-  double elapsed = state_.elapsed_s + std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time_).count();
-  return elapsed >= *c.max_time_s;
+  return training_clock_s() >= *c.max_time_s;
+}
+
+int FitLoop::local_validation_due() const {
+  const auto& c = *parts_.cfg;
+  if (!c.val_check_interval_s) return 0;
+  return training_clock_s() - val_clock_s_ >= *c.val_check_interval_s ? static_cast<int>(time_validations_ + 1) : 0;
 }
 
 bool FitLoop::done() const {
@@ -133,13 +146,19 @@ void FitLoop::share_stop_code(bool blocking) {
   if (world_size_ == 1) return;
   constexpr size_t kStopLag = 2;
   torch::NoGradGuard ng;
-  auto flag = torch::full({}, local_stop_code(), torch::TensorOptions().dtype(torch::kInt32).device(parts_.device));
+  // [this rank's stop code, the validation by time it finds due (its number; 0: none)], max-reduced.
+  auto flag = torch::tensor({local_stop_code(), local_validation_due()}, torch::TensorOptions().dtype(torch::kInt32))
+                  .to(parts_.device);
   strategy_.reduce_max(flag, distributed::CollectiveKind::kStopAgreement);
   pending_stops_.emplace_back();
   pending_stops_.back().start(flag);
-  // The lag is counted in calls, which happen at the same points on every rank.
+  // The lag is counted in calls, which happen at the same points on every rank: every rank reads the
+  // same agreed values at the same call, so all validate (or stop) after the same step. A due flag
+  // read after its validation ran (it was sent again while in flight) is one of an earlier number.
   while (!pending_stops_.empty() && (blocking || pending_stops_.size() > kStopLag)) {
-    agreed_stop_ = std::max(agreed_stop_, pending_stops_.front().wait().item<int>());
+    const auto agreed = pending_stops_.front().wait();
+    agreed_stop_ = std::max(agreed_stop_, agreed[0].item<int>());
+    if (agreed[1].item<int>() == time_validations_ + 1) validation_due_ = true;
     pending_stops_.pop_front();
   }
 }
@@ -238,6 +257,11 @@ void FitLoop::run_epoch() {
     if (should_validate_now(state_.batch_in_epoch, last)) {
       evaluation_->run(Stage::Validate, -1, false);
       module.net().train();
+      if (parts_.cfg->val_check_interval_s) {
+        val_clock_s_ = training_clock_s();
+        ++time_validations_;
+        validation_due_ = false;
+      }
     }
     if (last) end_epoch();
     fault_point("before_checkpoint", state_.global_step);
@@ -309,10 +333,23 @@ void FitLoop::Progress::save(checkpoint::CheckpointData& d, const StepStart* at)
     d.blobs[checkpoint_keys::kDataExclude] = nlohmann::json(epoch_loader->excluded(s.epoch)).dump();
   // An epoch finishing with the data config it began under: the resume that takes it up needs it.
   if (loop_.epoch_loader_ && !s.epoch_done) d.blobs[checkpoint_keys::kDataEpochConfig] = loop_.epoch_config_yaml_;
+  // Validation by time: the clock since the last validation carries over a resume, as max_time's does.
+  if (loop_.parts_.cfg->val_check_interval_s)
+    d.blobs[checkpoint_keys::kValClock] =
+        nlohmann::json{{"since_s", std::max(0.0, s.elapsed_s - loop_.val_clock_s_)}, {"count", loop_.time_validations_}}.dump();
 }
 
 void FitLoop::Progress::load(const checkpoint::CheckpointData& d) {
   loop_.state_ = parse_loop_state(d.blob(checkpoint_keys::kLoop));
+  loop_.val_clock_s_ = loop_.state_.elapsed_s;  // a checkpoint without the record: the interval starts at the resume
+  loop_.time_validations_ = 0;
+  if (d.has_blob(checkpoint_keys::kValClock)) {
+    const auto j = nlohmann::json::parse(d.blob(checkpoint_keys::kValClock), nullptr, false);
+    if (!j.is_object() || !j.contains("since_s") || !j["since_s"].is_number() || !j.contains("count") || !j["count"].is_number_integer())
+      throw checkpoint::CheckpointError("the loop's val_clock record is not {\"since_s\": seconds, \"count\": validations}");
+    loop_.val_clock_s_ = loop_.state_.elapsed_s - j["since_s"].get<double>();
+    loop_.time_validations_ = j["count"].get<int64_t>();
+  }
   loop_.restored_exclude_ = std::vector<int64_t>{};
   if (d.has_blob(checkpoint_keys::kDataExclude)) {
     const auto j = nlohmann::json::parse(d.blob(checkpoint_keys::kDataExclude), nullptr, false);

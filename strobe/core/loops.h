@@ -282,8 +282,16 @@ class FitLoop {
   std::chrono::steady_clock::time_point start_time_;
   bool should_stop_ = false;
   int stop_code_ = 0;
-  std::deque<DeviceReadback> pending_stops_;  // the all-reduced stop codes (0-d int32) on their way to the host
+  std::deque<DeviceReadback> pending_stops_;  // the all-reduced [stop code, validation due] (int32) on their way to the host
   int agreed_stop_ = 0;                       // the max over ranks of the stop codes read so far
+  // Validation by time (trainer.val_check_interval as a duration): the training clock (elapsed_s's)
+  // at the last validation, the validations it made, and whether one is due after this step (data
+  // parallel: when the ranks' agreement says a rank found it due, the same call on every rank).
+  double val_clock_s_ = 0;
+  int64_t time_validations_ = 0;
+  bool validation_due_ = false;
+  double training_clock_s() const;
+  int local_validation_due() const;  // time_validations_ + 1 when this rank's clock is past the interval
 };
 
 }  // namespace strobe

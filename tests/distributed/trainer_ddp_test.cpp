@@ -48,7 +48,7 @@ constexpr const char* kNcclRemoteError =
 class DdpProbe : public Model {
  public:
   DdpProbe(int64_t in, int64_t hidden, int64_t classes, double dropout, std::string fault, int64_t fault_rank,
-           int64_t fault_call, bool rng_extra)
+           int64_t fault_call, bool rng_extra, int64_t pace_ms)
       : Model("DdpProbe"),
         fc1(register_module("fc1", torch::nn::Linear(in, hidden))),
         drop(register_module("drop", torch::nn::Dropout(dropout))),
@@ -56,7 +56,8 @@ class DdpProbe : public Model {
         fault_(std::move(fault)),
         fault_rank_(fault_rank),
         fault_call_(fault_call),
-        rng_extra_(rng_extra) {
+        rng_extra_(rng_extra),
+        pace_ms_(pace_ms) {
     const char* r = std::getenv("RANK");
     rank_ = r ? std::atoll(r) : 0;
   }
@@ -81,6 +82,8 @@ class DdpProbe : public Model {
         C10_THROW_ERROR(DistBackendError, kNcclRemoteError);
       }
       if (rng_extra_) (void)torch::rand({rank_ + 1});
+      // pace_ms: the fault rank's training forwards take this long (a slower rank).
+      if (pace_ms_ > 0 && rank_ == fault_rank_) std::this_thread::sleep_for(std::chrono::milliseconds(pace_ms_));
     }
     auto y = fc2->forward(drop->forward(torch::relu(fc1->forward(x))));
     if (spike) return y * 1000;  // a finite loss spike
@@ -95,6 +98,7 @@ class DdpProbe : public Model {
   std::string fault_;
   int64_t fault_rank_, fault_call_;
   bool rng_extra_;
+  int64_t pace_ms_;
   int64_t rank_ = 0, calls_ = 0;
 };
 
@@ -107,8 +111,9 @@ std::shared_ptr<Model> make_ddp_probe(config::Section& cfg) {
   auto fault_rank = cfg.get_int("fault_rank", 1, 0);
   auto fault_call = cfg.get_int("fault_call", 1, 1);
   auto rng_extra = cfg.get_bool("rng_extra", false);
+  auto pace_ms = cfg.get_int("pace_ms", 0, 0);
   cfg.finish();
-  return std::make_shared<DdpProbe>(in, hidden, classes, dropout, fault, fault_rank, fault_call, rng_extra);
+  return std::make_shared<DdpProbe>(in, hidden, classes, dropout, fault, fault_rank, fault_call, rng_extra, pace_ms);
 }
 STROBE_REGISTER(model_registry(), "ddp_probe", make_ddp_probe);
 
@@ -196,6 +201,7 @@ std::vector<st::RankResult> fit(int world, const Job& job, const std::vector<std
       rc = run->trainer->fit(std::move(run->checkpoint));
       auto& t = run->trainer->view();
       out["global_step"] = t.state().global_step;
+      out["val_runs"] = t.state().val_runs;
       out["run_dir"] = run->run_dir;
       out["metrics"] = t.metrics();
       int64_t optimizer_numel = 0;  // what this rank's optimizer updates (zero2: its shards)
@@ -641,6 +647,25 @@ TEST(TrainerZero2, NaNOnOneRankStopsBothWithExit3AndItsCaptureReplaysOnOneProces
 
 // A loss spike on rank 1 only: the spike detector sees the loss averaged over the ranks (all-reduced
 // on the device), so both ranks call the same step a spike, capture it and stop with exit 3.
+// Validation by time (trainer.val_check_interval as a duration) under data parallelism: rank 1's
+// training forwards take 150 ms, rank 0's none, so the ranks' clocks cross the interval at different
+// moments; the agreement makes both validate after the same steps (no hang: a validation is a
+// collective), the same number of times, more than once in 16 steps of ~0.3 s with a 1 s interval.
+TEST(TrainerDDP, ValidationByTimeHappensAfterTheSameStepsOnEveryRank) {
+  Job job = new_job("val_by_time");
+  auto rs = fit(2, job,
+                {"model.pace_ms=150", "model.fault_rank=1", "trainer.max_steps=16", "trainer.max_epochs=-1",
+                 "trainer.val_check_interval=\"00:00:01\""});
+  ASSERT_EQ(rs[0].exit_code, 0) << describe(rs);
+  ASSERT_EQ(rs[1].exit_code, 0) << describe(rs);
+  const auto r0 = read_json(job.dir + "/rank0.json"), r1 = read_json(job.dir + "/rank1.json");
+  EXPECT_EQ(r0["global_step"], 16);
+  EXPECT_EQ(r0["val_runs"], r1["val_runs"]) << r0.dump() << r1.dump();
+  EXPECT_GE(r0["val_runs"].get<int64_t>(), 2) << r0.dump();
+  EXPECT_LE(r0["val_runs"].get<int64_t>(), 5) << r0.dump();
+  checkpoint::remove_tree(job.dir);
+}
+
 TEST(TrainerDDP, ALossSpikeOnOneRankStopsBothAtTheSameStep) {
   Job job = new_job("spike");
   auto rs = fit(2, job,
