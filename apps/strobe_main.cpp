@@ -41,6 +41,7 @@
 #include "runner/plugins.h"
 #include "runner/hang.h"
 #include "runner/lr_find.h"
+#include "bench/lib/batch_size_finder.h"
 #include "runner/replay.h"
 
 namespace {
@@ -426,6 +427,7 @@ struct Cli {
   std::vector<std::string> list_plugins;
   std::string hang_dir;
   strobe::LrFindOptions lr_find;
+  strobe::bench::BatchSizeOptions batch_size;
 };
 
 // fit, validate, test and predict: the commands that build a run from a config.
@@ -529,7 +531,7 @@ void add_hang_command(Cli& cli) {
 }
 
 void add_tune_command(Cli& cli) {
-  auto* tune = cli.app.add_subcommand("tune", "find a starting learning rate (tune lr)");
+  auto* tune = cli.app.add_subcommand("tune", "find a starting learning rate (tune lr) or the largest batch a GPU holds (tune batch-size)");
   tune->require_subcommand(1);
   auto& o = cli.lr_find;
   auto* lr = tune->add_subcommand(
@@ -544,6 +546,21 @@ void add_tune_command(Cli& cli) {
   lr->add_option("--apply", o.apply, "write a copy of the config with the suggestion as optimizer.lr")->check(kNonEmpty);
   lr->add_option("--from", o.from, "suggest and plot from an earlier lr_find.csv, without training")->check(kNonEmpty);
   lr->add_flag("--overwrite", o.overwrite, "replace existing output files");
+  auto& b = cli.batch_size;
+  auto* bs = tune->add_subcommand(
+      "batch-size", "the largest data.batch_size that trains and validates a few steps on the GPU, each trial a fresh process");
+  bs->add_option("-c,--config", b.configs, "experiment YAML file(s)")->check(kNonEmpty);
+  bs->add_option("--set", b.sets, "override a key (repeatable)")->take_all();
+  bs->add_option("--plugin", b.plugins, "load a plugin (repeatable)")->take_all()->check(kNonEmpty);
+  bs->add_option("--mode", b.mode, "power (double until a batch fails) or binsearch (then bisect; default power)");
+  bs->add_option("--start", b.start, "the first batch to try (default: the config's data.batch_size)")->check(number_above_zero(false));
+  bs->add_option("--max", b.max, "the largest batch to try (default: the training set's length)")->check(number_above_zero(false));
+  bs->add_option("--steps", b.steps, "training steps of each trial (default 3)")->check(number_above_zero(false));
+  bs->add_option("--memory-limit-gib", b.memory_limit_gib, "cap the GPU at this many GiB, as a GPU of that size would hold the run")
+      ->check(number_above_zero(false));
+  bs->add_option("--apply", b.apply, "write a copy of the config with the answer as data.batch_size")->check(kNonEmpty);
+  bs->add_flag("--overwrite", b.overwrite, "replace --apply's file if it exists");
+  bs->add_option("--trial", b.trial, "(internal) run one trial of this batch")->group("");
 }
 
 void add_list_command(Cli& cli) {
@@ -615,6 +632,8 @@ int run_parsed(const std::string& command, Cli& cli, Progress& progress) {
     return run_list(cli.list_kind);
   }
   if (command == "replay") return run_replay(cli.replay_a);
+  if (command == "tune" && cli.app.get_subcommand("tune")->got_subcommand("batch-size"))
+    return strobe::bench::run_batch_size_finder(cli.batch_size);
   if (command == "tune") {
     if (cli.lr_find.from.empty() && cli.lr_find.configs.empty())
       throw strobe::LrFindError("-c/--config is required (the experiment to sweep), unless --from names an earlier lr_find.csv");
@@ -644,7 +663,7 @@ int report_error(const std::string& command, const Cli& cli, const Progress& pro
     fmt::print(stderr, "strobe: plugin error: {}\n", one_line(e.what()));
     return 2;
   } catch (const strobe::bench::BenchUsageError& e) {
-    fmt::print(stderr, "strobe bench: {}\n", one_line(e.what()));
+    fmt::print(stderr, "strobe {}: {}\n", command == "tune" ? "tune batch-size" : "bench", one_line(e.what()));
     return 2;
   } catch (const strobe::ExportError& e) {
     fmt::print(stderr, "strobe export: {}\n", one_line(e.what()));

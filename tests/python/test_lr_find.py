@@ -6,7 +6,7 @@
    equal Lightning's (9 digits), its smoothed losses follow Lightning's within 1e-4 relative, both stop
    at the same step (the loss diverges before 1000), and the suggestions are within one point.
 3. --apply writes the config with the suggestion; outputs are never overwritten without --overwrite;
-   bad input is one line and exit 2.
+   bad input is one line and exit 2; `strobe tune batch-size` on the CPU is refused with one line.
 
 Usage: test_lr_find.py (STROBE_SOURCE_DIR, STROBE_BIN). Needs lightning and safetensors (scripts/setup.sh
 installs them): without them the test fails under CI (CI=true), else it is skipped."""
@@ -146,6 +146,10 @@ for args, want in [(["-c", cfg, "--min", "1", "--max", "0.1"], "expected 0 < min
                    ([], "-c/--config is required")]:
     r = strobe(*args, "--out", "bad", cwd=tmp)
     check(r.returncode == 2 and want in r.stderr and len(r.stderr.strip().splitlines()) == 1, f"{args}: exit {r.returncode}: {r.stderr}")
+# strobe tune batch-size on the CPU: refused with one line (the GPU test is BatchSizeFinderCuda).
+r = subprocess.run([STROBE, "tune", "batch-size", "-c", cfg], cwd=tmp, capture_output=True, text=True)
+check(r.returncode == 2 and "strobe tune batch-size: it finds the largest batch a GPU holds, and this run trains on the CPU" in r.stderr
+      and len(r.stderr.strip().splitlines()) == 1, f"tune batch-size on the CPU: exit {r.returncode}: {r.stderr}")
 nopt = os.path.join(tmp, "noopt.yaml")
 open(nopt, "w").write(open(cfg).read().replace("optimizer:", "unused_optimizer:").replace("\nunused_optimizer", "\n#"))
 r = strobe("-c", nopt, "--out", "bad2", cwd=tmp)
