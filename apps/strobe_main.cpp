@@ -175,13 +175,7 @@ int run_command(const std::string& command, const Common& c, Progress& progress)
   auto doc = strobe::config::Document::load_files(c.configs);
   for (const auto& s : c.sets) doc.apply_override(s);
   // --plugin joins the experiment's plugins: (so the resolved config records it), relative to here.
-  if (!c.plugins.empty()) {
-    YAML::Node root = doc.root().node();
-    YAML::Node list = root["plugins"];
-    if (!list.IsDefined() || list.IsNull()) list = YAML::Node(YAML::NodeType::Sequence);
-    for (const auto& p : c.plugins) list.push_back(std::filesystem::absolute(p).lexically_normal().string());
-    root["plugins"] = list;
-  }
+  strobe::add_plugins_to(doc, c.plugins);
   if (c.profile) {
     // --profile: trainer.profiler with its defaults, unless the config already sets it up.
     const YAML::Node root = doc.root().node();

@@ -11,6 +11,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "runner/experiment_builder.h"
+#include "runner/plugins.h"
 #include "strobe/checkpoint/checkpoint_io.h"
 #include "strobe/config/config.h"
 #include "strobe/core/callback.h"
@@ -179,13 +180,7 @@ int run_lr_find(const LrFindOptions& o) {
     loaded.emplace(config::Document::load_files(o.configs));
     config::Document& doc = *loaded;
     for (const auto& s : o.sets) doc.apply_override(s);
-    if (!o.plugins.empty()) {
-      YAML::Node root = doc.root().node();
-      YAML::Node list = root["plugins"];
-      if (!list.IsDefined() || list.IsNull()) list = YAML::Node(YAML::NodeType::Sequence);
-      for (const auto& p : o.plugins) list.push_back(fs::absolute(p).lexically_normal().string());
-      root["plugins"] = list;
-    }
+    add_plugins_to(doc, o.plugins);
     const YAML::Node opt = doc.root().node()["optimizer"];
     if (!opt.IsDefined() || !opt.IsMap() || !opt["name"].IsDefined())
       throw config::ConfigError(

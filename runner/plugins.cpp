@@ -223,4 +223,13 @@ std::vector<LoadedPlugin> load_plugins(const std::vector<config::PluginSpec>& pl
   return out;
 }
 
+void add_plugins_to(config::Document& doc, const std::vector<std::string>& paths) {
+  if (paths.empty()) return;
+  YAML::Node root = doc.root().node();
+  YAML::Node list = root["plugins"];
+  if (!list.IsDefined() || list.IsNull()) list = YAML::Node(YAML::NodeType::Sequence);
+  for (const auto& p : paths) list.push_back(std::filesystem::absolute(p).lexically_normal().string());
+  root["plugins"] = list;
+}
+
 }  // namespace strobe

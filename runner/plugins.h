@@ -63,6 +63,10 @@ std::vector<LoadedPlugin> load_plugins(const std::vector<config::PluginSpec>& pl
 // The same for plain paths (nothing recorded to check).
 std::vector<LoadedPlugin> load_plugins(const std::vector<std::string>& paths);
 
+// --plugin PATH... joins the experiment's `plugins:` list (absolute, so the resolved config records
+// where they were), as every command that builds a run from a config takes them.
+void add_plugins_to(config::Document& doc, const std::vector<std::string>& paths);
+
 // `plugins` with those the resolved config of a checkpoint or capture (`recorded`) names: a recorded
 // plugin also named here (same path, else same file name) takes the recorded hash; one not named here is
 // added from its recorded path. So a resume, validate, test or replay loads what the run was made with.

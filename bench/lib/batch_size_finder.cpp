@@ -14,6 +14,7 @@
 
 #include "bench/lib/bench.h"
 #include "runner/experiment_builder.h"
+#include "runner/plugins.h"
 #include "strobe/checkpoint/checkpoint_io.h"
 #include "strobe/config/config.h"
 #include "strobe/core/trainer.h"
@@ -26,13 +27,7 @@ namespace {
 config::Document load(const BatchSizeOptions& o) {
   auto doc = config::Document::load_files(o.configs);
   for (const auto& s : o.sets) doc.apply_override(s);
-  if (!o.plugins.empty()) {
-    YAML::Node root = doc.root().node();
-    YAML::Node list = root["plugins"];
-    if (!list.IsDefined() || list.IsNull()) list = YAML::Node(YAML::NodeType::Sequence);
-    for (const auto& p : o.plugins) list.push_back(fs::absolute(p).lexically_normal().string());
-    root["plugins"] = list;
-  }
+  add_plugins_to(doc, o.plugins);
   return doc;
 }
 
