@@ -172,10 +172,8 @@ void print_fit_summary(const strobe::Run& run, int rc, double seconds) {
 strobe::PredictOptions predict_opts;  // strobe predict's own options (main's parser fills them)
 
 int run_command(const std::string& command, const Common& c, Progress& progress) {
-  auto doc = strobe::config::Document::load_files(c.configs);
-  for (const auto& s : c.sets) doc.apply_override(s);
   // --plugin joins the experiment's plugins: (so the resolved config records it), relative to here.
-  strobe::add_plugins_to(doc, c.plugins);
+  auto doc = strobe::compose_experiment(c.configs, c.sets, c.plugins);
   if (c.profile) {
     // --profile: trainer.profiler with its defaults, unless the config already sets it up.
     const YAML::Node root = doc.root().node();

@@ -415,4 +415,18 @@ std::unique_ptr<Run> build_run(config::Document& doc, const RunOptions& options)
   return run;
 }
 
+config::Document compose_experiment(const std::vector<std::string>& configs, const std::vector<std::string>& sets,
+                                    const std::vector<std::string>& plugins) {
+  auto doc = config::Document::load_files(configs);
+  for (const auto& s : sets) doc.apply_override(s);
+  add_plugins_to(doc, plugins);
+  return doc;
+}
+
+void make_probe_run(config::Document& doc) {
+  for (const char* s : {"trainer.max_epochs=-1", "trainer.enable_checkpointing=false", "trainer.enable_progress_bar=false",
+                        "trainer.enable_model_summary=false", "callbacks=[]"})
+    doc.apply_override(s);
+}
+
 }  // namespace strobe

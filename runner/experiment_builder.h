@@ -70,6 +70,16 @@ struct RunOptions {
 // writer left in the run directory.
 std::unique_ptr<Run> build_run(config::Document& doc, const RunOptions& options);
 
+// The experiment a command runs: the -c files composed in order, each --set applied, each --plugin
+// joined to its plugins: list (add_plugins_to, runner/plugins.h).
+config::Document compose_experiment(const std::vector<std::string>& configs, const std::vector<std::string>& sets,
+                                    const std::vector<std::string>& plugins);
+
+// A run that only probes the experiment (strobe tune): no checkpoint, progress bar, model summary or
+// callback, epochs unbounded (the caller's trainer.max_steps ends it). Build it with
+// RunOptions::create_run_dir false, so that it writes nothing.
+void make_probe_run(config::Document& doc);
+
 // Checks the model's resolved keys (num_classes, in_channels, image_size/img_size, in_features,
 // vocab_size, max_seq_len) against what the data provides; throws config::ConfigError.
 void check_data_fits_model(config::Section& model, const std::string& data_name, const DataInfo& data);

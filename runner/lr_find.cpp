@@ -11,7 +11,6 @@
 #include <yaml-cpp/yaml.h>
 
 #include "runner/experiment_builder.h"
-#include "runner/plugins.h"
 #include "strobe/checkpoint/checkpoint_io.h"
 #include "strobe/config/config.h"
 #include "strobe/core/callback.h"
@@ -42,22 +41,28 @@ std::optional<size_t> lr_suggestion(const std::vector<double>& lrs, const std::v
   return index.at(static_cast<size_t>(grad.argmin().item<int64_t>()));
 }
 
-std::vector<double> smooth_losses(const std::vector<double>& losses, double beta, double stop_factor) {
-  std::vector<double> out;
-  double avg = 0, best = 0;
-  for (size_t k = 0; k < losses.size(); ++k) {
+namespace {
+// Lightning's running smoothing and stop rule, one loss at a time.
+class LossSmoother {
+ public:
+  LossSmoother(double beta, double stop_factor) : beta_(beta), stop_factor_(stop_factor) {}
+  // The smoothed value of the next loss; `diverged` when the sweep stops at it (it is still kept).
+  double add(double loss, bool& diverged) {
     // Lightning counts the step after the optimizer's: the first loss is step 1, and its bias
     // correction is 1 - beta^(step + 1).
-    const int64_t step = static_cast<int64_t>(k) + 1;
-    avg = beta * avg + (1 - beta) * losses[k];
-    const double smoothed = avg / (1 - std::pow(beta, static_cast<double>(step + 1)));
-    const bool diverged = step > 1 && smoothed > stop_factor * best;
-    if (smoothed < best || step == 1) best = smoothed;
-    out.push_back(smoothed);
-    if (diverged) break;
+    ++step_;
+    avg_ = beta_ * avg_ + (1 - beta_) * loss;
+    const double smoothed = avg_ / (1 - std::pow(beta_, static_cast<double>(step_ + 1)));
+    diverged = step_ > 1 && smoothed > stop_factor_ * best_;
+    if (smoothed < best_ || step_ == 1) best_ = smoothed;
+    return smoothed;
   }
-  return out;
-}
+
+ private:
+  double beta_, stop_factor_, avg_ = 0, best_ = 0;
+  int64_t step_ = 0;
+};
+}  // namespace
 
 namespace {
 
@@ -72,11 +77,16 @@ class Recorder : public Callback {
   }
   void on_train_batch_end(TrainerView& t, Module&, const torch::Tensor& loss, const Batch&, int64_t) override {
     if (t.accumulated_batches() != 0) return;
+    if (stopped) return;  // a step run after the stop was asked for is not part of the sweep
     losses.push_back(loss.defined() ? loss.detach().to(torch::kCPU, torch::kDouble).item<double>()
                                     : std::numeric_limits<double>::quiet_NaN());
-    if (smooth_losses(losses).size() < losses.size() || !std::isfinite(losses.back())) t.request_stop();
+    bool diverged = false;
+    smoothed.push_back(smoother.add(losses.back(), diverged));
+    if (diverged || !std::isfinite(losses.back())) stopped = true, t.request_stop();
   }
-  std::vector<double> lrs, losses;
+  std::vector<double> lrs, losses, smoothed;
+  LossSmoother smoother{0.98, 4.0};
+  bool stopped = false;
 };
 
 std::string csv_text(const LrCurve& c, std::optional<size_t> pick) {
@@ -177,10 +187,8 @@ int run_lr_find(const LrFindOptions& o) {
   } else {
     if (distributed::launch_env_from_process().world_size > 1)
       throw config::ConfigError("strobe tune lr runs as one process: start it without torchrun or srun");
-    loaded.emplace(config::Document::load_files(o.configs));
+    loaded.emplace(compose_experiment(o.configs, o.sets, o.plugins));
     config::Document& doc = *loaded;
-    for (const auto& s : o.sets) doc.apply_override(s);
-    add_plugins_to(doc, o.plugins);
     const YAML::Node opt = doc.root().node()["optimizer"];
     if (!opt.IsDefined() || !opt.IsMap() || !opt["name"].IsDefined())
       throw config::ConfigError(
@@ -190,11 +198,10 @@ int run_lr_find(const LrFindOptions& o) {
     for (const std::string& s :
          {fmt::format("optimizer.lr={:.17g}", o.min_lr),
           fmt::format("scheduler={{name: lr_range, end_factor: {:.17g}, steps: {}}}", o.max_lr / o.min_lr, o.steps),
-          fmt::format("trainer.max_steps={}", o.steps), std::string("trainer.max_epochs=-1"),
-          std::string("trainer.limit_val_batches=0"), std::string("trainer.num_sanity_val_steps=0"),
-          std::string("trainer.enable_checkpointing=false"), std::string("trainer.enable_progress_bar=false"),
-          std::string("trainer.enable_model_summary=false"), std::string("callbacks=[]")})
+          fmt::format("trainer.max_steps={}", o.steps), std::string("trainer.limit_val_batches=0"),
+          std::string("trainer.num_sanity_val_steps=0")})
       sweep.apply_override(s);
+    make_probe_run(sweep);
     RunOptions ro;
     ro.create_run_dir = false;
     auto recorder = std::make_shared<Recorder>();
@@ -205,9 +212,8 @@ int run_lr_find(const LrFindOptions& o) {
     std::fflush(stdout);
     run->trainer->fit();
     curve.losses = recorder->losses;
-    curve.smoothed = smooth_losses(curve.losses);
+    curve.smoothed = recorder->smoothed;
     curve.lrs.assign(recorder->lrs.begin(), recorder->lrs.begin() + static_cast<int64_t>(curve.smoothed.size()));
-    curve.losses.resize(curve.smoothed.size());
     title = fmt::format("lr_find: {}", o.configs.front());
   }
   const auto pick = lr_suggestion(curve.lrs, curve.smoothed);

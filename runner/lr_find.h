@@ -38,10 +38,6 @@ struct LrCurve {
 std::optional<size_t> lr_suggestion(const std::vector<double>& lrs, const std::vector<double>& smoothed, int skip_begin = 10,
                                     int skip_end = 1);
 
-// Lightning's smoothing and stop rule over raw losses: the smoothed values up to and including the
-// step where the sweep stops (the rest dropped).
-std::vector<double> smooth_losses(const std::vector<double>& losses, double beta = 0.98, double stop_factor = 4.0);
-
 // The command: returns its exit status; bad input throws LrFindError or config::ConfigError.
 int run_lr_find(const LrFindOptions& options);
 

@@ -14,7 +14,6 @@
 
 #include "bench/lib/bench.h"
 #include "runner/experiment_builder.h"
-#include "runner/plugins.h"
 #include "strobe/checkpoint/checkpoint_io.h"
 #include "strobe/config/config.h"
 #include "strobe/core/trainer.h"
@@ -24,12 +23,7 @@ namespace strobe::bench {
 namespace fs = std::filesystem;
 namespace {
 
-config::Document load(const BatchSizeOptions& o) {
-  auto doc = config::Document::load_files(o.configs);
-  for (const auto& s : o.sets) doc.apply_override(s);
-  add_plugins_to(doc, o.plugins);
-  return doc;
-}
+config::Document load(const BatchSizeOptions& o) { return compose_experiment(o.configs, o.sets, o.plugins); }
 
 // One trial, in this process: `steps` training steps of batch `b` after 2 validation batches, no
 // files; prints the training set's length first (the finder caps its search there). The estimate
@@ -37,11 +31,11 @@ config::Document load(const BatchSizeOptions& o) {
 int trial(const BatchSizeOptions& o) {
   auto doc = load(o);
   for (const std::string& s :
-       {fmt::format("data.batch_size={}", o.trial), fmt::format("trainer.max_steps={}", o.steps), std::string("trainer.max_epochs=-1"),
+       {fmt::format("data.batch_size={}", o.trial), fmt::format("trainer.max_steps={}", o.steps),
         std::string("trainer.num_sanity_val_steps=2"), std::string("trainer.limit_val_batches=2"),
-        std::string("trainer.enable_checkpointing=false"), std::string("trainer.enable_progress_bar=false"),
-        std::string("trainer.enable_model_summary=false"), std::string("trainer.memory_check=false"), std::string("callbacks=[]")})
+        std::string("trainer.memory_check=false")})
     doc.apply_override(s);
+  make_probe_run(doc);
   RunOptions ro;
   ro.create_run_dir = false;
   ro.on_device = [&](const torch::Device& d) {

@@ -146,9 +146,10 @@ void FitLoop::share_stop_code(bool blocking) {
   if (world_size_ == 1) return;
   constexpr size_t kStopLag = 2;
   torch::NoGradGuard ng;
-  // [this rank's stop code, the validation by time it finds due (its number; 0: none)], max-reduced.
-  auto flag = torch::tensor({local_stop_code(), local_validation_due()}, torch::TensorOptions().dtype(torch::kInt32))
-                  .to(parts_.device);
+  // [this rank's stop code, the validation by time it finds due (its number; 0: none)], max-reduced;
+  // filled on the device (two fill kernels, no host-to-device copy that would wait for the stream).
+  auto flag = torch::full({2}, local_stop_code(), torch::TensorOptions().dtype(torch::kInt32).device(parts_.device));
+  flag.narrow(0, 1, 1).fill_(local_validation_due());
   strategy_.reduce_max(flag, distributed::CollectiveKind::kStopAgreement);
   pending_stops_.emplace_back();
   pending_stops_.back().start(flag);

@@ -97,26 +97,14 @@ void Trainer::save_checkpoint(const std::string& path) {
 }
 
 namespace {
-// The keys whose change reorders an epoch: a mix's sources and weights, and the packing plan (its
-// switch, and max_seq_len while either side packs). "key: a -> b" for each.
-std::vector<std::string> epoch_order_changes(const config::ConfigLeaves& before, const config::ConfigLeaves& now) {
-  auto value = [](const config::ConfigLeaves& leaves, const std::string& key) -> std::string {
-    for (const auto& [k, v] : leaves)
-      if (k == key) return v;
-    return "";
-  };
-  const bool packed = value(before, "data.packing") == "best_fit" || value(now, "data.packing") == "best_fit";
-  std::vector<std::string> keys;
-  for (const auto* leaves : {&before, &now})
-    for (const auto& [k, v] : *leaves)
-      if ((k.rfind("data.sources", 0) == 0 || k == "data.packing" || (packed && k == "data.max_seq_len")) &&
-          std::find(keys.begin(), keys.end(), k) == keys.end())
-        keys.push_back(k);
+// The changes that reorder an epoch: a mix's sources and weights, and the packing plan (its switch,
+// and max_seq_len while either side packs), as "key: a -> b".
+std::vector<std::string> epoch_order_changes(const config::ResumeCheck& check, bool packed) {
   std::vector<std::string> out;
-  for (const auto& k : keys) {
-    const std::string a = value(before, k), b = value(now, k);
-    if (a != b) out.push_back(fmt::format("{}: {} -> {}", k, a.empty() ? "(absent)" : a, b.empty() ? "(absent)" : b));
-  }
+  for (const auto* changes : {&check.incompatible, &check.model_changes, &check.allowed})
+    for (const auto& c : *changes)
+      if (c.key.rfind("data.sources", 0) == 0 || c.key == "data.packing" || (packed && c.key == "data.max_seq_len"))
+        out.push_back(c.text());
   return out;
 }
 }  // namespace
@@ -124,13 +112,19 @@ std::vector<std::string> epoch_order_changes(const config::ConfigLeaves& before,
 void Trainer::finish_epoch_with_its_data(const checkpoint::CheckpointData& data, const ConfigComparison& configs,
                                          const TrainerState& loop) {
   if (config_yaml_.empty() || !configs.saved) return;  // no config to compare (a program without one)
-  // The config the epoch began under: the checkpoint's, or the one its epoch was finishing with.
+  // The config the epoch began under: the checkpoint's (compared with this run's already), or the
+  // one its epoch was finishing with.
   std::shared_ptr<const config::SavedConfig> began = configs.saved;
-  if (data.has_blob(checkpoint_keys::kDataEpochConfig))
+  std::optional<config::ResumeCheck> against_epoch;
+  if (data.has_blob(checkpoint_keys::kDataEpochConfig)) {
     began = std::make_shared<const config::SavedConfig>(data.blob(checkpoint_keys::kDataEpochConfig),
                                                         data.source + " (the config its epoch began under)");
-  const config::SavedConfig now(config_yaml_, "this run's config");
-  const auto changes = epoch_order_changes(began->leaves(), now.leaves());
+    against_epoch = config::compare_for_resume(began->leaves(), config::SavedConfig(config_yaml_, "this run's config").leaves());
+  }
+  const config::ResumeCheck* check = against_epoch ? &*against_epoch : configs.check ? &*configs.check : nullptr;
+  if (!check) return;
+  const bool packed = began->leaf("data.packing") == "best_fit" || datamodule_->train_loader()->options().pack_row_len > 0;
+  const auto changes = epoch_order_changes(*check, packed);
   if (changes.empty()) return;
   // That config's data section, with this run's batch and workers (a new batch size is a rebase of
   // the position, as for any resume: the epoch's order is what stays).

@@ -21,6 +21,7 @@
 #include "strobe/data/loader.h"
 #include "strobe/data/packing.h"
 #include "tests/data/data_test_util.h"
+#include "tests/data/fit_util.h"
 #include "tests/data/real_data_util.h"
 
 namespace strobe {
@@ -282,15 +283,7 @@ scheduler: {{name: none}}
 )",
                        file.string(), packing);
   };
-  auto fit = [&](const std::string& text, const std::string& run_dir, std::optional<std::string> ckpt, int max_steps) {
-    auto doc = config::Document::load_string(text, "packed.yaml");
-    doc.apply_override("trainer.max_steps=" + std::to_string(max_steps));
-    RunOptions opt;
-    opt.run_dir = run_dir;
-    opt.ckpt = ckpt;
-    auto run = build_run(doc, opt);
-    return run->trainer->fit(std::move(run->checkpoint));
-  };
+  const auto fit = testing::fit_text;
   const std::string root = fresh_dir("packing-resume").string();
   auto last = [&](const std::string& run) { return root + "/" + run + "/checkpoints/last.ckpt"; };
   // 259 rows of 16 in batches of 4: epoch 0 is 65 steps.

@@ -20,6 +20,7 @@
 #include "strobe/data/mix.h"
 #include "strobe/data/sampler.h"
 #include "tests/data/data_test_util.h"
+#include "tests/data/fit_util.h"
 #include "tests/data/real_data_util.h"
 
 namespace strobe {
@@ -235,15 +236,7 @@ scheduler: {{name: none}}
 )",
                        tm::three(dir, web));
   };
-  auto fit = [&](const std::string& text, const std::string& run_dir, std::optional<std::string> ckpt, int max_steps) {
-    auto doc = config::Document::load_string(text, "mix.yaml");
-    doc.apply_override("trainer.max_steps=" + std::to_string(max_steps));
-    RunOptions opt;
-    opt.run_dir = run_dir;
-    opt.ckpt = ckpt;
-    auto run = build_run(doc, opt);
-    return run->trainer->fit(std::move(run->checkpoint));
-  };
+  const auto fit = testing::fit_text;
   auto same = [](const std::string& a, const std::string& b) {
     const auto x = model_tensors_of(a), y = model_tensors_of(b);
     if (x.size() != y.size() || x.empty()) return false;
