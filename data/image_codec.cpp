@@ -2,9 +2,13 @@
 
 #include <png.h>
 #include <turbojpeg.h>
+// jpeglib.h needs FILE and size_t declared before it.
+#include <cstdio>
+#include <jpeglib.h>
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <csetjmp>
 #include <cstdio>
 #include <cstring>
@@ -63,24 +67,118 @@ std::pair<int, int> jpeg_header(const std::string& bytes, const std::string& pat
   return {w, h};
 }
 
-void decode_jpeg(const std::string& bytes, const std::string& path, int channels, double min_scale, Image& img) {
+// ---- JPEG decoding through libjpeg's API (TurboJPEG 2.x cannot decode a part of an image). Errors
+// and warnings (a corrupt or truncated stream: "premature end of data segment") longjmp back to
+// jpeg_decode_raw with the library's message; PIL refuses truncated images too, and a half-grey image
+// would train on garbage.
+struct JpegError {
+  jpeg_error_mgr mgr;
+  std::jmp_buf jump;
+  char msg[JMSG_LENGTH_MAX];
+};
+void jpeg_on_error(j_common_ptr c) {
+  auto* e = reinterpret_cast<JpegError*>(c->err);
+  (*c->err->format_message)(c, e->msg);
+  std::longjmp(e->jump, 1);
+}
+void jpeg_on_message(j_common_ptr c, int level) {
+  if (level < 0) jpeg_on_error(c);  // a warning: corrupt data
+}
+
+// One decompressor per thread (creating one allocates; loader threads reuse theirs).
+struct JpegDecoder {
+  jpeg_decompress_struct info{};
+  JpegError err{};
+  JpegDecoder() {
+    info.err = jpeg_std_error(&err.mgr);
+    err.mgr.error_exit = jpeg_on_error;
+    err.mgr.emit_message = jpeg_on_message;
+    jpeg_create_decompress(&info);
+  }
+  ~JpegDecoder() { jpeg_destroy_decompress(&info); }
+};
+
+// The rows or columns [lo, hi) of a side of `scaled` pixels (the image's side `full`) that resampling
+// the box [start, start + len) (stored pixels) to `out` pixels reads: the bilinear filter's support is
+// max(1, len / out) scaled pixels either side of the box; 2 more for fancy upsampling, which treats the
+// edge of a decoded part as the image's edge.
+std::pair<int, int> needed_span(double start, double len, int out, int full, int scaled) {
+  if (len <= 0) return {0, scaled};
+  const double s = static_cast<double>(scaled) / full, a = start * s, n = len * s;
+  const double support = std::max(1.0, n / std::max(out, 1));
+  const int lo = static_cast<int>(std::floor(a - support)) - 2, hi = static_cast<int>(std::ceil(a + n + support)) + 3;
+  return {std::clamp(lo, 0, scaled), std::clamp(hi, 0, scaled)};
+}
+
+// Returns false with err.msg set on any libjpeg error or warning. Only trivially destructible locals
+// live in this frame (a longjmp skips destructors); `img` belongs to the caller.
+bool jpeg_decode_raw(JpegDecoder& d, const std::string& bytes, int channels, int denom, const DecodeRegion& region, Image& img) {
+  jpeg_decompress_struct* c = &d.info;
+  if (setjmp(d.err.jump)) {
+    jpeg_abort_decompress(c);
+    return false;
+  }
+  jpeg_mem_src(c, reinterpret_cast<const unsigned char*>(bytes.data()), static_cast<unsigned long>(bytes.size()));
+  if (jpeg_read_header(c, TRUE) != JPEG_HEADER_OK || c->image_width == 0 || c->image_height == 0) {
+    std::snprintf(d.err.msg, sizeof(d.err.msg), "no frame header");
+    jpeg_abort_decompress(c);
+    return false;
+  }
+  c->scale_num = 1;
+  c->scale_denom = static_cast<unsigned>(denom);
+  c->out_color_space = channels == 1 ? JCS_GRAYSCALE : JCS_RGB;
+  jpeg_start_decompress(c);
+  img.full_width = static_cast<int>(c->image_width);
+  img.full_height = static_cast<int>(c->image_height);
+  img.scaled_width = static_cast<int>(c->output_width);
+  img.scaled_height = static_cast<int>(c->output_height);
+  img.channels = channels;
+  const auto [x_lo, x_hi] = needed_span(region.x, region.w, region.out_w, img.full_width, img.scaled_width);
+  const auto [y_lo, y_hi] = needed_span(region.y, region.h, region.out_h, img.full_height, img.scaled_height);
+  JDIMENSION xoff = 0, width = c->output_width;
+  if (x_lo > 0 || x_hi < img.scaled_width) {
+    xoff = static_cast<JDIMENSION>(x_lo);
+    width = static_cast<JDIMENSION>(x_hi - x_lo);
+    jpeg_crop_scanline(c, &xoff, &width);  // widened to whole iMCU columns
+  }
+  img.x0 = static_cast<int>(xoff);
+  img.y0 = y_lo;
+  img.width = static_cast<int>(width);
+  img.height = y_hi - y_lo;
+  img.pixels.resize(static_cast<size_t>(img.width) * img.height * channels);
+  if (y_lo > 0) jpeg_skip_scanlines(c, static_cast<JDIMENSION>(y_lo));
+  const size_t stride = static_cast<size_t>(img.width) * channels;
+  while (c->output_scanline < static_cast<JDIMENSION>(y_hi)) {
+    JSAMPROW row = img.pixels.data() + (c->output_scanline - y_lo) * stride;
+    jpeg_read_scanlines(c, &row, 1);
+  }
+  // The rows below: a file that ends in the end-of-image marker is left there (jpeg_skip_scanlines to
+  // the bottom reads nothing more); any other (cut short, or with bytes after its image) is read to
+  // its end, its last row decoded, so a cut file fails whatever the region.
+  const bool ends_with_eoi = bytes.size() >= 2 && static_cast<uint8_t>(bytes[bytes.size() - 2]) == 0xFF &&
+                             static_cast<uint8_t>(bytes.back()) == JPEG_EOI;
+  if (!ends_with_eoi && c->output_scanline + 1 < c->output_height) jpeg_skip_scanlines(c, c->output_height - 1 - c->output_scanline);
+  if (!ends_with_eoi && c->output_scanline < c->output_height) {
+    thread_local std::vector<uint8_t> last_row;  // decoded and dropped
+    last_row.resize(static_cast<size_t>(img.width) * channels);
+    JSAMPROW row = last_row.data();
+    jpeg_read_scanlines(c, &row, 1);
+  }
+  if (c->output_scanline < c->output_height) jpeg_skip_scanlines(c, c->output_height - c->output_scanline);
+  jpeg_finish_decompress(c);
+  return true;
+}
+
+void decode_jpeg(const std::string& bytes, const std::string& path, int channels, double min_scale, const DecodeRegion& region,
+                 Image& img) {
   int cs = 0;
-  auto [w, h] = jpeg_header(bytes, path, &cs);
+  jpeg_header(bytes, path, &cs);
   if (cs == TJCS_CMYK || cs == TJCS_YCCK) fail(path, "CMYK/YCCK JPEGs are not supported (convert it to RGB)");
   // Strongest power-of-two reduction that keeps the scale >= min_scale.
   int denom = 1;
   while (denom < 8 && 1.0 / (denom * 2) >= min_scale) denom *= 2;
-  img.full_width = w;
-  img.full_height = h;
-  img.channels = channels;
-  img.width = (w + denom - 1) / denom;  // TJSCALED(w, {1, denom})
-  img.height = (h + denom - 1) / denom;
-  img.pixels.resize(static_cast<size_t>(img.width) * img.height * channels);
-  // A warning (e.g. "premature end of data segment": a truncated file) also fails: PIL refuses
-  // truncated images too, and a half-grey image would train on garbage.
-  if (tjDecompress2(decompressor(), reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size(), img.pixels.data(),
-                    img.width, 0, img.height, channels == 1 ? TJPF_GRAY : TJPF_RGB, 0) != 0)
-    fail_jpeg(path, tjGetErrorStr2(decompressor()));
+  thread_local JpegDecoder decoder;
+  if (!jpeg_decode_raw(decoder, bytes, channels, denom, region, img)) fail_jpeg(path, decoder.err.msg);
 }
 
 // ---- PNG (libpng's classic API: its transforms reproduce PIL's convert; errors longjmp back here)
@@ -145,8 +243,8 @@ void decode_png(const std::string& bytes, const std::string& path, int channels,
   PngError err{};
   int w = 0, h = 0;
   if (!png_decode_raw(bytes, channels, &img.pixels, &rows, &w, &h, &err)) fail(path, fmt::format("truncated or corrupt PNG ({})", err.msg));
-  img.width = img.full_width = w;
-  img.height = img.full_height = h;
+  img.width = img.full_width = img.scaled_width = w;
+  img.height = img.full_height = img.scaled_height = h;
   img.channels = channels;
 }
 
@@ -190,9 +288,11 @@ std::pair<int, int> image_size(const std::string& bytes, const std::string& path
   fail(path, "not a JPEG or PNG image (unrecognised content)");
 }
 
-void decode_image_into(const std::string& bytes, const std::string& path, int channels, double min_scale, Image& out) {
+void decode_image_into(const std::string& bytes, const std::string& path, int channels, double min_scale, Image& out,
+                       const DecodeRegion& region) {
   if (channels != 1 && channels != 3) fail(path, fmt::format("cannot decode to {} channels (1 or 3)", channels));
-  if (is_jpeg(bytes)) return decode_jpeg(bytes, path, channels, min_scale, out);
+  out.x0 = out.y0 = 0;
+  if (is_jpeg(bytes)) return decode_jpeg(bytes, path, channels, min_scale, region, out);
   if (is_png(bytes)) return decode_png(bytes, path, channels, out);
   if (bytes.empty()) fail(path, "empty file (not a JPEG or PNG image)");
   fail(path, "not a JPEG or PNG image (unrecognised content)");

@@ -117,7 +117,9 @@ class ImageFolderDataset : public Dataset {
                     : t_.crop == Crop::ResizeCenter ? resize_center_crop_box(w, h, t_.resize, t_.size)
                                                     : whole_image_box(w, h);
       const bool flip = t_.hflip && rng.uniform() < 0.5;
-      decode_image_into(bytes, path, t_.channels, t_.dct_scaling ? min_decode_scale(box, t_.size, t_.size) : 1.0, img);
+      // Decoded only where the crop's resampling reads (the same pixels as a whole decode there).
+      decode_image_into(bytes, path, t_.channels, t_.dct_scaling ? min_decode_scale(box, t_.size, t_.size) : 1.0, img,
+                        DecodeRegion{box.x, box.y, box.w, box.h, t_.size, t_.size});
       auto image = torch::empty({t_.channels, t_.size, t_.size}, torch::kUInt8);
       resample_to_u8(img, box, t_.size, t_.size, image.data_ptr<uint8_t>(), flip);
       return {{"image", image}, {"label", torch::scalar_tensor(label, torch::kInt64)}};

@@ -2,7 +2,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
 #include <vector>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 namespace strobe::data {
 namespace {
@@ -54,12 +61,21 @@ Taps make_taps(double start, double len, int in_size, int out_size) {
 template <typename Emit>
 void resample(const Image& img, const CropBox& box, int out_w, int out_h, Emit emit) {
   const int C = img.channels;
-  const double sx = static_cast<double>(img.width) / img.full_width, sy = static_cast<double>(img.height) / img.full_height;
-  Taps tx = make_taps(box.x * sx, box.w * sx, img.width, out_w);
-  Taps ty = make_taps(box.y * sy, box.h * sy, img.height, out_h);
+  // Taps over the whole scaled image; the pixels held may be a region of it (decode_image_into with
+  // a DecodeRegion), which holds every pixel the taps read.
+  const int sw = img.scaled_width > 0 ? img.scaled_width : img.width, sh = img.scaled_height > 0 ? img.scaled_height : img.height;
+  const double sx = static_cast<double>(sw) / img.full_width, sy = static_cast<double>(sh) / img.full_height;
+  Taps tx = make_taps(box.x * sx, box.w * sx, sw, out_w);
+  Taps ty = make_taps(box.y * sy, box.h * sy, sh, out_h);
+  for (auto& f : tx.first) f -= img.x0;
+  for (auto& f : ty.first) f -= img.y0;
   const int row0 = ty.first.front();
   int row1 = row0;
   for (int i = 0; i < out_h; ++i) row1 = std::max(row1, ty.first[i] + ty.count[i]);
+  int col1 = 0;
+  for (int i = 0; i < out_w; ++i) col1 = std::max(col1, tx.first[i] + tx.count[i]);
+  if (row0 < 0 || row1 > img.height || tx.first.front() < 0 || col1 > img.width)
+    throw std::logic_error("resample: the decoded region does not hold the pixels the box reads");
   // Only the rows the vertical pass reads.
   const int rw = out_w * C;
   thread_local std::vector<float> tmp, acc;  // reused by each loader thread (never shrinks)
@@ -72,6 +88,27 @@ void resample(const Image& img, const CropBox& box, int out_w, int out_h, Emit e
       const float* w = &tx.w[static_cast<size_t>(x) * tx.stride];
       const uint8_t* s = src + static_cast<size_t>(tx.first[x]) * C;
       const int n = tx.count[x];
+#if defined(__SSE2__)
+      // The three channels in the lanes of one vector (a 4-byte load: the byte after the pixel is the
+      // next pixel's or the next row's, so not on the buffer's last row): each lane multiplies and
+      // adds in the scalar loop's order, so the sums are the scalar loop's bit for bit.
+      if (C == 3 && y + 1 < img.height) {
+        const __m128i zero = _mm_setzero_si128();
+        __m128 sum = _mm_setzero_ps();
+        for (int k = 0; k < n; ++k) {
+          int32_t v;
+          std::memcpy(&v, s + 3 * k, 4);
+          const __m128i p = _mm_unpacklo_epi16(_mm_unpacklo_epi8(_mm_cvtsi32_si128(v), zero), zero);
+          sum = _mm_add_ps(sum, _mm_mul_ps(_mm_set1_ps(w[k]), _mm_cvtepi32_ps(p)));
+        }
+        alignas(16) float o[4];
+        _mm_store_ps(o, sum);
+        dst[3 * x] = o[0];
+        dst[3 * x + 1] = o[1];
+        dst[3 * x + 2] = o[2];
+        continue;
+      }
+#endif
       if (C == 3) {
         float a = 0, b = 0, c = 0;
         for (int k = 0; k < n; ++k) {

@@ -34,7 +34,7 @@ if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
 apt_pkgs=(build-essential cmake ninja-build ccache pkg-config python3 python3-venv zlib1g-dev
   libyaml-cpp-dev libfmt-dev libcereal-dev rapidjson-dev libgtest-dev libgmock-dev googletest
   libcli11-dev nlohmann-json3-dev libprotobuf-dev protobuf-compiler dataset-fashion-mnist fortunes
-  clang libclang-rt-14-dev libturbojpeg0-dev libpng-dev)
+  clang libclang-rt-14-dev libturbojpeg0-dev libjpeg62-turbo-dev libpng-dev)
 missing=()
 for p in "${apt_pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -2,6 +2,8 @@
 // pure functions of (seed, epoch, index), training through `strobe fit` with an exact resume, and bad
 // files: exit 2 naming the file, or counted and left out under on_bad_sample: skip.
 #include <gtest/gtest.h>
+
+#include <algorithm>
 #include <torch/torch.h>
 
 #include "data/image_codec.h"
@@ -120,6 +122,63 @@ TEST(ImageCodec, DecodesEncodedPixelsExactlyAndDownscalesJpegsInTheDctDomain) {
   data::resample_to_float(data::decode_image(jpg, "s.jpg", 3, data::min_decode_scale(box, 32, 32)), box, 32, 32, false, mean, std,
                           b.data_ptr<float>());
   EXPECT_LT((a - b).abs().max().item<float>() * 255, 4.0);
+}
+
+// A crop decoded as a region (only where its resampling reads) resamples to the same floats, bit for
+// bit, as the whole decode: colour 4:2:0 (fancy upsampling, whose edges a region shares with the
+// image only where they are the image's), 4:4:4 and grey files, decoded to 3 and 1 channels, at every
+// DCT scale; boxes at the image's edges, tiny and whole. A truncated file fails whatever the region.
+TEST(ImageCodec, ARegionDecodeResamplesBitForBitAsTheWholeDecode) {
+  const int W = 333, H = 251;
+  std::vector<uint8_t> px(W * H * 3), gray(W * H);
+  uint32_t st = 12345;
+  auto next = [&] { return st = st * 1664525u + 1013904223u; };
+  for (int y = 0; y < H; ++y)
+    for (int x = 0; x < W; ++x) {
+      for (int c = 0; c < 3; ++c)
+        px[(y * W + x) * 3 + c] = static_cast<uint8_t>(std::clamp<int>((x * (c + 1) + y * (3 - c)) % 256 + int(next() >> 26) - 32, 0, 255));
+      gray[y * W + x] = px[(y * W + x) * 3 + 1];
+    }
+  const std::vector<std::pair<std::string, std::string>> files = {{"420", data::encode_jpeg(px.data(), W, H, 3, 90, true)},
+                                                                  {"444", data::encode_jpeg(px.data(), W, H, 3, 90, false)},
+                                                                  {"grey", data::encode_jpeg(gray.data(), W, H, 1, 90)}};
+  auto gen = data::sample_generator(5, 0, 0);
+  data::SampleRng rng(gen, 0);
+  const float mean[3] = {0, 0, 0}, stdv[3] = {1, 1, 1};
+  int partial = 0, cases = 0;
+  for (const auto& [kind, jpg] : files)
+    for (int channels : {3, 1})
+      for (int t = 0; t < 48; ++t) {
+        const int out = t % 3 == 0 ? 24 : 64;
+        data::CropBox box = t == 0   ? data::whole_image_box(W, H)
+                            : t == 1 ? data::CropBox{0, 0, 40, 30}
+                            : t == 2 ? data::CropBox{W - 37.0, H - 29.0, 37, 29}
+                            : t == 3 ? data::CropBox{150, 100, 3, 2}
+                            : t == 4 ? data::resize_center_crop_box(W, H, 73, 64)
+                                     : data::random_resized_crop_box(W, H, 0.02, 1.0, 0.5, 2.0, rng);
+        for (double scale : {1.0, data::min_decode_scale(box, out, out)}) {
+          data::Image whole, part;
+          data::decode_image_into(jpg, "x.jpg", channels, scale, whole);
+          data::decode_image_into(jpg, "x.jpg", channels, scale, part, data::DecodeRegion{box.x, box.y, box.w, box.h, out, out});
+          ASSERT_EQ(whole.x0, 0);
+          ASSERT_EQ(part.scaled_width, whole.width);
+          ASSERT_EQ(part.scaled_height, whole.height);
+          partial += part.width * part.height < whole.width * whole.height;
+          ++cases;
+          auto a = torch::empty({channels, out, out}), b = torch::empty({channels, out, out});
+          data::resample_to_float(whole, box, out, out, t % 2 == 1, mean, stdv, a.data_ptr<float>());
+          data::resample_to_float(part, box, out, out, t % 2 == 1, mean, stdv, b.data_ptr<float>());
+          ASSERT_TRUE(torch::equal(a, b)) << kind << " to " << channels << " channels, box " << box.x << "," << box.y << " " << box.w
+                                          << "x" << box.h << " -> " << out << ", scale " << scale << ", region at " << part.x0 << ","
+                                          << part.y0 << " " << part.width << "x" << part.height << ": max difference "
+                                          << (a - b).abs().max().item<float>() * 255;
+        }
+      }
+  EXPECT_GT(partial, cases / 2);  // most decodes held only a part of the image
+  const std::string& jpg = files[0].second;
+  data::Image img;
+  EXPECT_THROW(data::decode_image_into(jpg.substr(0, jpg.size() * 3 / 4), "t.jpg", 3, 1.0, img, data::DecodeRegion{0, 0, 40, 30, 32, 32}),
+               DataError);
 }
 
 TEST(ImageCodec, TruncatedOrForeignFilesAreDataErrorsNamingTheFile) {
