@@ -57,7 +57,8 @@ Taps make_taps(double start, double len, int in_size, int out_size) {
   return t;
 }
 
-// Horizontal then vertical pass; calls emit(c, y, x, value) for each output value (0..255 scale).
+// Horizontal then vertical pass; calls emit(c, y, row) with channel c's output row y (out_w values,
+// 0..255 scale).
 template <typename Emit>
 void resample(const Image& img, const CropBox& box, int out_w, int out_h, Emit emit) {
   const int C = img.channels;
@@ -77,13 +78,16 @@ void resample(const Image& img, const CropBox& box, int out_w, int out_h, Emit e
   if (row0 < 0 || row1 > img.height || tx.first.front() < 0 || col1 > img.width)
     throw std::logic_error("resample: the decoded region does not hold the pixels the box reads");
   // Only the rows the vertical pass reads.
-  const int rw = out_w * C;
+  // The horizontal pass writes channel planes of the rows the vertical pass reads, so the vertical
+  // pass and the output run over contiguous floats of one channel (vectorized by the compiler).
+  const int rows = row1 - row0;
+  const size_t plane_in = static_cast<size_t>(rows) * out_w;
   thread_local std::vector<float> tmp, acc;  // reused by each loader thread (never shrinks)
-  if (tmp.size() < static_cast<size_t>(row1 - row0) * rw) tmp.resize(static_cast<size_t>(row1 - row0) * rw);
-  if (acc.size() < static_cast<size_t>(rw)) acc.resize(rw);
+  if (tmp.size() < plane_in * C) tmp.resize(plane_in * C);
+  if (acc.size() < static_cast<size_t>(out_w)) acc.resize(out_w);
   for (int y = row0; y < row1; ++y) {
     const uint8_t* src = img.pixels.data() + static_cast<size_t>(y) * img.width * C;
-    float* dst = tmp.data() + static_cast<size_t>(y - row0) * rw;
+    float* dst = tmp.data() + static_cast<size_t>(y - row0) * out_w;  // channel c at dst[c * plane_in + x]
     for (int x = 0; x < out_w; ++x) {
       const float* w = &tx.w[static_cast<size_t>(x) * tx.stride];
       const uint8_t* s = src + static_cast<size_t>(tx.first[x]) * C;
@@ -103,43 +107,32 @@ void resample(const Image& img, const CropBox& box, int out_w, int out_h, Emit e
         }
         alignas(16) float o[4];
         _mm_store_ps(o, sum);
-        dst[3 * x] = o[0];
-        dst[3 * x + 1] = o[1];
-        dst[3 * x + 2] = o[2];
+        dst[x] = o[0];
+        dst[plane_in + x] = o[1];
+        dst[2 * plane_in + x] = o[2];
         continue;
       }
 #endif
-      if (C == 3) {
-        float a = 0, b = 0, c = 0;
-        for (int k = 0; k < n; ++k) {
-          a += w[k] * s[3 * k];
-          b += w[k] * s[3 * k + 1];
-          c += w[k] * s[3 * k + 2];
-        }
-        dst[3 * x] = a;
-        dst[3 * x + 1] = b;
-        dst[3 * x + 2] = c;
-      } else {
-        for (int ch = 0; ch < C; ++ch) {
-          float a = 0;
-          for (int k = 0; k < n; ++k) a += w[k] * s[C * k + ch];
-          dst[C * x + ch] = a;
-        }
+      for (int ch = 0; ch < C; ++ch) {
+        float a = 0;
+        for (int k = 0; k < n; ++k) a += w[k] * s[C * k + ch];
+        dst[ch * plane_in + x] = a;
       }
     }
   }
   float* a = acc.data();
-  const float* tm = tmp.data();
-  for (int y = 0; y < out_h; ++y) {
-    std::fill(a, a + rw, 0.f);
-    const float* w = &ty.w[static_cast<size_t>(y) * ty.stride];
-    for (int k = 0; k < ty.count[y]; ++k) {
-      const float* r = tm + static_cast<size_t>(ty.first[y] + k - row0) * rw;
-      const float wk = w[k];
-      for (int i = 0; i < rw; ++i) a[i] += wk * r[i];
+  for (int ch = 0; ch < C; ++ch) {
+    const float* tm = tmp.data() + ch * plane_in;
+    for (int y = 0; y < out_h; ++y) {
+      std::fill(a, a + out_w, 0.f);
+      const float* w = &ty.w[static_cast<size_t>(y) * ty.stride];
+      for (int k = 0; k < ty.count[y]; ++k) {
+        const float* r = tm + static_cast<size_t>(ty.first[y] + k - row0) * out_w;
+        const float wk = w[k];
+        for (int i = 0; i < out_w; ++i) a[i] += wk * r[i];
+      }
+      emit(ch, y, static_cast<const float*>(a));
     }
-    for (int x = 0; x < out_w; ++x)
-      for (int ch = 0; ch < C; ++ch) emit(ch, y, x, a[x * C + ch]);
   }
 }
 
@@ -203,17 +196,22 @@ void resample_to_float(const Image& img, const CropBox& box, int out_w, int out_
     add[c] = -mean[c] / std[c];
   }
   const size_t plane = static_cast<size_t>(out_w) * out_h;
-  resample(img, box, out_w, out_h, [&](int c, int y, int x, float v) {
-    const int xo = flip ? out_w - 1 - x : x;
-    out[c * plane + static_cast<size_t>(y) * out_w + xo] = v * mul[c] + add[c];
+  resample(img, box, out_w, out_h, [&](int c, int y, const float* v) {
+    float* o = out + c * plane + static_cast<size_t>(y) * out_w;
+    if (flip) {
+      for (int x = 0; x < out_w; ++x) o[out_w - 1 - x] = v[x] * mul[c] + add[c];
+    } else {
+      for (int x = 0; x < out_w; ++x) o[x] = v[x] * mul[c] + add[c];
+    }
   });
 }
 
 void resample_to_u8(const Image& img, const CropBox& box, int out_w, int out_h, uint8_t* out, bool flip) {
   const size_t plane = static_cast<size_t>(out_w) * out_h;
-  resample(img, box, out_w, out_h, [&](int c, int y, int x, float v) {
-    const int xo = flip ? out_w - 1 - x : x;
-    out[c * plane + static_cast<size_t>(y) * out_w + xo] = static_cast<uint8_t>(std::clamp(v + 0.5f, 0.f, 255.f));
+  resample(img, box, out_w, out_h, [&](int c, int y, const float* v) {
+    uint8_t* o = out + c * plane + static_cast<size_t>(y) * out_w;
+    for (int x = 0; x < out_w; ++x) o[x] = static_cast<uint8_t>(std::clamp(v[x] + 0.5f, 0.f, 255.f));
+    if (flip) std::reverse(o, o + out_w);
   });
 }
 
