@@ -32,7 +32,11 @@ DatasetDataModule::DatasetDataModule(std::shared_ptr<const data::Dataset> train,
 
 std::shared_ptr<data::DataLoader> DatasetDataModule::train_loader() {
   if (!train_) return nullptr;
-  if (!train_loader_) train_loader_ = std::make_shared<data::DataLoader>(train_, collate_, opt_);
+  if (!train_loader_) {
+    data::LoaderOptions o = opt_;
+    o.lookahead = true;  // training epochs follow one another (strobe/data/loader.h)
+    train_loader_ = std::make_shared<data::DataLoader>(train_, collate_, o);
+  }
   return train_loader_;
 }
 

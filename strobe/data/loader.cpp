@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <condition_variable>
 #include <exception>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <stdexcept>
@@ -21,7 +22,7 @@
 namespace strobe::data {
 
 struct DataLoader::Impl {
-  std::vector<int64_t> order;  // this epoch's indices
+  std::shared_ptr<const std::vector<int64_t>> order;  // this epoch's units (null before the first start)
   int64_t epoch = 0, next_to_make = 0, next_to_yield = 0, end = 0;
   int64_t offset = 0;  // samples of the epoch's order (all ranks) before this split's first batch
   uint64_t generation = 0;
@@ -31,13 +32,23 @@ struct DataLoader::Impl {
   // batch before it (in order, as a loader without workers would; a resume then starts at it).
   std::exception_ptr error;
   int64_t error_index = -1;
+  // Lookahead (LoaderOptions::lookahead): the next epoch's first batches, made once every batch of
+  // this epoch is made or being made; start(epoch + 1, 0) takes them over.
+  struct Ahead {
+    int64_t epoch = -1;  // -1: not planned yet
+    std::shared_ptr<const std::vector<int64_t>> order;
+    int64_t end = 0, next_to_make = 0;
+    std::map<int64_t, Batch> ready;
+    std::exception_ptr error;
+    int64_t error_index = -1;
+    bool planning = false;  // a worker is computing the next epoch's order
+  } ahead;
   std::mutex mu;
   std::condition_variable cv_made, cv_space;
   std::vector<std::thread> workers;
-  // Packing: the plan of the latest epoch asked for (every worker of an epoch reads the same one).
+  // Packing: the plans of the latest two epochs asked for (the current one and, ahead, the next).
   std::mutex plan_mu;
-  std::shared_ptr<const RowPlan> plan;
-  int64_t plan_epoch = -1;
+  std::map<int64_t, std::shared_ptr<const RowPlan>> plans;
 
   void worker_loop(const DataLoader& loader, uint64_t gen);
 };
@@ -107,12 +118,15 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, CollateFn collate
 
 std::shared_ptr<const RowPlan> DataLoader::plan(int64_t epoch) const {
   std::lock_guard<std::mutex> lock(impl_->plan_mu);
-  if (impl_->plan_epoch != epoch || !impl_->plan) {
-    impl_->plan = std::make_shared<const RowPlan>(
-        best_fit_rows(sampler_.indices(epoch), lengths_, opt_.pack_row_len, opt_.seed, epoch, opt_.shuffle));
-    impl_->plan_epoch = epoch;
+  auto& plans = impl_->plans;
+  auto it = plans.find(epoch);
+  if (it == plans.end()) {
+    if (plans.size() >= 2) plans.erase(plans.begin()->first < epoch ? plans.begin() : std::prev(plans.end()));
+    it = plans.emplace(epoch, std::make_shared<const RowPlan>(best_fit_rows(sampler_.indices(epoch), lengths_, opt_.pack_row_len,
+                                                                            opt_.seed, epoch, opt_.shuffle)))
+             .first;
   }
-  return impl_->plan;
+  return it->second;
 }
 
 namespace {
@@ -153,29 +167,36 @@ DataLoader::~DataLoader() { stop(); }
 int64_t DataLoader::num_batches() const { return num_batches(impl_->epoch); }
 
 void DataLoader::exclude_from(int64_t epoch, std::vector<int64_t> before) {
+  settings_changed();
   auto o = sampler_options(opt_, dataset_);
   o.exclude_from_epoch = epoch;
   std::sort(before.begin(), before.end());
   o.exclude_before = std::move(before);
   sampler_ = DistributedSampler(dataset_->size(), o);
   std::lock_guard<std::mutex> lock(impl_->plan_mu);
-  impl_->plan_epoch = -1;  // another exclusion: another plan
+  impl_->plans.clear();  // another exclusion: other plans
 }
 
 int64_t DataLoader::num_batches(int64_t epoch) const {
-  int64_t n = num_units(epoch, epoch == impl_->epoch ? impl_->offset : 0);
+  return batches_in(num_units(epoch, epoch == impl_->epoch ? impl_->offset : 0));
+}
+
+int64_t DataLoader::batches_in(int64_t n) const {
   int64_t full = opt_.drop_last ? n / opt_.batch_size : (n + opt_.batch_size - 1) / opt_.batch_size;
   return opt_.limit_batches >= 0 ? std::min(full, opt_.limit_batches) : full;
 }
 
 Batch DataLoader::make_batch(int64_t epoch, int64_t batch_index) const {
-  std::vector<int64_t> other_epoch;
-  const std::vector<int64_t>* order_ptr = &impl_->order;
-  if (epoch != impl_->epoch || (impl_->order.empty() && impl_->offset == 0)) {
-    other_epoch = units(epoch);
-    order_ptr = &other_epoch;
+  std::shared_ptr<const std::vector<int64_t>> order;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    if (epoch == impl_->epoch) order = impl_->order;
   }
-  const std::vector<int64_t>& order = *order_ptr;
+  if (!order) order = std::make_shared<const std::vector<int64_t>>(units(epoch));
+  return make_batch_from(epoch, *order, batch_index);
+}
+
+Batch DataLoader::make_batch_from(int64_t epoch, const std::vector<int64_t>& order, int64_t batch_index) const {
   int64_t begin = batch_index * opt_.batch_size;
   int64_t end = std::min<int64_t>(begin + opt_.batch_size, static_cast<int64_t>(order.size()));
   if (begin >= end) throw std::out_of_range("loader: batch index past the end of the epoch");
@@ -230,17 +251,40 @@ Batch DataLoader::make_first_samples(int64_t epoch, int64_t count) const {
 }
 
 void DataLoader::start(int64_t epoch, int64_t first_batch, int64_t sample_offset) {
-  stop();
   Impl& m = *impl_;
+  {
+    std::unique_lock<std::mutex> lock(m.mu);
+    if (!m.workers.empty() && !m.stopping && m.ahead.order && m.ahead.epoch == epoch && epoch == m.epoch + 1 && first_batch == 0 &&
+        sample_offset == 0) {
+      // The workers are already on this epoch: take over what they made (made exactly as below).
+      m.epoch = epoch;
+      m.offset = 0;
+      m.order = std::move(m.ahead.order);
+      m.end = m.ahead.end;
+      m.next_to_make = m.ahead.next_to_make;
+      m.next_to_yield = 0;
+      m.ready = std::move(m.ahead.ready);
+      m.error = m.ahead.error;
+      m.error_index = m.ahead.error_index;
+      m.ahead = Impl::Ahead{};
+      lock.unlock();
+      m.cv_space.notify_all();
+      m.cv_made.notify_all();
+      return;
+    }
+  }
+  stop();
+  auto order = std::make_shared<const std::vector<int64_t>>(units(epoch, sample_offset));
   std::unique_lock<std::mutex> lock(m.mu);
   m.epoch = epoch;
   m.offset = sample_offset;
-  m.order = units(epoch, sample_offset);
+  m.order = std::move(order);
   m.end = num_batches();
   m.next_to_make = m.next_to_yield = std::min(first_batch, m.end);
   m.ready.clear();
   m.error = nullptr;
   m.error_index = -1;
+  m.ahead = Impl::Ahead{};
   m.stopping = false;
   ++m.generation;
   for (int64_t w = 0; w < opt_.num_workers; ++w) m.workers.emplace_back(&Impl::worker_loop, &m, std::cref(*this), m.generation);
@@ -251,24 +295,69 @@ bool collate_pins() { return collate_pins_now; }
 void DataLoader::Impl::worker_loop(const DataLoader& loader, uint64_t gen) {
   single_threaded_ops();
   // Workers make batches in index order; the bound keeps at most num_workers * prefetch_factor
-  // batches ahead of the consumer.
+  // batches (this epoch's and, ahead, the next one's) made or being made and not yet taken.
   const int64_t capacity = loader.opt_.num_workers * loader.opt_.prefetch_factor;
+  const bool look = loader.opt_.lookahead;
   for (;;) {
-    int64_t index;
+    int64_t e = 0, index = 0;
+    std::shared_ptr<const std::vector<int64_t>> ord;
     {
       std::unique_lock<std::mutex> lock(mu);
-      cv_space.wait(lock, [&] { return stopping || next_to_make - next_to_yield < capacity || next_to_make >= end; });
-      if (stopping || gen != generation || next_to_make >= end || error) return;
-      index = next_to_make++;
+      auto current = [&] { return next_to_make < end && next_to_make - next_to_yield < capacity; };
+      auto can_ahead = [&] {
+        return look && next_to_make >= end && !ahead.planning && !ahead.error && (ahead.epoch < 0 || ahead.next_to_make < ahead.end) &&
+               (end - next_to_yield) + ahead.next_to_make < capacity;
+      };
+      cv_space.wait(lock, [&] {
+        return stopping || gen != generation || error || current() || (!look && next_to_make >= end) || can_ahead();
+      });
+      if (stopping || gen != generation || error) return;
+      if (current()) {
+        e = epoch, ord = order, index = next_to_make++;
+      } else if (!look) {
+        return;  // every batch of the epoch is made or being made
+      } else if (ahead.epoch < 0) {
+        // Plan the next epoch (its units; under packing its rows) outside the lock; the others wait.
+        ahead.planning = true;
+        const int64_t next_epoch = epoch + 1;
+        lock.unlock();
+        std::shared_ptr<const std::vector<int64_t>> o;
+        try {
+          o = std::make_shared<const std::vector<int64_t>>(loader.units(next_epoch));
+        } catch (...) {
+          o = nullptr;  // start(next_epoch) will plan it again and raise what failed there
+        }
+        lock.lock();
+        ahead.planning = false;
+        if (gen == generation && !stopping && epoch + 1 == next_epoch && ahead.epoch < 0) {
+          ahead.epoch = next_epoch;
+          ahead.order = o;
+          ahead.end = o ? loader.batches_in(static_cast<int64_t>(o->size())) : 0;
+        }
+        lock.unlock();
+        cv_space.notify_all();
+        continue;
+      } else {
+        e = ahead.epoch, ord = ahead.order, index = ahead.next_to_make++;
+      }
     }
     try {
-      Batch b = loader.make_batch(epoch, index);
+      Batch b = loader.make_batch_from(e, *ord, index);
       std::lock_guard<std::mutex> lock(mu);
       if (gen != generation) return;
-      ready.emplace(index, std::move(b));
+      if (e == epoch && ord == order) {
+        ready.emplace(index, std::move(b));  // this epoch's (an adopted lookahead's included)
+      } else if (e == ahead.epoch && ord == ahead.order) {
+        ahead.ready.emplace(index, std::move(b));
+      }  // else another epoch was started: dropped
     } catch (...) {
       std::lock_guard<std::mutex> lock(mu);
-      if (!error || index < error_index) error = std::current_exception(), error_index = index;
+      if (gen != generation) return;
+      if (e == epoch && ord == order) {
+        if (!error || index < error_index) error = std::current_exception(), error_index = index;
+      } else if (e == ahead.epoch && ord == ahead.order) {
+        if (!ahead.error || index < ahead.error_index) ahead.error = std::current_exception(), ahead.error_index = index;
+      }
     }
     cv_made.notify_all();
   }
@@ -310,16 +399,19 @@ void DataLoader::stop() {
   m.workers.clear();
   std::lock_guard<std::mutex> lock(m.mu);
   m.ready.clear();
+  m.ahead = Impl::Ahead{};
 }
+
+void DataLoader::settings_changed() { stop(); }
 
 }  // namespace strobe::data
 
 namespace strobe::data {
 void DataLoader::set_shuffle(bool shuffle) {
-  stop();
+  settings_changed();
   opt_.shuffle = shuffle;
   sampler_ = DistributedSampler(dataset_->size(), sampler_options(opt_, dataset_));
   std::lock_guard<std::mutex> lock(impl_->plan_mu);
-  impl_->plan_epoch = -1;
+  impl_->plans.clear();
 }
 }  // namespace strobe::data

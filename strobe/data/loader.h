@@ -4,6 +4,10 @@
 // num_workers and of where the epoch was started (start(e, first_batch) resumes mid-epoch without
 // replaying). With pin_memory the batches come in page-locked memory so the host-to-device copy can
 // be non-blocking. At most `num_workers * prefetch_factor` batches are held ahead of the consumer.
+// With `lookahead` (a training loader, whose epochs follow one another), once every batch of the
+// epoch is made or being made the workers go on with the next epoch's first batches, within the same
+// bound; start(epoch + 1) from its first batch takes them over, so an epoch's first batch does not
+// wait a worker's whole batch time. Any other start, or a change of the loader's settings, drops them.
 // The worker threads, the queue and their locks live behind a pimpl (loader.cpp): a component that
 // names a DataLoader (strobe/core/datamodule.h) includes no threading header through it.
 #pragma once
@@ -44,6 +48,7 @@ struct LoaderOptions {
   // (strobe/data/packing.h) and a batch is batch_size rows; the epoch's position, num_batches and the
   // split over ranks count rows. 0: a batch is batch_size samples.
   int64_t pack_row_len = 0;
+  bool lookahead = false;  // make the next epoch's first batches at the end of an epoch (above)
 };
 
 struct RowPlan;
@@ -81,8 +86,14 @@ class DataLoader {
   // out `before`, what the checkpoint's epoch ran with).
   friend struct strobe::EngineAccess;
   void exclude_from(int64_t epoch, std::vector<int64_t> before);
-  void set_limit_batches(int64_t limit) { opt_.limit_batches = limit; }
-  void set_pin_memory(bool pin) { opt_.pin_memory = pin; }
+  void set_limit_batches(int64_t limit) {
+    settings_changed();
+    opt_.limit_batches = limit;
+  }
+  void set_pin_memory(bool pin) {
+    settings_changed();
+    opt_.pin_memory = pin;
+  }
   void set_shuffle(bool shuffle);  // rebuilds the sampler (overfit_batches turns shuffling off)
 
   // This rank's units of `epoch` after the epoch's first `offset` (all ranks): sample indices, or
@@ -92,6 +103,11 @@ class DataLoader {
   std::shared_ptr<const RowPlan> plan(int64_t epoch) const;  // packing: the epoch's rows (cached)
   // The samples of the units [begin, end) of `order`.
   std::vector<int64_t> samples_of(int64_t epoch, const std::vector<int64_t>& order, int64_t begin, int64_t end) const;
+
+  // Batch `batch_index` of `epoch` whose units are `order` (units(epoch, offset)).
+  Batch make_batch_from(int64_t epoch, const std::vector<int64_t>& order, int64_t batch_index) const;
+  int64_t batches_in(int64_t units) const;  // an epoch's batches of that many units (drop_last, limit_batches)
+  void settings_changed();                  // stops the workers: what they made ahead no longer holds
 
   struct Impl;  // the epoch's order and position, the prefetch queue, the workers (loader.cpp)
 

@@ -2,6 +2,7 @@
 // shards disjoint and complete.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <mutex>
 #include <set>
@@ -64,6 +65,51 @@ TEST(Loader, MidEpochStartYieldsTheRemainingBatches) {
   auto tail = epoch(2, 3, 4);
   ASSERT_EQ(tail.size(), full.size() - 4);
   EXPECT_TRUE(same(std::vector<Batch>(full.begin() + 4, full.end()), tail));
+}
+
+// A training loader (lookahead) goes on with the next epoch's first batches once every batch of the
+// epoch is made or being made, within the prefetch bound: after the consumer takes epoch 0, epoch 1's
+// samples are made before start(1), never more than the bound's batches of them, and start(1) takes
+// them over. Every epoch's batches are those of a loader without workers: taken over (epochs 1 and
+// 2), dropped by a start elsewhere (epoch 4 from its batch 2, then epoch 1 again). Without lookahead
+// nothing is made between epochs.
+TEST(Loader, ATrainingLoaderMakesTheNextEpochsFirstBatchesAheadAndTheyAreExact) {
+  class Counting : public NoisyDataset {
+   public:
+    Sample get(int64_t index, at::Generator& gen) const override {
+      ++*gets;
+      return NoisyDataset::get(index, gen);
+    }
+    std::shared_ptr<std::atomic<int64_t>> gets = std::make_shared<std::atomic<int64_t>>(0);
+  };
+  auto wait_for = [](const std::atomic<int64_t>& n, int64_t want) {
+    for (int i = 0; i < 500 && n.load() < want; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // and nothing more comes
+    return n.load();
+  };
+  for (bool lookahead : {true, false}) {
+    auto data = std::make_shared<Counting>();
+    LoaderOptions o;
+    o.batch_size = 5;
+    o.num_workers = 2;
+    o.prefetch_factor = 2;  // the bound: 4 batches made and not taken
+    o.seed = 11;
+    o.lookahead = lookahead;
+    DataLoader loader(data, stack_collate, o);
+    auto take = [&](int64_t ep, int64_t first) {
+      loader.start(ep, first);
+      std::vector<Batch> out;
+      while (auto b = loader.next()) out.push_back(*b);
+      return out;
+    };
+    EXPECT_TRUE(same(take(0, 0), epoch(0, 0)));
+    const int64_t ahead = wait_for(*data->gets, lookahead ? 53 + 4 * 5 : 53) - 53;
+    EXPECT_EQ(ahead, lookahead ? 4 * 5 : 0) << "samples of epoch 1 made before start(1)";
+    EXPECT_TRUE(same(take(1, 0), epoch(0, 1)));
+    EXPECT_TRUE(same(take(2, 0), epoch(0, 2)));
+    EXPECT_TRUE(same(take(4, 2), epoch(0, 4, 2)));
+    EXPECT_TRUE(same(take(1, 0), epoch(0, 1)));
+  }
 }
 
 // A worker's error reaches the consumer at its batch's turn, after every batch before it, as without
