@@ -271,7 +271,10 @@ void FitLoop::run_epoch() {
     if (last) break;
     if (accum_count_ == 0 && done()) break;
   }
-  loader.stop();
+  // After an epoch that another follows, the training loader keeps its workers: they are making the
+  // next epoch's first batches, which its start takes over (strobe/data/loader.h). Otherwise (a stop,
+  // the last epoch, a resumed epoch's own loader) they stop here.
+  if (!(state_.epoch_done && !done() && &loader == loader_.get())) loader.stop();
   share_stop_code(/*blocking=*/true);  // every rank leaves the epoch here: agree on stopping now
 }
 

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <map>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -110,6 +111,32 @@ TEST(Loader, ATrainingLoaderMakesTheNextEpochsFirstBatchesAheadAndTheyAreExact) 
     EXPECT_TRUE(same(take(4, 2), epoch(0, 4, 2)));
     EXPECT_TRUE(same(take(1, 0), epoch(0, 1)));
   }
+}
+
+// Through a fit: a step slower than the loader (a callback sleeps 25 ms), so the workers are ahead
+// when an epoch ends; the first batch of epochs 1 and 2 is then waiting for the step (input wait
+// under 3 ms), where a loader stopped at the epoch's end would start cold (one worker makes a whole
+// batch of 32 images of 3 x 128 x 128 first).
+TEST(Loader, AnEpochOfAFitStartsWithTheBatchesItsWorkersMadeAhead) {
+  struct Waits : Callback {
+    std::string name() const override { return "first_waits"; }
+    std::map<int64_t, double> first_wait;  // epoch -> the input wait of its first batch
+    void on_train_batch_end(TrainerView& t, Module&, const torch::Tensor&, const Batch&, int64_t idx) override {
+      if (idx == 0) first_wait[t.state().epoch] = t.last_input_wait_s();
+      std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    }
+  };
+  auto waits = std::make_shared<Waits>();
+  auto run = strobe::testing::make_run(strobe::testing::tiny_yaml(),
+                                       {"trainer.max_epochs=3", "trainer.num_sanity_val_steps=0", "trainer.limit_val_batches=0",
+                                        "model.in_features=49152", "data.image_size=128", "data.channels=3",
+                                        "data.num_samples=192", "data.batch_size=32", "data.num_workers=2",
+                                        "trainer.enable_checkpointing=false"},
+                                       "", std::nullopt, {waits});
+  ASSERT_EQ(run->trainer->fit(), 0);
+  ASSERT_EQ(waits->first_wait.size(), 3u);
+  EXPECT_LT(waits->first_wait.at(1), 0.003);
+  EXPECT_LT(waits->first_wait.at(2), 0.003);
 }
 
 // A worker's error reaches the consumer at its batch's turn, after every batch before it, as without
