@@ -87,16 +87,23 @@ struct Common {
   bool allow_changed_plugins = false;
 };
 
-void add_common(CLI::App* cmd, Common& c, bool evaluates) {
-  cmd->add_option("-c,--config", c.configs,
-                  "experiment YAML file; several (-c a.yaml -c b.yaml) compose in order: mappings merge, lists and values "
-                  "replace")
-      ->required()
-      ->check(kNonEmpty);
-  cmd->add_option("--set", c.sets, "override a key: --set trainer.max_steps=200 (repeatable)")->take_all();
-  cmd->add_option("--plugin", c.plugins, "load a plugin (a component library built with strobe_add_plugin; repeatable)")
+// What composes an experiment (compose_experiment): -c files, --set overrides, --plugin libraries.
+// Returns -c, which the run commands make required.
+CLI::Option* add_experiment_inputs(CLI::App* cmd, std::vector<std::string>& configs, std::vector<std::string>& sets,
+                                   std::vector<std::string>& plugins) {
+  auto* config = cmd->add_option("-c,--config", configs,
+                                 "experiment YAML file; several (-c a.yaml -c b.yaml) compose in order: mappings merge, lists and "
+                                 "values replace")
+                     ->check(kNonEmpty);
+  cmd->add_option("--set", sets, "override a key: --set trainer.max_steps=200 (repeatable)")->take_all();
+  cmd->add_option("--plugin", plugins, "load a plugin (a component library built with strobe_add_plugin; repeatable)")
       ->take_all()
       ->check(kNonEmpty);
+  return config;
+}
+
+void add_common(CLI::App* cmd, Common& c, bool evaluates) {
+  add_experiment_inputs(cmd, c.configs, c.sets, c.plugins)->required();
   cmd->add_flag("--allow-changed-plugins", c.allow_changed_plugins,
                 "go on when a plugin the checkpoint recorded has changed (said once and recorded in the run)");
   cmd->add_option("--ckpt", c.ckpt,
@@ -528,9 +535,7 @@ void add_tune_command(Cli& cli) {
   auto& o = cli.lr_find;
   auto* lr = tune->add_subcommand(
       "lr", "the learning-rate range test: train a few steps with an exponentially growing lr and suggest one (lr_find.csv, lr_find.svg)");
-  lr->add_option("-c,--config", o.configs, "experiment YAML file(s), composed as fit composes them")->check(kNonEmpty);
-  lr->add_option("--set", o.sets, "override a key (repeatable)")->take_all();
-  lr->add_option("--plugin", o.plugins, "load a plugin (repeatable)")->take_all()->check(kNonEmpty);
+  add_experiment_inputs(lr, o.configs, o.sets, o.plugins);  // without -c: refused by the command with one line
   lr->add_option("--min", o.min_lr, "the first learning rate (default 1e-8)");
   lr->add_option("--max", o.max_lr, "the last learning rate (default 1)");
   lr->add_option("--steps", o.steps, "optimizer steps of the sweep (default 100)");
@@ -541,9 +546,7 @@ void add_tune_command(Cli& cli) {
   auto& b = cli.batch_size;
   auto* bs = tune->add_subcommand(
       "batch-size", "the largest data.batch_size that trains and validates a few steps on the GPU, each trial a fresh process");
-  bs->add_option("-c,--config", b.configs, "experiment YAML file(s)")->check(kNonEmpty);
-  bs->add_option("--set", b.sets, "override a key (repeatable)")->take_all();
-  bs->add_option("--plugin", b.plugins, "load a plugin (repeatable)")->take_all()->check(kNonEmpty);
+  add_experiment_inputs(bs, b.configs, b.sets, b.plugins);
   bs->add_option("--mode", b.mode, "power (double until a batch fails) or binsearch (then bisect; default power)");
   bs->add_option("--start", b.start, "the first batch to try (default: the config's data.batch_size)")->check(number_above_zero(false));
   bs->add_option("--max", b.max, "the largest batch to try (default: the training set's length)")->check(number_above_zero(false));

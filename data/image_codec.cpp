@@ -57,13 +57,12 @@ tjhandle compressor() {
 
 [[noreturn]] void fail(const std::string& path, const std::string& what) { throw DataError(fmt::format("{}: {}", path, what)); }
 
-std::pair<int, int> jpeg_header(const std::string& bytes, const std::string& path, int* colorspace) {
+std::pair<int, int> jpeg_header(const std::string& bytes, const std::string& path) {
   int w = 0, h = 0, subsamp = 0, cs = 0;
   if (tjDecompressHeader3(decompressor(), reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size(), &w, &h, &subsamp,
                           &cs) != 0)
     fail_jpeg(path, fmt::format("header: {}", tjGetErrorStr2(decompressor())));
   if (w <= 0 || h <= 0) fail_jpeg(path, "no frame header");
-  if (colorspace) *colorspace = cs;
   return {w, h};
 }
 
@@ -110,20 +109,31 @@ std::pair<int, int> needed_span(double start, double len, int out, int full, int
   return {std::clamp(lo, 0, scaled), std::clamp(hi, 0, scaled)};
 }
 
-// Returns false with err.msg set on any libjpeg error or warning. Only trivially destructible locals
+enum class JpegDecode { kOk, kCorrupt, kCmyk };
+
+// kCorrupt with err.msg set on any libjpeg error or warning; kCmyk for a CMYK/YCCK file (from the
+// header this decode reads anyway). Only trivially destructible locals
 // live in this frame (a longjmp skips destructors); `img` belongs to the caller.
-bool jpeg_decode_raw(JpegDecoder& d, const std::string& bytes, int channels, int denom, const DecodeRegion& region, Image& img) {
+JpegDecode jpeg_decode_raw(JpegDecoder& d, const std::string& bytes, int channels, double min_scale, const DecodeRegion& region,
+                           Image& img) {
   jpeg_decompress_struct* c = &d.info;
   if (setjmp(d.err.jump)) {
     jpeg_abort_decompress(c);
-    return false;
+    return JpegDecode::kCorrupt;
   }
   jpeg_mem_src(c, reinterpret_cast<const unsigned char*>(bytes.data()), static_cast<unsigned long>(bytes.size()));
   if (jpeg_read_header(c, TRUE) != JPEG_HEADER_OK || c->image_width == 0 || c->image_height == 0) {
     std::snprintf(d.err.msg, sizeof(d.err.msg), "no frame header");
     jpeg_abort_decompress(c);
-    return false;
+    return JpegDecode::kCorrupt;
   }
+  if (c->jpeg_color_space == JCS_CMYK || c->jpeg_color_space == JCS_YCCK) {
+    jpeg_abort_decompress(c);
+    return JpegDecode::kCmyk;
+  }
+  // Strongest power-of-two reduction that keeps the scale >= min_scale.
+  int denom = 1;
+  while (denom < 8 && 1.0 / (denom * 2) >= min_scale) denom *= 2;
   c->scale_num = 1;
   c->scale_denom = static_cast<unsigned>(denom);
   c->out_color_space = channels == 1 ? JCS_GRAYSCALE : JCS_RGB;
@@ -166,19 +176,20 @@ bool jpeg_decode_raw(JpegDecoder& d, const std::string& bytes, int channels, int
   }
   if (c->output_scanline < c->output_height) jpeg_skip_scanlines(c, c->output_height - c->output_scanline);
   jpeg_finish_decompress(c);
-  return true;
+  return JpegDecode::kOk;
 }
 
 void decode_jpeg(const std::string& bytes, const std::string& path, int channels, double min_scale, const DecodeRegion& region,
                  Image& img) {
-  int cs = 0;
-  jpeg_header(bytes, path, &cs);
-  if (cs == TJCS_CMYK || cs == TJCS_YCCK) fail(path, "CMYK/YCCK JPEGs are not supported (convert it to RGB)");
-  // Strongest power-of-two reduction that keeps the scale >= min_scale.
-  int denom = 1;
-  while (denom < 8 && 1.0 / (denom * 2) >= min_scale) denom *= 2;
   thread_local JpegDecoder decoder;
-  if (!jpeg_decode_raw(decoder, bytes, channels, denom, region, img)) fail_jpeg(path, decoder.err.msg);
+  switch (jpeg_decode_raw(decoder, bytes, channels, min_scale, region, img)) {
+    case JpegDecode::kOk:
+      return;
+    case JpegDecode::kCmyk:
+      fail(path, "CMYK/YCCK JPEGs are not supported (convert it to RGB)");
+    case JpegDecode::kCorrupt:
+      fail(path, fmt::format("truncated or corrupt JPEG ({})", decoder.err.msg));
+  }
 }
 
 // ---- PNG (libpng's classic API: its transforms reproduce PIL's convert; errors longjmp back here)
@@ -273,7 +284,7 @@ std::string read_file_bytes(const std::string& path) {
 }
 
 std::pair<int, int> image_size(const std::string& bytes, const std::string& path) {
-  if (is_jpeg(bytes)) return jpeg_header(bytes, path, nullptr);
+  if (is_jpeg(bytes)) return jpeg_header(bytes, path);
   if (is_png(bytes)) {
     if (bytes.size() < 24 || std::memcmp(bytes.data() + 12, "IHDR", 4) != 0) fail(path, "truncated or corrupt PNG (no IHDR chunk)");
     auto be32 = [&](size_t o) {
