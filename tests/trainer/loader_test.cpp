@@ -115,8 +115,8 @@ TEST(Loader, ATrainingLoaderMakesTheNextEpochsFirstBatchesAheadAndTheyAreExact) 
 
 // Through a fit: a step slower than the loader (a callback sleeps 25 ms), so the workers are ahead
 // when an epoch ends; the first batch of epochs 1 and 2 is then waiting for the step (input wait
-// under 3 ms), where a loader stopped at the epoch's end would start cold (one worker makes a whole
-// batch of 32 images of 3 x 128 x 128 first).
+// under 10 ms; up to 5 ms seen on a loaded 2-core CI machine), where a loader stopped at the epoch's
+// end starts cold (22 ms: one worker makes a whole batch of 32 images of 3 x 128 x 128 first).
 TEST(Loader, AnEpochOfAFitStartsWithTheBatchesItsWorkersMadeAhead) {
   struct Waits : Callback {
     std::string name() const override { return "first_waits"; }
@@ -135,8 +135,8 @@ TEST(Loader, AnEpochOfAFitStartsWithTheBatchesItsWorkersMadeAhead) {
                                        "", std::nullopt, {waits});
   ASSERT_EQ(run->trainer->fit(), 0);
   ASSERT_EQ(waits->first_wait.size(), 3u);
-  EXPECT_LT(waits->first_wait.at(1), 0.003);
-  EXPECT_LT(waits->first_wait.at(2), 0.003);
+  EXPECT_LT(waits->first_wait.at(1), 0.010);
+  EXPECT_LT(waits->first_wait.at(2), 0.010);
 }
 
 // A worker's error reaches the consumer at its batch's turn, after every batch before it, as without
