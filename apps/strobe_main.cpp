@@ -492,6 +492,7 @@ void add_export_command(Cli& cli) {
   exp->add_option("-o,--output", export_a.output, "the .safetensors file to write (--names hf: the directory)")->required()->check(kNonEmpty);
   exp->add_flag("--overwrite", export_a.overwrite, "replace the output file if it exists");
   exp->add_flag("--ema", export_a.ema, "write the ema callback's averaged weights instead of the trained ones");
+  exp->add_flag("--swa", export_a.swa, "write the swa callback's averaged weights (BatchNorm statistics recomputed) instead of the trained ones")->excludes("--ema");
   exp->add_option("--names", export_a.names,
                   "the names to write: strobe (the model's own, default), timm, torchvision, or hf (a llama as a Hugging Face "
                   "directory: -o DIR gets config.json + model.safetensors; docs/MODELS.md)");

@@ -97,7 +97,7 @@ class EmaWeights : public Callback {
     std::map<std::string, torch::Tensor> weights;
     for (size_t i = 0; i < names_.size(); ++i) weights.emplace(names_[i], sources_[i]);
     // Checked whole before any is taken: a missing, integer or mis-shaped average names its tensor.
-    const auto averages = CheckpointView(d, d.source).ema_averages(weights);
+    const auto averages = CheckpointView(d, d.source).weight_averages(kEmaPrefix, weights);
     if (averages.empty()) {
       if (t.is_global_zero())
         fmt::print("strobe fit: ema: {} holds no weight average; the average starts from the resumed weights\n", d.source);

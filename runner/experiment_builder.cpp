@@ -27,6 +27,22 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// ema and swa each put their averages into the model for validation and restore it after: two of
+// them doing so would restore each other's averages, so at most one validates on its averages.
+void check_weight_averages(std::vector<config::Section>& callbacks) {
+  const config::Section* validating = nullptr;
+  for (auto& section : callbacks) {
+    const std::string name = section.node()["name"] ? section.node()["name"].Scalar() : "";
+    if (name != "ema" && name != "swa") continue;
+    const YAML::Node v = section.node()["validate"];
+    if (v && v.IsScalar() && v.Scalar() == "false") continue;
+    if (validating)
+      section.fail("validate", fmt::format("{} and {} both validate on their averages; set validate: false on one of them",
+                                           validating->node()["name"].Scalar(), name));
+    validating = &section;
+  }
+}
+
 // A callback with all its defaults, as if the config had listed `- name: <name>`.
 std::shared_ptr<Callback> default_callback(const std::string& name) {
   auto doc = config::Document::load_string("name: " + name + "\n", "<default " + name + ">");
@@ -275,6 +291,7 @@ std::optional<std::string> build_components(Run& run, const RunOptions& options,
   run.module->on_data_info(run.datamodule->info());
 
   for (auto& section : exp.callbacks) run.callbacks.push_back(callback_registry().create(section, ""));
+  check_weight_averages(exp.callbacks);
   // As in Lightning: a fit adds the callbacks its trainer.enable_* switches turn on when none of that
   // name is configured (a default model_checkpoint keeps last.ckpt and the latest epoch's checkpoint).
   if (options.stage == Stage::Predict && exp.trainer.enable_progress_bar &&

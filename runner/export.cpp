@@ -100,13 +100,15 @@ int export_weights(const ExportOptions& options) {
   for (const auto& [name, tensor] : view.model_tensors()) tensors.emplace_back(name, tensor);
   if (tensors.empty())
     throw checkpoint::CheckpointError(fmt::format("{}: holds no model weights (no 'model/' tensors)", options.checkpoint));
-  if (options.ema) {
-    const auto averages = view.ema_averages(view.model_tensors());  // checked whole, each problem named
+  if (options.ema && options.swa) throw ExportError("--ema and --swa: choose one of the two averages");
+  if (options.ema || options.swa) {
+    const std::string kind = options.ema ? "ema" : "swa";
+    const auto averages = view.weight_averages(kind + "/", view.model_tensors());  // checked whole, each problem named
     for (auto& [name, tensor] : tensors)
       if (auto it = averages.find(name); it != averages.end()) tensor = it->second;
     if (averages.empty())
-      throw ExportError(fmt::format("--ema: {} holds no weight average (no 'ema/' tensors: train with the ema callback)",
-                                    options.checkpoint));
+      throw ExportError(fmt::format("--{}: {} holds no weight average (no '{}/' tensors: train with the {} callback)", kind,
+                                    options.checkpoint, kind, kind));
   }
 
   // The saved config, parsed once: the model it builds (other name sets) and the model section
@@ -130,6 +132,7 @@ int export_weights(const ExportOptions& options) {
   std::map<std::string, std::string> metadata{
       {"format", "pt"}, {"strobe.version", STROBE_VERSION}, {"strobe.names", options.names}};
   if (options.ema) metadata["strobe.ema"] = "true";
+  if (options.swa) metadata["strobe.swa"] = "true";
   if (saved)
     if (std::string model = saved->section_yaml("model"); !model.empty()) metadata["strobe.model"] = std::move(model);
   const CheckpointMeta meta = view.meta();

@@ -13,13 +13,14 @@ struct ExportOptions {
   bool overwrite = false;  // replace an existing output file
   std::string names = "strobe";  // the name set to write: strobe | timm | torchvision (per model)
   bool ema = false;  // the ema callback's averages (ema/<name>) instead of the weights
+  bool swa = false;  // the swa callback's averages (swa/<name>) instead of the weights (not with ema)
 };
 
 // Writes every `model/` tensor of the checkpoint (fp32 masters under bf16-master, buffers included)
 // with metadata: format "pt", strobe.version, strobe.model (the resolved model config, YAML),
 // strobe.step, strobe.epoch and strobe.names (and strobe.ema "true" with `ema`: each tensor the ema
 // callback averaged is its `ema/` average; integer buffers stay the model's; a checkpoint without
-// averages is an ExportError). Another name set than strobe renames the tensors by the
+// averages is an ExportError; `swa` likewise with the swa callback's `swa/` averages and strobe.swa). Another name set than strobe renames the tensors by the
 // model family's map (strobe/core/weight_names.h), for which the model is built from the
 // checkpoint's saved config. For `--names hf` of a family with a Hugging Face config (llama), the
 // output is a directory holding config.json and model.safetensors, which transformers'

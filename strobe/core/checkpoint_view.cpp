@@ -71,8 +71,8 @@ std::map<std::string, torch::Tensor> CheckpointView::model_tensors() const {
   return out;
 }
 
-std::map<std::string, torch::Tensor> CheckpointView::ema_averages(const std::map<std::string, torch::Tensor>& weights) const {
-  const std::string prefix = "ema/";
+std::map<std::string, torch::Tensor> CheckpointView::weight_averages(const std::string& prefix,
+                                                                     const std::map<std::string, torch::Tensor>& weights) const {
   std::map<std::string, torch::Tensor> out;
   for (auto it = data_.tensors.lower_bound(prefix); it != data_.tensors.end() && it->first.rfind(prefix, 0) == 0; ++it) {
     const std::string name = it->first.substr(prefix.size());
@@ -91,7 +91,7 @@ std::map<std::string, torch::Tensor> CheckpointView::ema_averages(const std::map
   if (out.empty()) return out;
   for (const auto& [name, t] : weights)
     if (t.is_floating_point() && !out.count(name))
-      throw checkpoint::CheckpointError(fmt::format("{}: holds ema/ averages but not ema/{}", source_, name));
+      throw checkpoint::CheckpointError(fmt::format("{}: holds {} averages but not {}{}", source_, prefix, prefix, name));
   return out;
 }
 

@@ -68,11 +68,13 @@ class CheckpointView {
   std::map<std::string, torch::Tensor> model_tensors() const;
   // One of them; null when the checkpoint does not hold it.
   const torch::Tensor* model_tensor(const std::string& name) const;
-  // The ema callback's averages ("ema/<name>") of `weights` (name -> the tensor each averages: the
-  // model's parameters and floating buffers), checked: none at all gives {}; otherwise every floating
-  // weight has its average, of its shape and a floating dtype, and no average names another tensor,
-  // else a CheckpointError naming the tensor (a crafted or damaged checkpoint is refused, exit 2).
-  std::map<std::string, torch::Tensor> ema_averages(const std::map<std::string, torch::Tensor>& weights) const;
+  // A weight-averaging callback's averages ("<prefix><name>": the ema callback's "ema/", swa's
+  // "swa/") of `weights` (name -> the tensor each averages: the model's parameters and floating
+  // buffers), checked: none at all gives {}; otherwise every floating weight has its average, of its
+  // shape and a floating dtype, and no average names another tensor, else a CheckpointError naming
+  // the tensor (a crafted or damaged checkpoint is refused, exit 2).
+  std::map<std::string, torch::Tensor> weight_averages(const std::string& prefix,
+                                                       const std::map<std::string, torch::Tensor>& weights) const;
   // Each callback's state_dict by its state key ({} when the checkpoint holds none); a blob that is
   // not a JSON object is a CheckpointError naming the source.
   nlohmann::json callback_states() const;

@@ -12,6 +12,7 @@
 #include "strobe/core/freeze.h"
 #include "strobe/core/loops.h"
 #include "strobe/core/optim.h"
+#include "strobe/core/precision.h"
 #include "strobe/core/signals.h"
 #include "strobe/core/step_runner.h"
 #include "strobe/data/data_error.h"
@@ -276,6 +277,21 @@ void FitLoop::run_epoch() {
   // the last epoch, a resumed epoch's own loader) they stop here.
   if (!(state_.epoch_done && !done() && &loader == loader_.get())) loader.stop();
   share_stop_code(/*blocking=*/true);  // every rank leaves the epoch here: agree on stopping now
+}
+
+int64_t FitLoop::forward_over_training_data(int64_t epoch) {
+  if (!loader_) throw std::logic_error("FitLoop::forward_over_training_data before setup");
+  auto& module = *parts_.module;
+  torch::NoGradGuard no_grad;
+  int64_t ran = 0;
+  loader_->start(epoch, 0, 0);
+  while (auto b = loader_->next()) {
+    Batch batch = parts_.prepare(std::move(*b), 0);
+    AutocastGuard ac(parts_.device, parts_.cfg->precision);
+    module.predict_step(batch, ran++);
+  }
+  loader_->stop();
+  return ran;
 }
 
 torch::Tensor FitLoop::run_batch(Batch host_batch, int64_t batch_idx) {

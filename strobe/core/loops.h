@@ -187,6 +187,10 @@ class FitLoop {
   // Optimizer steps the fit takes under max_epochs and max_steps (-1: unbounded).
   int64_t estimated_stepping_batches() const;
   double last_input_wait_s() const { return last_input_wait_s_; }
+  // One pass of the model's forward in its current mode, without gradients, over `epoch` of the
+  // training loader (this rank's batches, the run's limits and exclusions), nothing logged and no
+  // hook called (TrainerView::forward_over_training_data). Returns the batches run.
+  int64_t forward_over_training_data(int64_t epoch);
   // Micro-batches of the optimizer step in progress run so far (0 between optimizer steps); a
   // checkpoint's `accumulation` blob restores it.
   int64_t accumulated_batches() const { return accum_count_; }

@@ -199,11 +199,27 @@ LRScheduler::LRScheduler(torch::optim::Optimizer& opt) : opt_(opt) {
 }
 
 void LRScheduler::apply() {
+  if (!override_.empty()) {
+    for (size_t g = 0; g < override_.size(); ++g) set_lr(opt_, g, override_[g]);
+    return;
+  }
   double f = factor(step_);
   // Each group at its own base lr times the factor, never below the floor (reduce_on_plateau's
   // min_lr, for every group alike; a group whose base lr is below it stays at its base).
   for (size_t g = 0; g < base_lrs_.size(); ++g)
     set_lr(opt_, g, std::max(base_lrs_[g] * f, std::min(lr_floor(), base_lrs_[g])));
+}
+
+void LRScheduler::set_override(std::vector<double> lrs) {
+  if (lrs.size() != base_lrs_.size())
+    throw std::logic_error(fmt::format("LRScheduler::set_override: {} lrs for {} parameter groups", lrs.size(), base_lrs_.size()));
+  override_ = std::move(lrs);
+  apply();
+}
+
+void LRScheduler::clear_override() {
+  override_.clear();
+  apply();
 }
 
 void LRScheduler::step(int64_t global_step) {

@@ -74,6 +74,14 @@ class LRScheduler : public Stateful {
   virtual void load_state_dict(const nlohmann::json& state);
   // Re-applies the lrs for the current step (after loading optimizer + scheduler state).
   void apply();
+  // A callback that takes the schedule over (swa's annealing) sets each group's lr here: apply()
+  // sets these instead of the schedule's from now on, while the schedule keeps counting steps (and
+  // reduce_on_plateau its validations). Not part of the scheduler's state: the callback saves what
+  // it needs and sets it again on resume. clear_override() hands the schedule back.
+  void set_override(std::vector<double> lrs);
+  void clear_override();
+  bool overridden() const { return !override_.empty(); }
+  size_t num_groups() const { return base_lrs_.size(); }
   // The schedule's length in optimizer steps where it depends on the run's (cosine: the step it
   // reaches its floor), else -1. It lives in the checkpoint: saved_length() is the loaded state's
   // (-1 before a load, or from a checkpoint that predates it), and a resume keeps it unless the run's
@@ -94,6 +102,7 @@ class LRScheduler : public Stateful {
   std::vector<double> base_lrs_;
   int64_t step_ = 0;
   int64_t saved_length_ = -1;
+  std::vector<double> override_;
 };
 
 // Returns nullptr for `name: none`. `total_steps` is the run's number of optimizer steps when

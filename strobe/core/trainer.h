@@ -185,6 +185,7 @@ class Trainer : private TrainerView, private StepAccess {
   std::vector<std::pair<std::string, torch::Tensor>> weights() override;
   LRScheduler* scheduler() override { return scheduler_.get(); }
   DataModule& datamodule() override { return *datamodule_; }
+  int64_t forward_over_training_data(int64_t epoch) override { return fit_loop_->forward_over_training_data(epoch); }
   void request_stop(int exit_code = kExitOk) override { fit_loop_->request_stop(exit_code); }
   bool should_stop() const override { return fit_loop_->should_stop(); }
   void save_checkpoint(const std::string& path) override;

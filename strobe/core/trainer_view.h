@@ -7,10 +7,8 @@
 // and buffers, and a checkpoint of a step's start. It is
 // reached through TrainerView::step_access(); a callback that only observes needs none of it.
 //
-// Room left, not built yet: weight averaging (the fp32 master weights), LR and batch-size finders
-// (replacing the scheduler, including the device-side lr a CUDA graph reads; the step's skip flag),
-// an evaluation run under a metric prefix and a forward-only pass each join as a member here or an
-// interface of their own like StepAccess; nothing below assumes they cannot.
+// Room left, not built yet: an evaluation run under a metric prefix joins as a member here or an
+// interface of its own like StepAccess; nothing below assumes it cannot.
 #pragma once
 
 #include <cstdint>
@@ -114,6 +112,11 @@ class TrainerView {
   virtual LRScheduler* scheduler() = 0;
   // The data: its loaders and their options.
   virtual DataModule& datamodule() = 0;
+  // The model's forward, in its current mode and precision, without gradients, over one epoch
+  // (`epoch`'s order) of the training data as this rank trains on it (the run's limits and
+  // data.exclude applied): what recomputing BatchNorm statistics needs (the swa callback). Logs
+  // nothing and calls no hook; the training loader is left stopped. Returns the batches run.
+  virtual int64_t forward_over_training_data(int64_t epoch) = 0;
 
   // --- control ---
   // Ends training after the current step (on every rank); `exit_code` becomes fit()'s status.

@@ -25,7 +25,7 @@ TEST(BuiltInComponents, EveryRegistryListsExactlyTheBuiltIns) {
             (Names{"cifar10", "coco_boxes", "fashion_mnist", "image_folder", "synthetic_boxes", "synthetic_images",
                    "synthetic_tokens", "tensor_file", "text_file", "token_file"}));
   EXPECT_EQ(callback_registry().names(),
-            (Names{"device_stats_monitor", "early_stopping", "ema", "lr_monitor", "model_checkpoint", "model_summary", "nan_capture", "on_exception_checkpoint", "progress_bar", "throughput_monitor"}));
+            (Names{"device_stats_monitor", "early_stopping", "ema", "lr_monitor", "model_checkpoint", "model_summary", "nan_capture", "on_exception_checkpoint", "progress_bar", "swa", "throughput_monitor"}));
   EXPECT_EQ(metrics::metric_registry().names(),
             (Names{"accuracy", "cat", "f1", "fbeta", "max", "mean", "mean_giou", "mean_iou", "min", "perplexity",
                    "precision", "recall", "sum", "token_accuracy"}));

@@ -57,6 +57,7 @@ class FakeView : public TrainerView, public StepAccess {
   std::vector<std::pair<std::string, torch::Tensor>> weights() override { throw std::logic_error("no model in this view"); }
   LRScheduler* scheduler() override { return nullptr; }
   DataModule& datamodule() override { throw std::logic_error("no data in this view"); }
+  int64_t forward_over_training_data(int64_t) override { throw std::logic_error("no data in this view"); }
   void request_stop(int code) override {
     stops.push_back(code);
     if (on_stop) on_stop(code);
