@@ -17,21 +17,12 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
-#include "strobe/checkpoint/checkpoint_io.h"
+#include "callbacks/weight_averages.h"
 #include "strobe/core/callback.h"
-#include "strobe/core/checkpoint_view.h"
-#include "strobe/core/module.h"
 #include "strobe/core/step_record.h"
-#include "strobe/core/trainer_view.h"
-
-#if STROBE_HAS_OPS
-#include "strobe/ops/ops.h"
-#endif
 
 namespace strobe {
 namespace {
-
-constexpr const char* kEmaPrefix = "ema/";
 
 class EmaWeights : public Callback {
  public:
@@ -47,94 +38,38 @@ class EmaWeights : public Callback {
   }
 
   void on_fit_start(TrainerView& t, Module&) override {
-    bind(t);
-    if (!averages_.empty()) return;  // resumed from a checkpoint that holds them
-    torch::NoGradGuard ng;
-    for (size_t i = 0; i < sources_.size(); ++i)
-      averages_.push_back(sources_[i].to(torch::kFloat32, /*non_blocking=*/false, /*copy=*/true));
+    avg_.bind(t);
+    if (avg_.empty()) avg_.reset_to_weights();  // else resumed from a checkpoint that holds them
   }
 
   void on_before_zero_grad(TrainerView& t, Module&, torch::optim::Optimizer&) override {
-    if (averages_.empty()) return;
+    if (avg_.empty()) return;
     const int64_t step = t.state().global_step + 1;  // the step just taken
     if (step % every_ != 0) return;
-    const double weight = 1.0 - decay_at(step / every_ - 1);
-    const torch::Tensor& skipped = t.step_access().step_pipeline().last().skipped;
-    torch::NoGradGuard ng;
-#if STROBE_HAS_OPS
-    ops::ema_update_(averages_, sources_, weight, skipped.defined() ? skipped.to(averages_[0].device()) : torch::Tensor());
-#else
-    const torch::Tensor w = skipped.defined() ? (1 - skipped) * weight : torch::full({}, weight);
-    for (size_t i = 0; i < averages_.size(); ++i) averages_[i].add_((sources_[i].to(torch::kFloat32) - averages_[i]) * w);
-#endif
+    avg_.update(1.0 - decay_at(step / every_ - 1), t.step_access().step_pipeline().last().skipped);
   }
 
   void on_validation_start(TrainerView& t, Module& module) override {
-    if (!validate_ || averages_.empty() || t.sanity_checking()) return;
-    // The model's own tensors (bf16 under bf16-master), kept and overwritten with the averages.
-    torch::NoGradGuard ng;
-    live_ = model_tensors(module);
-    backup_.clear();
-    for (size_t i = 0; i < live_.size(); ++i) {
-      backup_.push_back(live_[i].clone());
-      live_[i].copy_(averages_[i]);
-    }
+    if (!validate_ || avg_.empty() || t.sanity_checking()) return;
+    avg_.swap_in(module);  // the model's own tensors (bf16 under bf16-master) hold the averages
   }
 
-  void on_validation_end(TrainerView&, Module&) override {
-    if (backup_.empty()) return;
-    torch::NoGradGuard ng;
-    for (size_t i = 0; i < live_.size(); ++i) live_[i].copy_(backup_[i]);
-    backup_.clear(), live_.clear();
-  }
+  void on_validation_end(TrainerView&, Module&) override { avg_.restore(); }
 
-  void on_save_checkpoint(TrainerView&, Module&, checkpoint::CheckpointData& d) override {
-    for (size_t i = 0; i < averages_.size(); ++i) d.tensors[kEmaPrefix + names_[i]] = averages_[i];
-  }
+  void on_save_checkpoint(TrainerView&, Module&, checkpoint::CheckpointData& d) override { avg_.save(d); }
 
   void on_load_checkpoint(TrainerView& t, Module&, const checkpoint::CheckpointData& d) override {
-    bind(t);
-    std::map<std::string, torch::Tensor> weights;
-    for (size_t i = 0; i < names_.size(); ++i) weights.emplace(names_[i], sources_[i]);
     // Checked whole before any is taken: a missing, integer or mis-shaped average names its tensor.
-    const auto averages = CheckpointView(d, d.source).weight_averages(kEmaPrefix, weights);
-    if (averages.empty()) {
-      if (t.is_global_zero())
-        fmt::print("strobe fit: ema: {} holds no weight average; the average starts from the resumed weights\n", d.source);
-      return;
-    }
-    std::vector<torch::Tensor> loaded;
-    for (size_t i = 0; i < names_.size(); ++i)
-      loaded.push_back(averages.at(names_[i]).to(sources_[i].device(), torch::kFloat32).contiguous(sources_[i].suggest_memory_format()));
-    averages_ = std::move(loaded);
+    if (!avg_.load(t, d) && t.is_global_zero())
+      fmt::print("strobe fit: ema: {} holds no weight average; the average starts from the resumed weights\n", d.source);
   }
 
  private:
-  // The averaged tensors' names and sources, in the view's order.
-  void bind(TrainerView& t) {
-    if (!names_.empty()) return;
-    for (auto& [name, tensor] : t.weights()) {
-      names_.push_back(name);
-      sources_.push_back(tensor);
-    }
-  }
-
-  // The model's parameters and floating buffers in the order of names_.
-  std::vector<torch::Tensor> model_tensors(Module& module) const {
-    std::map<std::string, torch::Tensor> all;
-    for (const auto& p : module.net().named_parameters()) all[p.key()] = p.value();
-    for (const auto& b : module.net().named_buffers()) all[b.key()] = b.value();
-    std::vector<torch::Tensor> out;
-    for (const auto& n : names_) out.push_back(all.at(n));
-    return out;
-  }
-
   double decay_;
   bool warmup_;
   int64_t every_;
   bool validate_;
-  std::vector<std::string> names_;
-  std::vector<torch::Tensor> sources_, averages_, live_, backup_;
+  WeightAverages avg_{"ema/"};
 };
 
 std::shared_ptr<Callback> make_ema(config::Section& cfg) {

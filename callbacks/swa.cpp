@@ -21,22 +21,13 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
-#include "strobe/checkpoint/checkpoint_io.h"
+#include "callbacks/weight_averages.h"
 #include "strobe/config/config.h"
 #include "strobe/core/callback.h"
-#include "strobe/core/checkpoint_view.h"
-#include "strobe/core/module.h"
 #include "strobe/core/optim.h"
-#include "strobe/core/trainer_view.h"
-
-#if STROBE_HAS_OPS
-#include "strobe/ops/ops.h"
-#endif
 
 namespace strobe {
 namespace {
-
-constexpr const char* kSwaPrefix = "swa/";
 
 struct SwaOptions {
   std::vector<double> swa_lrs;      // one for every group, or one per group
@@ -78,7 +69,7 @@ class StochasticWeightAveraging : public Callback {
   }
 
   void on_fit_start(TrainerView& t, Module&) override {
-    bind(t);
+    avg_.bind(t);
     const size_t groups = t.optimizer() ? t.optimizer()->param_groups().size() : 0;
     if (o_.swa_lrs.size() != 1 && o_.swa_lrs.size() != groups)
       cfg_.fail("swa_lrs", fmt::format("{} learning rates for {} parameter groups (one for all, or one per group in "
@@ -102,18 +93,11 @@ class StochasticWeightAveraging : public Callback {
   void on_train_batch_end(TrainerView& t, Module& module, const torch::Tensor&, const Batch&, int64_t) override {
     const int64_t epoch = t.state().epoch;
     if (!t.state().epoch_done || epoch < start_ || epoch > last_) return;
-    if (averages_.empty()) {
-      torch::NoGradGuard ng;
-      for (const auto& s : sources_) averages_.push_back(s.to(torch::kFloat32, /*non_blocking=*/false, /*copy=*/true));
+    if (avg_.empty()) {
+      avg_.reset_to_weights();
       averaged_ = 1;
     } else {
-      const double weight = 1.0 / static_cast<double>(averaged_ + 1);
-      torch::NoGradGuard ng;
-#if STROBE_HAS_OPS
-      ops::ema_update_(averages_, sources_, weight, torch::Tensor());
-#else
-      for (size_t i = 0; i < averages_.size(); ++i) averages_[i].add_((sources_[i].to(torch::kFloat32) - averages_[i]) * weight);
-#endif
+      avg_.update(1.0 / static_cast<double>(averaged_ + 1), torch::Tensor());
       ++averaged_;
     }
     bn_updated_ = false;
@@ -121,22 +105,11 @@ class StochasticWeightAveraging : public Callback {
   }
 
   void on_validation_start(TrainerView& t, Module& module) override {
-    if (!o_.validate || averages_.empty() || t.sanity_checking()) return;
-    torch::NoGradGuard ng;
-    live_ = model_tensors(module);
-    backup_.clear();
-    for (size_t i = 0; i < live_.size(); ++i) {
-      backup_.push_back(live_[i].clone());
-      live_[i].copy_(averages_[i]);
-    }
+    if (!o_.validate || avg_.empty() || t.sanity_checking()) return;
+    avg_.swap_in(module);
   }
 
-  void on_validation_end(TrainerView&, Module&) override {
-    if (backup_.empty()) return;
-    torch::NoGradGuard ng;
-    for (size_t i = 0; i < live_.size(); ++i) live_[i].copy_(backup_[i]);
-    backup_.clear(), live_.clear();
-  }
+  void on_validation_end(TrainerView&, Module&) override { avg_.restore(); }
 
   nlohmann::json state_dict() const override {
     return {{"start_lrs", start_lrs_}, {"averaged", averaged_}, {"bn_updated", bn_updated_}};
@@ -147,21 +120,10 @@ class StochasticWeightAveraging : public Callback {
     bn_updated_ = s.value("bn_updated", false);
   }
 
-  void on_save_checkpoint(TrainerView&, Module&, checkpoint::CheckpointData& d) override {
-    for (size_t i = 0; i < averages_.size(); ++i) d.tensors[kSwaPrefix + names_[i]] = averages_[i];
-  }
+  void on_save_checkpoint(TrainerView&, Module&, checkpoint::CheckpointData& d) override { avg_.save(d); }
 
-  void on_load_checkpoint(TrainerView& t, Module&, const checkpoint::CheckpointData& d) override {
-    bind(t);
-    std::map<std::string, torch::Tensor> weights;
-    for (size_t i = 0; i < names_.size(); ++i) weights.emplace(names_[i], sources_[i]);
-    const auto averages = CheckpointView(d, d.source).weight_averages(kSwaPrefix, weights);  // checked whole
-    if (averages.empty()) return;  // SWA had not begun
-    std::vector<torch::Tensor> loaded;
-    for (size_t i = 0; i < names_.size(); ++i)
-      loaded.push_back(averages.at(names_[i]).to(sources_[i].device(), torch::kFloat32).contiguous(sources_[i].suggest_memory_format()));
-    averages_ = std::move(loaded);
-  }
+  // Checked whole; a checkpoint from before SWA began holds none.
+  void on_load_checkpoint(TrainerView& t, Module&, const checkpoint::CheckpointData& d) override { avg_.load(t, d); }
 
  private:
   // SWALR's lr for `epoch`: the k-th epoch of SWA (k = epoch - start) anneals with t = k / A
@@ -197,14 +159,9 @@ class StochasticWeightAveraging : public Callback {
       else continue;
       if (n.tracks()) norms.push_back(n);
     }
-    if (norms.empty() || averages_.empty()) return;
+    if (norms.empty() || avg_.empty()) return;
     torch::NoGradGuard ng;
-    live_ = model_tensors(module);
-    backup_.clear();
-    for (size_t i = 0; i < live_.size(); ++i) {
-      backup_.push_back(live_[i].clone());
-      live_[i].copy_(averages_[i]);
-    }
+    avg_.swap_in(module);
     std::vector<std::optional<double>> momenta;
     std::vector<torch::Tensor> tracked;
     for (auto& n : norms) {
@@ -219,32 +176,15 @@ class StochasticWeightAveraging : public Callback {
     if (!was_training) module.net().eval();
     for (size_t j = 0; j < norms.size(); ++j) norms[j].momentum() = momenta[j], norms[j].tracked().copy_(tracked[j]);
     // The recomputed statistics into the averages (they are the model's floating buffers).
-    for (size_t i = 0; i < names_.size(); ++i)
+    const auto& names = avg_.names();
+    for (size_t i = 0; i < names.size(); ++i)
       for (const auto& n : norms)
-        if (names_[i] == n.name + ".running_mean" || names_[i] == n.name + ".running_var") averages_[i].copy_(live_[i]);
-    for (size_t i = 0; i < live_.size(); ++i) live_[i].copy_(backup_[i]);
-    backup_.clear(), live_.clear();
+        if (names[i] == n.name + ".running_mean" || names[i] == n.name + ".running_var") avg_.averages()[i].copy_(avg_.live()[i]);
+    avg_.restore();
     bn_updated_ = true;
     if (t.is_global_zero())
       fmt::print("strobe fit: swa: the averages' BatchNorm statistics recomputed over {} training batch(es) ({} layer(s))\n",
                  batches, norms.size());
-  }
-
-  void bind(TrainerView& t) {
-    if (!names_.empty()) return;
-    for (auto& [name, tensor] : t.weights()) {
-      names_.push_back(name);
-      sources_.push_back(tensor);
-    }
-  }
-
-  std::vector<torch::Tensor> model_tensors(Module& module) const {
-    std::map<std::string, torch::Tensor> all;
-    for (const auto& p : module.net().named_parameters()) all[p.key()] = p.value();
-    for (const auto& b : module.net().named_buffers()) all[b.key()] = b.value();
-    std::vector<torch::Tensor> out;
-    for (const auto& n : names_) out.push_back(all.at(n));
-    return out;
   }
 
   SwaOptions o_;
@@ -253,8 +193,7 @@ class StochasticWeightAveraging : public Callback {
   std::vector<double> start_lrs_;
   int64_t averaged_ = 0;
   bool bn_updated_ = false;
-  std::vector<std::string> names_;
-  std::vector<torch::Tensor> sources_, averages_, live_, backup_;
+  WeightAverages avg_{"swa/"};
 };
 
 std::shared_ptr<Callback> make_swa(config::Section& cfg) {
