@@ -40,6 +40,7 @@
 #include "runner/predict.h"
 #include "runner/plugins.h"
 #include "runner/hang.h"
+#include "strobe/logging/mlflow_logger.h"
 #include "runner/lr_find.h"
 #include "bench/lib/batch_size_finder.h"
 #include "runner/replay.h"
@@ -425,6 +426,8 @@ struct Cli {
   std::string list_kind;
   std::vector<std::string> list_plugins;
   std::string hang_dir;
+  std::string sync_dir, sync_uri;
+  double sync_timeout_s = 30;
   strobe::LrFindOptions lr_find;
   strobe::bench::BatchSizeOptions batch_size;
 };
@@ -530,6 +533,14 @@ void add_hang_command(Cli& cli) {
   hang->add_option("run_dir", cli.hang_dir, "the run directory (it holds collectives_rank<r>.json)")->required()->check(kNonEmpty);
 }
 
+void add_mlflow_sync_command(Cli& cli) {
+  auto* sync = cli.app.add_subcommand(
+      "mlflow-sync", "send what a run's MLflow logger could not (RUN_DIR/mlflow_unsent.jsonl) to the tracking server, then remove the file");
+  sync->add_option("run_dir", cli.sync_dir, "the run directory")->required()->check(kNonEmpty);
+  sync->add_option("--tracking-uri", cli.sync_uri, "another server than the one the file names (http(s)://host:port)")->check(kNonEmpty);
+  sync->add_option("--timeout", cli.sync_timeout_s, "seconds one request may take (default 30)")->check(number_above_zero(false));
+}
+
 void add_tune_command(Cli& cli) {
   auto* tune = cli.app.add_subcommand("tune", "find a starting learning rate (tune lr) or the largest batch a GPU holds (tune batch-size)");
   tune->require_subcommand(1);
@@ -598,7 +609,7 @@ std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv) {
     return 2;
   }
   if (app.get_subcommands().empty()) {
-    fmt::print(stderr, "strobe: a command is required (fit, validate, test, predict, replay, export, bench, list, hang, tune); run 'strobe --help' for usage\n");
+    fmt::print(stderr, "strobe: a command is required (fit, validate, test, predict, replay, export, bench, list, hang, tune, mlflow-sync); run 'strobe --help' for usage\n");
     return 2;
   }
   return std::nullopt;
@@ -639,6 +650,12 @@ int run_parsed(const std::string& command, Cli& cli, Progress& progress) {
     fmt::print("{}", strobe::explain_hang(cli.hang_dir));
     return 0;
   }
+  if (command == "mlflow-sync") {
+    if (!cli.sync_uri.empty() && cli.sync_uri.rfind("http://", 0) != 0 && cli.sync_uri.rfind("https://", 0) != 0)
+      throw strobe::logging::MlflowSyncInputError(fmt::format("--tracking-uri: '{}' is not an http:// or https:// address", cli.sync_uri));
+    fmt::print("{}\n", strobe::logging::mlflow_sync(cli.sync_dir, cli.sync_uri, cli.sync_timeout_s));
+    return 0;
+  }
   if (command == "bench") return strobe::bench::run_bench(cli.bench_a.suites, cli.bench_a.json, cli.bench_a.options, cli.bench_a.overwrite);
   if (command == "export") {
     const int n = strobe::export_weights(cli.export_a);
@@ -670,6 +687,12 @@ int report_error(const std::string& command, const Cli& cli, const Progress& pro
   } catch (const strobe::HangError& e) {
     fmt::print(stderr, "strobe hang: {}\n", one_line(e.what()));
     return 2;
+  } catch (const strobe::logging::MlflowSyncInputError& e) {
+    fmt::print(stderr, "strobe mlflow-sync: {}\n", one_line(e.what()));
+    return 2;
+  } catch (const strobe::logging::MlflowError& e) {
+    fmt::print(stderr, "strobe mlflow-sync: {}\n", one_line(e.what()));  // the server failed part-way: exit 1
+    return 1;
   } catch (const strobe::PredictError& e) {
     fmt::print(stderr, "strobe predict: {}\n", one_line(e.what()));
     return 2;
@@ -722,7 +745,7 @@ int main(int argc, char** argv) {
   // is parsed already says which command it stopped.
   if (argc > 1) {
     const std::string first = argv[1];
-    for (const char* name : {"validate", "test", "predict", "replay", "export", "bench", "list", "hang"})
+    for (const char* name : {"validate", "test", "predict", "replay", "export", "bench", "list", "hang", "mlflow-sync"})
       if (first == name) strobe::signals::set_command(first);
   }
   strobe::signals::install();
@@ -736,6 +759,7 @@ int main(int argc, char** argv) {
   add_list_command(cli);
   add_hang_command(cli);
   add_tune_command(cli);
+  add_mlflow_sync_command(cli);
   cli.app.footer(components_text());
   if (const std::optional<int> rc = parse_command_line(cli.app, argc, argv)) return *rc;
   const std::string command = cli.app.get_subcommands().front()->get_name();

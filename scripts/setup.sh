@@ -34,7 +34,7 @@ if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
 apt_pkgs=(build-essential cmake ninja-build ccache pkg-config python3 python3-venv zlib1g-dev
   libyaml-cpp-dev libfmt-dev libcereal-dev rapidjson-dev libgtest-dev libgmock-dev googletest
   libcli11-dev nlohmann-json3-dev libprotobuf-dev protobuf-compiler dataset-fashion-mnist fortunes
-  clang libclang-rt-14-dev libturbojpeg0-dev libjpeg62-turbo-dev libpng-dev)
+  clang libclang-rt-14-dev libturbojpeg0-dev libjpeg62-turbo-dev libpng-dev libcurl4-openssl-dev)
 missing=()
 for p in "${apt_pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -55,13 +55,13 @@ fi
 if ! "$py" - <<'PY' 2>/dev/null
 import importlib.metadata as m
 assert m.version("torch") == "2.11.0"
-for p in ("torchvision", "torchmetrics", "tensorboard", "numpy", "safetensors", "timm", "transformers", "lightning"):
+for p in ("torchvision", "torchmetrics", "tensorboard", "numpy", "safetensors", "timm", "transformers", "lightning", "mlflow"):
     m.version(p)
 PY
 then
   echo "setup: installing torch 2.11.0 and the comparison packages into $venv"
   "$py" -m pip install -q --upgrade pip
-  "$py" -m pip install -q "torch==2.11.0" "torchvision==0.26.0" torchmetrics tensorboard numpy safetensors timm "transformers==5.24.0" "lightning==2.6.6"
+  "$py" -m pip install -q "torch==2.11.0" "torchvision==0.26.0" torchmetrics tensorboard numpy safetensors timm "transformers==5.24.0" "lightning==2.6.6" "mlflow==3.17.2"
 fi
 
 prefix=$("$py" -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null)

@@ -31,6 +31,7 @@ inline constexpr const char* kValClock = "val_clock";
 inline constexpr const char* kAccumulation = "accumulation";  // the accumulation window's micro-batches (JSON)
 inline constexpr const char* kAccumulationGradPrefix = "accumulation/grad/";  // inside a window: partial gradients
 inline constexpr const char* kLogger = "logger";          // the log accumulators' counts (JSON)
+inline constexpr const char* kMlflow = "mlflow";          // logger.mlflow's run: {"run_id", "experiment_id", "tracking_uri"}
 inline constexpr const char* kStepGuard = "step_guard";   // the step pipeline's guard and spike window
 inline constexpr const char* kRng = "rng";                // the generators: tensors rng/cpu, rng/cuda/<index>
 

@@ -410,6 +410,34 @@ Experiment parse_experiment(Document& doc) {
   Section lg = root.child("logger");
   e.logger.csv = lg.get_bool("csv", true);
   e.logger.tensorboard = lg.get_bool("tensorboard", false);
+  if (lg.has("mlflow") && !lg.is_null("mlflow")) {
+    Section m = lg.child("mlflow");
+    MlflowConfig c;
+    c.tracking_uri = m.require_string("tracking_uri");
+    if (c.tracking_uri.rfind("http://", 0) != 0 && c.tracking_uri.rfind("https://", 0) != 0)
+      m.fail("tracking_uri", fmt::format("'{}' is not an http:// or https:// address of an MLflow tracking server (`mlflow server`)",
+                                         shown(c.tracking_uri)));
+    while (!c.tracking_uri.empty() && c.tracking_uri.back() == '/') c.tracking_uri.pop_back();
+    c.experiment_name = m.get_string("experiment_name", e.name);
+    if (c.experiment_name.find_first_not_of(" \t") == std::string::npos)
+      m.fail("experiment_name", "an empty experiment name (MLflow needs one; the default is the config's name)");
+    if (c.experiment_name.size() > 500) m.fail("experiment_name", "longer than MLflow's 500 characters");
+    c.run_name = m.get_string("run_name", "");
+    if (m.has("tags") && !m.is_null("tags")) {
+      const YAML::Node tags = m.node()["tags"];
+      if (!tags.IsMap()) m.fail("tags", "expected a mapping of tag names to values");
+      for (const auto& kv : tags) {
+        if (!kv.second.IsScalar()) m.fail("tags", fmt::format("tag '{}': expected a text or number value", shown(kv.first.Scalar())));
+        c.tags.emplace_back(kv.first.Scalar(), kv.second.Scalar());
+      }
+      m.accept("tags");
+    }
+    c.unreachable_is_error = m.get_choice("on_unreachable", "warn", {"warn", "error"}) == "error";
+    c.flush_timeout_s = m.get_double("flush_timeout", 30.0, 0.0, 86400.0);
+    c.request_timeout_s = m.get_double("request_timeout", 10.0, 0.1, 3600.0);
+    m.finish();
+    e.logger.mlflow = std::move(c);
+  }
   lg.finish();
 
   e.task = root.child("task");

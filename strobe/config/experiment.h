@@ -77,9 +77,21 @@ struct TrainerConfig {
   Fp8Config fp8;
 };
 
+// logger.mlflow (docs/CONFIG.md "logger"): an MLflow tracking server's REST API.
+struct MlflowConfig {
+  std::string tracking_uri;     // http(s)://host:port of `mlflow server`
+  std::string experiment_name;  // created when the server has none of that name (default: the config's name)
+  std::string run_name;         // "" : the run directory's name
+  std::vector<std::pair<std::string, std::string>> tags;
+  bool unreachable_is_error = false;  // on_unreachable: error (exit 2 before training) | warn (train and spool)
+  double flush_timeout_s = 30;        // at the end, how long the unsent values may take before they are spooled
+  double request_timeout_s = 10;      // one HTTP request
+};
+
 struct LoggerConfig {
   bool csv = true;
   bool tensorboard = false;
+  std::optional<MlflowConfig> mlflow;
 };
 
 // model.init_from: weights a fit starts from (and validate/test evaluate without --ckpt), read from a

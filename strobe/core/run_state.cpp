@@ -22,6 +22,7 @@
 #include "strobe/core/rng_state.h"
 #include "strobe/distributed/strategy.h"
 #include "strobe/logging/log_collector.h"
+#include "strobe/logging/mlflow_logger.h"
 
 namespace strobe {
 
@@ -210,6 +211,25 @@ void TextRecord::save(checkpoint::CheckpointData& d, const StepStart*) {
 
 void TextRecord::load(const checkpoint::CheckpointData& d) {
   if (d.has_blob(key_)) text_ = d.blob(key_);
+}
+
+void MlflowRecord::save(checkpoint::CheckpointData& d, const StepStart*) {
+  std::string run = run_id_, experiment = experiment_id_, uri = uri_;
+  if (logger_ && !logger_->run_id().empty()) run = logger_->run_id(), experiment = logger_->experiment_id(), uri = logger_->tracking_uri();
+  if (run.empty()) return;
+  d.blobs[checkpoint_keys::kMlflow] = nlohmann::json{{"run_id", run}, {"experiment_id", experiment}, {"tracking_uri", uri}}.dump();
+}
+
+void MlflowRecord::load(const checkpoint::CheckpointData& d) {
+  run_id_.clear(), experiment_id_.clear(), uri_.clear();
+  if (!d.has_blob(checkpoint_keys::kMlflow)) return;
+  try {
+    const auto j = nlohmann::json::parse(d.blob(checkpoint_keys::kMlflow));
+    run_id_ = j.value("run_id", std::string()), experiment_id_ = j.value("experiment_id", std::string());
+    uri_ = j.value("tracking_uri", std::string());
+  } catch (const std::exception&) {
+    throw checkpoint::CheckpointError(fmt::format("{}: the mlflow entry is not the JSON strobe writes", d.source));
+  }
 }
 
 void MetaRecord::save(checkpoint::CheckpointData& d, const StepStart* step_start) {

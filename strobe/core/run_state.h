@@ -110,6 +110,24 @@ class TextRecord : public Stateful {
   bool restored_;
 };
 
+namespace logging {
+class MlflowLogger;
+}
+// `mlflow`: the MLflow run logger.mlflow logs to (its id, experiment and server), so that a resume
+// continues that run. Saved while a logger has a run (or a resumed run's, before its logger starts).
+class MlflowRecord : public Stateful {
+ public:
+  void attach(const logging::MlflowLogger* logger) { logger_ = logger; }
+  void save(checkpoint::CheckpointData& out, const StepStart* step_start) override;
+  void load(const checkpoint::CheckpointData& in) override;
+  // The loaded run's id when it was logged to `tracking_uri` ("" otherwise).
+  std::string resumed_run(const std::string& tracking_uri) const { return tracking_uri == uri_ ? run_id_ : ""; }
+
+ private:
+  const logging::MlflowLogger* logger_ = nullptr;
+  std::string run_id_, experiment_id_, uri_;
+};
+
 // `meta`: format and Strobe versions, device, precision, global step, epoch, world size (for readers
 // of the file: CheckpointView; never restored).
 class MetaRecord : public Stateful {

@@ -15,7 +15,7 @@ const std::vector<std::string>& StateConnector::kOrder() {
   static const std::vector<std::string> order = {checkpoint_keys::kModel, checkpoint_keys::kOptimizer, checkpoint_keys::kScheduler, checkpoint_keys::kScaler,
                                                  checkpoint_keys::kLoop, checkpoint_keys::kAccumulation, checkpoint_keys::kLogger,
                                                  checkpoint_keys::kStepGuard, checkpoint_keys::kRng, checkpoint_keys::kCallbacks, checkpoint_keys::kConfig,
-                                                 checkpoint_keys::kHfConfig, checkpoint_keys::kMeta};
+                                                 checkpoint_keys::kHfConfig, checkpoint_keys::kMlflow, checkpoint_keys::kMeta};
   return order;
 }
 

@@ -28,6 +28,7 @@
 #include "strobe/distributed/strategy.h"
 #include "strobe/logging/csv_logger.h"
 #include "strobe/logging/log_collector.h"
+#include "strobe/logging/mlflow_logger.h"
 #include "strobe/logging/tensorboard_logger.h"
 
 namespace strobe {
@@ -259,6 +260,18 @@ int Trainer::fit(std::optional<checkpoint::CheckpointData> resume) {
     for (const auto& note : start_notes_) fmt::print(stderr, "strobe: {}\n", note);
   if (rank_ == 0 && fp8_) fmt::print("strobe fit: trainer.fp8: {}\n", fp8_->summary());
   // Rank 0 alone writes the run's logs.
+  if (!run_dir_.empty() && c.fast_dev_run == 0 && exp_.logger.mlflow && rank_ == 0) {
+    // A resume continues the MLflow run its checkpoint names (on the same server), else a new run.
+    // First of the loggers: on_unreachable: error refuses the run before any log file is made.
+    try {
+      mlflow_ = std::make_unique<logging::MlflowLogger>(*exp_.logger.mlflow, run_dir_, config_yaml_,
+                                                        mlflow_record_->resumed_run(exp_.logger.mlflow->tracking_uri));
+    } catch (const logging::MlflowError& e) {
+      throw config::ConfigError(e.what());  // on_unreachable: error, before training
+    }
+    mlflow_record_->attach(mlflow_.get());
+    collector_->add_consumer(mlflow_.get());
+  }
   if (!run_dir_.empty() && c.fast_dev_run == 0 && exp_.logger.csv && rank_ == 0) {
     // On resume, the rows logged up to the checkpoint are kept and anything a crashed continuation
     // wrote after it is dropped.
@@ -320,12 +333,26 @@ int Trainer::fit(std::optional<checkpoint::CheckpointData> resume) {
     // Data parallel: a failed collective ends this process with one line naming its cause (a dead
     // peer, when the health monitor finds one); any other error reaches the other ranks, which end
     // within trainer.dist_timeout naming it (they may be blocked in a collective this rank will never join).
+    finish_mlflow("FAILED");
     if (world_size_ > 1) strategy_->abort_on_error(e);
     throw;
   }
   signals::leave_training_loop();
   strategy_->shutdown();  // every rank finished: nobody's exit is a failure any more
-  return fit_loop_->exit_code();
+  // MLflow's status: a NaN stop (exit 3) or any other failure is FAILED, a signal's stop KILLED.
+  const int code = fit_loop_->exit_code();
+  finish_mlflow(code == kExitOk ? "FINISHED" : code >= 128 ? "KILLED" : "FAILED");
+  return code;
+}
+
+void Trainer::finish_mlflow(const char* status) {
+  if (!mlflow_) return;
+  try {
+    collector_->drain();  // the last rows (after an error the device may not answer: then without them)
+  } catch (const std::exception&) {
+  }
+  mlflow_->finish(status);
+  collector_->remove_consumer(mlflow_.get());
 }
 
 void Trainer::check_resume_world_size(const checkpoint::CheckpointData& d, const config::SavedConfig* then) {

@@ -83,6 +83,7 @@ namespace logging {
 class LogCollector;
 class CsvLogger;
 class MetricConsumer;
+class MlflowLogger;
 }  // namespace logging
 namespace distributed {
 class Strategy;
@@ -279,6 +280,8 @@ class Trainer : private TrainerView, private StepAccess {
   std::unique_ptr<logging::LogCollector> collector_;
   std::unique_ptr<logging::CsvLogger> csv_;
   std::unique_ptr<logging::MetricConsumer> tensorboard_;
+  std::unique_ptr<logging::MlflowLogger> mlflow_;  // logger.mlflow (rank 0)
+  void finish_mlflow(const char* status);
   std::unique_ptr<StepPipeline> pipeline_;
   std::unique_ptr<StepRunner> step_runner_;  // one micro-batch, eager or captured
   std::unique_ptr<CallbackStepHooks> step_hooks_;  // the eager step's hooks: callbacks and the strategy
@@ -292,6 +295,7 @@ class Trainer : private TrainerView, private StepAccess {
   std::unique_ptr<CallbackStates> callback_states_;
   std::unique_ptr<TextRecord> config_record_, hf_record_;
   std::unique_ptr<MetaRecord> meta_record_;
+  std::unique_ptr<MlflowRecord> mlflow_record_;
   std::unique_ptr<OptimizerState> optimizer_state_;
   StateConnector connector_;
 

@@ -36,6 +36,7 @@ void Trainer::register_state() {
   config_record_ = std::make_unique<TextRecord>(checkpoint_keys::kConfig, config_yaml_, false);
   hf_record_ = std::make_unique<TextRecord>(checkpoint_keys::kHfConfig, hf_source_config_, true);
   meta_record_ = std::make_unique<MetaRecord>(view(), exp_.trainer.precision);
+  mlflow_record_ = std::make_unique<MlflowRecord>();
   connector_.add(checkpoint_keys::kModel, *model_state_);
   connector_.add(checkpoint_keys::kLoop, fit_loop_->progress_state());
   connector_.add(checkpoint_keys::kAccumulation, fit_loop_->accumulation_state());
@@ -45,6 +46,7 @@ void Trainer::register_state() {
   connector_.add(checkpoint_keys::kConfig, *config_record_);
   connector_.add(checkpoint_keys::kHfConfig, *hf_record_);
   connector_.add(checkpoint_keys::kMeta, *meta_record_);
+  connector_.add(checkpoint_keys::kMlflow, *mlflow_record_);
 }
 
 void Trainer::register_fit_state() {

@@ -6,6 +6,7 @@
 // weighted by the batch size (a host number known at collate time: no sync).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -46,6 +47,7 @@ class LogCollector : public LogSink, public Stateful {
   void emit_host(int64_t step, int64_t epoch, const std::vector<std::pair<std::string, double>>& values);
 
   void add_consumer(MetricConsumer* c) { consumers_.push_back(c); }
+  void remove_consumer(MetricConsumer* c) { consumers_.erase(std::remove(consumers_.begin(), consumers_.end(), c), consumers_.end()); }
   // Data parallel: `sum` all-reduces a device tensor in place (Strategy::reduce_sum). Epoch means
   // become means over every rank's values (weighted by batch size), identical on every rank; a
   // checkpoint holds the summed accumulators, which only the `primary` rank (0) restores (the others

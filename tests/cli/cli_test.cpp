@@ -35,7 +35,7 @@ TEST(Cli, VersionAndHelp) {
   EXPECT_EQ(r.code, 2);
   EXPECT_EQ(r.err,
             "strobe: unknown command 'fti'; did you mean 'fit'? (commands: fit, validate, test, predict, replay, export, bench, list, "
-            "hang, tune); "
+            "hang, tune, mlflow-sync); "
             "run 'strobe --help' for usage\n");
   r = strobe_cmd("xyzzy");
   EXPECT_EQ(r.code, 2);

@@ -30,7 +30,7 @@ std::vector<Batch> first_batches(Run& run, int n) {
 TEST(StateConnector, TakesEachEntryOnceAndKeepsTheOneOrder) {
   EXPECT_EQ(StateConnector::kOrder(),
             (std::vector<std::string>{"model", "optimizer", "scheduler", "scaler", "loop", "accumulation", "logger",
-                                      "step_guard", "rng", "callbacks", "config", "hf_config", "meta"}));
+                                      "step_guard", "rng", "callbacks", "config", "hf_config", "mlflow", "meta"}));
   struct Nothing : Stateful {
     void save(checkpoint::CheckpointData&, const StepStart*) override {}
     void load(const checkpoint::CheckpointData&) override {}
