@@ -5,7 +5,9 @@ folder) and checks:
    flattened), tags, status FINISHED, artifacts config.yaml and model_summary.txt (byte for byte).
 2. A resume continues the same MLflow run (its id in the checkpoint), which ends FINISHED.
 3. The server stopped (SIGSTOP) before the training starts and until it ends: steps 7-60 take as long
-   as without the logger (within 25% + 0.5 s) and, once the server resumes, everything arrives.
+   as without the logger (under 2x + 1 s, a bound for a loaded CI machine: a logger that waited for
+   the server would wait 2 s, its request timeout, on every step's row) and, once the server resumes,
+   everything arrives.
 4. The server killed mid-run: the fit ends normally, the rest is in mlflow_unsent.jsonl with one
    warning line; after a restart `strobe mlflow-sync` sends it (then metrics equal metrics.csv's) and
    removes the file.
@@ -201,7 +203,7 @@ try:
     out, err = proc.communicate(timeout=120)
     check(proc.returncode == 0, f"held fit exit {proc.returncode} {err[-300:]}")
     held = training_s(rd3)
-    check(stopped_before_training and held < base * 1.25 + 0.5,
+    check(stopped_before_training and held < base * 2 + 1.0,
           f"steps 7-60 took {held:.2f} s with the server stopped (SIGSTOP before step 6: {stopped_before_training}), "
           f"{base:.2f} s without the logger")
     if run:
