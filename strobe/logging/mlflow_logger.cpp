@@ -49,6 +49,30 @@ std::string read_file_or_empty(const std::string& path) {
 
 int64_t values_of(const nlohmann::json& op) { return op.at("op") == "metrics" ? static_cast<int64_t>(op.at("metrics").size()) : 0; }
 
+// One request's ops [first, last): consecutive metric rows (at most kMetricsPerBatch values together)
+// or one other op; `run_dir` holds the artifacts. Used by the logger's sender and by the sync.
+template <class It>
+void send_request(MlflowClient& client, const std::string& run_id, const std::string& artifact_uri, const std::string& run_dir, It first,
+                  It last) {
+  const std::string kind = first->at("op");
+  if (kind == "metrics") {
+    nlohmann::json metrics = nlohmann::json::array();
+    for (It op = first; op != last; ++op)
+      for (const auto& m : op->at("metrics")) metrics.push_back(m);
+    client.log_batch(run_id, metrics, {}, {});
+  } else if (kind == "params") {
+    client.log_batch(run_id, {}, first->at("params"), {});
+  } else if (kind == "tags") {
+    client.log_batch(run_id, {}, {}, first->at("tags"));
+  } else if (kind == "artifact") {
+    const std::string name = first->at("name");
+    const std::string path = run_dir + "/" + name;
+    if (fs::exists(path)) client.upload_artifact(artifact_uri, name, read_file_or_empty(path));  // model_summary.txt may be off
+  } else if (kind == "status") {
+    client.update_run(run_id, first->at("status"), first->value("end_time", int64_t{0}));
+  }
+}
+
 }  // namespace
 
 std::string mlflow_key(const std::string& name) {
@@ -226,11 +250,7 @@ bool MlflowLogger::ensure_run(MlflowClient& client) {
     return true;
   }
   const std::string exp = client.experiment_id(cfg_.experiment_name);
-  nlohmann::json tags = nlohmann::json::array();
-  for (const auto& [k, v] : cfg_.tags) tags.push_back({{"key", mlflow_key(k)}, {"value", truncated(v, kMaxTagValue)}});
-  tags.push_back({{"key", "strobe.run_dir"}, {"value", truncated(fs::absolute(run_dir_).string(), kMaxTagValue)}});
-  tags.push_back({{"key", "mlflow.source.name"}, {"value", "strobe"}});
-  const auto info = client.create_run(exp, cfg_.run_name, tags, start_ms_);
+  const auto info = client.create_run(exp, cfg_.run_name, run_tags(), start_ms_);
   std::lock_guard<std::mutex> g(mu_);
   experiment_id_ = exp;
   run_id_ = info.run_id;
@@ -249,9 +269,14 @@ void MlflowLogger::consume(const MetricRow& row) {
   if (finished_) return;
   if (queued_values_ + values_of(op) > kMaxQueuedValues) {
     // The server has been away for a long time: the bounded queue never grows past its limit, the
-    // overflow goes to the spool file (appended; its header is rewritten at the end).
+    // overflow goes to the spool file, kOverflowRows rows at a time (each spool rewrites the file),
+    // and what is left of it at the end (finish()).
+    overflow_.push_back(std::move(op));
+    if (overflow_.size() < kOverflowRows) return;
+    std::vector<nlohmann::json> rows;
+    rows.swap(overflow_);
     g.unlock();
-    spool({op}, "the queue for the MLflow server is full");
+    spool(rows, "the queue for the MLflow server is full");
     return;
   }
   queued_values_ += values_of(op);
@@ -321,34 +346,21 @@ void MlflowLogger::send(MlflowClient& client, std::vector<nlohmann::json>& ops) 
     std::lock_guard<std::mutex> g(mu_);
     run_id = run_id_, artifact_uri = artifact_uri_;
   }
-  const std::string& kind = ops.front().at("op").get_ref<const std::string&>();
-  if (kind == "metrics") {
-    nlohmann::json metrics = nlohmann::json::array();
-    for (const auto& op : ops)
-      for (const auto& m : op.at("metrics")) metrics.push_back(m);
-    client.log_batch(run_id, metrics, {}, {});
-  } else if (kind == "params") {
-    client.log_batch(run_id, {}, ops.front().at("params"), {});
-  } else if (kind == "tags") {
-    client.log_batch(run_id, {}, {}, ops.front().at("tags"));
-  } else if (kind == "artifact") {
-    const std::string name = ops.front().at("name");
-    const std::string path = run_dir_ + "/" + name;
-    if (!fs::exists(path)) return;  // e.g. model_summary.txt when the callback is off
-    client.upload_artifact(artifact_uri, name, read_file_or_empty(path));
-  } else if (kind == "status") {
-    client.update_run(run_id, ops.front().at("status"), ops.front().at("end_time"));
-  }
+  send_request(client, run_id, artifact_uri, run_dir_, ops.begin(), ops.end());
 }
 
-nlohmann::json MlflowLogger::spool_header() const {
-  std::lock_guard<std::mutex> g(mu_);
+nlohmann::json MlflowLogger::run_tags() const {
   nlohmann::json tags = nlohmann::json::array();
   for (const auto& [k, v] : cfg_.tags) tags.push_back({{"key", mlflow_key(k)}, {"value", truncated(v, kMaxTagValue)}});
   tags.push_back({{"key", "strobe.run_dir"}, {"value", truncated(fs::absolute(run_dir_).string(), kMaxTagValue)}});
   tags.push_back({{"key", "mlflow.source.name"}, {"value", "strobe"}});
+  return tags;
+}
+
+nlohmann::json MlflowLogger::spool_header() const {
+  std::lock_guard<std::mutex> g(mu_);
   return {{"strobe_mlflow_spool", 1},   {"tracking_uri", cfg_.tracking_uri}, {"experiment_name", cfg_.experiment_name},
-          {"run_id", run_id_},          {"run_name", cfg_.run_name},         {"tags", tags},
+          {"run_id", run_id_},          {"run_name", cfg_.run_name},         {"tags", run_tags()},
           {"start_time", start_ms_}};
 }
 
@@ -400,8 +412,10 @@ void MlflowLogger::finish(const std::string& status) {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
-  std::vector<nlohmann::json> rest(std::make_move_iterator(queue_.begin()), std::make_move_iterator(queue_.end()));
-  queue_.clear();
+  // MLflow orders a metric by its step and time, not by arrival; the status stays last.
+  std::vector<nlohmann::json> rest = std::move(overflow_);
+  rest.insert(rest.end(), std::make_move_iterator(queue_.begin()), std::make_move_iterator(queue_.end()));
+  queue_.clear(), overflow_.clear();
   if (!rest.empty()) {
     warned_ = false;  // the end's line is always printed
     spool(rest, fmt::format("{} unreachable or slow for {:g} s at the run's end", cfg_.tracking_uri, cfg_.flush_timeout_s));
@@ -451,28 +465,15 @@ std::string mlflow_sync(const std::string& run_dir, const std::string& tracking_
       artifact_uri = client.get_run(run_id).artifact_uri;
     }
     while (sent < ops.size()) {
-      const auto& op = ops[sent];
-      const std::string kind = op.at("op");
       size_t next = sent + 1;
-      if (kind == "metrics") {
-        nlohmann::json metrics = nlohmann::json::array();
-        for (const auto& m : op.at("metrics")) metrics.push_back(m);
-        while (next < ops.size() && ops[next].at("op") == "metrics" && metrics.size() + ops[next].at("metrics").size() <= kMetricsPerBatch) {
-          for (const auto& m : ops[next].at("metrics")) metrics.push_back(m);
-          ++next;
-        }
-        client.log_batch(run_id, metrics, {}, {});
-        values += static_cast<int64_t>(metrics.size());
-      } else if (kind == "params") {
-        client.log_batch(run_id, {}, op.at("params"), {});
-      } else if (kind == "tags") {
-        client.log_batch(run_id, {}, {}, op.at("tags"));
-      } else if (kind == "artifact") {
-        const std::string file = run_dir + "/" + op.at("name").get<std::string>();
-        if (fs::exists(file)) client.upload_artifact(artifact_uri, op.at("name"), read_file_or_empty(file));
-      } else if (kind == "status") {
-        client.update_run(run_id, op.at("status"), op.value("end_time", int64_t{0}));
+      if (ops[sent].at("op") == "metrics") {
+        size_t n = ops[sent].at("metrics").size();
+        while (next < ops.size() && ops[next].at("op") == "metrics" && n + ops[next].at("metrics").size() <= kMetricsPerBatch)
+          n += ops[next++].at("metrics").size();
+        values += static_cast<int64_t>(n);
       }
+      send_request(client, run_id, artifact_uri, run_dir, ops.begin() + static_cast<std::ptrdiff_t>(sent),
+                   ops.begin() + static_cast<std::ptrdiff_t>(next));
       sent = next;
     }
   } catch (const MlflowError& e) {

@@ -73,6 +73,7 @@ std::string mlflow_key(const std::string& name);
 class MlflowLogger : public MetricConsumer {
  public:
   static constexpr int64_t kMaxQueuedValues = 200000;
+  static constexpr size_t kOverflowRows = 1000;  // rows past the queue's bound spooled at a time
   // `resumed_run_id`: the MLflow run a checkpoint continues ("" for a new run). Connects at once (one
   // request timeout): an unreachable server is one warning line and the run spools, or with
   // on_unreachable: error an MlflowError.
@@ -93,12 +94,14 @@ class MlflowLogger : public MetricConsumer {
   void send(MlflowClient& client, std::vector<nlohmann::json>& ops);
   void spool(const std::vector<nlohmann::json>& ops, const std::string& why);
   nlohmann::json spool_header() const;
+  nlohmann::json run_tags() const;  // the config's tags, strobe.run_dir, mlflow.source.name
 
   config::MlflowConfig cfg_;
   std::string run_dir_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<nlohmann::json> queue_;  // ops: {"op": "metrics"|"params"|"tags"|"artifact"|"status", ...}
+  std::vector<nlohmann::json> overflow_;  // metric rows past kMaxQueuedValues, not yet spooled
   int64_t queued_values_ = 0;
   bool stopping_ = false, finished_ = false, resumed_ = false, warned_ = false;
   double deadline_ = 0;  // steady seconds by which finish() stops sending
