@@ -36,6 +36,7 @@ constexpr KindInfo kKinds[] = {
     {"epoch sums", "all_reduce"},
     {"metric sync", "all_reduce"},
     {"checkpoint gather", "all_gather"},
+    {"unit all-gather", "all_gather"},
     {"host broadcast", "store"},
     {"host gather", "store"},
     {"host any", "store"},

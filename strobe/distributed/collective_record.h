@@ -36,6 +36,7 @@ enum class CollectiveKind : uint8_t {
   kEpochSums,          // the logger's epoch sums (sum)
   kMetricSync,         // a metric collection's states
   kParamGather,        // zero2: one parameter's whole value for a checkpoint
+  kUnitGather,         // fsdp: one unit's parameters, whole for its forward or backward (fsdp.h)
   kHostBroadcast,      // a host decision from rank 0 (the store)
   kHostGather,         // every rank's bytes to rank 0 (the store): a checkpoint's RNG states
   kHostAny,            // whether any rank says yes (the store)

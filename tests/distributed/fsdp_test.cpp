@@ -1,0 +1,151 @@
+// Fully sharded units (strobe/distributed/fsdp.h) across real processes on 127.0.0.1 with the
+// store-backed test double: a unit keeps 1/world of its rows, gathers for the forward and again for
+// the backward, frees after each, and the block computes what it computes unsharded, bitwise.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <mutex>
+
+#include "strobe/distributed/fsdp.h"
+#include "strobe/distributed/strategy.h"
+#include "tests/distributed/multiprocess.h"
+#include "tests/distributed/store_backend.h"
+#include "tests/test_dirs.h"
+
+namespace sd = strobe::distributed;
+namespace st = strobe::testing;
+
+namespace fsdp_test {
+
+void seed(uint64_t s) {
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_current_seed(s);
+}
+
+// A residual block whose parameter shapes divide by neither 2 nor 3 ranks, with a 0-d gain.
+struct BlockImpl : torch::nn::Module {
+  BlockImpl() {
+    a = register_module("a", torch::nn::Linear(10, 13));
+    b = register_module("b", torch::nn::Linear(13, 10));
+    gain = register_parameter("gain", torch::tensor(0.75));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return x + b(torch::tanh(a(x))) * gain; }
+  torch::nn::Linear a{nullptr}, b{nullptr};
+  torch::Tensor gain;
+};
+TORCH_MODULE(Block);
+
+std::vector<Block> make_blocks(uint64_t s) {
+  seed(s);
+  return {Block(), Block(), Block()};
+}
+
+torch::Tensor input_of(int rank) {
+  seed(500 + rank);
+  return torch::randn({5, 10});
+}
+
+void require(bool ok, const std::string& what) {
+  if (!ok) throw std::runtime_error(what);
+}
+
+// One rank: the blocks under units (reshard_after_forward as given) against the same blocks
+// unsharded, on this rank's input. Throws on the first difference.
+int run_rank(int rank, int world, bool reshard) {
+  torch::set_num_threads(1);
+  sd::StrategyOptions o;
+  o.device = "cpu";
+  auto strategy = sd::make_strategy(o);
+  auto pg = c10::intrusive_ptr<c10d::ProcessGroup>::reclaim_copy(strategy->process_group());
+  auto blocks = make_blocks(7), reference = make_blocks(7);
+  auto group = std::make_shared<sd::FsdpUnitGroup>();
+  std::vector<std::unique_ptr<sd::FsdpUnit>> units;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    std::vector<std::pair<std::string, torch::Tensor>> named;
+    for (auto& item : blocks[i]->named_parameters()) named.emplace_back(item.key(), item.value());
+    units.push_back(std::make_unique<sd::FsdpUnit>(pg, rank, world, "block" + std::to_string(i), named,
+                                                   sd::FsdpUnitOptions{reshard}, group));
+  }
+  // Sharded: no parameter holds its data; each rank's rows are its chunk of the whole, zero-padded.
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    auto ref = reference[i]->parameters();
+    const auto& u = *units[i];
+    for (size_t k = 0; k < ref.size(); ++k) {
+      require(u.params()[k].storage().nbytes() == 0, u.param_names()[k] + " still holds its data after sharding");
+      const int64_t dim0 = ref[k].dim() ? ref[k].size(0) : 1, rows = u.rows(k);
+      const int64_t first = std::min(dim0, rank * rows), n = std::min(dim0, (rank + 1) * rows) - first;
+      auto shard = u.shard_of(k).reshape({rows, -1});
+      auto whole = ref[k].detach().reshape({dim0, -1});
+      require(torch::equal(shard.narrow(0, 0, n), whole.narrow(0, first, n)), u.param_names()[k] + ": shard rows differ");
+      require(shard.narrow(0, n, rows - n).eq(0).all().item<bool>(), u.param_names()[k] + ": padding is not zero");
+    }
+  }
+  const auto x = input_of(rank);
+  const int64_t gathers0 = st::store_backend_allgather_calls();
+  torch::Tensor h = x;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    auto block = blocks[i];
+    h = sd::run_unit(*units[i], {h}, [block](const std::vector<torch::Tensor>& t) mutable {
+      return std::vector<torch::Tensor>{block->forward(t[0])};
+    })[0];
+    require(units[i]->gathered() == !reshard, "after its forward, block " + std::to_string(i) + (reshard ? " is still gathered" : " was freed"));
+    require((units[i]->params()[0].storage().nbytes() == 0) == reshard, "the storage does not follow gathered()");
+  }
+  const auto loss = h.square().sum();
+  require(st::store_backend_allgather_calls() - gathers0 == 3, "the forward did not gather each unit once");
+  loss.backward();  // a version-counter bump by the copy-out would throw here (saved tensors modified in place)
+  const int64_t gathers = st::store_backend_allgather_calls() - gathers0;
+  require(gathers == (reshard ? 6 : 3), "forward + backward issued " + std::to_string(gathers) + " unit all-gathers");
+  for (auto& u : units) require(!u->gathered() && u->params()[0].storage().nbytes() == 0, u->name() + " is gathered after the backward");
+
+  torch::Tensor r = x;
+  for (auto& b : reference) r = b->forward(r);
+  const auto ref_loss = r.square().sum();
+  ref_loss.backward();
+  require(torch::equal(loss, ref_loss), "loss " + std::to_string(loss.item<double>()) + " vs " + std::to_string(ref_loss.item<double>()));
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    auto got = blocks[i]->named_parameters(), want = reference[i]->named_parameters();
+    for (size_t k = 0; k < got.size(); ++k)
+      require(torch::equal(got[k].value().grad(), want[k].value().grad()),
+              "block " + std::to_string(i) + " " + got[k].key() + ": gradient differs from the unsharded block's");
+  }
+  // Without gradients a unit is freed after its forward even when it keeps its parameters for a
+  // backward; gathered, the parameters are the unsharded values bitwise.
+  {
+    torch::NoGradGuard ng;
+    auto block = blocks[0];
+    auto y = sd::run_unit(*units[0], {x}, [block](const std::vector<torch::Tensor>& t) mutable {
+      return std::vector<torch::Tensor>{block->forward(t[0])};
+    })[0];
+    require(!units[0]->gathered(), "a no-grad forward kept the unit gathered");
+    require(torch::equal(y, reference[0]->forward(x)), "no-grad forward differs");
+    for (auto& u : units) u->gather();
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      auto got = blocks[i]->parameters(), want = reference[i]->parameters();
+      for (size_t k = 0; k < got.size(); ++k) require(torch::equal(got[k], want[k]), "gathered values differ");
+    }
+  }
+  strategy->shutdown();
+  return 0;
+}
+
+void run_world(int world, bool reshard, const std::string& tag) {
+  const auto dir = st::empty_test_dir("strobe_fsdp_" + tag + "_" + std::to_string(::getpid())).string();
+  auto rs = st::run_ranks(world, [&](int rank) { return run_rank(rank, world, reshard); }, dir,
+                          std::chrono::seconds(60), st::install_store_backend);
+  for (auto& r : rs) ASSERT_EQ(r.exit_code, 0) << st::describe(rs);
+}
+
+}  // namespace fsdp_test
+
+TEST(FsdpUnit, GathersForForwardAndBackwardFreesAfterEachAndMatchesUnshardedBlocksOnTwoRanks) {
+  fsdp_test::run_world(2, /*reshard=*/true, "w2");
+}
+
+TEST(FsdpUnit, OnThreeRanksPaddedRowsAndKeptForBackwardWithoutReshard) {
+  fsdp_test::run_world(3, /*reshard=*/false, "w3");
+}
