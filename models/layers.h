@@ -25,10 +25,11 @@ using strobe::linear;
 // (strobe/core/activation_checkpoint.h). `fn` runs the block; it is kept until backward recomputes
 // the block, so it captures by value (a reference to the caller's locals would dangle). No built-in
 // block draws random numbers: their RNG state is not kept.
+// Under trainer.strategy fsdp the block runs inside its unit (run_model_block).
 inline at::Tensor run_block(const ActivationCheckpointing& ac, int64_t index, torch::nn::Module& block,
                             const at::Tensor& x, std::function<at::Tensor(const at::Tensor&)> fn) {
-  if (!ac.applies(index)) return fn(x);
-  return checkpoint_block(block, {x}, [fn = std::move(fn)](const std::vector<at::Tensor>& t) {
+  if (!ac.applies(index) && !runs_in_unit(block)) return fn(x);
+  return run_model_block(ac, index, block, {x}, [fn = std::move(fn)](const std::vector<at::Tensor>& t) {
     return std::vector<at::Tensor>{fn(t[0])};
   }, /*preserve_rng=*/false)[0];
 }
@@ -38,8 +39,8 @@ using FusedBlockFn = std::function<std::pair<at::Tensor, at::Tensor>(const at::T
 inline std::pair<at::Tensor, at::Tensor> run_block(const ActivationCheckpointing& ac, int64_t index,
                                                    torch::nn::Module& block, const at::Tensor& res,
                                                    const at::Tensor& pending, FusedBlockFn fn) {
-  if (!ac.applies(index)) return fn(res, pending);
-  auto out = checkpoint_block(block, {res, pending}, [fn = std::move(fn)](const std::vector<at::Tensor>& t) {
+  if (!ac.applies(index) && !runs_in_unit(block)) return fn(res, pending);
+  auto out = run_model_block(ac, index, block, {res, pending}, [fn = std::move(fn)](const std::vector<at::Tensor>& t) {
     auto [r, p] = fn(t[0], t[1]);
     return std::vector<at::Tensor>{r, p};
   }, /*preserve_rng=*/false);

@@ -11,6 +11,7 @@
 
 #include "strobe/core/forensics.h"
 #include "strobe/core/rng_state.h"
+#include "strobe/distributed/fsdp.h"
 #include "strobe/ops/cuda_graph.h"
 
 namespace strobe {
@@ -231,6 +232,19 @@ std::vector<torch::Tensor> checkpoint_block(torch::nn::Module& block, const std:
   }
   if (preserve_rng) state->rng = RngStates::save(accelerator);
   return CheckpointFunction::apply(std::move(state), at::TensorList(defined), at::TensorList(params));
+}
+
+bool runs_in_unit(const torch::nn::Module& block) { return distributed::unit_of(block) != nullptr; }
+
+std::vector<torch::Tensor> run_model_block(const ActivationCheckpointing& ac, int64_t index, torch::nn::Module& block,
+                                           const std::vector<torch::Tensor>& inputs, const BlockFunction& fn,
+                                           bool preserve_rng) {
+  auto* unit = distributed::unit_of(block);
+  if (!ac.applies(index)) return unit ? distributed::run_unit(*unit, inputs, fn) : fn(inputs);
+  if (!unit) return checkpoint_block(block, inputs, fn, preserve_rng);
+  return distributed::run_unit(*unit, inputs, [&block, fn, preserve_rng](const std::vector<torch::Tensor>& in) {
+    return checkpoint_block(block, in, fn, preserve_rng);
+  });
 }
 
 }  // namespace strobe

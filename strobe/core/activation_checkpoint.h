@@ -52,4 +52,14 @@ using BlockFunction = std::function<std::vector<torch::Tensor>(const std::vector
 std::vector<torch::Tensor> checkpoint_block(torch::nn::Module& block, const std::vector<torch::Tensor>& inputs,
                                             const BlockFunction& fn, bool preserve_rng = true);
 
+// Block `index` of a model's block list, as the models run each block: checkpointed when `ac`
+// applies to it, and under trainer.strategy fsdp inside the block's unit when it has one
+// (strobe/distributed/fsdp.h: the unit outside, the checkpoint inside: gather, forward, free; in
+// the backward gather, recompute, gradients, free).
+std::vector<torch::Tensor> run_model_block(const ActivationCheckpointing& ac, int64_t index, torch::nn::Module& block,
+                                           const std::vector<torch::Tensor>& inputs, const BlockFunction& fn,
+                                           bool preserve_rng);
+// Whether `block` has a unit of trainer.strategy fsdp (run_model_block runs it there).
+bool runs_in_unit(const torch::nn::Module& block);
+
 }  // namespace strobe

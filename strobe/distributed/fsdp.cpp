@@ -7,7 +7,33 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/torch.h>
 
+#include <mutex>
+#include <unordered_map>
+
 namespace strobe::distributed {
+
+namespace {
+std::mutex units_mutex;
+std::unordered_map<const torch::nn::Module*, FsdpUnit*>& attached_units() {
+  static std::unordered_map<const torch::nn::Module*, FsdpUnit*> units;
+  return units;
+}
+}  // namespace
+
+void attach_unit(const torch::nn::Module& block, FsdpUnit* unit) {
+  std::lock_guard<std::mutex> lock(units_mutex);
+  if (unit)
+    attached_units()[&block] = unit;
+  else
+    attached_units().erase(&block);
+}
+
+FsdpUnit* unit_of(const torch::nn::Module& block) {
+  std::lock_guard<std::mutex> lock(units_mutex);
+  if (attached_units().empty()) return nullptr;
+  const auto it = attached_units().find(&block);
+  return it == attached_units().end() ? nullptr : it->second;
+}
 
 FsdpUnit::FsdpUnit(c10::intrusive_ptr<c10d::ProcessGroup> pg, int64_t rank, int64_t world, std::string name,
                    std::vector<std::pair<std::string, torch::Tensor>> params, FsdpUnitOptions options,
@@ -65,6 +91,11 @@ FsdpUnit::FsdpUnit(c10::intrusive_ptr<c10d::ProcessGroup> pg, int64_t rank, int6
 }
 
 FsdpUnit::~FsdpUnit() {
+  {
+    std::lock_guard<std::mutex> lock(units_mutex);
+    auto& m = attached_units();
+    for (auto it = m.begin(); it != m.end();) it = it->second == this ? m.erase(it) : std::next(it);
+  }
   if (!group_) return;
   auto& u = group_->units;
   u.erase(std::remove(u.begin(), u.end(), this), u.end());

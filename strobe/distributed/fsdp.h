@@ -28,6 +28,11 @@
 //             before any lower-priority node): the unit is freed. A unit whose inputs need no gradient
 //             (the first one) is freed by a callback at the end of the backward, which every unit
 //             still gathered then gets.
+// With activation checkpointing (strobe/core/activation_checkpoint.h) the unit is outside and the
+// checkpoint inside: the forward gathers, runs the block without keeping its graph, and frees; the
+// backward gathers (the node on the outputs), recomputes the block and takes its gradients (the
+// checkpoint's node), then frees (the node on the inputs). The models' blocks compose the two in
+// run_model_block.
 // Each gather is an all-gather every rank issues in the same order (the units run in the same order
 // on every rank), noted in the rank's record of collectives as `unit all-gather`.
 #pragma once
@@ -46,6 +51,9 @@
 
 namespace c10d {
 class ProcessGroup;
+}
+namespace torch::nn {
+class Module;
 }
 
 namespace strobe::distributed {
@@ -118,6 +126,11 @@ class FsdpUnit {
 };
 
 using UnitFunction = std::function<std::vector<torch::Tensor>(const std::vector<torch::Tensor>&)>;
+
+// The unit a model's block runs in (the models' run_block finds it here): attached when the
+// strategy makes the units, detached when the unit goes. Null for a block of no unit.
+void attach_unit(const torch::nn::Module& block, FsdpUnit* unit);
+FsdpUnit* unit_of(const torch::nn::Module& block);
 
 // fn(inputs) for the unit's block, its parameters gathered for the forward and again for the
 // backward (see above). Inputs may be undefined tensors.

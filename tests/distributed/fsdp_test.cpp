@@ -9,6 +9,7 @@
 
 #include <mutex>
 
+#include "strobe/core/activation_checkpoint.h"
 #include "strobe/distributed/fsdp.h"
 #include "strobe/distributed/strategy.h"
 #include "tests/distributed/multiprocess.h"
@@ -54,8 +55,10 @@ void require(bool ok, const std::string& what) {
 }
 
 // One rank: the blocks under units (reshard_after_forward as given) against the same blocks
-// unsharded, on this rank's input. Throws on the first difference.
-int run_rank(int rank, int world, bool reshard) {
+// unsharded, on this rank's input. Throws on the first difference. `checkpointed`: the blocks run
+// as the models run them (run_model_block, their units attached), blocks 0 and 2 with activation
+// checkpointing (every_k 2) and block 1 without.
+int run_rank(int rank, int world, bool reshard, bool checkpointed = false) {
   torch::set_num_threads(1);
   sd::StrategyOptions o;
   o.device = "cpu";
@@ -69,6 +72,12 @@ int run_rank(int rank, int world, bool reshard) {
     for (auto& item : blocks[i]->named_parameters()) named.emplace_back(item.key(), item.value());
     units.push_back(std::make_unique<sd::FsdpUnit>(pg, rank, world, "block" + std::to_string(i), named,
                                                    sd::FsdpUnitOptions{reshard}, group));
+  }
+  strobe::ActivationCheckpointing ac;
+  if (checkpointed) {
+    ac.mode = strobe::ActivationCheckpointing::Mode::kEveryK;
+    ac.every = 2;
+    for (size_t i = 0; i < blocks.size(); ++i) sd::attach_unit(*blocks[i], units[i].get());
   }
   // Sharded: no parameter holds its data; each rank's rows are its chunk of the whole, zero-padded.
   for (size_t i = 0; i < blocks.size(); ++i) {
@@ -89,9 +98,9 @@ int run_rank(int rank, int world, bool reshard) {
   torch::Tensor h = x;
   for (size_t i = 0; i < blocks.size(); ++i) {
     auto block = blocks[i];
-    h = sd::run_unit(*units[i], {h}, [block](const std::vector<torch::Tensor>& t) mutable {
-      return std::vector<torch::Tensor>{block->forward(t[0])};
-    })[0];
+    auto fn = [block](const std::vector<torch::Tensor>& t) mutable { return std::vector<torch::Tensor>{block->forward(t[0])}; };
+    h = checkpointed ? strobe::run_model_block(ac, static_cast<int64_t>(i), *blocks[i], {h}, fn, /*preserve_rng=*/false)[0]
+                     : sd::run_unit(*units[i], {h}, fn)[0];
     require(units[i]->gathered() == !reshard, "after its forward, block " + std::to_string(i) + (reshard ? " is still gathered" : " was freed"));
     require((units[i]->params()[0].storage().nbytes() == 0) == reshard, "the storage does not follow gathered()");
   }
@@ -133,9 +142,9 @@ int run_rank(int rank, int world, bool reshard) {
   return 0;
 }
 
-void run_world(int world, bool reshard, const std::string& tag) {
+void run_world(int world, bool reshard, const std::string& tag, bool checkpointed = false) {
   const auto dir = st::empty_test_dir("strobe_fsdp_" + tag + "_" + std::to_string(::getpid())).string();
-  auto rs = st::run_ranks(world, [&](int rank) { return run_rank(rank, world, reshard); }, dir,
+  auto rs = st::run_ranks(world, [&](int rank) { return run_rank(rank, world, reshard, checkpointed); }, dir,
                           std::chrono::seconds(60), st::install_store_backend);
   for (auto& r : rs) ASSERT_EQ(r.exit_code, 0) << st::describe(rs);
 }
@@ -148,4 +157,10 @@ TEST(FsdpUnit, GathersForForwardAndBackwardFreesAfterEachAndMatchesUnshardedBloc
 
 TEST(FsdpUnit, OnThreeRanksPaddedRowsAndKeptForBackwardWithoutReshard) {
   fsdp_test::run_world(3, /*reshard=*/false, "w3");
+}
+
+// Activation checkpointing inside the unit: the forward gathers, runs without the graph and frees;
+// the backward gathers, recomputes and frees. Same gathers, same gradients, bitwise.
+TEST(FsdpUnit, WithActivationCheckpointingGathersRecomputesAndFreesWithTheSameGradients) {
+  fsdp_test::run_world(2, /*reshard=*/true, "ac", /*checkpointed=*/true);
 }
