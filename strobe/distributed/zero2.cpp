@@ -1,5 +1,7 @@
 #include "strobe/distributed/zero2.h"
 
+#include "strobe/distributed/fsdp.h"
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/csrc/autograd/engine.h>
@@ -251,8 +253,61 @@ void Zero2Shards::release_grads() {
   for (auto& s : shards_) s.mutable_grad() = torch::Tensor();
 }
 
+void Zero2Shards::bind_units(const std::vector<FsdpUnit*>& units) {
+  TORCH_CHECK(!expecting_, "zero2: bind_units during a backward");
+  std::vector<std::pair<FsdpUnit*, size_t>> where(params_.size(), {nullptr, 0});
+  std::vector<std::vector<size_t>> groups;
+  for (auto* u : units) {
+    groups.emplace_back();
+    for (size_t j = 0; j < u->params().size(); ++j) {
+      size_t i = 0;
+      while (i < params_.size() && !params_[i].is_same(u->params()[j])) ++i;
+      if (i == params_.size()) continue;  // a frozen parameter: the optimizer has no shard of it
+      TORCH_CHECK(!where[i].first, "fsdp: ", names_[i], " is in two units (", where[i].first->name(), ", ", u->name(), ")");
+      TORCH_CHECK(slots_[i].rows == u->rows(j), "fsdp: ", names_[i], " is cut differently by its unit");
+      where[i] = {u, j};
+      groups.back().push_back(i);
+    }
+  }
+  for (size_t i = 0; i < params_.size(); ++i)
+    TORCH_CHECK(where[i].first, "fsdp: ", names_[i], " is in no unit");
+  unit_slots_ = std::move(where);
+  // One bucket per unit, the last unit's first: the order the backward finishes them in.
+  buckets_.clear();
+  for (size_t k = groups.size(); k-- > 0;) {
+    if (groups[k].empty()) continue;
+    Bucket b;
+    b.dtype = params_[groups[k][0]].scalar_type();
+    for (size_t i : groups[k]) {
+      TORCH_CHECK(params_[i].scalar_type() == b.dtype, "fsdp: unit ", unit_slots_[i].first->name(), " mixes dtypes");
+      slots_[i].bucket = buckets_.size();
+      slots_[i].offset = b.shard_numel;
+      b.shard_numel += slots_[i].rows * slots_[i].rest;
+      b.params.push_back(i);
+    }
+    buckets_.push_back(std::move(b));
+  }
+  torch::NoGradGuard ng;
+  for (size_t i = 0; i < params_.size(); ++i) publish(i);
+}
+
+void Zero2Shards::publish(size_t i) {
+  auto [unit, j] = unit_slots_[i];
+  unit->shard_of(j).copy_(shards_[i]);
+}
+
 void Zero2Shards::gather_params() {
   torch::NoGradGuard ng;
+  if (fully_sharded()) {
+    std::vector<torch::Tensor> dst;
+    for (size_t i = 0; i < params_.size(); ++i) dst.push_back(unit_slots_[i].first->shard_of(unit_slots_[i].second));
+    if (!dst.empty() && dst[0].scalar_type() == shards_[0].scalar_type()) {
+      at::_foreach_copy_(dst, shards_);
+    } else {
+      for (size_t i = 0; i < dst.size(); ++i) dst[i].copy_(shards_[i]);
+    }
+    return;
+  }
   struct InFlight {
     size_t bucket;
     torch::Tensor recv;
@@ -307,7 +362,10 @@ void Zero2Shards::load_full_value(size_t i, const torch::Tensor& full) {
   const int64_t n = std::min(s.rows, s.dim0 - start);
   if (n > 0 && s.rest > 0)
     shard.view({s.rows, s.rest}).narrow(0, 0, n).copy_(full.reshape({s.dim0, s.rest}).narrow(0, start, n));
-  if (!full.is_same(params_[i])) params_[i].copy_(full);
+  if (fully_sharded())
+    publish(i);
+  else if (!full.is_same(params_[i]))
+    params_[i].copy_(full);
 }
 
 }  // namespace strobe::distributed

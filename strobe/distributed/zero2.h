@@ -50,6 +50,8 @@ struct Node;
 
 namespace strobe::distributed {
 
+class FsdpUnit;
+
 struct ShardedParam {
   std::string name;
   torch::Tensor param;   // the model's parameter (its training dtype: bf16 under bf16-master)
@@ -85,6 +87,15 @@ class Zero2Shards {
   void gather_params();
   // Drops the shards' gradients (their storage, the bucket outputs, is kept).
   void release_grads();
+
+  // trainer.strategy fsdp (fsdp.h): the parameters live in `units` (model order), which cut them the
+  // same way. Every parameter must be in exactly one unit. From then on a bucket is a unit (reduced
+  // in reverse model order, as the backward finishes the units), gather_params() copies each updated
+  // shard into its unit's shard in the parameters' dtype without a collective (the unit's next
+  // gather brings it whole), and load_full_value writes the unit's shard, not the parameter. The
+  // units' shards are set from the fp32 shards here.
+  void bind_units(const std::vector<FsdpUnit*>& units);
+  bool fully_sharded() const { return !unit_slots_.empty(); }
 
   // Collective (every rank, same order): parameter i's whole fp32 value.
   torch::Tensor full_value(size_t i);
@@ -128,6 +139,8 @@ class Zero2Shards {
   std::vector<std::string> names_;
   std::vector<torch::Tensor> params_, shards_;
   std::vector<Slot> slots_;
+  std::vector<std::pair<FsdpUnit*, size_t>> unit_slots_;  // fsdp: parameter i is unit.params()[j]
+  void publish(size_t i);  // fsdp: shard i into its unit's shard
   std::vector<Bucket> buckets_;
   size_t next_bucket_ = 0;     // the next bucket to launch (buckets are launched in order)
   std::optional<size_t> in_flight_;  // the latest launched bucket, its input still held

@@ -164,3 +164,99 @@ TEST(FsdpUnit, OnThreeRanksPaddedRowsAndKeptForBackwardWithoutReshard) {
 TEST(FsdpUnit, WithActivationCheckpointingGathersRecomputesAndFreesWithTheSameGradients) {
   fsdp_test::run_world(2, /*reshard=*/true, "ac", /*checkpointed=*/true);
 }
+
+namespace fsdp_test {
+
+// Steps of AdamW on the fp32 shards, each rank its quarter... of the global batch, against one
+// process on the union batch (the mean loss). Throws on a difference beyond reduction noise.
+int train_rank(int rank, int world) {
+  torch::set_num_threads(1);
+  sd::StrategyOptions o;
+  o.device = "cpu";
+  auto strategy = sd::make_strategy(o);
+  auto pg = c10::intrusive_ptr<c10d::ProcessGroup>::reclaim_copy(strategy->process_group());
+  constexpr int kSteps = 4, kPerRank = 3;
+  auto blocks = make_blocks(11), reference = make_blocks(11);
+  std::vector<sd::ShardedParam> sharded;
+  for (size_t i = 0; i < blocks.size(); ++i)
+    for (auto& item : blocks[i]->named_parameters())
+      sharded.push_back({"b" + std::to_string(i) + "." + item.key(), item.value(), item.value()});
+  sd::Zero2Shards z(pg, rank, world, sharded, /*bucket_bytes=*/1 << 20);
+  auto group = std::make_shared<sd::FsdpUnitGroup>();
+  std::vector<std::unique_ptr<sd::FsdpUnit>> units;
+  std::vector<sd::FsdpUnit*> raw;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    std::vector<std::pair<std::string, torch::Tensor>> named;
+    for (auto& item : blocks[i]->named_parameters()) named.emplace_back(item.key(), item.value());
+    units.push_back(std::make_unique<sd::FsdpUnit>(pg, rank, world, "block" + std::to_string(i), named, sd::FsdpUnitOptions{}, group));
+    raw.push_back(units.back().get());
+  }
+  z.bind_units(raw);
+  torch::optim::AdamW opt(z.shards(), torch::optim::AdamWOptions(0.01));
+  torch::optim::AdamW ref_opt(
+      [&] {
+        std::vector<torch::Tensor> ps;
+        for (auto& b : reference)
+          for (auto& p : b->parameters()) ps.push_back(p);
+        return ps;
+      }(),
+      torch::optim::AdamWOptions(0.01));
+  for (int step = 0; step < kSteps; ++step) {
+    seed(900 + step);
+    const auto global = torch::randn({world * kPerRank, 10});
+    const auto x = global.narrow(0, rank * kPerRank, kPerRank);
+    const int64_t scatters0 = st::store_backend_reduce_scatter_calls();
+    z.prepare_for_backward();
+    torch::Tensor h = x;
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      auto block = blocks[i];
+      h = sd::run_unit(*units[i], {h}, [block](const std::vector<torch::Tensor>& t) mutable {
+        return std::vector<torch::Tensor>{block->forward(t[0])};
+      })[0];
+    }
+    h.square().mean().backward();
+    z.finish();
+    require(st::store_backend_reduce_scatter_calls() - scatters0 == 3, "not one gradient reduce-scatter per unit");
+    for (auto& b : blocks)
+      for (auto& p : b->parameters()) require(!p.grad().defined(), "a parameter kept its whole gradient");
+    for (auto& u : units) require(!u->gathered(), u->name() + " is gathered after the backward");
+    opt.step();
+    z.gather_params();  // into the units' shards: no collective
+    z.release_grads();
+
+    torch::Tensor r = global;
+    for (auto& b : reference) r = b->forward(r);
+    ref_opt.zero_grad();
+    r.square().mean().backward();
+    ref_opt.step();
+  }
+  for (auto& u : units) u->gather();
+  double worst = 0;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    auto got = blocks[i]->named_parameters(), want = reference[i]->named_parameters();
+    for (size_t k = 0; k < got.size(); ++k) {
+      const auto diff = (got[k].value() - want[k].value()).abs().max().item<double>();
+      worst = std::max(worst, diff);
+      require(torch::allclose(got[k].value(), want[k].value(), 1e-5, 1e-6),
+              "block " + std::to_string(i) + " " + got[k].key() + " differs after " + std::to_string(kSteps) +
+                  " steps by " + std::to_string(diff));
+    }
+  }
+  std::fprintf(stderr, "rank %d of %d: worst difference %.3g\n", rank, world, worst);
+  strategy->shutdown();
+  return 0;
+}
+
+}  // namespace fsdp_test
+
+// The gradients reduce-scattered per unit into the optimizer's fp32 shards, AdamW on the shards, the
+// updated shards into the units: the parameters after 4 steps are one process's on the union batch.
+TEST(FsdpUnit, AdamWOnShardsEndsWhereOneProcessEndsOnTheUnionBatchOnTwoThreeAndFourRanks) {
+  for (int world : {2, 3, 4}) {
+    const auto dir = st::empty_test_dir("strobe_fsdp_train" + std::to_string(world) + "_" + std::to_string(::getpid())).string();
+    auto rs = st::run_ranks(world, [&](int rank) { return fsdp_test::train_rank(rank, world); }, dir,
+                            std::chrono::seconds(60), st::install_store_backend);
+    for (auto& r : rs) ASSERT_EQ(r.exit_code, 0) << "world " << world << ": " << st::describe(rs);
+    std::cout << "world " << world << ": " << rs[0].stderr_text;
+  }
+}
