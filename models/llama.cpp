@@ -255,6 +255,7 @@ class Llama : public Model {
   int64_t num_layers() const override { return o_.depth + (o_.tie_embeddings ? 1 : 2); }
   // The decoder layers' projections (q, k, v, o, gate, up, down), not the embedding or the head.
   std::vector<std::string> fp8_layers() const override { return {"layers.*"}; }
+  std::vector<std::string> fsdp_units() const override { return {"layers.*"}; }
   int64_t layer_of(const std::string& p) const override {
     if (p.rfind("embed_tokens.", 0) == 0) return 0;
     if (const int64_t i = list_index(p, "layers"); i >= 0) return i + 1;

@@ -151,6 +151,7 @@ class ViT : public Model {
   int64_t num_layers() const override { return o_.depth + 2; }
   // The blocks' qkv, proj, fc1 and fc2, not the patch embedding or the head.
   std::vector<std::string> fp8_layers() const override { return {"blocks.*"}; }
+  std::vector<std::string> fsdp_units() const override { return {"blocks.*"}; }
   int64_t layer_of(const std::string& p) const override {
     if (p == "cls_token" || p == "pos_embed" || p.rfind("patch_embed.", 0) == 0) return 0;
     if (const int64_t i = list_index(p, "blocks"); i >= 0) return i + 1;

@@ -43,6 +43,33 @@ void check_weight_averages(std::vector<config::Section>& callbacks) {
   }
 }
 
+// trainer.strategy fsdp (docs/DISTRIBUTED.md, "fsdp"): a model that declares its units, and none of
+// what reads or writes the whole parameters between steps, which fsdp keeps sharded. One line, exit 2,
+// before the rendezvous.
+void check_fsdp(config::Experiment& exp, Run& run) {
+  const auto* model = dynamic_cast<const Model*>(&run.module->net());
+  const YAML::Node name = exp.model.node()["name"];
+  const std::string model_name = name && name.IsScalar() ? name.Scalar() : run.module->net().name();
+  if (!model || model->fsdp_units().empty())
+    throw config::ConfigError(fmt::format(
+        "trainer.strategy: fsdp: model '{}' declares no units to shard (fsdp shards the blocks of llama, decoder_lm and "
+        "vit); use zero2 or ddp",
+        model_name));
+  for (auto& section : exp.callbacks) {
+    const std::string cb = section.node()["name"] ? section.node()["name"].Scalar() : "";
+    if (cb == "ema" || cb == "swa" || cb == "nan_capture" || cb == "on_exception_checkpoint")
+      section.fail("name", fmt::format("{} is not available under trainer.strategy: fsdp (it reads the whole weights "
+                                       "between steps, which fsdp keeps sharded); use zero2 or ddp",
+                                       cb));
+  }
+  if (!exp.optimizer.param_groups.freeze.empty())
+    exp.optimizer.section.fail("param_groups", "freeze is not available under trainer.strategy: fsdp; use zero2 or ddp");
+  if (exp.trainer.fp8.enabled)
+    throw config::ConfigError("trainer.fp8 is not available under trainer.strategy: fsdp; use zero2 or ddp");
+  if (exp.trainer.cuda_graphs == "true")
+    throw config::ConfigError("trainer.cuda_graphs: true is not available under trainer.strategy: fsdp");
+}
+
 // A callback with all its defaults, as if the config had listed `- name: <name>`.
 std::shared_ptr<Callback> default_callback(const std::string& name) {
   auto doc = config::Document::load_string("name: " + name + "\n", "<default " + name + ">");
@@ -391,7 +418,9 @@ std::unique_ptr<Run> build_run(config::Document& doc, const RunOptions& options)
   distributed::StrategyOptions so;
   so.device = exp.trainer.device;
   so.timeout = std::chrono::milliseconds(static_cast<int64_t>(exp.trainer.dist_timeout_s * 1000.0));
-  so.zero2 = exp.trainer.strategy == "zero2";
+  so.zero2 = exp.trainer.strategy == "zero2" || exp.trainer.strategy == "fsdp";
+  so.fsdp = exp.trainer.strategy == "fsdp";
+  if (so.fsdp) check_fsdp(exp, *run);
   run->strategy = distributed::make_strategy(so, env);
   auto& strategy = *run->strategy;
   // The training step's memory at data.batch_size, measured on a small trial before anything is

@@ -403,7 +403,11 @@ Experiment parse_experiment(Document& doc) {
   parse_profiler(t, c.profiler);
   c.cuda_graphs = t.get_choice("cuda_graphs", "false", {"false", "true", "auto"});
   c.dist_timeout_s = t.get_double("dist_timeout", 600.0, 1.0, 604800.0);  // seconds, 1 s .. 7 days
-  c.strategy = t.get_choice("strategy", "auto", {"auto", "ddp", "zero2"});
+  c.strategy = t.get_choice("strategy", "auto", {"auto", "ddp", "zero2", "fsdp"});
+  if (c.strategy == "fsdp")  // the key exists (and is written into the resolved config) under fsdp only
+    c.reshard_after_forward = t.get_bool("reshard_after_forward", true);
+  else if (t.has("reshard_after_forward"))
+    t.fail("reshard_after_forward", fmt::format("applies to trainer.strategy: fsdp, not {}", c.strategy));
   parse_fp8(t, c.fp8);
   t.finish();
 

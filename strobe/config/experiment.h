@@ -74,6 +74,10 @@ struct TrainerConfig {
   // fp32 values, moments and reduced gradients sharded across the ranks); auto is ddp. One process
   // trains on its device whatever this says (docs/DISTRIBUTED.md).
   std::string strategy = "auto";
+  // trainer.strategy fsdp: a block's unit frees its gathered parameters after the forward and
+  // gathers them again for the backward (true), or keeps them until the backward (false: one
+  // all-gather less per block and step, the block's parameters held whole in between).
+  bool reshard_after_forward = true;
   Fp8Config fp8;
 };
 

@@ -42,6 +42,12 @@ class Model : public torch::nn::Module {
   // over module paths ("layers.*"). The model runs every nn::Linear those match through
   // strobe::linear(layer, x), so a layer the trainer marks takes the float8 path. Empty: none.
   virtual std::vector<std::string> fp8_layers() const { return {}; }
+  // trainer.strategy fsdp (docs/DISTRIBUTED.md, "fsdp"): the modules that are units of their own,
+  // globs over module paths in which * stands for one path component ("layers.*": every decoder
+  // layer). Each must run through run_block (models/layers.h), which gathers its unit around it.
+  // The parameters of no unit (embeddings, final norm, head) form one more unit that stays
+  // gathered. Empty: the model cannot train under fsdp (refused, naming it).
+  virtual std::vector<std::string> fsdp_units() const { return {}; }
   // Called once the trainer has moved the model to its device, before the optimizer sees the
   // parameters (and before bf16-master converts them, except under zero2 with several processes,
   // whose host-side build moves them to the device in bf16 first: docs/DISTRIBUTED.md, "Building

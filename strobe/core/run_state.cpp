@@ -118,6 +118,7 @@ void ModelState::load(const checkpoint::CheckpointData& d) {
   }
   for (auto& b : module_.net().named_buffers()) load_into(b.key(), b.value());
   if (masters_) masters_->copy_to_model();
+  if (shards_ && shards_->fully_sharded()) shards_->refresh_kept_units();  // fsdp: root's whole values
 }
 
 void OptimizerState::save(checkpoint::CheckpointData& d, const StepStart*) {

@@ -206,6 +206,14 @@ void Trainer::setup_fit() {
         masters_->move_masters(device_);  // the host-side build's, of what the optimizer does not update
       }
       model_state_->set_sharded(zero2_, /*keep_whole_values=*/rank_ == 0);
+      if (exp_.trainer.strategy == "fsdp") {
+        // The parameters sharded too: each declared block a unit, gathered around it (fsdp.h).
+        const auto globs = model ? model->fsdp_units() : std::vector<std::string>{};
+        if (globs.empty())
+          throw config::ConfigError(fmt::format("trainer.strategy: fsdp: model '{}' declares no units (Model::fsdp_units)",
+                                                module_->net().name()));
+        strategy_->shard_model(module_->net(), globs, exp_.trainer.reshard_after_forward);
+      }
     }
   }
   if (!scheduler_) scheduler_ = build_scheduler(exp_.scheduler, *optimizer_, estimated_stepping_batches());

@@ -7,10 +7,12 @@
 #include <cstdlib>
 #include <exception>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <type_traits>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -52,6 +54,7 @@ class DDPStrategy final : public Strategy {
     if (!shut_down_) abort("ended without finishing (an error on this rank)");
     reducer_.reset();
     zero2_.reset();
+    units_.clear();
     if (monitor_) monitor_->stop();
     std::set_terminate(g_previous_terminate);
     g_live_strategy = nullptr;
@@ -99,6 +102,61 @@ class DDPStrategy final : public Strategy {
     zero2_ = std::make_unique<Zero2Shards>(pg_, rank(), world_size(), std::move(params), options_.bucket_cap_mb * 1024 * 1024,
                                            &record_);
     return zero2_.get();
+  }
+
+  std::vector<FsdpUnit*> shard_model(torch::nn::Module& net, const std::vector<std::string>& unit_globs,
+                                     bool reshard_after_forward) override {
+    if (!options_.fsdp) return {};
+    TORCH_CHECK(zero2_, "Strategy::shard_model before the optimizer's shards (setup_optimizer)");
+    TORCH_CHECK(units_.empty(), "Strategy::shard_model called twice");
+    auto matches = [](const std::string& path, const std::string& glob) {
+      size_t a = 0, b = 0;
+      while (true) {
+        const size_t ae = path.find('.', a), be = glob.find('.', b);
+        const std::string pa = path.substr(a, ae == std::string::npos ? std::string::npos : ae - a);
+        const std::string gb = glob.substr(b, be == std::string::npos ? std::string::npos : be - b);
+        if (pa.empty() || (gb != "*" && gb != pa)) return false;
+        if ((ae == std::string::npos) != (be == std::string::npos)) return false;
+        if (ae == std::string::npos) return true;
+        a = ae + 1, b = be + 1;
+      }
+    };
+    group_ = std::make_shared<FsdpUnitGroup>();
+    std::set<const void*> claimed;
+    std::vector<std::pair<std::shared_ptr<torch::nn::Module>, std::vector<std::pair<std::string, torch::Tensor>>>> blocks;
+    for (const auto& m : net.named_modules("", /*include_self=*/false)) {
+      if (!std::any_of(unit_globs.begin(), unit_globs.end(), [&](const std::string& g) { return matches(m.key(), g); }))
+        continue;
+      std::vector<std::pair<std::string, torch::Tensor>> named;
+      for (const auto& p : m.value()->named_parameters()) {
+        if (claimed.count(p.value().unsafeGetTensorImpl())) continue;  // a module inside an earlier unit
+        claimed.insert(p.value().unsafeGetTensorImpl());
+        named.emplace_back(m.key() + "." + p.key(), p.value());
+      }
+      if (!named.empty()) blocks.emplace_back(m.value(), std::move(named));
+    }
+    TORCH_CHECK(!blocks.empty(), "fsdp: no module matches ", fmt::format("{}", fmt::join(unit_globs, ", ")));
+    std::vector<std::pair<std::string, torch::Tensor>> rest;
+    for (const auto& p : net.named_parameters())
+      if (!claimed.count(p.value().unsafeGetTensorImpl())) rest.emplace_back(p.key(), p.value());
+    std::vector<FsdpUnit*> out;
+    if (!rest.empty()) {
+      FsdpUnitOptions o;
+      o.keep_gathered = true;
+      units_.push_back(std::make_unique<FsdpUnit>(pg_, rank(), world_size(), "root", std::move(rest), o,
+                                                  group_, &record_));
+      out.push_back(units_.back().get());
+    }
+    for (auto& [module, named] : blocks) {
+      FsdpUnitOptions o;
+      o.reshard_after_forward = reshard_after_forward;
+      const std::string name = named.front().first.substr(0, named.front().first.rfind('.'));
+      units_.push_back(std::make_unique<FsdpUnit>(pg_, rank(), world_size(), name, std::move(named), o, group_, &record_));
+      attach_unit(*module, units_.back().get());
+      out.push_back(units_.back().get());
+    }
+    zero2_->bind_units(out);
+    return out;
   }
 
   void setup_grad_sync(torch::nn::Module& net) override {
@@ -418,6 +476,8 @@ class DDPStrategy final : public Strategy {
   std::unique_ptr<HealthMonitor> monitor_;
   std::unique_ptr<c10d::Reducer> reducer_;
   std::unique_ptr<Zero2Shards> zero2_;
+  std::shared_ptr<FsdpUnitGroup> group_;             // fsdp
+  std::vector<std::unique_ptr<FsdpUnit>> units_;     // fsdp: model order, the kept unit first
   std::vector<torch::Tensor> buffers_;
   uint64_t seq_ = 0;
   bool sync_ = true;

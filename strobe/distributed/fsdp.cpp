@@ -1,5 +1,7 @@
 #include "strobe/distributed/fsdp.h"
 
+#include <algorithm>
+
 #include <c10/core/DeviceGuard.h>
 #include <fmt/format.h>
 #include <torch/autograd.h>
@@ -87,7 +89,7 @@ FsdpUnit::FsdpUnit(c10::intrusive_ptr<c10d::ProcessGroup> pg, int64_t rank, int6
       shard_of(i).view({s.rows, s.rest}).narrow(0, 0, last - first).copy_(alias.reshape({s.dim0, s.rest}).narrow(0, first, last - first));
   }
   if (group_) group_->units.push_back(this);
-  free();
+  if (!options_.keep_gathered) free();
 }
 
 FsdpUnit::~FsdpUnit() {
@@ -117,9 +119,14 @@ void FsdpUnit::resize_storage(size_t bytes) {
 }
 
 void FsdpUnit::free() {
-  if (!gathered_) return;
+  if (!gathered_ || options_.keep_gathered) return;
   resize_storage(0);
   gathered_ = false;
+}
+
+void FsdpUnit::refresh() {
+  gathered_ = false;  // the storage stays allocated; gather() fills it
+  gather();
 }
 
 void FsdpUnit::gather() {

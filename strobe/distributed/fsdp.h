@@ -68,6 +68,9 @@ struct FsdpUnitGroup {
 
 struct FsdpUnitOptions {
   bool reshard_after_forward = true;  // free after the forward (gather again for the backward)
+  // Never freed (the parameters of no block: embeddings, final norm, head): gathered from the start
+  // and gathered again by refresh() after each optimizer step.
+  bool keep_gathered = false;
 };
 
 class FsdpUnit {
@@ -83,8 +86,10 @@ class FsdpUnit {
 
   // Collective (every rank): the parameters whole. Nothing when they are.
   void gather();
-  // The parameters' storage released (zero bytes). Nothing when it is.
+  // The parameters' storage released (zero bytes). Nothing when it is, or for a unit kept gathered.
   void free();
+  // Collective: a unit kept gathered takes its shard's new values (after the optimizer step).
+  void refresh();
   bool gathered() const { return gathered_; }
 
   const std::string& name() const { return name_; }

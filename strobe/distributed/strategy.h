@@ -41,6 +41,7 @@
 
 #include "strobe/distributed/collective_record.h"
 #include "strobe/distributed/launch_env.h"
+#include "strobe/distributed/fsdp.h"
 #include "strobe/distributed/zero2.h"
 
 namespace c10d {
@@ -71,7 +72,8 @@ struct StrategyOptions {
   std::chrono::milliseconds timeout{std::chrono::seconds(600)};  // trainer.dist_timeout
   int64_t bucket_cap_mb = 25;                     // DDP's default bucket size
   bool broadcast_buffers = true;                  // rank 0's buffers win on every synced step
-  bool zero2 = false;                             // trainer.strategy: zero2 (zero2.h)
+  bool zero2 = false;                             // trainer.strategy: zero2 (zero2.h), and under fsdp
+  bool fsdp = false;                              // trainer.strategy: fsdp (fsdp.h): zero2's shards, the parameters sharded too
 };
 
 class Strategy {
@@ -130,6 +132,18 @@ class Strategy {
   virtual Zero2Shards* shard_parameters(std::vector<ShardedParam> params) {
     (void)params;
     return nullptr;
+  }
+
+  // trainer.strategy fsdp with several processes (fsdp.h), after setup_optimizer: the model's
+  // parameters cut into units. Each module of `net` whose path matches one of `unit_globs` (* is
+  // one path component: "layers.*") is a unit, attached so that the models' run_block gathers it
+  // around the block; the parameters of no such module are one more unit, kept gathered. The
+  // optimizer's shards are bound to the units (Zero2Shards::bind_units). Returns the units in model
+  // order (the kept one first); empty under ddp and zero2 and for one process.
+  virtual std::vector<FsdpUnit*> shard_model(torch::nn::Module& net, const std::vector<std::string>& unit_globs,
+                                             bool reshard_after_forward) {
+    (void)net, (void)unit_globs, (void)reshard_after_forward;
+    return {};
   }
 
   // Builds the training optimizer (Lightning's Strategy.setup_optimizers): `build` makes it over

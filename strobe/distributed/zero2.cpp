@@ -2,6 +2,8 @@
 
 #include "strobe/distributed/fsdp.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/csrc/autograd/engine.h>
@@ -272,6 +274,8 @@ void Zero2Shards::bind_units(const std::vector<FsdpUnit*>& units) {
   for (size_t i = 0; i < params_.size(); ++i)
     TORCH_CHECK(where[i].first, "fsdp: ", names_[i], " is in no unit");
   unit_slots_ = std::move(where);
+  unit_order_.clear();
+  for (size_t k = 0; k < units.size(); ++k) unit_order_[units[k]] = k;
   // One bucket per unit, the last unit's first: the order the backward finishes them in.
   buckets_.clear();
   for (size_t k = groups.size(); k-- > 0;) {
@@ -289,6 +293,18 @@ void Zero2Shards::bind_units(const std::vector<FsdpUnit*>& units) {
   }
   torch::NoGradGuard ng;
   for (size_t i = 0; i < params_.size(); ++i) publish(i);
+  refresh_kept_units();
+}
+
+void Zero2Shards::refresh_kept_units() {
+  // In the units' order, the same on every rank (each refresh is an all-gather).
+  std::vector<FsdpUnit*> done;
+  for (auto& [unit, j] : unit_slots_) {
+    if (!unit->options().keep_gathered || std::find(done.begin(), done.end(), unit) != done.end()) continue;
+    done.push_back(unit);
+  }
+  std::sort(done.begin(), done.end(), [this](FsdpUnit* a, FsdpUnit* b) { return unit_order_.at(a) < unit_order_.at(b); });
+  for (auto* u : done) u->refresh();
 }
 
 void Zero2Shards::publish(size_t i) {
@@ -306,6 +322,7 @@ void Zero2Shards::gather_params() {
     } else {
       for (size_t i = 0; i < dst.size(); ++i) dst[i].copy_(shards_[i]);
     }
+    refresh_kept_units();
     return;
   }
   struct InFlight {

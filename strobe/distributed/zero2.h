@@ -30,6 +30,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -96,6 +97,8 @@ class Zero2Shards {
   // units' shards are set from the fp32 shards here.
   void bind_units(const std::vector<FsdpUnit*>& units);
   bool fully_sharded() const { return !unit_slots_.empty(); }
+  // fsdp, collective: the units kept gathered take their shards' values (after load_full_value).
+  void refresh_kept_units();
 
   // Collective (every rank, same order): parameter i's whole fp32 value.
   torch::Tensor full_value(size_t i);
@@ -140,6 +143,7 @@ class Zero2Shards {
   std::vector<torch::Tensor> params_, shards_;
   std::vector<Slot> slots_;
   std::vector<std::pair<FsdpUnit*, size_t>> unit_slots_;  // fsdp: parameter i is unit.params()[j]
+  std::map<FsdpUnit*, size_t> unit_order_;                 // fsdp: each unit's place in the model
   void publish(size_t i);  // fsdp: shard i into its unit's shard
   std::vector<Bucket> buckets_;
   size_t next_bucket_ = 0;     // the next bucket to launch (buckets are launched in order)

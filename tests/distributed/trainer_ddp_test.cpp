@@ -210,7 +210,13 @@ std::vector<st::RankResult> fit(int world, const Job& job, const std::vector<std
           for (auto& p : g.params()) optimizer_numel += p.numel();
       out["optimizer_numel"] = optimizer_numel;
       std::vector<torch::Tensor> params;
-      for (auto& p : run->module->net().parameters()) params.push_back(p.detach().clone());
+      int64_t freed = 0;  // fsdp: the parameters of the blocks' units hold no data between steps
+      for (auto& p : run->module->net().parameters()) {
+        const bool held = p.storage().nbytes() > 0;
+        freed += !held;
+        params.push_back(held ? p.detach().clone() : torch::empty({0}));
+      }
+      out["freed_params"] = freed;
       torch::save(params, fmt::format("{}/params{}.pt", dir, rank));
     } catch (const checkpoint::CheckpointError& e) {
       std::fprintf(stderr, "checkpoint error: %s\n", e.what());
@@ -1344,6 +1350,112 @@ TEST(TrainerDDP, CliRefusesBadDistTimeoutAndLaunchWithOneLine) {
   }
   EXPECT_FALSE(fs::exists(job.root + "/ddp")) << "nothing may be written for a refused run";
   checkpoint::remove_tree(job.dir);
+}
+
+// trainer.strategy fsdp over the Llama: the decoder layers' parameters sharded as well (each rank
+// holds its rows, gathered per layer for the forward and the backward), the embedding tied to the head
+// and the final norm kept gathered. The gradients reach the same shards as zero2's (the test double
+// reduces every element in rank order, whatever the buckets), so the run ends on bitwise zero2's
+// weights, validation loss and optimizer shards: in fp32 and bf16-master, with the layers freed after
+// the forward or kept for the backward, with activation checkpointing.
+TEST(TrainerFsdp, LlamaEndsOnBitwiseZero2sWeightsWithTheLayersShardedBetweenSteps) {
+  struct Variant {
+    std::string precision;
+    bool reshard;
+    bool checkpointing;
+  };
+  for (const Variant& v : {Variant{"32", true, false}, Variant{"bf16-master", true, true}, Variant{"bf16-master", false, false}}) {
+    const std::string variant = v.precision + (v.reshard ? "-reshard" : "-keep") + (v.checkpointing ? "-ac" : "");
+    auto sets = llama_sets();
+    sets.push_back("trainer.precision=" + v.precision);
+    if (v.checkpointing) sets.push_back("model.activation_checkpointing=blocks");
+    Job zero2 = new_job("fsdp-z2-" + variant), fsdp = new_job("fsdp-" + variant);
+    auto rz = fit(2, zero2, joined(sets, {"trainer.strategy=zero2"}));
+    for (auto& r : rz) ASSERT_EQ(r.exit_code, 0) << variant << "\n" << describe(rz);
+    auto rf = fit(2, fsdp, joined(sets, {"trainer.strategy=fsdp", std::string("trainer.reshard_after_forward=") + (v.reshard ? "true" : "false")}));
+    for (auto& r : rf) ASSERT_EQ(r.exit_code, 0) << variant << "\n" << describe(rf);
+    auto jz = read_json(zero2.dir + "/rank0.json"), jf0 = read_json(fsdp.dir + "/rank0.json"), jf1 = read_json(fsdp.dir + "/rank1.json");
+    ASSERT_EQ(jf0["global_step"], 6) << variant;
+    EXPECT_EQ(jf0["optimizer_numel"], jz["optimizer_numel"]) << variant << ": the optimizer's shards are zero2's";
+    // 2 layers x 9 parameters freed; the tied embedding and the final norm kept gathered.
+    EXPECT_EQ(jf0["freed_params"], 18) << variant;
+    EXPECT_EQ(jf1["freed_params"], 18) << variant;
+    EXPECT_EQ(jz["freed_params"], 0) << variant;
+    auto a = model_tensors(jz["run_dir"].get<std::string>() + "/checkpoints/last.ckpt");
+    auto b = model_tensors(jf0["run_dir"].get<std::string>() + "/checkpoints/last.ckpt");
+    ASSERT_EQ(a.size(), b.size()) << variant;
+    for (auto& [k, t] : b) EXPECT_TRUE(torch::equal(t, a.at(k))) << variant << " " << k << " differs from zero2's";
+    const double vz = jz["metrics"]["val/loss"], vf = jf0["metrics"]["val/loss"];
+    std::cout << "[ fsdp ] " << variant << ": val/loss zero2 " << vz << ", fsdp " << vf << "\n";
+    EXPECT_EQ(vf, vz) << variant;
+    EXPECT_EQ(jf1["metrics"]["val/loss"].get<double>(), vf) << variant;
+    if (v.precision == "bf16-master" && v.reshard) {
+      // Stopped at step 3 and resumed to 6, under fsdp and under zero2 on 2 ranks: bitwise the
+      // uninterrupted run's weights (the root unit takes the checkpoint's values too); one process
+      // resumes it as well.
+      auto fsets = joined(sets, {"trainer.strategy=fsdp"});
+      Job part = new_job("fsdp-part-" + variant);
+      auto rp = fit(2, part, joined(fsets, {"trainer.max_steps=3"}));
+      for (auto& r : rp) ASSERT_EQ(r.exit_code, 0) << describe(rp);
+      const std::string saved = part.dir + "/step3";
+      fs::copy(read_json(part.dir + "/rank0.json")["run_dir"].get<std::string>() + "/checkpoints", saved, fs::copy_options::recursive);
+      for (const std::string strategy : {"fsdp", "zero2"}) {
+        Job again = new_job("fsdp-resume-" + strategy + "-" + variant);
+        auto rr = fit(2, again, joined(sets, {"trainer.strategy=" + strategy}), saved + "/last.ckpt");
+        for (auto& r : rr) ASSERT_EQ(r.exit_code, 0) << strategy << "\n" << describe(rr);
+        auto jr = read_json(again.dir + "/rank0.json");
+        EXPECT_EQ(jr["global_step"], 6) << strategy;
+        auto c = model_tensors(jr["run_dir"].get<std::string>() + "/checkpoints/last.ckpt");
+        for (auto& [k, t] : b) EXPECT_TRUE(torch::equal(t, c.at(k))) << "resumed under " << strategy << ": " << k;
+        EXPECT_EQ(jr["metrics"]["val/loss"].get<double>(), vf) << strategy;
+        checkpoint::remove_tree(again.dir);
+      }
+      Job one = new_job("fsdp-resume-one-" + variant);
+      auto r1 = fit(1, one, fsets, saved + "/last.ckpt");
+      EXPECT_EQ(r1[0].exit_code, 0) << describe(r1);
+      EXPECT_EQ(read_json(one.dir + "/rank0.json")["global_step"], 6);
+      checkpoint::remove_tree(one.dir);
+      checkpoint::remove_tree(part.dir);
+    }
+    checkpoint::remove_tree(zero2.dir);
+    checkpoint::remove_tree(fsdp.dir);
+  }
+}
+
+
+// vit's and decoder_lm's blocks are units too: each ends on bitwise zero2's weights (fp32), its blocks'
+// parameters holding no data between steps.
+TEST(TrainerFsdp, VitAndDecoderLmEndOnBitwiseZero2sWeights) {
+  struct Case {
+    std::string name;
+    std::vector<std::string> sets;
+    int freed;  // the blocks' parameters
+  };
+  const std::vector<Case> cases = {
+      {"vit", {"model={name: vit, img_size: 8, patch_size: 4, in_channels: 1, num_classes: 4, embed_dim: 16, depth: 2, num_heads: 2}"}, 2 * 12},
+      {"decoder_lm",
+       {"model={name: decoder_lm, vocab_size: 97, max_seq_len: 24, embed_dim: 32, depth: 2, num_heads: 2}",
+        "data={name: synthetic_tokens, vocab_size: 97, max_seq_len: 24, fixed_length: true, num_samples: 64, "
+        "num_val_samples: 16, batch_size: 4, collate: pad_to_max, num_workers: 0}"},
+       2 * 10},
+  };
+  for (const auto& c : cases) {
+    Job zero2 = new_job("fsdp-z2-" + c.name), fsdp = new_job("fsdp-" + c.name);
+    auto rz = fit(2, zero2, joined(c.sets, {"trainer.strategy=zero2"}));
+    for (auto& r : rz) ASSERT_EQ(r.exit_code, 0) << c.name << "\n" << describe(rz);
+    auto rf = fit(2, fsdp, joined(c.sets, {"trainer.strategy=fsdp"}));
+    for (auto& r : rf) ASSERT_EQ(r.exit_code, 0) << c.name << "\n" << describe(rf);
+    auto jz = read_json(zero2.dir + "/rank0.json"), jf = read_json(fsdp.dir + "/rank0.json");
+    EXPECT_EQ(jf["freed_params"], c.freed) << c.name;
+    EXPECT_EQ(read_json(fsdp.dir + "/rank1.json")["freed_params"], c.freed) << c.name;
+    auto a = model_tensors(jz["run_dir"].get<std::string>() + "/checkpoints/last.ckpt");
+    auto b = model_tensors(jf["run_dir"].get<std::string>() + "/checkpoints/last.ckpt");
+    ASSERT_EQ(a.size(), b.size()) << c.name;
+    for (auto& [k, t] : b) EXPECT_TRUE(torch::equal(t, a.at(k))) << c.name << " " << k << " differs from zero2's";
+    EXPECT_EQ(jf["metrics"]["val/loss"].get<double>(), jz["metrics"]["val/loss"].get<double>()) << c.name;
+    checkpoint::remove_tree(zero2.dir);
+    checkpoint::remove_tree(fsdp.dir);
+  }
 }
 
 }  // namespace
