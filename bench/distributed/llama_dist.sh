@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# llama_1b data parallel on one host: Strobe's `strobe bench step` under ddp and zero2, with and
-# without activation checkpointing, and PyTorch's DDP and FSDP2 (llama_dist_baseline.py), one line
-# of JSON each (docs/PERFORMANCE.md, "ZeRO-2").
+# llama_1b data parallel on one host: Strobe's `strobe bench step` under ddp, zero2 and fsdp, with
+# and without activation checkpointing, and PyTorch's DDP and FSDP2 (llama_dist_baseline.py; FSDP2
+# with and without resharding after the forward), one line of JSON each (docs/PERFORMANCE.md,
+# "ZeRO-2"). STRATEGIES and PYTORCH_MODES pick a subset (default: all of them).
 # Usage: bench/distributed/llama_dist.sh STROBE_BIN WORLD OUT_DIR [strobe|pytorch|all]
 # Each Strobe rank is started with torchrun's variables (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_*)
 # and writes its own JSON; the line printed takes the slowest rank's mean step and each metric's
@@ -55,8 +56,8 @@ pytorch_run() {  # mode activation_checkpointing
   cat "$out/$tag.json" 2>/dev/null && echo
 }
 if [ "$which" = strobe ] || [ "$which" = all ]; then
-  for s in ddp zero2; do for ac in none blocks; do strobe_run $s $ac; done; done
+  for s in ${STRATEGIES:-ddp zero2 fsdp}; do for ac in none blocks; do strobe_run $s $ac; done; done
 fi
 if [ "$which" = pytorch ] || [ "$which" = all ]; then
-  for m in ddp fsdp2; do for ac in none blocks; do pytorch_run $m $ac; done; done
+  for m in ${PYTORCH_MODES:-ddp fsdp2 fsdp2_reshard}; do for ac in none blocks; do pytorch_run $m $ac; done; done
 fi

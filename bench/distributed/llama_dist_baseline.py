@@ -9,6 +9,9 @@ SDPA), trained with fused AdamW (lr 3e-4, weight decay 0.1) on batch B x 2048 to
          reshard_after_forward=False (parameters stay gathered between forward and backward: the
          ZeRO-2-like setting), MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16): bf16
          compute and gradient reduce-scatter, fp32 sharded parameters and moments
+  fsdp2_reshard  the same with reshard_after_forward=True on every block (each block's parameters
+         freed after its forward and gathered again for its backward: fully sharded, as Strobe's
+         fsdp); the root keeps False (its parameters stay gathered, as Strobe's root unit)
 
 each with and without activation checkpointing (torch.utils.checkpoint, non-reentrant, per block).
 
@@ -115,7 +118,7 @@ class Llama(nn.Module):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--mode", choices=["ddp", "fsdp2"], required=True)
+    ap.add_argument("--mode", choices=["ddp", "fsdp2", "fsdp2_reshard"], required=True)
     ap.add_argument("--ac", choices=["none", "blocks"], default="none")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=10)
@@ -143,7 +146,7 @@ def main():
         kw["depth"] = a.depth
     B, S = a.batch, 64 if tiny else 2048
     torch.manual_seed(0)
-    meta = a.mode == "fsdp2" and not kw.get("tie", True)
+    meta = a.mode.startswith("fsdp2") and not kw.get("tie", True)
     try:
         with torch.device("meta" if meta else "cpu"):
             m = Llama(ac=a.ac == "blocks", **kw)
@@ -157,7 +160,7 @@ def main():
             from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
             mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
             for layer in m.layers:
-                fully_shard(layer, reshard_after_forward=False, mp_policy=mp)
+                fully_shard(layer, reshard_after_forward=a.mode == "fsdp2_reshard", mp_policy=mp)
             fully_shard(m, reshard_after_forward=False, mp_policy=mp)
             if meta:  # each rank materializes and initializes its own shards only
                 m.to_empty(device=dev)

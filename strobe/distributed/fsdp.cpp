@@ -129,14 +129,40 @@ void FsdpUnit::refresh() {
   gather();
 }
 
+void FsdpUnit::start_gather() {
+  if (gathered_ || in_flight_) return;
+  torch::NoGradGuard ng;
+  recv_ = torch::empty({world_ * shard_.numel()}, shard_.options());
+  const int64_t seq = record_ ? record_->issue(CollectiveKind::kUnitGather, static_cast<int64_t>(recv_.nbytes())) : 0;
+  work_ = pg_->_allgather_base(recv_, shard_);
+  if (record_ && seq) record_->returned(seq);
+  in_flight_ = true;
+}
+
+FsdpUnit* FsdpUnit::neighbour(int step) const {
+  if (!group_) return nullptr;
+  const auto& u = group_->units;
+  auto it = std::find(u.begin(), u.end(), this);
+  if (it == u.end()) return nullptr;
+  for (auto i = static_cast<std::ptrdiff_t>(it - u.begin()) + step; i >= 0 && i < static_cast<std::ptrdiff_t>(u.size()); i += step)
+    if (!u[static_cast<size_t>(i)]->options().keep_gathered) return u[static_cast<size_t>(i)];
+  return nullptr;
+}
+
+void FsdpUnit::gather_and_prefetch(int direction) {
+  gather();
+  if (auto* next = neighbour(direction)) next->start_gather();
+}
+
 void FsdpUnit::gather() {
   if (gathered_) return;
+  start_gather();
   torch::NoGradGuard ng;
   const int64_t S = shard_.numel();
-  auto recv = torch::empty({world_ * S}, shard_.options());
-  const int64_t seq = record_ ? record_->issue(CollectiveKind::kUnitGather, static_cast<int64_t>(recv.nbytes())) : 0;
-  pg_->_allgather_base(recv, shard_)->wait();
-  if (record_ && seq) record_->returned(seq);
+  work_->wait();  // on CUDA the current stream waits for the all-gather; the host does not
+  work_.reset();
+  in_flight_ = false;
+  auto recv = std::move(recv_);
   resize_storage(full_bytes_);
   gathered_ = true;
   const auto g = recv.view({world_, S});
@@ -181,7 +207,7 @@ struct GatherBeforeBackward : torch::autograd::Function<GatherBeforeBackward> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto* unit = unit_in(ctx);
     unit->queue_end_of_backward();
-    unit->gather();
+    unit->gather_and_prefetch(-1);  // the unit before it in the model runs its backward next
     variable_list out{torch::Tensor()};
     out.insert(out.end(), grads.begin(), grads.end());
     return out;
@@ -224,13 +250,13 @@ std::vector<torch::Tensor> through(FsdpUnit& unit, std::vector<torch::Tensor> xs
 
 std::vector<torch::Tensor> run_unit(FsdpUnit& unit, const std::vector<torch::Tensor>& inputs, const UnitFunction& fn) {
   if (!torch::GradMode::is_enabled()) {
-    unit.gather();
+    unit.gather_and_prefetch(+1);
     auto out = fn(inputs);
     unit.free();
     return out;
   }
   auto in = through<FreeAfterBackward>(unit, inputs);
-  unit.gather();
+  unit.gather_and_prefetch(+1);  // the next unit's all-gather runs while this one computes
   auto out = through<GatherBeforeBackward>(unit, fn(in));
   if (unit.options().reshard_after_forward) unit.free();
   return out;

@@ -33,6 +33,10 @@
 // backward gathers (the node on the outputs), recomputes the block and takes its gradients (the
 // checkpoint's node), then frees (the node on the inputs). The models' blocks compose the two in
 // run_model_block.
+// Prefetch: when a unit gathers for its forward it issues the next unit's all-gather (the backward:
+// the previous unit's) without waiting for it, so that on NCCL it runs on the communication stream
+// while this unit computes; the next unit's gather() waits for it (the compute stream waits, the
+// host does not). At most one unit's gather is in flight ahead of the one running.
 // Each gather is an all-gather every rank issues in the same order (the units run in the same order
 // on every rank), noted in the rank's record of collectives as `unit all-gather`.
 #pragma once
@@ -51,6 +55,7 @@
 
 namespace c10d {
 class ProcessGroup;
+class Work;
 }
 namespace torch::nn {
 class Module;
@@ -84,8 +89,16 @@ class FsdpUnit {
   FsdpUnit(const FsdpUnit&) = delete;
   FsdpUnit& operator=(const FsdpUnit&) = delete;
 
-  // Collective (every rank): the parameters whole. Nothing when they are.
+  // Collective (every rank): the parameters whole. Nothing when they are. Waits for the all-gather
+  // start_gather() issued, or issues it.
   void gather();
+  // Collective: issues the all-gather (into a transient buffer) without waiting for it; gather()
+  // finishes it. Nothing when the unit is gathered or its gather is in flight.
+  void start_gather();
+  // gather(), then start_gather() of the next unit of the group in `direction` (+1: the forward's
+  // order, -1: the backward's) that is not kept gathered: its all-gather overlaps this unit's work.
+  void gather_and_prefetch(int direction);
+  bool in_flight() const { return in_flight_; }
   // The parameters' storage released (zero bytes). Nothing when it is, or for a unit kept gathered.
   void free();
   // Collective: a unit kept gathered takes its shard's new values (after the optimizer step).
@@ -113,6 +126,7 @@ class FsdpUnit {
     int64_t full_offset = 0;   // in the unit's storage, elements
   };
   void resize_storage(size_t bytes);
+  FsdpUnit* neighbour(int step) const;
 
   c10::intrusive_ptr<c10d::ProcessGroup> pg_;
   int64_t rank_, world_;
@@ -128,6 +142,9 @@ class FsdpUnit {
   size_t full_bytes_ = 0;
   torch::Tensor shard_;
   bool gathered_ = true;
+  bool in_flight_ = false;  // start_gather() issued, gather() not yet
+  torch::Tensor recv_;
+  c10::intrusive_ptr<c10d::Work> work_;
 };
 
 using UnitFunction = std::function<std::vector<torch::Tensor>(const std::vector<torch::Tensor>&)>;

@@ -103,6 +103,8 @@ int run_rank(int rank, int world, bool reshard, bool checkpointed = false) {
                      : sd::run_unit(*units[i], {h}, fn)[0];
     require(units[i]->gathered() == !reshard, "after its forward, block " + std::to_string(i) + (reshard ? " is still gathered" : " was freed"));
     require((units[i]->params()[0].storage().nbytes() == 0) == reshard, "the storage does not follow gathered()");
+    if (i + 1 < blocks.size())  // prefetched: the next unit's all-gather was issued when this one ran
+      require(units[i + 1]->in_flight(), "block " + std::to_string(i + 1) + "'s gather was not issued ahead");
   }
   const auto loss = h.square().sum();
   require(st::store_backend_allgather_calls() - gathers0 == 3, "the forward did not gather each unit once");
