@@ -72,6 +72,8 @@ FsdpUnit::FsdpUnit(c10::intrusive_ptr<c10d::ProcessGroup> pg, int64_t rank, int6
   storage_ = flat.storage();
   TORCH_CHECK(storage_.unsafeGetStorageImpl()->allocator() != nullptr, "fsdp: unit ", name_, ": no allocator");
   full_bytes_ = storage_.nbytes();
+  sharded_numel_ = sharded;
+  options_of_params_ = options0;
   shard_ = torch::zeros({sharded}, options0);
   for (size_t i = 0; i < params_.size(); ++i) {
     auto& p = params_[i];
@@ -103,7 +105,18 @@ FsdpUnit::~FsdpUnit() {
   u.erase(std::remove(u.begin(), u.end(), this), u.end());
 }
 
+void FsdpUnit::set_shard_sources(std::vector<torch::Tensor> sources) {
+  TORCH_CHECK(sources.size() == params_.size(), "fsdp: unit ", name_, ": ", sources.size(), " sources for ",
+              params_.size(), " parameters");
+  for (size_t i = 0; i < sources.size(); ++i)
+    TORCH_CHECK(sources[i].numel() == slots_[i].rows * slots_[i].rest, "fsdp: unit ", name_, ": ", names_[i],
+                "'s source has ", sources[i].numel(), " values, not ", slots_[i].rows * slots_[i].rest);
+  sources_ = std::move(sources);
+  shard_ = torch::Tensor();
+}
+
 torch::Tensor FsdpUnit::shard_of(size_t i) const {
+  TORCH_CHECK(shard_.defined(), "fsdp: unit ", name_, " keeps no shard of its own (its rows come from the optimizer's shards)");
   const Slot& s = slots_[i];
   std::vector<int64_t> shape{s.rows};
   for (int64_t d = 1; d < params_[i].dim(); ++d) shape.push_back(params_[i].size(d));
@@ -132,9 +145,18 @@ void FsdpUnit::refresh() {
 void FsdpUnit::start_gather() {
   if (gathered_ || in_flight_) return;
   torch::NoGradGuard ng;
-  recv_ = torch::empty({world_ * shard_.numel()}, shard_.options());
+  send_ = shard_;
+  if (!sources_.empty()) {
+    // The rows rounded from the optimizer's fp32 shards into a transient buffer, one multi-tensor copy.
+    send_ = torch::empty({sharded_numel_}, options_of_params_);
+    std::vector<torch::Tensor> dst;
+    for (size_t i = 0; i < sources_.size(); ++i)
+      dst.push_back(send_.narrow(0, slots_[i].shard_offset, slots_[i].rows * slots_[i].rest).view(sources_[i].sizes()));
+    at::_foreach_copy_(dst, sources_);
+  }
+  recv_ = torch::empty({world_ * sharded_numel_}, options_of_params_);
   const int64_t seq = record_ ? record_->issue(CollectiveKind::kUnitGather, static_cast<int64_t>(recv_.nbytes())) : 0;
-  work_ = pg_->_allgather_base(recv_, shard_);
+  work_ = pg_->_allgather_base(recv_, send_);
   if (record_ && seq) record_->returned(seq);
   in_flight_ = true;
 }
@@ -158,9 +180,10 @@ void FsdpUnit::gather() {
   if (gathered_) return;
   start_gather();
   torch::NoGradGuard ng;
-  const int64_t S = shard_.numel();
+  const int64_t S = sharded_numel_;
   work_->wait();  // on CUDA the current stream waits for the all-gather; the host does not
   work_.reset();
+  send_ = torch::Tensor();
   in_flight_ = false;
   auto recv = std::move(recv_);
   resize_storage(full_bytes_);

@@ -109,9 +109,16 @@ class FsdpUnit {
   const FsdpUnitOptions& options() const { return options_; }
   const std::vector<torch::Tensor>& params() const { return params_; }
   const std::vector<std::string>& param_names() const { return names_; }
-  // This rank's flat shard [S] (the parameters' dtype) and parameter i's rows in it [rows, ...].
+  // This rank's flat shard [S] (the parameters' dtype) and parameter i's rows in it [rows, ...]:
+  // undefined once the unit takes its rows from sources.
   const torch::Tensor& shard() const { return shard_; }
   torch::Tensor shard_of(size_t i) const;
+  // Under trainer.strategy fsdp the optimizer's fp32 shards are the rows' one copy: `sources[i]` is
+  // parameter i's ([rows, ...], any floating dtype). Each gather casts them into a transient flat
+  // buffer of the parameters' dtype, and the unit's own shard is released (2 bytes per parameter /
+  // world under bf16-master).
+  void set_shard_sources(std::vector<torch::Tensor> sources);
+  bool has_sources() const { return !sources_.empty(); }
   // Rows of each parameter per rank (ceil(dim0 / world)).
   int64_t rows(size_t i) const { return slots_[i].rows; }
   // Bytes the gathered parameters take (the unit's storage while gathered).
@@ -140,10 +147,13 @@ class FsdpUnit {
   std::vector<Slot> slots_;
   c10::Storage storage_;  // the gathered parameters, end to end; zero bytes while freed
   size_t full_bytes_ = 0;
+  int64_t sharded_numel_ = 0;
+  torch::TensorOptions options_of_params_;
   torch::Tensor shard_;
   bool gathered_ = true;
   bool in_flight_ = false;  // start_gather() issued, gather() not yet
-  torch::Tensor recv_;
+  torch::Tensor recv_, send_;
+  std::vector<torch::Tensor> sources_;
   c10::intrusive_ptr<c10d::Work> work_;
 };
 

@@ -292,6 +292,15 @@ void Zero2Shards::bind_units(const std::vector<FsdpUnit*>& units) {
     buckets_.push_back(std::move(b));
   }
   torch::NoGradGuard ng;
+  // A unit whose every parameter has a shard here takes its rows from the shards at each gather
+  // and keeps no copy of its own; one holding a frozen parameter keeps its shard, refreshed from ours.
+  for (size_t k = 0; k < units.size(); ++k) {
+    std::vector<torch::Tensor> sources(units[k]->params().size());
+    for (size_t i = 0; i < params_.size(); ++i)
+      if (unit_slots_[i].first == units[k]) sources[unit_slots_[i].second] = shards_[i];
+    if (std::all_of(sources.begin(), sources.end(), [](const torch::Tensor& t) { return t.defined(); }))
+      units[k]->set_shard_sources(std::move(sources));
+  }
   for (size_t i = 0; i < params_.size(); ++i) publish(i);
   refresh_kept_units();
 }
@@ -309,19 +318,14 @@ void Zero2Shards::refresh_kept_units() {
 
 void Zero2Shards::publish(size_t i) {
   auto [unit, j] = unit_slots_[i];
-  unit->shard_of(j).copy_(shards_[i]);
+  if (!unit->has_sources()) unit->shard_of(j).copy_(shards_[i]);
 }
 
 void Zero2Shards::gather_params() {
   torch::NoGradGuard ng;
   if (fully_sharded()) {
-    std::vector<torch::Tensor> dst;
-    for (size_t i = 0; i < params_.size(); ++i) dst.push_back(unit_slots_[i].first->shard_of(unit_slots_[i].second));
-    if (!dst.empty() && dst[0].scalar_type() == shards_[0].scalar_type()) {
-      at::_foreach_copy_(dst, shards_);
-    } else {
-      for (size_t i = 0; i < dst.size(); ++i) dst[i].copy_(shards_[i]);
-    }
+    // The units gather from the updated shards (their sources); one keeping its own shard takes ours.
+    for (size_t i = 0; i < params_.size(); ++i) publish(i);
     refresh_kept_units();
     return;
   }

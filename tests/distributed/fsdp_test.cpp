@@ -194,6 +194,8 @@ int train_rank(int rank, int world) {
     raw.push_back(units.back().get());
   }
   z.bind_units(raw);
+  for (auto& u : units)  // the optimizer's shards are the rows' one copy
+    require(u->has_sources() && !u->shard().defined(), u->name() + " keeps a shard of its own beside the optimizer's");
   torch::optim::AdamW opt(z.shards(), torch::optim::AdamWOptions(0.01));
   torch::optim::AdamW ref_opt(
       [&] {
