@@ -1357,25 +1357,29 @@ TEST(TrainerDDP, CliRefusesBadDistTimeoutAndLaunchWithOneLine) {
 // and the final norm kept gathered. The gradients reach the same shards as zero2's (the test double
 // reduces every element in rank order, whatever the buckets), so the run ends on bitwise zero2's
 // weights, validation loss and optimizer shards: in fp32 and bf16-master, with the layers freed after
-// the forward or kept for the backward, with activation checkpointing.
+// the forward or kept for the backward, with activation checkpointing, on 2, 3 and 4 ranks (zero2
+// itself ends where ddp and one process end: TrainerZero2, TrainerDDP).
 TEST(TrainerFsdp, LlamaEndsOnBitwiseZero2sWeightsWithTheLayersShardedBetweenSteps) {
   struct Variant {
     std::string precision;
     bool reshard;
     bool checkpointing;
+    int world = 2;
   };
-  for (const Variant& v : {Variant{"32", true, false}, Variant{"bf16-master", true, true}, Variant{"bf16-master", false, false}}) {
-    const std::string variant = v.precision + (v.reshard ? "-reshard" : "-keep") + (v.checkpointing ? "-ac" : "");
+  for (const Variant& v : {Variant{"32", true, false}, Variant{"bf16-master", true, true}, Variant{"bf16-master", false, false},
+                           Variant{"32", true, false, 3}, Variant{"bf16-master", true, false, 4}}) {
+    const std::string variant = v.precision + (v.reshard ? "-reshard" : "-keep") + (v.checkpointing ? "-ac" : "") + "-w" + std::to_string(v.world);
     auto sets = llama_sets();
     sets.push_back("trainer.precision=" + v.precision);
     if (v.checkpointing) sets.push_back("model.activation_checkpointing=blocks");
     Job zero2 = new_job("fsdp-z2-" + variant), fsdp = new_job("fsdp-" + variant);
-    auto rz = fit(2, zero2, joined(sets, {"trainer.strategy=zero2"}));
+    auto rz = fit(v.world, zero2, joined(sets, {"trainer.strategy=zero2"}));
     for (auto& r : rz) ASSERT_EQ(r.exit_code, 0) << variant << "\n" << describe(rz);
-    auto rf = fit(2, fsdp, joined(sets, {"trainer.strategy=fsdp", std::string("trainer.reshard_after_forward=") + (v.reshard ? "true" : "false")}));
+    auto rf = fit(v.world, fsdp, joined(sets, {"trainer.strategy=fsdp", std::string("trainer.reshard_after_forward=") + (v.reshard ? "true" : "false")}));
     for (auto& r : rf) ASSERT_EQ(r.exit_code, 0) << variant << "\n" << describe(rf);
     auto jz = read_json(zero2.dir + "/rank0.json"), jf0 = read_json(fsdp.dir + "/rank0.json"), jf1 = read_json(fsdp.dir + "/rank1.json");
-    ASSERT_EQ(jf0["global_step"], 6) << variant;
+    ASSERT_GT(jf0["global_step"].get<int>(), 0) << variant;
+    EXPECT_EQ(jf0["global_step"], jz["global_step"]) << variant;
     EXPECT_EQ(jf0["optimizer_numel"], jz["optimizer_numel"]) << variant << ": the optimizer's shards are zero2's";
     // 2 layers x 9 parameters freed; the tied embedding and the final norm kept gathered.
     EXPECT_EQ(jf0["freed_params"], 18) << variant;
@@ -1389,7 +1393,7 @@ TEST(TrainerFsdp, LlamaEndsOnBitwiseZero2sWeightsWithTheLayersShardedBetweenStep
     std::cout << "[ fsdp ] " << variant << ": val/loss zero2 " << vz << ", fsdp " << vf << "\n";
     EXPECT_EQ(vf, vz) << variant;
     EXPECT_EQ(jf1["metrics"]["val/loss"].get<double>(), vf) << variant;
-    if (v.precision == "bf16-master" && v.reshard) {
+    if (v.precision == "bf16-master" && v.reshard && v.world == 2) {
       // Stopped at step 3 and resumed to 6, under fsdp and under zero2 on 2 ranks: bitwise the
       // uninterrupted run's weights (the root unit takes the checkpoint's values too); one process
       // resumes it as well.
