@@ -57,7 +57,7 @@ void check_fsdp(config::Experiment& exp, Run& run) {
         model_name));
   for (auto& section : exp.callbacks) {
     const std::string cb = section.node()["name"] ? section.node()["name"].Scalar() : "";
-    if (cb == "ema" || cb == "swa" || cb == "nan_capture" || cb == "on_exception_checkpoint")
+    if (cb == "ema" || cb == "swa" || cb == "on_exception_checkpoint")
       section.fail("name", fmt::format("{} is not available under trainer.strategy: fsdp (it reads the whole weights "
                                        "between steps, which fsdp keeps sharded); use zero2 or ddp",
                                        cb));

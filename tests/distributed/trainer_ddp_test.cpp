@@ -18,6 +18,7 @@
 #include "strobe/checkpoint/checkpoint_io.h"
 #include "strobe/checkpoint/safetensors.h"
 #include "strobe/config/config.h"
+#include "strobe/core/activation_checkpoint.h"
 #include "strobe/core/capture.h"
 #include "strobe/core/loop_state.h"
 #include "strobe/core/model.h"
@@ -85,11 +86,16 @@ class DdpProbe : public Model {
       // pace_ms: the fault rank's training forwards take this long (a slower rank).
       if (pace_ms_ > 0 && rank_ == fault_rank_) std::this_thread::sleep_for(std::chrono::milliseconds(pace_ms_));
     }
-    auto y = fc2->forward(drop->forward(torch::relu(fc1->forward(x))));
+    // fc1 runs as a model's block runs (under trainer.strategy fsdp it is a unit, gathered around it).
+    auto h = run_model_block(ActivationCheckpointing{}, 0, *fc1, {x}, [l = fc1](const std::vector<torch::Tensor>& t) mutable {
+      return std::vector<torch::Tensor>{l->forward(t[0])};
+    }, /*preserve_rng=*/false)[0];
+    auto y = fc2->forward(drop->forward(torch::relu(h)));
     if (spike) return y * 1000;  // a finite loss spike
     return poison ? y + std::numeric_limits<float>::quiet_NaN() : y;
   }
   std::string default_task() const override { return "classification"; }
+  std::vector<std::string> fsdp_units() const override { return {"fc1"}; }
   torch::nn::Linear fc1;
   torch::nn::Dropout drop;
   torch::nn::Linear fc2;
@@ -622,7 +628,7 @@ void nan_on_one_rank_stops_both(const std::string& strategy) {
     EXPECT_TRUE(torch::isfinite(v).all().item<bool>()) << k << " is not finite in last.ckpt";
   EXPECT_EQ(count_lines_with(rs[0].stderr_text, "nan_capture: capture written to"), 1) << rs[0].stderr_text;
   EXPECT_EQ(count_lines_with(rs[1].stderr_text, "nan_capture:"), 0) << "console output is rank 0's";
-  if (strategy == "zero2") {
+  if (strategy == "zero2" || strategy == "fsdp") {
     auto d = checkpoint::load_checkpoint_file(run_dir + "/nan/rank1/step_3/" + capture::kCheckpointFile);
     EXPECT_EQ(nlohmann::json::parse(d.blob("zero2_shard"))["rank"], 1);
     auto body = [&](int) {
@@ -649,6 +655,9 @@ void nan_on_one_rank_stops_both(const std::string& strategy) {
 }
 
 TEST(TrainerDDP, NaNOnOneRankStopsBothWithExit3) { nan_on_one_rank_stops_both("ddp"); }
+// Under fsdp (the probe's fc1 a unit): the same captures, made from the optimizer's shards, replay
+// on one process bit for bit.
+TEST(TrainerFsdp, NaNOnOneRankStopsBothWithExit3AndItsCaptureReplaysOnOneProcess) { nan_on_one_rank_stops_both("fsdp"); }
 TEST(TrainerZero2, NaNOnOneRankStopsBothWithExit3AndItsCaptureReplaysOnOneProcess) { nan_on_one_rank_stops_both("zero2"); }
 
 // A loss spike on rank 1 only: the spike detector sees the loss averaged over the ranks (all-reduced
