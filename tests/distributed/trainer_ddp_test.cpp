@@ -681,10 +681,10 @@ TEST(TrainerDDP, ValidationByTimeHappensAfterTheSameStepsOnEveryRank) {
   checkpoint::remove_tree(job.dir);
 }
 
-TEST(TrainerDDP, ALossSpikeOnOneRankStopsBothAtTheSameStep) {
-  Job job = new_job("spike");
+void loss_spike_on_one_rank_stops_both(const std::string& strategy) {
+  Job job = new_job("spike-" + strategy);
   auto rs = fit(2, job,
-                {"model.fault=spike", "model.fault_rank=1", "model.fault_call=9",
+                {"model.fault=spike", "model.fault_rank=1", "model.fault_call=9", "trainer.strategy=" + strategy,
                  "callbacks=[{name: nan_capture, check: loss, keep_last: 2, spike: {window: 4, warmup: 3}}]"});
   ASSERT_EQ(rs[0].exit_code, 3) << describe(rs);
   ASSERT_EQ(rs[1].exit_code, 3) << describe(rs);
@@ -699,6 +699,9 @@ TEST(TrainerDDP, ALossSpikeOnOneRankStopsBothAtTheSameStep) {
   EXPECT_EQ(count_lines_with(rs[0].stderr_text, "nan_capture: loss spike"), 1) << rs[0].stderr_text;
   checkpoint::remove_tree(job.dir);
 }
+
+TEST(TrainerDDP, ALossSpikeOnOneRankStopsBothAtTheSameStep) { loss_spike_on_one_rank_stops_both("ddp"); }
+TEST(TrainerFsdp, ALossSpikeOnOneRankStopsBothAtTheSameStep) { loss_spike_on_one_rank_stops_both("fsdp"); }
 
 // strobe replay of a 2-rank capture reads both ranks' parts and replays each rank's micro-batches in
 // one process (every rank's loss bit for bit); --bisect names the rank and the sample. The data: a
