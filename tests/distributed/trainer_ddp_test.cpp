@@ -1426,6 +1426,18 @@ TEST(TrainerFsdp, LlamaEndsOnBitwiseZero2sWeightsWithTheLayersShardedBetweenStep
         EXPECT_EQ(jr["metrics"]["val/loss"].get<double>(), vf) << strategy;
         checkpoint::remove_tree(again.dir);
       }
+      // On 4 ranks under fsdp, keeping the global batch (4 x 2): the optimizer shards re-cut for 4,
+      // near the uninterrupted run (other reductions).
+      {
+        Job four = new_job("fsdp-resume-four-" + variant);
+        auto r4 = fit(4, four, joined(fsets, {"data.batch_size=2"}), saved + "/last.ckpt");
+        for (auto& r : r4) ASSERT_EQ(r.exit_code, 0) << describe(r4);
+        auto j4 = read_json(four.dir + "/rank0.json");
+        EXPECT_EQ(j4["global_step"], 6);
+        EXPECT_EQ(j4["freed_params"], 18);
+        EXPECT_NEAR(j4["metrics"]["val/loss"].get<double>(), vf, 1e-3 * vf);
+        checkpoint::remove_tree(four.dir);
+      }
       Job one = new_job("fsdp-resume-one-" + variant);
       auto r1 = fit(1, one, fsets, saved + "/last.ckpt");
       EXPECT_EQ(r1[0].exit_code, 0) << describe(r1);
