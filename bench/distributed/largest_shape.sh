@@ -5,9 +5,11 @@
 # the depth. Each GPU's caching allocator is capped at CAP GiB (default 78: an 80 GB H100's
 # 79.6 GiB less the CUDA context and NCCL's buffers, which live outside the allocator; each trial's
 # JSON gives device_used_gib - reserved_gib, what they took), so a larger GPU answers for a smaller one.
-#   strobe  `strobe bench step` on each rank, trainer.strategy=zero2, the fused linear + cross-entropy
-#   fsdp2   llama_dist_baseline.py --mode fsdp2 (reshard_after_forward=False) under torchrun
-# Usage: bench/distributed/largest_shape.sh STROBE_BIN WORLD OUT_DIR strobe|fsdp2 LO HI [CAP]
+#   strobe         `strobe bench step` on each rank, trainer.strategy=zero2, the fused linear + cross-entropy
+#   strobe_fsdp    the same under trainer.strategy=fsdp (the parameters sharded too)
+#   fsdp2          llama_dist_baseline.py --mode fsdp2 (reshard_after_forward=False) under torchrun
+#   fsdp2_reshard  llama_dist_baseline.py --mode fsdp2_reshard (the blocks resharded after the forward)
+# Usage: bench/distributed/largest_shape.sh STROBE_BIN WORLD OUT_DIR strobe|strobe_fsdp|fsdp2|fsdp2_reshard LO HI [CAP]
 # LO layers must train and HI must not (each is tried first); prints one JSON line per trial and a
 # last line {"largest_depth", "params", ...}. A trial that fails for another reason than running out
 # of memory stops the search (exit 1): a crash is not an answer about memory.
@@ -23,10 +25,11 @@ params() { python3 -c "d=$1; D=4096; print(d * (2 * D * D + 2 * D * 1024 + 3 * D
 trial() {
   local depth=$1 tag="${impl}_d$1_w${world}_cap${cap}" rc=0
   port=$((port + 1))
-  if [ "$impl" = strobe ]; then
-    local sets=()
+  if [ "$impl" = strobe ] || [ "$impl" = strobe_fsdp ]; then
+    local sets=() strategy=zero2
+    [ "$impl" = strobe_fsdp ] && strategy=fsdp
     for s in model.embed_dim=4096 "model.depth=$depth" model.num_heads=32 model.num_kv_heads=8 model.ffn_dim=14336 \
-      model.tie_embeddings=false task.fused_linear_loss=true trainer.strategy=zero2 model.activation_checkpointing=blocks; do
+      model.tie_embeddings=false task.fused_linear_loss=true "trainer.strategy=$strategy" model.activation_checkpointing=blocks; do
       sets+=(--set "$s")
     done
     local pids=()
@@ -39,7 +42,7 @@ trial() {
     for p in "${pids[@]}"; do wait "$p" || rc=1; done
   else
     timeout 900 python3 -m torch.distributed.run --nproc-per-node="$world" --master-port=$port "$here/llama_dist_baseline.py" \
-      --mode fsdp2 --ac blocks --batch 8 --warmup 2 --steps 3 --shape 8b --depth "$depth" --memory-limit-gib "$cap" \
+      --mode "$impl" --ac blocks --batch 8 --warmup 2 --steps 3 --shape 8b --depth "$depth" --memory-limit-gib "$cap" \
       --json "$out/$tag.json" > "$out/$tag.log" 2>&1 || rc=1
   fi
   python3 - "$out" "$tag" "$world" "$impl" "$depth" "$(params "$depth")" "$rc" <<'PY'
@@ -48,7 +51,7 @@ out, tag, world, impl, depth, params, rc = sys.argv[1], sys.argv[2], int(sys.arg
 logs = "".join(open(f).read() for f in sorted(glob.glob(f"{out}/{tag}*.log")))
 row = {"impl": impl, "depth": depth, "params": params, "world_size": world}
 if rc == 0:
-    if impl == "strobe":
+    if impl.startswith("strobe"):
         ws = [json.load(open(f"{out}/{tag}.r{r}.json"))["suites"]["step"]["workloads"][0] for r in range(world)]
         row.update(step_ms_mean=round(max(w["ms"]["mean"] for w in ws), 1),
                    peak_gib=round(max(w["peak_memory_gib"] for w in ws), 2),
