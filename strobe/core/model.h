@@ -43,8 +43,8 @@ class Model : public torch::nn::Module {
   // strobe::linear(layer, x), so a layer the trainer marks takes the float8 path. Empty: none.
   virtual std::vector<std::string> fp8_layers() const { return {}; }
   // trainer.strategy fsdp (docs/DISTRIBUTED.md, "fsdp"): the modules that are units of their own,
-  // globs over module paths in which * stands for one path component ("layers.*": every decoder
-  // layer). Each must run through run_block (models/layers.h), which gathers its unit around it.
+  // globs over module paths as optimizer.param_groups' ("layers.*": every decoder layer; a module
+  // inside one already matched belongs to it). Each must run through run_block (models/layers.h), which gathers its unit around it.
   // The parameters of no unit (embeddings, final norm, head) form one more unit that stays
   // gathered. Empty: the model cannot train under fsdp (refused, naming it).
   virtual std::vector<std::string> fsdp_units() const { return {}; }

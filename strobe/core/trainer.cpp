@@ -4,6 +4,7 @@
 // Trainer: construction (the loops wired to the step, the data and the callbacks), the fit /
 // validate / test / predict entry points and signal handling. The loops are fit_loop.cpp and
 // evaluation_loop.cpp; the step's parts and the state are trainer_step.cpp and trainer_state.cpp.
+#include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <cstdlib>
@@ -11,6 +12,7 @@
 
 #include <ATen/Context.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
@@ -23,6 +25,7 @@
 #include "strobe/core/loop_state.h"
 #include "strobe/core/fp8.h"
 #include "strobe/core/graph_step.h"
+#include "strobe/core/optim.h"
 #include "strobe/core/precision.h"
 #include "strobe/core/signals.h"
 #include "strobe/distributed/strategy.h"
@@ -212,7 +215,20 @@ void Trainer::setup_fit() {
         if (globs.empty())
           throw config::ConfigError(fmt::format("trainer.strategy: fsdp: model '{}' declares no units (Model::fsdp_units)",
                                                 module_->net().name()));
-        strategy_->shard_model(module_->net(), globs, exp_.trainer.reshard_after_forward);
+        // Each module a glob matches is a block; a module inside one already taken belongs to it.
+        std::vector<distributed::FsdpBlock> blocks;
+        std::set<const void*> taken;
+        for (const auto& m : module_->net().named_modules("", /*include_self=*/false)) {
+          if (std::none_of(globs.begin(), globs.end(), [&](const std::string& g) { return glob_matches(g, m.key()); })) continue;
+          distributed::FsdpBlock b{m.value(), {}};
+          for (const auto& p : m.value()->named_parameters())
+            if (taken.insert(p.value().unsafeGetTensorImpl()).second) b.params.emplace_back(m.key() + "." + p.key(), p.value());
+          if (!b.params.empty()) blocks.push_back(std::move(b));
+        }
+        if (blocks.empty())
+          throw config::ConfigError(fmt::format("trainer.strategy: fsdp: no module of model '{}' matches its units ({})",
+                                                module_->net().name(), fmt::join(globs, ", ")));
+        strategy_->shard_model(module_->net(), std::move(blocks), exp_.trainer.reshard_after_forward);
       }
     }
   }

@@ -12,7 +12,6 @@
 #include <type_traits>
 
 #include <fmt/format.h>
-#include <fmt/ranges.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -104,38 +103,15 @@ class DDPStrategy final : public Strategy {
     return zero2_.get();
   }
 
-  std::vector<FsdpUnit*> shard_model(torch::nn::Module& net, const std::vector<std::string>& unit_globs,
-                                     bool reshard_after_forward) override {
+  std::vector<FsdpUnit*> shard_model(torch::nn::Module& net, std::vector<FsdpBlock> blocks, bool reshard_after_forward) override {
     if (!options_.fsdp) return {};
     TORCH_CHECK(zero2_, "Strategy::shard_model before the optimizer's shards (setup_optimizer)");
     TORCH_CHECK(units_.empty(), "Strategy::shard_model called twice");
-    auto matches = [](const std::string& path, const std::string& glob) {
-      size_t a = 0, b = 0;
-      while (true) {
-        const size_t ae = path.find('.', a), be = glob.find('.', b);
-        const std::string pa = path.substr(a, ae == std::string::npos ? std::string::npos : ae - a);
-        const std::string gb = glob.substr(b, be == std::string::npos ? std::string::npos : be - b);
-        if (pa.empty() || (gb != "*" && gb != pa)) return false;
-        if ((ae == std::string::npos) != (be == std::string::npos)) return false;
-        if (ae == std::string::npos) return true;
-        a = ae + 1, b = be + 1;
-      }
-    };
+    TORCH_CHECK(!blocks.empty(), "fsdp: no blocks to shard");
     group_ = std::make_shared<FsdpUnitGroup>();
     std::set<const void*> claimed;
-    std::vector<std::pair<std::shared_ptr<torch::nn::Module>, std::vector<std::pair<std::string, torch::Tensor>>>> blocks;
-    for (const auto& m : net.named_modules("", /*include_self=*/false)) {
-      if (!std::any_of(unit_globs.begin(), unit_globs.end(), [&](const std::string& g) { return matches(m.key(), g); }))
-        continue;
-      std::vector<std::pair<std::string, torch::Tensor>> named;
-      for (const auto& p : m.value()->named_parameters()) {
-        if (claimed.count(p.value().unsafeGetTensorImpl())) continue;  // a module inside an earlier unit
-        claimed.insert(p.value().unsafeGetTensorImpl());
-        named.emplace_back(m.key() + "." + p.key(), p.value());
-      }
-      if (!named.empty()) blocks.emplace_back(m.value(), std::move(named));
-    }
-    TORCH_CHECK(!blocks.empty(), "fsdp: no module matches ", fmt::format("{}", fmt::join(unit_globs, ", ")));
+    for (const auto& b : blocks)
+      for (const auto& p : b.params) claimed.insert(p.second.unsafeGetTensorImpl());
     std::vector<std::pair<std::string, torch::Tensor>> rest;
     for (const auto& p : net.named_parameters())
       if (!claimed.count(p.value().unsafeGetTensorImpl())) rest.emplace_back(p.key(), p.value());

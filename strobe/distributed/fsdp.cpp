@@ -9,6 +9,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/torch.h>
 
+#include <atomic>
 #include <mutex>
 #include <unordered_map>
 
@@ -16,6 +17,7 @@ namespace strobe::distributed {
 
 namespace {
 std::mutex units_mutex;
+std::atomic<size_t> attached_count{0};  // read without the lock: a run without units never takes it
 std::unordered_map<const torch::nn::Module*, FsdpUnit*>& attached_units() {
   static std::unordered_map<const torch::nn::Module*, FsdpUnit*> units;
   return units;
@@ -28,11 +30,12 @@ void attach_unit(const torch::nn::Module& block, FsdpUnit* unit) {
     attached_units()[&block] = unit;
   else
     attached_units().erase(&block);
+  attached_count = attached_units().size();
 }
 
 FsdpUnit* unit_of(const torch::nn::Module& block) {
+  if (attached_count == 0) return nullptr;
   std::lock_guard<std::mutex> lock(units_mutex);
-  if (attached_units().empty()) return nullptr;
   const auto it = attached_units().find(&block);
   return it == attached_units().end() ? nullptr : it->second;
 }
@@ -99,6 +102,7 @@ FsdpUnit::~FsdpUnit() {
     std::lock_guard<std::mutex> lock(units_mutex);
     auto& m = attached_units();
     for (auto it = m.begin(); it != m.end();) it = it->second == this ? m.erase(it) : std::next(it);
+    attached_count = m.size();
   }
   if (!group_) return;
   auto& u = group_->units;

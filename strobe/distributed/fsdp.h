@@ -157,6 +157,13 @@ class FsdpUnit {
   c10::intrusive_ptr<c10d::Work> work_;
 };
 
+// A block that is a unit of its own (Strategy::shard_model): the module its run_block runs, and its
+// parameters under their names in the model.
+struct FsdpBlock {
+  std::shared_ptr<torch::nn::Module> module;
+  std::vector<std::pair<std::string, torch::Tensor>> params;
+};
+
 using UnitFunction = std::function<std::vector<torch::Tensor>(const std::vector<torch::Tensor>&)>;
 
 // The unit a model's block runs in (the models' run_block finds it here): attached when the

@@ -135,14 +135,12 @@ class Strategy {
   }
 
   // trainer.strategy fsdp with several processes (fsdp.h), after setup_optimizer: the model's
-  // parameters cut into units. Each module of `net` whose path matches one of `unit_globs` (* is
-  // one path component: "layers.*") is a unit, attached so that the models' run_block gathers it
-  // around the block; the parameters of no such module are one more unit, kept gathered. The
-  // optimizer's shards are bound to the units (Zero2Shards::bind_units). Returns the units in model
-  // order (the kept one first); empty under ddp and zero2 and for one process.
-  virtual std::vector<FsdpUnit*> shard_model(torch::nn::Module& net, const std::vector<std::string>& unit_globs,
-                                             bool reshard_after_forward) {
-    (void)net, (void)unit_globs, (void)reshard_after_forward;
+  // parameters cut into units. Each of `blocks` is a unit, attached so that the models' run_block
+  // gathers it around the block; the parameters of `net` in no block are one more unit, kept
+  // gathered. The optimizer's shards are bound to the units (Zero2Shards::bind_units). Returns the
+  // units in model order (the kept one first); empty under ddp and zero2 and for one process.
+  virtual std::vector<FsdpUnit*> shard_model(torch::nn::Module& net, std::vector<FsdpBlock> blocks, bool reshard_after_forward) {
+    (void)net, (void)blocks, (void)reshard_after_forward;
     return {};
   }
 

@@ -274,8 +274,7 @@ void Zero2Shards::bind_units(const std::vector<FsdpUnit*>& units) {
   for (size_t i = 0; i < params_.size(); ++i)
     TORCH_CHECK(where[i].first, "fsdp: ", names_[i], " is in no unit");
   unit_slots_ = std::move(where);
-  unit_order_.clear();
-  for (size_t k = 0; k < units.size(); ++k) unit_order_[units[k]] = k;
+  units_ = units;
   // One bucket per unit, the last unit's first: the order the backward finishes them in.
   buckets_.clear();
   for (size_t k = groups.size(); k-- > 0;) {
@@ -307,13 +306,8 @@ void Zero2Shards::bind_units(const std::vector<FsdpUnit*>& units) {
 
 void Zero2Shards::refresh_kept_units() {
   // In the units' order, the same on every rank (each refresh is an all-gather).
-  std::vector<FsdpUnit*> done;
-  for (auto& [unit, j] : unit_slots_) {
-    if (!unit->options().keep_gathered || std::find(done.begin(), done.end(), unit) != done.end()) continue;
-    done.push_back(unit);
-  }
-  std::sort(done.begin(), done.end(), [this](FsdpUnit* a, FsdpUnit* b) { return unit_order_.at(a) < unit_order_.at(b); });
-  for (auto* u : done) u->refresh();
+  for (auto* u : units_)
+    if (u->options().keep_gathered) u->refresh();
 }
 
 void Zero2Shards::publish(size_t i) {

@@ -30,7 +30,6 @@
 #pragma once
 
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -143,7 +142,7 @@ class Zero2Shards {
   std::vector<torch::Tensor> params_, shards_;
   std::vector<Slot> slots_;
   std::vector<std::pair<FsdpUnit*, size_t>> unit_slots_;  // fsdp: parameter i is unit.params()[j]
-  std::map<FsdpUnit*, size_t> unit_order_;                 // fsdp: each unit's place in the model
+  std::vector<FsdpUnit*> units_;                           // fsdp: the units, in model order
   void publish(size_t i);  // fsdp: shard i into its unit's shard
   std::vector<Bucket> buckets_;
   size_t next_bucket_ = 0;     // the next bucket to launch (buckets are launched in order)
