@@ -99,7 +99,7 @@ class DecoderLM : public Model {
 
   torch::Tensor forward(const Batch& batch) override {
     const auto head = forward_head_input(batch);
-    return linear(output_, head.hidden);
+    return run_in_unit(*output_, head.hidden, [this](const torch::Tensor& h) { return linear(output_, h); });
   }
 
   int64_t head_input_vocab() const override { return o_.vocab_size; }
@@ -122,7 +122,7 @@ class DecoderLM : public Model {
                       [block, in](const torch::Tensor& t) { return block->forward(t, in); });
       }
     }
-    return {x, output_->weight, output_->bias};
+    return {x, output_->weight, output_->bias, output_.get()};
   }
 
   std::string default_task() const override { return "language_modeling"; }
@@ -131,7 +131,8 @@ class DecoderLM : public Model {
   int64_t num_layers() const override { return o_.depth + 2; }
   // The blocks' qkv, proj, fc1 and fc2, not the embeddings or the head.
   std::vector<std::string> fp8_layers() const override { return {"blocks.*"}; }
-  std::vector<std::string> fsdp_units() const override { return {"blocks.*"}; }
+  // The output head a unit of its own; the embeddings stay in the kept unit.
+  std::vector<std::string> fsdp_units() const override { return {"blocks.*", "output"}; }
   int64_t layer_of(const std::string& p) const override {
     if (p.rfind("embedding.", 0) == 0 || p.rfind("positional_embedding.", 0) == 0) return 0;
     if (const int64_t i = list_index(p, "blocks"); i >= 0) return i + 1;

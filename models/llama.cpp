@@ -209,7 +209,8 @@ class Llama : public Model {
 
   torch::Tensor forward(const Batch& batch) override {
     const auto head = forward_head_input(batch);
-    return at::linear(head.hidden, head.weight);
+    if (!head.module) return at::linear(head.hidden, head.weight);
+    return run_in_unit(*head.module, head.hidden, [w = head.weight](const torch::Tensor& h) { return at::linear(h, w); });
   }
 
   int64_t head_input_vocab() const override { return o_.vocab_size; }
@@ -218,8 +219,10 @@ class Llama : public Model {
     const TokenLayout in = token_layout(batch, "llama");  // padded (mask only if not right-padded) or packed
     if (inv_freq_.device() != tokens.device()) inv_freq_ = inv_freq_.to(tokens.device());  // moved without on_device
     const auto [cos, sin] = llama_ops::rope_tables(in.positions, inv_freq_);
-    auto x = embed_tokens_(tokens);
+    // An untied embedding and head are units of their own under fsdp (fsdp_units), gathered around them.
+    auto x = run_in_unit(*embed_tokens_, tokens, [this](const torch::Tensor& t) { return embed_tokens_(t); });
     const auto& head = o_.tie_embeddings ? embed_tokens_->weight : lm_head_->weight;
+    torch::nn::Module* head_module = o_.tie_embeddings ? nullptr : lm_head_.get();
     if (use_fused(x)) {
       // strobe::rotary_qk takes one table row per token: the [1, S, D] tables of default positions are
       // expanded over the batch once per forward (a few MiB), not per layer.
@@ -237,14 +240,14 @@ class Llama : public Model {
                                            return layer->forward_fused(r, p, c, s, in, eps);
                                          });
       }
-      return {std::get<1>(residual_rms_norm(x, pending, *norm_, o_.norm_eps)), head, std::nullopt};
+      return {std::get<1>(residual_rms_norm(x, pending, *norm_, o_.norm_eps)), head, std::nullopt, head_module};
     }
     for (size_t i = 0; i < layers_->size(); ++i) {
       auto layer = layers_->ptr<LlamaDecoderLayerImpl>(i);
       x = run_block(o_.activation_checkpointing, static_cast<int64_t>(i), *layer, x,
                     [layer, c = cos, s = sin, in](const torch::Tensor& t) { return layer->forward(t, c, s, in); });
     }
-    return {norm_(x), head, std::nullopt};
+    return {norm_(x), head, std::nullopt, head_module};
   }
 
   std::string default_task() const override { return "language_modeling"; }
@@ -255,7 +258,11 @@ class Llama : public Model {
   int64_t num_layers() const override { return o_.depth + (o_.tie_embeddings ? 1 : 2); }
   // The decoder layers' projections (q, k, v, o, gate, up, down), not the embedding or the head.
   std::vector<std::string> fp8_layers() const override { return {"layers.*"}; }
-  std::vector<std::string> fsdp_units() const override { return {"layers.*"}; }
+  // A tied embedding and head stay in the kept unit (the head runs last, the embedding first).
+  std::vector<std::string> fsdp_units() const override {
+    if (o_.tie_embeddings) return {"layers.*"};
+    return {"embed_tokens", "layers.*", "lm_head"};
+  }
   int64_t layer_of(const std::string& p) const override {
     if (p.rfind("embed_tokens.", 0) == 0) return 0;
     if (const int64_t i = list_index(p, "layers"); i >= 0) return i + 1;

@@ -12,6 +12,7 @@
 
 #include <torch/torch.h>
 
+#include "strobe/core/activation_checkpoint.h"
 #include "strobe/core/forensics.h"
 #include "strobe/core/module.h"
 #include "strobe/ops/ops.h"
@@ -48,8 +49,11 @@ class LanguageModelingTask : public Module {
   torch::Tensor head_loss(const Model::HeadInput& head, const torch::Tensor& targets) const {
     ModuleScope scope("task.loss");
     const auto& w = head.weight;
-    return ops::linear_cross_entropy(head.hidden.reshape({-1, head.hidden.size(-1)}).to(w.scalar_type()), w, head.bias,
-                                     targets.reshape({-1}).to(torch::kLong), kIgnoreIndex);
+    const auto of = [&](const torch::Tensor& h) {
+      return ops::linear_cross_entropy(h.reshape({-1, h.size(-1)}).to(w.scalar_type()), w, head.bias,
+                                       targets.reshape({-1}).to(torch::kLong), kIgnoreIndex);
+    };
+    return head.module ? run_in_unit(*head.module, head.hidden, of) : of(head.hidden);  // gathered under fsdp
   }
 
   // The batch's mean next-token loss: through the logits, or (fused_linear_loss) from the head input.

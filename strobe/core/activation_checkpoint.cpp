@@ -236,6 +236,13 @@ std::vector<torch::Tensor> checkpoint_block(torch::nn::Module& block, const std:
 
 bool runs_in_unit(const torch::nn::Module& block) { return distributed::unit_of(block) != nullptr; }
 
+torch::Tensor run_in_unit(torch::nn::Module& module, const torch::Tensor& x,
+                          const std::function<torch::Tensor(const torch::Tensor&)>& fn) {
+  auto* unit = distributed::unit_of(module);
+  if (!unit) return fn(x);
+  return distributed::run_unit(*unit, {x}, [&fn](const std::vector<torch::Tensor>& in) { return std::vector<torch::Tensor>{fn(in[0])}; })[0];
+}
+
 std::vector<torch::Tensor> run_model_block(const ActivationCheckpointing& ac, int64_t index, torch::nn::Module& block,
                                            const std::vector<torch::Tensor>& inputs, const BlockFunction& fn,
                                            bool preserve_rng) {

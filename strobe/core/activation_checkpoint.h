@@ -61,5 +61,10 @@ std::vector<torch::Tensor> run_model_block(const ActivationCheckpointing& ac, in
                                            bool preserve_rng);
 // Whether `block` has a unit of trainer.strategy fsdp (run_model_block runs it there).
 bool runs_in_unit(const torch::nn::Module& block);
+// fn(x) inside `module`'s unit of trainer.strategy fsdp when it has one (an untied embedding or
+// head: gathered around fn, as run_model_block's blocks), else fn(x). fn uses `module`'s parameters
+// and x (which may need no gradient: token ids).
+torch::Tensor run_in_unit(torch::nn::Module& module, const torch::Tensor& x,
+                          const std::function<torch::Tensor(const torch::Tensor&)>& fn);
 
 }  // namespace strobe

@@ -45,8 +45,9 @@ class Model : public torch::nn::Module {
   // trainer.strategy fsdp (docs/DISTRIBUTED.md, "fsdp"): the modules that are units of their own,
   // globs over module paths as optimizer.param_groups' ("layers.*": every decoder layer; a module
   // inside one already matched belongs to it). Each must run through run_block (models/layers.h), which gathers its unit around it.
-  // The parameters of no unit (embeddings, final norm, head) form one more unit that stays
-  // gathered. Empty: the model cannot train under fsdp (refused, naming it).
+  // The parameters of no unit (a tied embedding and head, the final norm) form one more unit that
+  // stays gathered. An embedding that is a unit (an nn::Embedding) is not gathered for its backward
+  // (its gradient needs the indices only); the last unit is kept from its forward to its backward. Empty: the model cannot train under fsdp (refused, naming it).
   virtual std::vector<std::string> fsdp_units() const { return {}; }
   // Called once the trainer has moved the model to its device, before the optimizer sees the
   // parameters (and before bf16-master converts them, except under zero2 with several processes,
@@ -62,6 +63,10 @@ class Model : public torch::nn::Module {
     torch::Tensor hidden;  // [..., C]
     torch::Tensor weight;  // [V, C] (a tied head: the embedding's own weight)
     std::optional<torch::Tensor> bias;
+    // The module holding weight and bias when it is the head's own (an untied head): run the head
+    // through run_in_unit(*module, ...) (strobe/core/activation_checkpoint.h), which gathers it
+    // under trainer.strategy fsdp. Null for a tied head (the embedding's weight, kept gathered).
+    torch::nn::Module* module = nullptr;
   };
   // The head's output size (the vocabulary) when the model has such a head, else 0.
   virtual int64_t head_input_vocab() const { return 0; }

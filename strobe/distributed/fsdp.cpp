@@ -170,8 +170,10 @@ FsdpUnit* FsdpUnit::neighbour(int step) const {
   const auto& u = group_->units;
   auto it = std::find(u.begin(), u.end(), this);
   if (it == u.end()) return nullptr;
-  for (auto i = static_cast<std::ptrdiff_t>(it - u.begin()) + step; i >= 0 && i < static_cast<std::ptrdiff_t>(u.size()); i += step)
-    if (!u[static_cast<size_t>(i)]->options().keep_gathered) return u[static_cast<size_t>(i)];
+  for (auto i = static_cast<std::ptrdiff_t>(it - u.begin()) + step; i >= 0 && i < static_cast<std::ptrdiff_t>(u.size()); i += step) {
+    const auto& o = u[static_cast<size_t>(i)]->options();
+    if (!o.keep_gathered && (step > 0 || o.backward_gathers)) return u[static_cast<size_t>(i)];
+  }
   return nullptr;
 }
 
@@ -234,7 +236,8 @@ struct GatherBeforeBackward : torch::autograd::Function<GatherBeforeBackward> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto* unit = unit_in(ctx);
     unit->queue_end_of_backward();
-    unit->gather_and_prefetch(-1);  // the unit before it in the model runs its backward next
+    // The unit before it in the model runs its backward next: its all-gather is prefetched.
+    if (unit->options().backward_gathers) unit->gather_and_prefetch(-1);
     variable_list out{torch::Tensor()};
     out.insert(out.end(), grads.begin(), grads.end());
     return out;

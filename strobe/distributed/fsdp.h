@@ -73,9 +73,13 @@ struct FsdpUnitGroup {
 
 struct FsdpUnitOptions {
   bool reshard_after_forward = true;  // free after the forward (gather again for the backward)
-  // Never freed (the parameters of no block: embeddings, final norm, head): gathered from the start
-  // and gathered again by refresh() after each optimizer step.
+  // Never freed (the parameters of no block: a tied embedding and head, the final norm): gathered
+  // from the start and gathered again by refresh() after each optimizer step.
   bool keep_gathered = false;
+  // The unit's backward reads its parameters' values: gathered again for it. False for an embedding
+  // (its weight's gradient needs the indices and the row count only): its backward runs on the
+  // freed unit, and no prefetch of the backward gathers it.
+  bool backward_gathers = true;
 };
 
 class FsdpUnit {
@@ -162,6 +166,7 @@ class FsdpUnit {
 struct FsdpBlock {
   std::shared_ptr<torch::nn::Module> module;
   std::vector<std::pair<std::string, torch::Tensor>> params;
+  bool backward_gathers = true;  // FsdpUnitOptions::backward_gathers
 };
 
 using UnitFunction = std::function<std::vector<torch::Tensor>(const std::vector<torch::Tensor>&)>;

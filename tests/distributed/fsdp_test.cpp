@@ -169,6 +169,52 @@ TEST(FsdpUnit, WithActivationCheckpointingGathersRecomputesAndFreesWithTheSameGr
 
 namespace fsdp_test {
 
+// An embedding unit (backward_gathers false) before a block unit: the forward gathers both, the
+// backward the block alone (the embedding is neither gathered nor prefetched for it), and the
+// embedding's gradient, made on its freed storage, is the unsharded one's bitwise.
+int embedding_rank(int rank, int world) {
+  torch::set_num_threads(1);
+  sd::StrategyOptions o;
+  o.device = "cpu";
+  auto strategy = sd::make_strategy(o);
+  auto pg = c10::intrusive_ptr<c10d::ProcessGroup>::reclaim_copy(strategy->process_group());
+  seed(3);
+  torch::nn::Embedding emb(17, 10), emb_ref(17, 10);
+  emb_ref->weight.detach().copy_(emb->weight.detach());
+  auto blocks = make_blocks(5), reference = make_blocks(5);
+  auto group = std::make_shared<sd::FsdpUnitGroup>();
+  sd::FsdpUnitOptions eo;
+  eo.backward_gathers = false;
+  sd::FsdpUnit eu(pg, rank, world, "embedding", {{"weight", emb->weight}}, eo, group);
+  std::vector<std::pair<std::string, torch::Tensor>> named;
+  for (auto& item : blocks[0]->named_parameters()) named.emplace_back(item.key(), item.value());
+  sd::FsdpUnit bu(pg, rank, world, "block", named, sd::FsdpUnitOptions{}, group);
+  const auto ids = torch::arange(rank, rank + 5) % 17;
+  const int64_t gathers0 = st::store_backend_allgather_calls();
+  auto x = sd::run_unit(eu, {ids}, [&](const std::vector<torch::Tensor>& t) { return std::vector<torch::Tensor>{emb(t[0])}; })[0];
+  auto block = blocks[0];
+  auto h = sd::run_unit(bu, {x}, [block](const std::vector<torch::Tensor>& t) mutable { return std::vector<torch::Tensor>{block->forward(t[0])}; })[0];
+  require(st::store_backend_allgather_calls() - gathers0 == 2, "the forward did not gather each unit once");
+  h.square().sum().backward();
+  require(st::store_backend_allgather_calls() - gathers0 == 3, "the backward gathered the embedding");
+  require(!eu.gathered() && !bu.gathered() && emb->weight.storage().nbytes() == 0, "a unit is gathered after the backward");
+  reference[0]->forward(emb_ref(ids)).square().sum().backward();
+  require(torch::equal(emb->weight.grad(), emb_ref->weight.grad()), "the embedding's gradient differs from the unsharded one's");
+  strategy->shutdown();
+  return 0;
+}
+
+}  // namespace fsdp_test
+
+TEST(FsdpUnit, AnEmbeddingIsNotGatheredForItsBackward) {
+  const auto dir = st::empty_test_dir("strobe_fsdp_emb_" + std::to_string(::getpid())).string();
+  auto rs = st::run_ranks(2, [](int rank) { return fsdp_test::embedding_rank(rank, 2); }, dir, std::chrono::seconds(60),
+                          st::install_store_backend);
+  for (auto& r : rs) ASSERT_EQ(r.exit_code, 0) << st::describe(rs);
+}
+
+namespace fsdp_test {
+
 // Steps of AdamW on the fp32 shards, each rank its quarter... of the global batch, against one
 // process on the union batch (the mean loss). Throws on a difference beyond reduction noise.
 int train_rank(int rank, int world) {

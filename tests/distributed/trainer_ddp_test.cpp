@@ -1366,7 +1366,8 @@ TEST(TrainerDDP, CliRefusesBadDistTimeoutAndLaunchWithOneLine) {
 
 // trainer.strategy fsdp over the Llama: the decoder layers' parameters sharded as well (each rank
 // holds its rows, gathered per layer for the forward and the backward), the embedding tied to the head
-// and the final norm kept gathered. The gradients reach the same shards as zero2's (the test double
+// and the final norm kept gathered; untied, the embedding (not gathered for its backward) and the
+// head (through the logits or the fused loss) are units of their own. The gradients reach the same shards as zero2's (the test double
 // reduces every element in rank order, whatever the buckets), so the run ends on bitwise zero2's
 // weights, validation loss and optimizer shards: in fp32 and bf16-master, with the layers freed after
 // the forward or kept for the backward, with activation checkpointing, on 2, 3 and 4 ranks (zero2
@@ -1377,13 +1378,19 @@ TEST(TrainerFsdp, LlamaEndsOnBitwiseZero2sWeightsWithTheLayersShardedBetweenStep
     bool reshard;
     bool checkpointing;
     int world = 2;
+    bool untied = false;      // the embedding and the head units of their own
+    bool fused_head = false;  // task.fused_linear_loss: the head's loss in its unit
   };
   for (const Variant& v : {Variant{"32", true, false}, Variant{"bf16-master", true, true}, Variant{"bf16-master", false, false},
-                           Variant{"32", true, false, 3}, Variant{"bf16-master", true, false, 4}}) {
-    const std::string variant = v.precision + (v.reshard ? "-reshard" : "-keep") + (v.checkpointing ? "-ac" : "") + "-w" + std::to_string(v.world);
+                           Variant{"32", true, false, 3}, Variant{"bf16-master", true, false, 4},
+                           Variant{"bf16-master", true, true, 2, true, true}, Variant{"32", true, false, 3, true}}) {
+    const std::string variant = v.precision + (v.reshard ? "-reshard" : "-keep") + (v.checkpointing ? "-ac" : "") +
+                                (v.untied ? "-untied" : "") + (v.fused_head ? "-fused-head" : "") + "-w" + std::to_string(v.world);
     auto sets = llama_sets();
     sets.push_back("trainer.precision=" + v.precision);
     if (v.checkpointing) sets.push_back("model.activation_checkpointing=blocks");
+    if (v.untied) sets.push_back("model.tie_embeddings=false");
+    if (v.fused_head) sets.push_back("task.fused_linear_loss=true");
     Job zero2 = new_job("fsdp-z2-" + variant), fsdp = new_job("fsdp-" + variant);
     auto rz = fit(v.world, zero2, joined(sets, {"trainer.strategy=zero2"}));
     for (auto& r : rz) ASSERT_EQ(r.exit_code, 0) << variant << "\n" << describe(rz);
@@ -1393,9 +1400,11 @@ TEST(TrainerFsdp, LlamaEndsOnBitwiseZero2sWeightsWithTheLayersShardedBetweenStep
     ASSERT_GT(jf0["global_step"].get<int>(), 0) << variant;
     EXPECT_EQ(jf0["global_step"], jz["global_step"]) << variant;
     EXPECT_EQ(jf0["optimizer_numel"], jz["optimizer_numel"]) << variant << ": the optimizer's shards are zero2's";
-    // 2 layers x 9 parameters freed; the tied embedding and the final norm kept gathered.
-    EXPECT_EQ(jf0["freed_params"], 18) << variant;
-    EXPECT_EQ(jf1["freed_params"], 18) << variant;
+    // 2 layers x 9 parameters freed; the tied embedding and the final norm kept gathered (untied:
+    // the embedding and the head freed too, the final norm alone kept).
+    const int freed = v.untied ? 20 : 18;
+    EXPECT_EQ(jf0["freed_params"], freed) << variant;
+    EXPECT_EQ(jf1["freed_params"], freed) << variant;
     EXPECT_EQ(jz["freed_params"], 0) << variant;
     auto a = model_tensors(jz["run_dir"].get<std::string>() + "/checkpoints/last.ckpt");
     auto b = model_tensors(jf0["run_dir"].get<std::string>() + "/checkpoints/last.ckpt");
@@ -1434,7 +1443,7 @@ TEST(TrainerFsdp, LlamaEndsOnBitwiseZero2sWeightsWithTheLayersShardedBetweenStep
         for (auto& r : r4) ASSERT_EQ(r.exit_code, 0) << describe(r4);
         auto j4 = read_json(four.dir + "/rank0.json");
         EXPECT_EQ(j4["global_step"], 6);
-        EXPECT_EQ(j4["freed_params"], 18);
+        EXPECT_EQ(j4["freed_params"], freed);
         EXPECT_NEAR(j4["metrics"]["val/loss"].get<double>(), vf, 1e-3 * vf);
         checkpoint::remove_tree(four.dir);
       }
@@ -1451,8 +1460,8 @@ TEST(TrainerFsdp, LlamaEndsOnBitwiseZero2sWeightsWithTheLayersShardedBetweenStep
 }
 
 
-// vit's and decoder_lm's blocks are units too: each ends on bitwise zero2's weights (fp32), its blocks'
-// parameters holding no data between steps.
+// vit's and decoder_lm's blocks are units too (decoder_lm's output head as well): each ends on
+// bitwise zero2's weights (fp32), its units' parameters holding no data between steps.
 TEST(TrainerFsdp, VitAndDecoderLmEndOnBitwiseZero2sWeights) {
   struct Case {
     std::string name;
@@ -1465,7 +1474,7 @@ TEST(TrainerFsdp, VitAndDecoderLmEndOnBitwiseZero2sWeights) {
        {"model={name: decoder_lm, vocab_size: 97, max_seq_len: 24, embed_dim: 32, depth: 2, num_heads: 2}",
         "data={name: synthetic_tokens, vocab_size: 97, max_seq_len: 24, fixed_length: true, num_samples: 64, "
         "num_val_samples: 16, batch_size: 4, collate: pad_to_max, num_workers: 0}"},
-       2 * 10},
+       2 * 10 + 2},
   };
   for (const auto& c : cases) {
     Job zero2 = new_job("fsdp-z2-" + c.name), fsdp = new_job("fsdp-" + c.name);
