@@ -62,10 +62,6 @@ void check_fsdp(config::Experiment& exp, Run& run) {
                                        "between steps, which fsdp keeps sharded); use zero2 or ddp",
                                        cb));
   }
-  if (!exp.optimizer.param_groups.freeze.empty())
-    exp.optimizer.section.fail("param_groups", "freeze is not available under trainer.strategy: fsdp; use zero2 or ddp");
-  if (exp.trainer.fp8.enabled)
-    throw config::ConfigError("trainer.fp8 is not available under trainer.strategy: fsdp; use zero2 or ddp");
   if (exp.trainer.cuda_graphs == "true")
     throw config::ConfigError("trainer.cuda_graphs: true is not available under trainer.strategy: fsdp");
 }

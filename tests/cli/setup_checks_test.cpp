@@ -79,8 +79,6 @@ optimizer: {name: adamw, lr: 0.01}
        "trainer.strategy: fsdp: model 'mlp' declares no units to shard (fsdp shards the blocks of llama, decoder_lm and vit)"},
       {"-c " + llama + " --set trainer.strategy=fsdp --set 'callbacks=[{name: ema}]'",
        "ema is not available under trainer.strategy: fsdp (it reads the whole weights between steps"},
-      {"-c " + llama + " --set trainer.strategy=fsdp --set 'optimizer.param_groups={freeze: [\"embed_tokens.*\"]}'",
-       "freeze is not available under trainer.strategy: fsdp"},
       {"-c " + llama + " --set trainer.strategy=zero2 --set trainer.reshard_after_forward=false",
        "trainer.reshard_after_forward: applies to trainer.strategy: fsdp, not zero2"},
   };

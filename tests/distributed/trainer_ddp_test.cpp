@@ -438,6 +438,7 @@ TEST(TrainerDDP, LlamaWithATiedHeadMatchesOneProcessOnTheUnionBatch) {
     sets.push_back("trainer.precision=" + precision);
     if (v.fp8) sets.push_back("trainer.fp8={min_size: 0}");
     if (v.fused_head) sets.push_back("task.fused_linear_loss=true");
+    if (v.fp8) sets.push_back("trainer.fp8={min_size: 0}");
     if (v.strategy == "zero2") sets.push_back("model.activation_checkpointing=blocks");
     sets.push_back("trainer.strategy=" + v.strategy);
     Job two = new_job("llama2-" + variant), one = new_job("llama1-" + variant);
@@ -1367,7 +1368,8 @@ TEST(TrainerDDP, CliRefusesBadDistTimeoutAndLaunchWithOneLine) {
 // trainer.strategy fsdp over the Llama: the decoder layers' parameters sharded as well (each rank
 // holds its rows, gathered per layer for the forward and the backward), the embedding tied to the head
 // and the final norm kept gathered; untied, the embedding (not gathered for its backward) and the
-// head (through the logits or the fused loss) are units of their own. The gradients reach the same shards as zero2's (the test double
+// head (through the logits or the fused loss) are units of their own; under trainer.fp8 the layers'
+// float8 GEMMs read the gathered weights. The gradients reach the same shards as zero2's (the test double
 // reduces every element in rank order, whatever the buckets), so the run ends on bitwise zero2's
 // weights, validation loss and optimizer shards: in fp32 and bf16-master, with the layers freed after
 // the forward or kept for the backward, with activation checkpointing, on 2, 3 and 4 ranks (zero2
@@ -1380,17 +1382,21 @@ TEST(TrainerFsdp, LlamaEndsOnBitwiseZero2sWeightsWithTheLayersShardedBetweenStep
     int world = 2;
     bool untied = false;      // the embedding and the head units of their own
     bool fused_head = false;  // task.fused_linear_loss: the head's loss in its unit
+    bool fp8 = false;         // trainer.fp8: the layers' GEMMs in float8 on the gathered weights
   };
   for (const Variant& v : {Variant{"32", true, false}, Variant{"bf16-master", true, true}, Variant{"bf16-master", false, false},
                            Variant{"32", true, false, 3}, Variant{"bf16-master", true, false, 4},
-                           Variant{"bf16-master", true, true, 2, true, true}, Variant{"32", true, false, 3, true}}) {
+                           Variant{"bf16-master", true, true, 2, true, true}, Variant{"32", true, false, 3, true},
+                           Variant{"bf16-master", true, false, 2, false, false, true}}) {
     const std::string variant = v.precision + (v.reshard ? "-reshard" : "-keep") + (v.checkpointing ? "-ac" : "") +
-                                (v.untied ? "-untied" : "") + (v.fused_head ? "-fused-head" : "") + "-w" + std::to_string(v.world);
+                                (v.untied ? "-untied" : "") + (v.fused_head ? "-fused-head" : "") + (v.fp8 ? "-fp8" : "") +
+                                "-w" + std::to_string(v.world);
     auto sets = llama_sets();
     sets.push_back("trainer.precision=" + v.precision);
     if (v.checkpointing) sets.push_back("model.activation_checkpointing=blocks");
     if (v.untied) sets.push_back("model.tie_embeddings=false");
     if (v.fused_head) sets.push_back("task.fused_linear_loss=true");
+    if (v.fp8) sets.push_back("trainer.fp8={min_size: 0}");
     Job zero2 = new_job("fsdp-z2-" + variant), fsdp = new_job("fsdp-" + variant);
     auto rz = fit(v.world, zero2, joined(sets, {"trainer.strategy=zero2"}));
     for (auto& r : rz) ASSERT_EQ(r.exit_code, 0) << variant << "\n" << describe(rz);
@@ -1414,7 +1420,7 @@ TEST(TrainerFsdp, LlamaEndsOnBitwiseZero2sWeightsWithTheLayersShardedBetweenStep
     std::cout << "[ fsdp ] " << variant << ": val/loss zero2 " << vz << ", fsdp " << vf << "\n";
     EXPECT_EQ(vf, vz) << variant;
     EXPECT_EQ(jf1["metrics"]["val/loss"].get<double>(), vf) << variant;
-    if (v.precision == "bf16-master" && v.reshard && v.world == 2) {
+    if (v.precision == "bf16-master" && v.reshard && v.world == 2 && !v.fp8) {
       // Stopped at step 3 and resumed to 6, under fsdp and under zero2 on 2 ranks: bitwise the
       // uninterrupted run's weights (the root unit takes the checkpoint's values too); one process
       // resumes it as well.
@@ -1459,6 +1465,48 @@ TEST(TrainerFsdp, LlamaEndsOnBitwiseZero2sWeightsWithTheLayersShardedBetweenStep
   }
 }
 
+
+// optimizer.param_groups.freeze under fsdp: an untied Llama's embedding and first layer (two whole
+// units) frozen through epoch 0 and unfrozen at epoch 1 (step 4): their units' reduce-scatter buckets
+// are passed over while frozen, the unfreeze hooks their gradients, and the run ends on bitwise the
+// weights and validation loss of zero2 with the same freeze (whose freeze ends where one process's
+// does: TrainerDDP.AnUnfreezeRebuildsTheReducer...); never unfrozen, they end as they started.
+TEST(TrainerFsdp, AFrozenEmbeddingAndLayerUnfreezeAsUnderZero2) {
+  for (const std::string unfreeze : {"1", "-1"}) {
+    auto sets = llama_sets();
+    sets.push_back("model.tie_embeddings=false");
+    sets.push_back("trainer.precision=bf16-master");
+    sets.push_back("optimizer.weight_decay=0.1");
+    sets.push_back("optimizer.param_groups={no_decay: auto, layer_decay: 0.7, freeze: ['embed_tokens.*', 'layers.0.*']" +
+                   (unfreeze == "1" ? std::string(", unfreeze_at_epoch: 1}") : std::string("}")));
+    Job zero2 = new_job("fsdp-freeze-z2-" + unfreeze), fsdp = new_job("fsdp-freeze-" + unfreeze), init = new_job("fsdp-freeze-init-" + unfreeze);
+    auto rz = fit(2, zero2, joined(sets, {"trainer.strategy=zero2"}));
+    for (auto& r : rz) ASSERT_EQ(r.exit_code, 0) << unfreeze << "\n" << describe(rz);
+    auto rf = fit(2, fsdp, joined(sets, {"trainer.strategy=fsdp"}));
+    for (auto& r : rf) ASSERT_EQ(r.exit_code, 0) << unfreeze << "\n" << describe(rf);
+    const auto out = slurp(fsdp.dir + "/rank0.stdout");
+    EXPECT_EQ(out.find("strobe fit: epoch 1: unfroze 10 parameter tensors") != std::string::npos, unfreeze == "1") << out;
+    auto jz = read_json(zero2.dir + "/rank0.json"), jf = read_json(fsdp.dir + "/rank0.json");
+    EXPECT_EQ(jf["global_step"], 6);
+    EXPECT_EQ(jf["freed_params"], 20);
+    auto a = model_tensors(jz["run_dir"].get<std::string>() + "/checkpoints/last.ckpt");
+    auto b = model_tensors(jf["run_dir"].get<std::string>() + "/checkpoints/last.ckpt");
+    ASSERT_EQ(a.size(), b.size());
+    for (auto& [k, t] : b) EXPECT_TRUE(torch::equal(t, a.at(k))) << unfreeze << " " << k << " differs from zero2's";
+    EXPECT_EQ(jf["metrics"]["val/loss"].get<double>(), jz["metrics"]["val/loss"].get<double>()) << unfreeze;
+    if (unfreeze == "-1") {  // frozen throughout: the initial weights (those of a run of one step)
+      auto r0 = fit(2, init, joined(sets, {"trainer.strategy=fsdp", "trainer.max_steps=1"}));
+      for (auto& r : r0) ASSERT_EQ(r.exit_code, 0) << describe(r0);
+      auto c = model_tensors(read_json(init.dir + "/rank0.json")["run_dir"].get<std::string>() + "/checkpoints/last.ckpt");
+      for (const std::string k : {"model/embed_tokens.weight", "model/layers.0.mlp.up_proj.weight"})
+        EXPECT_TRUE(torch::equal(b.at(k), c.at(k))) << k << " moved while frozen";
+      EXPECT_FALSE(torch::equal(b.at("model/layers.1.mlp.up_proj.weight"), c.at("model/layers.1.mlp.up_proj.weight")));
+    }
+    checkpoint::remove_tree(zero2.dir);
+    checkpoint::remove_tree(fsdp.dir);
+    checkpoint::remove_tree(init.dir);
+  }
+}
 
 // vit's and decoder_lm's blocks are units too (decoder_lm's output head as well): each ends on
 // bitwise zero2's weights (fp32), its units' parameters holding no data between steps.
