@@ -1,7 +1,7 @@
 """PyTorch's data-parallel baselines for Strobe's llama_1b under ddp and zero2 (docs/DISTRIBUTED.md,
 "Measured"): the Llama-3.2-1B shape in plain PyTorch (the same model as the single-GPU anchor's
 llama section: d 2048, 16 layers, 32 heads over 8 KV heads, SwiGLU 8192, vocab 128256, tied head,
-SDPA), trained with fused AdamW (lr 3e-4, weight decay 0.1) on batch B x 2048 tokens per GPU, under
+SDPA), trained with fused AdamW (lr 3e-4, weight decay 0.1) on batch B x S tokens per GPU (--seq, 2048), under
 
   ddp    torch.nn.parallel.DistributedDataParallel, bf16 autocast over fp32 weights (its default:
          fp32 gradients all-reduced in 25 MiB buckets)
@@ -17,13 +17,14 @@ each with and without activation checkpointing (torch.utils.checkpoint, non-reen
 
 Run under torchrun, one process per GPU:
   NCCL_NVLS_ENABLE=0 torchrun --nproc-per-node=2 bench/distributed/llama_dist_baseline.py \
-      --mode fsdp2 --ac blocks --batch 8 --json out.json [--shape 8b]
+      --mode fsdp2 --ac blocks --batch 8 --json out.json [--shape 8b] [--seq 4096]
 Prints (rank 0) and writes one JSON object: mean and median step ms over the timed steps (CUDA
 events around each step, 10 warm-up steps), tokens/s of the job (world x B x S / mean step), the
 largest per-GPU peak allocated memory and the largest per-GPU memory allocated between steps (the
 model state: weights, gradient buffers, optimizer state), both in GiB, with the largest peak the
 caching allocator reserved and the most memory in use on a GPU at the end (its reservation plus the
-CUDA context and NCCL's buffers). Env LLAMA_TINY=1 shrinks the model for a smoke test.
+CUDA context and NCCL's buffers), tokens/s per GPU and the MFU by torchtitan's count (6 N + 12 L H d S
+FLOPs a token, N without the token embedding; an H200's 989.4 dense bf16 TFLOP/s). Env LLAMA_TINY=1 shrinks the model for a smoke test.
 
 --depth N gives the 8b shape N layers (bench/distributed/largest_shape.sh); --memory-limit-gib G caps
 each GPU's caching allocator at G GiB (torch.cuda.set_per_process_memory_fraction), as a GPU of
@@ -128,6 +129,7 @@ def main():
                     help="8b: Llama-3-8B's shape (d 4096, 32 layers, 32 heads over 8, SwiGLU 14336, untied head)")
     ap.add_argument("--depth", type=int, help="with --shape 8b: this many layers instead of 32")
     ap.add_argument("--memory-limit-gib", type=float, help="cap each GPU's caching allocator at this many GiB")
+    ap.add_argument("--seq", type=int, default=2048, help="tokens per sequence (the batch is B x SEQ per GPU)")
     a = ap.parse_args()
 
     # A rank that runs out of memory leaves the others in a collective: NCCL's watchdog ends them.
@@ -144,7 +146,7 @@ def main():
         kw = dict(d=4096, depth=32, h=32, kvh=8, ffn=14336, tie=False)
     if a.depth:
         kw["depth"] = a.depth
-    B, S = a.batch, 64 if tiny else 2048
+    B, S = a.batch, 64 if tiny else a.seq
     torch.manual_seed(0)
     meta = a.mode.startswith("fsdp2") and not kw.get("tie", True)
     try:
@@ -222,6 +224,12 @@ def train(a, model, autocast, params, kw, B, S, rank, world, dev, total):
         "peak_reserved_gib_max_rank": round(mine[3].item(), 2), "device_used_gib_max_rank": round(mine[4].item(), 2),
         "shape": a.shape, "depth": kw.get("depth", 16), "params": params, "memory_limit_gib": a.memory_limit_gib,
     }
+    # torchtitan's MFU: 6 N_non-embedding + 12 L H (d / H) S FLOPs a token (N less the token
+    # embedding; an untied head counts), over an H200's 989.4 dense bf16 TFLOP/s.
+    d, depth, h = kw.get("d", 2048), kw.get("depth", 16), kw.get("h", 32)
+    flops_per_token = 6 * (params - kw.get("vocab", 128256) * d) + 12 * depth * h * (d // h) * S
+    out["tokens_per_s_per_gpu"] = round(B * S / mine[2].item() * 1000)
+    out["mfu_torchtitan"] = round(out["tokens_per_s_per_gpu"] * flops_per_token / 989.4e12, 4)
     if rank == 0:
         print(json.dumps(out))
         if a.json:
