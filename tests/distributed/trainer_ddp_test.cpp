@@ -1453,6 +1453,39 @@ TEST(TrainerFsdp, LlamaEndsOnBitwiseZero2sWeightsWithTheLayersShardedBetweenStep
         EXPECT_NEAR(j4["metrics"]["val/loss"].get<double>(), vf, 1e-3 * vf);
         checkpoint::remove_tree(four.dir);
       }
+      // The uninterrupted run's step-6 checkpoint on one process: `strobe validate` runs (its loss
+      // near the run's last validation, at step 4), `strobe predict`'s mean over the test split's
+      // tokens is `strobe test`'s loss, `strobe export` writes the checkpoint's weights.
+      {
+        const std::string ckpt = jf0["run_dir"].get<std::string>() + "/checkpoints/last.ckpt", cfg = fsdp.dir + "/cli.yaml";
+        std::ofstream(cfg) << yaml(fsdp.dir + "/cli-root");
+        std::string args = " -c " + cfg + " --ckpt " + ckpt;
+        for (const auto& s : sets) args += " --set '" + s + "'";
+        auto val = st::strobe_cmd("validate" + args);
+        ASSERT_EQ(val.code, 0) << val.err;
+        const auto at = val.out.find("val/loss");
+        ASSERT_NE(at, std::string::npos) << val.out;
+        const double v1 = std::stod(val.out.substr(val.out.find_first_of("0123456789", at + 8)));
+        EXPECT_NEAR(v1, vf, 1e-2 * vf) << val.out;
+        auto test = st::strobe_cmd("test" + args);
+        ASSERT_EQ(test.code, 0) << test.err;
+        const auto tat = test.out.find("test/loss");
+        ASSERT_NE(tat, std::string::npos) << test.out;
+        const double t1 = std::stod(test.out.substr(test.out.find_first_of("0123456789", tat + 9)));
+        auto pred = st::strobe_cmd("predict" + args + " -o " + fsdp.dir + "/pred.safetensors");
+        ASSERT_EQ(pred.code, 0) << pred.err;
+        double predicted = std::numeric_limits<double>::quiet_NaN();
+        for (const auto& [k, t] : safetensors::read_file(fsdp.dir + "/pred.safetensors").tensors)
+          if (k == "token_loss") predicted = t.mean().item<double>();
+        std::cout << "[ fsdp ] one process: validate " << v1 << " (the run's at step 4: " << vf << "), test " << t1
+                  << ", predict " << predicted << "\n";
+        EXPECT_NEAR(predicted, t1, 1e-5 * t1) << "predict's mean token loss over the test split";
+        auto ex = st::strobe_cmd("export " + ckpt + " -o " + fsdp.dir + "/w.safetensors");
+        ASSERT_EQ(ex.code, 0) << ex.err;
+        const auto exported = safetensors::read_file(fsdp.dir + "/w.safetensors").tensors;
+        EXPECT_EQ(exported.size(), b.size());
+        for (const auto& [k, t] : exported) EXPECT_TRUE(torch::equal(t, b.at("model/" + k))) << "exported " << k;
+      }
       Job one = new_job("fsdp-resume-one-" + variant);
       auto r1 = fit(1, one, fsets, saved + "/last.ckpt");
       EXPECT_EQ(r1[0].exit_code, 0) << describe(r1);
