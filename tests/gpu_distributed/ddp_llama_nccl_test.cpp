@@ -104,17 +104,23 @@ std::vector<st::RankResult> fit(int world, const std::string& dir, const std::st
     for (const auto& s : sets) doc.apply_override(s);
     auto run = build_run(doc, RunOptions{});
     auto& t = run->trainer->view();
+    // trainer.strategy fsdp: a unit's parameters hold no data between steps (an empty tensor here).
     auto snapshot = [&] {
       std::vector<torch::Tensor> v;
-      for (auto& p : run->module->net().parameters()) v.push_back(p.detach().to(torch::kCPU, torch::kFloat).clone());
+      for (auto& p : run->module->net().parameters())
+        v.push_back(p.storage().nbytes() == 0 ? torch::empty({0}) : p.detach().to(torch::kCPU, torch::kFloat).clone());
       return v;
     };
     const auto initial = snapshot();
     const int rc = run->trainer->fit();
     const auto params = snapshot();
-    int64_t unmoved = 0;  // parameters that training left as they were
-    for (size_t i = 0; i < params.size(); ++i) unmoved += torch::equal(params[i], initial[i]);
-    nlohmann::json out = {{"rc", rc}, {"global_step", t.state().global_step}, {"metrics", t.metrics()}, {"unmoved", unmoved}};
+    int64_t unmoved = 0, freed = 0;  // parameters that training left as they were; those fsdp holds sharded
+    for (size_t i = 0; i < params.size(); ++i) {
+      freed += params[i].numel() == 0;
+      unmoved += params[i].numel() > 0 && torch::equal(params[i], initial[i]);
+    }
+    nlohmann::json out = {{"rc", rc},          {"global_step", t.state().global_step}, {"metrics", t.metrics()},
+                          {"unmoved", unmoved}, {"freed", freed},                       {"run_dir", run->run_dir}};
     torch::save(params, fmt::format("{}/params{}.pt", dir, rank));
     std::ofstream(fmt::format("{}/rank{}.json", dir, rank)) << out.dump(1);
     return rc;
@@ -224,6 +230,54 @@ TEST(GpuZero2, LlamaBf16MasterFusedAdamWWithActivationCheckpointingEndsWhereDdpE
   const double vd = j["ddp"]["metrics"]["val/loss"].get<double>(), vz = j["zero2"]["metrics"]["val/loss"].get<double>();
   std::cout << "[ llama zero2 nccl ] val/loss ddp " << vd << ", zero2 " << vz << "\n";
   EXPECT_NEAR(vz, vd, 1e-3 * vd);
+  checkpoint::remove_tree(base);
+#endif
+}
+
+// trainer.strategy fsdp on the same llama over NCCL, untied (the embedding and the head units of
+// their own, the fused linear cross-entropy in the head's unit), with bf16-master's fused AdamW and
+// activation checkpointing: the units gather over NCCL with the prefetch on its stream, and two
+// fsdp ranks end where two zero2 ranks end (validation loss and the checkpoint's fp32 weights, to
+// 1e-4: the same gathered bf16 weights, each gradient element averaged over the same two ranks),
+// both ranks alike, every unit's parameters holding no data between steps.
+TEST(GpuFsdp, LlamaUntiedBf16MasterWithActivationCheckpointingEndsWhereZero2Ends) {
+#ifndef STROBE_TORCH_HAS_CUDA
+  GTEST_SKIP() << "built without STROBE_TORCH_HAS_CUDA (a libtorch without CUDA)";
+#else
+  namespace ln = llama_nccl;
+  namespace st = strobe::testing;
+  const std::string base = st::empty_test_dir("strobe_gpu_fsdp_llama_" + std::to_string(::getpid())).string();
+  const std::vector<std::string> common = {"optimizer={name: adamw, lr: 0.003, fused: true}", "model.tie_embeddings=false",
+                                           "model.activation_checkpointing=blocks"};
+  std::map<std::string, nlohmann::json> j;
+  std::map<std::string, std::map<std::string, torch::Tensor>> w;
+  for (const std::string strategy : {"zero2", "fsdp"}) {
+    auto sets = common;
+    sets.push_back("trainer.strategy=" + strategy);
+    const std::string dir = base + "/" + strategy;
+    auto rs = ln::fit(2, dir, "bf16-master", sets);
+    bool skip = false;
+    for (auto& r : rs) skip |= r.exit_code == ln::kSkipCode;
+    if (skip) GTEST_SKIP() << "fewer than 2 CUDA devices visible";
+    for (auto& r : rs) ASSERT_EQ(r.exit_code, 0) << strategy << "\n" << describe(rs);
+    j[strategy] = ln::read_json(dir + "/rank0.json");
+    EXPECT_EQ(j[strategy]["global_step"], 8) << strategy;
+    EXPECT_EQ(ln::read_json(dir + "/rank1.json")["metrics"]["val/loss"], j[strategy]["metrics"]["val/loss"]) << strategy;
+    // 2 layers x 9 parameters, the embedding and the head; the final norm stays gathered.
+    EXPECT_EQ(j[strategy]["freed"], strategy == "fsdp" ? 20 : 0) << strategy;
+    EXPECT_EQ(ln::read_json(dir + "/rank1.json")["freed"], j[strategy]["freed"]) << strategy;
+    for (auto& [k, t] : checkpoint::load_checkpoint_file(j[strategy]["run_dir"].get<std::string>() + "/checkpoints/last.ckpt").tensors)
+      if (k.rfind("model/", 0) == 0) w[strategy][k] = t;
+  }
+  const double vz = j["zero2"]["metrics"]["val/loss"].get<double>(), vf = j["fsdp"]["metrics"]["val/loss"].get<double>();
+  std::cout << "[ llama fsdp nccl ] val/loss zero2 " << vz << ", fsdp " << vf << "\n";
+  EXPECT_NEAR(vf, vz, 1e-4 * vz);
+  ASSERT_EQ(w["fsdp"].size(), w["zero2"].size());
+  for (auto& [k, t] : w["fsdp"]) {
+    const auto& z = w["zero2"].at(k);
+    const double scale = std::max(z.abs().max().item<double>(), 1e-3);
+    EXPECT_LT((t - z).abs().max().item<double>() / scale, 1e-4) << k;
+  }
   checkpoint::remove_tree(base);
 #endif
 }
