@@ -139,6 +139,27 @@ std::vector<torch::Tensor> load_params(const std::string& path) {
   return v;
 }
 
+// Two bf16-master ranks of `strategy` over NCCL with `sets`, in base/strategy: rank 0's report, after
+// checking both ended with exit 0 and the same validation loss. Null when fewer than 2 GPUs are
+// visible (the caller skips); "error" set when a rank failed (its failure already recorded).
+nlohmann::json two_ranks(const std::string& base, const std::string& strategy, std::vector<std::string> sets) {
+  sets.push_back("trainer.strategy=" + strategy);
+  const std::string dir = base + "/" + strategy;
+  auto rs = fit(2, dir, "bf16-master", sets);
+  for (auto& r : rs)
+    if (r.exit_code == kSkipCode) return nullptr;
+  for (auto& r : rs)
+    if (r.exit_code != 0) {
+      ADD_FAILURE() << strategy << "\n" << describe(rs);
+      return {{"error", r.exit_code}};
+    }
+  auto j = read_json(dir + "/rank0.json");
+  j["dir"] = dir;
+  EXPECT_EQ(read_json(dir + "/rank1.json")["metrics"]["val/loss"], j["metrics"]["val/loss"]) << strategy;
+  j["rank1"] = read_json(dir + "/rank1.json");
+  return j;
+}
+
 }  // namespace llama_nccl
 
 TEST(GpuDDP, LlamaFusedOpsAndFusedHeadOverNcclMatchOneProcessOnTheUnionBatch) {
@@ -210,22 +231,14 @@ TEST(GpuZero2, LlamaBf16MasterFusedAdamWWithActivationCheckpointingEndsWhereDdpE
   const std::vector<std::string> common = {"optimizer={name: adamw, lr: 0.003, fused: true}",
                                            "model.activation_checkpointing=blocks"};
   std::map<std::string, nlohmann::json> j;
-  std::map<std::string, std::vector<torch::Tensor>> p;
   for (const std::string strategy : {"ddp", "zero2"}) {
-    auto sets = common;
-    sets.push_back("trainer.strategy=" + strategy);
-    const std::string dir = base + "/" + strategy;
-    auto rs = ln::fit(2, dir, "bf16-master", sets);
-    bool skip = false;
-    for (auto& r : rs) skip |= r.exit_code == ln::kSkipCode;
-    if (skip) GTEST_SKIP() << "fewer than 2 CUDA devices visible";
-    for (auto& r : rs) ASSERT_EQ(r.exit_code, 0) << strategy << "\n" << describe(rs);
-    j[strategy] = ln::read_json(dir + "/rank0.json");
+    j[strategy] = ln::two_ranks(base, strategy, common);
+    if (j[strategy].is_null()) GTEST_SKIP() << "fewer than 2 CUDA devices visible";
+    ASSERT_FALSE(j[strategy].contains("error")) << strategy;
+    const std::string dir = j[strategy]["dir"];
     auto p0 = ln::load_params(dir + "/params0.pt"), p1 = ln::load_params(dir + "/params1.pt");
     for (size_t i = 0; i < p0.size(); ++i) EXPECT_TRUE(torch::equal(p0[i], p1[i])) << strategy << " parameter " << i;
-    EXPECT_EQ(ln::read_json(dir + "/rank1.json")["metrics"]["val/loss"], j[strategy]["metrics"]["val/loss"]) << strategy;
     EXPECT_EQ(j[strategy]["unmoved"], 0) << strategy;
-    p[strategy] = p0;
   }
   const double vd = j["ddp"]["metrics"]["val/loss"].get<double>(), vz = j["zero2"]["metrics"]["val/loss"].get<double>();
   std::cout << "[ llama zero2 nccl ] val/loss ddp " << vd << ", zero2 " << vz << "\n";
@@ -252,20 +265,13 @@ TEST(GpuFsdp, LlamaUntiedBf16MasterWithActivationCheckpointingEndsWhereZero2Ends
   std::map<std::string, nlohmann::json> j;
   std::map<std::string, std::map<std::string, torch::Tensor>> w;
   for (const std::string strategy : {"zero2", "fsdp"}) {
-    auto sets = common;
-    sets.push_back("trainer.strategy=" + strategy);
-    const std::string dir = base + "/" + strategy;
-    auto rs = ln::fit(2, dir, "bf16-master", sets);
-    bool skip = false;
-    for (auto& r : rs) skip |= r.exit_code == ln::kSkipCode;
-    if (skip) GTEST_SKIP() << "fewer than 2 CUDA devices visible";
-    for (auto& r : rs) ASSERT_EQ(r.exit_code, 0) << strategy << "\n" << describe(rs);
-    j[strategy] = ln::read_json(dir + "/rank0.json");
+    j[strategy] = ln::two_ranks(base, strategy, common);
+    if (j[strategy].is_null()) GTEST_SKIP() << "fewer than 2 CUDA devices visible";
+    ASSERT_FALSE(j[strategy].contains("error")) << strategy;
     EXPECT_EQ(j[strategy]["global_step"], 8) << strategy;
-    EXPECT_EQ(ln::read_json(dir + "/rank1.json")["metrics"]["val/loss"], j[strategy]["metrics"]["val/loss"]) << strategy;
     // 2 layers x 9 parameters, the embedding and the head; the final norm stays gathered.
     EXPECT_EQ(j[strategy]["freed"], strategy == "fsdp" ? 20 : 0) << strategy;
-    EXPECT_EQ(ln::read_json(dir + "/rank1.json")["freed"], j[strategy]["freed"]) << strategy;
+    EXPECT_EQ(j[strategy]["rank1"]["freed"], j[strategy]["freed"]) << strategy;
     for (auto& [k, t] : checkpoint::load_checkpoint_file(j[strategy]["run_dir"].get<std::string>() + "/checkpoints/last.ckpt").tensors)
       if (k.rfind("model/", 0) == 0) w[strategy][k] = t;
   }
