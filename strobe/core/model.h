@@ -44,10 +44,12 @@ class Model : public torch::nn::Module {
   virtual std::vector<std::string> fp8_layers() const { return {}; }
   // trainer.strategy fsdp (docs/DISTRIBUTED.md, "fsdp"): the modules that are units of their own,
   // globs over module paths as optimizer.param_groups' ("layers.*": every decoder layer; a module
-  // inside one already matched belongs to it). Each must run through run_block (models/layers.h), which gathers its unit around it.
-  // The parameters of no unit (a tied embedding and head, the final norm) form one more unit that
-  // stays gathered. An embedding that is a unit (an nn::Embedding) is not gathered for its backward
-  // (its gradient needs the indices only); the last unit is kept from its forward to its backward. Empty: the model cannot train under fsdp (refused, naming it).
+  // inside one already matched belongs to it). Each must run through run_block (models/layers.h),
+  // which gathers its unit around it. The parameters of no unit (a tied embedding and head, the
+  // final norm) form one more unit that stays gathered. An embedding that is a unit (an
+  // nn::Embedding) is not gathered for its backward (its gradient needs the indices only); the last
+  // unit is kept from its forward to its backward. Empty: the model cannot train under fsdp
+  // (refused, naming it).
   virtual std::vector<std::string> fsdp_units() const { return {}; }
   // Called once the trainer has moved the model to its device, before the optimizer sees the
   // parameters (and before bf16-master converts them, except under zero2 with several processes,

@@ -221,8 +221,6 @@ void Trainer::setup_fit() {
         for (const auto& m : module_->net().named_modules("", /*include_self=*/false)) {
           if (std::none_of(globs.begin(), globs.end(), [&](const std::string& g) { return glob_matches(g, m.key()); })) continue;
           distributed::FsdpBlock b{m.value(), {}};
-          // An embedding's backward reads the indices and the row count, not the weight: not gathered.
-          b.backward_gathers = m.value()->as<torch::nn::EmbeddingImpl>() == nullptr;
           for (const auto& p : m.value()->named_parameters())
             if (taken.insert(p.value().unsafeGetTensorImpl()).second) b.params.emplace_back(m.key() + "." + p.key(), p.value());
           if (!b.params.empty()) blocks.push_back(std::move(b));

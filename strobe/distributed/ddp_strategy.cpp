@@ -124,12 +124,13 @@ class DDPStrategy final : public Strategy {
       out.push_back(units_.back().get());
     }
     for (size_t i = 0; i < blocks.size(); ++i) {
-      auto& [module, named, backward_gathers] = blocks[i];
+      auto& [module, named] = blocks[i];
       FsdpUnitOptions o;
       // The last unit of the forward (the head, or the last block) is kept for the backward, which
       // starts with it: freeing it would only gather it again at once.
       o.reshard_after_forward = reshard_after_forward && i + 1 < blocks.size();
-      o.backward_gathers = backward_gathers;
+      // An embedding's backward reads the indices and the row count, not the weight: not gathered.
+      o.backward_gathers = module->as<torch::nn::EmbeddingImpl>() == nullptr;
       const std::string name = named.front().first.substr(0, named.front().first.rfind('.'));
       units_.push_back(std::make_unique<FsdpUnit>(pg_, rank(), world_size(), name, std::move(named), o, group_, &record_));
       attach_unit(*module, units_.back().get());

@@ -166,7 +166,6 @@ class FsdpUnit {
 struct FsdpBlock {
   std::shared_ptr<torch::nn::Module> module;
   std::vector<std::pair<std::string, torch::Tensor>> params;
-  bool backward_gathers = true;  // FsdpUnitOptions::backward_gathers
 };
 
 using UnitFunction = std::function<std::vector<torch::Tensor>(const std::vector<torch::Tensor>&)>;

@@ -138,8 +138,9 @@ class Strategy {
   // parameters cut into units. Each of `blocks` is a unit, attached so that the models' run_block
   // gathers it around the block; the parameters of `net` in no block are one more unit, kept
   // gathered. The last block (in the forward's order) is not freed after its forward, which the
-  // backward starts with. The optimizer's shards are bound to the units (Zero2Shards::bind_units). Returns the
-  // units in model order (the kept one first); empty under ddp and zero2 and for one process.
+  // backward starts with; an nn::Embedding block is not gathered for its backward. The optimizer's
+  // shards are bound to the units (Zero2Shards::bind_units). Returns the units in model order (the
+  // kept one first); empty under ddp and zero2 and for one process.
   virtual std::vector<FsdpUnit*> shard_model(torch::nn::Module& net, std::vector<FsdpBlock> blocks, bool reshard_after_forward) {
     (void)net, (void)blocks, (void)reshard_after_forward;
     return {};
