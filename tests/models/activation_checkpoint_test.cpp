@@ -36,10 +36,34 @@ int64_t graph_nodes(const torch::Tensor& root) {
   return static_cast<int64_t>(seen.size());
 }
 
+// The checkpoints' nodes reachable from `root` and the most activations (inputs that are not
+// parameters) one of them keeps for its recompute.
+std::pair<int64_t, int64_t> checkpoints_and_most_kept(const torch::Tensor& root) {
+  std::unordered_set<torch::autograd::Node*> seen;
+  std::vector<torch::autograd::Node*> todo{root.grad_fn().get()};
+  int64_t checkpoints = 0, most = 0;
+  while (!todo.empty()) {
+    auto* n = todo.back();
+    todo.pop_back();
+    if (n == nullptr || !seen.insert(n).second) continue;
+    const bool checkpoint = n->name().find("CheckpointFunction") != std::string::npos;
+    int64_t kept = 0;
+    for (const auto& e : n->next_edges()) {
+      todo.push_back(e.function.get());
+      if (checkpoint && e.function && e.function->name().find("AccumulateGrad") == std::string::npos) ++kept;
+    }
+    if (checkpoint) {
+      ++checkpoints;
+      most = std::max(most, kept);
+    }
+  }
+  return {checkpoints, most};
+}
+
 struct StepResult {
   torch::Tensor loss;
   std::vector<std::pair<std::string, torch::Tensor>> grads, buffers;
-  int64_t nodes = 0;
+  int64_t nodes = 0, checkpoints = 0, most_kept = 0;
 };
 
 // One forward and backward of `model` on `batch` against a fixed random projection of the output.
@@ -50,6 +74,7 @@ StepResult step(Model& model, const Batch& batch, const std::function<void()>& b
   const torch::Tensor loss = (y.to(torch::kFloat) * torch::randn(y.sizes())).sum();
   StepResult r;
   r.nodes = graph_nodes(loss);
+  std::tie(r.checkpoints, r.most_kept) = checkpoints_and_most_kept(loss);
   if (before_backward) before_backward();
   loss.backward();
   r.loss = loss.detach();
@@ -74,7 +99,8 @@ void expect_bitwise(const StepResult& want, const StepResult& got, const std::st
 }
 
 // Runs the model as `base` + each checkpointing setting from the same weights: bitwise the same
-// step; `blocks` keeps fewer graph nodes than none, and every_k in between.
+// step; `blocks` keeps fewer graph nodes than none, and every_k in between; each checkpointed
+// block keeps one activation (the fused paths' stream as one tensor, not res and pending).
 void check_model(const std::string& base, const std::function<Batch()>& make_batch, const std::string& what) {
   torch::manual_seed(5);
   auto plain = build_model(base + "}");
@@ -96,6 +122,11 @@ void check_model(const std::string& base, const std::function<Batch()>& make_bat
   expect_bitwise(want, half, what + " every_k 2");
   EXPECT_LT(all.nodes, half.nodes) << what;
   EXPECT_LT(half.nodes, want.nodes) << what;
+  EXPECT_EQ(want.checkpoints, 0) << what;
+  EXPECT_GE(all.checkpoints, 2) << what;
+  EXPECT_EQ(half.checkpoints, (all.checkpoints + 1) / 2) << what;
+  EXPECT_EQ(all.most_kept, 1) << what;
+  EXPECT_EQ(half.most_kept, 1) << what;
 }
 
 Batch image(int64_t n, int64_t size) {
@@ -127,6 +158,49 @@ TEST(ActivationCheckpointing, LlamaAndDecoderLmGradientsAreBitwiseTheSamePackedA
                               "fused_ops: ") + fused,
                   batch, "decoder_lm" + how);
     }
+  }
+}
+
+// The fused paths in bf16: a checkpointed block takes the residual stream as one tensor (the sum
+// added before it), so its input gradient is the sum of the norm's and the residual's gradients,
+// each rounded to bf16 (as on the ATen path), where the fused add and norm round their sum once: the
+// forward is bitwise the same, and the gradients are no farther from those without checkpointing
+// than the ATen path's are.
+TEST(ActivationCheckpointing, FusedBf16BlocksGiveTheSameForwardAndGradientsWithinRounding) {
+  // sqrt(sum |a - b|^2 / sum |a|^2) over every parameter's gradient.
+  auto distance = [](const StepResult& a, const StepResult& b) {
+    double d = 0, n = 0;
+    for (size_t i = 0; i < a.grads.size(); ++i) {
+      const auto x = a.grads[i].second.to(torch::kDouble), y = b.grads[i].second.to(torch::kDouble);
+      EXPECT_TRUE(y.isfinite().all().item<bool>()) << b.grads[i].first;
+      d += (x - y).pow(2).sum().item<double>();
+      n += x.pow(2).sum().item<double>();
+    }
+    return std::sqrt(d / n);
+  };
+  for (const char* model : {"{name: llama, vocab_size: 50, embed_dim: 32, depth: 4, num_heads: 4, num_kv_heads: 2, "
+                            "max_seq_len: 16",
+                            "{name: decoder_lm, vocab_size: 50, max_seq_len: 16, embed_dim: 32, depth: 4, num_heads: 4"}) {
+    torch::manual_seed(5);
+    auto plain = build_model(std::string(model) + ", fused_ops: true}");
+    auto blocks = build_model(std::string(model) + ", fused_ops: true, activation_checkpointing: blocks}");
+    auto aten = build_model(std::string(model) + ", fused_ops: false}");
+    copy_weights(*plain, *blocks);
+    copy_weights(*plain, *aten);
+    for (auto* m : {plain.get(), blocks.get(), aten.get()}) m->to(torch::kBFloat16);
+    torch::manual_seed(8);
+    std::vector<Sample> samples = testing::token_samples({5, 9, 2}, 50);
+    const Batch batch = data::collate_tokens_packed(samples);
+    const StepResult want = step(*plain, batch), got = step(*blocks, batch), other = step(*aten, batch);
+    ASSERT_EQ(want.grads.size(), got.grads.size());
+    ASSERT_EQ(want.grads.size(), other.grads.size());
+    EXPECT_TRUE(torch::equal(want.loss, got.loss)) << model;
+    const double checkpointed = distance(want, got), aten_path = distance(want, other);
+    EXPECT_GT(checkpointed, 0) << model;  // else the fused add and norm ran in the block: it kept two tensors
+    EXPECT_LE(checkpointed, aten_path) << model;
+    EXPECT_EQ(got.most_kept, 1) << model;
+    std::cout << model << "}: gradients " << checkpointed << " from those without checkpointing, the ATen path's "
+              << aten_path << "\n";
   }
 }
 
