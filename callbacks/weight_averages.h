@@ -1,7 +1,11 @@
 // WeightAverages: the fp32 averages of a run's weights that the ema and swa callbacks keep
 // (docs/CONFIG.md "ema", "swa"). Bound to TrainerView::weights() (the parameters and floating
 // buffers as checkpoints hold them), updated on the device, put into the model for a validation and
-// restored bitwise after, saved as "<prefix><name>" and checked whole when loaded.
+// restored bitwise after, saved as "<prefix><name>" and checked whole when loaded. Under
+// trainer.strategy fsdp the weights are this rank's rows of the fp32 values (TrainerView::
+// sharded_weights()): each rank averages its rows, validation swaps them into the rows the units
+// gather from, and a checkpoint holds the averages whole (gathered on every rank, cut again when
+// loaded), as under any other strategy.
 #pragma once
 
 #include <map>
@@ -29,6 +33,7 @@ class WeightAverages {
   // The averaged tensors' names and live sources, in the view's order (once).
   void bind(TrainerView& t) {
     if (!names_.empty()) return;
+    sharded_ = t.sharded_weights();
     for (auto& [name, tensor] : t.weights()) {
       names_.push_back(name);
       sources_.push_back(tensor);
@@ -59,14 +64,16 @@ class WeightAverages {
 
   // Puts the averages into the model's own tensors (cast: bf16 under bf16-master), keeping a copy of
   // what they held for restore().
+  // Under fsdp the rows themselves (collective: every rank swaps at once).
   void swap_in(Module& module) {
     torch::NoGradGuard ng;
-    live_ = model_tensors(module);
+    live_ = sharded_ ? sources_ : model_tensors(module);
     backup_.clear();
     for (size_t i = 0; i < live_.size(); ++i) {
       backup_.push_back(live_[i].clone());
       live_[i].copy_(averages_[i]);
     }
+    if (sharded_) sharded_->changed();
   }
   bool swapped_in() const { return !backup_.empty(); }
   // The model's tensor of each name while swapped in (what a forward over the averages changed).
@@ -76,22 +83,30 @@ class WeightAverages {
     torch::NoGradGuard ng;
     for (size_t i = 0; i < live_.size(); ++i) live_[i].copy_(backup_[i]);
     backup_.clear(), live_.clear();
+    if (sharded_) sharded_->changed();
   }
 
+  // Under fsdp collective: every rank gathers the averages whole.
   void save(checkpoint::CheckpointData& d) const {
-    for (size_t i = 0; i < averages_.size(); ++i) d.tensors[prefix_ + names_[i]] = averages_[i];
+    for (size_t i = 0; i < averages_.size(); ++i)
+      d.tensors[prefix_ + names_[i]] = sharded_ ? sharded_->whole(i, averages_[i]) : averages_[i];
   }
   // The checkpoint's averages, checked whole (CheckpointView::weight_averages) before any is taken;
   // false when it holds none.
   bool load(TrainerView& t, const checkpoint::CheckpointData& d) {
     bind(t);
-    std::map<std::string, torch::Tensor> weights;
-    for (size_t i = 0; i < names_.size(); ++i) weights.emplace(names_[i], sources_[i]);
+    std::map<std::string, torch::Tensor> weights;  // under fsdp of the whole shapes
+    for (size_t i = 0; i < names_.size(); ++i)
+      weights.emplace(names_[i], sharded_ ? torch::empty(sharded_->whole_shape(i), sources_[i].options().device(torch::kMeta))
+                                          : sources_[i]);
     const auto averages = CheckpointView(d, d.source).weight_averages(prefix_, weights);
     if (averages.empty()) return false;
     std::vector<torch::Tensor> loaded;
-    for (size_t i = 0; i < names_.size(); ++i)
-      loaded.push_back(averages.at(names_[i]).to(sources_[i].device(), torch::kFloat32).contiguous(sources_[i].suggest_memory_format()));
+    for (size_t i = 0; i < names_.size(); ++i) {
+      torch::Tensor a = averages.at(names_[i]).to(sources_[i].device(), torch::kFloat32);
+      if (sharded_) a = sharded_->rows_of(i, a).to(torch::kFloat32);
+      loaded.push_back(a.contiguous(sources_[i].suggest_memory_format()));
+    }
     averages_ = std::move(loaded);
     return true;
   }
@@ -108,6 +123,7 @@ class WeightAverages {
   }
 
   std::string prefix_;
+  ShardedWeights* sharded_ = nullptr;  // under fsdp (the trainer outlives the callback's use of it)
   std::vector<std::string> names_;
   std::vector<torch::Tensor> sources_, averages_, live_, backup_;
 };

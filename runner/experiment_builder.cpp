@@ -43,9 +43,9 @@ void check_weight_averages(std::vector<config::Section>& callbacks) {
   }
 }
 
-// trainer.strategy fsdp (docs/DISTRIBUTED.md, "fsdp"): a model that declares its units, and none of
-// what reads or writes the whole parameters between steps, which fsdp keeps sharded. One line, exit 2,
-// before the rendezvous.
+// trainer.strategy fsdp (docs/DISTRIBUTED.md, "fsdp"): a model that declares its units, and no
+// checkpoint one process writes alone (on_exception_checkpoint: the weights are sharded over the
+// processes). One line, exit 2, before the rendezvous.
 void check_fsdp(config::Experiment& exp, Run& run) {
   const auto* model = dynamic_cast<const Model*>(&run.module->net());
   const YAML::Node name = exp.model.node()["name"];
@@ -57,10 +57,10 @@ void check_fsdp(config::Experiment& exp, Run& run) {
         model_name));
   for (auto& section : exp.callbacks) {
     const std::string cb = section.node()["name"] ? section.node()["name"].Scalar() : "";
-    if (cb == "ema" || cb == "swa" || cb == "on_exception_checkpoint")
-      section.fail("name", fmt::format("{} is not available under trainer.strategy: fsdp (it reads the whole weights "
-                                       "between steps, which fsdp keeps sharded); use zero2 or ddp",
-                                       cb));
+    if (cb == "on_exception_checkpoint")
+      section.fail("name", "on_exception_checkpoint is not available under trainer.strategy: fsdp (the process that "
+                           "fails would write the checkpoint alone, and it holds only its shard of the weights); use "
+                           "zero2 or ddp");
   }
   if (exp.trainer.cuda_graphs == "true")
     throw config::ConfigError("trainer.cuda_graphs: true is not available under trainer.strategy: fsdp");

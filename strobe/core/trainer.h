@@ -184,6 +184,7 @@ class Trainer : private TrainerView, private StepAccess {
   torch::optim::Optimizer* optimizer() override { return optimizer_.get(); }
   const std::vector<std::string>& param_group_names() const override { return param_group_names_; }
   std::vector<std::pair<std::string, torch::Tensor>> weights() override;
+  ShardedWeights* sharded_weights() override;
   LRScheduler* scheduler() override { return scheduler_.get(); }
   DataModule& datamodule() override { return *datamodule_; }
   int64_t forward_over_training_data(int64_t epoch) override { return fit_loop_->forward_over_training_data(epoch); }
@@ -276,6 +277,8 @@ class Trainer : private TrainerView, private StepAccess {
   std::unique_ptr<MasterWeights> masters_;  // precision bf16-master
   std::unique_ptr<Fp8Layers> fp8_;          // trainer.fp8: the layers marked for float8 GEMMs
   distributed::Zero2Shards* zero2_ = nullptr;  // trainer.strategy zero2 (the strategy owns it)
+  class FsdpWeights;
+  std::unique_ptr<FsdpWeights> fsdp_weights_;  // sharded_weights() under fsdp
   std::unique_ptr<Freeze> freeze_;          // optimizer.param_groups.freeze
   std::unique_ptr<logging::LogCollector> collector_;
   std::unique_ptr<logging::CsvLogger> csv_;

@@ -37,6 +37,26 @@ namespace checkpoint {
 struct CheckpointData;
 }
 
+// Under trainer.strategy fsdp a parameter holds no values between steps: TrainerView::weights()
+// then gives this rank's rows of each parameter (the optimizer's fp32 shards), and this turns a
+// tensor of those rows whole and back (a weight average kept per shard: the ema and swa callbacks).
+// Index i is weights()' i; its floating buffers are whole on every rank (whole() and rows_of()
+// return them as they are).
+class ShardedWeights {
+ public:
+  virtual ~ShardedWeights() = default;
+  // Collective (every rank, the same indices in the same order): the whole tensor of weight i
+  // whose rows on this rank are `rows` (shaped as weights()[i]).
+  virtual torch::Tensor whole(size_t i, const torch::Tensor& rows) = 0;
+  // This rank's rows of weight i's whole tensor `whole` (shaped as weights()[i]).
+  virtual torch::Tensor rows_of(size_t i, const torch::Tensor& whole) = 0;
+  // The shape of weight i's whole tensor.
+  virtual std::vector<int64_t> whole_shape(size_t i) = 0;
+  // Collective: after weights()' rows were written, the model's forward uses them (the units kept
+  // gathered gather again; the others gather from the rows at their next forward anyway).
+  virtual void changed() = 0;
+};
+
 class StepAccess {
  public:
   // ORs `guard` into the step guard (non-finite checks, sticky skip, buffer snapshots); callable in
@@ -105,9 +125,13 @@ class TrainerView {
   virtual const std::vector<std::string>& param_group_names() const = 0;
   // The model's parameters and floating buffers by name, as checkpoints hold them (bf16-master: the
   // fp32 masters under the parameters' names; under trainer.strategy zero2, whose fp32 values are
-  // sharded, the trained bf16 parameters): the live tensors, to read (the ema callback averages
-  // them), never to write.
+  // sharded, the trained bf16 parameters; under fsdp this rank's rows of the fp32 values: see
+  // sharded_weights()): the live tensors, to read (the ema callback averages them), never to write
+  // (but through ShardedWeights' contract).
   virtual std::vector<std::pair<std::string, torch::Tensor>> weights() = 0;
+  // Non-null under trainer.strategy fsdp with several processes: weights() holds rows, turned whole
+  // and back by this.
+  virtual ShardedWeights* sharded_weights() { return nullptr; }
   // The learning-rate scheduler (null when there is none).
   virtual LRScheduler* scheduler() = 0;
   // The data: its loaders and their options.

@@ -353,10 +353,12 @@ void Zero2Shards::gather_params() {
   if (prev) land(*prev);
 }
 
-torch::Tensor Zero2Shards::full_value(size_t i) {
+torch::Tensor Zero2Shards::full_value(size_t i, const torch::Tensor& rows) {
   torch::NoGradGuard ng;
   const Slot& s = slots_[i];
-  auto send = shards_[i].contiguous().view({-1});
+  TORCH_CHECK(rows.sizes() == shards_[i].sizes(), "zero2: the rows of ", names_[i], " have shape ", shards_[i].sizes(),
+              ", not ", rows.sizes());
+  auto send = rows.contiguous().view({-1});
   auto recv = torch::empty({world_ * send.numel()}, send.options());
   const int64_t seq = note(CollectiveKind::kParamGather, static_cast<int64_t>(recv.nbytes()));
   pg_->_allgather_base(recv, send)->wait();
@@ -366,17 +368,22 @@ torch::Tensor Zero2Shards::full_value(size_t i) {
   return full;
 }
 
-void Zero2Shards::load_full_value(size_t i, const torch::Tensor& full) {
+torch::Tensor Zero2Shards::rows_of(size_t i, const torch::Tensor& full) const {
   torch::NoGradGuard ng;
   const Slot& s = slots_[i];
   TORCH_CHECK(full.sizes() == params_[i].sizes(), "zero2: ", names_[i], " has shape ", params_[i].sizes(), ", not ",
               full.sizes());
-  auto& shard = shards_[i];
-  shard.zero_();
+  auto rows = torch::zeros(shards_[i].sizes(), shards_[i].options().dtype(full.scalar_type()));
   const int64_t start = std::min(rank_ * s.rows, s.dim0);
   const int64_t n = std::min(s.rows, s.dim0 - start);
   if (n > 0 && s.rest > 0)
-    shard.view({s.rows, s.rest}).narrow(0, 0, n).copy_(full.reshape({s.dim0, s.rest}).narrow(0, start, n));
+    rows.view({s.rows, s.rest}).narrow(0, 0, n).copy_(full.reshape({s.dim0, s.rest}).narrow(0, start, n));
+  return rows;
+}
+
+void Zero2Shards::load_full_value(size_t i, const torch::Tensor& full) {
+  torch::NoGradGuard ng;
+  shards_[i].copy_(rows_of(i, full));
   if (fully_sharded())
     publish(i);
   else if (!full.is_same(params_[i]))

@@ -100,7 +100,12 @@ class Zero2Shards {
   void refresh_kept_units();
 
   // Collective (every rank, same order): parameter i's whole fp32 value.
-  torch::Tensor full_value(size_t i);
+  torch::Tensor full_value(size_t i) { return full_value(i, shards_[i]); }
+  // Collective: the whole tensor whose rows on this rank are `rows` (shaped and cut as shards()[i]:
+  // a weight average kept per shard, for instance).
+  torch::Tensor full_value(size_t i, const torch::Tensor& rows);
+  // This rank's rows of a whole tensor of parameter i's shape, cut as shards()[i] (padding zero).
+  torch::Tensor rows_of(size_t i, const torch::Tensor& full) const;
   // Parameter i from its whole fp32 value: this rank's shard (padding zeroed) and the parameter.
   void load_full_value(size_t i, const torch::Tensor& full);
 

@@ -74,11 +74,12 @@ optimizer: {name: adamw, lr: 0.01}
        "trainer.fp8: needs trainer.precision bf16-master or bf16-mixed (the float8 GEMMs' outputs are bf16), got 32"},
       {"-c " + llama + " --set trainer.precision=bf16-master --set 'trainer.fp8={skip: [\"*.q\"], min_size: 0}'",
        "trainer.fp8.skip: '*.q' matches none of the 14 float8-capable linear layers of model 'llama'"},
-      // trainer.strategy fsdp: a model without units, and what reads the whole weights between steps.
+      // trainer.strategy fsdp: a model without units, and a checkpoint one process would write alone.
       {"-c " + cls + " --set trainer.strategy=fsdp",
        "trainer.strategy: fsdp: model 'mlp' declares no units to shard (fsdp shards the blocks of llama, decoder_lm and vit)"},
-      {"-c " + llama + " --set trainer.strategy=fsdp --set 'callbacks=[{name: ema}]'",
-       "ema is not available under trainer.strategy: fsdp (it reads the whole weights between steps"},
+      {"-c " + llama + " --set trainer.strategy=fsdp --set 'callbacks=[{name: ema}, {name: on_exception_checkpoint}]'",
+       "on_exception_checkpoint is not available under trainer.strategy: fsdp (the process that fails would write the "
+       "checkpoint alone"},
       {"-c " + llama + " --set trainer.strategy=zero2 --set trainer.reshard_after_forward=false",
        "trainer.reshard_after_forward: applies to trainer.strategy: fsdp, not zero2"},
   };

@@ -1499,6 +1499,86 @@ TEST(TrainerFsdp, LlamaEndsOnBitwiseZero2sWeightsWithTheLayersShardedBetweenStep
 }
 
 
+// The ema and swa callbacks under fsdp: each rank averages its rows of the fp32 values, validation
+// runs on the averages swapped into the rows the units gather from, and checkpoints hold the
+// averages whole: in fp32 (where zero2's weights are the same fp32 values, whole) they end on
+// bitwise zero2's averages, weights and validation losses on both ranks; `strobe export --ema|--swa`
+// writes them; an ema run stopped at step 3 and resumed under fsdp (the averages cut again from the
+// whole ones) ends on the uninterrupted run's averages.
+TEST(TrainerFsdp, EmaAndSwaAverageTheRowsAndEndOnZero2sAverages) {
+  struct Variant {
+    std::string name, prefix;
+    std::vector<std::string> sets;
+  };
+  for (const Variant& v : {Variant{"ema", "ema/", {"callbacks=[{name: ema, decay: 0.8}]"}},
+                           Variant{"swa", "swa/", {"callbacks=[{name: swa, swa_lrs: 0.005, swa_epoch_start: 1, annealing_epochs: 1}]",
+                                                    "trainer.max_steps=12"}}}) {
+    auto sets = joined(llama_sets(), v.sets);
+    sets.push_back("model.tie_embeddings=false");
+    Job zero2 = new_job("avg-z2-" + v.name), fsdp = new_job("avg-fsdp-" + v.name);
+    auto rz = fit(2, zero2, joined(sets, {"trainer.strategy=zero2"}));
+    for (auto& r : rz) ASSERT_EQ(r.exit_code, 0) << v.name << "\n" << describe(rz);
+    auto rf = fit(2, fsdp, joined(sets, {"trainer.strategy=fsdp"}));
+    for (auto& r : rf) ASSERT_EQ(r.exit_code, 0) << v.name << "\n" << describe(rf);
+    auto jz = read_json(zero2.dir + "/rank0.json"), jf0 = read_json(fsdp.dir + "/rank0.json"), jf1 = read_json(fsdp.dir + "/rank1.json");
+    EXPECT_EQ(jf0["freed_params"], 20) << v.name;
+    const auto tz = checkpoint::load_checkpoint_file(jz["run_dir"].get<std::string>() + "/checkpoints/last.ckpt").tensors;
+    const std::string fsdp_last = jf0["run_dir"].get<std::string>() + "/checkpoints/last.ckpt";
+    const auto tf = checkpoint::load_checkpoint_file(fsdp_last).tensors;
+    int64_t averages = 0;
+    for (const auto& [k, t] : tz) {
+      if (k.rfind(v.prefix, 0) != 0 && k.rfind("model/", 0) != 0) continue;
+      averages += k.rfind(v.prefix, 0) == 0;
+      ASSERT_TRUE(tf.count(k)) << v.name << ": the fsdp checkpoint lacks " << k;
+      EXPECT_EQ(tf.at(k).sizes(), t.sizes()) << k;
+      EXPECT_TRUE(torch::equal(tf.at(k), t)) << v.name << ": " << k << " differs from zero2's";
+    }
+    EXPECT_EQ(averages, 21) << v.name << ": every parameter's average (20 in freed units, the final norm kept)";
+    // The averages moved away from the weights (validation on them is not validation on the weights).
+    EXPECT_FALSE(torch::equal(tf.at(v.prefix + "layers.0.mlp.up_proj.weight"), tf.at("model/layers.0.mlp.up_proj.weight")));
+    const double vz = jz["metrics"]["val/loss"], vf = jf0["metrics"]["val/loss"];
+    std::cout << "[ fsdp ] " << v.name << ": val/loss zero2 " << vz << ", fsdp " << vf << "\n";
+    EXPECT_EQ(vf, vz) << v.name;
+    EXPECT_EQ(jf1["metrics"]["val/loss"].get<double>(), vf) << v.name;
+    auto ex = st::strobe_cmd("export " + fsdp_last + " --" + v.name + " -o " + fsdp.dir + "/avg.safetensors");
+    ASSERT_EQ(ex.code, 0) << ex.err;
+    const auto exported = safetensors::read_file(fsdp.dir + "/avg.safetensors").tensors;
+    EXPECT_EQ(exported.size(), 21u) << v.name;
+    for (const auto& [k, t] : exported) EXPECT_TRUE(torch::equal(t, tf.at(v.prefix + k))) << "exported " << k;
+    if (v.name == "ema") {
+      Job part = new_job("avg-part");
+      auto fsets = joined(sets, {"trainer.strategy=fsdp"});
+      auto rp = fit(2, part, joined(fsets, {"trainer.max_steps=3"}));
+      for (auto& r : rp) ASSERT_EQ(r.exit_code, 0) << describe(rp);
+      const std::string saved = part.dir + "/step3";
+      fs::copy(read_json(part.dir + "/rank0.json")["run_dir"].get<std::string>() + "/checkpoints", saved, fs::copy_options::recursive);
+      Job again = new_job("avg-resume");
+      auto rr = fit(2, again, fsets, saved + "/last.ckpt");
+      for (auto& r : rr) ASSERT_EQ(r.exit_code, 0) << describe(rr);
+      auto jr = read_json(again.dir + "/rank0.json");
+      EXPECT_EQ(jr["global_step"], 6);
+      const auto tr = checkpoint::load_checkpoint_file(jr["run_dir"].get<std::string>() + "/checkpoints/last.ckpt").tensors;
+      for (const auto& [k, t] : tf)
+        if (k.rfind("ema/", 0) == 0) EXPECT_TRUE(torch::equal(tr.at(k), t)) << "resumed: " << k;
+      EXPECT_EQ(jr["metrics"]["val/loss"].get<double>(), vf);
+      // On 4 ranks keeping the global batch (4 x 2): the whole averages cut for 4, near the
+      // uninterrupted run's (other reductions).
+      Job four = new_job("avg-resume-four");
+      auto r4 = fit(4, four, joined(fsets, {"data.batch_size=2"}), saved + "/last.ckpt");
+      for (auto& r : r4) ASSERT_EQ(r.exit_code, 0) << describe(r4);
+      auto j4 = read_json(four.dir + "/rank0.json");
+      const auto t4 = checkpoint::load_checkpoint_file(j4["run_dir"].get<std::string>() + "/checkpoints/last.ckpt").tensors;
+      for (const auto& [k, t] : tf)
+        if (k.rfind("ema/", 0) == 0) EXPECT_LT((t4.at(k) - t).abs().max().item<double>(), 1e-3 * (1 + t.abs().max().item<double>())) << "on 4: " << k;
+      checkpoint::remove_tree(four.dir);
+      checkpoint::remove_tree(again.dir);
+      checkpoint::remove_tree(part.dir);
+    }
+    checkpoint::remove_tree(zero2.dir);
+    checkpoint::remove_tree(fsdp.dir);
+  }
+}
+
 // optimizer.param_groups.freeze under fsdp: an untied Llama's embedding and first layer (two whole
 // units) frozen through epoch 0 and unfrozen at epoch 1 (step 4): their units' reduce-scatter buckets
 // are passed over while frozen, the unfreeze hooks their gradients, and the run ends on bitwise the

@@ -252,7 +252,9 @@ TEST(GpuZero2, LlamaBf16MasterFusedAdamWWithActivationCheckpointingEndsWhereDdpE
 // activation checkpointing: the units gather over NCCL with the prefetch on its stream, and two
 // fsdp ranks end where two zero2 ranks end (validation loss and the checkpoint's fp32 weights, to
 // 1e-4: the same gathered bf16 weights, each gradient element averaged over the same two ranks),
-// both ranks alike, every unit's parameters holding no data between steps.
+// both ranks alike, every unit's parameters holding no data between steps. The ema callback runs on
+// both: fsdp's averages of its rows of the fp32 values (gathered whole over NCCL at the save) are
+// within bf16 rounding of zero2's averages of its bf16 working weights.
 TEST(GpuFsdp, LlamaUntiedBf16MasterWithActivationCheckpointingEndsWhereZero2Ends) {
 #ifndef STROBE_TORCH_HAS_CUDA
   GTEST_SKIP() << "built without STROBE_TORCH_HAS_CUDA (a libtorch without CUDA)";
@@ -261,9 +263,10 @@ TEST(GpuFsdp, LlamaUntiedBf16MasterWithActivationCheckpointingEndsWhereZero2Ends
   namespace st = strobe::testing;
   const std::string base = st::empty_test_dir("strobe_gpu_fsdp_llama_" + std::to_string(::getpid())).string();
   const std::vector<std::string> common = {"optimizer={name: adamw, lr: 0.003, fused: true}", "model.tie_embeddings=false",
-                                           "model.activation_checkpointing=blocks"};
+                                           "model.activation_checkpointing=blocks",
+                                           "callbacks=[{name: ema, decay: 0.9, validate: false}]"};
   std::map<std::string, nlohmann::json> j;
-  std::map<std::string, std::map<std::string, torch::Tensor>> w;
+  std::map<std::string, std::map<std::string, torch::Tensor>> w, ema;
   for (const std::string strategy : {"zero2", "fsdp"}) {
     j[strategy] = ln::two_ranks(base, strategy, common);
     if (j[strategy].is_null()) GTEST_SKIP() << "fewer than 2 CUDA devices visible";
@@ -274,6 +277,15 @@ TEST(GpuFsdp, LlamaUntiedBf16MasterWithActivationCheckpointingEndsWhereZero2Ends
     EXPECT_EQ(j[strategy]["rank1"]["freed"], j[strategy]["freed"]) << strategy;
     for (auto& [k, t] : checkpoint::load_checkpoint_file(j[strategy]["run_dir"].get<std::string>() + "/checkpoints/last.ckpt").tensors)
       if (k.rfind("model/", 0) == 0) w[strategy][k] = t;
+      else if (k.rfind("ema/", 0) == 0) ema[strategy][k] = t;
+  }
+  ASSERT_EQ(ema["fsdp"].size(), 21u);
+  ASSERT_EQ(ema["zero2"].size(), 21u);
+  for (auto& [k, t] : ema["fsdp"]) {
+    const auto& z = ema["zero2"].at(k);
+    ASSERT_TRUE(t.isfinite().all().item<bool>()) << k;
+    EXPECT_LT((t - z).abs().max().item<double>() / std::max(z.abs().max().item<double>(), 1e-3), 1e-2) << k;
+    EXPECT_FALSE(torch::equal(t, w["fsdp"].at("model/" + k.substr(4)))) << k << ": the average is the weight";
   }
   const double vz = j["zero2"]["metrics"]["val/loss"].get<double>(), vf = j["fsdp"]["metrics"]["val/loss"].get<double>();
   std::cout << "[ llama fsdp nccl ] val/loss zero2 " << vz << ", fsdp " << vf << "\n";
