@@ -104,7 +104,7 @@ class WeightAverages {
     std::vector<torch::Tensor> loaded;
     for (size_t i = 0; i < names_.size(); ++i) {
       torch::Tensor a = averages.at(names_[i]).to(sources_[i].device(), torch::kFloat32);
-      if (sharded_) a = sharded_->rows_of(i, a).to(torch::kFloat32);
+      if (sharded_) a = sharded_->rows_of(i, a);
       loaded.push_back(a.contiguous(sources_[i].suggest_memory_format()));
     }
     averages_ = std::move(loaded);

@@ -125,25 +125,23 @@ Trainer::Trainer(TrainerParts parts)
 }
 
 // trainer.strategy fsdp: weights() are the optimizer's fp32 shards (zero2's order), then the
-// floating buffers, whole.
+// floating buffers, whole (`shapes`: every weight's whole shape, taken once).
 class Trainer::FsdpWeights : public ShardedWeights {
  public:
-  FsdpWeights(distributed::Zero2Shards& shards, Trainer& trainer) : shards_(shards), trainer_(trainer) {}
+  FsdpWeights(distributed::Zero2Shards& shards, std::vector<std::vector<int64_t>> shapes)
+      : shards_(shards), shapes_(std::move(shapes)) {}
   torch::Tensor whole(size_t i, const torch::Tensor& rows) override {
     return i < shards_.shards().size() ? shards_.full_value(i, rows) : rows;
   }
   torch::Tensor rows_of(size_t i, const torch::Tensor& whole) override {
     return i < shards_.shards().size() ? shards_.rows_of(i, whole) : whole;
   }
-  std::vector<int64_t> whole_shape(size_t i) override {
-    if (i < shards_.shards().size()) return shards_.params()[i].sizes().vec();
-    return trainer_.weights().at(i).second.sizes().vec();
-  }
+  std::vector<int64_t> whole_shape(size_t i) override { return shapes_.at(i); }
   void changed() override { shards_.gather_params(); }  // fsdp: into the units, the kept ones gathered again
 
  private:
   distributed::Zero2Shards& shards_;
-  Trainer& trainer_;
+  std::vector<std::vector<int64_t>> shapes_;
 };
 
 Trainer::~Trainer() = default;
@@ -166,21 +164,25 @@ void Trainer::log_host_at(int64_t step, int64_t epoch, const std::vector<std::pa
 
 ShardedWeights* Trainer::sharded_weights() {
   if (!zero2_ || !zero2_->fully_sharded()) return nullptr;
-  if (!fsdp_weights_) fsdp_weights_ = std::make_unique<FsdpWeights>(*zero2_, *this);
+  if (!fsdp_weights_) {
+    std::vector<std::vector<int64_t>> shapes;  // the parameters' whole shapes, then the buffers'
+    const auto w = weights();
+    for (size_t i = 0; i < w.size(); ++i)
+      shapes.push_back((i < zero2_->params().size() ? zero2_->params()[i] : w[i].second).sizes().vec());
+    fsdp_weights_ = std::make_unique<FsdpWeights>(*zero2_, std::move(shapes));
+  }
   return fsdp_weights_.get();
 }
 
 std::vector<std::pair<std::string, torch::Tensor>> Trainer::weights() {
   std::vector<std::pair<std::string, torch::Tensor>> out;
-  if (zero2_ && zero2_->fully_sharded()) {  // the parameters hold no values between steps
+  if (zero2_ && zero2_->fully_sharded()) {  // fsdp: the parameters hold no values between steps
     for (size_t i = 0; i < zero2_->shards().size(); ++i) out.emplace_back(zero2_->names()[i], zero2_->shards()[i]);
-    for (const auto& b : module_->net().named_buffers())
-      if (b.value().is_floating_point()) out.emplace_back(b.key(), b.value());
-    return out;
+  } else {
+    // zero2 keeps no whole fp32 masters: bf16-master's weights are then the (bf16) parameters.
+    for (const auto& p : module_->net().named_parameters())
+      out.emplace_back(p.key(), (masters_ ? masters_->master_of(p.value()) : p.value()).detach());
   }
-  // zero2 keeps no whole fp32 masters: bf16-master's weights are then the (bf16) parameters.
-  for (const auto& p : module_->net().named_parameters())
-    out.emplace_back(p.key(), (masters_ ? masters_->master_of(p.value()) : p.value()).detach());
   for (const auto& b : module_->net().named_buffers())
     if (b.value().is_floating_point()) out.emplace_back(b.key(), b.value());
   return out;

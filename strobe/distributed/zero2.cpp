@@ -368,22 +368,27 @@ torch::Tensor Zero2Shards::full_value(size_t i, const torch::Tensor& rows) {
   return full;
 }
 
-torch::Tensor Zero2Shards::rows_of(size_t i, const torch::Tensor& full) const {
-  torch::NoGradGuard ng;
+void Zero2Shards::cut_rows(size_t i, const torch::Tensor& full, torch::Tensor& rows) const {
   const Slot& s = slots_[i];
   TORCH_CHECK(full.sizes() == params_[i].sizes(), "zero2: ", names_[i], " has shape ", params_[i].sizes(), ", not ",
               full.sizes());
-  auto rows = torch::zeros(shards_[i].sizes(), shards_[i].options().dtype(full.scalar_type()));
+  rows.zero_();
   const int64_t start = std::min(rank_ * s.rows, s.dim0);
   const int64_t n = std::min(s.rows, s.dim0 - start);
   if (n > 0 && s.rest > 0)
     rows.view({s.rows, s.rest}).narrow(0, 0, n).copy_(full.reshape({s.dim0, s.rest}).narrow(0, start, n));
+}
+
+torch::Tensor Zero2Shards::rows_of(size_t i, const torch::Tensor& full) const {
+  torch::NoGradGuard ng;
+  auto rows = torch::empty(shards_[i].sizes(), shards_[i].options().dtype(full.scalar_type()));
+  cut_rows(i, full, rows);
   return rows;
 }
 
 void Zero2Shards::load_full_value(size_t i, const torch::Tensor& full) {
   torch::NoGradGuard ng;
-  shards_[i].copy_(rows_of(i, full));
+  cut_rows(i, full, shards_[i]);
   if (fully_sharded())
     publish(i);
   else if (!full.is_same(params_[i]))

@@ -134,6 +134,7 @@ class Zero2Shards {
   torch::Tensor chunked_view(const torch::Tensor& flat, size_t i) const;  // [world, rows, rest] of flat [world, S]
   void copy_rows_in(const torch::Tensor& dst3, const torch::Tensor& full, size_t i) const;
   void copy_rows_out(torch::Tensor& full, const torch::Tensor& src3, size_t i) const;
+  void cut_rows(size_t i, const torch::Tensor& full, torch::Tensor& rows) const;  // this rank's rows of full, padding zero
 
   int64_t note(CollectiveKind kind, int64_t bytes) { return record_ ? record_->issue(kind, bytes) : 0; }
   void noted_return(int64_t seq) {

@@ -23,25 +23,16 @@ namespace {
 using testing::build_model;
 using testing::copy_weights;
 
-// Every node reachable from `root`'s gradient function: a checkpointed block is one node.
-int64_t graph_nodes(const torch::Tensor& root) {
+// The autograd graph reachable from `root`'s gradient function: its nodes (a checkpointed block is
+// one), the checkpoints' nodes among them and the most activations (inputs that are not parameters)
+// one of those keeps for its recompute.
+struct GraphCounts {
+  int64_t nodes = 0, checkpoints = 0, most_kept = 0;
+};
+GraphCounts count_graph(const torch::Tensor& root) {
   std::unordered_set<torch::autograd::Node*> seen;
   std::vector<torch::autograd::Node*> todo{root.grad_fn().get()};
-  while (!todo.empty()) {
-    auto* n = todo.back();
-    todo.pop_back();
-    if (n == nullptr || !seen.insert(n).second) continue;
-    for (const auto& e : n->next_edges()) todo.push_back(e.function.get());
-  }
-  return static_cast<int64_t>(seen.size());
-}
-
-// The checkpoints' nodes reachable from `root` and the most activations (inputs that are not
-// parameters) one of them keeps for its recompute.
-std::pair<int64_t, int64_t> checkpoints_and_most_kept(const torch::Tensor& root) {
-  std::unordered_set<torch::autograd::Node*> seen;
-  std::vector<torch::autograd::Node*> todo{root.grad_fn().get()};
-  int64_t checkpoints = 0, most = 0;
+  GraphCounts c;
   while (!todo.empty()) {
     auto* n = todo.back();
     todo.pop_back();
@@ -53,11 +44,12 @@ std::pair<int64_t, int64_t> checkpoints_and_most_kept(const torch::Tensor& root)
       if (checkpoint && e.function && e.function->name().find("AccumulateGrad") == std::string::npos) ++kept;
     }
     if (checkpoint) {
-      ++checkpoints;
-      most = std::max(most, kept);
+      ++c.checkpoints;
+      c.most_kept = std::max(c.most_kept, kept);
     }
   }
-  return {checkpoints, most};
+  c.nodes = static_cast<int64_t>(seen.size());
+  return c;
 }
 
 struct StepResult {
@@ -73,8 +65,8 @@ StepResult step(Model& model, const Batch& batch, const std::function<void()>& b
   torch::manual_seed(99);
   const torch::Tensor loss = (y.to(torch::kFloat) * torch::randn(y.sizes())).sum();
   StepResult r;
-  r.nodes = graph_nodes(loss);
-  std::tie(r.checkpoints, r.most_kept) = checkpoints_and_most_kept(loss);
+  const GraphCounts g = count_graph(loss);
+  r.nodes = g.nodes, r.checkpoints = g.checkpoints, r.most_kept = g.most_kept;
   if (before_backward) before_backward();
   loss.backward();
   r.loss = loss.detach();
